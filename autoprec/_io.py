@@ -1,0 +1,91 @@
+"""Atomic file writes and JSON reads with errors that name the file."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
+    """Writes `text` to `path` atomically: temp file in the same folder, fsync, rename.
+
+    A crash or kill at any point leaves either the old file or the new one, never a
+    truncated mix.
+
+    Args:
+        path: destination file; its folder is created if missing.
+        text: the full content.
+
+    Returns:
+        The destination as a `Path`.
+    """
+    destination = Path(path)
+    destination.parent.mkdir(parents=True, exist_ok=True)
+    handle, temp_name = tempfile.mkstemp(
+        prefix=f".{destination.name}.", suffix=".tmp", dir=destination.parent
+    )
+    try:
+        with os.fdopen(handle, "w", encoding="utf-8") as temp_file:
+            temp_file.write(text)
+            temp_file.flush()
+            os.fsync(temp_file.fileno())
+        os.replace(temp_name, destination)
+    except BaseException:
+        try:
+            os.unlink(temp_name)
+        except FileNotFoundError:
+            pass
+        raise
+    try:
+        directory_handle = os.open(destination.parent, os.O_RDONLY)
+    except OSError:
+        return destination
+    try:
+        os.fsync(directory_handle)
+    except OSError:
+        pass
+    finally:
+        os.close(directory_handle)
+    return destination
+
+
+def atomic_write_json(path: str | os.PathLike, data: Any) -> Path:
+    """Writes `data` as indented JSON to `path` atomically (see `atomic_write_text`)."""
+    return atomic_write_text(path, json.dumps(data, indent=2, sort_keys=False) + "\n")
+
+
+def read_json_file(path: str | os.PathLike, error_class: type[Exception], what: str) -> Any:
+    """Reads a JSON file, raising `error_class` with the file name on any failure.
+
+    Args:
+        path: the file to read.
+        error_class: the exception class to raise (e.g. `PlanError`).
+        what: what the file should hold, e.g. `"precision plan"`, used in messages.
+
+    Returns:
+        The decoded JSON value.
+    """
+    file_path = Path(path)
+    try:
+        text = file_path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise error_class(f"{file_path}: no such file; expected a {what} JSON file.") from None
+    except (OSError, UnicodeDecodeError) as error:
+        raise error_class(f"{file_path}: cannot read {what}: {error}") from None
+    return parse_json_text(text, error_class, what, source=str(file_path))
+
+
+def parse_json_text(text: str, error_class: type[Exception], what: str, source: str) -> Any:
+    """Decodes JSON text, raising `error_class` naming `source`, line and column."""
+    if not text.strip():
+        raise error_class(f"{source}: the {what} is empty (truncated write?); re-create it.")
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as error:
+        raise error_class(
+            f"{source}: not valid JSON at line {error.lineno}, column {error.colno}: "
+            f"{error.msg}. The {what} may be truncated or hand-edited; fix it or re-create it."
+        ) from None

@@ -1,0 +1,410 @@
+"""Stable paths for every layer of any Keras model, the model fingerprint and pass-through layers.
+
+Keras' own `layer.path` is `None` for some sub-layers (the softmax inside
+`MultiHeadAttention`) and for every layer of an unbuilt subclassed model, and
+auto-generated names (`dense_3`) depend on how many layers the process created
+before. autoprec therefore names layers itself:
+
+* children of a `Sequential` or Functional model are named by their layer name,
+  with auto-generated names (`dense_7`) renumbered locally (`dense`, `dense_1`, ...
+  in order of appearance) so two builds of one architecture get the same paths;
+* children of any other layer (subclassed models, custom layers,
+  `MultiHeadAttention`) are named by the attribute that holds them, with a leading
+  underscore dropped; layers held in lists/tuples get `attr/0`, `attr/1`, in dicts
+  `attr/key`;
+* paths join names with `/` and do not include the root model's name.
+
+Pass-through layers do no floating-point arithmetic worth a dtype (see
+`PASS_THROUGH_CLASSES`); they *follow* the layer that feeds them, so a plan never
+inserts a cast around a `Flatten`. Nested models follow their first computing
+layer for the same reason.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import re
+from collections.abc import Iterator
+
+import keras
+
+#: Layer classes that move, select or combine values without arithmetic that
+#: depends on precision. They take the dtype of the layer that feeds them.
+PASS_THROUGH_CLASSES: frozenset[str] = frozenset(
+    {
+        "Activation",
+        "ActivityRegularization",
+        "AlphaDropout",
+        "Concatenate",
+        "Cropping1D",
+        "Cropping2D",
+        "Cropping3D",
+        "Dropout",
+        "Flatten",
+        "GaussianDropout",
+        "GaussianNoise",
+        "GlobalMaxPooling1D",
+        "GlobalMaxPooling2D",
+        "GlobalMaxPooling3D",
+        "Identity",
+        "InputLayer",
+        "Masking",
+        "MaxPooling1D",
+        "MaxPooling2D",
+        "MaxPooling3D",
+        "Permute",
+        "RepeatVector",
+        "Reshape",
+        "SpatialDropout1D",
+        "SpatialDropout2D",
+        "SpatialDropout3D",
+        "UpSampling1D",
+        "UpSampling2D",
+        "UpSampling3D",
+        "ZeroPadding1D",
+        "ZeroPadding2D",
+        "ZeroPadding3D",
+        "Maximum",
+        "Minimum",
+    }
+)
+"""Notes on the list: `Activation` is included only for piecewise-linear
+activations (see `is_pass_through`); average pooling and `Add` do arithmetic and
+are not pass-through; `MaxPooling` only selects."""
+
+_PIECEWISE_LINEAR_ACTIVATIONS = frozenset({"relu", "relu6", "linear", "leaky_relu", "hard_tanh"})
+
+_KERAS_INTERNAL_ATTRIBUTES = frozenset(
+    {
+        "_layers",
+        "_tracker",
+        "_inbound_nodes",
+        "_outbound_nodes",
+        "_operations",
+        "_functional",
+        "_trainable_variables",
+        "_non_trainable_variables",
+        "_seed_generators",
+        "_metrics",
+        "_loss_tracker",
+    }
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class LayerInfo:
+    """What autoprec knows about one layer of a model.
+
+    Attributes:
+        path: the stable autoprec path, e.g. `"encoder/attention/query_dense"`.
+        class_name: the layer's class name, e.g. `"EinsumDense"`.
+        keras_path: Keras' own `layer.path`, or `None` where Keras has none.
+        parameters: number of weight elements the layer owns directly (not its children's).
+        weight_shapes: shapes of the weights the layer owns directly.
+        is_container: whether the layer holds sub-layers.
+        pass_through: whether the layer does no precision-relevant arithmetic.
+        follows: path whose dtype this layer takes (pass-through layers and nested
+            models), or `None` when it is assigned a dtype of its own.
+    """
+
+    path: str
+    class_name: str
+    keras_path: str | None
+    parameters: int
+    weight_shapes: tuple[tuple[int, ...], ...]
+    is_container: bool
+    pass_through: bool
+    follows: str | None
+
+
+def is_pass_through(layer: keras.layers.Layer) -> bool:
+    """Returns whether `layer` does no floating-point arithmetic worth a dtype of its own.
+
+    Args:
+        layer: any Keras layer.
+
+    Returns:
+        `True` for layers in `PASS_THROUGH_CLASSES` (an `Activation` only with a
+        piecewise-linear function such as ReLU).
+    """
+    class_name = type(layer).__name__
+    if class_name not in PASS_THROUGH_CLASSES:
+        return False
+    if class_name == "Activation":
+        activation = getattr(layer, "activation", None)
+        name = getattr(activation, "__name__", str(activation))
+        return name in _PIECEWISE_LINEAR_ACTIVATIONS
+    return True
+
+
+def _is_graph_model(layer: keras.layers.Layer) -> bool:
+    return isinstance(layer, keras.Sequential) or type(layer).__name__ == "Functional" or (
+        isinstance(layer, keras.Model) and hasattr(layer, "_operations") and hasattr(layer, "_nodes")
+    )
+
+
+def _own_weights(layer: keras.layers.Layer) -> list:
+    child_weight_ids = set()
+    for child in _tracked_children(layer):
+        child_weight_ids.update(id(weight) for weight in child.weights)
+    return [weight for weight in layer.weights if id(weight) not in child_weight_ids]
+
+
+def _tracked_children(layer: keras.layers.Layer) -> list[keras.layers.Layer]:
+    children = []
+    seen = set()
+    for child in getattr(layer, "_layers", []):
+        if id(child) in seen or child is layer:
+            continue
+        seen.add(id(child))
+        children.append(child)
+    return children
+
+
+_AUTO_NAME = re.compile(r"^(?P<base>[a-z0-9_]+?)(?:_(?P<index>\d+))?$")
+
+
+def _snake_case(name: str) -> str:
+    name = re.sub(r"\W+", "", name)
+    name = re.sub("(.)([A-Z][a-z]+)", r"\1_\2", name)
+    return re.sub("([a-z])([A-Z])", r"\1_\2", name).lower()
+
+
+def _local_names_for_graph_children(children: list[keras.layers.Layer]) -> list[str]:
+    """Names children of a Sequential/Functional model, renumbering auto-generated names."""
+    used: set[str] = set()
+    counters: dict[str, int] = {}
+    explicit_names = set()
+    auto_flags = []
+    for child in children:
+        base = _snake_case(type(child).__name__)
+        match = _AUTO_NAME.match(child.name)
+        is_auto = bool(match) and match.group("base") == base
+        auto_flags.append((is_auto, base))
+        if not is_auto:
+            explicit_names.add(child.name)
+    names = []
+    for child, (is_auto, base) in zip(children, auto_flags):
+        if is_auto:
+            while True:
+                index = counters.get(base, 0)
+                counters[base] = index + 1
+                candidate = base if index == 0 else f"{base}_{index}"
+                if candidate not in explicit_names and candidate not in used:
+                    break
+        else:
+            candidate = child.name
+            suffix = 1
+            while candidate in used:
+                candidate = f"{child.name}_{suffix}"
+                suffix += 1
+        used.add(candidate)
+        names.append(candidate)
+    return names
+
+
+def _attribute_children(layer: keras.layers.Layer) -> list[tuple[str, keras.layers.Layer]]:
+    """Children of a non-graph layer, named by the attribute (or container slot) that holds them."""
+    tracked_ids = {id(child) for child in _tracked_children(layer)}
+    named: list[tuple[str, keras.layers.Layer]] = []
+    seen: set[int] = set()
+
+    def visit(name: str, value: object, depth: int) -> None:
+        if depth > 3:
+            return
+        if isinstance(value, keras.layers.Layer):
+            if id(value) in tracked_ids and id(value) not in seen and value is not layer:
+                seen.add(id(value))
+                named.append((name, value))
+            return
+        if isinstance(value, (list, tuple)):
+            for index, item in enumerate(value):
+                visit(f"{name}/{index}", item, depth + 1)
+        elif isinstance(value, dict):
+            for key, item in value.items():
+                visit(f"{name}/{key}", item, depth + 1)
+
+    for attribute, value in list(vars(layer).items()):
+        if (
+            attribute in _KERAS_INTERNAL_ATTRIBUTES
+            or attribute.startswith("__")
+            or attribute.startswith("_self_")
+        ):
+            continue
+        visit(attribute.lstrip("_") or attribute, value, 0)
+
+    leftovers = [child for child in _tracked_children(layer) if id(child) not in seen]
+    used = {name for name, _ in named}
+    for child, name in zip(leftovers, _local_names_for_graph_children(leftovers)):
+        while name in used:
+            name = f"{name}_"
+        used.add(name)
+        named.append((name, child))
+    return named
+
+
+def _children_with_names(layer: keras.layers.Layer) -> list[tuple[str, keras.layers.Layer]]:
+    if _is_graph_model(layer):
+        children = [
+            child for child in _tracked_children(layer) if type(child).__name__ != "InputLayer"
+        ]
+        if isinstance(layer, keras.Sequential):
+            children = [child for child in layer.layers]
+        return list(zip(_local_names_for_graph_children(children), children))
+    return _attribute_children(layer)
+
+
+def iter_layers(model: keras.layers.Layer) -> Iterator[tuple[str, keras.layers.Layer]]:
+    """Yields `(stable_path, layer)` for every layer under `model`, parents before children.
+
+    Args:
+        model: a Keras model or layer (the root itself is not yielded).
+
+    Yields:
+        Pairs of stable path and layer, in a deterministic order.
+
+    Example:
+
+    ```python
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
+    [path for path, _ in autoprec.layers.iter_layers(model)]  # ["dense"]
+    ```
+    """
+    seen: set[int] = {id(model)}
+
+    def walk(prefix: str, layer: keras.layers.Layer) -> Iterator[tuple[str, keras.layers.Layer]]:
+        for name, child in _children_with_names(layer):
+            if id(child) in seen:
+                continue
+            seen.add(id(child))
+            path = f"{prefix}/{name}" if prefix else name
+            yield path, child
+            yield from walk(path, child)
+
+    yield from walk("", model)
+
+
+def layer_paths(model: keras.layers.Layer) -> dict[str, keras.layers.Layer]:
+    """Returns an ordered `{stable_path: layer}` mapping for every layer under `model`."""
+    return dict(iter_layers(model))
+
+
+def _graph_producers(
+    container: keras.layers.Layer, path_of: dict[int, str]
+) -> dict[str, str | None]:
+    """For each child of a graph model, the path of the child that feeds its first input."""
+    producers: dict[str, str | None] = {}
+    if isinstance(container, keras.Sequential):
+        previous: str | None = None
+        for child in container.layers:
+            producers[path_of[id(child)]] = previous
+            previous = path_of[id(child)]
+        return producers
+    for child in _tracked_children(container):
+        if id(child) not in path_of:
+            continue
+        producer = None
+        for node in getattr(child, "_inbound_nodes", []):
+            for tensor in getattr(node, "input_tensors", []):
+                history = getattr(tensor, "_keras_history", None)
+                operation = getattr(history, "operation", None) if history else None
+                if operation is not None and id(operation) in path_of:
+                    producer = path_of[id(operation)]
+                    break
+            if producer is not None:
+                break
+        producers[path_of[id(child)]] = producer
+    return producers
+
+
+def describe_model(model: keras.layers.Layer) -> dict[str, LayerInfo]:
+    """Returns `{stable_path: LayerInfo}` for every layer under `model`, in traversal order.
+
+    Args:
+        model: a Keras model (built or not; unbuilt layers report no weights).
+
+    Returns:
+        An ordered mapping from stable path to `LayerInfo`.
+    """
+    paths = layer_paths(model)
+    path_of = {id(layer): path for path, layer in paths.items()}
+    producers: dict[str, str | None] = {}
+    for container in [model, *paths.values()]:
+        if _is_graph_model(container):
+            producers.update(_graph_producers(container, path_of))
+
+    infos: dict[str, LayerInfo] = {}
+    previous_compute_path: dict[str, str | None] = {}
+    for path, layer in paths.items():
+        parent = path.rsplit("/", 1)[0] if "/" in path else ""
+        children = _tracked_children(layer)
+        pass_through = is_pass_through(layer)
+        follows: str | None = None
+        if pass_through:
+            follows = producers.get(path, previous_compute_path.get(parent))
+        weights = _own_weights(layer)
+        infos[path] = LayerInfo(
+            path=path,
+            class_name=type(layer).__name__,
+            keras_path=getattr(layer, "path", None),
+            parameters=int(sum(_element_count(weight.shape) for weight in weights)),
+            weight_shapes=tuple(tuple(int(d) for d in weight.shape) for weight in weights),
+            is_container=bool(children),
+            pass_through=pass_through,
+            follows=follows,
+        )
+        previous_compute_path[parent] = path
+
+    # Nested models follow their first computing descendant: their own policy only
+    # casts their inputs, and a mismatch would add a needless cast.
+    for path, layer in paths.items():
+        if path in infos and _is_graph_model(layer):
+            first = next(
+                (
+                    child_path
+                    for child_path, info in infos.items()
+                    if child_path.startswith(path + "/") and not info.is_container
+                ),
+                None,
+            )
+            infos[path] = dataclasses.replace(infos[path], follows=first)
+    return infos
+
+
+def _element_count(shape) -> int:
+    count = 1
+    for dimension in shape:
+        count *= int(dimension) if dimension is not None else 0
+    return count
+
+
+def model_fingerprint(model_or_infos) -> str:
+    """Returns a short hash of the model's layer paths, classes and weight shapes.
+
+    Two builds of the same architecture share a fingerprint; any change to a
+    layer's path, class or weight shapes changes it.
+
+    Args:
+        model_or_infos: a Keras model, or the mapping returned by `describe_model`.
+
+    Returns:
+        A 16-character hexadecimal string.
+    """
+    infos = (
+        model_or_infos
+        if isinstance(model_or_infos, dict)
+        else describe_model(model_or_infos)
+    )
+    payload = [
+        [info.path, info.class_name, [list(shape) for shape in info.weight_shapes]]
+        for info in infos.values()
+    ]
+    digest = hashlib.sha256(json.dumps(payload, separators=(",", ":")).encode("utf-8"))
+    return digest.hexdigest()[:16]
+
+
+def is_fully_built(model: keras.layers.Layer) -> bool:
+    """Returns whether `model` and every layer under it are built."""
+    return bool(model.built) and all(layer.built for _, layer in iter_layers(model))
