@@ -140,8 +140,14 @@ def is_pass_through(layer: keras.layers.Layer) -> bool:
 
 
 def _is_graph_model(layer: keras.layers.Layer) -> bool:
-    return isinstance(layer, keras.Sequential) or type(layer).__name__ == "Functional" or (
-        isinstance(layer, keras.Model) and hasattr(layer, "_operations") and hasattr(layer, "_nodes")
+    return (
+        isinstance(layer, keras.Sequential)
+        or type(layer).__name__ == "Functional"
+        or (
+            isinstance(layer, keras.Model)
+            and hasattr(layer, "_operations")
+            and hasattr(layer, "_nodes")
+        )
     )
 
 
@@ -392,11 +398,7 @@ def model_fingerprint(model_or_infos) -> str:
     Returns:
         A 16-character hexadecimal string.
     """
-    infos = (
-        model_or_infos
-        if isinstance(model_or_infos, dict)
-        else describe_model(model_or_infos)
-    )
+    infos = model_or_infos if isinstance(model_or_infos, dict) else describe_model(model_or_infos)
     payload = [
         [info.path, info.class_name, [list(shape) for shape in info.weight_shapes]]
         for info in infos.values()

@@ -1,0 +1,214 @@
+"""`apply_plan`: set each layer's Keras dtype policy from a `PrecisionPlan`, and undo it."""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import warnings
+from collections.abc import Mapping
+
+import keras
+
+from . import _dtypes
+from .errors import PlanError
+from .layers import LayerInfo, describe_model, is_fully_built, layer_paths, model_fingerprint
+from .plan import PrecisionPlan
+
+
+@dataclasses.dataclass
+class PlanHandle:
+    """What `apply_plan` changed, and the way back.
+
+    Attributes:
+        model: the model the plan was applied to.
+        plan: the plan as applied, with every layer of the model named explicitly.
+        dtypes: `{path: dtype}` each layer now computes in.
+        original_policies: `{path: policy}` each layer had before.
+        skipped: `{path: reason}` for layers left untouched (non-float or quantized layers).
+    """
+
+    model: keras.Model
+    plan: PrecisionPlan
+    dtypes: dict[str, str]
+    original_policies: dict[str, object]
+    skipped: dict[str, str]
+
+    @property
+    def uses_float16(self) -> bool:
+        """Whether any layer now computes in float16 (loss scaling is then needed)."""
+        return _dtypes.FLOAT16 in self.dtypes.values()
+
+    def restore(self) -> None:
+        """Puts back every layer's original dtype policy and marks compiled functions stale."""
+        paths = layer_paths(self.model)
+        for path, policy in self.original_policies.items():
+            layer = paths.get(path)
+            if layer is not None:
+                layer.dtype_policy = policy
+        reset_compiled_functions(self.model)
+
+
+def reset_compiled_functions(model: keras.Model) -> None:
+    """Makes `fit`, `evaluate` and `predict` retrace so new dtype policies take effect.
+
+    Call this outside of `fit`. Inside a callback use
+    `model.make_train_function(force=True)` instead (see `AutoPrecision`).
+    """
+    for attribute in ("train_function", "test_function", "predict_function"):
+        if hasattr(model, attribute):
+            setattr(model, attribute, None)
+
+
+def check_plan_fits(
+    plan: PrecisionPlan, infos: Mapping[str, LayerInfo], model_name: str
+) -> list[str]:
+    """Returns the problems that stop `plan` from applying exactly to a model.
+
+    Args:
+        plan: the plan to check.
+        infos: the model's layers, from `describe_model`.
+        model_name: the model's name, used in messages.
+
+    Returns:
+        One message per problem (unknown layers with closest matches, class or
+        weight-shape differences); empty when the plan fits.
+    """
+    problems = []
+    unknown = [path for path in plan.layers if path not in infos]
+    if unknown:
+        known = list(infos)
+        listed = []
+        for path in unknown[:10]:
+            close = difflib.get_close_matches(path, known, n=1, cutoff=0.4)
+            listed.append(f"{path!r}" + (f" (closest: {close[0]!r})" if close else ""))
+        more = f" and {len(unknown) - 10} more" if len(unknown) > 10 else ""
+        problems.append(
+            f"the plan names {len(unknown)} layer(s) that model {model_name!r} does not have: "
+            f"{', '.join(listed)}{more}"
+        )
+    for path, planned in plan.layer_info.items():
+        actual = infos.get(path)
+        if actual is None:
+            continue
+        if planned.class_name != actual.class_name:
+            problems.append(
+                f"layer {path!r} is a {actual.class_name} in the model but a "
+                f"{planned.class_name} in the plan"
+            )
+        elif planned.weight_shapes and actual.weight_shapes != planned.weight_shapes:
+            problems.append(
+                f"layer {path!r} has weight shapes {list(actual.weight_shapes)} in the model "
+                f"but {list(planned.weight_shapes)} in the plan"
+            )
+    if not problems and plan.fingerprint and plan.layer_info:
+        missing = [path for path in infos if path not in plan.layers]
+        if missing:
+            problems.append(
+                f"model {model_name!r} has {len(missing)} layer(s) the plan does not name, "
+                f"e.g. {missing[0]!r}"
+            )
+    return problems
+
+
+def apply_plan(model: keras.Model, plan: PrecisionPlan, strict: bool = True) -> PlanHandle:
+    """Sets every layer's dtype policy from `plan`; variables stay float32 (the master copy).
+
+    Compute dtypes map to Keras policies `float32`, `mixed_bfloat16` and
+    `mixed_float16`. Policies are set on every layer, sub-layers included,
+    because Keras' policy setter does not cascade into containers such as
+    `MultiHeadAttention`. Compiled functions are reset so the next
+    `fit`/`evaluate`/`predict` retraces.
+
+    Args:
+        model: a built Keras model (call it once or use `AutoPrecision`, which
+            applies the plan after `fit` has built the model).
+        plan: the `PrecisionPlan` to apply.
+        strict: if `True`, a plan naming layers the model lacks, or made for a
+            model with other classes or weight shapes, raises `PlanError` and
+            nothing is changed. If `False`, what matches is applied and the rest
+            is reported with a warning.
+
+    Returns:
+        A `PlanHandle`; `handle.restore()` puts the original policies back.
+
+    Raises:
+        PlanError: in strict mode, if the plan does not fit the model, or if the
+            model is not built.
+
+    Example:
+
+    ```python
+    handle = autoprec.apply_plan(model, plan)
+    model.fit(x, y)
+    handle.restore()
+    ```
+    """
+    if not isinstance(plan, PrecisionPlan):
+        raise PlanError(
+            f"apply_plan: expected a PrecisionPlan, got {type(plan).__name__}; "
+            "load one with autoprec.PrecisionPlan.load(path)."
+        )
+    if not is_fully_built(model):
+        message = (
+            f"model {model.name!r} is not built, so its sub-layers have no weights or paths "
+            "yet. Build it first (call it on one batch or model.build(input_shape)), or pass "
+            "the plan to autoprec.AutoPrecision, which applies it once fit has built the model."
+        )
+        if strict:
+            raise PlanError(message)
+        warnings.warn(message, stacklevel=2)
+    infos = describe_model(model)
+    problems = check_plan_fits(plan, infos, model.name)
+    if problems:
+        message = (
+            f"plan for model {plan.model_name!r} does not fit model {model.name!r}: "
+            + "; ".join(problems)
+            + ". Re-create the plan for this model, or pass strict=False to apply what matches."
+        )
+        if strict:
+            raise PlanError(message)
+        warnings.warn(message, stacklevel=2)
+
+    dtypes = plan.resolve(infos)
+    paths = layer_paths(model)
+    original_policies: dict[str, object] = {}
+    skipped: dict[str, str] = {}
+    applied: dict[str, str] = {}
+    for path, layer in paths.items():
+        reason = _reason_to_skip(layer)
+        if reason:
+            skipped[path] = reason
+            continue
+        original_policies[path] = layer.dtype_policy
+        layer.dtype_policy = _dtypes.POLICY_FOR_DTYPE[dtypes[path]]
+        applied[path] = dtypes[path]
+    reset_compiled_functions(model)
+    applied_plan = PrecisionPlan(
+        applied,
+        rules=plan.rules,
+        default=plan.default,
+        layer_info=infos,
+        fingerprint=model_fingerprint(infos),
+        model_name=model.name,
+        metadata=plan.metadata,
+        events=plan.events,
+        created=plan.created,
+        autoprec_version=plan.autoprec_version,
+    )
+    return PlanHandle(
+        model=model,
+        plan=applied_plan,
+        dtypes=applied,
+        original_policies=original_policies,
+        skipped=skipped,
+    )
+
+
+def _reason_to_skip(layer: keras.layers.Layer) -> str | None:
+    policy = layer.dtype_policy
+    if getattr(policy, "quantization_mode", None):
+        return f"quantized ({policy.quantization_mode}); its policy is left as it is"
+    compute_dtype = str(getattr(policy, "compute_dtype", ""))
+    if compute_dtype and not keras.backend.is_float_dtype(compute_dtype):
+        return f"computes in {compute_dtype}, not floating point"
+    return None

@@ -1,0 +1,163 @@
+"""`save_model` / `load_model`: a `.keras` file that carries its precision plan and loss scale.
+
+Keras keeps the dtype policies of top-level layers on reload but drops those
+set on nested sub-layers (the inner layers of `MultiHeadAttention`, layers of
+nested models), and a model whose optimizer was wrapped in a
+`LossScaleOptimizer` after `compile` reloads without its optimizer state. These
+two functions store the plan inside the `.keras` archive, save the optimizer
+state in the shape `compile` expects, and put everything back on load.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import zipfile
+from pathlib import Path
+
+import keras
+
+from .apply import apply_plan
+from .errors import PlanError
+from .loss_scale import FlooredLossScaleOptimizer, current_loss_scale
+from .plan import PrecisionPlan
+
+#: Name of the plan inside the `.keras` zip archive.
+PLAN_ENTRY = "autoprec_plan.json"
+
+
+def attach_plan(model: keras.Model, plan: PrecisionPlan) -> None:
+    """Records `plan` on `model` so `save_model` finds it without being told."""
+    object.__setattr__(model, "_autoprec_plan", plan)
+
+
+def attached_plan(model: keras.Model) -> PrecisionPlan | None:
+    """Returns the plan last applied to `model` by autoprec, if any."""
+    return getattr(model, "_autoprec_plan", None)
+
+
+def save_model(
+    model: keras.Model, path: str | os.PathLike, plan: PrecisionPlan | None = None
+) -> Path:
+    """Saves `model` as a `.keras` archive with its precision plan and loss-scale state inside.
+
+    Args:
+        model: the model to save.
+        path: destination, ending in `.keras`. Written atomically.
+        plan: the plan to store; defaults to the plan autoprec last applied to the
+            model, else the model's current per-layer policies.
+
+    Returns:
+        The destination path.
+
+    Example:
+
+    ```python
+    model.fit(x, y, callbacks=[autoprec.AutoPrecision(plan)])
+    autoprec.save_model(model, "model.keras")
+    restored = autoprec.load_model("model.keras")
+    ```
+    """
+    destination = Path(path)
+    if destination.suffix != ".keras":
+        raise PlanError(f"save_model: {destination} must end in '.keras'.")
+    plan = plan or attached_plan(model) or PrecisionPlan.from_model(model)
+    optimizer = getattr(model, "optimizer", None)
+    scale = current_loss_scale(optimizer)
+    if scale is not None:
+        plan = plan.with_metadata(
+            loss_scale={
+                **dict(plan.metadata.get("loss_scale") or {}),
+                "current": scale,
+                "floor": getattr(optimizer, "floor", None),
+                "fixed": bool(getattr(optimizer, "fixed", False)),
+                "dynamic_growth_steps": int(optimizer.dynamic_growth_steps),
+            }
+        )
+    unwrap = _wrapped_after_compile(model)
+    destination.parent.mkdir(parents=True, exist_ok=True)
+    handle, temp_name = tempfile.mkstemp(
+        prefix=f".{destination.stem}.", suffix=".keras", dir=destination.parent
+    )
+    os.close(handle)
+    try:
+        if unwrap:
+            object.__setattr__(model, "optimizer", optimizer.inner_optimizer)
+        try:
+            model.save(temp_name)
+        finally:
+            if unwrap:
+                object.__setattr__(model, "optimizer", optimizer)
+        with zipfile.ZipFile(temp_name, "a") as archive:
+            archive.writestr(PLAN_ENTRY, plan.to_json())
+        with open(temp_name, "rb") as written:
+            os.fsync(written.fileno())
+        os.replace(temp_name, destination)
+    except BaseException:
+        if os.path.exists(temp_name):
+            os.unlink(temp_name)
+        raise
+    return destination
+
+
+def load_plan_from_archive(path: str | os.PathLike) -> PrecisionPlan | None:
+    """Returns the plan stored in a `.keras` archive by `save_model`, or `None`."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            if PLAN_ENTRY not in archive.namelist():
+                return None
+            text = archive.read(PLAN_ENTRY).decode("utf-8")
+    except zipfile.BadZipFile:
+        raise PlanError(f"{path}: not a .keras archive (bad zip file).") from None
+    return PrecisionPlan.from_json(text, source=f"{path}:{PLAN_ENTRY}")
+
+
+def load_model(
+    path: str | os.PathLike, custom_objects: dict | None = None, compile: bool = True
+) -> keras.Model:
+    """Loads a `.keras` archive and re-applies the precision plan and loss scaling stored in it.
+
+    Args:
+        path: a file written by `autoprec.save_model` (plain `.keras` files load too).
+        custom_objects: passed to `keras.saving.load_model`.
+        compile: passed to `keras.saving.load_model`.
+
+    Returns:
+        The model, with every layer's dtype as it was when saved and, if it was
+        training with loss scaling, its optimizer wrapped again with the saved scale.
+    """
+    if not Path(path).exists():
+        raise PlanError(f"load_model: {path}: no such file.")
+    plan = load_plan_from_archive(path)
+    model = keras.saving.load_model(path, custom_objects=custom_objects, compile=compile)
+    if plan is None:
+        return model
+    handle = apply_plan(model, plan, strict=True)
+    attach_plan(model, handle.plan)
+    loss_scale = plan.metadata.get("loss_scale") or {}
+    optimizer = getattr(model, "optimizer", None)
+    if (
+        compile
+        and optimizer is not None
+        and loss_scale.get("current") is not None
+        and not isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
+    ):
+        wrapped = FlooredLossScaleOptimizer(
+            optimizer,
+            initial_scale=float(loss_scale["current"]),
+            dynamic_growth_steps=int(loss_scale.get("dynamic_growth_steps", 2000)),
+            floor=loss_scale.get("floor"),
+            fixed=bool(loss_scale.get("fixed", False)),
+        )
+        wrapped.build(model.trainable_variables)
+        model.optimizer = wrapped
+    return model
+
+
+def _wrapped_after_compile(model: keras.Model) -> bool:
+    optimizer = getattr(model, "optimizer", None)
+    if not isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+        return False
+    compile_config = getattr(model, "_compile_config", None)
+    compiled_optimizer = getattr(compile_config, "config", {}).get("optimizer")
+    return compiled_optimizer is not optimizer
