@@ -76,10 +76,12 @@ def check_plan_fits(
     problems = []
     unknown = [path for path in plan.layers if path not in infos]
     if unknown:
-        known = list(infos)
+        # A renamed layer's counterpart is most likely a model layer the plan does not name.
+        unnamed = [path for path in infos if path not in plan.layers]
         listed = []
         for path in unknown[:10]:
-            close = difflib.get_close_matches(path, known, n=1, cutoff=0.4)
+            close = difflib.get_close_matches(path, unnamed, n=1, cutoff=0.4)
+            close = close or difflib.get_close_matches(path, list(infos), n=1, cutoff=0.4)
             listed.append(f"{path!r}" + (f" (closest: {close[0]!r})" if close else ""))
         more = f" and {len(unknown) - 10} more" if len(unknown) > 10 else ""
         problems.append(

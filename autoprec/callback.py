@@ -9,6 +9,7 @@ import keras
 from . import _dtypes
 from .apply import PlanHandle, apply_plan
 from .errors import PlanError
+from .layers import is_fully_built
 from .loss_scale import FlooredLossScaleOptimizer, current_loss_scale
 from .plan import PrecisionPlan
 from .saving import attach_plan
@@ -23,7 +24,10 @@ class AutoPrecision(keras.callbacks.Callback):
     exactly `mixed_float16`), and the compiled train/test/predict functions are
     rebuilt so the new policies take effect. The optimizer's state is kept; an
     optimizer that already scales the loss is not wrapped again. The current loss
-    scale is added to the epoch logs (`history.history["loss_scale"]`). The plan
+    scale is added to the epoch logs (`history.history["loss_scale"]`). An
+    unbuilt subclassed model only gets its sub-layers at the first trace, so its
+    first step runs with the model's own policies and the plan applies from the
+    second step on. The plan
     stays applied after training, so `evaluate`, `predict` and
     `autoprec.save_model` use it; `restore()` undoes it.
 
@@ -86,10 +90,24 @@ class AutoPrecision(keras.callbacks.Callback):
         self.verbose = verbose
         self.handle: PlanHandle | None = None
         self._wrapped_optimizer: keras.optimizers.Optimizer | None = None
+        self._pending = False
 
     # ------------------------------------------------------------------ Keras hooks
 
     def on_train_begin(self, logs=None) -> None:
+        if not is_fully_built(self.model):
+            # An unbuilt subclassed model gets its sub-layers (and their paths) at
+            # the first trace: apply the plan right after the first step.
+            self._pending = True
+            return
+        self._apply()
+
+    def on_train_batch_end(self, batch, logs=None) -> None:
+        if self._pending:
+            self._pending = False
+            self._apply()
+
+    def _apply(self) -> None:
         self.handle = apply_plan(self.model, self.plan, strict=self.strict)
         self.plan = self.handle.plan
         attach_plan(self.model, self.plan)

@@ -416,6 +416,8 @@ class PrecisionPlan:
         followers = [path for path in matched if path in own_info and own_info[path].pass_through]
         if followers and len(followers) == len(matched):
             source = own_info[followers[0]].follows
+            while source in own_info and own_info[source].pass_through and own_info[source].follows:
+                source = own_info[source].follows
             raise PlanError(
                 f"with_dtype: {followers[0]!r} is a pass-through layer "
                 f"({own_info[followers[0]].class_name}); it follows the dtype of "

@@ -1,0 +1,287 @@
+"""AutoPrecision callback: plan application inside fit, loss scaling and its floor (autoprec/callback.py)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import keras
+import numpy as np
+import pytest
+from conftest import build_mlp, classification_data
+
+import autoprec
+from autoprec import AutoPrecision, FlooredLossScaleOptimizer, PlanError, PrecisionPlan
+from autoprec.layers import layer_paths
+
+
+def _compiled(model, optimizer="adam", jit_compile=False):
+    model.compile(
+        optimizer=optimizer,
+        loss="sparse_categorical_crossentropy",
+        metrics=["accuracy"],
+        jit_compile=jit_compile,
+    )
+    return model
+
+
+def test_float16_plan_adds_floored_loss_scaling_and_logs_the_scale(mlp, classification):
+    x, y = classification
+    _compiled(mlp)
+    plan = PrecisionPlan.uniform(mlp, "float16").with_dtype("dense_2", "float32")
+    history = mlp.fit(x, y, epochs=2, batch_size=32, verbose=0, callbacks=[AutoPrecision(plan)])
+    assert isinstance(mlp.optimizer, FlooredLossScaleOptimizer)
+    assert history.history["loss_scale"] == [2.0**15, 2.0**15]
+    assert layer_paths(mlp)["dense"].compute_dtype == "float16"
+    assert all(np.isfinite(history.history["loss"]))
+
+
+def test_bfloat16_plan_gets_no_loss_scaling(mlp, classification):
+    x, y = classification
+    _compiled(mlp)
+    history = mlp.fit(
+        x,
+        y,
+        epochs=1,
+        verbose=0,
+        callbacks=[AutoPrecision(PrecisionPlan.uniform(mlp, "bfloat16"))],
+    )
+    assert not isinstance(mlp.optimizer, keras.optimizers.LossScaleOptimizer)
+    assert "loss_scale" not in history.history
+    assert layer_paths(mlp)["dense_1"].compute_dtype == "bfloat16"
+
+
+def test_optimizer_is_wrapped_once_and_keeps_its_state(mlp, classification):
+    x, y = classification
+    _compiled(mlp)
+    mlp.fit(x, y, epochs=1, batch_size=32, verbose=0)
+    inner = mlp.optimizer
+    steps_before = int(inner.iterations.numpy())
+    moments_before = [keras.ops.convert_to_numpy(v) for v in inner.variables]
+    plan = PrecisionPlan.uniform(mlp, "float16")
+    callback = AutoPrecision(plan, verbose=0)
+    mlp.fit(x, y, epochs=1, batch_size=32, verbose=0, callbacks=[callback])
+    wrapped = mlp.optimizer
+    assert wrapped.inner_optimizer is inner
+    assert int(inner.iterations.numpy()) == steps_before + 4
+    assert any(
+        not np.array_equal(before, keras.ops.convert_to_numpy(after))
+        for before, after in zip(moments_before, inner.variables)
+    )
+    mlp.fit(x, y, epochs=1, batch_size=32, verbose=0, callbacks=[AutoPrecision(plan, verbose=0)])
+    assert mlp.optimizer is wrapped  # never wrapped twice
+    callback.restore()
+    assert mlp.optimizer is inner
+    assert layer_paths(mlp)["dense"].compute_dtype == "float32"
+
+
+def _tiny_gradient_model():
+    model = keras.Sequential(
+        [
+            keras.Input((4,)),
+            keras.layers.Dense(4, name="hidden"),
+            keras.layers.Dense(1, name="out"),
+        ],
+        name="tiny",
+    )
+    model.compile(
+        optimizer=keras.optimizers.SGD(10.0),
+        loss=lambda target, prediction: 1e-7 * keras.ops.mean((target - prediction) ** 2),
+    )
+    return model
+
+
+def test_gradients_that_underflow_float16_train_with_loss_scaling():
+    # d(loss)/d(prediction) is about 1e-8, below float16's smallest subnormal (6e-8).
+    x = np.ones((16, 4), "float32")
+    y = np.zeros((16, 1), "float32")
+    plan = PrecisionPlan.uniform(_tiny_gradient_model(), "float16")
+
+    unscaled = _tiny_gradient_model()
+    start = unscaled.get_layer("hidden").get_weights()[0].copy()
+    autoprec.apply_plan(unscaled, plan)  # float16 without loss scaling
+    unscaled.fit(x, y, epochs=2, verbose=0)
+    assert np.array_equal(unscaled.get_layer("hidden").get_weights()[0], start)
+
+    keras.utils.set_random_seed(0)
+    keras.backend.clear_session()
+    scaled = _tiny_gradient_model()
+    scaled.get_layer("hidden").set_weights(unscaled.get_layer("hidden").get_weights())
+    scaled.get_layer("out").set_weights(unscaled.get_layer("out").get_weights())
+    scaled.fit(x, y, epochs=2, verbose=0, callbacks=[AutoPrecision(plan, verbose=0)])
+    assert not np.array_equal(scaled.get_layer("hidden").get_weights()[0], start)
+
+
+def test_mixed_plan_trains_to_float32_loss_within_tolerance():
+    x, y = classification_data(samples=256)
+    losses = {}
+    initial = build_mlp().get_weights()
+    for name in ("float32", "mixed"):
+        keras.backend.clear_session()
+        model = _compiled(build_mlp(), optimizer=keras.optimizers.Adam(0.01))
+        model.set_weights(initial)
+        callbacks = []
+        if name == "mixed":
+            plan = (
+                PrecisionPlan.uniform(model, "bfloat16")
+                .with_dtype("dense_1", "float16")
+                .with_dtype("dense_2", "float32")
+            )
+            callbacks = [AutoPrecision(plan, verbose=0)]
+        history = model.fit(
+            x, y, epochs=8, batch_size=32, shuffle=False, verbose=0, callbacks=callbacks
+        )
+        losses[name] = history.history["loss"][-1]
+    assert losses["float32"] < 0.5  # the task is learnable
+    assert abs(losses["mixed"] - losses["float32"]) < 0.05 + 0.1 * losses["float32"]
+
+
+def test_loss_scale_floor_holds_and_weights_stay_finite_under_persistent_overflow():
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(4), keras.layers.Dense(1)])
+    model.compile(optimizer="sgd", loss="mse")
+    x = np.full((300, 4), 1e4, "float32")  # float16 activations overflow on every step
+    y = np.zeros((300, 1), "float32")
+    callback = AutoPrecision(PrecisionPlan.uniform(model, "float16"), verbose=0)
+    model.fit(x, y, batch_size=1, epochs=1, verbose=0, callbacks=[callback])
+    optimizer = model.optimizer
+    assert float(optimizer.dynamic_scale.numpy()) == 1.0  # Keras alone would reach 0.0
+    assert int(optimizer.non_finite_steps.numpy()) == 300
+    assert int(optimizer.consecutive_non_finite_steps.numpy()) == 300
+    assert all(np.isfinite(weight).all() for weight in model.get_weights())
+
+
+def test_fixed_loss_scale_stays_fixed(mlp, classification):
+    x, y = classification
+    _compiled(mlp)
+    plan = PrecisionPlan.uniform(mlp, "float16")
+    history = mlp.fit(
+        x, y, epochs=2, verbose=0, callbacks=[AutoPrecision(plan, loss_scale=128, verbose=0)]
+    )
+    assert history.history["loss_scale"] == [128.0, 128.0]
+    assert mlp.optimizer.fixed
+
+
+def test_bad_arguments_are_refused(mlp):
+    plan = PrecisionPlan.uniform(mlp, "float16")
+    with pytest.raises(PlanError, match="loss_scale=None.*float16"):
+        AutoPrecision(plan, loss_scale=None)
+    with pytest.raises(PlanError, match="'static' is not valid"):
+        AutoPrecision(plan, loss_scale="static")
+    with pytest.raises(PlanError, match="must be a PrecisionPlan"):
+        AutoPrecision({"dense": "float16"})
+
+
+def test_plan_path_saves_the_plan_used(mlp, classification, tmp_path):
+    x, y = classification
+    _compiled(mlp)
+    path = tmp_path / "used.json"
+    plan = PrecisionPlan.uniform(mlp, "float16")
+    mlp.fit(x, y, epochs=1, verbose=0, callbacks=[AutoPrecision(plan, plan_path=path, verbose=0)])
+    saved = PrecisionPlan.load(path)
+    assert saved.layers["dense"] == "float16"
+    assert saved.metadata["loss_scale"]["current"] == 2.0**15
+    assert AutoPrecision(str(path), verbose=0).plan == saved
+
+
+def test_jit_compiled_training_with_a_plan(classification):
+    x, y = classification
+    model = _compiled(build_mlp(), jit_compile=True)
+    plan = PrecisionPlan.uniform(model, "bfloat16").with_dtype("dense_1", "float16")
+    history = model.fit(x, y, epochs=1, verbose=0, callbacks=[AutoPrecision(plan, verbose=0)])
+    assert np.isfinite(history.history["loss"][0])
+    assert layer_paths(model)["dense_1"].compute_dtype == "float16"
+
+
+class AttentionClassifier(keras.Model):
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.attention = keras.layers.MultiHeadAttention(num_heads=2, key_dim=4)
+        self.pool = keras.layers.GlobalAveragePooling1D()
+        self.head = keras.layers.Dense(2, activation="softmax")
+
+    def call(self, inputs):
+        return self.head(self.pool(self.attention(inputs, inputs)))
+
+
+def test_unbuilt_subclassed_model_gets_the_plan_at_first_trace():
+    reference = AttentionClassifier()
+    reference(np.zeros((1, 8, 8), "float32"))
+    plan = PrecisionPlan.uniform(reference, "bfloat16").with_dtype("head", "float32")
+    model = AttentionClassifier()
+    assert not model.built
+    model.compile("adam", "sparse_categorical_crossentropy")
+    x = np.random.default_rng(0).normal(size=(32, 8, 8)).astype("float32")
+    y = np.zeros(32, "int32")
+    model.fit(x, y, epochs=1, verbose=0, callbacks=[AutoPrecision(plan, verbose=0)])
+    paths = layer_paths(model)
+    assert paths["attention/softmax"].compute_dtype == "bfloat16"
+    assert paths["head"].compute_dtype == "float32"
+
+
+def test_evaluate_and_predict_use_the_plan_after_training(cnn):
+    x = np.random.default_rng(0).normal(size=(32, 12, 12, 1)).astype("float32")
+    y = np.zeros(32, "int32")
+    _compiled(cnn)
+    plan = PrecisionPlan.uniform(cnn, "bfloat16").with_dtype("dense", "float32")
+    cnn.fit(x, y, epochs=1, verbose=0, callbacks=[AutoPrecision(plan, verbose=0)])
+    probe = keras.Model(cnn.inputs[0], cnn.get_layer("conv2d").output)
+    assert keras.backend.standardize_dtype(probe.predict(x[:2], verbose=0).dtype) in (
+        "bfloat16",
+        "float32",  # predict converts outputs to NumPy, which may upcast
+    )
+    assert cnn.get_layer("conv2d").compute_dtype == "bfloat16"
+    assert np.isfinite(cnn.evaluate(x, y, verbose=0)[0])
+
+
+def test_attention_model_with_float16_attention_trains(attention_model):
+    x = np.random.default_rng(1).normal(size=(32, 8, 8)).astype("float32")
+    y = np.zeros(32, "int32")
+    _compiled(attention_model)
+    plan = PrecisionPlan.uniform(attention_model, "float16").with_rule(
+        "float32", class_name="Softmax"
+    )
+    history = attention_model.fit(
+        x, y, epochs=1, verbose=0, callbacks=[AutoPrecision(plan, verbose=0)]
+    )
+    assert np.isfinite(history.history["loss"][0])
+
+
+MIRRORED_SCRIPT = textwrap.dedent(
+    """
+    import os
+    os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
+    import tensorflow as tf
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    tf.config.set_logical_device_configuration(
+        cpu, [tf.config.LogicalDeviceConfiguration(), tf.config.LogicalDeviceConfiguration()]
+    )
+    import keras, numpy as np, autoprec
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="relu"),
+                                  keras.layers.Dense(3, activation="softmax")])
+        model.compile("adam", "sparse_categorical_crossentropy")
+    plan = autoprec.PrecisionPlan.uniform(model, "float16").with_dtype("dense_1", "float32")
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(64, 8)).astype("float32")
+    y = rng.integers(0, 3, 64)
+    history = model.fit(x, y, epochs=2, batch_size=16, verbose=0,
+                        callbacks=[autoprec.AutoPrecision(plan, verbose=0)])
+    assert strategy.num_replicas_in_sync == 2
+    assert isinstance(model.optimizer, autoprec.FlooredLossScaleOptimizer)
+    assert model.layers[0].compute_dtype == "float16"
+    assert all(np.isfinite(history.history["loss"])), history.history
+    print("OK", history.history["loss_scale"])
+    """
+)
+
+
+def test_mirrored_strategy_on_two_logical_cpus(tmp_path):
+    script = tmp_path / "mirrored.py"
+    script.write_text(MIRRORED_SCRIPT)
+    result = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "OK" in result.stdout

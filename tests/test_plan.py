@@ -1,0 +1,226 @@
+"""PrecisionPlan: lookup, changes, JSON, Keras DTypePolicyMap interop (autoprec/plan.py)."""
+
+from __future__ import annotations
+
+import json
+
+import keras
+import pytest
+from conftest import build_cnn, build_mlp
+
+import autoprec
+from autoprec import PlanError, PrecisionPlan
+from autoprec.plan import FORMAT_VERSION
+
+
+def test_uniform_names_every_layer_with_metadata(mlp):
+    plan = PrecisionPlan.uniform(mlp, "bf16")
+    assert dict(plan.layers) == {
+        "dense": "bfloat16",
+        "dropout": "bfloat16",
+        "dense_1": "bfloat16",
+        "dense_2": "bfloat16",
+    }
+    assert plan.fingerprint == autoprec.layers.model_fingerprint(mlp)
+    assert plan.model_name == "mlp"
+    assert plan.layer_info["dense"].parameters == 8 * 16 + 16
+    assert plan.autoprec_version == autoprec.__version__
+    for slot in ("hardware", "budget", "reference_metric", "measured_metric", "predicted_speedup"):
+        assert slot in plan.metadata
+
+
+def test_layers_mapping_is_read_only(mlp):
+    plan = PrecisionPlan.uniform(mlp, "float32")
+    with pytest.raises(TypeError):
+        plan.layers["dense"] = "float16"
+
+
+def test_lookup_order_exact_then_rules_then_default():
+    plan = PrecisionPlan(
+        {"encoder/dense": "float16"},
+        rules=[
+            {"class": "Softmax", "dtype": "float32"},
+            {"path": "encoder/*", "dtype": "bfloat16"},
+            {"path": "encoder/*", "class": "Dense", "dtype": "float32"},
+        ],
+        default="bfloat16",
+    )
+    assert plan.dtype_for("encoder/dense", "Dense") == "float16"
+    assert plan.dtype_for("encoder/softmax", "Softmax") == "float32"
+    assert plan.dtype_for("encoder/other", "Dense") == "bfloat16"
+    assert plan.dtype_for("decoder/x", "Conv2D") == "bfloat16"
+
+
+def test_with_dtype_returns_new_plan_for_path_glob_and_container(attention_model):
+    plan = PrecisionPlan.uniform(attention_model, "bfloat16")
+    changed = plan.with_dtype("dense", "float32")
+    assert changed is not plan
+    assert plan.layers["dense"] == "bfloat16"
+    assert changed.layers["dense"] == "float32"
+    container = plan.with_dtype("attention", "float16")
+    assert all(
+        container.layers[path] == "float16"
+        for path in container.layers
+        if path.startswith("attention")
+    )
+    assert container.layers["dense"] == "bfloat16"
+    globbed = plan.with_dtype("attention/*_dense", "float32")
+    assert globbed.layers["attention/query_dense"] == "float32"
+    assert globbed.layers["attention/softmax"] == "bfloat16"
+
+
+def test_pass_through_layers_follow_when_their_source_changes(cnn):
+    plan = PrecisionPlan.uniform(cnn, "float32").with_dtype("batch_normalization", "bfloat16")
+    assert plan.layers["max_pooling2d"] == "bfloat16"
+    assert plan.layers["flatten"] == "bfloat16"
+    with pytest.raises(PlanError, match="pass-through.*'batch_normalization'"):
+        plan.with_dtype("flatten", "float16")
+
+
+def test_with_dtype_unknown_path_or_empty_glob_names_closest(mlp):
+    plan = PrecisionPlan.uniform(mlp, "float32")
+    with pytest.raises(PlanError, match="'dense_9'.*did you mean"):
+        plan.with_dtype("dense_9", "float16")
+    with pytest.raises(PlanError, match="matches no layer"):
+        plan.with_dtype("encoder/*", "float16")
+    with pytest.raises(PlanError, match="unknown dtype 'float64'"):
+        plan.with_dtype("dense", "float64")
+
+
+def test_from_model_records_current_policies(mlp):
+    mlp.get_layer("dense_1").dtype_policy = "mixed_bfloat16"
+    plan = PrecisionPlan.from_model(mlp)
+    assert plan.layers["dense_1"] == "bfloat16"
+    assert plan.layers["dense"] == "float32"
+
+
+def test_json_round_trip_keeps_everything(attention_model, tmp_path):
+    plan = (
+        PrecisionPlan.uniform(attention_model, "bfloat16")
+        .with_dtype("dense", "float32")
+        .with_rule("float32", class_name="Softmax")
+        .with_metadata(hardware="rtx4090", measured_metric=0.9, evidence={"dense": {"why": "head"}})
+        .with_event({"step": 3, "layer": "dense", "from": "float16", "to": "float32"})
+    )
+    path = tmp_path / "plan.json"
+    plan.save(path)
+    loaded = PrecisionPlan.load(path)
+    assert loaded == plan
+    assert loaded.to_dict() == plan.to_dict()
+    assert loaded.metadata["evidence"] == {"dense": {"why": "head"}}
+    assert loaded.events[0]["layer"] == "dense"
+    assert PrecisionPlan.from_json(plan.to_json()) == plan
+    assert not list(tmp_path.glob(".*tmp"))
+
+
+def test_hand_written_plan_with_rules_applies_to_any_model(attention_model):
+    text = json.dumps(
+        {
+            "format_version": 1,
+            "default": "bfloat16",
+            "rules": [{"class": "Softmax", "dtype": "float32"}],
+            "layers": {"dense": "float32"},
+        }
+    )
+    plan = PrecisionPlan.from_json(text)
+    handle = autoprec.apply_plan(attention_model, plan)
+    assert handle.dtypes["attention/softmax"] == "float32"
+    assert handle.dtypes["dense"] == "float32"
+    assert handle.dtypes["attention/query_dense"] == "bfloat16"
+    assert handle.dtypes["attention/dropout_layer"] == "float32"  # follows the softmax
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ("{not json", r"not valid JSON at line 1"),
+        ("", r"empty \(truncated write\?\)"),
+        ('{"format_version": 1, "layers": {"dense": "float64"}}', r"layers\['dense'\].*float64"),
+        ('{"format_version": 99}', r"format_version 99 is newer.*upgrade"),
+        ('{"layers": {}}', r"missing 'format_version'"),
+        ('{"format_version": "1"}', r"'format_version' must be int"),
+        ('{"format_version": 1, "layers": []}', r"field 'layers' must be dict"),
+        ('{"format_version": 1, "rules": [{"dtype": "float32"}]}', r"rules\[0\].*'path'.*'class'"),
+        (
+            '{"format_version": 1, "layers": {"a": {"class": "Dense"}}}',
+            r"layers\['a'\] has no 'dtype'",
+        ),
+        ('{"format_version": 1, "default": 16}', r"default.*unknown dtype 16"),
+        ("[1, 2]", r"must be dict"),
+    ],
+)
+def test_bad_plan_files_raise_clear_errors_naming_file_and_field(tmp_path, content, message):
+    path = tmp_path / "bad.json"
+    path.write_text(content)
+    with pytest.raises(PlanError, match=message) as error:
+        PrecisionPlan.load(path)
+    assert str(path) in str(error.value)
+
+
+def test_truncated_plan_file_is_refused(tmp_path, mlp):
+    path = tmp_path / "plan.json"
+    PrecisionPlan.uniform(mlp, "bfloat16").save(path)
+    text = path.read_text()
+    path.write_text(text[: len(text) // 2])
+    with pytest.raises(PlanError, match="not valid JSON"):
+        PrecisionPlan.load(path)
+
+
+def test_missing_file_is_a_plan_error(tmp_path):
+    with pytest.raises(PlanError, match="no such file"):
+        PrecisionPlan.load(tmp_path / "nope.json")
+
+
+def test_summary_lists_layers_and_totals(cnn):
+    summary = PrecisionPlan.uniform(cnn, "float32").with_dtype("conv2d", "bfloat16").summary()
+    assert "conv2d" in summary and "Conv2D" in summary
+    assert "bfloat16     1 layers" in summary
+    assert "follows" in summary
+    conv_parameters = 3 * 3 * 1 * 4 + 4
+    assert f"{conv_parameters:>12,} params" in summary
+
+
+def test_diff_lists_changes():
+    first = PrecisionPlan.uniform(build_mlp(), "float32")
+    second = first.with_dtype("dense_1", "bfloat16")
+    diff = first.diff(second)
+    assert diff.changed == (("dense_1", "float32", "bfloat16"),)
+    assert "dense_1" in str(diff)
+    assert not first.diff(first)
+    assert str(first.diff(first)) == "plans are identical"
+
+
+def test_dtype_policy_map_round_trip_and_keras_accepts_it():
+    def build(dtype=None):
+        return keras.Sequential(
+            [
+                keras.Input((6,)),
+                keras.layers.Dense(5, name="first", dtype=dtype),
+                keras.layers.Dense(2, name="second", dtype=dtype),
+            ],
+            name="pair",
+        )
+
+    model = build()
+    plan = PrecisionPlan.uniform(model, "float32").with_dtype("first", "bfloat16")
+    policy_map = plan.to_dtype_policy_map()
+    assert isinstance(policy_map, keras.dtype_policies.DTypePolicyMap)
+    restored = keras.saving.deserialize_keras_object(
+        keras.saving.serialize_keras_object(policy_map)
+    )
+    assert PrecisionPlan.from_dtype_policy_map(model, restored) == plan
+    rebuilt = build(dtype=restored)
+    rebuilt(keras.ops.ones((1, 6)))
+    assert rebuilt.get_layer("first").compute_dtype == "bfloat16"
+    assert rebuilt.get_layer("second").compute_dtype == "float32"
+    assert rebuilt.get_layer("first").kernel.dtype == "float32"
+
+
+def test_plan_schema_ships_with_the_package():
+    from importlib import resources
+
+    schema = json.loads(
+        resources.files("autoprec").joinpath("schemas/plan.schema.json").read_text()
+    )
+    assert schema["properties"]["format_version"]["maximum"] == FORMAT_VERSION
+    assert set(schema["required"]) <= set(PrecisionPlan.uniform(build_cnn(), "float32").to_dict())
