@@ -31,8 +31,16 @@ class AutoPrecision(keras.callbacks.Callback):
     stays applied after training, so `evaluate`, `predict` and
     `autoprec.save_model` use it; `restore()` undoes it.
 
+    With no plan, it decides one itself: the first `profile_steps` steps run in
+    the model's own policies with profiler probes, then the heuristic plan is
+    built from the recorded ranges and the layer costs measured on this device
+    (cached), applied, and training goes on. A compact report says how many
+    layers got each dtype, the predicted speedup and why the float32 layers
+    stayed float32 (`callback.plan.metadata["evidence"]`).
+
     Args:
-        plan: a `PrecisionPlan` or the path of a plan JSON file.
+        plan: a `PrecisionPlan`, the path of a plan JSON file, or `None` to
+            profile, decide and apply automatically.
         loss_scale: `"dynamic"` (start at 2**15, halve on overflow, double after
             `dynamic_growth_steps` finite steps), a number for a fixed scale, or
             `None` for no loss scaling (refused when a layer runs in float16).
@@ -42,10 +50,16 @@ class AutoPrecision(keras.callbacks.Callback):
         strict: passed to `apply_plan`: refuse a plan that does not fit the model.
         plan_path: if given, the plan as applied is saved there at the end of training.
         verbose: 1 prints one line when the plan is applied, 0 is silent.
+        profile_steps: with no plan, steps profiled before deciding.
+        hardware: with no plan, `"local"` (measure costs here) or a hardware
+            profile name such as `"rtx4090"` (predicted costs).
+        batch_size: with no plan, the batch size costs are measured for.
 
     Example:
 
     ```python
+    model.fit(x, y, epochs=2, callbacks=[autoprec.AutoPrecision()])  # decide automatically
+
     plan = autoprec.PrecisionPlan.uniform(model, "float16").with_dtype("head", "float32")
     model.fit(x, y, epochs=2, callbacks=[autoprec.AutoPrecision(plan)])
     ```
@@ -53,18 +67,26 @@ class AutoPrecision(keras.callbacks.Callback):
 
     def __init__(
         self,
-        plan: PrecisionPlan | str | os.PathLike,
+        plan: PrecisionPlan | str | os.PathLike | None = None,
         loss_scale: str | float | None = "dynamic",
         loss_scale_floor: float = 1.0,
         dynamic_growth_steps: int = 2000,
         strict: bool = True,
         plan_path: str | os.PathLike | None = None,
         verbose: int = 1,
+        profile_steps: int = 20,
+        hardware: str | object = "local",
+        batch_size: int = 32,
     ) -> None:
         super().__init__()
         if isinstance(plan, (str, os.PathLike)):
             plan = PrecisionPlan.load(plan)
-        if not isinstance(plan, PrecisionPlan):
+        if plan is None and loss_scale is None:
+            raise PlanError(
+                "AutoPrecision: loss_scale=None needs an explicit plan without float16 layers; "
+                "the automatic plan may use float16. Keep loss_scale='dynamic'."
+            )
+        if plan is not None and not isinstance(plan, PrecisionPlan):
             raise PlanError(
                 "AutoPrecision: 'plan' must be a PrecisionPlan or a plan JSON path, got "
                 f"{type(plan).__name__}."
@@ -76,7 +98,7 @@ class AutoPrecision(keras.callbacks.Callback):
             )
         if not isinstance(loss_scale, str) and loss_scale is not None and loss_scale <= 0:
             raise PlanError(f"AutoPrecision: loss_scale must be positive, got {loss_scale}.")
-        if loss_scale is None and plan.uses_float16:
+        if loss_scale is None and plan is not None and plan.uses_float16:
             raise PlanError(
                 "AutoPrecision: loss_scale=None, but the plan runs layers in float16, whose "
                 "gradients underflow without loss scaling. Use loss_scale='dynamic' (default)."
@@ -91,21 +113,70 @@ class AutoPrecision(keras.callbacks.Callback):
         self.handle: PlanHandle | None = None
         self._wrapped_optimizer: keras.optimizers.Optimizer | None = None
         self._pending = False
+        self.profile_steps = profile_steps
+        self.hardware = hardware
+        self.batch_size = batch_size
+        self.profile = None
+        self.estimate = None
+        self._profiler = None
 
     # ------------------------------------------------------------------ Keras hooks
 
     def on_train_begin(self, logs=None) -> None:
         if not is_fully_built(self.model):
             # An unbuilt subclassed model gets its sub-layers (and their paths) at
-            # the first trace: apply the plan right after the first step.
+            # the first trace: start right after the first step.
             self._pending = True
             return
-        self._apply()
+        self._start()
 
     def on_train_batch_end(self, batch, logs=None) -> None:
         if self._pending:
             self._pending = False
+            self._start()
+        elif self._profiler is not None:
+            self._profiler.on_train_batch_end(batch, logs)
+            if self._profiler.profile is not None:
+                self._decide_and_apply()
+
+    def _start(self) -> None:
+        if self.plan is not None:
             self._apply()
+            return
+        from .errors import BackendError
+        from .profiler import ProfileCallback
+
+        self._profiler = ProfileCallback(steps=self.profile_steps)
+        self._profiler.set_model(self.model)
+        try:
+            self._profiler.on_train_begin()
+        except BackendError as error:
+            if self.verbose:
+                print(f"autoprec: no profile on this backend ({error}); deciding from costs")
+            self._profiler = None
+            self._decide_and_apply()
+            return
+        if self.verbose:
+            print(f"autoprec: profiling the first {self.profile_steps} steps in float32")
+
+    def _decide_and_apply(self) -> None:
+        from ._auto import decide_plan, report_lines
+
+        if self._profiler is not None:
+            if self._profiler.profile is None:
+                self._profiler.remove_probes()
+            self.profile = self._profiler.profile
+            self._profiler = None
+        self.plan, self.estimate = decide_plan(
+            self.model, self.profile, hardware=self.hardware, batch_size=self.batch_size
+        )
+        verbose, self.verbose = self.verbose, 0
+        try:
+            self._apply()
+        finally:
+            self.verbose = verbose
+        if self.verbose:
+            print("\n".join(report_lines(self.plan, self.estimate, self.handle.dtypes)))
 
     def _apply(self) -> None:
         self.handle = apply_plan(self.model, self.plan, strict=self.strict)
@@ -137,6 +208,10 @@ class AutoPrecision(keras.callbacks.Callback):
             logs["loss_scale"] = scale
 
     def on_train_end(self, logs=None) -> None:
+        if self._profiler is not None:  # training ended before the profile was complete
+            self._decide_and_apply()
+        if self.plan is None:
+            return
         plan = self.current_plan()
         attach_plan(self.model, plan)
         if self.plan_path is not None:

@@ -115,14 +115,15 @@ def _read_json_kind(path: str) -> tuple[str, Any]:
     from ._io import read_json_file
 
     data = read_json_file(path, UsageError, "plan or profile")
-    kind = data.get("format") if isinstance(data, dict) else None
-    if kind == "autoprec.plan" or (isinstance(data, dict) and "layers" in data and kind is None):
-        return "plan", data
-    if kind and "profile" in str(kind):
-        return "profile", data
+    if isinstance(data, dict):
+        if data.get("kind") == "autoprec.profile":
+            return "profile", data
+        if data.get("format", "autoprec.plan") == "autoprec.plan" and "format_version" in data:
+            return "plan", data
+    kind = data.get("format", data.get("kind")) if isinstance(data, dict) else type(data).__name__
     raise UsageError(
-        f"{path}: not an autoprec plan or profile (field 'format' is {kind!r}); "
-        "give a file written by autoprec."
+        f"{path}: not an autoprec plan or profile (format {kind!r}); "
+        "give a file written by autoprec (plan.save or profile.save)."
     )
 
 

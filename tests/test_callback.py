@@ -285,3 +285,32 @@ def test_mirrored_strategy_on_two_logical_cpus(tmp_path):
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "OK" in result.stdout
+
+
+def test_one_liner_profiles_decides_applies_and_reports(classification, capsys, tmp_path):
+    x, y = classification
+    model = _compiled(build_mlp())
+    callback = AutoPrecision(profile_steps=2, plan_path=tmp_path / "auto.json")
+    history = model.fit(x, y, epochs=2, batch_size=16, verbose=0, callbacks=[callback])
+    output = capsys.readouterr().out
+    assert "profiling the first 2 steps" in output
+    assert "autoprec: automatic plan:" in output
+    assert "dense_2: model output" in output
+    assert callback.profile is not None and "dense" in callback.profile.layers
+    plan = callback.plan
+    assert plan.layers["dense_2"] == "float32"
+    assert plan.metadata["evidence"]["dense_2"]["reason"].startswith("model output")
+    paths = layer_paths(model)
+    for path, dtype in callback.handle.dtypes.items():
+        assert paths[path].compute_dtype == dtype
+    assert PrecisionPlan.load(tmp_path / "auto.json") == plan
+    assert all(np.isfinite(history.history["loss"]))
+
+
+def test_one_liner_with_a_named_gpu_profile_predicts_costs(classification, capsys):
+    x, y = classification
+    model = _compiled(build_mlp())
+    callback = AutoPrecision(profile_steps=2, hardware="rtx2080ti", verbose=1)
+    model.fit(x, y, epochs=1, batch_size=16, verbose=0, callbacks=[callback])
+    assert "bfloat16" not in callback.handle.dtypes.values()  # Turing: no fast bfloat16
+    assert callback.plan.metadata["hardware"]

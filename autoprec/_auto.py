@@ -1,0 +1,126 @@
+"""The decision behind `AutoPrecision()` with no plan: profile + local costs -> heuristic plan."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+import keras
+
+from . import _dtypes
+from .plan import PrecisionPlan
+
+logger = logging.getLogger("autoprec")
+
+
+def decide_plan(
+    model: keras.Model,
+    profile: Any,
+    hardware: Any = "local",
+    batch_size: int = 32,
+    calibrate_costs: bool = True,
+) -> tuple[PrecisionPlan, Any]:
+    """Returns the heuristic plan for `model` and the estimate behind it.
+
+    Costs are measured on the local device (`hardware="local"`, cached) or
+    predicted from a named hardware profile. Layers whose recorded ranges do not
+    fit float16 never get float16.
+
+    Args:
+        model: the built model being trained.
+        profile: an `autoprec.profiler.Profile`, or `None` when none could be recorded.
+        hardware: `"local"` or a hardware profile (name or object).
+        batch_size: batch size the costs are measured or predicted for.
+        calibrate_costs: measure costs on this device when `hardware="local"`.
+
+    Returns:
+        `(plan, estimate)`; `estimate` is `None` if no cost model could be built.
+    """
+    from . import cost
+    from . import hardware as hardware_module
+    from .search import heuristic_plan
+
+    if isinstance(hardware, str) and hardware == "local":
+        hardware_profile = hardware_module.detect()
+    elif isinstance(hardware, str):
+        hardware_profile = hardware_module.get(hardware)
+    else:
+        hardware_profile = hardware
+    allowed = [_dtypes.FLOAT32] + [
+        dtype for dtype in (_dtypes.BFLOAT16, _dtypes.FLOAT16) if hardware_profile.is_fast(dtype)
+    ]
+    costs = None
+    try:
+        if calibrate_costs and hardware == "local":
+            sample = cost.sample_inputs(model, batch_size)
+            costs = cost.calibrate(
+                model, sample, dtypes=allowed, progress=False, hardware=hardware_profile
+            )
+        else:
+            costs = cost.predict_costs(model, hardware_profile, batch_size)
+    except Exception as error:  # costs improve the plan; their absence must not stop training
+        logger.warning("autoprec: cost model unavailable (%s); deciding from parameters", error)
+    plan = heuristic_plan(
+        model, profile=profile, costs=costs, hardware=hardware_profile, dtypes=allowed
+    )
+    estimate = None
+    if costs is not None:
+        try:
+            estimate = cost.estimate(model, plan, costs, batch_size=batch_size)
+        except Exception as error:
+            logger.warning("autoprec: no estimate for the plan (%s)", error)
+    plan = plan.with_metadata(
+        hardware=hardware_profile.name,
+        predicted_speedup=getattr(estimate, "speedup", None),
+        evidence=float32_reasons(model, plan, profile, allowed),
+    )
+    return plan, estimate
+
+
+def float32_reasons(
+    model: keras.Model, plan: PrecisionPlan, profile: Any, allowed: list[str]
+) -> dict[str, dict[str, str]]:
+    """Returns `{path: {"reason": ...}}` for each computing layer the plan keeps in float32."""
+    from ._search_space import compute_layers, float16_unsafe_layers, is_sensitive, output_layers
+
+    infos = plan.layer_info
+    outputs = output_layers(model, infos)
+    unsafe = float16_unsafe_layers(profile) if profile is not None else {}
+    reasons: dict[str, dict[str, str]] = {}
+    for path in compute_layers(infos):
+        if plan.layers.get(path) != _dtypes.FLOAT32:
+            continue
+        if path in outputs:
+            reason = "model output: kept float32 for the loss"
+        elif is_sensitive(infos[path]):
+            reason = f"{infos[path].class_name} is numerically sensitive (exp/normalisation)"
+        elif path in unsafe and _dtypes.BFLOAT16 not in allowed:
+            reason = f"float16 unsafe ({unsafe[path]}); bfloat16 not fast on this device"
+        elif len(allowed) == 1:
+            reason = "no 16-bit dtype runs fast on this device"
+        else:
+            reason = "16-bit measured no faster than float32 here"
+        reasons[path] = {"reason": reason}
+    return reasons
+
+
+def report_lines(plan: PrecisionPlan, estimate: Any, dtypes: Mapping[str, str]) -> list[str]:
+    """Returns the compact report printed once when the automatic plan is applied."""
+    counts = {dtype: 0 for dtype in _dtypes.COMPUTE_DTYPES}
+    for dtype in dtypes.values():
+        counts[dtype] += 1
+    speedup = getattr(estimate, "speedup", None)
+    lines = [
+        "autoprec: automatic plan: "
+        + ", ".join(f"{count} {dtype}" for dtype, count in counts.items() if count)
+        + " layer(s)"
+        + (f"; predicted speedup {speedup:.2f}x over float32" if speedup else "")
+        + f" on {plan.metadata.get('hardware')}"
+    ]
+    evidence = plan.metadata.get("evidence") or {}
+    for path, entry in list(evidence.items())[:8]:
+        lines.append(f"  float32 {path}: {entry.get('reason')}")
+    if len(evidence) > 8:
+        lines.append(f"  ... and {len(evidence) - 8} more float32 layer(s); see plan.summary()")
+    return lines
