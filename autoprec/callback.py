@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 
 import keras
@@ -9,10 +10,20 @@ import keras
 from . import _dtypes
 from .apply import PlanHandle, apply_plan
 from .errors import PlanError
+from .guard import (
+    GuardConfig,
+    GuardState,
+    NonFiniteTrainingError,
+    find_culprit,
+    is_finite_number,
+    promotion_target,
+)
 from .layers import is_fully_built
 from .loss_scale import FlooredLossScaleOptimizer, current_loss_scale
 from .plan import PrecisionPlan
 from .saving import attach_plan
+
+logger = logging.getLogger("autoprec")
 
 
 class AutoPrecision(keras.callbacks.Callback):
@@ -54,6 +65,17 @@ class AutoPrecision(keras.callbacks.Callback):
         hardware: with no plan, `"local"` (measure costs here) or a hardware
             profile name such as `"rtx4090"` (predicted costs).
         batch_size: with no plan, the batch size costs are measured for.
+        guard: watch for overflow during training and promote the layer where it
+            starts (see `autoprec.guard`); every promotion is logged and recorded
+            in `plan.events`.
+        on_nan: `"promote"`, `"stop"` or `"raise"` (`NonFiniteTrainingError`).
+            A non-finite loss with every layer in float32 is reported as a real
+            divergence and stops training.
+        guard_threshold: non-finite steps within `guard_window` steps that
+            trigger the guard (a loss scale at its floor that still overflows
+            triggers it at once).
+        guard_window: steps over which non-finite steps are counted.
+        guard_check_every: steps between reads of the in-graph counters.
 
     Example:
 
@@ -77,6 +99,11 @@ class AutoPrecision(keras.callbacks.Callback):
         profile_steps: int = 20,
         hardware: str | object = "local",
         batch_size: int = 32,
+        guard: bool = True,
+        on_nan: str = "promote",
+        guard_threshold: int = 3,
+        guard_window: int = 50,
+        guard_check_every: int = 10,
     ) -> None:
         super().__init__()
         if isinstance(plan, (str, os.PathLike)):
@@ -119,6 +146,21 @@ class AutoPrecision(keras.callbacks.Callback):
         self.profile = None
         self.estimate = None
         self._profiler = None
+        self.guard_config = (
+            GuardConfig(
+                on_nan=on_nan,
+                threshold=guard_threshold,
+                window=guard_window,
+                check_every=guard_check_every,
+            )
+            if guard
+            else None
+        )
+        self._guard_state: GuardState | None = None
+        self._diagnosis = None
+        self._trigger = ""
+        self._step = 0
+        self.events: list[dict] = []
 
     # ------------------------------------------------------------------ Keras hooks
 
@@ -131,6 +173,7 @@ class AutoPrecision(keras.callbacks.Callback):
         self._start()
 
     def on_train_batch_end(self, batch, logs=None) -> None:
+        self._step += 1
         if self._pending:
             self._pending = False
             self._start()
@@ -138,6 +181,118 @@ class AutoPrecision(keras.callbacks.Callback):
             self._profiler.on_train_batch_end(batch, logs)
             if self._profiler.profile is not None:
                 self._decide_and_apply()
+        elif self._diagnosis is not None:
+            self._diagnosis.on_train_batch_end(batch, logs)
+            if self._diagnosis.profile is not None:
+                self._finish_diagnosis()
+        elif self.guard_config is not None and self.handle is not None:
+            if self._step % self.guard_config.check_every == 0:
+                self._check(logs)
+
+    # ------------------------------------------------------------------ guard
+
+    def _check(self, logs) -> None:
+        optimizer = self.model.optimizer
+        loss_finite = is_finite_number((logs or {}).get("loss", 0.0))
+        if isinstance(optimizer, FlooredLossScaleOptimizer) and optimizer.built:
+            bad_steps = int(keras.ops.convert_to_numpy(optimizer.non_finite_steps))
+            scale = float(keras.ops.convert_to_numpy(optimizer.dynamic_scale))
+            if not self._guard_state.observe(self._step, bad_steps, scale, optimizer.floor):
+                return
+            self._trigger = (
+                f"{sum(n for _, n in self._guard_state.recent)} non-finite step(s) in the last "
+                f"{self.guard_config.window} steps, loss scale {scale:g}"
+            )
+        elif loss_finite:
+            return
+        else:
+            self._trigger = f"non-finite loss at step {self._step}"
+        self._act()
+
+    def _act(self) -> None:
+        sixteen_bit = [path for path, d in self.handle.dtypes.items() if d != _dtypes.FLOAT32]
+        if not sixteen_bit:
+            self._report_divergence(
+                "every layer computes in float32: this is a training "
+                "divergence, not a precision problem"
+            )
+            return
+        if self.guard_config.on_nan == "raise":
+            raise NonFiniteTrainingError(f"autoprec guard: {self._trigger}.")
+        if self.guard_config.on_nan == "stop":
+            self._report_divergence("on_nan='stop'")
+            return
+        from .profiler import ProfileCallback
+
+        self._diagnosis = ProfileCallback(steps=self.guard_config.diagnose_steps)
+        self._diagnosis.set_model(self.model)
+        self._diagnosis.on_train_begin()
+
+    def _finish_diagnosis(self) -> None:
+        profile, self._diagnosis = self._diagnosis.profile, None
+        culprit = find_culprit(profile, self.handle.dtypes)
+        if culprit is None:
+            message = (
+                f"autoprec guard: {self._trigger}, but no 16-bit layer overflowed in the "
+                f"{self.guard_config.diagnose_steps} diagnosed steps: the non-finite values "
+                "came from the data or the loss, not from a layer's precision; nothing promoted."
+            )
+            logger.warning(message)
+            self.events.append(
+                {"step": self._step, "kind": "not_precision", "evidence": self._trigger}
+            )
+            return
+        path, evidence = culprit
+        before = self.handle.dtypes[path]
+        bfloat16_fast = self.guard_config.bfloat16_is_fast and self._bfloat16_is_fast()
+        target = promotion_target(before, bfloat16_fast)
+        event = {
+            "step": self._step,
+            "kind": "promotion",
+            "layer": path,
+            "from": before,
+            "to": target,
+            "evidence": evidence,
+            "trigger": self._trigger,
+        }
+        self.events.append(event)
+        self.plan = self.plan.with_dtype(path, target).with_event(event)
+        verbose, self.verbose = self.verbose, 0
+        try:
+            self._apply()
+        finally:
+            self.verbose = verbose
+        optimizer = self.model.optimizer
+        if isinstance(optimizer, keras.optimizers.LossScaleOptimizer) and optimizer.built:
+            optimizer.dynamic_scale.assign(float(optimizer.initial_scale))
+        message = f"autoprec guard: step {self._step}: {path} {before} -> {target} ({evidence})"
+        logger.warning(message)
+        if self.verbose:
+            print(message)
+
+    def _bfloat16_is_fast(self) -> bool:
+        from . import hardware
+
+        try:
+            if isinstance(self.hardware, str):
+                profile = (
+                    hardware.detect() if self.hardware == "local" else hardware.get(self.hardware)
+                )
+            else:
+                profile = self.hardware
+            return bool(profile.is_fast(_dtypes.BFLOAT16))
+        except Exception:  # unknown device: bfloat16 is still a safe range-wise promotion
+            return True
+
+    def _report_divergence(self, why: str) -> None:
+        message = f"autoprec guard: {self._trigger}; {why}. Training stopped."
+        self.events.append({"step": self._step, "kind": "stopped", "evidence": self._trigger})
+        if self.guard_config.on_nan == "raise":
+            raise NonFiniteTrainingError(message)
+        logger.warning(message)
+        if self.verbose:
+            print(message)
+        self.model.stop_training = True
 
     def _start(self) -> None:
         if self.plan is not None:
@@ -180,6 +335,8 @@ class AutoPrecision(keras.callbacks.Callback):
 
     def _apply(self) -> None:
         self.handle = apply_plan(self.model, self.plan, strict=self.strict)
+        if self.guard_config is not None and self._guard_state is None:
+            self._guard_state = GuardState(self.guard_config)
         self.plan = self.handle.plan
         attach_plan(self.model, self.plan)
         if self.handle.uses_float16:
@@ -210,6 +367,9 @@ class AutoPrecision(keras.callbacks.Callback):
     def on_train_end(self, logs=None) -> None:
         if self._profiler is not None:  # training ended before the profile was complete
             self._decide_and_apply()
+        if self._diagnosis is not None:
+            self._diagnosis.remove_probes()
+            self._diagnosis = None
         if self.plan is None:
             return
         plan = self.current_plan()
