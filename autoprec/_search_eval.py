@@ -1,0 +1,387 @@
+"""The search's evaluator: runs one precision plan on a private copy of the model at a given fidelity.
+
+Level 2 (numerical proxy) compares loss and gradients on calibration batches with float32
+from the same weights; level 3 (short training) trains S steps from the same checkpoint on
+the same batches and evaluates the validation metrics. The user's model is never touched:
+the evaluator works on a clone (`keras.models.clone_model`) or, for models without
+`get_config`, on the model itself with every variable, policy and the compile state put
+back by `close()`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import keras
+import numpy as np
+
+from .apply import apply_plan, reset_compiled_functions
+from .callback import AutoPrecision
+from .errors import AutoprecError, BackendError
+from .layers import layer_paths
+from .loss_scale import FlooredLossScaleOptimizer
+from .plan import PrecisionPlan
+
+logger = logging.getLogger("autoprec")
+
+_PROXY_LOSS_SCALE = 2.0**10
+
+
+@dataclasses.dataclass(frozen=True)
+class ProxyResult:
+    """Level-2 figures of one plan against float32 from the same weights.
+
+    Attributes:
+        loss_relative_error: mean over batches of |loss - loss_float32| / |loss_float32|.
+        gradient_cosine: cosine similarity of all gradients (concatenated) with float32's.
+        gradient_relative_error: ||g - g_float32|| / ||g_float32||.
+        finite: whether every loss and gradient was finite.
+    """
+
+    loss_relative_error: float
+    gradient_cosine: float
+    gradient_relative_error: float
+    finite: bool
+
+    @property
+    def score(self) -> float:
+        """One number, lower is better: the larger of the loss and gradient relative errors."""
+        if not self.finite:
+            return math.inf
+        return max(self.loss_relative_error, self.gradient_relative_error)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "loss_relative_error": _json_float(self.loss_relative_error),
+            "gradient_cosine": _json_float(self.gradient_cosine),
+            "gradient_relative_error": _json_float(self.gradient_relative_error),
+            "finite": self.finite,
+        }
+
+
+def _json_float(value: float) -> float | None:
+    return float(value) if math.isfinite(value) else None
+
+
+def _take_batches(data: Any, batch_size: int, steps: int | None, what: str) -> list[tuple]:
+    """Returns up to `steps` `(x, y)` numpy batches from numpy tuples or a tf.data dataset."""
+    if isinstance(data, (tuple, list)) and len(data) == 2 and not hasattr(data, "element_spec"):
+        x, y = data
+        count = len(keras.tree.flatten(y)[0])
+        starts = range(0, count, batch_size)
+        batches = [
+            (
+                keras.tree.map_structure(lambda a, s=start: np.asarray(a[s : s + batch_size]), x),
+                keras.tree.map_structure(lambda a, s=start: np.asarray(a[s : s + batch_size]), y),
+            )
+            for start in starts
+        ]
+    elif hasattr(data, "as_numpy_iterator") or hasattr(data, "__iter__"):
+        batches = []
+        for element in data:
+            if not isinstance(element, (tuple, list)) or len(element) < 2:
+                raise AutoprecError(
+                    f"search: {what} must yield (x, y) pairs; got {type(element).__name__}."
+                )
+            x, y = element[0], element[1]
+            batches.append(
+                (
+                    keras.tree.map_structure(np.asarray, x),
+                    keras.tree.map_structure(np.asarray, y),
+                )
+            )
+            if steps is not None and len(batches) >= steps:
+                break
+    else:
+        raise AutoprecError(
+            f"search: {what} must be an (x, y) tuple of numpy arrays or a tf.data.Dataset "
+            f"of (x, y) batches, got {type(data).__name__}."
+        )
+    if steps is not None:
+        batches = batches[:steps]
+    if not batches:
+        raise AutoprecError(f"search: {what} holds no batch.")
+    return batches
+
+
+def _concatenate(batches: list[tuple]) -> tuple[Any, Any]:
+    xs = [batch[0] for batch in batches]
+    ys = [batch[1] for batch in batches]
+    join = lambda *arrays: np.concatenate(arrays, axis=0)  # noqa: E731
+    return keras.tree.map_structure(join, *xs), keras.tree.map_structure(join, *ys)
+
+
+def _fresh_compile_arguments(model: keras.Model) -> dict[str, Any]:
+    """Compile arguments with a fresh optimizer built from the model's compile config."""
+    if getattr(model, "optimizer", None) is None or not getattr(model, "compiled", False):
+        raise AutoprecError(
+            f"search: model {model.name!r} is not compiled. Compile it with the optimizer, "
+            "loss and metrics you train with; the search trains copies the same way."
+        )
+    config = model.get_compile_config() or {}
+    original = getattr(model, "_compile_config", None)
+    original = getattr(original, "config", {}) or {}
+    arguments: dict[str, Any] = {}
+    for key in ("loss", "loss_weights", "metrics", "weighted_metrics", "jit_compile"):
+        if key in config:
+            arguments[key] = config[key]
+    try:
+        optimizer = keras.optimizers.deserialize(config["optimizer"])
+    except Exception:  # noqa: BLE001 - a custom optimizer without a registered config
+        inner = model.optimizer
+        inner = getattr(inner, "inner_optimizer", inner)
+        optimizer = type(inner).from_config(inner.get_config())
+    optimizer = getattr(optimizer, "inner_optimizer", optimizer)
+    arguments["optimizer"] = optimizer
+    for key in ("loss", "metrics", "weighted_metrics"):
+        if key in original and not _is_plain(arguments.get(key)):
+            arguments[key] = original[key]
+    return arguments
+
+
+def _is_plain(value: Any) -> bool:
+    return all(isinstance(item, (str, dict, type(None))) for item in keras.tree.flatten(value))
+
+
+def _recompile(model: keras.Model, template: Mapping[str, Any]) -> None:
+    arguments = dict(template)
+    optimizer = arguments.pop("optimizer")
+    arguments = {key: value for key, value in arguments.items() if value is not None}
+    for key in ("loss", "metrics", "weighted_metrics"):
+        if key in arguments:
+            arguments[key] = _deserialize_tree(arguments[key], key)
+    model.compile(optimizer=type(optimizer).from_config(optimizer.get_config()), **arguments)
+
+
+def _deserialize_tree(value: Any, key: str) -> Any:
+    if isinstance(value, dict) and "class_name" in value:
+        module = keras.losses if key == "loss" else keras.metrics
+        return module.deserialize(value)
+    if isinstance(value, list):
+        return [_deserialize_tree(item, key) for item in value]
+    if isinstance(value, dict):
+        return {name: _deserialize_tree(item, key) for name, item in value.items()}
+    return value
+
+
+def clone_for_search(model: keras.Model) -> tuple[keras.Model, bool]:
+    """Returns `(working_model, is_clone)`: a clone with the same weights, or the model itself.
+
+    Subclassed models without `get_config` cannot be cloned; the evaluator then works
+    on the model itself and `Evaluator.close()` puts back its variables, policies and
+    compile state.
+    """
+    try:
+        clone = keras.models.clone_model(model)
+        clone.set_weights(model.get_weights())
+        return clone, True
+    except Exception as error:  # noqa: BLE001 - any model keras cannot rebuild from config
+        logger.info(
+            "autoprec.search: cannot clone model %r (%s); working on the model itself and "
+            "restoring its weights, policies and optimizer afterwards.",
+            model.name,
+            error,
+        )
+        return model, False
+
+
+class Evaluator:
+    """Runs plans on a private copy of a compiled model: proxy (level 2) and short training (level 3).
+
+    Args:
+        model: the user's compiled, built Keras model (left unchanged).
+        train_batches: `(x, y)` numpy batches, trained on in this order.
+        val_batches: `(x, y)` numpy batches for the budget metric.
+        proxy_batches: how many of the training batches the proxy uses.
+        seed: seed set before every evaluation (dropout, shuffling inside layers).
+    """
+
+    def __init__(
+        self,
+        model: keras.Model,
+        train_batches: list[tuple],
+        val_batches: list[tuple],
+        proxy_batches: int = 2,
+        seed: int = 0,
+    ) -> None:
+        self.user_model = model
+        self.compile_template = _fresh_compile_arguments(model)
+        self.user_optimizer_state = [
+            np.array(variable) for variable in getattr(model.optimizer, "variables", [])
+        ]
+        self.model, self.is_clone = clone_for_search(model)
+        self.user_state = None if self.is_clone else self._snapshot(model)
+        self.initial_state = self._snapshot(self.model)
+        self.train_batches = train_batches
+        self.val_batches = val_batches
+        self.train_x, self.train_y = _concatenate(train_batches)
+        self.val_x, self.val_y = _concatenate(val_batches)
+        self.batch_size = len(keras.tree.flatten(train_batches[0][1])[0])
+        self.proxy_data = train_batches[: max(1, proxy_batches)]
+        self.seed = seed
+        self._float32_gradients: list | None = None
+
+    # ------------------------------------------------------------------ state
+
+    @staticmethod
+    def _snapshot(model: keras.Model) -> dict[str, Any]:
+        return {
+            "variables": [np.array(variable) for variable in model.variables],
+            "policies": {path: layer.dtype_policy for path, layer in layer_paths(model).items()},
+        }
+
+    def _reset(self) -> None:
+        keras.utils.set_random_seed(self.seed)
+        for variable, value in zip(self.model.variables, self.initial_state["variables"]):
+            variable.assign(value)
+
+    def close(self) -> None:
+        """Puts back the user's model when the evaluator worked on it directly."""
+        if self.user_state is None:
+            return
+        paths = layer_paths(self.user_model)
+        for path, policy in self.user_state["policies"].items():
+            if path in paths:
+                paths[path].dtype_policy = policy
+        for variable, value in zip(self.user_model.variables, self.user_state["variables"]):
+            variable.assign(value)
+        reset_compiled_functions(self.user_model)
+
+    # ------------------------------------------------------------------ metrics
+
+    def metric_names(self) -> list[str]:
+        """Returns the names `evaluate` reports, checked on one validation batch in float32."""
+        self._reset()
+        apply_plan(self.model, PrecisionPlan.uniform(self.model, "float32"))
+        _recompile(self.model, self.compile_template)
+        x, y = self.val_batches[0]
+        logs = self.model.evaluate(x, y, batch_size=self.batch_size, verbose=0, return_dict=True)
+        return list(logs)
+
+    def train_and_evaluate(
+        self, plan: PrecisionPlan, batch_order: list[int] | None = None
+    ) -> dict[str, float]:
+        """Level 3: trains the plan for the given batches from the initial weights, then evaluates.
+
+        Args:
+            plan: the plan to train with.
+            batch_order: optional permutation of the training batches (reference spread).
+
+        Returns:
+            `{metric: value}` from `evaluate` on the validation batches.
+        """
+        self._reset()
+        _recompile(self.model, self.compile_template)
+        x, y = self.train_x, self.train_y
+        if batch_order is not None:
+            x, y = _concatenate([self.train_batches[index] for index in batch_order])
+        callback = AutoPrecision(plan, verbose=0)
+        self.model.fit(
+            x,
+            y,
+            batch_size=self.batch_size,
+            epochs=1,
+            shuffle=False,
+            verbose=0,
+            callbacks=[callback],
+        )
+        logs = self.model.evaluate(
+            self.val_x, self.val_y, batch_size=self.batch_size, verbose=0, return_dict=True
+        )
+        return {name: float(value) for name, value in logs.items()}
+
+    def proxy(self, plan: PrecisionPlan) -> ProxyResult:
+        """Level 2: loss and gradients of the plan versus float32, same weights, same batches.
+
+        Args:
+            plan: the candidate plan.
+
+        Returns:
+            A `ProxyResult`.
+        """
+        if self._float32_gradients is None:
+            self._float32_gradients = self._losses_and_gradients(
+                PrecisionPlan.uniform(self.model, "float32")
+            )
+        reference = self._float32_gradients
+        candidate = self._losses_and_gradients(plan)
+        loss_errors, dot, norm_a, norm_b, difference = [], 0.0, 0.0, 0.0, 0.0
+        finite = True
+        for (loss_ref, grads_ref), (loss, grads) in zip(reference, candidate):
+            finite = finite and math.isfinite(loss) and all(np.isfinite(g).all() for g in grads)
+            loss_errors.append(abs(loss - loss_ref) / max(abs(loss_ref), 1e-12))
+            for g_ref, g in zip(grads_ref, grads):
+                dot += float(np.vdot(g_ref, g))
+                norm_a += float(np.vdot(g_ref, g_ref))
+                norm_b += float(np.vdot(g, g))
+                difference += float(np.vdot(g - g_ref, g - g_ref))
+        if not finite:
+            return ProxyResult(math.inf, -1.0, math.inf, False)
+        cosine = dot / math.sqrt(max(norm_a * norm_b, 1e-300))
+        relative = math.sqrt(difference / max(norm_a, 1e-300))
+        return ProxyResult(float(np.mean(loss_errors)), cosine, relative, True)
+
+    def _losses_and_gradients(self, plan: PrecisionPlan) -> list[tuple[float, list[np.ndarray]]]:
+        if keras.backend.backend() != "tensorflow":
+            raise BackendError(
+                "the numerical proxy (level 2) needs the TensorFlow backend; "
+                f"active backend is {keras.backend.backend()!r}."
+            )
+        import tensorflow as tf
+
+        self._reset()
+        apply_plan(self.model, plan)
+        scale = _PROXY_LOSS_SCALE if plan.uses_float16 else 1.0
+        if not getattr(self.model, "compiled", False) or self.model.optimizer is None:
+            _recompile(self.model, self.compile_template)
+        variables = self.model.trainable_variables
+        results = []
+        for x, y in self.proxy_data:
+            with tf.GradientTape() as tape:
+                prediction = self.model(x, training=False)
+                loss = self.model.compute_loss(x=x, y=y, y_pred=prediction, training=False)
+                scaled = tf.cast(loss, "float32") * scale
+            gradients = tape.gradient(scaled, variables)
+            arrays = [
+                np.zeros(v.shape, "float32")
+                if g is None
+                else np.asarray(tf.convert_to_tensor(g), "float64") / scale
+                for v, g in zip(variables, gradients)
+            ]
+            results.append((float(loss), arrays))
+        return results
+
+    # ------------------------------------------------------------------ timing
+
+    def step_seconds(self, plan: PrecisionPlan, steps: int = 5, warmup: int = 2) -> float:
+        """Measures the median train-step time of the plan on this device (weights reset after).
+
+        Args:
+            plan: the plan to time.
+            steps: timed steps.
+            warmup: untimed steps first (tracing).
+
+        Returns:
+            Median seconds per step.
+        """
+        self._reset()
+        handle = apply_plan(self.model, plan)
+        _recompile(self.model, self.compile_template)
+        if handle.uses_float16:
+            self.model.optimizer = FlooredLossScaleOptimizer(self.model.optimizer)
+            self.model.optimizer.build(self.model.trainable_variables)
+        x, y = self.train_batches[0]
+        durations = []
+        for index in range(warmup + steps):
+            start = time.perf_counter()
+            logs = self.model.train_on_batch(x, y, return_dict=True)
+            float(next(iter(logs.values())))
+            if index >= warmup:
+                durations.append(time.perf_counter() - start)
+        self._reset()
+        return float(np.median(durations))

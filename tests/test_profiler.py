@@ -1,0 +1,498 @@
+"""Tests for autoprec.profiler: real Keras training with in-graph probes, no mocks."""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+from conftest import build_cnn, build_mlp, classification_data
+
+from autoprec import numerics
+from autoprec._backends import tensorflow as tf_backend
+from autoprec.errors import BackendError, ProfileError
+from autoprec.profiler import Profile, ProfileCallback, TensorStats, profile
+
+
+def _reference_stats(values) -> dict:
+    """Statistics computed with NumPy alone (frexp exponents), independently of autoprec."""
+    flat = np.asarray(values, dtype=np.float32).ravel()
+    finite = flat[np.isfinite(flat)]
+    nonzero = finite[finite != 0]
+    _, exponents = np.frexp(nonzero)
+    histogram = np.zeros(numerics.HISTOGRAM_BINS, dtype=np.int64)
+    np.add.at(histogram, exponents - 1 - numerics.HISTOGRAM_MIN_EXPONENT, 1)
+    magnitude = np.abs(finite).astype(np.float64)
+    return {
+        "count": flat.size,
+        "zeros": int(np.sum(finite == 0)),
+        "nonfinite": int(flat.size - finite.size),
+        "max_abs": float(magnitude.max()) if magnitude.size else 0.0,
+        "min_nonzero_abs": float(np.abs(nonzero).min()) if nonzero.size else None,
+        "sum_abs": float(magnitude.sum()),
+        "sum_squares": float(np.sum(magnitude**2)),
+        "histogram": histogram,
+    }
+
+
+def _assert_matches_reference(
+    stats: TensorStats, values, rtol: float = 1e-5, min_rtol: float = 1e-5
+) -> None:
+    reference = _reference_stats(values)
+    assert stats.count == reference["count"]
+    assert stats.zeros == reference["zeros"]
+    assert stats.nonfinite == reference["nonfinite"]
+    np.testing.assert_array_equal(stats.histogram, reference["histogram"])
+    assert stats.max_abs == pytest.approx(reference["max_abs"], rel=rtol)
+    if reference["min_nonzero_abs"] is None:
+        assert stats.min_nonzero_abs is None
+    else:
+        assert stats.min_nonzero_abs == pytest.approx(reference["min_nonzero_abs"], rel=min_rtol)
+    assert stats.sum_abs == pytest.approx(reference["sum_abs"], rel=rtol)
+    assert stats.sum_squares == pytest.approx(reference["sum_squares"], rel=rtol)
+
+
+_SPECIAL_VALUES = np.array(
+    [
+        0.0,
+        -0.0,
+        np.inf,
+        -np.inf,
+        np.nan,
+        1.0,
+        np.nextafter(np.float32(1.0), np.float32(0.0)),
+        -2.0**-14,
+        6.0e-8,
+        1e-40,  # float32 subnormal
+        -1.4e-45,  # smallest float32 subnormal
+        3e30,  # forces the rescaled branch for the sums
+        65504.0,
+        70000.0,
+    ],
+    dtype=np.float32,
+)
+
+
+_KNOWN_TENSORS = {
+    "normal": np.random.default_rng(1).normal(scale=3.0, size=(5, 7, 11)).astype(np.float32),
+    "special": np.concatenate([_SPECIAL_VALUES, np.linspace(-5, 5, 50, dtype=np.float32)]),
+    "zeros": np.zeros((4, 3), np.float32),
+    "subnormal": np.array([1e-41, 0.0, 2e-39], np.float32),  # only subnormals and zeros
+}
+
+
+@pytest.mark.parametrize("xla", [False, True], ids=["graph", "xla"])
+def test_statistics_of_known_tensors_match_numpy(xla):
+    for name, values in _KNOWN_TENSORS.items():
+        accumulator = tf_backend.TensorAccumulator(name)
+
+        @tf.function(jit_compile=xla)
+        def update(tensor, accumulator=accumulator):
+            accumulator.update(tensor, xla)
+
+        update(tf.constant(values))
+        update(tf.constant(values))
+        stats = TensorStats.from_raw(*accumulator.read())
+        _assert_matches_reference(stats, np.concatenate([values.ravel(), values.ravel()]))
+
+
+def test_statistics_of_half_precision_tensors_are_exact():
+    values = np.array([65504.0, 6e-8, 2.0**-24, 1.0, -3.5, 0.0], np.float32)
+    for dtype in ("float16", "bfloat16"):
+        accumulator = tf_backend.TensorAccumulator(dtype)
+        tensor = tf.cast(tf.constant(values), dtype)
+        accumulator.update(tensor, xla=False)
+        stats = TensorStats.from_raw(*accumulator.read())
+        _assert_matches_reference(stats, tf.cast(tensor, "float32").numpy())
+
+
+def _plain_mlp() -> keras.Model:
+    inputs = keras.Input((8,))
+    hidden = keras.layers.Dense(16, activation="tanh", name="hidden")(inputs)
+    hidden = keras.layers.Dense(16, activation="relu", name="second")(hidden)
+    outputs = keras.layers.Dense(3, activation="softmax", name="head")(hidden)
+    return keras.Model(inputs, outputs)
+
+
+def test_recorded_gradients_equal_gradient_tape():
+    x, y = classification_data(samples=32)
+    model = _plain_mlp()
+    model.compile(optimizer=keras.optimizers.SGD(0.1), loss="sparse_categorical_crossentropy")
+    names = ["hidden", "second", "head"]
+    layers = [model.get_layer(name) for name in names]
+    loss_fn = keras.losses.SparseCategoricalCrossentropy()
+    with tf.GradientTape(persistent=True) as tape:
+        activations = []
+        value = tf.constant(x)
+        for layer in layers:
+            value = layer(value)
+            tape.watch(value)
+            activations.append(value)
+        loss = loss_fn(y, value)
+    activation_gradients = tape.gradient(loss, activations)
+    weight_gradients = tape.gradient(loss, [layer.kernel for layer in layers])
+    kernels = [layer.kernel.numpy() for layer in layers]
+
+    prof = profile(model, (x, y), steps=1, batch_size=32)
+
+    assert prof.steps == 1
+    assert list(prof.layers) == names
+    # Graph and eager kernels may round the last bit differently; the smallest
+    # magnitudes come from cancellation, so their relative error is larger.
+    tolerances = {"rtol": 1e-4, "min_rtol": 1e-2}
+    for index, name in enumerate(names):
+        recorded = prof.layers[name]
+        _assert_matches_reference(recorded.activations["output"], activations[index], **tolerances)
+        if activation_gradients[index] is None:
+            # The loss reads the softmax's logits (Keras keeps them on the output),
+            # so no gradient flows through the head's output itself.
+            assert "output" not in recorded.activation_gradients
+        else:
+            _assert_matches_reference(
+                recorded.activation_gradients["output"], activation_gradients[index], **tolerances
+            )
+        _assert_matches_reference(
+            recorded.weight_gradients["kernel"], weight_gradients[index], **tolerances
+        )
+        _assert_matches_reference(recorded.weights["kernel"], kernels[index])
+        assert set(recorded.weight_gradients) == {"kernel", "bias"}
+
+
+def test_overflow_and_tiny_gradients_are_reported():
+    x = np.random.default_rng(0).normal(size=(64, 4)).astype("float32")
+    y = np.random.default_rng(1).normal(size=(64, 1)).astype("float32")
+    model = keras.Sequential(
+        [
+            keras.Input((4,)),
+            keras.layers.Dense(8, kernel_initializer=keras.initializers.Constant(3e4), name="big"),
+            keras.layers.Dense(8, name="small"),
+            keras.layers.Dense(
+                1, kernel_initializer=keras.initializers.Constant(1e-9), name="shrink"
+            ),
+        ]
+    )
+    model.compile(optimizer=keras.optimizers.SGD(0.0), loss="mse")
+    prof = profile(model, (x, y), steps=2, batch_size=32)
+
+    big = prof.layers["big"]
+    assert big.activation.max_abs > 65504
+    assert big.float16_exceeds_max and big.float16_overflow_fraction > 0.1
+    assert not big.float16_safe
+    assert big.bfloat16_safe
+
+    small = prof.layers["small"]
+    gradient = small.activation_gradient
+    assert gradient.max_abs < 2.0**-24  # every gradient flushes to zero in float16 ...
+    assert gradient.float16_underflow_fraction == pytest.approx(1.0)
+    scale = small.suggested_loss_scale
+    assert scale >= 2.0**20  # ... until the suggested loss scale lifts them into range
+    assert gradient.underflow_fraction("float16", scale) == 0.0
+    assert gradient.max_abs * scale <= 65504 / 2
+    assert small.loss_scale_covers_range
+    assert prof.suggested_loss_scale <= big.suggested_loss_scale
+    assert prof.summary().splitlines()[3].startswith("big")  # riskiest first
+
+
+def test_attention_logits_above_float16_max_are_detected():
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(16, 6, 8)).astype("float32")
+    y = rng.integers(0, 2, size=(16,)).astype("int32")
+    inputs = keras.Input((6, 8))
+    attention = keras.layers.MultiHeadAttention(num_heads=2, key_dim=4, name="attention")
+    attended = attention(inputs, inputs)
+    pooled = keras.layers.GlobalAveragePooling1D()(attended)
+    outputs = keras.layers.Dense(2, activation="softmax")(pooled)
+    model = keras.Model(inputs, outputs)
+    attention._query_dense.kernel.assign(np.full((8, 2, 4), 40.0, "float32"))
+    attention._key_dense.kernel.assign(np.full((8, 2, 4), 40.0, "float32"))
+    attention._value_dense.kernel.assign(np.full((8, 2, 4), 1e-3, "float32"))
+    model.compile(optimizer=keras.optimizers.SGD(0.0), loss="sparse_categorical_crossentropy")
+
+    query = attention._query_dense(x).numpy()
+    key = attention._key_dense(x).numpy()
+    expected_logits = np.einsum("btnh,bsnh->bnts", query, key)
+    assert np.abs(expected_logits).max() > 65504
+    prof = profile(model, (x, y), steps=1, batch_size=16)
+
+    layer = prof.layers["attention"]
+    logits = layer.internals["attention_logits"]
+    _assert_matches_reference(logits, expected_logits, rtol=1e-4)
+    assert layer.activation.max_abs < 1.0  # the layer's output looks harmless ...
+    assert layer.float16_exceeds_max and not layer.float16_safe  # ... its logits are not
+    assert prof.layers["attention/query_dense"].activation.max_abs < 65504
+
+
+def _statistic_variable_values() -> dict[str, np.ndarray]:
+    gc.collect()
+    return {
+        f"{id(obj)}": np.array(obj.numpy())
+        for obj in gc.get_objects()
+        if isinstance(obj, tf.Variable) and "autoprec_" in obj.name
+    }
+
+
+def test_profile_leaves_weights_optimizer_and_graph_unchanged(cnn):
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(32, 12, 12, 1)).astype("float32")
+    y = rng.integers(0, 3, size=(32,)).astype("int32")
+    cnn.compile(optimizer="adam", loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+    cnn.fit(x, y, batch_size=16, epochs=1, verbose=0)  # real optimizer state to keep
+    weights_before = [w.numpy().copy() for w in cnn.weights]
+    optimizer_before = [v.numpy().copy() for v in cnn.optimizer.variables]
+    weight_count = len(cnn.weights)
+
+    prof = profile(cnn, tf.data.Dataset.from_tensor_slices((x, y)).batch(8), steps=3)
+
+    assert prof.steps == 3
+    assert "batch_normalization" in prof.layers and "flatten" not in prof.layers
+    for before, after in zip(weights_before, cnn.weights):
+        np.testing.assert_array_equal(before, after.numpy())
+    for before, after in zip(optimizer_before, cnn.optimizer.variables):
+        np.testing.assert_array_equal(before, after.numpy())
+    assert len(cnn.weights) == weight_count
+    for layer in cnn.layers:
+        assert "call" not in vars(layer)
+    assert "train_step" not in vars(cnn) and "apply_gradients" not in vars(cnn.optimizer)
+
+    statistics_before = _statistic_variable_values()
+    assert statistics_before
+    cnn.fit(x, y, batch_size=16, epochs=1, verbose=0)
+    statistics_after = _statistic_variable_values()
+    for key, value in statistics_before.items():
+        np.testing.assert_array_equal(value, statistics_after[key])
+
+
+class PairLayer(keras.layers.Layer):
+    """Returns a float pair and an integer tensor."""
+
+    def call(self, inputs):
+        return {"double": inputs * 2.0, "half": inputs * 0.5, "index": keras.ops.argmax(inputs, -1)}
+
+
+class SubclassedModel(keras.Model):
+    def __init__(self):
+        super().__init__()
+        self.embed = keras.layers.Embedding(10, 4, mask_zero=True)
+        self.pool = keras.layers.GlobalAveragePooling1D()
+        self.block = keras.Sequential([keras.layers.Dense(6, activation="relu")], name="block")
+        self.pair = PairLayer()
+        self.frozen = keras.layers.Dense(5, trainable=False)
+        self.head = keras.layers.Dense(2, activation="softmax")
+
+    def call(self, inputs):
+        pooled = self.pool(self.embed(inputs))
+        pair = self.pair(self.block(pooled))
+        return self.head(self.frozen(pair["double"] + pair["half"]))
+
+
+def test_subclassed_nested_model_with_tuple_outputs_masks_and_frozen_layer():
+    rng = np.random.default_rng(0)
+    tokens = rng.integers(1, 10, size=(16, 5)).astype("int32")
+    tokens[:, 3:] = 0  # padding the mask must hide
+    labels = rng.integers(0, 2, size=(16,)).astype("int32")
+    model = SubclassedModel()
+    model.compile(optimizer=keras.optimizers.SGD(0.0), loss="sparse_categorical_crossentropy")
+    model(tokens)
+    expected_pool = model.pool(model.embed(tokens)).numpy()
+    callback = ProfileCallback(steps=2)
+    model.fit(tokens, labels, batch_size=8, epochs=1, verbose=0, callbacks=[callback])
+    prof = callback.profile
+
+    assert prof.steps == 2
+    assert {"embed", "pool", "block/dense", "pair", "frozen", "head"} <= set(prof.layers)
+    assert "block" not in prof.layers  # a nested Sequential's output is its last layer's
+    _assert_matches_reference(prof.layers["pool"].activations["output"], expected_pool)
+    assert set(prof.layers["pair"].activations) == {"output/double", "output/half"}
+    frozen = prof.layers["frozen"]
+    assert frozen.weight_gradients == {} and frozen.activation_gradients["output"].count == 80
+    assert set(prof.layers["head"].weight_gradients) == {"kernel", "bias"}
+    assert "call" not in vars(model.pair) and "call" not in vars(model.block.layers[0])
+
+
+def test_profile_callback_with_jit_compile_stops_recording_after_steps():
+    x, y = classification_data(samples=48)
+    model = keras.Sequential(
+        [keras.Input((8,)), keras.layers.Dropout(0.1), keras.layers.Dense(3, activation="softmax")]
+    )
+    model.compile(optimizer="sgd", loss="sparse_categorical_crossentropy", jit_compile=True)
+    callback = ProfileCallback(steps=2)
+    history = model.fit(x, y, batch_size=8, epochs=1, verbose=0, callbacks=[callback])
+
+    assert model.jit_compile is True
+    assert callback.profile.steps == 2
+    assert len(history.history["loss"]) == 1  # fit ran on past the profile
+    dense = callback.profile.layers["dense"]
+    assert dense.activations["output"].count == 2 * 8 * 3
+    assert dense.weight_gradients["kernel"].count == 2 * 8 * 3
+    assert "dropout" not in callback.profile.layers  # pass-through layers are skipped
+    assert "call" not in vars(model.layers[-1])
+
+
+def test_profile_accepts_generators_and_needs_compiled_model():
+    x, y = classification_data(samples=48)
+    model = build_mlp()
+    with pytest.raises(ProfileError, match="compile"):
+        profile(model, (x, y))
+    model.compile(optimizer="sgd", loss="sparse_categorical_crossentropy")
+
+    def batches():
+        for start in range(0, 48, 16):
+            yield x[start : start + 16], y[start : start + 16]
+
+    prof = profile(model, batches(), steps=5)
+    assert prof.steps == 3  # the generator ran out first
+    with pytest.raises(ProfileError, match="unsupported data"):
+        profile(model, "not data")
+
+
+def test_non_tensorflow_backend_is_refused(monkeypatch):
+    monkeypatch.setattr(keras.backend, "backend", lambda: "jax")
+    model = build_mlp()
+    model.compile(optimizer="sgd", loss="mse")
+    with pytest.raises(BackendError, match="TensorFlow"):
+        profile(model, classification_data())
+
+
+def _synthetic_profile() -> Profile:
+    from autoprec.profiler import LayerProfile
+
+    def stats(values):
+        histogram, zeros, nonfinite = numerics.exponent_histogram(values)
+        flat = np.abs(np.asarray(values, np.float64))
+        return TensorStats(
+            count=len(values),
+            zeros=zeros,
+            nonfinite=nonfinite,
+            max_abs=float(flat.max()),
+            min_nonzero_abs=float(flat[flat > 0].min()),
+            sum_abs=float(flat.sum()),
+            sum_squares=float((flat**2).sum()),
+            histogram=histogram,
+        )
+
+    safe = LayerProfile(
+        path="encoder/dense",
+        class_name="Dense",
+        dtype="float32",
+        activations={"output": stats([0.5, -1.0, 0.0, 3.0])},
+        activation_gradients={"output": stats([1e-3, -2e-4, 5e-5])},
+        weights={"kernel": stats([0.1, -0.2])},
+        weight_gradients={"kernel": stats([1e-4, 3e-3])},
+        internals={},
+    )
+    risky = LayerProfile(
+        path="attention",
+        class_name="MultiHeadAttention",
+        dtype="float32",
+        activations={"output": stats([0.1, 0.2])},
+        activation_gradients={},
+        weights={},
+        weight_gradients={},
+        internals={"attention_logits": stats([1e5, -3.0, 2.0])},
+    )
+    return Profile({"encoder/dense": safe, "attention": risky}, steps=4, model_name="demo")
+
+
+def test_json_round_trip_and_summary(tmp_path):
+    prof = _synthetic_profile()
+    path = prof.save(tmp_path / "profile.json")
+    loaded = Profile.load(path)
+    assert loaded.to_dict() == prof.to_dict()
+    assert json.loads(path.read_text())["format_version"] == 1
+    assert Profile.from_json(prof.to_json()).to_dict() == prof.to_dict()
+    table = prof.summary()
+    assert table.splitlines()[3].startswith("attention")  # riskiest first
+    assert "NO" in table and "yes" in table
+    assert not loaded.layers["attention"].float16_safe
+    assert loaded.layers["encoder/dense"].float16_safe
+
+
+def test_malformed_profiles_raise_clear_errors(tmp_path):
+    text = _synthetic_profile().to_json()
+    truncated = tmp_path / "truncated.json"
+    truncated.write_text(text[: len(text) // 2])
+    with pytest.raises(ProfileError, match="truncated.json.*not valid JSON"):
+        Profile.load(truncated)
+    with pytest.raises(ProfileError, match="no such file"):
+        Profile.load(tmp_path / "missing.json")
+
+    def broken(edit) -> str:
+        data = json.loads(text)
+        edit(data)
+        return json.dumps(data)
+
+    cases = {
+        "format_version": lambda d: d.pop("format_version"),
+        "layers\\['attention'\\].internals\\['attention_logits'\\].count": lambda d: d["layers"][
+            "attention"
+        ]["internals"]["attention_logits"].update(count="many"),
+        "exponents": lambda d: d["layers"]["attention"]["activations"]["output"][
+            "exponents"
+        ].update({"900": 1}),
+        "does not equal": lambda d: d["layers"]["encoder/dense"]["weights"]["kernel"].update(
+            count=99
+        ),
+        "not supported": lambda d: d.update(format_version=99),
+    }
+    for message, edit in cases.items():
+        with pytest.raises(ProfileError, match=message):
+            Profile.from_json(broken(edit), source="edited.json")
+
+
+def test_tensorboard_and_plot_outputs(tmp_path):
+    prof = _synthetic_profile()
+    prof.to_tensorboard(tmp_path / "logs")
+    written = tf_backend.read_histograms(tmp_path / "logs")
+    assert "attention/internals/attention_logits" in written
+    buckets = written["encoder/dense/activations"]
+    assert buckets[:, 2].sum() == 3  # three non-zero activations
+    assert buckets[0, 0] == -1 and buckets[-1, 0] == 1  # exponents of 0.5 and 3.0
+    pytest.importorskip("matplotlib")
+    image = prof.plot(tmp_path / "ranges.png")
+    assert image.stat().st_size > 1000
+
+
+def test_mirrored_strategy_sums_replicas(tmp_path):
+    script = textwrap.dedent(
+        """
+        import os, sys
+        os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
+        os.environ["KERAS_BACKEND"] = "tensorflow"
+        import tensorflow as tf
+        cpu = tf.config.list_physical_devices("CPU")[0]
+        tf.config.set_logical_device_configuration(
+            cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+        import keras, numpy as np
+        sys.path.insert(0, sys.argv[1])
+        from conftest import build_mlp, classification_data
+        import autoprec.profiler as profiler
+        strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+        x, y = classification_data(samples=64)
+        with strategy.scope():
+            model = build_mlp()
+            model.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
+        before = [w.numpy().copy() for w in model.weights]
+        prof = profiler.profile(model, (x, y), steps=3, batch_size=16)
+        dense = prof.layers["dense"]
+        assert prof.steps == 3, prof.steps
+        assert dense.activations["output"].count == 3 * 16 * 16, dense.activations
+        assert dense.weight_gradients["kernel"].count == 2 * 3 * 8 * 16
+        assert all(np.array_equal(b, w.numpy()) for b, w in zip(before, model.weights))
+        print("OK")
+        """
+    )
+    tests_dir = os.path.dirname(os.path.abspath(__file__))
+    result = subprocess.run(
+        [sys.executable, "-c", script, tests_dir],
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert result.returncode == 0 and "OK" in result.stdout, result.stderr[-3000:]
