@@ -18,6 +18,7 @@ __version__ = "0.1.0"
 from . import hardware, layers  # noqa: E402
 from .apply import PlanHandle, apply_plan  # noqa: E402
 from .callback import AutoPrecision  # noqa: E402
+from .cost import CostTable, Estimate, calibrate, estimate, predict_costs  # noqa: E402
 from .errors import (  # noqa: E402
     AutoprecError,
     BackendError,
@@ -25,7 +26,6 @@ from .errors import (  # noqa: E402
     PlanError,
     ProfileError,
 )
-from .cost import CostTable, Estimate, calibrate, estimate, predict_costs  # noqa: E402
 from .guard import NonFiniteTrainingError  # noqa: E402
 from .loss_scale import FlooredLossScaleOptimizer  # noqa: E402
 from .plan import PlanDiff, PlanRule, PrecisionPlan  # noqa: E402

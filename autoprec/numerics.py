@@ -75,7 +75,7 @@ class FloatFormat:
     min_subnormal_exponent: int
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def float_format(name: str) -> FloatFormat:
     """Returns the range facts of a float format, read from `ml_dtypes.finfo`.
 

@@ -279,9 +279,7 @@ class TensorStats:
     @property
     def loss_scale_covers_range(self) -> bool:
         """Whether `suggested_loss_scale` also lifts the small significant values above 2^-24."""
-        return numerics.loss_scale_covers_range(
-            self.histogram, self.count, self.max_abs, "float16"
-        )
+        return numerics.loss_scale_covers_range(self.histogram, self.count, self.max_abs, "float16")
 
     def to_dict(self) -> dict[str, Any]:
         """Returns a JSON-ready dict (the histogram as `{exponent: count}` for non-empty bins)."""
@@ -752,7 +750,10 @@ class Profile:
         axes = figure.subplots(1, len(panels), squeeze=False)[0]
         image = None
         for axis, (title, _), matrix in zip(axes, panels, matrices):
-            window = matrix[:, low - numerics.HISTOGRAM_MIN_EXPONENT : high + 1 - numerics.HISTOGRAM_MIN_EXPONENT]
+            window = matrix[
+                :,
+                low - numerics.HISTOGRAM_MIN_EXPONENT : high + 1 - numerics.HISTOGRAM_MIN_EXPONENT,
+            ]
             masked = np.ma.masked_less_equal(window, 0.0)
             image = axis.imshow(
                 masked,
@@ -847,7 +848,8 @@ def _summary_row(layer: LayerProfile) -> tuple[str, ...]:
         layer.path,
         layer.class_name,
         f"{forward.max_abs:.3g}" if forward else "-",
-        _format_fraction(layer.float16_overflow_fraction) + ("!" if layer.float16_exceeds_max else ""),
+        _format_fraction(layer.float16_overflow_fraction)
+        + ("!" if layer.float16_exceeds_max else ""),
         _format_fraction(layer.float16_underflow_fraction),
         _format_fraction(layer.bfloat16_underflow_fraction),
         f"{gradient.max_abs:.3g}" if gradient else "-",
@@ -905,7 +907,9 @@ def _parse_exponent(key: object, where: str) -> int:
 
 def _is_graph_model(layer: keras.layers.Layer) -> bool:
     return isinstance(layer, keras.Sequential) or (
-        isinstance(layer, keras.Model) and hasattr(layer, "_operations") and hasattr(layer, "_nodes")
+        isinstance(layer, keras.Model)
+        and hasattr(layer, "_operations")
+        and hasattr(layer, "_nodes")
     )
 
 
@@ -913,9 +917,7 @@ def _is_multi_head_attention(layer: keras.layers.Layer) -> bool:
     return isinstance(layer, keras.layers.MultiHeadAttention)
 
 
-def _probe_targets(
-    model: keras.Model, include_pass_through: bool
-) -> dict[str, keras.layers.Layer]:
+def _probe_targets(model: keras.Model, include_pass_through: bool) -> dict[str, keras.layers.Layer]:
     """Layers whose outputs are probed, by stable path."""
     targets = {}
     for path, layer in layer_paths(model).items():
@@ -975,8 +977,7 @@ def _attention_logits(
         getattr(layer, "_dropout", 0.0) > 0.0
         or return_attention_scores
         or len(query.shape) != 4
-        or type(layer)._compute_attention
-        is not keras.layers.MultiHeadAttention._compute_attention
+        or type(layer)._compute_attention is not keras.layers.MultiHeadAttention._compute_attention
     )
     if fused:
         # ops.dot_product_attention (TensorFlow backend) multiplies before scaling.
@@ -1089,9 +1090,7 @@ class _ProbeSession:
 
         return call
 
-    def _wrap_attention(
-        self, path: str, layer: keras.layers.Layer, original: Callable
-    ) -> Callable:
+    def _wrap_attention(self, path: str, layer: keras.layers.Layer, original: Callable) -> Callable:
         session = self
 
         @functools.wraps(original)

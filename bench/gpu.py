@@ -64,6 +64,9 @@ from pathlib import Path
 from typing import Any
 
 os.environ.setdefault("KERAS_BACKEND", "jax")
+if "--smoke" in sys.argv:
+    # Tiny models on a CPU: compile fast rather than run fast.
+    os.environ.setdefault("XLA_FLAGS", "--xla_backend_optimization_level=0")
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
@@ -203,7 +206,16 @@ def _encoder_block(x, heads: int, key_dim: int, hidden: int, name: str):
 def _transformer(smoke: bool) -> Workload:
     rng = np.random.default_rng(2)
     if smoke:
-        batch, sequence, vocabulary, width, heads, hidden, blocks, classes = 4, 16, 50, 16, 2, 32, 1, 4
+        batch, sequence, vocabulary, width, heads, hidden, blocks, classes = (
+            4,
+            16,
+            50,
+            16,
+            2,
+            32,
+            1,
+            4,
+        )
     else:
         batch, sequence, vocabulary, width, heads, hidden, blocks, classes = (
             64, 256, 8000, 512, 8, 2048, 4, 10,
@@ -502,7 +514,9 @@ def calibrated_plan(
         "layers": evidence,
         "distinct_layers_timed": len(timed_by_signature),
         "attention_logits_amax": {
-            path: record["logits_amax"] for path, record in probes.items() if "logits_amax" in record
+            path: record["logits_amax"]
+            for path, record in probes.items()
+            if "logits_amax" in record
         },
     }
 

@@ -230,6 +230,35 @@ def _check_profiler_refuses() -> dict:
     return {"raised": None}
 
 
+def _check_cost_and_search() -> dict:
+    """Cost prediction, the heuristic plan and a two-trial search on JAX; calibrate must refuse."""
+    from conftest import classification_data
+
+    import autoprec
+
+    model = _child_mlp()
+    x, y = classification_data()
+    plan = autoprec.PrecisionPlan.uniform(model, "bfloat16")
+    table = autoprec.predict_costs(model, autoprec.hardware.get("rtx4090"), batch_size=32)
+    estimate = autoprec.estimate(model, plan, table, batch_size=32)
+    heuristic = autoprec.heuristic_plan(model, hardware="rtx4090")
+    try:
+        autoprec.calibrate(model, (x[:8], y[:8]), progress=False)
+        calibrate_error = None
+    except autoprec.BackendError as error:
+        calibrate_error = str(error)
+    result = autoprec.search(
+        model, (x, y), (x, y), budget=autoprec.Budget("val_accuracy", max_drop=0.5),
+        hardware="rtx4090", n_trials=2, seed=0,
+    )  # fmt: skip
+    return {
+        "estimated_step_seconds": float(estimate.step_seconds),
+        "heuristic_counts": heuristic.dtype_counts(),
+        "calibrate_error": calibrate_error,
+        "search_plan_layers": len(result.plan.layers),
+    }
+
+
 def _run_child(results_path: str, plan_path: str, work_dir: str) -> None:
     # As on a GPU machine without TensorFlow: any import of it fails.
     sys.modules["tensorflow"] = None  # type: ignore[assignment]
@@ -244,6 +273,7 @@ def _run_child(results_path: str, plan_path: str, work_dir: str) -> None:
         "save_load": lambda: _check_save_load(work_dir),
         "plan_from_tensorflow": lambda: _check_plan_from_tensorflow(plan_path),
         "profiler_refuses": _check_profiler_refuses,
+        "cost_and_search": _check_cost_and_search,
     }
     results = {}
     for name, check in checks.items():
@@ -385,6 +415,14 @@ def test_profiler_says_it_needs_tensorflow(jax_results):
     result = _value(jax_results, "profiler_refuses")
     assert result.get("raised") == "BackendError", result
     assert "TensorFlow" in result["message"] and "jax" in result["message"]
+
+
+def test_cost_prediction_and_search_run_on_jax_and_calibrate_says_it_needs_tensorflow(jax_results):
+    result = _value(jax_results, "cost_and_search")
+    assert result["estimated_step_seconds"] > 0
+    assert sum(result["heuristic_counts"].values()) > 0
+    assert result["search_plan_layers"] > 0
+    assert result["calibrate_error"] and "TensorFlow" in result["calibrate_error"]
 
 
 if __name__ == "__main__" and len(sys.argv) == 5 and sys.argv[1] == "--child":

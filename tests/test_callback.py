@@ -142,7 +142,8 @@ def test_loss_scale_floor_holds_and_weights_stay_finite_under_persistent_overflo
     model.compile(optimizer="sgd", loss="mse")
     x = np.full((300, 4), 1e4, "float32")  # float16 activations overflow on every step
     y = np.zeros((300, 1), "float32")
-    callback = AutoPrecision(PrecisionPlan.uniform(model, "float16"), verbose=0)
+    # The guard would promote the overflowing layers; this test is about the floor alone.
+    callback = AutoPrecision(PrecisionPlan.uniform(model, "float16"), guard=False, verbose=0)
     model.fit(x, y, batch_size=1, epochs=1, verbose=0, callbacks=[callback])
     optimizer = model.optimizer
     assert float(optimizer.dynamic_scale.numpy()) == 1.0  # Keras alone would reach 0.0

@@ -51,9 +51,7 @@ def test_exponent_histogram_handles_zeros_nonfinite_and_powers_of_two():
         dtype=np.float32,
     )
     histogram, zeros, nonfinite = numerics.exponent_histogram(values)
-    counts = {
-        int(e): int(c) for e, c in zip(numerics.bin_exponents(), histogram) if c
-    }
+    counts = {int(e): int(c) for e, c in zip(numerics.bin_exponents(), histogram) if c}
     assert counts == {0: 1, -1: 1, 1: 1, -133: 1}
     assert (zeros, nonfinite) == (2, 3)
 

@@ -13,7 +13,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import build_cnn, build_mlp, classification_data
+from conftest import build_mlp, classification_data
 
 from autoprec import numerics
 from autoprec._backends import tensorflow as tf_backend
@@ -68,7 +68,7 @@ _SPECIAL_VALUES = np.array(
         np.nan,
         1.0,
         np.nextafter(np.float32(1.0), np.float32(0.0)),
-        -2.0**-14,
+        -(2.0**-14),
         6.0e-8,
         1e-40,  # float32 subnormal
         -1.4e-45,  # smallest float32 subnormal

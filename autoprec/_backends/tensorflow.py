@@ -161,7 +161,7 @@ def _combine_floats(current: tf.Tensor, new: tf.Tensor) -> tf.Tensor:
     )
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _statistics_function(xla: bool) -> Callable:
     """Returns a `tf.function` computing `(counts, accumulated floats)`, traced once.
 
