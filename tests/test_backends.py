@@ -232,11 +232,12 @@ def _check_profiler_refuses() -> dict:
 
 def _check_cost_and_search() -> dict:
     """Cost prediction, the heuristic plan and a two-trial search on JAX; calibrate must refuse."""
-    from conftest import classification_data
+    from conftest import build_mlp, classification_data
 
     import autoprec
 
-    model = _child_mlp()
+    model = build_mlp()
+    model.compile(optimizer="adam", loss="sparse_categorical_crossentropy", metrics=["accuracy"])
     x, y = classification_data()
     plan = autoprec.PrecisionPlan.uniform(model, "bfloat16")
     table = autoprec.predict_costs(model, autoprec.hardware.get("rtx4090"), batch_size=32)
