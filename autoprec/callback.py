@@ -18,6 +18,7 @@ from .guard import (
     is_finite_number,
     promotion_target,
 )
+from .kernels import fallback_plan, find_missing_kernels
 from .layers import is_fully_built
 from .loss_scale import FlooredLossScaleOptimizer, current_loss_scale
 from .plan import PrecisionPlan
@@ -76,6 +77,9 @@ class AutoPrecision(keras.callbacks.Callback):
             triggers it at once).
         guard_window: steps over which non-finite steps are counted.
         guard_check_every: steps between reads of the in-graph counters.
+        check_kernels: before training, run each 16-bit layer once alone; a layer
+            whose dtype has no kernel on this device falls back (float16 ->
+            bfloat16 -> float32), logged and recorded in `plan.events`.
 
     Example:
 
@@ -104,6 +108,7 @@ class AutoPrecision(keras.callbacks.Callback):
         guard_threshold: int = 3,
         guard_window: int = 50,
         guard_check_every: int = 10,
+        check_kernels: bool = True,
     ) -> None:
         super().__init__()
         if isinstance(plan, (str, os.PathLike)):
@@ -161,6 +166,8 @@ class AutoPrecision(keras.callbacks.Callback):
         self._trigger = ""
         self._step = 0
         self.events: list[dict] = []
+        self.check_kernels = check_kernels
+        self._kernels_checked = False
 
     # ------------------------------------------------------------------ Keras hooks
 
@@ -335,6 +342,13 @@ class AutoPrecision(keras.callbacks.Callback):
 
     def _apply(self) -> None:
         self.handle = apply_plan(self.model, self.plan, strict=self.strict)
+        if self.check_kernels and not self._kernels_checked:
+            self._kernels_checked = True
+            self.handle.restore()  # trace the model as it was, then check 16-bit layers alone
+            missing = find_missing_kernels(self.model, self.handle.dtypes)
+            plan = fallback_plan(self.handle.plan, missing, step=self._step)
+            self.events.extend(dict(event) for event in plan.events[len(self.handle.plan.events) :])
+            self.handle = apply_plan(self.model, plan, strict=self.strict)
         if self.guard_config is not None and self._guard_state is None:
             self._guard_state = GuardState(self.guard_config)
         self.plan = self.handle.plan

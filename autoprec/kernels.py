@@ -1,0 +1,185 @@
+"""Detect layers whose planned 16-bit dtype has no kernel on this device, before training.
+
+Some operations have no float16 or bfloat16 kernel on some devices (on
+TensorFlow's CPU, `tf.linalg.det` has neither; `tf.math.lgamma` has float16 but
+not bfloat16). A plan that puts such a layer in 16-bit would fail at the first
+train step with an error far from its cause. `find_missing_kernels` calls each
+16-bit layer once, alone, forward and backward, on a tiny batch shaped like what
+it sees in the model; `fallback_plan` moves every failing layer to the next
+wider dtype (float16 -> bfloat16 -> float32) and records why in the plan.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+import keras
+import numpy as np
+
+from . import _dtypes
+from .layers import describe_model, layer_paths
+from .plan import PrecisionPlan
+
+logger = logging.getLogger("autoprec")
+
+_WIDER = {_dtypes.FLOAT16: _dtypes.BFLOAT16, _dtypes.BFLOAT16: _dtypes.FLOAT32}
+
+
+@dataclasses.dataclass(frozen=True)
+class MissingKernel:
+    """A layer that cannot run in its planned dtype here.
+
+    Attributes:
+        path: the layer's stable path.
+        dtype: the planned dtype that failed.
+        fallback: the dtype the layer falls back to.
+        error: the first line of the error the device raised.
+    """
+
+    path: str
+    dtype: str
+    fallback: str
+    error: str
+
+
+def _tensor_like(spec: Any, dtype: str, rng: np.random.Generator):
+    shape = spec.concrete_shape(2)
+    if spec.dtype == "bool":
+        return keras.ops.ones(shape, dtype="bool")
+    if "float" not in spec.dtype:
+        return keras.ops.zeros(shape, dtype=spec.dtype)
+    values = rng.uniform(0.5, 1.5, size=shape).astype("float32")
+    return keras.ops.cast(keras.ops.convert_to_tensor(values), dtype)
+
+
+def _arguments(call: Any, dtype: str, rng: np.random.Generator) -> tuple[list, dict] | None:
+    args: list = []
+    kwargs: dict = {}
+    for index, (name, value) in enumerate(call.arguments):
+        if isinstance(value, tuple):
+            if not all(hasattr(item, "concrete_shape") for item in value):
+                return None
+            built: Any = [_tensor_like(item, dtype, rng) for item in value]
+        elif hasattr(value, "concrete_shape"):
+            built = _tensor_like(value, dtype, rng)
+        elif isinstance(value, (str, int, float, bool)) or value is None:
+            built = value
+        else:
+            return None
+        if index == 0:
+            args.append(built)
+        elif built is not None:
+            kwargs[name] = built
+    return args, kwargs
+
+
+def _run_once(layer: keras.layers.Layer, args: list, kwargs: dict) -> None:
+    """Calls the layer forward, and backward where the backend allows it."""
+    if keras.backend.backend() == "tensorflow":
+        import tensorflow as tf
+
+        with tf.GradientTape() as tape:
+            outputs = layer(*args, **kwargs)
+            floats = [
+                tf.reduce_sum(tf.cast(tensor, "float32"))
+                for tensor in tf.nest.flatten(outputs)
+                if tensor.dtype.is_floating
+            ]
+            total = tf.add_n(floats) if floats else None
+        if total is not None and layer.trainable_weights:
+            tape.gradient(total, layer.trainable_weights)
+        return
+    outputs = layer(*args, **kwargs)
+    for tensor in keras.tree.flatten(outputs):
+        keras.ops.convert_to_numpy(tensor)
+
+
+def _fails(layer: keras.layers.Layer, call: Any, dtype: str) -> str | None:
+    """Returns the error of running `layer` in `dtype`, or `None` if it runs."""
+    rng = np.random.default_rng(0)
+    arguments = _arguments(call, dtype, rng)
+    if arguments is None:
+        return None
+    original = layer.dtype_policy
+    layer.dtype_policy = _dtypes.POLICY_FOR_DTYPE[dtype]
+    try:
+        _run_once(layer, *arguments)
+    except Exception as error:  # the device's error type differs per backend
+        return (str(error).strip().splitlines() or [type(error).__name__])[0][:300]
+    finally:
+        layer.dtype_policy = original
+    return None
+
+
+def find_missing_kernels(
+    model: keras.Model, dtypes: Mapping[str, str], trace: Any = None
+) -> list[MissingKernel]:
+    """Returns the layers that cannot run forward and backward in their planned dtype here.
+
+    Args:
+        model: a built model, with the policies it had before the plan (the
+            trace runs the whole model once).
+        dtypes: `{path: dtype}` the plan gives each layer.
+        trace: an `autoprec.cost.ModelTrace`; traced here if omitted.
+
+    Returns:
+        One `MissingKernel` per failing layer, with the dtype it falls back to
+        (float16 -> bfloat16 -> float32, each tried in turn).
+
+    Example:
+
+    ```python
+    missing = autoprec.kernels.find_missing_kernels(model, plan.resolve(describe_model(model)))
+    ```
+    """
+    if all(dtype == _dtypes.FLOAT32 for dtype in dtypes.values()):
+        return []
+    if trace is None:
+        from .cost import trace_model
+
+        trace = trace_model(model)
+    infos = describe_model(model)
+    paths = layer_paths(model)
+    missing = []
+    for path, dtype in dtypes.items():
+        info = infos.get(path)
+        calls = trace.calls.get(path, ())
+        if dtype == _dtypes.FLOAT32 or info is None or info.pass_through or not calls:
+            continue
+        if info.is_container and info.follows is not None:
+            continue  # a nested model: its layers are checked one by one
+        error = _fails(paths[path], calls[0], dtype)
+        if error is None:
+            continue
+        fallback = _WIDER[dtype]
+        while fallback != _dtypes.FLOAT32 and _fails(paths[path], calls[0], fallback):
+            fallback = _WIDER[fallback]
+        missing.append(MissingKernel(path, dtype, fallback, error))
+    return missing
+
+
+def fallback_plan(
+    plan: PrecisionPlan, missing: list[MissingKernel], step: int = 0
+) -> PrecisionPlan:
+    """Returns `plan` with each missing-kernel layer moved to its fallback dtype, logged as events."""
+    for item in missing:
+        event = {
+            "step": step,
+            "kind": "missing_kernel",
+            "layer": item.path,
+            "from": item.dtype,
+            "to": item.fallback,
+            "evidence": item.error,
+        }
+        plan = plan.with_dtype(item.path, item.fallback).with_event(event)
+        logger.warning(
+            "autoprec: %s has no %s kernel here (%s); it runs in %s",
+            item.path,
+            item.dtype,
+            item.error,
+            item.fallback,
+        )
+    return plan
