@@ -139,8 +139,13 @@ def find_missing_kernels(
         return []
     if trace is None:
         from .cost import trace_model
+        from .errors import AutoprecError
 
-        trace = trace_model(model)
+        try:
+            trace = trace_model(model)
+        except AutoprecError as error:
+            logger.info("autoprec: kernel check skipped: %s", error)
+            return []
     infos = describe_model(model)
     paths = layer_paths(model)
     missing = []
