@@ -9,8 +9,11 @@ Three steps, each usable alone:
   (`LayerCost`), and `predict_costs(model, hardware, batch_size)` turns counts
   into seconds with a roofline model of a `HardwareProfile`;
 * `calibrate(model, batch)` measures each layer's forward+backward time in each
-  dtype on this device instead (cached), plus the cost of casts and a whole-model
-  float32 step whose residual becomes a fixed per-step overhead.
+  dtype on this device instead (cached), plus the cost of casts and whole-model
+  steps under uniform policies (float32 and each 16-bit dtype the device runs
+  fast): what the summed layers miss becomes a fixed per-step overhead shared by
+  all dtypes and a per-dtype scale of layer times, so that a uniform plan's
+  estimate equals its measured step.
 
 Both give a `CostTable`; `estimate(model, plan, costs_or_hardware)` sums it for a
 plan: step time, speedup over float32, memory and the largest batch that fits.
@@ -939,11 +942,18 @@ class CostTable:
         cast_seconds: per 16-bit dtype, `{"fixed": s, "per_element": s}` for one
             cast to/from float32.
         step_overhead_seconds: fixed per-step time outside the layers (optimizer,
-            loss, framework); 0 unless a whole step was measured.
-        layer_time_scale: factor applied to summed layer times (1 unless the
-            isolated layer timings exceeded a measured whole step).
+            loss, framework), the same for every dtype; 0 unless a whole step was
+            measured.
+        layer_time_scale: factor applied to float32 layer times, and to the layer
+            times of any dtype without its own entry in `layer_time_scale_by_dtype`
+            (1 unless a measured whole step disagreed with the summed layers).
         layer_fixed_seconds: per-layer time that does not scale with batch size.
         measured_step_seconds: the whole float32 step measured by `calibrate`, if any.
+        measured_step_seconds_by_dtype: `{dtype: seconds}` of the whole steps
+            `calibrate` measured under each uniform policy (float32 included).
+        layer_time_scale_by_dtype: `{dtype: factor}` applied to that dtype's layer
+            times; set for each dtype in `measured_step_seconds_by_dtype`, so that
+            `estimate` of a uniform plan in that dtype equals its measured step.
         memory_bytes: memory of the device.
         model_fingerprint: `autoprec.layers.model_fingerprint` of the model.
         versions: framework versions the figures were taken with.
@@ -971,6 +981,20 @@ class CostTable:
     model_fingerprint: str = ""
     versions: dict[str, str] = dataclasses.field(default_factory=dict)
     stats: dict[str, int] = dataclasses.field(default_factory=dict)
+    measured_step_seconds_by_dtype: dict[str, float] = dataclasses.field(default_factory=dict)
+    layer_time_scale_by_dtype: dict[str, float] = dataclasses.field(default_factory=dict)
+
+    def time_scale(self, dtype: str) -> float:
+        """Returns the factor applied to every layer time of `dtype`.
+
+        Args:
+            dtype: compute dtype.
+
+        Returns:
+            `layer_time_scale_by_dtype[dtype]` when a whole step in `dtype` was
+            measured, else `layer_time_scale`.
+        """
+        return float(self.layer_time_scale_by_dtype.get(dtype, self.layer_time_scale))
 
     def seconds(self, path: str, dtype: str, batch_size: int | None = None) -> float:
         """Returns a layer's forward+backward seconds in `dtype` (`inf`: infeasible).
@@ -981,13 +1005,13 @@ class CostTable:
             batch_size: batch to scale to (linear above `layer_fixed_seconds`).
 
         Returns:
-            Seconds, scaled by `layer_time_scale`.
+            Seconds, scaled by `time_scale(dtype)`.
         """
         record = self.layers[path]
         value = record.seconds.get(dtype)
         if value is None:
             return math.inf
-        return self.layer_time_scale * self._scale(value, batch_size)
+        return self.time_scale(dtype) * self._scale(value, batch_size)
 
     def _scale(self, seconds: float, batch_size: int | None) -> float:
         if batch_size is None or batch_size == self.batch_size or seconds == 0:
@@ -1016,6 +1040,8 @@ class CostTable:
             "model_fingerprint": self.model_fingerprint,
             "versions": dict(self.versions),
             "stats": dict(self.stats),
+            "measured_step_seconds_by_dtype": dict(self.measured_step_seconds_by_dtype),
+            "layer_time_scale_by_dtype": dict(self.layer_time_scale_by_dtype),
             "cast_seconds": {key: dict(value) for key, value in self.cast_seconds.items()},
             "edges": [list(edge) for edge in self.edges],
             "layers": {path: dataclasses.asdict(record) for path, record in self.layers.items()},
@@ -1024,6 +1050,10 @@ class CostTable:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], source: str = "cost table") -> CostTable:
         """Builds a table from `to_dict` output.
+
+        Tables written before per-dtype whole steps existed (scalar
+        `step_overhead_seconds`, `layer_time_scale` and `measured_step_seconds`
+        only) read as tables whose corrections apply to every dtype alike.
 
         Raises:
             PlanError: naming `source` when a field is missing or malformed.
@@ -1047,6 +1077,10 @@ class CostTable:
                 model_fingerprint=str(data.get("model_fingerprint", "")),
                 versions=dict(data.get("versions", {})),
                 stats=dict(data.get("stats", {})),
+                measured_step_seconds_by_dtype=_float_mapping(
+                    data.get("measured_step_seconds_by_dtype")
+                ),
+                layer_time_scale_by_dtype=_float_mapping(data.get("layer_time_scale_by_dtype")),
             )
         except (KeyError, TypeError, ValueError, IndexError) as error:
             raise PlanError(f"{source}: malformed cost table ({error!r}).") from None
@@ -1081,7 +1115,19 @@ class CostTable:
                 cells.append(f"{'-' if value is None else f'{value * 1e3:.3f}':>9}")
             lines.append(f"{record.path:<{width}}  " + "  ".join(cells))
         lines.append(f"step overhead {self.step_overhead_seconds * 1e3:.2f} ms")
+        for dtype, measured in self.measured_step_seconds_by_dtype.items():
+            lines.append(
+                f"whole {dtype} step measured {measured * 1e3:.2f} ms; "
+                f"{dtype} layer times x {self.time_scale(dtype):.3f}"
+            )
         return "\n".join(lines)
+
+
+def _float_mapping(value: Any) -> dict[str, float]:
+    """Returns `{str: float}` from a decoded JSON object (`{}` for a missing field)."""
+    if value is None:
+        return {}
+    return {str(key): float(item) for key, item in dict(value).items()}
 
 
 # =========================================================================== prediction
@@ -1481,6 +1527,7 @@ def measure_train_step(
     dtype: str = FLOAT32,
     repeats: int = 5,
     jit_compile: bool = False,
+    warmup: int = 2,
 ) -> float:
     """Times one whole training step of a copy of `model` under a uniform policy.
 
@@ -1493,8 +1540,10 @@ def measure_train_step(
         model: a Functional or Sequential model.
         batch: `x` or `(x, y)`.
         dtype: uniform compute dtype of the copy.
-        repeats: timed steps (median), after two warm-up steps.
+        repeats: timed steps (median), after the warm-up steps; at most 2 when
+            one step takes over half a second.
         jit_compile: whether to compile the step with XLA.
+        warmup: untimed steps first (the first one traces the step function).
 
     Returns:
         Median seconds of one `train_on_batch` step.
@@ -1520,7 +1569,7 @@ def measure_train_step(
     if canonical_dtype(dtype) == "float16":
         optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
     clone.compile(optimizer=optimizer, loss=loss, jit_compile=jit_compile)
-    return _time_function(lambda: clone.train_on_batch(inputs, targets), repeats, warmup=2)
+    return _time_function(lambda: clone.train_on_batch(inputs, targets), repeats, warmup=warmup)
 
 
 def _measurable(cost: LayerCost) -> bool:
@@ -1534,7 +1583,7 @@ def calibrate(
     repeats: int = 5,
     cache_dir: str | os.PathLike | None = None,
     progress: bool = True,
-    measure_model_step: bool = True,
+    measure_model_step: bool | str | Sequence[str] = True,
     hardware: hardware_module.HardwareProfile | str | None = None,
     use_cache: bool = True,
 ) -> CostTable:
@@ -1545,11 +1594,18 @@ def calibrate(
     size), and its compiled forward+backward on random inputs is timed (two
     warm-up calls, median of `repeats`). Layers that cannot be rebuilt get the
     roofline prediction, flagged in `source`. Casts between float32 and each
-    16-bit dtype are timed too, and with `measure_model_step` one whole float32
-    training step of a copy of the model: what it takes beyond the summed layer
-    times becomes `step_overhead_seconds`. Measurements are cached per device,
-    framework versions and layer signature (class, config, input shapes, batch),
-    so a second call measures nothing.
+    16-bit dtype are timed too, and with `measure_model_step` whole training
+    steps of a copy of the model under uniform policies: float32, and each
+    16-bit dtype of `dtypes` that `hardware` does not mark slow (float16 on a CPU
+    under TensorFlow is skipped: its steps take many times float32's). The part
+    of the residual (measured step minus summed layers and casts) common to all
+    measured dtypes becomes `step_overhead_seconds`; the rest becomes a per-dtype
+    `layer_time_scale_by_dtype`, so that `estimate` of each measured uniform plan
+    equals its measured step and mixed plans weigh each dtype's correction by
+    the layer time spent in it. Measurements are cached per device, framework
+    versions and layer signature (class, config, input shapes, batch), whole
+    steps per model signature, input shapes and dtype, so a second call
+    measures nothing.
 
     Args:
         model: a built Keras model.
@@ -1558,13 +1614,20 @@ def calibrate(
         repeats: timed repetitions per measurement (median).
         cache_dir: cache folder; default `$AUTOPREC_CACHE_DIR` or `~/.cache/autoprec`.
         progress: show a progress bar.
-        measure_model_step: also time one whole float32 training step.
+        measure_model_step: which whole training steps to time: `True` float32
+            and the 16-bit dtypes of `dtypes` not slow on `hardware`; `"all"`
+            every dtype of `dtypes` (a slow dtype is timed once, after one
+            warm-up step); a list of dtypes (from `dtypes`); `False` none.
         hardware: profile for fallback predictions; default the detected device.
         use_cache: read and write the cache.
 
     Returns:
         A `CostTable` with `source="measured"`; `stats` counts `"timed"`,
-        `"cached"` and `"fallback"` measurements.
+        `"cached"` and `"fallback"` layer measurements, and `"model_step"`
+        whole steps (`"model_steps_timed"` of them timed now).
+
+    Raises:
+        PlanError: if `measure_model_step` names a dtype not in `dtypes`.
 
     Example:
 
@@ -1596,11 +1659,13 @@ def calibrate(
     cache = _Cache(directory, device, versions)
     jit_compile = bool(getattr(model, "jit_compile", False) is True)
     stats = {"timed": 0, "cached": 0, "fallback": 0}
-    # The whole step is timed first, in a process not yet crowded by per-layer functions.
-    measured_step = (
-        _cached_model_step(model, batch, cache, repeats, jit_compile)
-        if measure_model_step
-        else None
+    # Whole steps are timed first, in a process not yet crowded by per-layer functions.
+    measured_steps = _measure_whole_steps(
+        model,
+        batch,
+        _whole_step_dtypes(measure_model_step, dtypes, profile),
+        profile,
+        _StepTiming(cache, repeats, jit_compile, stats),
     )
 
     dispatch_key = cache.key({"dispatch": True})
@@ -1650,7 +1715,7 @@ def calibrate(
         versions=versions,
         stats=stats,
     )
-    _attribute_step_overhead(table, measured_step)
+    _attribute_step_overhead(table, measured_steps)
     return table
 
 
@@ -1722,34 +1787,143 @@ def _subtract_children(layers: dict[str, LayerCostRecord], counts: Mapping[str, 
             record.seconds[dtype] = max(seconds - inner, 0.1 * seconds)
 
 
-def _cached_model_step(
-    model: keras.Model, batch: Any, cache: _Cache, repeats: int, jit: bool
-) -> float | None:
-    """Returns the whole float32 step time (cached), or `None` if the model cannot be copied."""
-    shapes = [list(t.shape) for t in _flat_tensors(batch)]
-    key = cache.key({"model_step": _model_signature(model), "shapes": shapes, "jit": jit})
-    measured = cache.get(key)
-    if measured is None:
-        try:
-            measured = measure_train_step(model, batch, FLOAT32, max(repeats, 3), jit)
-        except Exception:  # noqa: BLE001 - subclassed models cannot be cloned: no overhead term
-            return None
-        cache.put(key, measured, "whole float32 train step")
+def _whole_step_dtypes(
+    requested: bool | str | Sequence[str],
+    dtypes: Sequence[str],
+    profile: hardware_module.HardwareProfile,
+) -> list[str]:
+    """Returns the dtypes whose uniform whole step `calibrate` times, float32 first."""
+    if requested is False or requested is None:
+        return []
+    if requested is True:
+        return [dtype for dtype in dtypes if profile.support(dtype) == hardware_module.FAST]
+    if isinstance(requested, str) and requested.strip().lower() == "all":
+        return list(dtypes)
+    names = [requested] if isinstance(requested, str) else list(requested)
+    chosen = {canonical_dtype(name, "measure_model_step") for name in names}
+    missing = sorted(chosen - set(dtypes))
+    if missing:
+        raise PlanError(
+            f"measure_model_step names {', '.join(missing)}, which calibrate() does not time "
+            f"per layer (dtypes={list(dtypes)}); add it to dtypes, or pass True, 'all' or False."
+        )
+    return [dtype for dtype in dtypes if dtype in chosen]
+
+
+@dataclasses.dataclass
+class _StepTiming:
+    """Where and how `calibrate` times whole steps: cache, repeats, XLA, counters."""
+
+    cache: _Cache
+    repeats: int
+    jit_compile: bool
+    stats: dict[str, int]
+
+
+def _measure_whole_steps(
+    model: keras.Model,
+    batch: Any,
+    dtypes: Sequence[str],
+    profile: hardware_module.HardwareProfile,
+    timing: _StepTiming,
+) -> dict[str, float]:
+    """Returns `{dtype: measured whole-step seconds}`; empty if the model cannot be copied."""
+    timing.stats.update({"model_step": 0, "model_steps_timed": 0})
+    measured: dict[str, float] = {}
+    for dtype in dtypes:
+        slow = profile.support(dtype) != hardware_module.FAST
+        seconds = _cached_model_step(model, batch, dtype, slow, timing)
+        if seconds is None:
+            break
+        measured[dtype] = seconds
+    timing.stats["model_step"] = len(measured)
     return measured
 
 
-def _attribute_step_overhead(table: CostTable, measured: float | None) -> None:
-    """Makes the table's float32 step equal the measured one: residual overhead, or a scale."""
-    table.stats["model_step"] = int(measured is not None)
-    if measured is None:
+def _cached_model_step(
+    model: keras.Model, batch: Any, dtype: str, slow: bool, timing: _StepTiming
+) -> float | None:
+    """Returns one uniform-`dtype` whole step's seconds (cached), `None` if it cannot be timed.
+
+    A dtype the device runs slowly is timed once after one warm-up step; others
+    take the median of `max(repeats, 3)` after two.
+    """
+    shapes = [list(t.shape) for t in _flat_tensors(batch)]
+    key = timing.cache.key(
+        {
+            "model_step": _model_signature(model),
+            "shapes": shapes,
+            "jit": timing.jit_compile,
+            "dtype": dtype,
+        }
+    )
+    measured = timing.cache.get(key)
+    if measured is not None:
+        return measured
+    repeats, warmup = (1, 1) if slow else (max(timing.repeats, 3), 2)
+    try:
+        measured = measure_train_step(model, batch, dtype, repeats, timing.jit_compile, warmup)
+    except Exception:  # noqa: BLE001 - subclassed models cannot be cloned: no correction
+        return None
+    timing.cache.put(key, measured, f"whole {dtype} train step")
+    timing.stats["model_steps_timed"] += 1
+    return measured
+
+
+#: Smallest per-dtype layer-time scale (guards against a step measured absurdly fast).
+_MIN_TIME_SCALE = 0.05
+
+
+def _uniform_step_parts(table: CostTable, dtype: str) -> tuple[float, float]:
+    """Returns `(summed raw layer seconds, cast seconds)` of a uniform `dtype` plan.
+
+    Casts are those `estimate` counts for a uniform plan: model inputs arrive
+    in float32.
+    """
+    layers = 0.0
+    for record in table.layers.values():
+        seconds = record.seconds.get(dtype)
+        if seconds is None:
+            return math.inf, 0.0
+        layers += seconds
+    casts = 0.0
+    if dtype != FLOAT32:
+        casts = sum(
+            table.cast_cost(elements * table.batch_size, dtype)
+            for producer, _, elements in table.edges
+            if producer is None
+        )
+    return layers, casts
+
+
+def _attribute_step_overhead(table: CostTable, measured: Mapping[str, float]) -> None:
+    """Makes each measured uniform step's estimate equal its measurement.
+
+    The residual (measured step minus summed layers and casts) that every
+    measured dtype shows becomes the shared `step_overhead_seconds` (optimizer,
+    loss, framework); what remains of each dtype's step is spread over its layers
+    as `layer_time_scale_by_dtype[dtype]`. With float32 alone this is the
+    previous behaviour: overhead when the residual is positive, else a scale.
+    """
+    parts = {dtype: _uniform_step_parts(table, dtype) for dtype in measured}
+    parts = {dtype: part for dtype, part in parts.items() if math.isfinite(part[0])}
+    if not parts:
         return
-    summed = sum(record.seconds.get(FLOAT32) or 0.0 for record in table.layers.values())
-    residual = measured - summed
-    if residual >= 0:
-        table.step_overhead_seconds = residual
-    elif summed > 0:
-        table.layer_time_scale = measured / summed
-    table.measured_step_seconds = measured
+    residuals = [measured[dtype] - layers - casts for dtype, (layers, casts) in parts.items()]
+    overhead = max(0.0, min(residuals))
+    scales = {
+        dtype: (
+            max((measured[dtype] - casts - overhead) / layers, _MIN_TIME_SCALE)
+            if layers > 0
+            else 1.0
+        )
+        for dtype, (layers, casts) in parts.items()
+    }
+    table.step_overhead_seconds = overhead
+    table.layer_time_scale = scales.get(FLOAT32, 1.0)
+    table.layer_time_scale_by_dtype = scales
+    table.measured_step_seconds = measured.get(FLOAT32)
+    table.measured_step_seconds_by_dtype = {dtype: float(measured[dtype]) for dtype in parts}
 
 
 # =========================================================================== estimate
@@ -1766,7 +1940,7 @@ class Estimate:
         batch_size: samples per step.
         layer_seconds: `{path: seconds}` of each layer in its assigned dtype.
         cast_seconds: seconds spent casting at dtype boundaries.
-        overhead_seconds: fixed per-step overhead.
+        overhead_seconds: fixed per-step overhead (the same for every dtype).
         activation_bytes_per_sample: activations kept for backward, per sample.
         parameter_bytes: float32 master weights, their gradients and 16-bit copies.
         optimizer_bytes: optimizer state.
@@ -1915,8 +2089,12 @@ def estimate(
 ) -> Estimate:
     """Estimates a plan's training step time, speedup over float32 and memory.
 
-    The step is the sum of each layer's cost in its assigned dtype, casts where
-    neighbouring layers differ in dtype, and the table's fixed per-step overhead.
+    The step is the sum of each layer's cost in its assigned dtype (scaled by
+    the table's correction for that dtype, `CostTable.time_scale`), casts where
+    neighbouring layers differ in dtype, and the table's fixed per-step
+    overhead. For a table from `calibrate`, a uniform plan in a dtype whose
+    whole step was measured is estimated at that measured step; a mixed plan
+    weighs each dtype's correction by the layer time spent in it.
 
     Args:
         model: the built Keras model the plan is for.

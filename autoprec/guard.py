@@ -9,7 +9,9 @@ the next few steps with the profiler's in-graph probes and promotes the first
 16-bit layer, in model order, whose activations or activation gradients are
 non-finite or overflow float16: float16 goes to bfloat16 where the hardware runs
 it fast, else to float32; bfloat16 goes to float32. The loss scale is reset, the
-compiled functions are rebuilt, and the event is recorded in the plan.
+compiled functions are rebuilt, and the event is recorded in the plan. NaN in
+the first layer's forward values (before any layer could overflow, which gives
+infinities) means the data brought it: that is reported, and nothing is promoted.
 """
 
 from __future__ import annotations
@@ -83,6 +85,8 @@ def find_culprit(profile: Any, dtypes: dict[str, str]) -> tuple[str, str] | None
     Returns:
         The layer where the problem starts, or `None` if no 16-bit layer shows one.
     """
+    if _enters_with_the_data(profile):
+        return None
     candidates = [
         path
         for path, dtype in dtypes.items()
@@ -102,6 +106,17 @@ def find_culprit(profile: Any, dtypes: dict[str, str]) -> tuple[str, str] | None
         if evidence:
             return path, evidence
     return None
+
+
+def _enters_with_the_data(profile: Any) -> bool:
+    """Whether the first recorded layer already sees NaN (not inf) in its forward values.
+
+    An overflow produces infinities where it happens; NaN in the very first
+    layer, before any layer could overflow, came in with the input batch.
+    """
+    first = next(iter(profile.layers.values()), None)
+    stats = getattr(first, "activation", None)
+    return bool(stats is not None and stats.nonfinite and stats.nan == stats.nonfinite)
 
 
 def _problem(stats: Any, dtype: str, what: str) -> str | None:

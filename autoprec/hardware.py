@@ -3,7 +3,10 @@
 A `HardwareProfile` is a plain, frozen value. Built-in profiles cover consumer
 NVIDIA RTX cards (figures from NVIDIA's whitepapers, see `shared/design.md`) and
 three nominal CPU classes; `detect()` reads the local device; `load_profile()`
-reads a user JSON file. Every profile says where its figures come from in
+reads a user JSON file. A CPU's flags say what the silicon can do, not what the
+framework's kernels make of it: under TensorFlow a CPU never gets float16 as
+fast, and bfloat16 "fast" is a capability that measured per-layer costs confirm
+or refute layer by layer. Every profile says where its figures come from in
 `source`: `"built-in table"`, `"read from device"`, `"user file: ..."` or
 `"estimated: ..."`, so a guess is never presented as a fact.
 """
@@ -255,7 +258,10 @@ def _cpu_profile(
     )
 
 
-_NOMINAL = "built-in table (nominal 8-core 3 GHz CPU, 50 GB/s, 32 GiB)"
+_NOMINAL = (
+    "built-in table (nominal 8-core 3 GHz CPU, 50 GB/s, 32 GiB; float16 slow: TensorFlow's "
+    "CPU kernels run it on Eigen fallbacks)"
+)
 
 
 def _builtin_profiles() -> dict[str, HardwareProfile]:
@@ -487,44 +493,124 @@ def _total_memory_bytes() -> int | None:
     return None
 
 
-def detect_cpu(cpuinfo_path: str = "/proc/cpuinfo") -> HardwareProfile:
-    """Returns a profile of the local CPU from its feature flags, with estimated rates.
+#: Why a CPU under TensorFlow gets float16 as slow whatever its flags say.
+_TF_CPU_FLOAT16_NOTE = (
+    "float16 slow: TensorFlow's CPU kernels run most float16 ops (convolutions and their "
+    "gradients, elementwise ops, reductions) on Eigen fallbacks with conversions; whole "
+    "train steps measured up to 65x slower than float32 (25-65x on an avx512_fp16 Xeon); a "
+    "lone matmul may be fast through oneDNN: calibrate(dtypes=[..., 'float16']) measures "
+    "per layer"
+)
+#: Why bfloat16 "fast" on a CPU is a capability claim only.
+_CPU_BFLOAT16_NOTE = (
+    "bfloat16 fast = native oneDNN kernels exist (a capability, not a speed claim): measured "
+    "TensorFlow matmuls ran 0.6x to 3.5x float32's speed depending on host and shape, so the "
+    "bfloat16 rate is taken equal to float32's and calibrate()'s measured per-layer costs "
+    "decide where bfloat16 pays"
+)
 
-    Args:
-        cpuinfo_path: the cpuinfo file to read (for tests).
 
-    Returns:
-        A `kind="cpu"` profile; `source` says which figures are estimated.
+def _active_backend() -> str:
+    """Returns the active Keras backend name (`"tensorflow"` if Keras cannot say)."""
+    try:
+        import keras
+
+        return str(keras.backend.backend())
+    except Exception:
+        return "tensorflow"
+
+
+def _cpu_bfloat16_per_cycle(flags: set[str], float32_per_cycle: float) -> float | None:
+    """Returns the bfloat16 FLOP/cycle/core claimed for a detected CPU, or `None`.
+
+    AMX tiles are a large, real gain; AVX512-BF16 dot products double the peak on
+    paper only (see `_CPU_BFLOAT16_NOTE`), so they get float32's rate.
     """
-    flags, model, megahertz = _cpu_flags(cpuinfo_path)
-    cores = os.cpu_count() or 1
-    hertz = (megahertz or 2500.0) * 1e6
-    has_avx512 = "avx512f" in flags
-    float32_per_cycle = 64 if has_avx512 else (32 if "avx2" in flags else 16)
     if "amx_bf16" in flags:
-        bfloat16_per_cycle: float | None = 1024
-        base = "cpu-amx"
-    elif "avx512_bf16" in flags:
-        bfloat16_per_cycle = 2 * float32_per_cycle
-        base = "cpu-avx512-bf16"
-    else:
-        bfloat16_per_cycle = None
-        base = "cpu-generic"
+        return 1024
+    if "avx512_bf16" in flags:
+        return float32_per_cycle
+    return None
+
+
+def _cpu_float16_per_cycle(flags: set[str], float32_per_cycle: float, backend: str) -> float | None:
+    """Returns the float16 FLOP/cycle/core of a detected CPU, or `None` (slow on `backend`)."""
+    if backend == "tensorflow":
+        return None
     if "amx_fp16" in flags:
-        float16_per_cycle: float | None = 1024
-    elif "avx512_fp16" in flags:
-        float16_per_cycle = 2 * float32_per_cycle
-    else:
-        float16_per_cycle = None
-    memory = _total_memory_bytes() or _CPU_MEMORY
+        return 1024
+    if "avx512_fp16" in flags:
+        return 2 * float32_per_cycle
+    return None
+
+
+def _cpu_source(
+    model: str,
+    cores: int,
+    hertz: float,
+    flags: set[str],
+    backend: str,
+    base: str,
+    float16_per_cycle: float | None,
+) -> str:
+    """Returns the `source` text of a detected CPU: what was read, what is estimated and why."""
     wanted = [
         flag for flag in ("avx512_bf16", "amx_bf16", "avx512_fp16", "amx_fp16") if flag in flags
     ]
-    source = (
-        f"read from device: {model}, {cores} cores, flags {', '.join(wanted) or 'none of the 16-bit ones'}; "
+    parts = [
+        f"read from device: {model}, {cores} cores, flags "
+        f"{', '.join(wanted) or 'none of the 16-bit ones'}",
         f"estimated: peak rates from flags x {hertz / 1e9:.2f} GHz x cores, bandwidth "
-        f"{cores * 10} GB/s assumed (class {base})"
-    )
+        f"{cores * 10} GB/s assumed (class {base})",
+    ]
+    if base != "cpu-generic":
+        parts.append(_CPU_BFLOAT16_NOTE)
+    if backend == "tensorflow":
+        parts.append(_TF_CPU_FLOAT16_NOTE)
+    elif float16_per_cycle is not None:
+        parts.append(f"float16 fast from CPU flags only, not measured on the {backend} backend")
+    return "; ".join(parts)
+
+
+def detect_cpu(cpuinfo_path: str = "/proc/cpuinfo", backend: str | None = None) -> HardwareProfile:
+    """Returns a profile of the local CPU from its feature flags, with estimated rates.
+
+    Flags say what the silicon can do, not what the framework's kernels do with
+    it. Under TensorFlow, float16 is always in `slow_dtypes` (its CPU kernels
+    run float16 on Eigen fallbacks: whole steps are many times slower than
+    float32, AVX512-FP16 or not). bfloat16 is in `fast_dtypes` when the CPU has
+    AVX512-BF16 or AMX-BF16, as a capability claim only: its rate is taken equal
+    to float32's (AMX: the tile rate), and measured per-layer costs
+    (`autoprec.calibrate`) decide where it pays. `source` says all of this.
+
+    Args:
+        cpuinfo_path: the cpuinfo file to read (for tests).
+        backend: Keras backend the profile is for; default the active one.
+
+    Returns:
+        A `kind="cpu"` profile; `source` says which figures are estimated and why.
+
+    Example:
+
+    ```python
+    hw = autoprec.hardware.detect_cpu()
+    hw.support("float16")  # "slow" under the TensorFlow backend
+    ```
+    """
+    backend = backend or _active_backend()
+    flags, model, megahertz = _cpu_flags(cpuinfo_path)
+    cores = os.cpu_count() or 1
+    hertz = (megahertz or 2500.0) * 1e6
+    float32_per_cycle = 64 if "avx512f" in flags else (32 if "avx2" in flags else 16)
+    bfloat16_per_cycle = _cpu_bfloat16_per_cycle(flags, float32_per_cycle)
+    float16_per_cycle = _cpu_float16_per_cycle(flags, float32_per_cycle, backend)
+    if "amx_bf16" in flags:
+        base = "cpu-amx"
+    elif "avx512_bf16" in flags:
+        base = "cpu-avx512-bf16"
+    else:
+        base = "cpu-generic"
+    source = _cpu_source(model, cores, hertz, flags, backend, base, float16_per_cycle)
     return _cpu_profile(
         "local-cpu",
         model,
@@ -535,7 +621,7 @@ def detect_cpu(cpuinfo_path: str = "/proc/cpuinfo") -> HardwareProfile:
         cores=cores,
         hertz=hertz,
         bandwidth=min(cores * 10 * _GIGA, 200 * _GIGA),
-        memory=memory,
+        memory=_total_memory_bytes() or _CPU_MEMORY,
         detected=True,
     )
 
@@ -602,12 +688,7 @@ def _gpu_from_torch() -> tuple[str, str | None, int | None] | None:
 
 def _local_gpu() -> tuple[str, str | None, int | None] | None:
     """Returns (device name, compute capability, memory bytes or None) of the first GPU."""
-    try:
-        import keras
-
-        backend = keras.backend.backend()
-    except Exception:
-        backend = "tensorflow"
+    backend = _active_backend()
     readers = {
         "tensorflow": (_gpu_from_tensorflow, _gpu_from_jax, _gpu_from_torch),
         "jax": (_gpu_from_jax, _gpu_from_torch, _gpu_from_tensorflow),
@@ -700,7 +781,7 @@ def detect() -> HardwareProfile:
     GPUs are read through the active Keras backend's framework (TensorFlow,
     JAX or PyTorch; frameworks that are not installed are skipped) and mapped to
     the built-in table; unknown GPUs and CPUs get estimated rates, marked so in
-    `source`.
+    `source`. A CPU is described by `detect_cpu` (float16 slow under TensorFlow).
 
     Returns:
         A `HardwareProfile` with `detected=True`.

@@ -100,6 +100,8 @@ class TensorStats:
         histogram: read-only int64 array of `numerics.HISTOGRAM_BINS` counts of
             `floor(log2(|x|))` over finite non-zero values, exponents
             `numerics.HISTOGRAM_MIN_EXPONENT` (-149) to `HISTOGRAM_MAX_EXPONENT` (127).
+        nan: how many of the non-finite values are NaN (the rest are infinities:
+            an overflow gives inf, while a NaN usually comes from the data).
 
     Example:
 
@@ -117,6 +119,7 @@ class TensorStats:
     sum_abs: float
     sum_squares: float
     histogram: np.ndarray
+    nan: int = 0
 
     def __post_init__(self):
         histogram = np.array(self.histogram, dtype=np.int64)
@@ -140,10 +143,13 @@ class TensorStats:
     def from_raw(cls, counts: np.ndarray, floats: np.ndarray) -> TensorStats:
         """Builds statistics from a backend's raw `(counts, floats)` accumulators."""
         counts = np.asarray(counts, dtype=np.int64)
-        subnormal = counts[256:]
+        subnormal = counts[256:279]
         normal = counts[1:255]
+        nans = int(counts[279]) if counts.shape[0] > 279 else 0
+        counts = counts[:279]
         min_nonzero = float(floats[1])
         return cls(
+            nan=nans,
             count=int(counts.sum()),
             zeros=int(counts[0]),
             nonfinite=int(counts[255]),
@@ -165,6 +171,7 @@ class TensorStats:
             count=sum(item.count for item in items),
             zeros=sum(item.zeros for item in items),
             nonfinite=sum(item.nonfinite for item in items),
+            nan=sum(item.nan for item in items),
             max_abs=max(item.max_abs for item in items),
             min_nonzero_abs=min(minima) if minima else None,
             sum_abs=sum(item.sum_abs for item in items),
@@ -287,6 +294,7 @@ class TensorStats:
             "count": self.count,
             "zeros": self.zeros,
             "nonfinite": self.nonfinite,
+            "nan": self.nan,
             "max_abs": self.max_abs,
             "min_nonzero_abs": self.min_nonzero_abs,
             "sum_abs": self.sum_abs,
@@ -309,6 +317,7 @@ class TensorStats:
             count=_require_count(mapping.get("count"), f"{where}.count"),
             zeros=_require_count(mapping.get("zeros"), f"{where}.zeros"),
             nonfinite=_require_count(mapping.get("nonfinite"), f"{where}.nonfinite"),
+            nan=_require_count(mapping.get("nan", 0), f"{where}.nan"),
             max_abs=_require_number(mapping.get("max_abs"), f"{where}.max_abs"),
             min_nonzero_abs=None
             if min_nonzero is None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 
 import keras
@@ -9,7 +10,7 @@ import numpy as np
 import pytest
 from conftest import build_attention_model, build_mlp
 
-from autoprec import cost, hardware
+from autoprec import PrecisionPlan, cost, hardware
 from autoprec.errors import HardwareError, PlanError
 from autoprec.layers import layer_paths
 
@@ -246,16 +247,17 @@ def test_calibrate_measures_then_reuses_cache_and_invalidates_on_change(tmp_path
     first = cost.calibrate(model, (x, y), repeats=2, cache_dir=tmp_path, progress=False)
     assert first.source == "measured" and first.batch_size == 32
     assert first.stats["timed"] > 0 and first.stats["cached"] == 0
-    assert first.stats["fallback"] == 0 and first.stats["model_step"] == 1
+    assert first.stats["fallback"] == 0 and first.stats["model_step"] >= 1
     for path in ("dense", "dense_1", "dense_2"):
         assert all(first.layers[path].seconds[dtype] > 0 for dtype in ("float32", "float16"))
     est = cost.estimate(model, "float32", first)
     assert est.float32_step_seconds == pytest.approx(first.measured_step_seconds, rel=1e-6)
 
     second = cost.calibrate(model, (x, y), repeats=2, cache_dir=tmp_path, progress=False)
-    assert second.stats["timed"] == 0
+    assert second.stats["timed"] == 0 and second.stats["model_steps_timed"] == 0
     assert second.stats["cached"] == first.stats["timed"]
     assert second.layers["dense"].seconds == first.layers["dense"].seconds
+    assert second.measured_step_seconds_by_dtype == first.measured_step_seconds_by_dtype
 
     inputs = keras.Input((8,))
     hidden = keras.layers.Dense(16, activation="relu")(inputs)
@@ -315,3 +317,100 @@ def test_layer_that_cannot_be_rebuilt_falls_back_to_prediction(tmp_path):
     assert custom.seconds["float32"] > 0
     assert table.layers["dense"].source == "measured"
     assert table.stats["fallback"] == 1
+
+
+def test_whole_steps_per_dtype_make_uniform_estimates_exact(tmp_path):
+    x = np.random.default_rng(1).normal(size=(16, 8)).astype("float32")
+    y = np.zeros((16,), dtype="int32")
+    model = build_mlp()
+    # On a CPU profile float16 is slow: True times float32 and bfloat16 only.
+    default = cost.calibrate(
+        model, (x, y), repeats=2, cache_dir=tmp_path, progress=False, hardware="cpu-avx512-bf16"
+    )
+    assert set(default.measured_step_seconds_by_dtype) == {"float32", "bfloat16"}
+    assert default.time_scale("float16") == default.layer_time_scale
+    # "all" adds float16; layers and the two steps above come from the cache.
+    table = cost.calibrate(
+        model,
+        (x, y),
+        repeats=2,
+        cache_dir=tmp_path,
+        progress=False,
+        hardware="cpu-avx512-bf16",
+        measure_model_step="all",
+    )
+    assert table.stats["timed"] == 0 and table.stats["model_steps_timed"] == 1
+    measured = table.measured_step_seconds_by_dtype
+    assert set(measured) == {"float32", "bfloat16", "float16"}
+    assert measured["float32"] == table.measured_step_seconds
+    loaded = cost.CostTable.from_dict(json.loads(json.dumps(table.to_dict())))
+    assert loaded.measured_step_seconds_by_dtype == measured
+    assert loaded.layer_time_scale_by_dtype == table.layer_time_scale_by_dtype
+    for dtype, seconds in measured.items():
+        for costs in (table, loaded):
+            plan = PrecisionPlan.uniform(model, dtype)
+            assert cost.estimate(model, plan, costs).step_seconds == pytest.approx(
+                seconds, rel=1e-6
+            )
+            assert cost.estimate(model, dtype, costs).step_seconds == pytest.approx(
+                seconds, rel=1e-6
+            )
+    assert f"whole bfloat16 step measured {measured['bfloat16'] * 1e3:.2f} ms" in table.summary()
+    with pytest.raises(PlanError, match="float16"):
+        cost.calibrate(
+            model,
+            (x, y),
+            dtypes=("float32",),
+            cache_dir=tmp_path,
+            progress=False,
+            measure_model_step=["float16"],
+        )
+
+
+def _measured_like(table: cost.CostTable, layer_seconds: dict[str, dict[str, float]]) -> None:
+    for path, record in table.layers.items():
+        record.seconds = dict(layer_seconds.get(path, {"float32": 0.0, "bfloat16": 0.0}))
+    table.cast_seconds = {"bfloat16": {"fixed": 0.0, "per_element": 0.0}}
+
+
+def test_step_correction_shares_overhead_and_scales_each_dtype(mlp):
+    table = cost.predict_costs(mlp, "rtx4090", batch_size=32, dtypes=("float32", "bfloat16"))
+    _measured_like(
+        table,
+        {
+            "dense": {"float32": 0.010, "bfloat16": 0.015},
+            "dense_1": {"float32": 0.010, "bfloat16": 0.015},
+            "dense_2": {"float32": 0.010, "bfloat16": 0.015},
+        },
+    )
+    # float32: layers 30 ms, step 50 ms; bfloat16: layers 45 ms, step 40 ms.
+    cost._attribute_step_overhead(table, {"float32": 0.050, "bfloat16": 0.040})
+    assert table.step_overhead_seconds == 0.0
+    assert table.time_scale("float32") == pytest.approx(50 / 30)
+    assert table.time_scale("bfloat16") == pytest.approx(40 / 45)
+    assert cost.estimate(mlp, "float32", table).step_seconds == pytest.approx(0.050)
+    assert cost.estimate(mlp, "bfloat16", table).step_seconds == pytest.approx(0.040)
+    # Mixed: each layer carries its own dtype's correction.
+    mixed = cost.estimate(
+        mlp, {"dense": "bfloat16", "dense_1": "float32", "dense_2": "float32"}, table
+    )
+    assert mixed.layer_seconds["dense"] == pytest.approx(0.015 * 40 / 45)
+    assert mixed.step_seconds == pytest.approx(0.015 * 40 / 45 + 2 * 0.010 * 50 / 30)
+    # Both steps above their layers: the common part becomes a shared overhead.
+    cost._attribute_step_overhead(table, {"float32": 0.050, "bfloat16": 0.055})
+    assert table.step_overhead_seconds == pytest.approx(0.010)
+    assert table.time_scale("float32") == pytest.approx(40 / 30)
+    assert table.time_scale("bfloat16") == pytest.approx(1.0)
+
+
+def test_tables_without_per_dtype_fields_read_as_before(mlp):
+    table = cost.predict_costs(mlp, "rtx4090", batch_size=32)
+    data = table.to_dict()
+    for field in ("measured_step_seconds_by_dtype", "layer_time_scale_by_dtype"):
+        del data[field]
+    data.update(layer_time_scale=2.0, step_overhead_seconds=0.001, measured_step_seconds=0.5)
+    old = cost.CostTable.from_dict(data)
+    assert old.measured_step_seconds_by_dtype == {} and old.measured_step_seconds == 0.5
+    for dtype in ("float32", "bfloat16", "float16"):
+        assert old.time_scale(dtype) == 2.0
+        assert old.seconds("dense", dtype) == pytest.approx(2.0 * table.seconds("dense", dtype))

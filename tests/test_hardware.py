@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import keras
 import pytest
 
 from autoprec import hardware
@@ -111,35 +112,63 @@ def test_detect_is_consistent_with_proc_cpuinfo():
         pytest.skip("a GPU is present; the CPU path is not taken")
     flags = _cpuinfo_flags()
     assert profile.is_fast("bfloat16") == bool({"avx512_bf16", "amx_bf16"} & flags)
-    assert profile.is_fast("float16") == bool({"avx512_fp16", "amx_fp16"} & flags)
     assert "estimated" in profile.source
+    if keras.backend.backend() == "tensorflow":
+        # TensorFlow's CPU kernels run float16 on Eigen fallbacks, whatever the flags say.
+        assert profile.support("float16") == hardware.SLOW
+        assert "TensorFlow" in profile.source
     assert profile.memory_bytes > 0 and profile.float32_flops > 0
     reported = hardware.cpu_flags()
     for flag, present in reported.items():
         assert present == (flag in flags)
 
 
-@pytest.mark.parametrize(
-    "flags, bf16_fast, fp16_fast, ratio",
-    [
-        ("fpu sse avx2 fma", False, False, None),
-        ("avx2 avx512f avx512_bf16", True, False, 2.0),
-        ("avx2 avx512f avx512_bf16 amx_bf16 amx_tile", True, False, 16.0),
-        ("avx2 avx512f avx512_bf16 avx512_fp16", True, True, 2.0),
-    ],
-)
-def test_detect_cpu_reads_flags(tmp_path, flags, bf16_fast, fp16_fast, ratio):
+def _fake_cpuinfo(tmp_path, flags: str) -> str:
     cpuinfo = tmp_path / "cpuinfo"
     cpuinfo.write_text(
         f"processor\t: 0\nmodel name\t: Test CPU\ncpu MHz\t\t: 2000.0\nflags\t\t: {flags}\n"
     )
-    profile = hardware.detect_cpu(str(cpuinfo))
+    return str(cpuinfo)
+
+
+@pytest.mark.parametrize(
+    "flags, backend, bf16_fast, fp16_fast, ratio",
+    [
+        ("fpu sse avx2 fma", "tensorflow", False, False, None),
+        # AVX512-BF16: a capability only; its rate is float32's (measured 0.6x-3.5x).
+        ("avx2 avx512f avx512_bf16", "tensorflow", True, False, 1.0),
+        ("avx2 avx512f avx512_bf16 amx_bf16 amx_tile", "tensorflow", True, False, 16.0),
+        ("avx2 avx512f avx512_bf16 avx512_fp16", "tensorflow", True, False, 1.0),
+        # Other backends keep the flag-based float16 claim, marked unmeasured.
+        ("avx2 avx512f avx512_bf16 avx512_fp16", "torch", True, True, 1.0),
+    ],
+)
+def test_detect_cpu_reads_flags(tmp_path, flags, backend, bf16_fast, fp16_fast, ratio):
+    profile = hardware.detect_cpu(_fake_cpuinfo(tmp_path, flags), backend=backend)
     assert profile.kind == "cpu" and profile.display_name == "Test CPU"
     assert profile.is_fast("bfloat16") is bf16_fast
     assert profile.is_fast("float16") is fp16_fast
     if ratio is not None:
         assert profile.peak_flops("bfloat16") / profile.float32_flops == pytest.approx(ratio)
     assert "estimated" in profile.source
+    if bf16_fast:
+        assert "capability" in profile.source and "calibrate" in profile.source
+    if fp16_fast:
+        assert "not measured on the torch backend" in profile.source
+
+
+def test_cpu_float16_is_slow_under_tensorflow_whatever_the_flags(tmp_path):
+    flags = "avx2 avx512f avx512_bf16 avx512_fp16 amx_bf16 amx_fp16 amx_tile"
+    profile = hardware.detect_cpu(_fake_cpuinfo(tmp_path, flags), backend="tensorflow")
+    assert profile.support("float16") == hardware.SLOW
+    assert profile.float16_flops is None
+    assert profile.peak_flops("float16") == profile.float32_flops
+    assert "float16 slow: TensorFlow's CPU kernels" in profile.source
+    assert "Eigen" in profile.summary()
+    for name in ("cpu-generic", "cpu-avx512-bf16", "cpu-amx"):
+        builtin = hardware.get(name)
+        assert builtin.support("float16") == hardware.SLOW
+        assert "float16 slow" in builtin.source
 
 
 def test_profile_for_gpu_maps_known_names_and_marks_unknown_ones_estimated():

@@ -34,6 +34,7 @@ def _reference_stats(values) -> dict:
         "count": flat.size,
         "zeros": int(np.sum(finite == 0)),
         "nonfinite": int(flat.size - finite.size),
+        "nan": int(np.isnan(flat).sum()),
         "max_abs": float(magnitude.max()) if magnitude.size else 0.0,
         "min_nonzero_abs": float(np.abs(nonzero).min()) if nonzero.size else None,
         "sum_abs": float(magnitude.sum()),
@@ -49,6 +50,7 @@ def _assert_matches_reference(
     assert stats.count == reference["count"]
     assert stats.zeros == reference["zeros"]
     assert stats.nonfinite == reference["nonfinite"]
+    assert stats.nan == reference["nan"]
     np.testing.assert_array_equal(stats.histogram, reference["histogram"])
     assert stats.max_abs == pytest.approx(reference["max_abs"], rel=rtol)
     if reference["min_nonzero_abs"] is None:

@@ -159,3 +159,21 @@ def test_float16_falls_back_to_bfloat16_where_only_that_is_missing():
     assert "lgamma" not in missing  # lgamma has a float16 kernel
     assert missing["det"].fallback == "float32"  # neither 16-bit kernel exists
     assert model.get_layer("det").compute_dtype == "float32"  # the check leaves policies alone
+
+
+def test_nan_in_input_batches_is_reported_not_fixed_by_promotion(caplog):
+    model = _overflow_model()
+    big_kernel = model.get_layer("big").get_weights()[0]
+    model.get_layer("big").set_weights([np.full_like(big_kernel, 0.1), np.zeros(8, "float32")])
+    x = np.ones((120, 4), "float32")
+    x[40:72] = np.nan  # a run of bad batches, then clean data again
+    y = np.zeros((120, 1), "float32")
+    plan = PrecisionPlan.uniform(model, "float16").with_dtype("out", "float32")
+    callback = AutoPrecision(plan, guard_threshold=2, guard_check_every=2, verbose=0)
+    with caplog.at_level("WARNING", logger="autoprec"):
+        model.fit(x, y, batch_size=4, epochs=1, shuffle=False, verbose=0, callbacks=[callback])
+    assert not [event for event in callback.events if event["kind"] == "promotion"]
+    assert [event for event in callback.events if event["kind"] == "not_precision"]
+    assert "came from the data or the loss" in caplog.text
+    assert layer_paths(model)["big"].compute_dtype == "float16"
+    assert all(np.isfinite(weight).all() for weight in model.get_weights())

@@ -46,9 +46,10 @@ _SMALLEST_SUBNORMAL_EXPONENT = -149
 _LARGE_BIASED_EXPONENT = _FLOAT32_EXPONENT_BIAS + 40
 
 #: Length of the raw count vector: 256 biased-exponent slots (slot 0 holds the
-#: zeros, slot 255 the non-finite values) then 23 float32 subnormal exponents
-#: (-149 .. -127).
-RAW_COUNT_SLOTS = _BIASED_EXPONENT_BINS + _SUBNORMAL_EXPONENTS
+#: zeros, slot 255 the non-finite values), 23 float32 subnormal exponents
+#: (-149 .. -127), then one slot counting the NaNs among the non-finite values
+#: (an overflow gives inf; a NaN usually comes from the data or 0 * inf).
+RAW_COUNT_SLOTS = _BIASED_EXPONENT_BINS + _SUBNORMAL_EXPONENTS + 1
 #: Order of the float accumulator slots.
 FLOAT_SLOTS = ("max_abs", "min_nonzero_abs", "sum_abs", "sum_squares")
 
@@ -143,8 +144,16 @@ def _flat_statistics(flat: tf.Tensor, xla: bool) -> tuple[tf.Tensor, tf.Tensor]:
             _masked_rescaled_sums(bits[:masked_size], magnitude[:masked_size]),
             _plain_sums(flat[:plain_size], magnitude[:plain_size]),
         )
+    has_nonfinite = biased_counts[_BIASED_EXPONENT_BINS - 1] > 0
+    if xla:
+        nan_bits = bits
+    else:
+        nan_bits = bits[: tf.where(has_nonfinite, tf.size(flat), 0)]
+    nans = tf.reduce_sum(tf.cast(nan_bits > _INFINITY_BITS, tf.int32))
     zeros = biased_counts[0] - tf.reduce_sum(subnormal)
-    counts = tf.concat([tf.reshape(zeros, [1]), biased_counts[1:], subnormal], axis=0)
+    counts = tf.concat(
+        [tf.reshape(zeros, [1]), biased_counts[1:], subnormal, tf.reshape(nans, [1])], axis=0
+    )
     floats = tf.stack([max_and_sums[0], min_nonzero, max_and_sums[1], max_and_sums[2]])
     return tf.cast(counts, tf.int64), floats
 
