@@ -97,6 +97,24 @@ def _run_once(layer: keras.layers.Layer, args: list, kwargs: dict) -> None:
         keras.ops.convert_to_numpy(tensor)
 
 
+def _error_summary(error: Exception) -> str:
+    """Returns the line of a (possibly Keras-wrapped) error that names the missing kernel."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    keywords = (
+        "could not find device",
+        "not in the list of allowed",
+        "no registered",
+        "not supported",
+        "not implemented",
+        "kernel",
+    )
+    for keyword in keywords:
+        for line in lines:
+            if keyword in line.lower():
+                return f"{type(error).__name__}: {line}"[:300]
+    return f"{type(error).__name__}: {lines[0] if lines else ''}"[:300]
+
+
 def _fails(layer: keras.layers.Layer, call: Any, dtype: str) -> str | None:
     """Returns the error of running `layer` in `dtype`, or `None` if it runs."""
     rng = np.random.default_rng(0)
@@ -108,7 +126,7 @@ def _fails(layer: keras.layers.Layer, call: Any, dtype: str) -> str | None:
     try:
         _run_once(layer, *arguments)
     except Exception as error:  # the device's error type differs per backend
-        return (str(error).strip().splitlines() or [type(error).__name__])[0][:300]
+        return _error_summary(error)
     finally:
         layer.dtype_policy = original
     return None

@@ -1,10 +1,24 @@
 """How well calibrated per-layer costs predict whole training steps under uniform policies.
 
-For each model, measures the real whole-model train step (`train_on_batch`,
-median after warm-up) with the model built under `float32`, `mixed_bfloat16` and
-`mixed_float16`, and beside it the step `autoprec.cost.estimate` predicts from a
-`calibrate` table (per-layer timings + casts + fixed overhead from one float32
-step). Prints the ratios policy/float32, their error and whether the predicted
+For each model, measures the real whole-model train step (`train_on_batch`) of
+the model built under `float32`, `mixed_bfloat16` and `mixed_float16`, the three
+models timed in interleaved rounds (median), and beside it the step
+`autoprec.cost.estimate` predicts from a `calibrate` table twice:
+
+* `pred`: the default calibration: per-layer timings + casts, corrected by whole
+  steps measured under each uniform policy the device does not mark slow
+  (float32 and bfloat16 here; float16 is slow on a CPU under TensorFlow, so its
+  prediction is per-layer times with float32's correction: a real prediction);
+* `old`: corrected by the float32 whole step only (the behaviour before
+  per-dtype whole steps).
+
+A policy whose whole step the calibration measured is marked `*`: its
+prediction matches by construction, up to the noise between two measurements of
+two copies of the model. float16 steps take many times float32's on a CPU, so
+they are timed `--float16-repeats` times (default 1, after one warm-up step),
+or not at all for the models named in `--skip-float16-measure`.
+
+Prints the ratios policy/float32, their error and whether the predicted
 ranking of the three policies is the measured one.
 
 Usage:
@@ -12,13 +26,15 @@ Usage:
 ```
 python bench/cost_accuracy.py              # all models
 python bench/cost_accuracy.py --quick      # two small models, fewer repeats
-python bench/cost_accuracy.py --models mobilenetv2,transformer
+python bench/cost_accuracy.py --models mobilenetv2,transformer --image-size 32
+python bench/cost_accuracy.py --skip-float16-measure resnet50,efficientnetb0
 ```
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import statistics
 import tempfile
@@ -33,8 +49,9 @@ import numpy as np  # noqa: E402
 from autoprec import cost  # noqa: E402
 
 POLICIES = {"float32": "float32", "bfloat16": "mixed_bfloat16", "float16": "mixed_float16"}
-IMAGE_SIZE = 64
 CLASSES = 10
+#: Input height and width of the image models (set by `--image-size`).
+IMAGE_SIZE = 32
 
 
 def build_transformer(sequence: int = 64, vocabulary: int = 1000, width: int = 128) -> keras.Model:
@@ -80,135 +97,212 @@ def make_batch(name: str, batch_size: int) -> tuple[np.ndarray, np.ndarray]:
     return x, y
 
 
-def measure_step(name: str, policy: str, batch, repeats: int) -> float:
-    """Median seconds of a real `train_on_batch` step of the model built under `policy`."""
-    keras.backend.clear_session()
+def build_compiled(name: str, policy: str) -> keras.Model:
+    """Builds and compiles the model under a global dtype policy, then restores float32."""
     keras.config.set_dtype_policy(policy)
     try:
         model = build_model(name)
         model.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
-        x, y = batch
-        for _ in range(2):
-            model.train_on_batch(x, y)
-        samples = []
-        for _ in range(repeats):
-            start = time.perf_counter()
-            model.train_on_batch(x, y)
-            samples.append(time.perf_counter() - start)
-        return statistics.median(samples)
     finally:
         keras.config.set_dtype_policy("float32")
+    return model
 
 
-def predict_steps(name: str, batch, repeats: int, cache_dir: str) -> tuple[dict, float]:
-    """Predicted seconds per step for each uniform policy from one calibration."""
+def timed_step(model: keras.Model, batch) -> float:
+    """Seconds of one `train_on_batch` step."""
+    start = time.perf_counter()
+    model.train_on_batch(*batch)
+    return time.perf_counter() - start
+
+
+def measure_steps(name: str, batch, repeats: int, float16_repeats: int) -> dict[str, float | None]:
+    """Median seconds of real steps per policy, the models timed in interleaved rounds.
+
+    float32 and bfloat16 get two warm-up steps and `repeats` timed ones; float16
+    one warm-up step and `float16_repeats` timed ones (`None` when 0).
+    """
     keras.backend.clear_session()
-    keras.config.set_dtype_policy("float32")
-    model = build_model(name)
-    model.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
+    counts = {"float32": repeats, "bfloat16": repeats, "float16": float16_repeats}
+    models = {
+        dtype: build_compiled(name, policy) for dtype, policy in POLICIES.items() if counts[dtype]
+    }
+    for dtype, model in models.items():
+        for _ in range(1 if dtype == "float16" else 2):
+            model.train_on_batch(*batch)
+    samples: dict[str, list[float]] = {dtype: [] for dtype in models}
+    for round_index in range(repeats):
+        for dtype, model in models.items():
+            if round_index < counts[dtype]:
+                samples[dtype].append(timed_step(model, batch))
+    return {
+        dtype: statistics.median(samples[dtype]) if samples.get(dtype) else None
+        for dtype in POLICIES
+    }
+
+
+def predict_steps(name: str, batch, repeats: int, cache_dir: str) -> dict:
+    """Predicted seconds per step for each uniform policy, with and without per-dtype steps."""
+    keras.backend.clear_session()
+    model = build_compiled(name, "float32")
     start = time.perf_counter()
     table = cost.calibrate(model, batch, repeats=repeats, cache_dir=cache_dir, progress=False)
     calibration_seconds = time.perf_counter() - start
-    predicted = {dtype: cost.estimate(model, dtype, table).step_seconds for dtype in POLICIES}
-    return predicted, calibration_seconds
+    old_table = cost.calibrate(
+        model,
+        batch,
+        repeats=repeats,
+        cache_dir=cache_dir,
+        progress=False,
+        measure_model_step=["float32"],
+    )
+    return {
+        "predicted": {d: cost.estimate(model, d, table).step_seconds for d in POLICIES},
+        "old": {d: cost.estimate(model, d, old_table).step_seconds for d in POLICIES},
+        "whole_steps": sorted(table.measured_step_seconds_by_dtype),
+        "calibration_seconds": calibration_seconds,
+    }
 
 
 def ranking(steps: dict) -> str:
-    return " < ".join(sorted(steps, key=steps.get))
+    known = {dtype: value for dtype, value in steps.items() if value is not None}
+    return " < ".join(sorted(known, key=known.get))
 
 
 def ranking_agrees(measured: dict, predicted: dict, tie: float = 0.05) -> bool:
     """Whether every pair of policies the measurement separates by > `tie` is ordered alike."""
     for first in POLICIES:
         for second in POLICIES:
+            if measured[first] is None or measured[second] is None:
+                continue
             gap = measured[first] / measured[second] - 1
             if gap > tie and predicted[first] <= predicted[second]:
                 return False
     return True
 
 
-def run(models, batch_size: int, repeats: int, cache_dir: str) -> list[dict]:
+def same_ranking(measured: dict, predicted: dict) -> bool:
+    """Whether the predicted order of the measured policies is the measured order."""
+    known = [dtype for dtype in POLICIES if measured[dtype] is not None]
+    return ranking({d: measured[d] for d in known}) == ranking({d: predicted[d] for d in known})
+
+
+def run(models, batch_size: int, repeats: int, float16_repeats: dict, cache_dir: str) -> list:
     rows = []
     for name in models:
         batch = make_batch(name, batch_size)
-        measured = {
-            dtype: measure_step(name, policy, batch, repeats) for dtype, policy in POLICIES.items()
-        }
-        predicted, calibration_seconds = predict_steps(name, batch, max(repeats // 2, 3), cache_dir)
+        measured = measure_steps(name, batch, repeats, float16_repeats[name])
         rows.append(
-            {
-                "model": name,
-                "measured": measured,
-                "predicted": predicted,
-                "calibration_seconds": calibration_seconds,
-            }
+            {"model": name, "measured": measured, **predict_steps(name, batch, 3, cache_dir)}
         )
-        print_row(rows[-1], flush=True)
+        print_row(rows[-1])
     return rows
 
 
-def print_row(row: dict, flush: bool = False) -> None:
-    measured, predicted = row["measured"], row["predicted"]
+def _ratio(steps: dict, dtype: str) -> float | None:
+    if steps[dtype] is None or steps["float32"] is None:
+        return None
+    return steps[dtype] / steps["float32"]
+
+
+def _cell(value: float | None, pattern: str, width: int) -> str:
+    if value is None or (isinstance(value, float) and math.isinf(value)):
+        return f"{'-':>{width}}"
+    return f"{format(value, pattern):>{width}}"
+
+
+def _verdict(measured: dict, predicted: dict) -> str:
+    exact = "RIGHT" if same_ranking(measured, predicted) else "WRONG"
+    tied = "RIGHT" if ranking_agrees(measured, predicted) else "WRONG"
+    return f"{exact} (ignoring measured ties within 5%: {tied})"
+
+
+def print_row(row: dict) -> None:
+    measured, predicted, old = row["measured"], row["predicted"], row["old"]
     print(
-        f"\n{row['model']} (calibration {row['calibration_seconds']:.0f} s; "
-        f"ranking measured {ranking(measured)}, predicted {ranking(predicted)}: "
-        f"{'RIGHT' if ranking(measured) == ranking(predicted) else 'WRONG'}; ignoring "
-        f"measured ties within 5%: {'RIGHT' if ranking_agrees(measured, predicted) else 'WRONG'})",
-        flush=flush,
+        f"\n{row['model']} (calibration {row['calibration_seconds']:.0f} s; whole steps "
+        f"calibrated: {', '.join(row['whole_steps'])})\n"
+        f"  ranking measured {ranking(measured)}; predicted {ranking(predicted)}: "
+        f"{_verdict(measured, predicted)}; old {ranking(old)}: {_verdict(measured, old)}",
+        flush=True,
     )
     print(
-        f"  {'policy':<9} {'meas ms':>9} {'pred ms':>9} {'meas ratio':>11} "
-        f"{'pred ratio':>11} {'ratio err':>10} {'step err':>9}"
+        f"  {'policy':<10} {'meas ms':>9} {'pred ms':>9} {'old ms':>9} {'meas ratio':>11} "
+        f"{'pred ratio':>11} {'old ratio':>10} {'pred err':>9} {'old err':>8}"
     )
     for dtype in POLICIES:
-        measured_ratio = measured[dtype] / measured["float32"]
-        predicted_ratio = predicted[dtype] / predicted["float32"]
-        ratio_error = predicted_ratio / measured_ratio - 1
-        step_error = predicted[dtype] / measured[dtype] - 1
+        measured_ratio = _ratio(measured, dtype)
+        predicted_ratio, old_ratio = _ratio(predicted, dtype), _ratio(old, dtype)
+        errors = [
+            None if measured_ratio is None else ratio / measured_ratio - 1
+            for ratio in (predicted_ratio, old_ratio)
+        ]
+        label = dtype + ("*" if dtype in row["whole_steps"] else "")
         print(
-            f"  {dtype:<9} {measured[dtype] * 1e3:9.1f} {predicted[dtype] * 1e3:9.1f} "
-            f"{measured_ratio:11.2f} {predicted_ratio:11.2f} {ratio_error:+10.0%} {step_error:+9.0%}",
-            flush=flush,
+            f"  {label:<10} {_cell(measured[dtype] and measured[dtype] * 1e3, '.1f', 9)} "
+            f"{_cell(predicted[dtype] * 1e3, '.1f', 9)} {_cell(old[dtype] * 1e3, '.1f', 9)} "
+            f"{_cell(measured_ratio, '.2f', 11)} {_cell(predicted_ratio, '.2f', 11)} "
+            f"{_cell(old_ratio, '.2f', 10)} {_cell(errors[0], '+.0%', 9)} "
+            f"{_cell(errors[1], '+.0%', 8)}",
+            flush=True,
         )
 
 
+def summarise(rows: list) -> str:
+    """Returns the closing line: rankings right and 16-bit ratios within 25%, new and old."""
+    parts = []
+    for key in ("predicted", "old"):
+        right = sum(same_ranking(row["measured"], row[key]) for row in rows)
+        tied = sum(ranking_agrees(row["measured"], row[key]) for row in rows)
+        errors = [
+            abs(_ratio(row[key], d) / _ratio(row["measured"], d) - 1)
+            for row in rows
+            for d in ("bfloat16", "float16")
+            if _ratio(row["measured"], d) is not None
+        ]
+        within = sum(error <= 0.25 for error in errors)
+        parts.append(
+            f"{key}: ranking right {right}/{len(rows)} ({tied}/{len(rows)} ignoring measured "
+            f"ties within 5%), 16-bit ratios within 25% {within}/{len(errors)}"
+        )
+    return "; ".join(parts)
+
+
 def main() -> None:
+    global IMAGE_SIZE
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="two small models, fewer repeats")
     parser.add_argument("--models", default=None, help=f"comma-separated subset of {MODELS}")
     parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--image-size", type=int, default=IMAGE_SIZE)
     parser.add_argument("--repeats", type=int, default=None)
+    parser.add_argument(
+        "--float16-repeats", type=int, default=1, help="timed float16 steps (slow on a CPU)"
+    )
+    parser.add_argument(
+        "--skip-float16-measure",
+        default="",
+        help="comma-separated models whose real float16 step is not measured ('all': every one)",
+    )
     parser.add_argument("--cache-dir", default=None, help="cost cache (default: a temp folder)")
     args = parser.parse_args()
+    IMAGE_SIZE = args.image_size
     models = (
         args.models.split(",")
         if args.models
         else (["mobilenetv2", "transformer"] if args.quick else list(MODELS))
     )
+    skipped = set(
+        models if args.skip_float16_measure == "all" else args.skip_float16_measure.split(",")
+    )
+    float16_repeats = {name: 0 if name in skipped else args.float16_repeats for name in models}
     repeats = args.repeats or (3 if args.quick else 7)
     cache_dir = args.cache_dir or tempfile.mkdtemp(prefix="autoprec-bench-")
     print(
         f"keras {keras.__version__}, batch {args.batch_size}, {IMAGE_SIZE}x{IMAGE_SIZE} images, "
-        f"repeats {repeats}, cache {cache_dir}"
+        f"repeats {repeats} (float16: {args.float16_repeats}), cache {cache_dir}"
     )
-    rows = run(models, args.batch_size, repeats, cache_dir)
-    right = sum(ranking(row["measured"]) == ranking(row["predicted"]) for row in rows)
-    right_tied = sum(ranking_agrees(row["measured"], row["predicted"]) for row in rows)
-    errors = [
-        abs(
-            (row["predicted"][d] / row["predicted"]["float32"])
-            / (row["measured"][d] / row["measured"]["float32"])
-            - 1
-        )
-        for row in rows
-        for d in ("bfloat16", "float16")
-    ]
-    within = sum(error <= 0.25 for error in errors)
-    print(
-        f"\nranking right for {right}/{len(rows)} models ({right_tied}/{len(rows)} ignoring "
-        f"measured ties within 5%); 16-bit ratios within 25%: "
-        f"{within}/{len(errors)}"
-    )
+    rows = run(models, args.batch_size, repeats, float16_repeats, cache_dir)
+    print("\n" + summarise(rows))
 
 
 if __name__ == "__main__":
