@@ -212,7 +212,8 @@ class Evaluator:
         self.user_model = model
         self.compile_template = _fresh_compile_arguments(model)
         self.user_optimizer_state = [
-            np.array(variable) for variable in getattr(model.optimizer, "variables", [])
+            keras.ops.convert_to_numpy(variable)
+            for variable in getattr(model.optimizer, "variables", [])
         ]
         self.model, self.is_clone = clone_for_search(model)
         self.user_state = None if self.is_clone else self._snapshot(model)
@@ -231,7 +232,7 @@ class Evaluator:
     @staticmethod
     def _snapshot(model: keras.Model) -> dict[str, Any]:
         return {
-            "variables": [np.array(variable) for variable in model.variables],
+            "variables": [keras.ops.convert_to_numpy(variable) for variable in model.variables],
             "policies": {path: layer.dtype_policy for path, layer in layer_paths(model).items()},
         }
 

@@ -205,6 +205,17 @@ def _parse_budget(text: str):
         raise UsageError(f"--budget {text!r}: {error}") from None
 
 
+def _parse_dtypes(text: str | None) -> tuple[str, ...] | None:
+    if not text:
+        return None
+    from ._dtypes import canonical_dtype
+
+    try:
+        return tuple(canonical_dtype(item.strip(), "--dtypes") for item in text.split(","))
+    except AutoprecError as error:
+        raise UsageError(str(error)) from None
+
+
 def _command_search(args: argparse.Namespace) -> int:
     from .search import search
 
@@ -223,6 +234,9 @@ def _command_search(args: argparse.Namespace) -> int:
         study_name=args.study_name,
         seed=args.seed,
         plan_path=args.output,
+        train_steps=args.train_steps,
+        batch_size=args.batch_size,
+        dtypes=_parse_dtypes(args.dtypes),
     )
     result.plan.save(args.output)
     print(result.report())
@@ -278,6 +292,11 @@ def build_parser() -> argparse.ArgumentParser:
     search.add_argument("--storage", default=None, help="Optuna storage URL or journal file")
     search.add_argument("--study-name", default=None)
     search.add_argument("--seed", type=int, default=0)
+    search.add_argument("--train-steps", type=int, default=20, help="steps per trial")
+    search.add_argument("--batch-size", type=int, default=32)
+    search.add_argument(
+        "--dtypes", default=None, help="dtypes to consider, e.g. float32,bfloat16 (default: auto)"
+    )
     search.add_argument("-o", "--output", default="plan.json")
     search.set_defaults(handler=_command_search)
 

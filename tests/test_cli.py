@@ -89,3 +89,105 @@ def test_no_command_prints_help_and_exits_2(capsys):
 def test_plan_json_from_cli_round_trips(plan_files):
     data = json.loads(plan_files[1].read_text())
     assert data["layers"]["dense_2"]["dtype"] == "float32"
+
+
+@pytest.fixture
+def model_and_data(tmp_path):
+    import keras
+    import numpy as np
+    from conftest import classification_data
+
+    model = build_mlp()
+    model.compile("adam", "sparse_categorical_crossentropy", metrics=["accuracy"])
+    model_path = tmp_path / "model.keras"
+    model.save(model_path)
+    x, y = classification_data(samples=160)
+    data_path = tmp_path / "data.npz"
+    np.savez(data_path, x_train=x[:128], y_train=y[:128], x_val=x[128:], y_val=y[128:])
+    uncompiled = tmp_path / "uncompiled.keras"
+    keras.Sequential([keras.Input((8,)), keras.layers.Dense(3)]).save(uncompiled)
+    return model_path, data_path, uncompiled
+
+
+def test_profile_command_writes_a_profile_that_show_reads(model_and_data, tmp_path, capsys):
+    model_path, data_path, _ = model_and_data
+    output = tmp_path / "profile.json"
+    arguments = ["profile", str(model_path), "--data", str(data_path), "--steps", "2"]
+    assert main([*arguments, "-o", str(output)]) == EXIT_OK
+    assert output.exists()
+    assert main(["show", str(output)]) == EXIT_OK
+    assert "dense_1" in capsys.readouterr().out
+
+
+def test_search_command_writes_a_plan(model_and_data, tmp_path, capsys):
+    model_path, data_path, _ = model_and_data
+    output = tmp_path / "plan.json"
+    arguments = [
+        "search", str(model_path), "--data", str(data_path),
+        "--budget", "val_accuracy:0.05", "--hardware", "rtx4090", "--trials", "2",
+        "--train-steps", "2", "--dtypes", "float32,bf16", "-o", str(output),
+    ]  # fmt: skip
+    assert main(arguments) == EXIT_OK
+    plan = PrecisionPlan.load(output)
+    assert set(plan.layers.values()) <= {"float32", "bfloat16"}
+    assert "plan written to" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("make_arguments", "message"),
+    [
+        (
+            lambda m, d, u, t: ["profile", str(m), "--data", str(t / "none.npz")],
+            "no such data file",
+        ),
+        (lambda m, d, u, t: ["profile", str(u), "--data", str(d)], "not compiled"),
+        (lambda m, d, u, t: ["profile", str(t / "m.h5"), "--data", str(d)], "no such model file"),
+        (lambda m, d, u, t: ["profile", str(m), "--data", "nosuchmodule:load"], "cannot import"),
+        (lambda m, d, u, t: ["profile", str(m), "--data", "data.csv"], "module:function"),
+        (
+            lambda m, d, u, t: ["search", str(m), "--data", str(d), "--budget", "accuracy"],
+            "METRIC:MAX_DROP",
+        ),
+        (
+            lambda m, d, u, t: [
+                "search",
+                str(m),
+                "--data",
+                str(d),
+                "--budget",
+                "val_accuracy:0.1",
+                "--dtypes",
+                "int8",
+            ],
+            "unknown dtype 'int8'",
+        ),
+        (lambda m, d, u, t: ["hardware", "rtx9999"], "rtx9999"),
+    ],
+)
+def test_bad_command_input_exits_2_with_one_line(
+    model_and_data, tmp_path, capsys, make_arguments, message
+):
+    model_path, data_path, uncompiled = model_and_data
+    assert main(make_arguments(model_path, data_path, uncompiled, tmp_path)) == EXIT_BAD_INPUT
+    error = capsys.readouterr().err.strip()
+    assert message in error
+    assert len(error.splitlines()) == 1 and "Traceback" not in error
+
+
+def test_npz_missing_arrays_names_them(model_and_data, tmp_path, capsys):
+    import numpy as np
+
+    model_path, _, _ = model_and_data
+    partial = tmp_path / "partial.npz"
+    np.savez(partial, x_train=np.zeros((4, 8)))
+    assert main(["profile", str(model_path), "--data", str(partial)]) == EXIT_BAD_INPUT
+    assert "y_train, x_val, y_val" in capsys.readouterr().err
+
+
+def test_hardware_lists_profiles_and_detects_this_machine(capsys):
+    assert main(["hardware"]) == EXIT_OK
+    listing = capsys.readouterr().out
+    assert "rtx4090" in listing and "rtx2080ti" in listing
+    assert main(["hardware", "--detect"]) == EXIT_OK
+    assert capsys.readouterr().out.strip()
+    assert main(["hardware", "RTX 4060 Ti"]) == EXIT_OK
