@@ -80,6 +80,9 @@ class AutoPrecision(keras.callbacks.Callback):
         check_kernels: before training, run each 16-bit layer once alone; a layer
             whose dtype has no kernel on this device falls back (float16 ->
             bfloat16 -> float32), logged and recorded in `plan.events`.
+        tensorboard_dir: if given, per-epoch loss scale and layer counts per dtype
+            (scalars), the dtype of every layer and each event (text) are written
+            to `<tensorboard_dir>/autoprec`, next to Keras' own TensorBoard logs.
 
     Example:
 
@@ -109,6 +112,7 @@ class AutoPrecision(keras.callbacks.Callback):
         guard_window: int = 50,
         guard_check_every: int = 10,
         check_kernels: bool = True,
+        tensorboard_dir: str | os.PathLike | None = None,
     ) -> None:
         super().__init__()
         if isinstance(plan, (str, os.PathLike)):
@@ -167,6 +171,8 @@ class AutoPrecision(keras.callbacks.Callback):
         self._step = 0
         self.events: list[dict] = []
         self.check_kernels = check_kernels
+        self.tensorboard_dir = tensorboard_dir
+        self._training_log = None
         self._kernels_checked = False
 
     # ------------------------------------------------------------------ Keras hooks
@@ -244,10 +250,12 @@ class AutoPrecision(keras.callbacks.Callback):
                 f"{self.guard_config.diagnose_steps} diagnosed steps: the non-finite values "
                 "came from the data or the loss, not from a layer's precision; nothing promoted."
             )
-            logger.warning(message)
+            repeated = any(event["kind"] == "not_precision" for event in self.events)
+            logger.log(logging.INFO if repeated else logging.WARNING, message)
             self.events.append(
                 {"step": self._step, "kind": "not_precision", "evidence": self._trigger}
             )
+            self._guard_state.recent.clear()  # count afresh before diagnosing again
             return
         path, evidence = culprit
         before = self.handle.dtypes[path]
@@ -272,6 +280,7 @@ class AutoPrecision(keras.callbacks.Callback):
         optimizer = self.model.optimizer
         if isinstance(optimizer, keras.optimizers.LossScaleOptimizer) and optimizer.built:
             optimizer.dynamic_scale.assign(float(optimizer.initial_scale))
+        self._guard_state.recent.clear()
         message = f"autoprec guard: step {self._step}: {path} {before} -> {target} ({evidence})"
         logger.warning(message)
         if self.verbose:
@@ -377,6 +386,12 @@ class AutoPrecision(keras.callbacks.Callback):
         scale = current_loss_scale(self.model.optimizer)
         if logs is not None and scale is not None:
             logs["loss_scale"] = scale
+        if self.tensorboard_dir is not None and self.handle is not None:
+            if self._training_log is None:
+                from .report import TrainingLog
+
+                self._training_log = TrainingLog(self.tensorboard_dir)
+            self._training_log.write_epoch(epoch, self.handle.dtypes, scale, self.plan.events)
 
     def on_train_end(self, logs=None) -> None:
         if self._profiler is not None:  # training ended before the profile was complete
@@ -384,6 +399,9 @@ class AutoPrecision(keras.callbacks.Callback):
         if self._diagnosis is not None:
             self._diagnosis.remove_probes()
             self._diagnosis = None
+        if self._training_log is not None:
+            self._training_log.close()
+            self._training_log = None
         if self.plan is None:
             return
         plan = self.current_plan()

@@ -315,3 +315,27 @@ def test_one_liner_with_a_named_gpu_profile_predicts_costs(classification, capsy
     model.fit(x, y, epochs=1, batch_size=16, verbose=0, callbacks=[callback])
     assert "bfloat16" not in callback.handle.dtypes.values()  # Turing: no fast bfloat16
     assert callback.plan.metadata["hardware"]
+
+
+def test_tensorboard_dir_gets_loss_scale_dtype_counts_and_the_plan(mlp, classification, tmp_path):
+    import tensorflow as tf
+
+    x, y = classification
+    _compiled(mlp)
+    plan = PrecisionPlan.uniform(mlp, "float16").with_dtype("dense_2", "float32")
+    mlp.fit(
+        x,
+        y,
+        epochs=2,
+        verbose=0,
+        callbacks=[AutoPrecision(plan, tensorboard_dir=tmp_path / "logs", verbose=0)],
+    )
+    values: dict[str, list] = {}
+    for event_file in (tmp_path / "logs" / "autoprec").glob("events.out.tfevents.*"):
+        for event in tf.compat.v1.train.summary_iterator(str(event_file)):
+            for value in event.summary.value:
+                values.setdefault(value.tag, []).append(tf.make_ndarray(value.tensor))
+    assert [float(v) for v in values["autoprec/loss_scale"]] == [32768.0, 32768.0]
+    assert [int(v) for v in values["autoprec/layers_float16"]] == [3, 3]
+    assert len(values["autoprec/plan"]) == 1  # written once: the plan did not change
+    assert b"dense_2" in values["autoprec/plan"][0].item()

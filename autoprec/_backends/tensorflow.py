@@ -463,3 +463,36 @@ def read_histograms(logdir: str | os.PathLike) -> dict[str, np.ndarray]:
                 if value.metadata.plugin_data.plugin_name == "histograms":
                     found[value.tag] = tf.make_ndarray(value.tensor)
     return found
+
+
+def _write_plugin_summary(tag: str, tensor: tf.Tensor, step: int, plugin: str) -> None:
+    """Writes one summary in a TensorBoard plugin's format, without needing TensorBoard."""
+    from tensorflow.core.framework import summary_pb2
+
+    metadata = summary_pb2.SummaryMetadata(display_name=tag)
+    metadata.plugin_data.plugin_name = plugin
+    tf.summary.write(tag=tag, tensor=tensor, step=step, metadata=metadata)
+
+
+class SummaryWriter:
+    """Writes scalars and text next to Keras' own TensorBoard logs (one event file per run).
+
+    Args:
+        logdir: the TensorBoard log directory (a sub-folder is fine).
+    """
+
+    def __init__(self, logdir: str | os.PathLike) -> None:
+        self._writer = tf.summary.create_file_writer(str(logdir))
+
+    def write(self, step: int, scalars: dict[str, float], texts: dict[str, str]) -> None:
+        """Writes `scalars` and Markdown `texts` at `step` and flushes."""
+        with self._writer.as_default():
+            for tag, value in scalars.items():
+                _write_plugin_summary(tag, tf.constant(float(value), tf.float32), step, "scalars")
+            for tag, text in texts.items():
+                _write_plugin_summary(tag, tf.constant(text), step, "text")
+        self._writer.flush()
+
+    def close(self) -> None:
+        """Flushes and closes the event file."""
+        self._writer.close()

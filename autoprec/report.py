@@ -1,0 +1,94 @@
+"""TensorBoard export of what autoprec does during training: loss scale, dtypes, events."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from . import _dtypes
+
+
+def training_scalars(dtypes: Mapping[str, str], loss_scale: float | None) -> dict[str, float]:
+    """Returns the per-epoch scalars: the loss scale and how many layers run in each dtype."""
+    scalars: dict[str, float] = {}
+    if loss_scale is not None:
+        scalars["autoprec/loss_scale"] = loss_scale
+    for dtype in _dtypes.COMPUTE_DTYPES:
+        scalars[f"autoprec/layers_{dtype}"] = sum(1 for value in dtypes.values() if value == dtype)
+    return scalars
+
+
+def dtype_table(dtypes: Mapping[str, str]) -> str:
+    """Returns a Markdown table of every layer's dtype (TensorBoard renders Markdown text)."""
+    rows = "\n".join(f"| `{path}` | {dtype} |" for path, dtype in dtypes.items())
+    return f"| layer | dtype |\n|---|---|\n{rows}"
+
+
+def events_text(events: Sequence[Mapping[str, Any]]) -> str:
+    """Returns one Markdown line per event (promotion, fallback, divergence)."""
+    lines = []
+    for event in events:
+        change = f"{event['from']} -> {event['to']}" if "from" in event else ""
+        layer = f"`{event['layer']}` " if "layer" in event else ""
+        lines.append(
+            f"- step {event.get('step')}: {event.get('kind')} {layer}{change} "
+            f"({event.get('evidence', '')})"
+        )
+    return "\n".join(lines)
+
+
+class TrainingLog:
+    """Writes autoprec's per-epoch scalars and text to a TensorBoard log directory.
+
+    Needs TensorFlow installed (any Keras backend): summaries are written with
+    `tf.summary`, the same way Keras' own `TensorBoard` callback writes them.
+
+    Args:
+        logdir: log directory; autoprec writes into `<logdir>/autoprec`.
+
+    Example:
+
+    ```python
+    model.fit(x, y, callbacks=[keras.callbacks.TensorBoard("logs"),
+                               autoprec.AutoPrecision(plan, tensorboard_dir="logs")])
+    ```
+    """
+
+    def __init__(self, logdir: str | os.PathLike) -> None:
+        try:
+            from ._backends import tensorflow as tensorflow_backend
+        except ImportError as error:
+            from .errors import BackendError
+
+            raise BackendError(
+                f"tensorboard_dir needs TensorFlow to write summaries ({error}); "
+                "pip install tensorflow, or leave tensorboard_dir unset."
+            ) from None
+        self.logdir = os.path.join(os.fspath(logdir), "autoprec")
+        self._writer = tensorflow_backend.SummaryWriter(self.logdir)
+        self._written_events = 0
+        self._last_table: str | None = None
+
+    def write_epoch(
+        self,
+        epoch: int,
+        dtypes: Mapping[str, str],
+        loss_scale: float | None,
+        events: Sequence[Mapping[str, Any]],
+    ) -> None:
+        """Writes the epoch's scalars, the dtype table when it changed, and new events."""
+        texts = {}
+        table = dtype_table(dtypes)
+        if table != self._last_table:
+            texts["autoprec/plan"] = table
+            self._last_table = table
+        new_events = list(events[self._written_events :])
+        if new_events:
+            texts["autoprec/events"] = events_text(new_events)
+            self._written_events = len(events)
+        self._writer.write(epoch, training_scalars(dtypes, loss_scale), texts)
+
+    def close(self) -> None:
+        """Closes the event file."""
+        self._writer.close()
