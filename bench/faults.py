@@ -17,7 +17,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import textwrap
 import time
 from pathlib import Path
 
@@ -227,27 +226,11 @@ def fault_broken_profile_files(folder: Path) -> tuple[int, int, int]:
     return len(variants), survived, 0
 
 
-_WRITER = textwrap.dedent(
-    """
-    import sys
-    from autoprec import PrecisionPlan
-    layers = {f"block_{i}/dense_{j}": "bfloat16" for i in range(200) for j in range(20)}
-    plans = [PrecisionPlan(layers, default=d) for d in ("float32", "bfloat16", "float16")]
-    print("ready", flush=True)
-    index = 0
-    while True:
-        plans[index % 3].save(sys.argv[1])
-        index += 1
-    """
-)
-
-
 def fault_kill_while_saving(folder: Path, kills: int) -> tuple[int, int, int]:
     """SIGKILL a process that saves plans in a loop; the file must always load."""
     path = folder / "plan.json"
     autoprec.PrecisionPlan({"x": "float32"}).save(path)
-    script = folder / "writer.py"
-    script.write_text(_WRITER)
+    script = HERE / "plan_writer.py"
     survived = lost = 0
     rng = np.random.default_rng(0)
     for _ in range(kills):

@@ -6,8 +6,8 @@ import os
 import signal
 import subprocess
 import sys
-import textwrap
 import time
+from pathlib import Path
 
 import keras
 import numpy as np
@@ -90,26 +90,10 @@ def test_interrupted_plan_save_leaves_previous_file(tmp_path, mlp, monkeypatch):
     assert [p.name for p in tmp_path.iterdir()] == ["plan.json"]
 
 
-KILL_SCRIPT = textwrap.dedent(
-    """
-    import sys
-    from autoprec import PrecisionPlan
-    layers = {f"block_{i}/dense_{j}": "bfloat16" for i in range(200) for j in range(20)}
-    plans = [PrecisionPlan(layers, default=d) for d in ("float32", "bfloat16", "float16")]
-    print("ready", flush=True)
-    index = 0
-    while True:
-        plans[index % 3].save(sys.argv[1])
-        index += 1
-    """
-)
-
-
 def test_sigkill_while_saving_never_leaves_a_broken_plan(tmp_path):
     path = tmp_path / "plan.json"
     PrecisionPlan({"x": "float32"}).save(path)
-    script = tmp_path / "writer.py"
-    script.write_text(KILL_SCRIPT)
+    script = Path(__file__).resolve().parents[1] / "bench" / "plan_writer.py"
     for delay in (0.05, 0.13, 0.29):
         process = subprocess.Popen(
             [sys.executable, str(script), str(path)], stdout=subprocess.PIPE, text=True
