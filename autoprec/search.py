@@ -415,6 +415,15 @@ def heuristic_plan(
     candidates.sort(key=lambda item: (-item[0], item[1]))
     base = {path: FLOAT32 for path in compute}
     demoted = [(path, choice) for _, path, choice in candidates]
+    if cost_view.available:
+        eligible = [
+            path
+            for path in compute
+            if path not in outputs
+            and not (keep_float32 is None and space_module.is_sensitive(infos[path]))
+            and not (keep and space_module.matches_any(path, infos[path], keep))
+        ]
+        demoted = _fastest_whole_plan(demoted, eligible, allowed, base, cost_view)
     if check is not None:
         demoted = _bisect_demotions(demoted, base, model, infos, check)
     assignment = dict(base)
@@ -440,6 +449,41 @@ def _best_half(
         fast = [dtype for dtype in halves if hardware_profile.is_fast(dtype)]
         halves = fast or halves
     return halves[0], float(info.parameters + 1)
+
+
+def _fastest_whole_plan(
+    per_layer: list[tuple[str, str]],
+    eligible: Sequence[str],
+    allowed: Mapping[str, Sequence[str]],
+    base: Mapping[str, str],
+    costs: _Costs,
+) -> list[tuple[str, str]]:
+    """Returns the demotions of the fastest whole plan: per-layer choices, a uniform 16-bit dtype,
+    or float32.
+
+    Per-layer timings miss what only the whole step shows (casts between
+    neighbours, a dtype's fixed overhead), so the per-layer choice is compared
+    with the uniform alternatives on the predicted whole step.
+    """
+    options: dict[str, list[tuple[str, str]]] = {"per-layer": per_layer, "float32": []}
+    for dtype in (BFLOAT16, FLOAT16):
+        uniform = [(path, dtype) for path in eligible if dtype in allowed.get(path, ())]
+        if uniform:
+            options[f"uniform {dtype}"] = uniform
+
+    def seconds(demotions: list[tuple[str, str]]) -> float:
+        assignment = dict(base)
+        assignment.update(dict(demotions))
+        return costs.step(assignment)[0]
+
+    timed = {name: seconds(demotions) for name, demotions in options.items()}
+    best = min(timed, key=lambda name: (timed[name], name != "per-layer"))
+    logger.info(
+        "autoprec.heuristic: predicted step %s; using %s",
+        ", ".join(f"{name} {value * 1e3:.2f} ms" for name, value in timed.items()),
+        best,
+    )
+    return options[best]
 
 
 def _bisect_demotions(

@@ -303,3 +303,28 @@ def test_two_processes_share_one_study(tmp_path, kind):
     assert len(numbers) == 6 and len(set(numbers)) == 6
     labels = [t.user_attrs["warm_start"] for t in study.trials if "warm_start" in t.user_attrs]
     assert len(labels) == len(set(labels))
+
+
+def test_heuristic_whole_plan_is_no_slower_than_float32_or_a_uniform_16_bit_plan():
+    from autoprec import cost
+
+    inputs = keras.Input((256,))
+    hidden = inputs
+    for width in (2048, 16, 2048, 16, 2048):  # wide layers pay in 16-bit, narrow ones cast
+        hidden = keras.layers.Dense(width, activation="relu")(hidden)
+    outputs = keras.layers.Dense(10, activation="softmax")(hidden)
+    model = keras.Model(inputs, outputs)
+    table = cost.predict_costs(model, "rtx4090", batch_size=256)
+    plan = heuristic_plan(model, costs=table, hardware="rtx4090")
+
+    def step(dtypes):
+        return cost.estimate(model, dtypes, table, batch_size=256).step_seconds
+
+    chosen = step(dict(plan.layers))
+    uniform = {
+        path: ("bfloat16" if path.startswith("dense") and path != "dense_5" else "float32")
+        for path in plan.layers
+    }
+    assert chosen <= step({path: "float32" for path in plan.layers}) + 1e-12
+    assert chosen <= step(uniform) * 1.0001
+    assert plan.layers["dense_5"] == "float32"  # the softmax output stays float32
