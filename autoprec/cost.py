@@ -1521,37 +1521,11 @@ def _step_optimizer(model: keras.Model):
     return inner.__class__.from_config(inner.get_config())
 
 
-def measure_train_step(
-    model: keras.Model,
-    batch: Any,
-    dtype: str = FLOAT32,
-    repeats: int = 5,
-    jit_compile: bool = False,
-    warmup: int = 2,
-) -> float:
-    """Times one whole training step of a copy of `model` under a uniform policy.
-
-    The copy (fresh weights, same architecture) is compiled with the model's
-    optimizer class (Adam if none) and loss (mean squared error on random
-    targets when the batch has no targets or the model is not compiled), so the
-    user's model, its weights and optimizer state are untouched.
-
-    Args:
-        model: a Functional or Sequential model.
-        batch: `x` or `(x, y)`.
-        dtype: uniform compute dtype of the copy.
-        repeats: timed steps (median), after the warm-up steps; at most 2 when
-            one step takes over half a second.
-        jit_compile: whether to compile the step with XLA.
-        warmup: untimed steps first (the first one traces the step function).
-
-    Returns:
-        Median seconds of one `train_on_batch` step.
-    """
-    _require_tensorflow("measure_train_step()")
+def _step_function(model: keras.Model, batch: Any, dtype: str, jit_compile: bool):
+    """Returns a zero-argument function running one training step of a uniform-`dtype` copy."""
     inputs = _input_part(batch)
     targets = batch[1] if isinstance(batch, tuple) and len(batch) >= 2 else None
-    clone = _clone_for_step(model, canonical_dtype(dtype))
+    clone = _clone_for_step(model, dtype)
     loss = getattr(model, "loss", None) if targets is not None else None
     if targets is None or loss is None:
         outputs = clone(_slice_batch(inputs, 1))
@@ -1566,10 +1540,101 @@ def measure_train_step(
         )
         loss = "mse"
     optimizer = _step_optimizer(model)
-    if canonical_dtype(dtype) == "float16":
+    if dtype == "float16":
         optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
     clone.compile(optimizer=optimizer, loss=loss, jit_compile=jit_compile)
-    return _time_function(lambda: clone.train_on_batch(inputs, targets), repeats, warmup=warmup)
+    return lambda: clone.train_on_batch(inputs, targets)
+
+
+def _time_interleaved(functions: Mapping[str, Any], repeats: int, warmup: int) -> dict[str, float]:
+    """Times several functions in alternating rounds; returns each one's median seconds.
+
+    Interleaving keeps their ratios honest on a machine whose load drifts. A
+    function whose first timed call takes over half a second is timed twice at most.
+    """
+    for function in functions.values():
+        for _ in range(warmup):
+            function()
+    samples: dict[str, list[float]] = {name: [] for name in functions}
+    for _ in range(max(repeats, 1)):
+        for name, function in functions.items():
+            if len(samples[name]) >= 2 and samples[name][0] > 0.5:
+                continue
+            start = time.perf_counter()
+            function()
+            samples[name].append(time.perf_counter() - start)
+    return {name: float(statistics.median(values)) for name, values in samples.items()}
+
+
+def measure_train_steps(
+    model: keras.Model,
+    batch: Any,
+    dtypes: Sequence[str] = (FLOAT32,),
+    repeats: int = 5,
+    jit_compile: bool = False,
+    warmup: int = 2,
+) -> dict[str, float]:
+    """Times whole training steps of copies of `model` under uniform policies, interleaved.
+
+    Each copy (fresh weights, same architecture, every layer under the dtype's
+    `mixed_*` policy) is compiled with the model's optimizer class (Adam if
+    none; float16 wrapped in `LossScaleOptimizer`) and loss (mean squared error
+    on random targets when the batch has no targets or the model is not
+    compiled), so the user's model, its weights and optimizer state are
+    untouched. The copies are timed in alternating rounds, so that their ratios
+    hold on a loaded machine.
+
+    Args:
+        model: a Functional or Sequential model.
+        batch: `x` or `(x, y)`.
+        dtypes: uniform compute dtypes, one copy each.
+        repeats: timed rounds (median), after the warm-up steps; a copy whose
+            step takes over half a second is timed twice at most.
+        jit_compile: whether to compile the steps with XLA.
+        warmup: untimed steps of each copy first (the first traces its step).
+
+    Returns:
+        `{dtype: median seconds of one train_on_batch step}`.
+
+    Example:
+
+    ```python
+    steps = autoprec.cost.measure_train_steps(model, (x[:32], y[:32]), ["float32", "bfloat16"])
+    steps["bfloat16"] / steps["float32"]
+    ```
+    """
+    _require_tensorflow("measure_train_steps()")
+    names = [canonical_dtype(dtype) for dtype in dtypes]
+    functions = {dtype: _step_function(model, batch, dtype, jit_compile) for dtype in names}
+    return _time_interleaved(functions, repeats, warmup)
+
+
+def measure_train_step(
+    model: keras.Model,
+    batch: Any,
+    dtype: str = FLOAT32,
+    repeats: int = 5,
+    jit_compile: bool = False,
+    warmup: int = 2,
+) -> float:
+    """Times one whole training step of a copy of `model` under a uniform policy.
+
+    One dtype of `measure_train_steps`; see there for how the copy is made.
+
+    Args:
+        model: a Functional or Sequential model.
+        batch: `x` or `(x, y)`.
+        dtype: uniform compute dtype of the copy.
+        repeats: timed steps (median), after the warm-up steps; at most 2 when
+            one step takes over half a second.
+        jit_compile: whether to compile the step with XLA.
+        warmup: untimed steps first (the first one traces the step function).
+
+    Returns:
+        Median seconds of one `train_on_batch` step.
+    """
+    dtype = canonical_dtype(dtype)
+    return measure_train_steps(model, batch, [dtype], repeats, jit_compile, warmup)[dtype]
 
 
 def _measurable(cost: LayerCost) -> bool:
@@ -1595,9 +1660,10 @@ def calibrate(
     warm-up calls, median of `repeats`). Layers that cannot be rebuilt get the
     roofline prediction, flagged in `source`. Casts between float32 and each
     16-bit dtype are timed too, and with `measure_model_step` whole training
-    steps of a copy of the model under uniform policies: float32, and each
-    16-bit dtype of `dtypes` that `hardware` does not mark slow (float16 on a CPU
-    under TensorFlow is skipped: its steps take many times float32's). The part
+    steps of copies of the model under uniform policies, in alternating rounds
+    (`measure_train_steps`): float32, and each 16-bit dtype of `dtypes` that
+    `hardware` does not mark slow (float16 on a CPU under TensorFlow is skipped:
+    its steps take many times float32's). The part
     of the residual (measured step minus summed layers and casts) common to all
     measured dtypes becomes `step_overhead_seconds`; the rest becomes a per-dtype
     `layer_time_scale_by_dtype`, so that `estimate` of each measured uniform plan
@@ -1827,29 +1893,36 @@ def _measure_whole_steps(
     profile: hardware_module.HardwareProfile,
     timing: _StepTiming,
 ) -> dict[str, float]:
-    """Returns `{dtype: measured whole-step seconds}`; empty if the model cannot be copied."""
-    timing.stats.update({"model_step": 0, "model_steps_timed": 0})
-    measured: dict[str, float] = {}
-    for dtype in dtypes:
-        slow = profile.support(dtype) != hardware_module.FAST
-        seconds = _cached_model_step(model, batch, dtype, slow, timing)
-        if seconds is None:
-            break
-        measured[dtype] = seconds
-    timing.stats["model_step"] = len(measured)
-    return measured
+    """Returns `{dtype: measured whole-step seconds}`, cached; empty if the model cannot be copied.
 
-
-def _cached_model_step(
-    model: keras.Model, batch: Any, dtype: str, slow: bool, timing: _StepTiming
-) -> float | None:
-    """Returns one uniform-`dtype` whole step's seconds (cached), `None` if it cannot be timed.
-
-    A dtype the device runs slowly is timed once after one warm-up step; others
-    take the median of `max(repeats, 3)` after two.
+    The dtypes the device runs fast are timed together, interleaved (all again
+    when one is missing from the cache, so their ratios come from one run);
+    each slow one alone, once after one warm-up step.
     """
+    timing.stats.update({"model_step": 0, "model_steps_timed": 0})
+    keys = {dtype: _whole_step_key(model, batch, dtype, timing) for dtype in dtypes}
+    measured = {dtype: timing.cache.get(key) for dtype, key in keys.items()}
+    fast = [dtype for dtype in dtypes if profile.support(dtype) == hardware_module.FAST]
+    groups = [(fast, max(timing.repeats, 3), 2)] if any(measured[d] is None for d in fast) else []
+    groups += [([dtype], 1, 1) for dtype in dtypes if dtype not in fast and measured[dtype] is None]
+    for group, repeats, warmup in groups:
+        try:
+            timed = measure_train_steps(model, batch, group, repeats, timing.jit_compile, warmup)
+        except Exception:  # noqa: BLE001 - subclassed models cannot be cloned: no correction
+            return {}
+        for dtype, seconds in timed.items():
+            timing.cache.put(keys[dtype], seconds, f"whole {dtype} train step")
+            measured[dtype] = seconds
+            timing.stats["model_steps_timed"] += 1
+    result = {dtype: seconds for dtype, seconds in measured.items() if seconds is not None}
+    timing.stats["model_step"] = len(result)
+    return result
+
+
+def _whole_step_key(model: keras.Model, batch: Any, dtype: str, timing: _StepTiming) -> str:
+    """Returns the cache key of one uniform-`dtype` whole step of `model` on `batch`'s shapes."""
     shapes = [list(t.shape) for t in _flat_tensors(batch)]
-    key = timing.cache.key(
+    return timing.cache.key(
         {
             "model_step": _model_signature(model),
             "shapes": shapes,
@@ -1857,17 +1930,6 @@ def _cached_model_step(
             "dtype": dtype,
         }
     )
-    measured = timing.cache.get(key)
-    if measured is not None:
-        return measured
-    repeats, warmup = (1, 1) if slow else (max(timing.repeats, 3), 2)
-    try:
-        measured = measure_train_step(model, batch, dtype, repeats, timing.jit_compile, warmup)
-    except Exception:  # noqa: BLE001 - subclassed models cannot be cloned: no correction
-        return None
-    timing.cache.put(key, measured, f"whole {dtype} train step")
-    timing.stats["model_steps_timed"] += 1
-    return measured
 
 
 #: Smallest per-dtype layer-time scale (guards against a step measured absurdly fast).
