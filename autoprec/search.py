@@ -322,9 +322,12 @@ class _Costs:
 
 
 def _load_costs(
-    model, hardware: Any, batch: tuple, dtypes: Sequence[str], verbose: int, batch_size: int
+    model, hardware: Any, batch: tuple, dtypes: Sequence[str] | None, verbose: int, batch_size: int
 ) -> tuple[Any, Any]:
-    """Returns `(hardware profile, cost table or None)` for `hardware="local"` or a profile name."""
+    """Returns `(hardware profile, cost table or None)` for `hardware="local"` or a profile name.
+
+    `dtypes` is what the user asked for (`None`: what the hardware runs fast).
+    """
     try:
         from . import cost
         from . import hardware as hardware_module
@@ -341,9 +344,15 @@ def _load_costs(
         else (hardware if not isinstance(hardware, str) else hardware_module.get(hardware))
     )
     if local:
-        table = cost.calibrate(model, batch, dtypes=list(dtypes), progress=bool(verbose > 1))
+        # Time only what the search may use: float16 on a CPU costs minutes per model to time.
+        measured = _default_dtypes(dtypes, profile, None)
+        table = cost.calibrate(
+            model, batch, dtypes=list(measured), progress=bool(verbose > 1), hardware=profile
+        )
     else:
-        table = cost.predict_costs(model, profile, batch_size=batch_size, dtypes=list(dtypes))
+        table = cost.predict_costs(
+            model, profile, batch_size=batch_size, dtypes=list(dtypes or COMPUTE_DTYPES)
+        )
     return profile, table
 
 
@@ -1017,16 +1026,13 @@ def _run_search(**arguments: Any) -> SearchResult:
     infos = describe_model(model)
     compute = space_module.compute_layers(infos)
 
-    candidate_dtypes = (
-        [canonical_dtype(d) for d in arguments["dtypes"]] if arguments["dtypes"] else COMPUTE_DTYPES
-    )
     hardware_profile, table = (None, arguments["costs"])
     if table is None:
         hardware_profile, table = _load_costs(
             evaluator.model,
             arguments["hardware"],
             evaluator.train_batches[0],
-            candidate_dtypes,
+            arguments["dtypes"],
             verbose,
             arguments["cost_batch_size"] or evaluator.batch_size,
         )
