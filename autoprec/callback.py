@@ -74,7 +74,8 @@ class AutoPrecision(keras.callbacks.Callback):
             divergence and stops training.
         guard_threshold: non-finite steps within `guard_window` steps that
             trigger the guard (a loss scale at its floor that still overflows
-            triggers it at once).
+            triggers it at once). The default leaves room for the few skipped
+            steps of a dynamic loss scale settling after the start.
         guard_window: steps over which non-finite steps are counted.
         guard_check_every: steps between reads of the in-graph counters.
         check_kernels: before training, run each 16-bit layer once alone; a layer
@@ -108,8 +109,8 @@ class AutoPrecision(keras.callbacks.Callback):
         batch_size: int = 32,
         guard: bool = True,
         on_nan: str = "promote",
-        guard_threshold: int = 3,
-        guard_window: int = 50,
+        guard_threshold: int = 8,
+        guard_window: int = 100,
         guard_check_every: int = 10,
         check_kernels: bool = True,
         tensorboard_dir: str | os.PathLike | None = None,
@@ -235,29 +236,58 @@ class AutoPrecision(keras.callbacks.Callback):
         if self.guard_config.on_nan == "stop":
             self._report_divergence("on_nan='stop'")
             return
+        from .errors import BackendError
         from .profiler import ProfileCallback
 
         self._diagnosis = ProfileCallback(steps=self.guard_config.diagnose_steps)
         self._diagnosis.set_model(self.model)
-        self._diagnosis.on_train_begin()
+        try:
+            self._diagnosis.on_train_begin()
+        except BackendError:
+            # No in-graph probes on this backend: no attribution, so every float16
+            # layer is promoted (bfloat16 has float32's range).
+            self._diagnosis = None
+            float16_layers = _float16_layers(self.handle)
+            if not float16_layers:
+                self._report_divergence(
+                    "no float16 layer to promote and no probes on this backend to find the "
+                    "layer where it starts"
+                )
+                return
+            for path in float16_layers:
+                self._promote(path, "no probes on this backend: every float16 layer promoted")
 
     def _finish_diagnosis(self) -> None:
+        from .guard import enters_with_the_data
+
         profile, self._diagnosis = self._diagnosis.profile, None
         culprit = find_culprit(profile, self.handle.dtypes)
         if culprit is None:
+            cause = (
+                "NaN entered with the input data"
+                if enters_with_the_data(profile)
+                else "no 16-bit layer overflowed in the "
+                f"{self.guard_config.diagnose_steps} diagnosed steps (transient: the dynamic "
+                "loss scale adjusting, or a few bad batches)"
+            )
             message = (
-                f"autoprec guard: {self._trigger}, but no 16-bit layer overflowed in the "
-                f"{self.guard_config.diagnose_steps} diagnosed steps: the non-finite values "
-                "came from the data or the loss, not from a layer's precision; nothing promoted."
+                f"autoprec guard: {self._trigger}; {cause}. Not a precision problem: "
+                "nothing promoted."
             )
             repeated = any(event["kind"] == "not_precision" for event in self.events)
             logger.log(logging.INFO if repeated else logging.WARNING, message)
             self.events.append(
-                {"step": self._step, "kind": "not_precision", "evidence": self._trigger}
+                {
+                    "step": self._step,
+                    "kind": "not_precision",
+                    "evidence": f"{self._trigger}; {cause}",
+                }
             )
             self._guard_state.recent.clear()  # count afresh before diagnosing again
             return
-        path, evidence = culprit
+        self._promote(*culprit)
+
+    def _promote(self, path: str, evidence: str) -> None:
         before = self.handle.dtypes[path]
         bfloat16_fast = self.guard_config.bfloat16_is_fast and self._bfloat16_is_fast()
         target = promotion_target(before, bfloat16_fast)
@@ -282,9 +312,10 @@ class AutoPrecision(keras.callbacks.Callback):
             optimizer.dynamic_scale.assign(float(optimizer.initial_scale))
         self._guard_state.recent.clear()
         message = f"autoprec guard: step {self._step}: {path} {before} -> {target} ({evidence})"
-        logger.warning(message)
         if self.verbose:
             print(message)
+        else:
+            logger.warning(message)
 
     def _bfloat16_is_fast(self) -> bool:
         from . import hardware

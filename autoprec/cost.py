@@ -9,7 +9,8 @@ Three steps, each usable alone:
   (`LayerCost`), and `predict_costs(model, hardware, batch_size)` turns counts
   into seconds with a roofline model of a `HardwareProfile`;
 * `calibrate(model, batch)` measures each layer's forward+backward time in each
-  dtype on this device instead (cached), plus the cost of casts and whole-model
+  dtype on this device instead (cached; on the TensorFlow or JAX backend, JAX
+  timing in `autoprec._backends.jax`), plus the cost of casts and whole-model
   steps under uniform policies (float32 and each 16-bit dtype the device runs
   fast): what the summed layers miss becomes a fixed per-step overhead shared by
   all dtypes and a per-dtype scale of layer times, so that a uniform plan's
@@ -1183,10 +1184,8 @@ def _predicted_cast_seconds(hardware: hardware_module.HardwareProfile) -> dict[s
 
 def _versions() -> dict[str, str]:
     versions = {"keras": keras.__version__, "backend": keras.backend.backend()}
-    if keras.backend.backend() == "tensorflow":
-        import tensorflow as tf
-
-        versions["tensorflow"] = tf.__version__
+    if keras.backend.backend() in MEASURING_BACKENDS:
+        versions.update(_timing_backend("autoprec.cost").versions())
     return versions
 
 
@@ -1346,27 +1345,44 @@ def _layer_signature(layer: keras.layers.Layer, call: LayerCall, batch_size: int
     }
 
 
-def _require_tensorflow(what: str):
-    if keras.backend.backend() != "tensorflow":
-        raise BackendError(
-            f"{what} measures with the TensorFlow backend; the active Keras backend is "
-            f"{keras.backend.backend()!r}. Use predict_costs() with a hardware profile instead."
-        )
-    import tensorflow as tf
+#: Keras backends `calibrate` and `measure_train_steps` can time on.
+MEASURING_BACKENDS = ("tensorflow", "jax")
 
-    return tf
+
+def _timing_backend(what: str):
+    """Returns what builds the timed functions on the active Keras backend, imported lazily.
+
+    The object (a module for JAX, `_TensorFlowTiming` for TensorFlow) provides
+    `versions()`, `to_device(value)`, `layer_step(layer, args, kwargs,
+    jit_compile)`, `empty_step()` and `cast_step(dtype, elements)`; each `*_step`
+    returns a zero-argument function that runs once and waits for the device.
+
+    Raises:
+        BackendError: naming the supported backends, on any other backend.
+    """
+    name = keras.backend.backend()
+    if name == "tensorflow":
+        return _TensorFlowTiming
+    if name == "jax":
+        from ._backends import jax as jax_timing
+
+        return jax_timing
+    raise BackendError(
+        f"{what} measures on the {' and '.join(MEASURING_BACKENDS)} Keras backends; the "
+        f"active Keras backend is {name!r}. Set KERAS_BACKEND=jax (or tensorflow) before "
+        "importing keras, or use predict_costs() with a hardware profile instead."
+    )
 
 
 def _make_tensor(spec: TensorSpec, batch_size: int, dtype: str, rng: np.random.Generator):
-    import tensorflow as tf
-
+    """Returns a backend tensor of `spec`'s shape at `batch_size`: random floats in `dtype`."""
     shape = spec.concrete_shape(batch_size)
     if spec.dtype == "bool":
-        return tf.ones(shape, dtype=tf.bool)
+        return keras.ops.ones(shape, dtype="bool")
     if "float" not in spec.dtype:
-        return tf.zeros(shape, dtype=spec.dtype)
+        return keras.ops.zeros(shape, dtype=spec.dtype)
     values = rng.standard_normal(shape).astype("float32")
-    return tf.cast(tf.constant(values), dtype)
+    return keras.ops.cast(keras.ops.convert_to_tensor(values), dtype)
 
 
 def _rebuild_layer(layer: keras.layers.Layer, dtype: str) -> keras.layers.Layer:
@@ -1420,57 +1436,91 @@ def _time_layer(
     jit_compile: bool,
 ) -> float:
     """Times a standalone copy of `layer` forward+backward in `dtype` on random inputs."""
-    tf = _require_tensorflow("calibrate()")
+    timing = _timing_backend("calibrate()")
     rng = np.random.default_rng(0)
     clone = _rebuild_layer(layer, dtype)
     compute = keras.backend.standardize_dtype(clone.compute_dtype)
     args, kwargs = _call_arguments(call, batch_size, compute, rng)
     if "training" in inspect.signature(clone.call).parameters:
         kwargs["training"] = True
-    outputs = clone(*args, **kwargs)
-    float_outputs = [t for t in _flat_tensors(outputs) if t.dtype.is_floating]
-    upstream = [tf.cast(tf.random.normal(t.shape), t.dtype) for t in float_outputs]
-    float_inputs = [t for t in _flat_tensors((args, kwargs)) if t.dtype.is_floating]
-    variables = list(clone.trainable_variables)
-
-    @tf.function(jit_compile=jit_compile, autograph=False)
-    def step():
-        with tf.GradientTape() as tape:
-            tape.watch(float_inputs)
-            results = clone(*args, **kwargs)
-            flat = [t for t in tf.nest.flatten(results) if t.dtype.is_floating]
-        gradients = tape.gradient(flat, float_inputs + variables, output_gradients=upstream)
-        touched = [tf.reshape(g, [-1])[:1] for g in gradients if g is not None]
-        touched += [tf.reshape(t, [-1])[:1] for t in flat]
-        return tf.add_n([tf.cast(tf.reduce_sum(t), tf.float32) for t in touched])
-
-    return _time_function(lambda: step().numpy(), repeats)
+    return _time_function(timing.layer_step(clone, args, kwargs, jit_compile), repeats)
 
 
 def _time_empty_function(repeats: int) -> float:
     """Times a compiled function doing one trivial op: the per-call dispatch overhead."""
-    tf = _require_tensorflow("calibrate()")
-    value = tf.constant([1.0])
-
-    @tf.function(autograph=False)
-    def step():
-        return tf.reduce_sum(value + 1.0)
-
-    return _time_function(lambda: step().numpy(), max(repeats, 9))
+    timing = _timing_backend("calibrate()")
+    return _time_function(timing.empty_step(), max(repeats, 9))
 
 
 def _time_cast(dtype: str, elements: int, repeats: int) -> float:
-    tf = _require_tensorflow("calibrate()")
-    source = tf.random.normal([elements])
-    target_dtype = tf.as_dtype(dtype)
+    """Times one cast of `elements` values between float32 and `dtype` (half a round trip)."""
+    timing = _timing_backend("calibrate()")
+    return _time_function(timing.cast_step(dtype, elements), repeats) / 2.0
 
-    @tf.function(autograph=False)
-    def step():
-        there = tf.cast(source, target_dtype)
-        back = tf.cast(there, tf.float32)
-        return back[0]
 
-    return _time_function(lambda: step().numpy(), repeats) / 2.0
+class _TensorFlowTiming:
+    """TensorFlow side of the timed functions (the JAX side is `autoprec._backends.jax`)."""
+
+    @staticmethod
+    def versions() -> dict[str, str]:
+        import tensorflow as tf
+
+        return {"tensorflow": tf.__version__}
+
+    @staticmethod
+    def to_device(value: Any) -> Any:
+        # Unchanged behaviour: `train_on_batch` converts NumPy batches each step.
+        return value
+
+    @staticmethod
+    def layer_step(clone: keras.layers.Layer, args: list, kwargs: dict, jit_compile: bool):
+        import tensorflow as tf
+
+        outputs = clone(*args, **kwargs)
+        float_outputs = [t for t in _flat_tensors(outputs) if t.dtype.is_floating]
+        upstream = [tf.cast(tf.random.normal(t.shape), t.dtype) for t in float_outputs]
+        float_inputs = [t for t in _flat_tensors((args, kwargs)) if t.dtype.is_floating]
+        variables = list(clone.trainable_variables)
+
+        @tf.function(jit_compile=jit_compile, autograph=False)
+        def step():
+            with tf.GradientTape() as tape:
+                tape.watch(float_inputs)
+                results = clone(*args, **kwargs)
+                flat = [t for t in tf.nest.flatten(results) if t.dtype.is_floating]
+            gradients = tape.gradient(flat, float_inputs + variables, output_gradients=upstream)
+            touched = [tf.reshape(g, [-1])[:1] for g in gradients if g is not None]
+            touched += [tf.reshape(t, [-1])[:1] for t in flat]
+            return tf.add_n([tf.cast(tf.reduce_sum(t), tf.float32) for t in touched])
+
+        return lambda: step().numpy()
+
+    @staticmethod
+    def empty_step():
+        import tensorflow as tf
+
+        value = tf.constant([1.0])
+
+        @tf.function(autograph=False)
+        def step():
+            return tf.reduce_sum(value + 1.0)
+
+        return lambda: step().numpy()
+
+    @staticmethod
+    def cast_step(dtype: str, elements: int):
+        import tensorflow as tf
+
+        source = tf.random.normal([elements])
+        target_dtype = tf.as_dtype(dtype)
+
+        @tf.function(autograph=False)
+        def step():
+            there = tf.cast(source, target_dtype)
+            back = tf.cast(there, tf.float32)
+            return back[0]
+
+        return lambda: step().numpy()
 
 
 def _measure_casts(
@@ -1543,6 +1593,8 @@ def _step_function(model: keras.Model, batch: Any, dtype: str, jit_compile: bool
     if dtype == "float16":
         optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
     clone.compile(optimizer=optimizer, loss=loss, jit_compile=jit_compile)
+    # On JAX the batch goes to the device once, as a prefetching input pipeline would.
+    inputs, targets = _timing_backend("measure_train_steps()").to_device((inputs, targets))
     return lambda: clone.train_on_batch(inputs, targets)
 
 
@@ -1582,7 +1634,8 @@ def measure_train_steps(
     on random targets when the batch has no targets or the model is not
     compiled), so the user's model, its weights and optimizer state are
     untouched. The copies are timed in alternating rounds, so that their ratios
-    hold on a loaded machine.
+    hold on a loaded machine. Works on the TensorFlow and JAX backends (Keras'
+    own `train_on_batch`; on JAX the batch is placed on the device once).
 
     Args:
         model: a Functional or Sequential model.
@@ -1596,6 +1649,9 @@ def measure_train_steps(
     Returns:
         `{dtype: median seconds of one train_on_batch step}`.
 
+    Raises:
+        BackendError: on a Keras backend other than TensorFlow or JAX.
+
     Example:
 
     ```python
@@ -1603,7 +1659,7 @@ def measure_train_steps(
     steps["bfloat16"] / steps["float32"]
     ```
     """
-    _require_tensorflow("measure_train_steps()")
+    _timing_backend("measure_train_steps()")
     names = [canonical_dtype(dtype) for dtype in dtypes]
     functions = {dtype: _step_function(model, batch, dtype, jit_compile) for dtype in names}
     return _time_interleaved(functions, repeats, warmup)
@@ -1654,6 +1710,9 @@ def calibrate(
 ) -> CostTable:
     """Measures every layer's forward+backward time in each dtype on this device.
 
+    Runs on Keras' TensorFlow backend (`tf.function`, XLA when the model is
+    compiled with `jit_compile=True`) and on its JAX backend (`jax.jit`, on
+    JAX's default device: a GPU when JAX has one; TensorFlow is not needed).
     Each computing layer is rebuilt alone from its config with the dtype's
     policy, built on the input shapes it sees in the model (with the batch's
     size), and its compiled forward+backward on random inputs is timed (two
@@ -1694,6 +1753,7 @@ def calibrate(
 
     Raises:
         PlanError: if `measure_model_step` names a dtype not in `dtypes`.
+        BackendError: on a Keras backend other than TensorFlow or JAX (torch).
 
     Example:
 
@@ -1703,7 +1763,7 @@ def calibrate(
     print(costs.summary())
     ```
     """
-    _require_tensorflow("calibrate()")
+    _timing_backend("calibrate()")
     dtypes = [canonical_dtype(dtype) for dtype in dtypes]
     if FLOAT32 not in dtypes:
         dtypes = [FLOAT32, *dtypes]

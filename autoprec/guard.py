@@ -48,8 +48,8 @@ class GuardConfig:
     """
 
     on_nan: str = "promote"
-    threshold: int = 3
-    window: int = 50
+    threshold: int = 8
+    window: int = 100
     check_every: int = 10
     diagnose_steps: int = 3
     bfloat16_is_fast: bool = True
@@ -85,7 +85,7 @@ def find_culprit(profile: Any, dtypes: dict[str, str]) -> tuple[str, str] | None
     Returns:
         The layer where the problem starts, or `None` if no 16-bit layer shows one.
     """
-    if _enters_with_the_data(profile):
+    if enters_with_the_data(profile):
         return None
     candidates = [
         path
@@ -108,7 +108,7 @@ def find_culprit(profile: Any, dtypes: dict[str, str]) -> tuple[str, str] | None
     return None
 
 
-def _enters_with_the_data(profile: Any) -> bool:
+def enters_with_the_data(profile: Any) -> bool:
     """Whether the first recorded layer already sees NaN (not inf) in its forward values.
 
     An overflow produces infinities where it happens; NaN in the very first

@@ -27,6 +27,7 @@ import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
+import keras
 import numpy as np
 import optuna
 
@@ -770,20 +771,28 @@ def _objective(context: _Context, trial: optuna.Trial) -> float:
         raise optuna.TrialPruned()
 
     plan = context.plan(params)
-    proxy = context.evaluator.proxy(plan)
-    levels.append("proxy")
-    trial.set_user_attr("fidelity", levels)
-    trial.set_user_attr("proxy", proxy.to_dict())
-    trial.set_user_attr("proxy_score", proxy.score if math.isfinite(proxy.score) else None)
-    trial.report(value, _PROXY_STEP)
-    if trial.should_prune():
-        trial.set_user_attr("pruned_by", "proxy: loss/gradients too far from float32")
-        trial.set_constraint("budget", _HUGE_VIOLATION if not proxy.finite else 1.0)
-        raise optuna.TrialPruned()
+    proxy = None
+    if keras.backend.backend() == "tensorflow":
+        proxy = context.evaluator.proxy(plan)
+        levels.append("proxy")
+        trial.set_user_attr("fidelity", levels)
+        trial.set_user_attr("proxy", proxy.to_dict())
+        trial.set_user_attr("proxy_score", proxy.score if math.isfinite(proxy.score) else None)
+        trial.report(value, _PROXY_STEP)
+        if trial.should_prune():
+            trial.set_user_attr("pruned_by", "proxy: loss/gradients too far from float32")
+            trial.set_constraint("budget", _HUGE_VIOLATION if not proxy.finite else 1.0)
+            raise optuna.TrialPruned()
+    else:
+        trial.set_user_attr("proxy_skipped", "the numerical proxy needs the TensorFlow backend")
 
     metrics = context.evaluator.train_and_evaluate(plan)
     levels.append("train")
-    outcome = {"metrics": metrics, "proxy": proxy.to_dict(), "proxy_score": proxy.score}
+    outcome = {
+        "metrics": metrics,
+        "proxy": proxy.to_dict() if proxy is not None else None,
+        "proxy_score": proxy.score if proxy is not None else None,
+    }
     context.cache[key] = outcome
     return _record_outcome(context, trial, outcome, value, levels)
 

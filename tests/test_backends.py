@@ -1,4 +1,4 @@
-"""autoprec on Keras' JAX backend: plans, `apply_plan`, `AutoPrecision`, floored loss scaling, saving.
+"""autoprec on Keras' JAX backend: plans, `apply_plan`, `AutoPrecision`, loss scaling, saving, costs.
 
 Keras fixes its backend when it is first imported, and this test process runs
 TensorFlow, so every JAX check runs in one child process started with
@@ -231,7 +231,7 @@ def _check_profiler_refuses() -> dict:
 
 
 def _check_cost_and_search() -> dict:
-    """Cost prediction, the heuristic plan and a two-trial search on JAX; calibrate must refuse."""
+    """Cost prediction, the heuristic plan and a two-trial search on JAX."""
     from conftest import build_mlp, classification_data
 
     import autoprec
@@ -243,11 +243,6 @@ def _check_cost_and_search() -> dict:
     table = autoprec.predict_costs(model, autoprec.hardware.get("rtx4090"), batch_size=32)
     estimate = autoprec.estimate(model, plan, table, batch_size=32)
     heuristic = autoprec.heuristic_plan(model, hardware="rtx4090")
-    try:
-        autoprec.calibrate(model, (x[:8], y[:8]), progress=False)
-        calibrate_error = None
-    except autoprec.BackendError as error:
-        calibrate_error = str(error)
     result = autoprec.search(
         model, (x, y), (x, y), budget=autoprec.Budget("val_accuracy", max_drop=0.5),
         hardware="rtx4090", n_trials=2, seed=0,
@@ -255,8 +250,57 @@ def _check_cost_and_search() -> dict:
     return {
         "estimated_step_seconds": float(estimate.step_seconds),
         "heuristic_counts": heuristic.dtype_counts(),
-        "calibrate_error": calibrate_error,
         "search_plan_layers": len(result.plan.layers),
+    }
+
+
+def _check_calibrate(work_dir: str) -> dict:
+    """`calibrate` on JAX: measured per-layer costs, whole steps, cache reuse, estimate, plan."""
+    import keras
+    import numpy as np
+    from conftest import build_cnn, build_mlp, classification_data
+
+    import autoprec
+    from autoprec._backends import jax as jax_timing
+
+    # The bfloat16 copy of a layer must compute in bfloat16 (autocast kernels), not float32.
+    dense = keras.layers.Dense(4, dtype="mixed_bfloat16")
+    outputs, gradients, _ = jax_timing.layer_step(
+        dense, [keras.ops.ones((2, 8), dtype="bfloat16")], {}
+    )()
+    cache_dir = os.path.join(work_dir, "costs")
+    settings = dict(
+        dtypes=("float32", "bfloat16"), repeats=2, cache_dir=cache_dir, progress=False,
+        hardware="cpu-avx512-bf16",
+    )  # fmt: skip
+    model = build_mlp()
+    model.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
+    x, y = classification_data()
+    first = autoprec.calibrate(model, (x[:16], y[:16]), **settings)
+    second = autoprec.calibrate(model, (x[:16], y[:16]), **settings)
+    estimate = autoprec.estimate(model, "float32", first)
+    plan = autoprec.heuristic_plan(model, costs=first, hardware="cpu-avx512-bf16")
+    cnn = build_cnn()
+    images = np.random.default_rng(0).normal(size=(8, 12, 12, 1)).astype("float32")
+    cnn_table = autoprec.calibrate(cnn, images, measure_model_step=False, **settings)
+    return {
+        "layer_output_dtype": str(outputs[0].dtype),
+        "kernel_gradient_dtype": str(gradients[0][0].dtype),
+        "source": first.source,
+        "versions": first.versions,
+        "first_stats": first.stats,
+        "second_stats": second.stats,
+        "layer_sources": {path: record.source for path, record in first.layers.items()},
+        "seconds": {path: record.seconds for path, record in first.layers.items()},
+        "second_seconds": {path: record.seconds for path, record in second.layers.items()},
+        "measured_steps": first.measured_step_seconds_by_dtype,
+        "float32_estimate": estimate.float32_step_seconds,
+        "estimate_source": estimate.source,
+        "plan_layers": len(plan.layers),
+        "cnn_stats": cnn_table.stats,
+        "cnn_seconds": {path: record.seconds for path, record in cnn_table.layers.items()},
+        "cast_seconds": cnn_table.cast_seconds,
+        "tensorflow_imported": sys.modules.get("tensorflow") is not None,
     }
 
 
@@ -275,6 +319,7 @@ def _run_child(results_path: str, plan_path: str, work_dir: str) -> None:
         "plan_from_tensorflow": lambda: _check_plan_from_tensorflow(plan_path),
         "profiler_refuses": _check_profiler_refuses,
         "cost_and_search": _check_cost_and_search,
+        "calibrate": lambda: _check_calibrate(work_dir),
     }
     results = {}
     for name, check in checks.items():
@@ -418,12 +463,41 @@ def test_profiler_says_it_needs_tensorflow(jax_results):
     assert "TensorFlow" in result["message"] and "jax" in result["message"]
 
 
-def test_cost_prediction_and_search_run_on_jax_and_calibrate_says_it_needs_tensorflow(jax_results):
+def test_cost_prediction_and_search_run_on_jax(jax_results):
     result = _value(jax_results, "cost_and_search")
     assert result["estimated_step_seconds"] > 0
     assert sum(result["heuristic_counts"].values()) > 0
     assert result["search_plan_layers"] > 0
-    assert result["calibrate_error"] and "TensorFlow" in result["calibrate_error"]
+
+
+def test_calibrate_measures_on_jax_without_tensorflow_and_reuses_its_cache(jax_results):
+    result = _value(jax_results, "calibrate")
+    assert result["layer_output_dtype"] == "bfloat16"
+    assert result["kernel_gradient_dtype"] == "float32"
+    assert result["source"] == "measured"
+    assert result["versions"]["backend"] == "jax" and "jax" in result["versions"]
+    assert "tensorflow" not in result["versions"] and not result["tensorflow_imported"]
+    first, second = result["first_stats"], result["second_stats"]
+    # dense, dense_1, dense_2 (dropout too) timed in two dtypes; nothing fell back.
+    assert first["timed"] >= 6 and first["cached"] == 0 and first["fallback"] == 0
+    for path in ("dense", "dense_1", "dense_2"):
+        assert result["layer_sources"][path] == "measured"
+        assert all(result["seconds"][path][dtype] > 0 for dtype in ("float32", "bfloat16"))
+    # On a CPU profile with fast bfloat16, the float32 and bfloat16 whole steps are timed.
+    assert set(result["measured_steps"]) == {"float32", "bfloat16"}
+    assert first["model_step"] == 2 and first["model_steps_timed"] == 2
+    assert result["float32_estimate"] == pytest.approx(result["measured_steps"]["float32"])
+    assert result["estimate_source"] == "measured" and result["plan_layers"] > 0
+    # The second call measures nothing: every figure comes from the cache.
+    assert second["timed"] == 0 and second["model_steps_timed"] == 0
+    assert second["cached"] == first["timed"] and second["model_step"] == 2
+    assert result["second_seconds"] == result["seconds"]
+    # Convolution, BatchNormalization (moving statistics) and pooling are timed too.
+    cnn = result["cnn_stats"]
+    assert cnn["fallback"] == 0 and cnn["timed"] > 0
+    for path in ("conv2d", "batch_normalization", "max_pooling2d", "dense"):
+        assert result["cnn_seconds"][path]["float32"] > 0, path
+    assert result["cast_seconds"]["bfloat16"]["per_element"] >= 0
 
 
 if __name__ == "__main__" and len(sys.argv) == 5 and sys.argv[1] == "--child":

@@ -11,7 +11,7 @@ import pytest
 from conftest import build_attention_model, build_mlp
 
 from autoprec import PrecisionPlan, cost, hardware
-from autoprec.errors import HardwareError, PlanError
+from autoprec.errors import BackendError, HardwareError, PlanError
 from autoprec.layers import layer_paths
 
 GIB = 1024**3
@@ -414,3 +414,15 @@ def test_tables_without_per_dtype_fields_read_as_before(mlp):
     for dtype in ("float32", "bfloat16", "float16"):
         assert old.time_scale(dtype) == 2.0
         assert old.seconds("dense", dtype) == pytest.approx(2.0 * table.seconds("dense", dtype))
+
+
+def test_measuring_on_an_unsupported_backend_names_the_supported_ones(monkeypatch, mlp):
+    x = np.zeros((4, 8), dtype="float32")
+    monkeypatch.setattr(keras.backend, "backend", lambda: "torch")
+    for measure in (
+        lambda: cost.calibrate(mlp, x, progress=False, use_cache=False),
+        lambda: cost.measure_train_steps(mlp, x),
+    ):
+        with pytest.raises(BackendError, match="tensorflow and jax") as raised:
+            measure()
+        assert "'torch'" in str(raised.value) and "predict_costs" in str(raised.value)

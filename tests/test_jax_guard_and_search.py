@@ -1,0 +1,91 @@
+"""The guard and the search on Keras' JAX backend, where the TensorFlow-only probes are absent."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("jax")
+
+CHILD = textwrap.dedent(
+    """
+    import json, sys
+    sys.modules["tensorflow"] = None  # as on a machine with JAX and no TensorFlow
+    import keras, numpy as np, autoprec
+
+    results = {}
+
+    # Guard: with no probes to attribute the overflow, every float16 layer is promoted.
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(8, name="first"),
+                              keras.layers.Dense(8, name="big"), keras.layers.Dense(1, name="out")])
+    model.compile(optimizer=keras.optimizers.SGD(1e-12), loss="mse")
+    for name, value in (("first", 0.25), ("big", 100.0), ("out", 1e-6)):
+        kernel, bias = model.get_layer(name).get_weights()
+        model.get_layer(name).set_weights([np.full_like(kernel, value), bias])
+    x = np.concatenate([np.ones((40, 4)), np.full((80, 4), 1000.0)]).astype("float32")
+    plan = autoprec.PrecisionPlan.uniform(model, "float16").with_dtype("out", "float32")
+    callback = autoprec.AutoPrecision(plan, guard_threshold=3, guard_check_every=2, verbose=0)
+    history = model.fit(x, np.zeros((120, 1), "float32"), batch_size=4, epochs=2,
+                        shuffle=False, verbose=0, callbacks=[callback])
+    results["guard"] = {
+        "events": [dict(e) for e in callback.plan.events],
+        "dtypes": {l.name: l.compute_dtype for l in model.layers},
+        "last_loss": float(history.history["loss"][-1]),
+    }
+
+    # Search: the numerical proxy is TensorFlow-only and is skipped, not failed.
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(256, 16)).astype("float32")
+    y = (x[:, 0] > 0).astype("int32")
+    model = keras.Sequential([keras.Input((16,)), keras.layers.Dense(64, activation="relu"),
+                              keras.layers.Dense(64, activation="relu"),
+                              keras.layers.Dense(2, activation="softmax")])
+    model.compile("adam", "sparse_categorical_crossentropy", metrics=["accuracy"])
+    result = autoprec.search(model, (x[:192], y[:192]), (x[192:], y[192:]),
+                             budget=autoprec.Budget("val_accuracy", max_drop=0.5),
+                             hardware="rtx4090", cost_batch_size=4096, n_trials=4,
+                             train_steps=3, verbose=0)
+    results["search"] = {
+        "states": [t.state.name for t in result.study.trials],
+        "skipped": [t.user_attrs.get("proxy_skipped") for t in result.study.trials],
+        "completed_16_bit": [
+            sorted(set(t.params.values())) for t in result.study.trials
+            if t.state.name == "COMPLETE" and set(t.params.values()) != {"float32"}
+        ],
+    }
+    print("RESULT " + json.dumps(results))
+    """
+)
+
+
+def test_guard_and_search_on_jax(tmp_path):
+    environment = {**os.environ, "KERAS_BACKEND": "jax", "JAX_PLATFORMS": "cpu"}
+    environment["PYTHONPATH"] = os.pathsep.join(
+        [str(Path(__file__).resolve().parent), environment.get("PYTHONPATH", "")]
+    )
+    completed = subprocess.run(
+        [sys.executable, "-c", CHILD], capture_output=True, text=True, timeout=300,
+        env=environment, cwd=tmp_path,
+    )  # fmt: skip
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    line = next(x for x in completed.stdout.splitlines() if x.startswith("RESULT "))
+    results = json.loads(line[len("RESULT ") :])
+
+    guard = results["guard"]
+    promoted = {e["layer"] for e in guard["events"] if e["kind"] == "promotion"}
+    assert promoted == {"first", "big"}  # every float16 layer, as there are no probes
+    assert all("no probes on this backend" in e["evidence"] for e in guard["events"])
+    assert guard["dtypes"]["big"] == "bfloat16"
+    assert guard["last_loss"] == guard["last_loss"]  # finite, not NaN
+
+    search = results["search"]
+    assert "FAIL" not in search["states"]
+    assert any(search["skipped"])
+    assert search["completed_16_bit"]  # 16-bit plans are trained and judged, not failed
