@@ -1353,9 +1353,10 @@ def _timing_backend(what: str):
     """Returns what builds the timed functions on the active Keras backend, imported lazily.
 
     The object (a module for JAX, `_TensorFlowTiming` for TensorFlow) provides
-    `versions()`, `to_device(value)`, `layer_step(layer, args, kwargs,
-    jit_compile)`, `empty_step()` and `cast_step(dtype, elements)`; each `*_step`
-    returns a zero-argument function that runs once and waits for the device.
+    `versions()`, `to_device(value)`, `random_tensor(shape, dtype, rng)`,
+    `layer_step(layer, args, kwargs, jit_compile)`, `empty_step()` and
+    `cast_step(dtype, elements)`; each `*_step` returns a zero-argument function
+    that runs once and waits for the device.
 
     Raises:
         BackendError: naming the supported backends, on any other backend.
@@ -1381,8 +1382,7 @@ def _make_tensor(spec: TensorSpec, batch_size: int, dtype: str, rng: np.random.G
         return keras.ops.ones(shape, dtype="bool")
     if "float" not in spec.dtype:
         return keras.ops.zeros(shape, dtype=spec.dtype)
-    values = rng.standard_normal(shape).astype("float32")
-    return keras.ops.cast(keras.ops.convert_to_tensor(values), dtype)
+    return _timing_backend("calibrate()").random_tensor(shape, dtype, rng)
 
 
 def _rebuild_layer(layer: keras.layers.Layer, dtype: str) -> keras.layers.Layer:
@@ -1471,6 +1471,13 @@ class _TensorFlowTiming:
     def to_device(value: Any) -> Any:
         # Unchanged behaviour: `train_on_batch` converts NumPy batches each step.
         return value
+
+    @staticmethod
+    def random_tensor(shape: tuple[int, ...], dtype: str, rng: np.random.Generator):
+        import tensorflow as tf
+
+        values = rng.standard_normal(shape).astype("float32")
+        return tf.cast(tf.constant(values), dtype)
 
     @staticmethod
     def layer_step(clone: keras.layers.Layer, args: list, kwargs: dict, jit_compile: bool):

@@ -8,18 +8,22 @@ output stays modest: uniform float16 must go non-finite, the plan must train
 finitely. Results go to `results.json` under `$OUT` (or `--out DIR`); a short
 table is printed last.
 
-The plan is calibrated here, not predicted: `autoprec.calibrate` is tried first
-(it times layers with TensorFlow and raises `BackendError` on JAX); then this
-script's own fallback times every computing layer (Conv*, Dense, EinsumDense,
-DepthwiseConv2D...) alone in each dtype on the device (compiled forward+backward,
-median after warm-up, identical layers timed once), and records each layer's
-largest float32 output and, for attention, its largest q·k logit. Each
-computing layer gets the fastest of its safe dtypes (float16 is unsafe when a
-value it would hold exceeds 65504/16; ties within 3% go to bfloat16, which needs
-no loss scaling); softmax, normalisation and output layers stay float32, as in
-`autoprec.search.heuristic_plan`; layers without arithmetic of their own follow
-the plan's most common 16-bit dtype. The plan trains through `AutoPrecision`
-(loss scaling added whenever a layer runs in float16).
+The plan is calibrated here, not predicted, by the library itself:
+`autoprec.calibrate` times every computing layer alone in each dtype on the
+device (JAX: compiled forward+backward, median after warm-up, identical layers
+timed once through its cache) plus casts and, in the full run, whole uniform
+steps; `autoprec.heuristic_plan` then gives each layer its cheapest safe dtype
+from that table (softmax, normalisation and output layers stay float32). Float16
+safety comes from this script's probe: one eager float32 forward pass records
+each layer's largest output and, for attention, its largest q·k logit; float16
+is unsafe where a value it would hold exceeds 65504/16 (passed to the heuristic
+as a duck-typed profile). The results record the plan, the measured costs and
+the plan's estimated speedup (`autoprec.estimate`), to compare with the speedup
+measured here. Should `autoprec.calibrate` be missing or fail, the script's own
+per-layer timing (Conv*, Dense, EinsumDense, DepthwiseConv2D...; ties within 3%
+go to bfloat16) makes the plan instead, and `plan_source` says why. The plan
+trains through `AutoPrecision` (loss scaling added whenever a layer runs in
+float16).
 
 Attention note: Keras' fused `dot_product_attention` on JAX computes logits in
 float32 whatever the policy, so q·k only overflows on MultiHeadAttention's
@@ -57,6 +61,7 @@ import json
 import os
 import statistics
 import sys
+import tempfile
 import time
 import traceback
 from collections.abc import Callable
@@ -77,6 +82,7 @@ import autoprec  # noqa: E402
 from autoprec.layers import describe_model, layer_paths  # noqa: E402
 
 POLICIES = ("float32", "mixed_float16", "mixed_bfloat16", "autoprec")
+DTYPES = ("float32", "bfloat16", "float16")
 FLOAT16_MAX = 65504.0
 #: float16 is unsafe for a layer whose largest value exceeds this (16x headroom).
 FLOAT16_SAFE_MAX = FLOAT16_MAX / 16
@@ -110,6 +116,8 @@ class Settings:
     layer_repeats: int
     overflow_steps: int
     deadline: float
+    #: Whether `autoprec.calibrate` also times whole uniform steps (its step correction).
+    calibrate_whole_steps: bool = True
 
 
 @dataclasses.dataclass
@@ -468,16 +476,90 @@ def _fastest(seconds: dict[str, float]) -> str:
     return best
 
 
-def _try_autoprec_calibrate(model: keras.Model, x: np.ndarray, y: np.ndarray) -> str:
-    """Returns why `autoprec.calibrate` cannot be used here (it needs TensorFlow today)."""
+def _float16_feasibility(probes: dict[str, dict]) -> Any:
+    """Returns the probe's float16 verdicts as a profile `autoprec.heuristic_plan` reads.
+
+    `heuristic_plan` reads `profile.layers[path]["float16_safe"]` duck-typed; the
+    JAX backend has no autoprec profiler, so the probe of this script stands in.
+    """
+    layers = {}
+    for path, record in probes.items():
+        safe = "float16" in _safe_dtypes(path, record, probes)
+        logits = record.get("logits_amax", 0.0)
+        if logits > FLOAT16_SAFE_MAX:
+            safe = False
+        reason = (
+            None
+            if safe
+            else f"largest value {max(record['output_amax'], logits):.3g} > {FLOAT16_SAFE_MAX:.0f}"
+        )
+        layers[path] = {"float16_safe": safe, "float16_reason": reason}
+    return type("ProbeProfile", (), {"layers": layers})()
+
+
+def library_plan(
+    model: keras.Model, workload: Workload, settings: Settings
+) -> tuple[autoprec.PrecisionPlan | None, dict]:
+    """Returns a plan from `autoprec.calibrate` + `autoprec.heuristic_plan`, and its evidence.
+
+    Returns `(None, {"reason": ...})` when the library cannot calibrate here.
+    """
     calibrate = getattr(autoprec, "calibrate", None)
-    if calibrate is None:
-        return "autoprec.calibrate does not exist"
+    heuristic = getattr(autoprec, "heuristic_plan", None)
+    if calibrate is None or heuristic is None:
+        return None, {"reason": "autoprec.calibrate or autoprec.heuristic_plan does not exist"}
+    probes = probe_layers(model, workload.x)
+    hardware = autoprec.hardware.detect()
     try:
-        calibrate(model, (x[:2], y[:2]), progress=False, use_cache=False)
-    except autoprec.BackendError as error:
-        return f"autoprec.calibrate: {error}"
-    return "autoprec.calibrate ran, but its table is not used on this backend"
+        with tempfile.TemporaryDirectory() as cache_dir:
+            costs = calibrate(
+                model,
+                (workload.x, workload.y),
+                dtypes=DTYPES,
+                repeats=max(settings.layer_repeats, 2),
+                cache_dir=cache_dir,
+                progress=False,
+                measure_model_step=settings.calibrate_whole_steps,
+                hardware=hardware,
+            )
+    except Exception as error:  # noqa: BLE001 - the bench's own timing takes over
+        return None, {
+            "reason": f"autoprec.calibrate: {type(error).__name__}: {error}",
+            "traceback": traceback.format_exc()[-3000:],
+        }
+    feasibility = _float16_feasibility(probes)
+    plan = heuristic(model, profile=feasibility, costs=costs, hardware=hardware, dtypes=DTYPES)
+    estimate = autoprec.estimate(model, plan, costs)
+    infos = describe_model(model)
+    layers = {
+        path: {
+            "seconds": record.seconds,
+            "source": record.source,
+            "float16_safe": feasibility.layers.get(path, {}).get("float16_safe"),
+            "output_amax": probes.get(path, {}).get("output_amax"),
+        }
+        for path, record in costs.layers.items()
+        if infos.get(path) is not None and infos[path].class_name in COMPUTE_CLASSES
+    }
+    return plan, {
+        "source": "autoprec.calibrate + autoprec.heuristic_plan",
+        "hardware": hardware.name,
+        "layers": layers,
+        "distinct_layers_timed": sum(
+            record.source == "measured" for record in costs.layers.values()
+        ),
+        "calibrate_stats": costs.stats,
+        "measured_step_seconds_by_dtype": costs.measured_step_seconds_by_dtype,
+        "step_overhead_seconds": costs.step_overhead_seconds,
+        "estimated_step_seconds": estimate.step_seconds,
+        "estimated_speedup": estimate.speedup,
+        "costs_summary": costs.summary(limit=60),
+        "attention_logits_amax": {
+            path: record["logits_amax"]
+            for path, record in probes.items()
+            if "logits_amax" in record
+        },
+    }
 
 
 def calibrated_plan(
@@ -562,8 +644,13 @@ def run_policy(workload: Workload, policy: str, settings: Settings) -> dict:
     callbacks = []
     if policy == "autoprec":
         started = time.perf_counter()
-        result["calibrate_fallback_reason"] = _try_autoprec_calibrate(model, workload.x, workload.y)
-        plan, evidence = calibrated_plan(model, workload.x, settings)
+        plan, evidence = library_plan(model, workload, settings)
+        result["plan_source"] = evidence.get("source")
+        result["calibrate_fallback_reason"] = None
+        if plan is None:
+            result["calibrate_fallback_reason"] = evidence["reason"]
+            result["plan_source"] = "bench fallback: own per-layer timing"
+            plan, evidence = calibrated_plan(model, workload.x, settings)
         result["calibration_seconds"] = time.perf_counter() - started
         result["plan_dtype_counts"] = plan.dtype_counts()
         result["plan"] = json.loads(plan.to_json())
@@ -643,8 +730,8 @@ def table(results: dict) -> str:
 
 def _settings(args: argparse.Namespace, started: float) -> Settings:
     if args.smoke:
-        return Settings(True, 1, 2, 1, 1, 3, started + args.budget_seconds)
-    return Settings(False, 3, 10, 5, 5, 20, started + args.budget_seconds)
+        return Settings(True, 1, 2, 1, 1, 3, started + args.budget_seconds, False)
+    return Settings(False, 3, 10, 5, 5, 20, started + args.budget_seconds, True)
 
 
 def _parse_args(argv: list[str] | None) -> argparse.Namespace:

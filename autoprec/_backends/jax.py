@@ -54,6 +54,40 @@ def to_device(value: Any) -> Any:
     )
 
 
+def random_tensor(shape: tuple[int, ...], dtype: str, rng: np.random.Generator) -> jax.Array:
+    """Returns standard-normal values in `dtype` on the default device, drawn from `rng`.
+
+    Drawn and cast on the host (`ml_dtypes` for the 16-bit types), then copied
+    once: a device-side draw would compile a random-number program for every
+    new shape, which costs more than the draw itself.
+    """
+    values = rng.standard_normal(shape, dtype=np.float32).astype(jnp.dtype(dtype))
+    return jax.device_put(values)
+
+
+def _symbolic(value: Any) -> Any:
+    return keras.KerasTensor(value.shape, dtype=str(value.dtype)) if _is_array(value) else value
+
+
+def _build(layer: keras.layers.Layer, args: list, kwargs: dict) -> list:
+    """Builds `layer` for its arguments; returns `(shape, dtype)` of its float outputs.
+
+    A symbolic call (Keras tensors: shapes only) builds the layer without
+    compiling its forward pass op by op; an eager call is the fallback.
+    """
+    symbolic_args, symbolic_kwargs = jax.tree_util.tree_map(_symbolic, (args, kwargs))
+    try:
+        outputs = layer(*symbolic_args, **symbolic_kwargs)
+    except Exception:  # noqa: BLE001 - some layers only run eagerly
+        outputs = layer(*args, **kwargs)
+    flat = [
+        tensor
+        for tensor in jax.tree_util.tree_leaves(outputs)
+        if hasattr(tensor, "dtype") and keras.backend.is_float_dtype(tensor.dtype)
+    ]
+    return [(tuple(int(dim) for dim in tensor.shape), str(tensor.dtype)) for tensor in flat]
+
+
 def layer_step(
     layer: keras.layers.Layer, args: list, kwargs: dict, jit_compile: bool = True
 ) -> Callable[[], Any]:
@@ -69,7 +103,7 @@ def layer_step(
         A zero-argument function that runs the step and waits for its results.
     """
     del jit_compile
-    outputs = layer(*args, **kwargs)
+    output_specs = _build(layer, args, kwargs)
     leaves, treedef = jax.tree_util.tree_flatten((args, kwargs))
     float_positions = [index for index, leaf in enumerate(leaves) if _is_float(leaf)]
     other_positions = [
@@ -77,12 +111,8 @@ def layer_step(
     ]
     trainable_variables = list(layer.trainable_variables)
     state_variables = list(layer.non_trainable_variables)
-    key = jax.random.PRNGKey(0)
-    upstream = [
-        jax.random.normal(key, tensor.shape, jnp.float32).astype(tensor.dtype)
-        for tensor in jax.tree_util.tree_leaves(outputs)
-        if _is_float(tensor)
-    ]
+    rng = np.random.default_rng(1)
+    upstream = [random_tensor(shape, dtype, rng) for shape, dtype in output_specs]
 
     def forward(trainable, float_inputs, state, other_inputs):
         values = list(leaves)
@@ -131,7 +161,7 @@ def cast_step(dtype: str, elements: int) -> Callable[[], Any]:
     Both results are returned, so XLA materialises the 16-bit copy instead of
     fusing the two casts into one pass.
     """
-    source = jax.random.normal(jax.random.PRNGKey(0), (elements,), jnp.float32)
+    source = random_tensor((elements,), "float32", np.random.default_rng(0))
     target = jnp.dtype(dtype)
 
     def casts(tensor):
