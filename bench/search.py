@@ -83,8 +83,7 @@ def make_data(model: keras.Model, samples: int) -> tuple[np.ndarray, np.ndarray]
     return x, y
 
 
-def plan_step_seconds(model: keras.Model, plan, batch, repeats: int = 5) -> float:
-    """Median train-step seconds of a copy of `model` with `plan` applied."""
+def _compiled_copy(model: keras.Model, plan) -> keras.Model:
     clone = keras.models.clone_model(model)
     clone.set_weights(model.get_weights())
     handle = autoprec.apply_plan(clone, plan)
@@ -92,14 +91,29 @@ def plan_step_seconds(model: keras.Model, plan, batch, repeats: int = 5) -> floa
     if handle.uses_float16:
         optimizer = autoprec.FlooredLossScaleOptimizer(optimizer)
     clone.compile(optimizer=optimizer, loss="sparse_categorical_crossentropy")
+    return clone
+
+
+def interleaved_step_seconds(
+    model: keras.Model, plans: dict, batch, rounds: int = 7, warmup: int = 2
+) -> dict[str, float]:
+    """Median train-step seconds of each plan, timed in interleaved rounds (one step each).
+
+    Interleaving puts every plan under the same machine load, so their ratios
+    are comparable on a shared, noisy machine.
+    """
+    copies = {name: _compiled_copy(model, plan) for name, plan in plans.items()}
     x, y = batch
-    times = []
-    for index in range(2 + repeats):
-        start = time.perf_counter()
-        clone.train_on_batch(x, y)
-        if index >= 2:
-            times.append(time.perf_counter() - start)
-    return float(np.median(times))
+    for copy in copies.values():
+        for _ in range(warmup):
+            copy.train_on_batch(x, y)
+    times: dict[str, list[float]] = {name: [] for name in copies}
+    for _ in range(rounds):
+        for name, copy in copies.items():
+            start = time.perf_counter()
+            copy.train_on_batch(x, y)
+            times[name].append(time.perf_counter() - start)
+    return {name: float(np.median(values)) for name, values in times.items()}
 
 
 def onednn_bf16_seconds(name: str, batch_size: int) -> float | None:
@@ -159,10 +173,19 @@ def run_one(name: str, quick: bool) -> dict:
         "metric": result.plan.metadata["measured_metric"],
         "reference": result.reference_metric,
         "threshold": budget.threshold(result.reference_metric),
-        "plan_s": plan_step_seconds(model, result.plan, batch),
     }
-    for dtype in ("float32", "bfloat16", "float16"):
-        row[f"{dtype}_s"] = cost.measure_train_step(model, batch, dtype)
+    uniform = {
+        dtype: autoprec.PrecisionPlan.uniform(model, dtype) for dtype in ("float32", "bfloat16")
+    }
+    timed = interleaved_step_seconds(model, {"plan": result.plan, **uniform}, batch)
+    row["plan_s"] = timed["plan"]
+    row["float32_s"] = timed["float32"]
+    row["bfloat16_s"] = timed["bfloat16"]
+    # float16 runs on slow fallback kernels on CPU: timed alone, few steps.
+    row["float16_s"] = cost.measure_train_step(model, batch, "float16", repeats=2)
+    row["plan_equals"] = [
+        dtype for dtype, plan in uniform.items() if dict(plan.layers) == dict(result.plan.layers)
+    ]
     uniform_ok = {}
     for trial in result.study.trials:
         label = trial.user_attrs.get("warm_start", "")
@@ -178,8 +201,8 @@ def table(rows: list[dict]) -> str:
     """Markdown table of the rows."""
     lines = [
         "| model | trials | search wall s | plan (bf16/f32/f16) | val_loss plan / ref (≤) "
-        "| plan ms | f32 ms | bf16 ms | f16 ms | oneDNN auto-bf16 ms |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| plan ms | f32 ms | bf16 ms | f16 ms | oneDNN auto-bf16 ms | plan is |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in rows:
         counts = row["plan"]
@@ -192,7 +215,7 @@ def table(rows: list[dict]) -> str:
             f"{counts['bfloat16']}/{counts['float32']}/{counts['float16']} | "
             f"{row['metric']:.4f} / {row['reference']:.4f} (≤{row['threshold']:.4f}) | "
             f"{ms('plan_s')} | {ms('float32_s')} | {ms('bfloat16_s')} | {ms('float16_s')} | "
-            f"{ms('onednn_bf16_s')} |"
+            f"{ms('onednn_bf16_s')} | {', '.join(row.get('plan_equals') or ['mixed'])} |"
         )
     return "\n".join(lines)
 
