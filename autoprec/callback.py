@@ -81,6 +81,14 @@ class AutoPrecision(keras.callbacks.Callback):
         check_kernels: before training, run each 16-bit layer once alone; a layer
             whose dtype has no kernel on this device falls back (float16 ->
             bfloat16 -> float32), logged and recorded in `plan.events`.
+        search: with no plan, `True` or an `autoprec.Budget` runs a short Optuna
+            search (`search_trials` trials, on `search_data`) after profiling,
+            instead of the heuristic; `True` means `Budget("val_loss",
+            max_relative_drop=0.02)`. `callback.search_result` holds the result.
+        search_data: `(train_data, val_data)` held-out batches for the search,
+            each `(x, y)` arrays or a `tf.data.Dataset` (a callback cannot see
+            `fit`'s data).
+        search_trials: trials of that search.
         tensorboard_dir: if given, per-epoch loss scale and layer counts per dtype
             (scalars), the dtype of every layer and each event (text) are written
             to `<tensorboard_dir>/autoprec`, next to Keras' own TensorBoard logs.
@@ -114,6 +122,9 @@ class AutoPrecision(keras.callbacks.Callback):
         guard_check_every: int = 10,
         check_kernels: bool = True,
         tensorboard_dir: str | os.PathLike | None = None,
+        search: bool | object = False,
+        search_data: tuple | None = None,
+        search_trials: int = 8,
     ) -> None:
         super().__init__()
         if isinstance(plan, (str, os.PathLike)):
@@ -173,6 +184,10 @@ class AutoPrecision(keras.callbacks.Callback):
         self.events: list[dict] = []
         self.check_kernels = check_kernels
         self.tensorboard_dir = tensorboard_dir
+        self.search_budget = _search_budget(search, search_data, plan)
+        self.search_data = search_data
+        self.search_trials = search_trials
+        self.search_result = None
         self._training_log = None
         self._kernels_checked = False
 
@@ -369,9 +384,26 @@ class AutoPrecision(keras.callbacks.Callback):
                 self._profiler.remove_probes()
             self.profile = self._profiler.profile
             self._profiler = None
-        self.plan, self.estimate = decide_plan(
-            self.model, self.profile, hardware=self.hardware, batch_size=self.batch_size
-        )
+        if self.search_budget is not None:
+            from .search import search
+
+            train_data, val_data = self.search_data
+            self.search_result = search(
+                self.model,
+                train_data,
+                val_data,
+                budget=self.search_budget,
+                hardware=self.hardware,
+                n_trials=self.search_trials,
+                profile=self.profile,
+                batch_size=self.batch_size,
+                verbose=0,
+            )
+            self.plan, self.estimate = self.search_result.plan, None
+        else:
+            self.plan, self.estimate = decide_plan(
+                self.model, self.profile, hardware=self.hardware, batch_size=self.batch_size
+            )
         verbose, self.verbose = self.verbose, 0
         try:
             self._apply()
@@ -491,6 +523,28 @@ class AutoPrecision(keras.callbacks.Callback):
         self.model.make_train_function(force=True)
         self.model.test_function = None
         self.model.predict_function = None
+
+
+def _search_budget(search: object, search_data: tuple | None, plan: object) -> object | None:
+    """Returns the Budget the callback searches under, or `None`; refuses unusable settings."""
+    if search is False or search is None:
+        return None
+    if plan is not None:
+        raise PlanError("AutoPrecision: search= decides a plan; pass it without a plan.")
+    if not isinstance(search_data, (tuple, list)) or len(search_data) != 2:
+        raise PlanError(
+            "AutoPrecision: search= needs search_data=(train_data, val_data), held-out batches "
+            "to train and judge candidate plans on (a callback cannot see fit's data)."
+        )
+    from .search import Budget
+
+    if search is True:
+        return Budget("val_loss", max_relative_drop=0.02)
+    if not isinstance(search, Budget):
+        raise PlanError(
+            f"AutoPrecision: search must be True or an autoprec.Budget, got {type(search).__name__}."
+        )
+    return search
 
 
 def _float16_layers(handle: PlanHandle) -> list[str]:

@@ -339,3 +339,33 @@ def test_tensorboard_dir_gets_loss_scale_dtype_counts_and_the_plan(mlp, classifi
     assert [int(v) for v in values["autoprec/layers_float16"]] == [3, 3]
     assert len(values["autoprec/plan"]) == 1  # written once: the plan did not change
     assert b"dense_2" in values["autoprec/plan"][0].item()
+
+
+def test_one_liner_with_a_budget_runs_a_short_search_before_training(classification, capsys):
+    x, y = classification
+    model = _compiled(build_mlp())
+    budget = autoprec.Budget("val_accuracy", max_drop=0.2)
+    callback = AutoPrecision(
+        profile_steps=2,
+        hardware="rtx4090",
+        search=budget,
+        search_data=((x[:96], y[:96]), (x[96:], y[96:])),
+        search_trials=3,
+    )
+    history = model.fit(x, y, epochs=1, batch_size=16, verbose=0, callbacks=[callback])
+    assert callback.search_result is not None
+    assert len(callback.search_result.study.trials) >= 1
+    assert callback.plan.metadata["budget"]["metric"] == "val_accuracy"
+    assert callback.handle is not None and np.isfinite(history.history["loss"][0])
+    assert "automatic plan" in capsys.readouterr().out
+
+
+def test_search_settings_are_checked(mlp):
+    with pytest.raises(PlanError, match="search_data=\\(train_data, val_data\\)"):
+        AutoPrecision(search=True)
+    with pytest.raises(PlanError, match="without a plan"):
+        AutoPrecision(
+            PrecisionPlan.uniform(mlp, "float32"), search=True, search_data=((1, 2), (3, 4))
+        )
+    with pytest.raises(PlanError, match="True or an autoprec.Budget"):
+        AutoPrecision(search="val_loss", search_data=((1, 2), (3, 4)))
