@@ -331,3 +331,16 @@ def test_heuristic_whole_plan_is_no_slower_than_float32_or_a_uniform_16_bit_plan
     assert chosen <= step({path: "float32" for path in plan.layers}) + 1e-12
     assert chosen <= step(uniform) * 1.0001
     assert plan.layers["dense_5"] == "float32"  # the softmax output stays float32
+
+
+def test_measured_step_confirms_the_final_plan_against_uniform_plans():
+    train, val = mlp_data()
+    settings = {**FAST, "hardware": "local", "measure_speedup": True}
+    result = search(
+        compiled_mlp(), train, val, Budget("val_accuracy", max_drop=0.5), n_trials=4, **settings
+    )
+    measured = result.plan.metadata["search"]["measured_step_seconds"]
+    assert {"searched", "float32"} <= set(measured)
+    chosen = result.plan.metadata["search"]["measured_plan_step_seconds"]
+    assert chosen <= min(measured.values()) / (1 - 0.03) + 1e-12  # no uniform plan clearly faster
+    assert result.plan.metadata["measured_speedup"] == pytest.approx(measured["float32"] / chosen)
