@@ -1350,29 +1350,10 @@ MEASURING_BACKENDS = ("tensorflow", "jax")
 
 
 def _timing_backend(what: str):
-    """Returns what builds the timed functions on the active Keras backend, imported lazily.
+    """Returns the active backend's timing module (see `autoprec._backends.timing_backend`)."""
+    from ._backends import timing_backend
 
-    The object (a module for JAX, `_TensorFlowTiming` for TensorFlow) provides
-    `versions()`, `to_device(value)`, `random_tensor(shape, dtype, rng)`,
-    `layer_step(layer, args, kwargs, jit_compile)`, `empty_step()` and
-    `cast_step(dtype, elements)`; each `*_step` returns a zero-argument function
-    that runs once and waits for the device.
-
-    Raises:
-        BackendError: naming the supported backends, on any other backend.
-    """
-    name = keras.backend.backend()
-    if name == "tensorflow":
-        return _TensorFlowTiming
-    if name == "jax":
-        from ._backends import jax as jax_timing
-
-        return jax_timing
-    raise BackendError(
-        f"{what} measures on the {' and '.join(MEASURING_BACKENDS)} Keras backends; the "
-        f"active Keras backend is {name!r}. Set KERAS_BACKEND=jax (or tensorflow) before "
-        "importing keras, or use predict_costs() with a hardware profile instead."
-    )
+    return timing_backend(what, MEASURING_BACKENDS)
 
 
 def _make_tensor(spec: TensorSpec, batch_size: int, dtype: str, rng: np.random.Generator):
@@ -1456,78 +1437,6 @@ def _time_cast(dtype: str, elements: int, repeats: int) -> float:
     """Times one cast of `elements` values between float32 and `dtype` (half a round trip)."""
     timing = _timing_backend("calibrate()")
     return _time_function(timing.cast_step(dtype, elements), repeats) / 2.0
-
-
-class _TensorFlowTiming:
-    """TensorFlow side of the timed functions (the JAX side is `autoprec._backends.jax`)."""
-
-    @staticmethod
-    def versions() -> dict[str, str]:
-        import tensorflow as tf
-
-        return {"tensorflow": tf.__version__}
-
-    @staticmethod
-    def to_device(value: Any) -> Any:
-        # Unchanged behaviour: `train_on_batch` converts NumPy batches each step.
-        return value
-
-    @staticmethod
-    def random_tensor(shape: tuple[int, ...], dtype: str, rng: np.random.Generator):
-        import tensorflow as tf
-
-        values = rng.standard_normal(shape).astype("float32")
-        return tf.cast(tf.constant(values), dtype)
-
-    @staticmethod
-    def layer_step(clone: keras.layers.Layer, args: list, kwargs: dict, jit_compile: bool):
-        import tensorflow as tf
-
-        outputs = clone(*args, **kwargs)
-        float_outputs = [t for t in _flat_tensors(outputs) if t.dtype.is_floating]
-        upstream = [tf.cast(tf.random.normal(t.shape), t.dtype) for t in float_outputs]
-        float_inputs = [t for t in _flat_tensors((args, kwargs)) if t.dtype.is_floating]
-        variables = list(clone.trainable_variables)
-
-        @tf.function(jit_compile=jit_compile, autograph=False)
-        def step():
-            with tf.GradientTape() as tape:
-                tape.watch(float_inputs)
-                results = clone(*args, **kwargs)
-                flat = [t for t in tf.nest.flatten(results) if t.dtype.is_floating]
-            gradients = tape.gradient(flat, float_inputs + variables, output_gradients=upstream)
-            touched = [tf.reshape(g, [-1])[:1] for g in gradients if g is not None]
-            touched += [tf.reshape(t, [-1])[:1] for t in flat]
-            return tf.add_n([tf.cast(tf.reduce_sum(t), tf.float32) for t in touched])
-
-        return lambda: step().numpy()
-
-    @staticmethod
-    def empty_step():
-        import tensorflow as tf
-
-        value = tf.constant([1.0])
-
-        @tf.function(autograph=False)
-        def step():
-            return tf.reduce_sum(value + 1.0)
-
-        return lambda: step().numpy()
-
-    @staticmethod
-    def cast_step(dtype: str, elements: int):
-        import tensorflow as tf
-
-        source = tf.random.normal([elements])
-        target_dtype = tf.as_dtype(dtype)
-
-        @tf.function(autograph=False)
-        def step():
-            there = tf.cast(source, target_dtype)
-            back = tf.cast(there, tf.float32)
-            return back[0]
-
-        return lambda: step().numpy()
 
 
 def _measure_casts(

@@ -1,8 +1,9 @@
 """Backend-specific parts of autoprec, one small module per Keras backend.
 
-Only the profiler needs one: its in-graph probes (custom-gradient identities
-and statistic variables) are written against the backend's own API. Every
-other module uses Keras APIs and runs on any backend.
+Two things need one: the profiler's in-graph probes (custom-gradient identities
+and statistic variables, TensorFlow only) and the compiled functions that
+`autoprec.cost.calibrate` times (TensorFlow and JAX). Every other module uses
+Keras APIs and runs on any backend.
 """
 
 from __future__ import annotations
@@ -37,3 +38,33 @@ def profiler_backend(feature: str = "autoprec.profile") -> ModuleType:
     from . import tensorflow as tensorflow_backend
 
     return tensorflow_backend
+
+
+def timing_backend(what: str, supported: tuple[str, ...] = ("tensorflow", "jax")) -> ModuleType:
+    """Returns the module that builds timed functions on the active Keras backend, imported lazily.
+
+    The module provides `versions()`, `to_device(value)`, `random_tensor(shape,
+    dtype, rng)`, `layer_step(layer, args, kwargs, jit_compile)`, `empty_step()`
+    and `cast_step(dtype, elements)`.
+
+    Args:
+        what: what needs the timing, named in the error message.
+        supported: the backends that have a timing module.
+
+    Raises:
+        BackendError: naming the supported backends, on any other backend.
+    """
+    name = keras.backend.backend()
+    if name == "tensorflow":
+        from . import tensorflow as tensorflow_backend
+
+        return tensorflow_backend
+    if name == "jax":
+        from . import jax as jax_backend
+
+        return jax_backend
+    raise BackendError(
+        f"{what} measures on the {' and '.join(supported)} Keras backends; the "
+        f"active Keras backend is {name!r}. Set KERAS_BACKEND=jax (or tensorflow) before "
+        "importing keras, or use predict_costs() with a hardware profile instead."
+    )
