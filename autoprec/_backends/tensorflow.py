@@ -58,10 +58,22 @@ _NAME_UNSAFE = re.compile(r"[^A-Za-z0-9_.\-]")
 
 
 def _count_values(indices: tf.Tensor, slots: int, xla: bool) -> tf.Tensor:
-    """Counts occurrences of each integer in `[0, slots)` (int32 result)."""
+    """Counts occurrences of each integer in `[0, slots)` (int32 result).
+
+    `DenseBincount` is called directly: `tf.math.bincount` adds a full
+    `reduce_max` pass over the indices to size its output, which a fixed
+    number of slots does not need.
+    """
     if xla:
         return tf.math.unsorted_segment_sum(tf.ones_like(indices), indices, slots)
-    return tf.math.bincount(indices, minlength=slots, maxlength=slots, dtype=tf.int32)
+    return tf.raw_ops.DenseBincount(
+        input=indices, size=slots, weights=tf.zeros([0], tf.int32), binary_output=False
+    )
+
+
+def _sum_of_squares(values: tf.Tensor) -> tf.Tensor:
+    """Sum of squares of a 1-D float32 tensor (`tensordot` of a vector is several times slower)."""
+    return tf.reduce_sum(tf.square(values))
 
 
 def _subnormal_counts(bits: tf.Tensor, xla: bool) -> tf.Tensor:
@@ -83,7 +95,7 @@ def _plain_sums(flat: tf.Tensor, magnitude: tf.Tensor) -> tf.Tensor:
         [
             tf.cast(tf.reduce_max(magnitude), tf.float64),
             tf.cast(tf.reduce_sum(magnitude), tf.float64),
-            tf.cast(tf.tensordot(flat, flat, 1), tf.float64),
+            tf.cast(_sum_of_squares(flat), tf.float64),
         ]
     )
 
@@ -104,7 +116,7 @@ def _masked_rescaled_sums(bits: tf.Tensor, magnitude: tf.Tensor) -> tf.Tensor:
         [
             tf.cast(largest, tf.float64),
             tf.cast(tf.reduce_sum(scaled), tf.float64) * factor,
-            tf.cast(tf.tensordot(scaled, scaled, 1), tf.float64) * factor * factor,
+            tf.cast(_sum_of_squares(scaled), tf.float64) * factor * factor,
         ]
     )
 
