@@ -1012,6 +1012,7 @@ class _ProbeSession:
         self.installed = False
         self.xla = False
         self._gradient_multiplier = None
+        self._statistics_cache = None
         self._step_counter = None
         self._undo: list[Callable[[], None]] = []
         self._original_jit_compile: bool | None = None
@@ -1080,10 +1081,12 @@ class _ProbeSession:
                 session._gradient_multiplier = session.backend.inverse_loss_scale(
                     session.model.optimizer
                 )
+                session._statistics_cache = session.backend.StatisticsCache()
                 return original(data)
             finally:
                 session.recording = False
                 session._gradient_multiplier = None
+                session._statistics_cache = None
 
         return train_step
 
@@ -1159,6 +1162,7 @@ class _ProbeSession:
                 self._accumulator(path, "activation_gradients", key),
                 self.xla,
                 self._gradient_multiplier,
+                self._statistics_cache,
             )
             _copy_keras_attributes(value, observed)
             probed.append(observed)
@@ -1177,6 +1181,7 @@ class _ProbeSession:
                 gradient,
                 self.xla,
                 self._gradient_multiplier,
+                self._statistics_cache,
             )
             self.backend.record(self._accumulator(path, "weights", name), variable.value, self.xla)
 

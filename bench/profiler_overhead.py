@@ -6,6 +6,12 @@ sees a probe, the other is probed, then has its probes removed. Timed steps
 alternate between the two copies (interleaved repeats), so machine noise hits
 both alike; the table shows median step times and their ratio.
 
+The last column is a floor: the time an exact exponent count alone
+(TensorFlow's `DenseBincount`, the cheapest exact counting kernel on CPU)
+takes for the number of values the probes see per step, measured in the same
+run, added to the baseline. No exact profiler built from TensorFlow kernels
+can go below it on this machine.
+
 Run:
 
     python bench/profiler_overhead.py [--repeats 5] [--steps 8] [--jit-compile]
@@ -25,6 +31,7 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
+from autoprec._backends.tensorflow import RAW_COUNT_SLOTS  # noqa: E402
 from autoprec.profiler import _ProbeSession  # noqa: E402
 
 
@@ -144,6 +151,42 @@ def interleaved_medians(
     return statistics.median(baseline_times), statistics.median(other_times)
 
 
+def counting_seconds_per_value(values: int = 1 << 20, repeats: int = 20) -> float:
+    """Median seconds per value of an exact exponent count (`DenseBincount`) on this machine."""
+    data = tf.constant(np.random.default_rng(0).normal(size=values).astype("float32"))
+    no_weights = tf.zeros([0], tf.int32)
+
+    @tf.function
+    def count(tensor):
+        exponents = tf.bitwise.right_shift(tf.bitcast(tf.abs(tensor), tf.int32), 23)
+        return tf.raw_ops.DenseBincount(input=exponents, size=256, weights=no_weights)
+
+    @tf.function
+    def touch(tensor):
+        return tf.abs(tensor)[:256]
+
+    def median_seconds(function) -> float:
+        function(data).numpy()
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            function(data).numpy()
+            times.append(time.perf_counter() - start)
+        return statistics.median(times)
+
+    return max(median_seconds(count) - median_seconds(touch), 0.0) / values
+
+
+def values_per_step(session: _ProbeSession) -> float:
+    """Values the probes measured per train step (counts summed over every statistic)."""
+    # The last count slot (NaNs) repeats values already counted as non-finite.
+    total = sum(
+        int(accumulator.read()[0][: RAW_COUNT_SLOTS - 1].sum())
+        for accumulator in session.accumulators.values()
+    )
+    return total / max(session.steps_recorded(), 1)
+
+
 def measure(name: str, builder, batch_size: int, repeats: int, steps: int, jit: bool) -> list:
     keras.utils.set_random_seed(0)
     baseline, probed = twin_models(builder, jit)
@@ -152,11 +195,13 @@ def measure(name: str, builder, batch_size: int, repeats: int, steps: int, jit: 
     session.install()
     base_ms, probed_ms = interleaved_medians(baseline, probed, data, repeats, steps)
     probes = len(session.accumulators)
+    values = values_per_step(session)
     session.remove()
+    floor_ms = base_ms + values * counting_seconds_per_value()
     base_after_ms, removed_ms = interleaved_medians(baseline, probed, data, repeats, steps)
     return [
-        (name, "probed", probes, base_ms, probed_ms),
-        (name, "probes removed", 0, base_after_ms, removed_ms),
+        (name, "probed", probes, values, base_ms, probed_ms, floor_ms),
+        (name, "probes removed", 0, 0, base_after_ms, removed_ms, None),
     ]
 
 
@@ -182,13 +227,17 @@ def main() -> None:
         f"steps per model, jit_compile={arguments.jit_compile}, "
         f"{os.cpu_count()} CPU cores, TF {tf.__version__}"
     )
-    header = f"{'model':<12} {'state':<15} {'stat vars':>9} {'baseline ms':>12} {'this ms':>9} {'ratio':>6}"
+    header = (
+        f"{'model':<12} {'state':<15} {'stat vars':>9} {'values/step':>11} {'baseline ms':>12} "
+        f"{'this ms':>9} {'ratio':>6} {'count floor':>11}"
+    )
     print(header)
     print("-" * len(header))
-    for name, state, probes, base, other in rows:
+    for name, state, probes, values, base, other, floor in rows:
+        floor_text = f"{floor / base:.2f}x" if floor else "-"
         print(
-            f"{name:<12} {state:<15} {probes:>9} {base * 1e3:>12.1f} {other * 1e3:>9.1f} "
-            f"{other / base:>6.2f}x"
+            f"{name:<12} {state:<15} {probes:>9} {values / 1e6:>10.1f}M {base * 1e3:>12.1f} "
+            f"{other * 1e3:>9.1f} {other / base:>6.2f}x {floor_text:>11}"
         )
 
 

@@ -105,6 +105,38 @@ def test_statistics_of_known_tensors_match_numpy(xla):
         _assert_matches_reference(stats, np.concatenate([values.ravel(), values.ravel()]))
 
 
+def test_a_tensor_seen_by_two_probes_is_measured_once():
+    """An outer layer returning an inner layer's output shares its statistics, forward and back."""
+    names = ("inner_fwd", "inner_bwd", "outer_fwd", "outer_bwd")
+    accumulators = {name: tf_backend.TensorAccumulator(name) for name in names}
+    caches = []
+
+    @tf.function
+    def step(x):
+        cache = tf_backend.StatisticsCache()
+        caches.append(cache)
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            inner = tf_backend.probe(
+                x * 3.0, accumulators["inner_fwd"], accumulators["inner_bwd"], False, cache=cache
+            )
+            outer = tf_backend.probe(
+                inner, accumulators["outer_fwd"], accumulators["outer_bwd"], False, cache=cache
+            )
+            loss = tf.reduce_sum(outer * outer)
+        return tape.gradient(loss, x)
+
+    values = np.random.default_rng(3).normal(size=(4, 5)).astype(np.float32)
+    step(tf.constant(values))
+    measured = {id(entry) for entry in caches[0]._entries.values()}
+    assert len(measured) == 2  # one forward, one backward measurement for four accumulators
+    for kind, expected in (("fwd", values * 3.0), ("bwd", 2.0 * values * 3.0)):
+        inner = TensorStats.from_raw(*accumulators[f"inner_{kind}"].read())
+        outer = TensorStats.from_raw(*accumulators[f"outer_{kind}"].read())
+        assert inner.to_dict() == outer.to_dict()
+        _assert_matches_reference(inner, expected)
+
+
 def test_statistics_of_half_precision_tensors_are_exact():
     values = np.array([65504.0, 6e-8, 2.0**-24, 1.0, -3.5, 0.0], np.float32)
     for dtype in ("float16", "bfloat16"):

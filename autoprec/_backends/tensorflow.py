@@ -72,8 +72,12 @@ def _count_values(indices: tf.Tensor, slots: int, xla: bool) -> tf.Tensor:
 
 
 def _sum_of_squares(values: tf.Tensor) -> tf.Tensor:
-    """Sum of squares of a 1-D float32 tensor (`tensordot` of a vector is several times slower)."""
-    return tf.reduce_sum(tf.square(values))
+    """Sum of squares of a 1-D float32 tensor in one pass (`L2Loss` is half of it).
+
+    `tensordot` of a vector with itself is several times slower, and
+    `reduce_sum(square(x))` takes two passes and a temporary.
+    """
+    return 2.0 * tf.nn.l2_loss(values)
 
 
 def _subnormal_counts(bits: tf.Tensor, xla: bool) -> tf.Tensor:
@@ -171,37 +175,35 @@ def _flat_statistics(flat: tf.Tensor, xla: bool) -> tuple[tf.Tensor, tf.Tensor]:
     return tf.cast(counts, tf.int64), floats
 
 
+#: Which float slot combines over steps by maximum and which by minimum (the rest add up).
+_COMBINE_BY_MAX = (True, False, False, False)
+_COMBINE_BY_MIN = (False, True, False, False)
+
+
 def _combine_floats(current: tf.Tensor, new: tf.Tensor) -> tf.Tensor:
-    """Accumulates float slots: max of maxima, min of minima, sums of sums."""
-    return tf.stack(
-        [
-            tf.maximum(current[0], new[0]),
-            tf.minimum(current[1], new[1]),
-            current[2] + new[2],
-            current[3] + new[3],
-        ]
+    """Accumulates float slots (last axis): max of maxima, min of minima, sums of sums."""
+    return tf.where(
+        _COMBINE_BY_MAX,
+        tf.maximum(current, new),
+        tf.where(_COMBINE_BY_MIN, tf.minimum(current, new), current + new),
     )
 
 
 @functools.cache
 def _statistics_function(xla: bool) -> Callable:
-    """Returns a `tf.function` computing `(counts, accumulated floats)`, traced once.
+    """Returns a `tf.function` computing `(counts, floats)` of a 1-D tensor, traced once.
 
     Calling one traced function per probe keeps each probe to a handful of ops in
     the train step's graph, so tracing a large model stays fast.
     """
 
     @tf.function(
-        input_signature=[
-            tf.TensorSpec([None], tf.float32),
-            tf.TensorSpec([len(FLOAT_SLOTS)], tf.float64),
-        ],
+        input_signature=[tf.TensorSpec([None], tf.float32)],
         autograph=False,
         experimental_attributes={"_noinline": True},
     )
-    def statistics(flat, current_floats):
-        counts, floats = _flat_statistics(flat, xla)
-        return counts, _combine_floats(current_floats, floats)
+    def statistics(flat):
+        return _flat_statistics(flat, xla)
 
     return statistics
 
@@ -220,9 +222,42 @@ def tensor_statistics(
         `(counts, floats)`: int64 `[RAW_COUNT_SLOTS]` counts and float64 values
         in `FLOAT_SLOTS` order.
     """
-    flat = _flatten(tensor, multiplier)
-    empty = tf.constant([0.0, np.inf, 0.0, 0.0], tf.float64)
-    return _statistics_function(xla)(flat, empty)
+    return _statistics_function(xla)(_flatten(tensor, multiplier))
+
+
+class StatisticsCache:
+    """Statistics already computed in one traced train step, by tensor.
+
+    One tensor can be the output of several probed layers (a layer returning
+    its last sub-layer's output, as MultiHeadAttention does) and the same
+    gradient can flow into several of them. With a cache each such tensor is
+    measured once and its statistics are added to every accumulator that
+    observes it. A probe's output is registered as an alias of its input, so
+    an outer layer that returns an inner layer's probed output hits the cache.
+    Create one per trace; it holds graph tensors.
+    """
+
+    def __init__(self) -> None:
+        self._entries: dict[tuple, tuple[tf.Tensor, tf.Tensor]] = {}
+
+    @staticmethod
+    def _key(tensor: tf.Tensor, multiplier: tf.Tensor | None) -> tuple:
+        return (tensor.ref(), None if multiplier is None else multiplier.ref())
+
+    def statistics(
+        self, tensor: tf.Tensor, xla: bool, multiplier: tf.Tensor | None
+    ) -> tuple[tf.Tensor, tf.Tensor]:
+        """Returns the statistics of `tensor`, computing them on the first request."""
+        key = self._key(tensor, multiplier)
+        if key not in self._entries:
+            self._entries[key] = tensor_statistics(tensor, xla, multiplier)
+        return self._entries[key]
+
+    def alias(self, alias: tf.Tensor, original: tf.Tensor) -> None:
+        """Records that `alias` holds the same values as `original` (forward values only)."""
+        key = self._key(original, None)
+        if key in self._entries:
+            self._entries[self._key(alias, None)] = self._entries[key]
 
 
 def _flatten(tensor: tf.Tensor, multiplier: tf.Tensor | None) -> tf.Tensor:
@@ -255,12 +290,27 @@ class TensorAccumulator:
                 tf.constant([0.0, np.inf, 0.0, 0.0], tf.float64), f"autoprec_floats_{safe_name}"
             )
 
-    def update(self, tensor: tf.Tensor, xla: bool, multiplier: tf.Tensor | None = None) -> None:
-        """Adds the statistics of `tensor` (in the current graph or eagerly)."""
-        flat = _flatten(tensor, multiplier)
-        counts, floats = _statistics_function(xla)(flat, self.floats.read_value())
+    def update(
+        self,
+        tensor: tf.Tensor,
+        xla: bool,
+        multiplier: tf.Tensor | None = None,
+        cache: StatisticsCache | None = None,
+    ) -> None:
+        """Adds the statistics of `tensor` (in the current graph or eagerly).
+
+        Args:
+            tensor: the tensor to measure.
+            xla: whether the graph is compiled with XLA.
+            multiplier: optional factor applied before measuring (inverse loss scale).
+            cache: statistics already computed in this trace, shared by tensor.
+        """
+        if cache is None or not tf.is_symbolic_tensor(tensor):
+            counts, floats = tensor_statistics(tensor, xla, multiplier)
+        else:
+            counts, floats = cache.statistics(tensor, xla, multiplier)
         self.counts.assign_add(counts)
-        self.floats.assign(floats)
+        self.floats.assign(_combine_floats(self.floats.read_value(), floats))
 
     def read(self) -> tuple[np.ndarray, np.ndarray]:
         """Returns `(counts, floats)` as NumPy arrays, combined over replicas."""
@@ -329,6 +379,7 @@ def probe(
     backward: TensorAccumulator | None,
     xla: bool,
     gradient_multiplier: tf.Tensor | None = None,
+    cache: StatisticsCache | None = None,
 ) -> tf.Tensor:
     """Returns `tensor` through an identity that records it and its gradient.
 
@@ -339,6 +390,7 @@ def probe(
         xla: whether the graph is compiled with XLA.
         gradient_multiplier: optional factor applied to gradients before
             recording (the inverse loss scale); the gradient passed on is unchanged.
+        cache: statistics already computed in this trace (see `StatisticsCache`).
 
     Returns:
         A tensor equal to `tensor`, with the same gradient.
@@ -347,16 +399,19 @@ def probe(
     @tf.custom_gradient
     def identity(value):
         if forward is not None:
-            forward.update(value, xla)
+            forward.update(value, xla, cache=cache)
 
         def gradient(upstream):
             if backward is not None:
-                backward.update(upstream, xla, gradient_multiplier)
+                backward.update(upstream, xla, gradient_multiplier, cache)
             return upstream
 
         return tf.identity(value), gradient
 
-    return identity(tensor)
+    observed = identity(tensor)
+    if cache is not None and forward is not None:
+        cache.alias(observed, tensor)
+    return observed
 
 
 def record(
@@ -364,11 +419,12 @@ def record(
     tensor: tf.Tensor,
     xla: bool,
     multiplier: tf.Tensor | None = None,
+    cache: StatisticsCache | None = None,
 ) -> None:
     """Records a tensor that needs no gradient (weights, weight gradients, internals)."""
     if isinstance(tensor, tf.IndexedSlices):
         tensor = tensor.values
-    accumulator.update(tf.stop_gradient(tensor), xla, multiplier)
+    accumulator.update(tensor, xla, multiplier, cache)
 
 
 def is_float_tensor(value: object) -> bool:
