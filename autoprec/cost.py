@@ -1636,9 +1636,13 @@ def calibrate(
     roofline prediction, flagged in `source`. Casts between float32 and each
     16-bit dtype are timed too, and with `measure_model_step` whole training
     steps of copies of the model under uniform policies, in alternating rounds
-    (`measure_train_steps`): float32, and each 16-bit dtype of `dtypes` that
-    `hardware` does not mark slow (float16 on a CPU under TensorFlow is skipped:
-    its steps take many times float32's). The part
+    (`measure_train_steps`): float32 and each 16-bit dtype of `dtypes`. A dtype
+    `hardware` marks slow (float16 on a CPU under TensorFlow) is timed alone
+    after one warm-up step (twice when a step takes over half a second): its layers can run slower inside the whole
+    step than alone (ResNet50 in float16 on a CPU: 1.4x; float16 kernels there
+    slow down on values in float16's subnormal range, which real gradients
+    reach and random timing inputs do not), so its per-layer sum alone would
+    predict it badly. Leave it out of `dtypes` to skip it. The part
     of the residual (measured step minus summed layers and casts) common to all
     measured dtypes becomes `step_overhead_seconds`; the rest becomes a per-dtype
     `layer_time_scale_by_dtype`, so that `estimate` of each measured uniform plan
@@ -1655,10 +1659,10 @@ def calibrate(
         repeats: timed repetitions per measurement (median).
         cache_dir: cache folder; default `$AUTOPREC_CACHE_DIR` or `~/.cache/autoprec`.
         progress: show a progress bar.
-        measure_model_step: which whole training steps to time: `True` float32
-            and the 16-bit dtypes of `dtypes` not slow on `hardware`; `"all"`
-            every dtype of `dtypes` (a slow dtype is timed once, after one
-            warm-up step); a list of dtypes (from `dtypes`); `False` none.
+        measure_model_step: which whole training steps to time: `True` (or
+            `"all"`) every dtype of `dtypes`, a slow one alone after one warm-up
+            step; a list of dtypes (from `dtypes`); `"fast"` only those
+            `hardware` runs natively; `False` none.
         hardware: profile for fallback predictions; default the detected device.
         use_cache: read and write the cache.
 
@@ -1837,17 +1841,18 @@ def _whole_step_dtypes(
     """Returns the dtypes whose uniform whole step `calibrate` times, float32 first."""
     if requested is False or requested is None:
         return []
-    if requested is True:
-        return [dtype for dtype in dtypes if profile.support(dtype) == hardware_module.FAST]
-    if isinstance(requested, str) and requested.strip().lower() == "all":
+    keyword = requested.strip().lower() if isinstance(requested, str) else None
+    if requested is True or keyword == "all":
         return list(dtypes)
+    if keyword == "fast":
+        return [dtype for dtype in dtypes if profile.support(dtype) == hardware_module.FAST]
     names = [requested] if isinstance(requested, str) else list(requested)
     chosen = {canonical_dtype(name, "measure_model_step") for name in names}
     missing = sorted(chosen - set(dtypes))
     if missing:
         raise PlanError(
             f"measure_model_step names {', '.join(missing)}, which calibrate() does not time "
-            f"per layer (dtypes={list(dtypes)}); add it to dtypes, or pass True, 'all' or False."
+            f"per layer (dtypes={list(dtypes)}); add it to dtypes, or pass True, 'fast' or False."
         )
     return [dtype for dtype in dtypes if dtype in chosen]
 
@@ -1873,14 +1878,19 @@ def _measure_whole_steps(
 
     The dtypes the device runs fast are timed together, interleaved (all again
     when one is missing from the cache, so their ratios come from one run);
-    each slow one alone, once after one warm-up step.
+    each slow one alone after one warm-up step (twice when a step takes over
+    half a second).
     """
     timing.stats.update({"model_step": 0, "model_steps_timed": 0})
     keys = {dtype: _whole_step_key(model, batch, dtype, timing) for dtype in dtypes}
     measured = {dtype: timing.cache.get(key) for dtype, key in keys.items()}
     fast = [dtype for dtype in dtypes if profile.support(dtype) == hardware_module.FAST]
     groups = [(fast, max(timing.repeats, 3), 2)] if any(measured[d] is None for d in fast) else []
-    groups += [([dtype], 1, 1) for dtype in dtypes if dtype not in fast and measured[dtype] is None]
+    groups += [
+        ([dtype], max(timing.repeats, 3), 1)
+        for dtype in dtypes
+        if dtype not in fast and measured[dtype] is None
+    ]
     for group, repeats, warmup in groups:
         try:
             timed = measure_train_steps(model, batch, group, repeats, timing.jit_compile, warmup)

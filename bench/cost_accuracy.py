@@ -1,25 +1,27 @@
-"""How well calibrated per-layer costs predict whole training steps under uniform policies.
+"""How well calibrated per-layer costs predict whole training steps, uniform and mixed.
 
 For each model, measures the real whole-model train step (`train_on_batch`) of
-the model built under `float32`, `mixed_bfloat16` and `mixed_float16`, the three
-models timed in interleaved rounds (median), and beside it the step
-`autoprec.cost.estimate` predicts from a `calibrate` table twice:
+the model built under `float32`, `mixed_bfloat16` and `mixed_float16`, and of
+two mixed plans (the first half of the layers with weights in bfloat16, or in
+float16 with loss scaling, the rest float32), all timed in interleaved rounds
+(median), and beside it the step `autoprec.cost.estimate` predicts from a
+`calibrate` table twice:
 
-* `pred`: the default calibration: per-layer timings + casts, corrected by whole
-  steps measured under each uniform policy the device does not mark slow
-  (float32 and bfloat16 here; float16 is slow on a CPU under TensorFlow, so its
-  prediction is per-layer times with float32's correction: a real prediction);
-* `old`: corrected by the float32 whole step only (the behaviour before
-  per-dtype whole steps).
+* `pred`: the default calibration: per-layer timings + casts, corrected by the
+  whole uniform steps `calibrate` measures for every dtype it times;
+* `old`: corrected by the float32 whole step only (a prediction for every
+  16-bit policy and plan: nothing 16-bit was timed as a whole).
 
-A policy whose whole step the calibration measured is marked `*`: its
-prediction matches by construction, up to the noise between two measurements of
-two copies of the model. float16 steps take many times float32's on a CPU, so
-they are timed `--float16-repeats` times (default 1, after one warm-up step),
-or not at all for the models named in `--skip-float16-measure`.
+A uniform policy whose whole step the calibration measured is marked `*`: its
+`pred` matches by construction, up to the noise between two measurements of
+two copies of the model. The mixed plans are never measured by `calibrate`:
+their `pred` is a real prediction, which tests the per-dtype corrections and the
+cast costs. float16 steps take many times float32's on a CPU, so steps with
+float16 layers are timed `--float16-repeats` times (default 1, after one
+warm-up step), or not at all for the models named in `--skip-float16-measure`.
 
-Prints the ratios policy/float32, their error and whether the predicted
-ranking of the three policies is the measured one.
+Prints the ratios to float32, their error and whether the predicted ranking of
+the three uniform policies is the measured one.
 
 Usage:
 
@@ -46,9 +48,14 @@ os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
 
-from autoprec import cost  # noqa: E402
+from autoprec import PrecisionPlan, apply_plan, cost  # noqa: E402
+from autoprec.layers import layer_paths  # noqa: E402
 
 POLICIES = {"float32": "float32", "bfloat16": "mixed_bfloat16", "float16": "mixed_float16"}
+#: Mixed plans measured beside the uniform policies: name -> dtype of the first half.
+MIXED = {"half-bf16": "bfloat16", "half-f16": "float16"}
+#: Every row of the table: uniform policies, then mixed plans.
+ROWS = (*POLICIES, *MIXED)
 CLASSES = 10
 #: Input height and width of the image models (set by `--image-size`).
 IMAGE_SIZE = 32
@@ -108,6 +115,31 @@ def build_compiled(name: str, policy: str) -> keras.Model:
     return model
 
 
+def half_plan(model: keras.Model, dtype: str) -> PrecisionPlan:
+    """float32, with the first half of the layers that hold weights in `dtype`."""
+    weighted = [path for path, layer in layer_paths(model).items() if layer.weights]
+    plan = PrecisionPlan.uniform(model, "float32")
+    for path in weighted[: len(weighted) // 2]:
+        plan = plan.with_dtype(path, dtype)
+    return plan
+
+
+def build_planned(name: str, dtype: str) -> keras.Model:
+    """The float32 model with `half_plan` applied, compiled (loss scaling for float16)."""
+    keras.config.set_dtype_policy("float32")
+    model = build_model(name)
+    apply_plan(model, half_plan(model, dtype))
+    optimizer = keras.optimizers.Adam()
+    if dtype == "float16":
+        optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
+    model.compile(optimizer=optimizer, loss="sparse_categorical_crossentropy")
+    return model
+
+
+def _has_float16(row: str) -> bool:
+    return "float16" in (row, MIXED.get(row))
+
+
 def timed_step(model: keras.Model, batch) -> float:
     """Seconds of one `train_on_batch` step."""
     start = time.perf_counter()
@@ -116,28 +148,25 @@ def timed_step(model: keras.Model, batch) -> float:
 
 
 def measure_steps(name: str, batch, repeats: int, float16_repeats: int) -> dict[str, float | None]:
-    """Median seconds of real steps per policy, the models timed in interleaved rounds.
+    """Median seconds of real steps per row (policy or mixed plan), timed in interleaved rounds.
 
-    float32 and bfloat16 get two warm-up steps and `repeats` timed ones; float16
-    one warm-up step and `float16_repeats` timed ones (`None` when 0).
+    Rows without float16 get two warm-up steps and `repeats` timed ones; rows
+    with float16 layers one warm-up step and `float16_repeats` timed ones
+    (`None` when 0).
     """
     keras.backend.clear_session()
-    counts = {"float32": repeats, "bfloat16": repeats, "float16": float16_repeats}
-    models = {
-        dtype: build_compiled(name, policy) for dtype, policy in POLICIES.items() if counts[dtype]
-    }
-    for dtype, model in models.items():
-        for _ in range(1 if dtype == "float16" else 2):
+    counts = {row: float16_repeats if _has_float16(row) else repeats for row in ROWS}
+    models = {row: build_compiled(name, policy) for row, policy in POLICIES.items() if counts[row]}
+    models.update({row: build_planned(name, dtype) for row, dtype in MIXED.items() if counts[row]})
+    for row, model in models.items():
+        for _ in range(1 if _has_float16(row) else 2):
             model.train_on_batch(*batch)
-    samples: dict[str, list[float]] = {dtype: [] for dtype in models}
+    samples: dict[str, list[float]] = {row: [] for row in models}
     for round_index in range(repeats):
-        for dtype, model in models.items():
-            if round_index < counts[dtype]:
-                samples[dtype].append(timed_step(model, batch))
-    return {
-        dtype: statistics.median(samples[dtype]) if samples.get(dtype) else None
-        for dtype in POLICIES
-    }
+        for row, model in models.items():
+            if round_index < counts[row]:
+                samples[row].append(timed_step(model, batch))
+    return {row: statistics.median(samples[row]) if samples.get(row) else None for row in ROWS}
 
 
 def predict_steps(name: str, batch, repeats: int, cache_dir: str) -> dict:
@@ -155,16 +184,25 @@ def predict_steps(name: str, batch, repeats: int, cache_dir: str) -> dict:
         progress=False,
         measure_model_step=["float32"],
     )
+    plans = {row: half_plan(model, dtype) for row, dtype in MIXED.items()}
+
+    def steps(costs: cost.CostTable) -> dict[str, float]:
+        uniform = {d: cost.estimate(model, d, costs).step_seconds for d in POLICIES}
+        return uniform | {
+            row: cost.estimate(model, plan, costs).step_seconds for row, plan in plans.items()
+        }
+
     return {
-        "predicted": {d: cost.estimate(model, d, table).step_seconds for d in POLICIES},
-        "old": {d: cost.estimate(model, d, old_table).step_seconds for d in POLICIES},
+        "predicted": steps(table),
+        "old": steps(old_table),
         "whole_steps": sorted(table.measured_step_seconds_by_dtype),
         "calibration_seconds": calibration_seconds,
     }
 
 
 def ranking(steps: dict) -> str:
-    known = {dtype: value for dtype, value in steps.items() if value is not None}
+    """The uniform policies, fastest first."""
+    known = {dtype: steps[dtype] for dtype in POLICIES if steps[dtype] is not None}
     return " < ".join(sorted(known, key=known.get))
 
 
@@ -229,7 +267,7 @@ def print_row(row: dict) -> None:
         f"  {'policy':<10} {'meas ms':>9} {'pred ms':>9} {'old ms':>9} {'meas ratio':>11} "
         f"{'pred ratio':>11} {'old ratio':>10} {'pred err':>9} {'old err':>8}"
     )
-    for dtype in POLICIES:
+    for dtype in ROWS:
         measured_ratio = _ratio(measured, dtype)
         predicted_ratio, old_ratio = _ratio(predicted, dtype), _ratio(old, dtype)
         errors = [
@@ -247,24 +285,30 @@ def print_row(row: dict) -> None:
         )
 
 
+def _within(rows: list, key: str, names: tuple[str, ...], tolerance: float = 0.25) -> str:
+    """`"k/n"`: how many measured ratios of `names` the `key` prediction gets within `tolerance`."""
+    errors = [
+        abs(_ratio(row[key], name) / _ratio(row["measured"], name) - 1)
+        for row in rows
+        for name in names
+        if _ratio(row["measured"], name) is not None
+    ]
+    return f"{sum(error <= tolerance for error in errors)}/{len(errors)}"
+
+
 def summarise(rows: list) -> str:
-    """Returns the closing line: rankings right and 16-bit ratios within 25%, new and old."""
-    parts = []
+    """Returns the closing lines: rankings right and ratios within 25%, new and old."""
+    lines = []
     for key in ("predicted", "old"):
         right = sum(same_ranking(row["measured"], row[key]) for row in rows)
         tied = sum(ranking_agrees(row["measured"], row[key]) for row in rows)
-        errors = [
-            abs(_ratio(row[key], d) / _ratio(row["measured"], d) - 1)
-            for row in rows
-            for d in ("bfloat16", "float16")
-            if _ratio(row["measured"], d) is not None
-        ]
-        within = sum(error <= 0.25 for error in errors)
-        parts.append(
+        lines.append(
             f"{key}: ranking right {right}/{len(rows)} ({tied}/{len(rows)} ignoring measured "
-            f"ties within 5%), 16-bit ratios within 25% {within}/{len(errors)}"
+            f"ties within 5%), uniform 16-bit ratios within 25% "
+            f"{_within(rows, key, ('bfloat16', 'float16'))}, mixed plans within 25% "
+            f"{_within(rows, key, tuple(MIXED))}"
         )
-    return "; ".join(parts)
+    return "\n".join(lines)
 
 
 def main() -> None:
