@@ -927,12 +927,25 @@ def _is_multi_head_attention(layer: keras.layers.Layer) -> bool:
 
 
 def _probe_targets(model: keras.Model, include_pass_through: bool) -> dict[str, keras.layers.Layer]:
-    """Layers whose outputs are probed, by stable path."""
+    """Layers whose outputs are probed, by stable path.
+
+    Layers a recurrent layer runs once per time step inside its loop (its cell
+    and everything under it) are left out: a probe's gradient inside a
+    TensorFlow while loop cannot update statistic variables. The recurrent
+    layer's own outputs are probed, and the cell's weights and weight
+    gradients are recorded as for any layer.
+    """
+    paths = layer_paths(model)
+    loop_prefixes = tuple(
+        path + "/" for path, layer in paths.items() if isinstance(layer, keras.layers.RNN)
+    )
     targets = {}
-    for path, layer in layer_paths(model).items():
+    for path, layer in paths.items():
         if type(layer).__name__ == "InputLayer" or _is_graph_model(layer):
             continue
         if not include_pass_through and is_pass_through(layer):
+            continue
+        if loop_prefixes and path.startswith(loop_prefixes):
             continue
         targets[path] = layer
     return targets

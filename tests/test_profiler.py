@@ -350,6 +350,30 @@ def test_subclassed_nested_model_with_tuple_outputs_masks_and_frozen_layer():
     assert "call" not in vars(model.pair) and "call" not in vars(model.block.layers[0])
 
 
+def test_recurrent_layers_are_profiled_at_their_outputs_and_cells_keep_weights():
+    """Cells run inside a while loop: their weights are recorded, their per-step outputs are not."""
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(32, 6, 4)).astype("float32")
+    y = rng.integers(0, 3, size=(32,)).astype("int32")
+    inputs = keras.Input((6, 4))
+    hidden = keras.layers.Bidirectional(keras.layers.LSTM(8, return_sequences=True))(inputs)
+    hidden = keras.layers.GRU(6)(hidden)
+    outputs = keras.layers.Dense(3, activation="softmax", name="head")(hidden)
+    model = keras.Model(inputs, outputs)
+    model.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
+
+    prof = profile(model, (x, y), steps=2, batch_size=16)
+
+    for path, count in (("bidirectional", 32 * 6 * 16), ("gru", 32 * 6)):
+        layer = prof.layers[path]
+        assert layer.activations["output"].count == count
+        assert layer.activation_gradients["output"].count == count
+    for cell in ("gru/cell", "bidirectional/forward_layer/cell"):
+        assert prof.layers[cell].activations == {}
+        assert {"kernel", "recurrent_kernel"} <= set(prof.layers[cell].weight_gradients)
+        assert prof.layers[cell].weights["kernel"].count > 0
+
+
 def test_profile_callback_with_jit_compile_stops_recording_after_steps():
     x, y = classification_data(samples=48)
     model = keras.Sequential(
