@@ -1638,11 +1638,12 @@ def calibrate(
     steps of copies of the model under uniform policies, in alternating rounds
     (`measure_train_steps`): float32 and each 16-bit dtype of `dtypes`. A dtype
     `hardware` marks slow (float16 on a CPU under TensorFlow) is timed alone
-    after one warm-up step (twice when a step takes over half a second): its layers can run slower inside the whole
-    step than alone (ResNet50 in float16 on a CPU: 1.4x; float16 kernels there
-    slow down on values in float16's subnormal range, which real gradients
-    reach and random timing inputs do not), so its per-layer sum alone would
-    predict it badly. Leave it out of `dtypes` to skip it. The part
+    after one warm-up step (twice when a step takes over half a second): its
+    layers can run slower inside the whole step than alone (ResNet50 in float16
+    on a CPU: 1.4x; float16 kernels there slow down on values in float16's
+    subnormal range, which real gradients reach and random timing inputs do
+    not), so its per-layer sum alone would predict it badly. Leave it out of
+    `dtypes` to skip it. The part
     of the residual (measured step minus summed layers and casts) common to all
     measured dtypes becomes `step_overhead_seconds`; the rest becomes a per-dtype
     `layer_time_scale_by_dtype`, so that `estimate` of each measured uniform plan
