@@ -13,27 +13,27 @@ model.fit(x, y, callbacks=[autoprec.AutoPrecision(plan)])
 ```
 """
 
-__version__ = "0.1.0"
-
-from . import hardware, layers  # noqa: E402
-from .apply import PlanHandle, apply_plan  # noqa: E402
-from .callback import AutoPrecision  # noqa: E402
-from .cost import CostTable, Estimate, calibrate, estimate, predict_costs  # noqa: E402
-from .errors import (  # noqa: E402
+from . import hardware, layers
+from ._version import __version__
+from .apply import PlanHandle, apply_plan
+from .callback import AutoPrecision
+from .cost import CostTable, Estimate, calibrate, estimate, predict_costs
+from .errors import (
     AutoprecError,
     BackendError,
     HardwareError,
     PlanError,
     ProfileError,
 )
-from .guard import NonFiniteTrainingError  # noqa: E402
-from .loss_scale import FlooredLossScaleOptimizer  # noqa: E402
-from .plan import PlanDiff, PlanRule, PrecisionPlan  # noqa: E402
-from .profiler import LayerProfile, Profile, ProfileCallback, TensorStats, profile  # noqa: E402
-from .saving import load_model, save_model  # noqa: E402
-from .search import Budget, SearchResult, heuristic_plan, search  # noqa: E402
+from .guard import NonFiniteTrainingError
+from .loss_scale import FlooredLossScaleOptimizer
+from .plan import PlanDiff, PlanRule, PrecisionPlan
+from .profiler import LayerProfile, Profile, ProfileCallback, TensorStats, profile
+from .saving import load_model, save_model
+from .search import Budget, SearchResult, heuristic_plan, search
 
 __all__ = [
+    "__version__",
     "AutoPrecision",
     "AutoprecError",
     "BackendError",

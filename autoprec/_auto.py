@@ -8,7 +8,7 @@ from typing import Any
 
 import keras
 
-from . import _dtypes
+from ._core.dtypes import BFLOAT16, COMPUTE_DTYPES, FLOAT16, FLOAT32
 from .plan import PrecisionPlan
 
 logger = logging.getLogger("autoprec")
@@ -47,8 +47,8 @@ def decide_plan(
         hardware_profile = hardware_module.get(hardware)
     else:
         hardware_profile = hardware
-    allowed = [_dtypes.FLOAT32] + [
-        dtype for dtype in (_dtypes.BFLOAT16, _dtypes.FLOAT16) if hardware_profile.is_fast(dtype)
+    allowed = [FLOAT32] + [
+        dtype for dtype in (BFLOAT16, FLOAT16) if hardware_profile.is_fast(dtype)
     ]
     costs = None
     try:
@@ -89,13 +89,13 @@ def float32_reasons(
     unsafe = float16_unsafe_layers(profile) if profile is not None else {}
     reasons: dict[str, dict[str, str]] = {}
     for path in compute_layers(infos):
-        if plan.layers.get(path) != _dtypes.FLOAT32:
+        if plan.layers.get(path) != FLOAT32:
             continue
         if path in outputs:
             reason = "model output: kept float32 for the loss"
         elif is_sensitive(infos[path]):
             reason = f"{infos[path].class_name} is numerically sensitive (exp/normalisation)"
-        elif path in unsafe and _dtypes.BFLOAT16 not in allowed:
+        elif path in unsafe and BFLOAT16 not in allowed:
             reason = f"float16 unsafe ({unsafe[path]}); bfloat16 not fast on this device"
         elif len(allowed) == 1:
             reason = "no 16-bit dtype runs fast on this device"
@@ -107,7 +107,7 @@ def float32_reasons(
 
 def report_lines(plan: PrecisionPlan, estimate: Any, dtypes: Mapping[str, str]) -> list[str]:
     """Returns the compact report printed once when the automatic plan is applied."""
-    counts = {dtype: 0 for dtype in _dtypes.COMPUTE_DTYPES}
+    counts = {dtype: 0 for dtype in COMPUTE_DTYPES}
     for dtype in dtypes.values():
         counts[dtype] += 1
     speedup = getattr(estimate, "speedup", None)

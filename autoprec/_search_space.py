@@ -14,7 +14,7 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from ._dtypes import BFLOAT16, COMPUTE_DTYPES, FLOAT16, FLOAT32, canonical_dtype
+from ._core.dtypes import BFLOAT16, COMPUTE_DTYPES, FLOAT16, FLOAT32, canonical_dtype
 from .layers import LayerInfo, layer_paths
 
 logger = logging.getLogger("autoprec")

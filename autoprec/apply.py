@@ -9,7 +9,7 @@ from collections.abc import Mapping
 
 import keras
 
-from . import _dtypes
+from ._core.dtypes import FLOAT16, POLICY_FOR_DTYPE
 from .errors import PlanError
 from .layers import LayerInfo, describe_model, is_fully_built, layer_paths, model_fingerprint
 from .plan import PrecisionPlan
@@ -36,7 +36,7 @@ class PlanHandle:
     @property
     def uses_float16(self) -> bool:
         """Whether any layer now computes in float16 (loss scaling is then needed)."""
-        return _dtypes.FLOAT16 in self.dtypes.values()
+        return FLOAT16 in self.dtypes.values()
 
     def restore(self) -> None:
         """Puts back every layer's original dtype policy and marks compiled functions stale."""
@@ -182,7 +182,7 @@ def apply_plan(model: keras.Model, plan: PrecisionPlan, strict: bool = True) -> 
             skipped[path] = reason
             continue
         original_policies[path] = layer.dtype_policy
-        layer.dtype_policy = _dtypes.POLICY_FOR_DTYPE[dtypes[path]]
+        layer.dtype_policy = POLICY_FOR_DTYPE[dtypes[path]]
         applied[path] = dtypes[path]
     reset_compiled_functions(model)
     applied_plan = PrecisionPlan(

@@ -7,7 +7,7 @@ import os
 
 import keras
 
-from . import _dtypes
+from ._core.dtypes import BFLOAT16, COMPUTE_DTYPES, FLOAT16, FLOAT32
 from .apply import PlanHandle, apply_plan
 from .errors import PlanError
 from .guard import (
@@ -239,7 +239,7 @@ class AutoPrecision(keras.callbacks.Callback):
         self._act()
 
     def _act(self) -> None:
-        sixteen_bit = [path for path, d in self.handle.dtypes.items() if d != _dtypes.FLOAT32]
+        sixteen_bit = [path for path, d in self.handle.dtypes.items() if d != FLOAT32]
         if not sixteen_bit:
             self._report_divergence(
                 "every layer computes in float32: this is a training "
@@ -342,7 +342,7 @@ class AutoPrecision(keras.callbacks.Callback):
                 )
             else:
                 profile = self.hardware
-            return bool(profile.is_fast(_dtypes.BFLOAT16))
+            return bool(profile.is_fast(BFLOAT16))
         except Exception:  # unknown device: bfloat16 is still a safe range-wise promotion
             return True
 
@@ -434,7 +434,7 @@ class AutoPrecision(keras.callbacks.Callback):
             self._ensure_loss_scaling()
         self._rebuild_compiled_functions()
         if self.verbose:
-            counts = {dtype: 0 for dtype in _dtypes.COMPUTE_DTYPES}
+            counts = {dtype: 0 for dtype in COMPUTE_DTYPES}
             for dtype in self.handle.dtypes.values():
                 counts[dtype] += 1
             scaling = current_loss_scale(self.model.optimizer)
@@ -548,7 +548,7 @@ def _search_budget(search: object, search_data: tuple | None, plan: object) -> o
 
 
 def _float16_layers(handle: PlanHandle) -> list[str]:
-    return [path for path, dtype in handle.dtypes.items() if dtype == _dtypes.FLOAT16]
+    return [path for path, dtype in handle.dtypes.items() if dtype == FLOAT16]
 
 
 class _NullScope:

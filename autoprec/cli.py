@@ -112,7 +112,7 @@ def load_data(spec: str) -> dict[str, Any]:
 
 
 def _read_json_kind(path: str) -> tuple[str, Any]:
-    from ._io import read_json_file
+    from ._core.io import read_json_file
 
     data = read_json_file(path, UsageError, "plan or profile")
     if isinstance(data, dict):
@@ -208,7 +208,7 @@ def _parse_budget(text: str):
 def _parse_dtypes(text: str | None) -> tuple[str, ...] | None:
     if not text:
         return None
-    from ._dtypes import canonical_dtype
+    from ._core.dtypes import canonical_dtype
 
     try:
         return tuple(canonical_dtype(item.strip(), "--dtypes") for item in text.split(","))

@@ -39,8 +39,8 @@ import keras
 import numpy as np
 
 from . import hardware as hardware_module
-from ._dtypes import COMPUTE_DTYPES, FLOAT32, POLICY_FOR_DTYPE, canonical_dtype
-from ._io import atomic_write_json, read_json_file
+from ._core.dtypes import COMPUTE_DTYPES, FLOAT32, POLICY_FOR_DTYPE, canonical_dtype
+from ._core.io import atomic_write_json, read_json_file
 from .errors import BackendError, HardwareError, PlanError
 from .layers import LayerInfo, describe_model, layer_paths, model_fingerprint
 

@@ -21,7 +21,7 @@ import logging
 import math
 from typing import Any
 
-from . import _dtypes
+from ._core.dtypes import BFLOAT16, FLOAT16, FLOAT32
 from .errors import AutoprecError
 
 logger = logging.getLogger("autoprec")
@@ -66,9 +66,9 @@ class GuardConfig:
 
 def promotion_target(dtype: str, bfloat16_is_fast: bool) -> str:
     """Returns the dtype a layer is promoted to from `dtype`."""
-    if dtype == _dtypes.FLOAT16 and bfloat16_is_fast:
-        return _dtypes.BFLOAT16
-    return _dtypes.FLOAT32
+    if dtype == FLOAT16 and bfloat16_is_fast:
+        return BFLOAT16
+    return FLOAT32
 
 
 def find_culprit(profile: Any, dtypes: dict[str, str]) -> tuple[str, str] | None:
@@ -88,9 +88,7 @@ def find_culprit(profile: Any, dtypes: dict[str, str]) -> tuple[str, str] | None
     if enters_with_the_data(profile):
         return None
     candidates = [
-        path
-        for path, dtype in dtypes.items()
-        if dtype != _dtypes.FLOAT32 and path in profile.layers
+        path for path, dtype in dtypes.items() if dtype != FLOAT32 and path in profile.layers
     ]
     for path in candidates:
         layer = profile.layers[path]
@@ -124,7 +122,7 @@ def _problem(stats: Any, dtype: str, what: str) -> str | None:
         return None
     if stats.nonfinite:
         return f"{stats.nonfinite} non-finite {what} value(s)"
-    if dtype == _dtypes.FLOAT16 and stats.float16_overflow_fraction > 0:
+    if dtype == FLOAT16 and stats.float16_overflow_fraction > 0:
         return f"{stats.float16_overflow_fraction:.2%} of {what} values above float16's max 65504"
     return None
 

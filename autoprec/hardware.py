@@ -20,8 +20,8 @@ import re
 from pathlib import Path
 from typing import Any
 
-from ._dtypes import BFLOAT16, COMPUTE_DTYPES, FLOAT16, FLOAT32
-from ._io import atomic_write_json, read_json_file
+from ._core.dtypes import BFLOAT16, COMPUTE_DTYPES, FLOAT16, FLOAT32
+from ._core.io import atomic_write_json, read_json_file
 from .errors import HardwareError
 
 _TERA = 1e12
@@ -340,6 +340,45 @@ def get(name: str) -> HardwareProfile:
     raise HardwareError(
         f"unknown hardware profile {name!r}.{hint} Known profiles: {', '.join(names())}; "
         "or pass 'local' to detect this device, or a path to a JSON profile file."
+    )
+
+
+def resolve_hardware(hardware: HardwareProfile | str | None) -> HardwareProfile:
+    """Returns the `HardwareProfile` that a `hardware=` argument names: the one resolver.
+
+    Args:
+        hardware: `None` or `"local"` for this device (detected), a profile name
+            such as `"rtx4090"` (any spelling `get` accepts), the path of a JSON
+            profile file, or a `HardwareProfile`, returned as it is.
+
+    Returns:
+        The profile.
+
+    Raises:
+        HardwareError: for an unknown name or a value of another type.
+
+    Example:
+
+    ```python
+    autoprec.hardware.resolve_hardware("rtx4090").name  # "rtx4090"
+    ```
+    """
+    if hardware is None:
+        return detect()
+    if isinstance(hardware, HardwareProfile):
+        return hardware
+    if isinstance(hardware, str):
+        return get(hardware)
+    raise HardwareError(
+        f"hardware= expects 'local', a profile name such as 'rtx4090', a JSON profile path "
+        f"or a HardwareProfile; got {type(hardware).__name__}."
+    )
+
+
+def is_local(hardware: HardwareProfile | str | None) -> bool:
+    """Returns whether a `hardware=` argument means this device (`None` or `"local"`)."""
+    return hardware is None or (
+        isinstance(hardware, str) and hardware.strip().lower() in ("local", "detect", "auto")
     )
 
 

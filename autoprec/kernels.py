@@ -19,13 +19,13 @@ from typing import Any
 import keras
 import numpy as np
 
-from . import _dtypes
+from ._core.dtypes import BFLOAT16, FLOAT16, FLOAT32, POLICY_FOR_DTYPE
 from .layers import describe_model, layer_paths
 from .plan import PrecisionPlan
 
 logger = logging.getLogger("autoprec")
 
-_WIDER = {_dtypes.FLOAT16: _dtypes.BFLOAT16, _dtypes.BFLOAT16: _dtypes.FLOAT32}
+_WIDER = {FLOAT16: BFLOAT16, BFLOAT16: FLOAT32}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -122,7 +122,7 @@ def _fails(layer: keras.layers.Layer, call: Any, dtype: str) -> str | None:
     if arguments is None:
         return None
     original = layer.dtype_policy
-    layer.dtype_policy = _dtypes.POLICY_FOR_DTYPE[dtype]
+    layer.dtype_policy = POLICY_FOR_DTYPE[dtype]
     try:
         _run_once(layer, *arguments)
     except Exception as error:  # the device's error type differs per backend
@@ -153,7 +153,7 @@ def find_missing_kernels(
     missing = autoprec.kernels.find_missing_kernels(model, plan.resolve(describe_model(model)))
     ```
     """
-    if all(dtype == _dtypes.FLOAT32 for dtype in dtypes.values()):
+    if all(dtype == FLOAT32 for dtype in dtypes.values()):
         return []
     if trace is None:
         from .cost import trace_model
@@ -170,7 +170,7 @@ def find_missing_kernels(
     for path, dtype in dtypes.items():
         info = infos.get(path)
         calls = trace.calls.get(path, ())
-        if dtype == _dtypes.FLOAT32 or info is None or info.pass_through or not calls:
+        if dtype == FLOAT32 or info is None or info.pass_through or not calls:
             continue
         if info.is_container and info.follows is not None:
             continue  # a nested model: its layers are checked one by one
@@ -178,7 +178,7 @@ def find_missing_kernels(
         if error is None:
             continue
         fallback = _WIDER[dtype]
-        while fallback != _dtypes.FLOAT32 and _fails(paths[path], calls[0], fallback):
+        while fallback != FLOAT32 and _fails(paths[path], calls[0], fallback):
             fallback = _WIDER[fallback]
         missing.append(MissingKernel(path, dtype, fallback, error))
     return missing

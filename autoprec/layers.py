@@ -139,7 +139,16 @@ def is_pass_through(layer: keras.layers.Layer) -> bool:
     return True
 
 
-def _is_graph_model(layer: keras.layers.Layer) -> bool:
+def is_graph_model(layer: keras.layers.Layer) -> bool:
+    """Returns whether `layer` is a Sequential or Functional model (a graph of layers).
+
+    Args:
+        layer: any Keras layer or model.
+
+    Returns:
+        `True` for Sequential and Functional models, whose sub-layers are the
+        graph's nodes; `False` for subclassed models and plain layers.
+    """
     return (
         isinstance(layer, keras.Sequential)
         or type(layer).__name__ == "Functional"
@@ -252,7 +261,7 @@ def _attribute_children(layer: keras.layers.Layer) -> list[tuple[str, keras.laye
 
 
 def _children_with_names(layer: keras.layers.Layer) -> list[tuple[str, keras.layers.Layer]]:
-    if _is_graph_model(layer):
+    if is_graph_model(layer):
         children = [
             child for child in _tracked_children(layer) if type(child).__name__ != "InputLayer"
         ]
@@ -338,7 +347,7 @@ def describe_model(model: keras.layers.Layer) -> dict[str, LayerInfo]:
     path_of = {id(layer): path for path, layer in paths.items()}
     producers: dict[str, str | None] = {}
     for container in [model, *paths.values()]:
-        if _is_graph_model(container):
+        if is_graph_model(container):
             producers.update(_graph_producers(container, path_of))
 
     infos: dict[str, LayerInfo] = {}
@@ -366,7 +375,7 @@ def describe_model(model: keras.layers.Layer) -> dict[str, LayerInfo]:
     # Nested models follow their first computing descendant: their own policy only
     # casts their inputs, and a mismatch would add a needless cast.
     for path, layer in paths.items():
-        if path in infos and _is_graph_model(layer):
+        if path in infos and is_graph_model(layer):
             first = next(
                 (
                     child_path

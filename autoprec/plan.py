@@ -13,8 +13,16 @@ from collections.abc import Iterable, Mapping
 from types import MappingProxyType
 from typing import Any
 
-from . import _dtypes
-from ._io import atomic_write_json, parse_json_text, read_json_file
+from ._core.dtypes import (
+    COMPUTE_DTYPES,
+    FLOAT16,
+    FLOAT32,
+    POLICY_FOR_DTYPE,
+    canonical_dtype,
+    dtype_of_policy,
+)
+from ._core.io import atomic_write_json, parse_json_text, read_json_file
+from ._version import __version__
 from .errors import PlanError
 from .layers import LayerInfo, describe_model, model_fingerprint
 
@@ -36,12 +44,6 @@ METADATA_SLOTS: tuple[str, ...] = (
     "evidence",
     "search",
 )
-
-
-def _version() -> str:
-    from . import __version__
-
-    return __version__
 
 
 @dataclasses.dataclass(frozen=True)
@@ -149,7 +151,7 @@ class PrecisionPlan:
         layers: Mapping[str, str] | None = None,
         *,
         rules: Iterable[PlanRule | Mapping[str, str]] = (),
-        default: str = _dtypes.FLOAT32,
+        default: str = FLOAT32,
         layer_info: Mapping[str, LayerInfo] | None = None,
         fingerprint: str | None = None,
         model_name: str | None = None,
@@ -158,11 +160,11 @@ class PrecisionPlan:
         created: str | None = None,
         autoprec_version: str | None = None,
     ) -> None:
-        self._default = _dtypes.canonical_dtype(default, "default")
+        self._default = canonical_dtype(default, "default")
         self._rules = tuple(_coerce_rule(rule, index) for index, rule in enumerate(rules))
         self._layer_info = MappingProxyType(dict(layer_info or {}))
         explicit = {
-            str(path): _dtypes.canonical_dtype(dtype, f"layers[{path!r}]")
+            str(path): canonical_dtype(dtype, f"layers[{path!r}]")
             for path, dtype in (layers or {}).items()
         }
         self._layers = MappingProxyType(self._derive_followers(explicit))
@@ -176,7 +178,7 @@ class PrecisionPlan:
         self._created = created or datetime.datetime.now(datetime.timezone.utc).isoformat(
             timespec="seconds"
         )
-        self._autoprec_version = autoprec_version or _version()
+        self._autoprec_version = autoprec_version or __version__
 
     # ------------------------------------------------------------------ construction
 
@@ -198,7 +200,7 @@ class PrecisionPlan:
         plan = autoprec.PrecisionPlan.uniform(model, "bfloat16")
         ```
         """
-        dtype = _dtypes.canonical_dtype(dtype)
+        dtype = canonical_dtype(dtype)
         infos = describe_model(model)
         return cls(
             {path: dtype for path in infos},
@@ -227,12 +229,10 @@ class PrecisionPlan:
 
         paths = layer_paths(model)
         infos = describe_model(model)
-        explicit = {
-            path: _dtypes.dtype_of_policy(layer.dtype_policy) for path, layer in paths.items()
-        }
+        explicit = {path: dtype_of_policy(layer.dtype_policy) for path, layer in paths.items()}
         plan = cls(
             explicit,
-            default=_dtypes.dtype_of_policy(model.dtype_policy),
+            default=dtype_of_policy(model.dtype_policy),
             layer_info=infos,
             fingerprint=model_fingerprint(infos),
             model_name=model.name,
@@ -254,11 +254,11 @@ class PrecisionPlan:
             A `PrecisionPlan`; layers the map does not cover get the map's default policy.
         """
         infos = describe_model(model)
-        default = _dtypes.dtype_of_policy(policy_map.default_policy)
+        default = dtype_of_policy(policy_map.default_policy)
         explicit = {}
         for path, info in infos.items():
             key = info.keras_path or path
-            explicit[path] = _dtypes.dtype_of_policy(policy_map[key])
+            explicit[path] = dtype_of_policy(policy_map[key])
         return cls(
             explicit,
             default=default,
@@ -357,7 +357,7 @@ class PrecisionPlan:
 
     def dtype_counts(self) -> dict[str, int]:
         """Returns how many layers the plan gives each dtype (explicit entries)."""
-        counts = {dtype: 0 for dtype in _dtypes.COMPUTE_DTYPES}
+        counts = {dtype: 0 for dtype in COMPUTE_DTYPES}
         for dtype in self._layers.values():
             counts[dtype] += 1
         return counts
@@ -366,9 +366,9 @@ class PrecisionPlan:
     def uses_float16(self) -> bool:
         """Whether any layer (or the default, or a rule) computes in float16."""
         return (
-            _dtypes.FLOAT16 in self._layers.values()
-            or self._default == _dtypes.FLOAT16
-            or any(rule.dtype == _dtypes.FLOAT16 for rule in self._rules)
+            FLOAT16 in self._layers.values()
+            or self._default == FLOAT16
+            or any(rule.dtype == FLOAT16 for rule in self._rules)
         )
 
     # ------------------------------------------------------------------ changes
@@ -396,7 +396,7 @@ class PrecisionPlan:
         plan = plan.with_dtype("attention/*", "float32")
         ```
         """
-        dtype = _dtypes.canonical_dtype(dtype)
+        dtype = canonical_dtype(dtype)
         known = list(self._layer_info) or list(self._layers)
         if path_or_glob in known:
             matched = [
@@ -558,14 +558,14 @@ class PrecisionPlan:
         import keras
 
         policy_map = keras.dtype_policies.DTypePolicyMap(
-            default_policy=keras.dtype_policies.get(_dtypes.POLICY_FOR_DTYPE[self._default])
+            default_policy=keras.dtype_policies.get(POLICY_FOR_DTYPE[self._default])
         )
         for path, dtype in self._layers.items():
             info = self._layer_info.get(path)
             key = info.keras_path if info is not None and info.keras_path else path
             if key in policy_map:
                 continue
-            policy_map[key] = keras.dtype_policies.get(_dtypes.POLICY_FOR_DTYPE[dtype])
+            policy_map[key] = keras.dtype_policies.get(POLICY_FOR_DTYPE[dtype])
         return policy_map
 
     # ------------------------------------------------------------------ presentation
@@ -601,7 +601,7 @@ class PrecisionPlan:
             )
         total_parameters = sum(row[3] for row in rows) or 1
         lines.append("")
-        for dtype in _dtypes.COMPUTE_DTYPES:
+        for dtype in COMPUTE_DTYPES:
             count = sum(1 for row in rows if row[2] == dtype)
             parameters = sum(row[3] for row in rows if row[2] == dtype)
             lines.append(
@@ -726,7 +726,7 @@ def _suggest(name: str, candidates: Iterable[str]) -> str:
 def _coerce_rule(rule: PlanRule | Mapping[str, Any], index: int, source: str = "") -> PlanRule:
     where = f"{source}: rules[{index}]" if source else f"rules[{index}]"
     if isinstance(rule, PlanRule):
-        return PlanRule(_dtypes.canonical_dtype(rule.dtype, where), rule.path, rule.class_name)
+        return PlanRule(canonical_dtype(rule.dtype, where), rule.path, rule.class_name)
     if not isinstance(rule, Mapping):
         raise PlanError(
             f"{where}: expected an object like {{'class': 'Softmax', 'dtype': 'float32'}}, "
@@ -745,7 +745,7 @@ def _coerce_rule(rule: PlanRule | Mapping[str, Any], index: int, source: str = "
     for key, value in (("path", path), ("class", class_name)):
         if value is not None and not isinstance(value, str):
             raise PlanError(f"{where}.{key}: expected a string, got {type(value).__name__}.")
-    return PlanRule(_dtypes.canonical_dtype(rule["dtype"], f"{where}.dtype"), path, class_name)
+    return PlanRule(canonical_dtype(rule["dtype"], f"{where}.dtype"), path, class_name)
 
 
 def _expect(value: Any, types: type | tuple[type, ...], field: str, source: str) -> Any:
@@ -784,7 +784,7 @@ def _plan_from_dict(cls, data: Any, source: str) -> PrecisionPlan:
             f"{source}: field 'format' is {data['format']!r}, expected {_FORMAT_NAME!r}; "
             "is this a profile or another file?"
         )
-    default = _dtypes.canonical_dtype(data.get("default", _dtypes.FLOAT32), f"{source}: default")
+    default = canonical_dtype(data.get("default", FLOAT32), f"{source}: default")
     rules_data = _expect(data.get("rules", []), list, "rules", source)
     rules = [_coerce_rule(rule, index, source) for index, rule in enumerate(rules_data)]
     layers_data = _expect(data.get("layers", {}), dict, "layers", source)
@@ -793,12 +793,12 @@ def _plan_from_dict(cls, data: Any, source: str) -> PrecisionPlan:
     for path, entry in layers_data.items():
         field = f"layers[{path!r}]"
         if isinstance(entry, str):
-            explicit[path] = _dtypes.canonical_dtype(entry, f"{source}: {field}")
+            explicit[path] = canonical_dtype(entry, f"{source}: {field}")
             continue
         _expect(entry, dict, field, source)
         if "dtype" not in entry:
             raise PlanError(f'{source}: {field} has no \'dtype\'; add e.g. "dtype": "bfloat16".')
-        explicit[path] = _dtypes.canonical_dtype(entry["dtype"], f"{source}: {field}.dtype")
+        explicit[path] = canonical_dtype(entry["dtype"], f"{source}: {field}.dtype")
         if "class" in entry:
             infos[path] = _layer_info_from_entry(path, entry, f"{field}", source)
     model = _expect(data.get("model", {}) or {}, dict, "model", source)

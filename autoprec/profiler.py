@@ -68,7 +68,7 @@ import keras
 import numpy as np
 
 from . import numerics
-from ._io import atomic_write_json, parse_json_text, read_json_file
+from ._core.io import atomic_write_json, parse_json_text, read_json_file
 from .errors import ProfileError
 from .layers import is_pass_through, layer_paths, model_fingerprint
 

@@ -6,7 +6,7 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from . import _dtypes
+from ._core.dtypes import COMPUTE_DTYPES
 
 
 def training_scalars(dtypes: Mapping[str, str], loss_scale: float | None) -> dict[str, float]:
@@ -14,7 +14,7 @@ def training_scalars(dtypes: Mapping[str, str], loss_scale: float | None) -> dic
     scalars: dict[str, float] = {}
     if loss_scale is not None:
         scalars["autoprec/loss_scale"] = loss_scale
-    for dtype in _dtypes.COMPUTE_DTYPES:
+    for dtype in COMPUTE_DTYPES:
         scalars[f"autoprec/layers_{dtype}"] = sum(1 for value in dtypes.values() if value == dtype)
     return scalars
 

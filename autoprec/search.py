@@ -32,7 +32,7 @@ import numpy as np
 import optuna
 
 from . import _search_space as space_module
-from ._dtypes import BFLOAT16, COMPUTE_DTYPES, FLOAT16, FLOAT32, canonical_dtype
+from ._core.dtypes import BFLOAT16, COMPUTE_DTYPES, FLOAT16, FLOAT32, canonical_dtype
 from ._search_eval import Evaluator, _take_batches
 from .errors import AutoprecError
 from .layers import LayerInfo, describe_model, model_fingerprint

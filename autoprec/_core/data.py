@@ -1,0 +1,229 @@
+"""One adapter for the data every stage accepts: arrays, `tf.data` datasets, generators, PyDatasets."""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import keras
+import numpy as np
+
+from ..errors import AutoprecError
+
+
+def is_array(value: Any) -> bool:
+    """Returns whether `value` is an array or tensor (has a shape and a dtype), not a class."""
+    return hasattr(value, "shape") and hasattr(value, "dtype") and not isinstance(value, type)
+
+
+def flat_arrays(value: Any) -> list:
+    """Returns the arrays in a nested structure (dicts, lists, tuples), in order."""
+    if is_array(value):
+        return [value]
+    if isinstance(value, Mapping):
+        return [array for item in value.values() for array in flat_arrays(item)]
+    if isinstance(value, (list, tuple)):
+        return [array for item in value for array in flat_arrays(item)]
+    return []
+
+
+def is_dataset(data: Any) -> bool:
+    """Returns whether `data` is a `tf.data.Dataset` (without importing TensorFlow)."""
+    return type(data).__module__.startswith("tensorflow") and hasattr(data, "cardinality")
+
+
+def is_array_tuple(data: Any) -> bool:
+    """Returns whether `data` is `(x, y)` or `(x, y, sample_weight)` of (nested) arrays."""
+    return (
+        isinstance(data, (tuple, list))
+        and 2 <= len(data) <= 3
+        and not is_array(data)
+        and not is_dataset(data)
+        and bool(flat_arrays(data[0]))
+        and is_array(flat_arrays(data[0])[0])
+    )
+
+
+def input_part(batch: Any) -> Any:
+    """Returns the model-input part of a batch: `x` of `(x, y)` / `(x, y, w)`, else `batch`.
+
+    A dataset or an iterator gives its first element's inputs.
+    """
+    if is_dataset(batch) or (hasattr(batch, "__iter__") and hasattr(batch, "__next__")):
+        batch = next(iter(batch))
+    if isinstance(batch, (tuple, list)) and len(batch) in (2, 3) and not is_array(batch):
+        return batch[0]
+    return batch
+
+
+def target_part(batch: Any) -> Any:
+    """Returns `y` of an `(x, y)` / `(x, y, w)` batch, else `None`."""
+    if isinstance(batch, (tuple, list)) and len(batch) in (2, 3) and not is_array(batch):
+        return batch[1]
+    return None
+
+
+def slice_batch(inputs: Any, count: int) -> Any:
+    """Returns the first `count` samples of every array in a nested structure."""
+    if is_array(inputs):
+        return inputs[:count]
+    if isinstance(inputs, Mapping):
+        return {key: slice_batch(value, count) for key, value in inputs.items()}
+    if isinstance(inputs, (list, tuple)):
+        return type(inputs)(slice_batch(value, count) for value in inputs)
+    return inputs
+
+
+def batch_size_of(inputs: Any, error_class: type[Exception] = AutoprecError) -> int:
+    """Returns the leading dimension of the first array in `inputs`.
+
+    Raises:
+        error_class: if `inputs` holds no array.
+    """
+    arrays = flat_arrays(inputs)
+    if not arrays:
+        raise error_class(
+            "the batch holds no arrays; pass `x` or `(x, y)` with NumPy or tensor arrays."
+        )
+    return int(arrays[0].shape[0])
+
+
+def _numpy_tree(value: Any) -> Any:
+    return keras.tree.map_structure(np.asarray, value)
+
+
+def _array_batches(data: Any, batch_size: int) -> Iterator[tuple]:
+    x, y = data[0], data[1]
+    count = batch_size_of(y if flat_arrays(y) else x)
+    for start in range(0, count, batch_size):
+        yield (
+            keras.tree.map_structure(lambda a, s=start: np.asarray(a[s : s + batch_size]), x),
+            keras.tree.map_structure(lambda a, s=start: np.asarray(a[s : s + batch_size]), y),
+        )
+
+
+def _element_batches(data: Any, what: str, error_class: type[Exception]) -> Iterator[tuple]:
+    elements = (data[index] for index in range(len(data))) if _is_py_dataset(data) else data
+    for element in elements:
+        if not isinstance(element, (tuple, list)) or len(element) < 2:
+            raise error_class(f"{what} must yield (x, y) pairs; got {type(element).__name__}.")
+        yield _numpy_tree(element[0]), _numpy_tree(element[1])
+
+
+def _is_py_dataset(data: Any) -> bool:
+    return isinstance(data, keras.utils.PyDataset)
+
+
+def take_batches(
+    data: Any,
+    batch_size: int,
+    steps: int | None,
+    what: str,
+    error_class: type[Exception] = AutoprecError,
+) -> list[tuple]:
+    """Returns up to `steps` `(x, y)` NumPy batches from any supported data.
+
+    Args:
+        data: `(x, y)` arrays (batched by `batch_size`), a `tf.data.Dataset`, a
+            `keras.utils.PyDataset` or an iterable of `(x, y)` batches.
+        batch_size: samples per batch for array data.
+        steps: the most batches taken; `None` takes all.
+        what: the argument's name, used in error messages.
+        error_class: the exception raised for unsupported or empty data.
+
+    Returns:
+        A list of `(x, y)` pairs of NumPy arrays (nested as the data is).
+
+    Raises:
+        error_class: if `data` is of an unsupported type or holds no batch.
+
+    Example:
+
+    ```python
+    batches = take_batches((x, y), batch_size=32, steps=4, what="x")
+    ```
+    """
+    if is_array_tuple(data):
+        batches: Iterator[tuple] = _array_batches(data, batch_size)
+    elif is_dataset(data) or _is_py_dataset(data) or hasattr(data, "__iter__"):
+        batches = _element_batches(data, what, error_class)
+    else:
+        raise error_class(
+            f"{what} must be an (x, y) tuple of arrays, a tf.data.Dataset, a "
+            f"keras.utils.PyDataset or a generator of (x, y) batches; got {type(data).__name__}."
+        )
+    taken = list(itertools.islice(batches, steps))
+    if not taken:
+        raise error_class(f"{what} holds no batch.")
+    return taken
+
+
+def concatenate_batches(batches: list[tuple]) -> tuple[Any, Any]:
+    """Returns `(x, y)` with the batches' arrays joined along the first axis."""
+    xs = [batch[0] for batch in batches]
+    ys = [batch[1] for batch in batches]
+
+    def join(*arrays):
+        return np.concatenate(arrays, axis=0)
+
+    return keras.tree.map_structure(join, *xs), keras.tree.map_structure(join, *ys)
+
+
+def fit_arguments(
+    data: Any, steps: int, batch_size: int, what: str, error_class: type[Exception] = AutoprecError
+) -> tuple[dict[str, Any], Any]:
+    """Returns `(model.fit keyword arguments for at least `steps` steps, sample inputs)`.
+
+    Args:
+        data: `(x, y)` or `(x, y, sample_weight)` arrays, a `tf.data.Dataset`, a
+            generator of batches or a `keras.utils.PyDataset`.
+        steps: training steps the arguments must cover.
+        batch_size: samples per batch for array data.
+        what: the caller's name, used in error messages.
+        error_class: the exception raised for unsupported or empty data.
+
+    Returns:
+        The keyword arguments for `model.fit` and one batch of inputs (to build a model).
+
+    Raises:
+        error_class: if `data` is of an unsupported type or empty.
+    """
+    if is_dataset(data):
+        cardinality = int(data.cardinality())
+        sample = next(iter(data.take(1)), None)
+        if sample is None:
+            raise error_class(f"{what}: the dataset is empty.")
+        if cardinality > 0:
+            return {"x": data, "epochs": math.ceil(steps / cardinality)}, input_part(sample)
+        return {"x": data, "epochs": 1, "steps_per_epoch": steps}, input_part(sample)
+    if isinstance(data, (tuple, list)) and 2 <= len(data) <= 3 and not is_array(data):
+        if not is_array_tuple(data):
+            raise error_class(
+                f"{what}: a tuple of data must hold arrays: (x, y) or (x, y, sample_weight)."
+            )
+        x = data[0]
+        batches = max(1, math.ceil(batch_size_of(x) / batch_size))
+        arguments = {
+            "x": x,
+            "y": data[1],
+            "batch_size": batch_size,
+            "epochs": math.ceil(steps / batches),
+            "shuffle": False,
+        }
+        if len(data) == 3:
+            arguments["sample_weight"] = data[2]
+        return arguments, slice_batch(x, batch_size)
+    if isinstance(data, Iterator):
+        first = next(data, None)
+        if first is None:
+            raise error_class(f"{what}: the generator yielded no batch.")
+        chained = itertools.chain([first], data)
+        return {"x": chained, "epochs": 1, "steps_per_epoch": steps}, input_part(first)
+    if _is_py_dataset(data):
+        return {"x": data, "epochs": 1, "steps_per_epoch": steps}, input_part(data[0])
+    raise error_class(
+        f"{what}: unsupported data of type {type(data).__name__}; pass a "
+        "tf.data.Dataset, an (x, y) tuple of arrays, a generator or a keras.utils.PyDataset."
+    )

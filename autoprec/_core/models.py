@@ -1,0 +1,129 @@
+"""Keras helpers every stage shares: strategy scope, fresh optimizers, compile arguments."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Mapping
+from typing import Any
+
+import keras
+
+from ..errors import AutoprecError
+
+
+def strategy_scope(model: keras.Model) -> contextlib.AbstractContextManager:
+    """Returns the model's `tf.distribute` strategy scope, or a no-op context without one.
+
+    Args:
+        model: any Keras model.
+
+    Returns:
+        A context manager: enter it to create variables on the model's devices.
+
+    Example:
+
+    ```python
+    with strategy_scope(model):
+        model.optimizer.build(model.trainable_variables)
+    ```
+    """
+    strategy = getattr(model, "distribute_strategy", None)
+    if strategy is not None and hasattr(strategy, "scope"):
+        return strategy.scope()
+    return contextlib.nullcontext()
+
+
+def inner_optimizer(optimizer: Any) -> Any:
+    """Returns the optimizer inside a `LossScaleOptimizer`, or `optimizer` itself."""
+    return getattr(optimizer, "inner_optimizer", None) or optimizer
+
+
+def fresh_optimizer(optimizer: Any) -> keras.optimizers.Optimizer:
+    """Returns a new optimizer of the same class and config, without state or loss scaling.
+
+    Args:
+        optimizer: a Keras optimizer (a `LossScaleOptimizer` is unwrapped), or
+            `None` for a default `Adam`.
+
+    Returns:
+        An unbuilt optimizer.
+
+    Example:
+
+    ```python
+    optimizer = fresh_optimizer(model.optimizer)
+    ```
+    """
+    if optimizer is None:
+        return keras.optimizers.Adam()
+    inner = inner_optimizer(optimizer)
+    return type(inner).from_config(inner.get_config())
+
+
+def compile_arguments(model: keras.Model, what: str) -> dict[str, Any]:
+    """Returns the model's compile arguments with a fresh optimizer, to compile a copy alike.
+
+    Args:
+        model: a compiled Keras model.
+        what: the caller's name, used in error messages.
+
+    Returns:
+        `{"optimizer", "loss", "loss_weights", "metrics", "weighted_metrics",
+        "jit_compile"}` as far as the model was compiled with them.
+
+    Raises:
+        AutoprecError: if the model is not compiled.
+    """
+    if getattr(model, "optimizer", None) is None or not getattr(model, "compiled", False):
+        raise AutoprecError(
+            f"{what}: model {model.name!r} is not compiled. Compile it with the optimizer, "
+            "loss and metrics you train with; copies are trained the same way."
+        )
+    config = model.get_compile_config() or {}
+    original = getattr(model, "_compile_config", None)
+    original = getattr(original, "config", {}) or {}
+    arguments: dict[str, Any] = {
+        key: config[key]
+        for key in ("loss", "loss_weights", "metrics", "weighted_metrics", "jit_compile")
+        if key in config
+    }
+    try:
+        optimizer = keras.optimizers.deserialize(config["optimizer"])
+    except Exception:  # noqa: BLE001 - a custom optimizer without a registered config
+        optimizer = fresh_optimizer(model.optimizer)
+    arguments["optimizer"] = inner_optimizer(optimizer)
+    for key in ("loss", "metrics", "weighted_metrics"):
+        if key in original and not _is_plain(arguments.get(key)):
+            arguments[key] = original[key]
+    return arguments
+
+
+def _is_plain(value: Any) -> bool:
+    return all(isinstance(item, (str, dict, type(None))) for item in keras.tree.flatten(value))
+
+
+def recompile(model: keras.Model, arguments: Mapping[str, Any]) -> None:
+    """Compiles `model` with `compile_arguments` output and a fresh copy of its optimizer.
+
+    Args:
+        model: the model to compile.
+        arguments: what `compile_arguments` returned (not modified).
+    """
+    remaining = dict(arguments)
+    optimizer = remaining.pop("optimizer")
+    remaining = {key: value for key, value in remaining.items() if value is not None}
+    for key in ("loss", "metrics", "weighted_metrics"):
+        if key in remaining:
+            remaining[key] = _deserialize_tree(remaining[key], key)
+    model.compile(optimizer=fresh_optimizer(optimizer), **remaining)
+
+
+def _deserialize_tree(value: Any, key: str) -> Any:
+    if isinstance(value, dict) and "class_name" in value:
+        module = keras.losses if key == "loss" else keras.metrics
+        return module.deserialize(value)
+    if isinstance(value, list):
+        return [_deserialize_tree(item, key) for item in value]
+    if isinstance(value, dict):
+        return {name: _deserialize_tree(item, key) for name, item in value.items()}
+    return value
