@@ -1,0 +1,355 @@
+"""Detection of the local device: CPU flags and memory, GPUs seen by TensorFlow, JAX or PyTorch."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+from pathlib import Path
+
+from .._core.dtypes import BFLOAT16, FLOAT16
+from .builtin import _BUILTIN, _CPU_MEMORY, _cpu_profile, _normalise
+from .profile import _GIB, _GIGA, HardwareProfile
+
+# --------------------------------------------------------------------------- detection
+
+
+def _cpu_flags(cpuinfo_path: str = "/proc/cpuinfo") -> tuple[set[str], str, float | None]:
+    """Returns (flags, model name, MHz) of the first processor in /proc/cpuinfo."""
+    flags: set[str] = set()
+    model = "CPU"
+    megahertz: float | None = None
+    try:
+        text = Path(cpuinfo_path).read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return flags, model, megahertz
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        key = key.strip()
+        if key == "flags" and not flags:
+            flags = set(value.split())
+        elif key == "model name" and model == "CPU":
+            model = value.strip()
+        elif key == "cpu MHz" and megahertz is None:
+            try:
+                megahertz = float(value)
+            except ValueError:
+                pass
+    return flags, model, megahertz
+
+
+def _total_memory_bytes() -> int | None:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+#: Why a CPU under TensorFlow gets float16 as slow whatever its flags say.
+_TF_CPU_FLOAT16_NOTE = (
+    "float16 slow: TensorFlow's CPU kernels run most float16 ops (convolutions and their "
+    "gradients, elementwise ops, reductions) on Eigen fallbacks with conversions; whole "
+    "train steps measured up to 65x slower than float32 (25-65x on an avx512_fp16 Xeon); a "
+    "lone matmul may be fast through oneDNN: calibrate(dtypes=[..., 'float16']) measures "
+    "per layer"
+)
+#: Why bfloat16 "fast" on a CPU is a capability claim only.
+_CPU_BFLOAT16_NOTE = (
+    "bfloat16 fast = native oneDNN kernels exist (a capability, not a speed claim): measured "
+    "TensorFlow matmuls ran 0.6x to 3.5x float32's speed depending on host and shape, so the "
+    "bfloat16 rate is taken equal to float32's and calibrate()'s measured per-layer costs "
+    "decide where bfloat16 pays"
+)
+
+
+def _active_backend() -> str:
+    """Returns the active Keras backend name (`"tensorflow"` if Keras cannot say)."""
+    try:
+        import keras
+
+        return str(keras.backend.backend())
+    except Exception:
+        return "tensorflow"
+
+
+def _cpu_bfloat16_per_cycle(flags: set[str], float32_per_cycle: float) -> float | None:
+    """Returns the bfloat16 FLOP/cycle/core claimed for a detected CPU, or `None`.
+
+    AMX tiles are a large, real gain; AVX512-BF16 dot products double the peak on
+    paper only (see `_CPU_BFLOAT16_NOTE`), so they get float32's rate.
+    """
+    if "amx_bf16" in flags:
+        return 1024
+    if "avx512_bf16" in flags:
+        return float32_per_cycle
+    return None
+
+
+def _cpu_float16_per_cycle(flags: set[str], float32_per_cycle: float, backend: str) -> float | None:
+    """Returns the float16 FLOP/cycle/core of a detected CPU, or `None` (slow on `backend`)."""
+    if backend == "tensorflow":
+        return None
+    if "amx_fp16" in flags:
+        return 1024
+    if "avx512_fp16" in flags:
+        return 2 * float32_per_cycle
+    return None
+
+
+def _cpu_source(
+    model: str,
+    cores: int,
+    hertz: float,
+    flags: set[str],
+    backend: str,
+    base: str,
+    float16_per_cycle: float | None,
+) -> str:
+    """Returns the `source` text of a detected CPU: what was read, what is estimated and why."""
+    wanted = [
+        flag for flag in ("avx512_bf16", "amx_bf16", "avx512_fp16", "amx_fp16") if flag in flags
+    ]
+    parts = [
+        f"read from device: {model}, {cores} cores, flags "
+        f"{', '.join(wanted) or 'none of the 16-bit ones'}",
+        f"estimated: peak rates from flags x {hertz / 1e9:.2f} GHz x cores, bandwidth "
+        f"{cores * 10} GB/s assumed (class {base})",
+    ]
+    if base != "cpu-generic":
+        parts.append(_CPU_BFLOAT16_NOTE)
+    if backend == "tensorflow":
+        parts.append(_TF_CPU_FLOAT16_NOTE)
+    elif float16_per_cycle is not None:
+        parts.append(f"float16 fast from CPU flags only, not measured on the {backend} backend")
+    return "; ".join(parts)
+
+
+def detect_cpu(cpuinfo_path: str = "/proc/cpuinfo", backend: str | None = None) -> HardwareProfile:
+    """Returns a profile of the local CPU from its feature flags, with estimated rates.
+
+    Flags say what the silicon can do, not what the framework's kernels do with
+    it. Under TensorFlow, float16 is always in `slow_dtypes` (its CPU kernels
+    run float16 on Eigen fallbacks: whole steps are many times slower than
+    float32, AVX512-FP16 or not). bfloat16 is in `fast_dtypes` when the CPU has
+    AVX512-BF16 or AMX-BF16, as a capability claim only: its rate is taken equal
+    to float32's (AMX: the tile rate), and measured per-layer costs
+    (`autoprec.calibrate`) decide where it pays. `source` says all of this.
+
+    Args:
+        cpuinfo_path: the cpuinfo file to read (for tests).
+        backend: Keras backend the profile is for; default the active one.
+
+    Returns:
+        A `kind="cpu"` profile; `source` says which figures are estimated and why.
+
+    Example:
+
+    ```python
+    hw = autoprec.hardware.detect_cpu()
+    hw.support("float16")  # "slow" under the TensorFlow backend
+    ```
+    """
+    backend = backend or _active_backend()
+    flags, model, megahertz = _cpu_flags(cpuinfo_path)
+    cores = os.cpu_count() or 1
+    hertz = (megahertz or 2500.0) * 1e6
+    float32_per_cycle = 64 if "avx512f" in flags else (32 if "avx2" in flags else 16)
+    bfloat16_per_cycle = _cpu_bfloat16_per_cycle(flags, float32_per_cycle)
+    float16_per_cycle = _cpu_float16_per_cycle(flags, float32_per_cycle, backend)
+    if "amx_bf16" in flags:
+        base = "cpu-amx"
+    elif "avx512_bf16" in flags:
+        base = "cpu-avx512-bf16"
+    else:
+        base = "cpu-generic"
+    source = _cpu_source(model, cores, hertz, flags, backend, base, float16_per_cycle)
+    return _cpu_profile(
+        "local-cpu",
+        model,
+        float32_per_cycle,
+        bfloat16_per_cycle,
+        float16_per_cycle,
+        source,
+        cores=cores,
+        hertz=hertz,
+        bandwidth=min(cores * 10 * _GIGA, 200 * _GIGA),
+        memory=_total_memory_bytes() or _CPU_MEMORY,
+        detected=True,
+    )
+
+
+def cpu_flags() -> dict[str, bool]:
+    """Returns the 16-bit-relevant flags of the local CPU as read from /proc/cpuinfo.
+
+    Returns:
+        `{"avx512_bf16": ..., "amx_bf16": ..., "avx512_fp16": ..., "amx_fp16": ...}`.
+    """
+    flags, _, _ = _cpu_flags()
+    return {flag: flag in flags for flag in ("avx512_bf16", "amx_bf16", "avx512_fp16", "amx_fp16")}
+
+
+def _gpu_from_tensorflow() -> tuple[str, str | None, int | None] | None:
+    try:
+        import tensorflow as tf
+    except Exception:
+        return None
+    gpus = tf.config.list_physical_devices("GPU")
+    if not gpus:
+        return None
+    details = tf.config.experimental.get_device_details(gpus[0])
+    capability = details.get("compute_capability")
+    capability_text = f"{capability[0]}.{capability[1]}" if capability else None
+    return details.get("device_name", "GPU"), capability_text, None
+
+
+def _gpu_from_jax() -> tuple[str, str | None, int | None] | None:
+    try:
+        import jax
+    except Exception:
+        return None
+    try:
+        devices = [device for device in jax.devices() if device.platform == "gpu"]
+    except Exception:
+        return None
+    if not devices:
+        return None
+    device = devices[0]
+    capability = getattr(device, "compute_capability", None)
+    memory = None
+    try:
+        memory = int((device.memory_stats() or {}).get("bytes_limit")) or None
+    except Exception:
+        memory = None
+    return getattr(device, "device_kind", "GPU"), capability, memory
+
+
+def _gpu_from_torch() -> tuple[str, str | None, int | None] | None:
+    try:
+        import torch
+    except Exception:
+        return None
+    try:
+        if not torch.cuda.is_available():
+            return None
+        properties = torch.cuda.get_device_properties(0)
+    except Exception:
+        return None
+    capability = f"{properties.major}.{properties.minor}"
+    return properties.name, capability, int(properties.total_memory)
+
+
+def _local_gpu() -> tuple[str, str | None, int | None] | None:
+    """Returns (device name, compute capability, memory bytes or None) of the first GPU."""
+    backend = _active_backend()
+    readers = {
+        "tensorflow": (_gpu_from_tensorflow, _gpu_from_jax, _gpu_from_torch),
+        "jax": (_gpu_from_jax, _gpu_from_torch, _gpu_from_tensorflow),
+        "torch": (_gpu_from_torch, _gpu_from_jax, _gpu_from_tensorflow),
+    }.get(backend, (_gpu_from_tensorflow, _gpu_from_jax, _gpu_from_torch))
+    for reader in readers:
+        found = reader()
+        if found is not None:
+            return found
+    return None
+
+
+def profile_for_gpu(
+    device_name: str, compute_capability: str | None = None, memory_bytes: int | None = None
+) -> HardwareProfile:
+    """Maps a GPU's reported name to its built-in profile, or builds one from what is known.
+
+    Args:
+        device_name: the name the driver reports, e.g. `"NVIDIA GeForce RTX 4090"`.
+        compute_capability: e.g. `"8.9"`, when known.
+        memory_bytes: device memory when known (picks the 8/16 GB RTX 4060 Ti).
+
+    Returns:
+        The matching built-in profile marked `detected=True`, or for an unknown
+        GPU a profile whose rates are marked `"estimated: ..."`.
+    """
+    key = _normalise(device_name)
+    candidates = sorted(
+        (name for name in _BUILTIN if _BUILTIN[name].kind == "gpu" and name.split("-")[0] in key),
+        key=len,
+        reverse=True,
+    )
+    if candidates:
+        name = candidates[0]
+        if name.startswith("rtx4060ti"):
+            big = (memory_bytes or 0) > 12 * _GIB or "16gb" in key
+            name = "rtx4060ti-16gb" if big else "rtx4060ti-8gb"
+        exact_boundary = re.search(re.escape(name.split("-")[0]) + r"(?![0-9a-z])", key)
+        if exact_boundary or name.startswith("rtx4060ti"):
+            return dataclasses.replace(
+                _BUILTIN[name], detected=True, source=f"built-in table; device {device_name!r}"
+            )
+    return _estimated_gpu(device_name, compute_capability, memory_bytes)
+
+
+def _estimated_gpu(
+    device_name: str, compute_capability: str | None, memory_bytes: int | None
+) -> HardwareProfile:
+    major = 0
+    if compute_capability:
+        try:
+            major = int(str(compute_capability).split(".")[0])
+        except ValueError:
+            major = 0
+    reference = {7: "rtx2080ti", 8: "rtx3080", 9: "rtx4090", 10: "rtx5080", 12: "rtx5080"}.get(
+        major, "rtx3080"
+    )
+    if compute_capability and compute_capability.startswith("8.9"):
+        reference = "rtx4080"
+    base = _BUILTIN[reference]
+    fast = tuple(
+        dtype
+        for dtype, needed in ((FLOAT16, 7), (BFLOAT16, 8))
+        if major >= needed or (major == 0 and dtype == FLOAT16)
+    )
+    slow = tuple(dtype for dtype in (FLOAT16, BFLOAT16) if dtype not in fast)
+    return dataclasses.replace(
+        base,
+        name=_normalise(device_name) or "unknown-gpu",
+        display_name=device_name,
+        compute_capability=compute_capability,
+        memory_bytes=int(memory_bytes or base.memory_bytes),
+        fast_dtypes=fast,
+        slow_dtypes=slow,
+        bfloat16_flops=base.bfloat16_flops if BFLOAT16 in fast else None,
+        detected=True,
+        source=(
+            f"read from device: name {device_name!r}, compute capability "
+            f"{compute_capability or 'unknown'}"
+            + (", memory" if memory_bytes else "")
+            + f"; estimated: rates and bandwidth copied from {base.display_name}, "
+            "16-bit support from the compute capability (unknown GPU)"
+        ),
+    )
+
+
+def detect() -> HardwareProfile:
+    """Returns the profile of the device this process computes on: its first GPU, else the CPU.
+
+    GPUs are read through the active Keras backend's framework (TensorFlow,
+    JAX or PyTorch; frameworks that are not installed are skipped) and mapped to
+    the built-in table; unknown GPUs and CPUs get estimated rates, marked so in
+    `source`. A CPU is described by `detect_cpu` (float16 slow under TensorFlow).
+
+    Returns:
+        A `HardwareProfile` with `detected=True`.
+
+    Example:
+
+    ```python
+    hw = autoprec.hardware.detect()
+    print(hw.summary())
+    ```
+    """
+    gpu = _local_gpu()
+    if gpu is not None:
+        device_name, capability, memory = gpu
+        return profile_for_gpu(device_name, capability, memory)
+    return detect_cpu()

@@ -1,0 +1,262 @@
+"""`HardwareProfile`: what a device computes fast, how fast, and how much memory it has."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+from typing import Any
+
+from .._core.dtypes import BFLOAT16, COMPUTE_DTYPES, FLOAT16, FLOAT32
+from .._core.io import atomic_write_json, read_json_file
+from ..errors import HardwareError
+
+_TERA = 1e12
+_GIGA = 1e9
+_GIB = 1024**3
+
+#: Support levels a dtype can have on a device.
+FAST = "fast"
+SLOW = "slow"
+UNSUPPORTED = "unsupported"
+
+
+@dataclasses.dataclass(frozen=True)
+class HardwareProfile:
+    """Peak rates, memory and 16-bit support of one device.
+
+    Args:
+        name: short profile name, e.g. `"rtx4090"`.
+        display_name: human-readable device name, e.g. `"NVIDIA GeForce RTX 4090"`.
+        kind: `"gpu"` or `"cpu"`.
+        compute_capability: CUDA compute capability such as `"8.9"`, or `None`.
+        float32_flops: dense float32 peak, FLOP/s.
+        float16_flops: float16 peak (tensor cores, float32 accumulate) in FLOP/s,
+            or `None` when the device has no fast float16 path.
+        bfloat16_flops: bfloat16 peak in FLOP/s, or `None` when it has no fast path.
+        memory_bandwidth: memory bandwidth, bytes/s.
+        memory_bytes: device memory, bytes.
+        fast_dtypes: 16-bit dtypes with native fast kernels (float32 is always fast).
+        slow_dtypes: 16-bit dtypes that run, but emulated or on fallback kernels.
+        alignment: 16-bit matmul/conv dimensions should be multiples of this many
+            elements to reach the 16-bit rate (1: no rule).
+        op_overhead_seconds: fixed cost of launching one kernel/op.
+        slow_penalty: time multiplier for a dtype in `slow_dtypes`.
+        source: where the figures come from (`"built-in table"`, `"read from
+            device"`, `"user file: ..."`, `"estimated: ..."`).
+        detected: whether this profile describes the device this process runs on.
+
+    Example:
+
+    ```python
+    hw = autoprec.hardware.get("RTX 4090")
+    hw.peak_flops("bfloat16") / hw.peak_flops("float32")  # 2.0
+    ```
+    """
+
+    name: str
+    display_name: str
+    kind: str
+    compute_capability: str | None
+    float32_flops: float
+    float16_flops: float | None
+    bfloat16_flops: float | None
+    memory_bandwidth: float
+    memory_bytes: int
+    fast_dtypes: tuple[str, ...] = (FLOAT32,)
+    slow_dtypes: tuple[str, ...] = ()
+    alignment: int = 8
+    op_overhead_seconds: float = 5e-6
+    slow_penalty: float = 8.0
+    source: str = "built-in table"
+    detected: bool = False
+
+    def support(self, dtype: str) -> str:
+        """Returns `"fast"`, `"slow"` or `"unsupported"` for a compute dtype.
+
+        Args:
+            dtype: `"float32"`, `"bfloat16"` or `"float16"`.
+
+        Returns:
+            The support level of `dtype` on this device.
+        """
+        if dtype == FLOAT32 or dtype in self.fast_dtypes:
+            return FAST
+        if dtype in self.slow_dtypes:
+            return SLOW
+        return UNSUPPORTED
+
+    def is_fast(self, dtype: str) -> bool:
+        """Returns whether `dtype` runs on native fast kernels on this device."""
+        return self.support(dtype) == FAST
+
+    def peak_flops(self, dtype: str) -> float:
+        """Returns the matmul/conv peak rate of `dtype` in FLOP/s.
+
+        A dtype without a fast path runs at the float32 rate here; the slowness
+        of emulation is applied separately through `slow_penalty`.
+
+        Args:
+            dtype: a compute dtype.
+
+        Returns:
+            Peak FLOP/s.
+        """
+        rate = {FLOAT16: self.float16_flops, BFLOAT16: self.bfloat16_flops}.get(dtype)
+        if rate is None or not self.is_fast(dtype):
+            return self.float32_flops
+        return rate
+
+    def to_dict(self) -> dict[str, Any]:
+        """Returns the profile as a JSON-serialisable dict (the user-file format)."""
+        data = dataclasses.asdict(self)
+        data["fast_dtypes"] = list(self.fast_dtypes)
+        data["slow_dtypes"] = list(self.slow_dtypes)
+        return data
+
+    def save(self, path: str | os.PathLike) -> Path:
+        """Writes the profile to a JSON file that `load_profile` reads back.
+
+        Args:
+            path: destination file.
+
+        Returns:
+            The written path.
+        """
+        data = self.to_dict()
+        data.pop("detected")
+        return atomic_write_json(path, data)
+
+    def summary(self) -> str:
+        """Returns a few lines describing the profile."""
+
+        def tflops(rate: float | None) -> str:
+            return "-" if rate is None else f"{rate / _TERA:.1f}"
+
+        support = ", ".join(f"{dtype} {self.support(dtype)}" for dtype in COMPUTE_DTYPES)
+        return "\n".join(
+            [
+                f"{self.display_name} ({self.name}, {self.kind}"
+                + (f", CC {self.compute_capability}" if self.compute_capability else "")
+                + ")",
+                f"  TFLOP/s: float32 {tflops(self.float32_flops)}, float16 "
+                f"{tflops(self.float16_flops)}, bfloat16 {tflops(self.bfloat16_flops)}",
+                f"  memory {self.memory_bytes / _GIB:.1f} GiB at "
+                f"{self.memory_bandwidth / _GIGA:.0f} GB/s; alignment {self.alignment}",
+                f"  dtypes: {support}",
+                f"  source: {self.source}",
+            ]
+        )
+
+
+# --------------------------------------------------------------------------- user files
+
+_REQUIRED_FIELDS = ("name", "kind", "float32_flops", "memory_bandwidth", "memory_bytes")
+_FIELD_TYPES = {field.name: field for field in dataclasses.fields(HardwareProfile)}
+
+
+def _check_positive(path: str, field: str, value: Any, allow_none: bool = False) -> None:
+    if value is None and allow_none:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise HardwareError(f"{path}: field {field!r} must be a positive number, got {value!r}.")
+
+
+def _check_dtype_list(path: str, field: str, value: Any) -> tuple[str, ...]:
+    if not isinstance(value, (list, tuple)) or any(item not in COMPUTE_DTYPES for item in value):
+        raise HardwareError(
+            f"{path}: field {field!r} must be a list of dtypes from "
+            f"{', '.join(COMPUTE_DTYPES)}, got {value!r}."
+        )
+    return tuple(value)
+
+
+def profile_from_dict(data: Any, source: str = "user data") -> HardwareProfile:
+    """Builds a `HardwareProfile` from a dict in the `to_dict` format, validating it.
+
+    Args:
+        data: the decoded JSON object.
+        source: where the data comes from, used in error messages and recorded
+            in the profile's `source` unless the data names one.
+
+    Returns:
+        The validated profile.
+
+    Raises:
+        HardwareError: naming `source` and the offending field.
+    """
+    if not isinstance(data, dict):
+        raise HardwareError(f"{source}: a hardware profile must be a JSON object.")
+    unknown = sorted(set(data) - set(_FIELD_TYPES))
+    if unknown:
+        raise HardwareError(
+            f"{source}: unknown field(s) {', '.join(map(repr, unknown))}; "
+            f"allowed fields: {', '.join(_FIELD_TYPES)}."
+        )
+    missing = [field for field in _REQUIRED_FIELDS if field not in data]
+    if missing:
+        raise HardwareError(f"{source}: missing required field(s) {', '.join(missing)}.")
+    if not isinstance(data["name"], str) or not data["name"].strip():
+        raise HardwareError(f"{source}: field 'name' must be a non-empty string.")
+    if data["kind"] not in ("gpu", "cpu"):
+        raise HardwareError(f"{source}: field 'kind' must be 'gpu' or 'cpu', got {data['kind']!r}.")
+    for field in ("float32_flops", "memory_bandwidth", "memory_bytes"):
+        _check_positive(source, field, data[field])
+    for field in ("float16_flops", "bfloat16_flops"):
+        _check_positive(source, field, data.get(field), allow_none=True)
+    for field in ("op_overhead_seconds", "slow_penalty", "alignment"):
+        if field in data:
+            _check_positive(source, field, data[field])
+    values = dict(data)
+    values.setdefault("display_name", data["name"])
+    values.setdefault("compute_capability", None)
+    values.setdefault("float16_flops", None)
+    values.setdefault("bfloat16_flops", None)
+    if "fast_dtypes" not in values:
+        values["fast_dtypes"] = [
+            dtype
+            for dtype, field in ((FLOAT16, "float16_flops"), (BFLOAT16, "bfloat16_flops"))
+            if values[field] is not None
+        ]
+    values["fast_dtypes"] = _check_dtype_list(source, "fast_dtypes", values["fast_dtypes"])
+    values["slow_dtypes"] = _check_dtype_list(source, "slow_dtypes", values.get("slow_dtypes", []))
+    for dtype in values["fast_dtypes"]:
+        if dtype != FLOAT32 and values[f"{dtype}_flops"] is None:
+            raise HardwareError(
+                f"{source}: {dtype} is listed in 'fast_dtypes' but '{dtype}_flops' is missing."
+            )
+    values["memory_bytes"] = int(values["memory_bytes"])
+    values["alignment"] = int(values.get("alignment", 8))
+    values["source"] = values.get("source") or source
+    values["detected"] = False
+    return HardwareProfile(**values)
+
+
+def load_profile(path: str | os.PathLike) -> HardwareProfile:
+    """Reads a hardware profile from a JSON file.
+
+    Fields are those of `HardwareProfile` in SI units (FLOP/s, bytes/s, bytes);
+    `name`, `kind`, `float32_flops`, `memory_bandwidth` and `memory_bytes` are required.
+
+    Args:
+        path: the JSON file.
+
+    Returns:
+        The profile, with `source` `"user file: <path>"` unless the file names one.
+
+    Raises:
+        HardwareError: naming the file and the field when the file is unreadable,
+            not JSON, or a field is missing or invalid.
+
+    Example:
+
+    ```python
+    autoprec.hardware.get("rtx4090").save("/tmp/my_gpu.json")
+    autoprec.hardware.load_profile("/tmp/my_gpu.json").name  # "rtx4090"
+    ```
+    """
+    data = read_json_file(path, HardwareError, "hardware profile")
+    source = f"user file: {path}"
+    if isinstance(data, dict) and "source" in data:
+        data = {**data, "source": f"{source} ({data['source']})"}
+    return profile_from_dict(data, source=source)
