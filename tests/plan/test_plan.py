@@ -1,4 +1,4 @@
-"""PrecisionPlan: lookup, changes, JSON, Keras DTypePolicyMap interop (autoprec/plan.py)."""
+"""PrecisionPlan: lookup, rules, changes, summaries, Keras DTypePolicyMap interop (autoprec/plan/plan.py, rule.py)."""
 
 from __future__ import annotations
 
@@ -6,11 +6,9 @@ import json
 
 import keras
 import pytest
-from conftest import build_cnn, build_mlp
 
 import autoprec
 from autoprec import PlanError, PrecisionPlan
-from autoprec.plan import FORMAT_VERSION
 
 
 def test_uniform_names_every_layer_with_metadata(mlp):
@@ -94,25 +92,6 @@ def test_from_model_records_current_policies(mlp):
     assert plan.layers["dense"] == "float32"
 
 
-def test_json_round_trip_keeps_everything(attention_model, tmp_path):
-    plan = (
-        PrecisionPlan.uniform(attention_model, "bfloat16")
-        .with_dtype("dense", "float32")
-        .with_rule("float32", class_name="Softmax")
-        .with_metadata(hardware="rtx4090", measured_metric=0.9, evidence={"dense": {"why": "head"}})
-        .with_event({"step": 3, "layer": "dense", "from": "float16", "to": "float32"})
-    )
-    path = tmp_path / "plan.json"
-    plan.save(path)
-    loaded = PrecisionPlan.load(path)
-    assert loaded == plan
-    assert loaded.to_dict() == plan.to_dict()
-    assert loaded.metadata["evidence"] == {"dense": {"why": "head"}}
-    assert loaded.events[0]["layer"] == "dense"
-    assert PrecisionPlan.from_json(plan.to_json()) == plan
-    assert not list(tmp_path.glob(".*tmp"))
-
-
 def test_hand_written_plan_with_rules_applies_to_any_model(attention_model):
     text = json.dumps(
         {
@@ -130,47 +109,6 @@ def test_hand_written_plan_with_rules_applies_to_any_model(attention_model):
     assert handle.dtypes["attention/dropout_layer"] == "float32"  # follows the softmax
 
 
-@pytest.mark.parametrize(
-    ("content", "message"),
-    [
-        ("{not json", r"not valid JSON at line 1"),
-        ("", r"empty \(truncated write\?\)"),
-        ('{"format_version": 1, "layers": {"dense": "float64"}}', r"layers\['dense'\].*float64"),
-        ('{"format_version": 99}', r"format_version 99 is newer.*upgrade"),
-        ('{"layers": {}}', r"missing 'format_version'"),
-        ('{"format_version": "1"}', r"'format_version' must be int"),
-        ('{"format_version": 1, "layers": []}', r"field 'layers' must be dict"),
-        ('{"format_version": 1, "rules": [{"dtype": "float32"}]}', r"rules\[0\].*'path'.*'class'"),
-        (
-            '{"format_version": 1, "layers": {"a": {"class": "Dense"}}}',
-            r"layers\['a'\] has no 'dtype'",
-        ),
-        ('{"format_version": 1, "default": 16}', r"default.*unknown dtype 16"),
-        ("[1, 2]", r"must be dict"),
-    ],
-)
-def test_bad_plan_files_raise_clear_errors_naming_file_and_field(tmp_path, content, message):
-    path = tmp_path / "bad.json"
-    path.write_text(content)
-    with pytest.raises(PlanError, match=message) as error:
-        PrecisionPlan.load(path)
-    assert str(path) in str(error.value)
-
-
-def test_truncated_plan_file_is_refused(tmp_path, mlp):
-    path = tmp_path / "plan.json"
-    PrecisionPlan.uniform(mlp, "bfloat16").save(path)
-    text = path.read_text()
-    path.write_text(text[: len(text) // 2])
-    with pytest.raises(PlanError, match="not valid JSON"):
-        PrecisionPlan.load(path)
-
-
-def test_missing_file_is_a_plan_error(tmp_path):
-    with pytest.raises(PlanError, match="no such file"):
-        PrecisionPlan.load(tmp_path / "nope.json")
-
-
 def test_summary_lists_layers_and_totals(cnn):
     summary = PrecisionPlan.uniform(cnn, "float32").with_dtype("conv2d", "bfloat16").summary()
     assert "conv2d" in summary and "Conv2D" in summary
@@ -178,16 +116,6 @@ def test_summary_lists_layers_and_totals(cnn):
     assert "follows" in summary
     conv_parameters = 3 * 3 * 1 * 4 + 4
     assert f"{conv_parameters:>12,} params" in summary
-
-
-def test_diff_lists_changes():
-    first = PrecisionPlan.uniform(build_mlp(), "float32")
-    second = first.with_dtype("dense_1", "bfloat16")
-    diff = first.diff(second)
-    assert diff.changed == (("dense_1", "float32", "bfloat16"),)
-    assert "dense_1" in str(diff)
-    assert not first.diff(first)
-    assert str(first.diff(first)) == "plans are identical"
 
 
 def test_dtype_policy_map_round_trip_and_keras_accepts_it():
@@ -214,13 +142,3 @@ def test_dtype_policy_map_round_trip_and_keras_accepts_it():
     assert rebuilt.get_layer("first").compute_dtype == "bfloat16"
     assert rebuilt.get_layer("second").compute_dtype == "float32"
     assert rebuilt.get_layer("first").kernel.dtype == "float32"
-
-
-def test_plan_schema_ships_with_the_package():
-    from importlib import resources
-
-    schema = json.loads(
-        resources.files("autoprec").joinpath("schemas/plan.schema.json").read_text()
-    )
-    assert schema["properties"]["format_version"]["maximum"] == FORMAT_VERSION
-    assert set(schema["required"]) <= set(PrecisionPlan.uniform(build_cnn(), "float32").to_dict())

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import copy
-import dataclasses
 import datetime
 import difflib
 import fnmatch
@@ -13,7 +12,7 @@ from collections.abc import Iterable, Mapping
 from types import MappingProxyType
 from typing import Any
 
-from ._core.dtypes import (
+from .._core.dtypes import (
     COMPUTE_DTYPES,
     FLOAT16,
     FLOAT32,
@@ -21,16 +20,13 @@ from ._core.dtypes import (
     canonical_dtype,
     dtype_of_policy,
 )
-from ._core.io import atomic_write_json, parse_json_text, read_json_file
-from ._version import __version__
-from .errors import PlanError
-from .layers import LayerInfo, describe_model, model_fingerprint
-
-#: Version of the plan JSON format written by this release. Files with a higher
-#: version are refused with a message to upgrade autoprec.
-FORMAT_VERSION = 1
-
-_FORMAT_NAME = "autoprec.plan"
+from .._core.io import atomic_write_json, parse_json_text, read_json_file
+from .._version import __version__
+from ..errors import PlanError
+from ..layers import LayerInfo, describe_model, layer_paths, model_fingerprint
+from .diff import PlanDiff
+from .rule import PlanRule, _coerce_rule
+from .serialize import _FORMAT_NAME, FORMAT_VERSION, _plan_from_dict
 
 #: Metadata slots that later stages fill; all start as `None` (or empty).
 METADATA_SLOTS: tuple[str, ...] = (
@@ -44,74 +40,6 @@ METADATA_SLOTS: tuple[str, ...] = (
     "evidence",
     "search",
 )
-
-
-@dataclasses.dataclass(frozen=True)
-class PlanRule:
-    """One ordered pattern rule: a glob on layer paths and/or a glob on layer class names.
-
-    Attributes:
-        dtype: compute dtype given to matching layers.
-        path: glob on stable layer paths (`fnmatch` syntax, `*` also crosses `/`), or `None`.
-        class_name: glob on layer class names (e.g. `"Softmax"`, `"*Normalization"`), or `None`.
-    """
-
-    dtype: str
-    path: str | None = None
-    class_name: str | None = None
-
-    def matches(self, path: str, class_name: str | None) -> bool:
-        """Returns whether the rule applies to a layer with this path and class name."""
-        if self.path is not None and not fnmatch.fnmatchcase(path, self.path):
-            return False
-        if self.class_name is not None:
-            if class_name is None or not fnmatch.fnmatchcase(class_name, self.class_name):
-                return False
-        return True
-
-    def to_dict(self) -> dict[str, str]:
-        entry: dict[str, str] = {}
-        if self.path is not None:
-            entry["path"] = self.path
-        if self.class_name is not None:
-            entry["class"] = self.class_name
-        entry["dtype"] = self.dtype
-        return entry
-
-
-@dataclasses.dataclass(frozen=True)
-class PlanDiff:
-    """Differences between two plans, as returned by `PrecisionPlan.diff`.
-
-    Attributes:
-        changed: `(path, dtype_in_self, dtype_in_other)` for layers in both plans with different dtypes.
-        only_in_self: paths only the first plan names.
-        only_in_other: paths only the second plan names.
-        default_changed: `(self.default, other.default)` if the defaults differ, else `None`.
-    """
-
-    changed: tuple[tuple[str, str, str], ...]
-    only_in_self: tuple[str, ...]
-    only_in_other: tuple[str, ...]
-    default_changed: tuple[str, str] | None
-
-    def __bool__(self) -> bool:
-        return bool(self.changed or self.only_in_self or self.only_in_other or self.default_changed)
-
-    def __str__(self) -> str:
-        if not self:
-            return "plans are identical"
-        lines = []
-        if self.default_changed:
-            lines.append(f"default: {self.default_changed[0]} -> {self.default_changed[1]}")
-        width = max([len(path) for path, _, _ in self.changed] + [5])
-        for path, before, after in self.changed:
-            lines.append(f"~ {path:<{width}}  {before} -> {after}")
-        for path in self.only_in_self:
-            lines.append(f"- {path}")
-        for path in self.only_in_other:
-            lines.append(f"+ {path}")
-        return "\n".join(lines)
 
 
 class PrecisionPlan:
@@ -225,7 +153,6 @@ class PrecisionPlan:
         Returns:
             A `PrecisionPlan` naming every layer.
         """
-        from .layers import layer_paths
 
         paths = layer_paths(model)
         infos = describe_model(model)
@@ -721,136 +648,3 @@ def _follow(own: Mapping[str, str], infos: Mapping[str, LayerInfo], default: str
 def _suggest(name: str, candidates: Iterable[str]) -> str:
     close = difflib.get_close_matches(name, list(candidates), n=3, cutoff=0.5)
     return f" (did you mean {', '.join(repr(match) for match in close)}?)" if close else ""
-
-
-def _coerce_rule(rule: PlanRule | Mapping[str, Any], index: int, source: str = "") -> PlanRule:
-    where = f"{source}: rules[{index}]" if source else f"rules[{index}]"
-    if isinstance(rule, PlanRule):
-        return PlanRule(canonical_dtype(rule.dtype, where), rule.path, rule.class_name)
-    if not isinstance(rule, Mapping):
-        raise PlanError(
-            f"{where}: expected an object like {{'class': 'Softmax', 'dtype': 'float32'}}, "
-            f"got {type(rule).__name__}."
-        )
-    unknown = set(rule) - {"path", "class", "dtype"}
-    if unknown:
-        raise PlanError(
-            f"{where}: unknown key(s) {sorted(unknown)}; a rule has 'path' and/or 'class', and 'dtype'."
-        )
-    if "dtype" not in rule:
-        raise PlanError(f'{where}: missing \'dtype\'; add e.g. "dtype": "float32".')
-    path, class_name = rule.get("path"), rule.get("class")
-    if path is None and class_name is None:
-        raise PlanError(f"{where}: give 'path' (a glob on layer paths) or 'class' (a class name).")
-    for key, value in (("path", path), ("class", class_name)):
-        if value is not None and not isinstance(value, str):
-            raise PlanError(f"{where}.{key}: expected a string, got {type(value).__name__}.")
-    return PlanRule(canonical_dtype(rule["dtype"], f"{where}.dtype"), path, class_name)
-
-
-def _expect(value: Any, types: type | tuple[type, ...], field: str, source: str) -> Any:
-    if (
-        not isinstance(value, types)
-        or isinstance(value, bool)
-        and bool not in (types if isinstance(types, tuple) else (types,))
-    ):
-        names = (
-            " or ".join(t.__name__ for t in types) if isinstance(types, tuple) else types.__name__
-        )
-        raise PlanError(
-            f"{source}: field '{field}' must be {names}, got {type(value).__name__} ({value!r:.60})."
-        )
-    return value
-
-
-def _plan_from_dict(cls, data: Any, source: str) -> PrecisionPlan:
-    _expect(data, dict, "<top level>", source)
-    version = data.get("format_version")
-    if version is None:
-        raise PlanError(
-            f"{source}: missing 'format_version'; a plan file starts with "
-            f'"format_version": {FORMAT_VERSION}.'
-        )
-    _expect(version, int, "format_version", source)
-    if version > FORMAT_VERSION:
-        raise PlanError(
-            f"{source}: format_version {version} is newer than this autoprec supports "
-            f"({FORMAT_VERSION}); upgrade autoprec (pip install -U autoprec)."
-        )
-    if version < 1:
-        raise PlanError(f"{source}: format_version {version} is not valid; use {FORMAT_VERSION}.")
-    if "format" in data and data["format"] != _FORMAT_NAME:
-        raise PlanError(
-            f"{source}: field 'format' is {data['format']!r}, expected {_FORMAT_NAME!r}; "
-            "is this a profile or another file?"
-        )
-    default = canonical_dtype(data.get("default", FLOAT32), f"{source}: default")
-    rules_data = _expect(data.get("rules", []), list, "rules", source)
-    rules = [_coerce_rule(rule, index, source) for index, rule in enumerate(rules_data)]
-    layers_data = _expect(data.get("layers", {}), dict, "layers", source)
-    explicit: dict[str, str] = {}
-    infos: dict[str, LayerInfo] = {}
-    for path, entry in layers_data.items():
-        field = f"layers[{path!r}]"
-        if isinstance(entry, str):
-            explicit[path] = canonical_dtype(entry, f"{source}: {field}")
-            continue
-        _expect(entry, dict, field, source)
-        if "dtype" not in entry:
-            raise PlanError(f'{source}: {field} has no \'dtype\'; add e.g. "dtype": "bfloat16".')
-        explicit[path] = canonical_dtype(entry["dtype"], f"{source}: {field}.dtype")
-        if "class" in entry:
-            infos[path] = _layer_info_from_entry(path, entry, f"{field}", source)
-    model = _expect(data.get("model", {}) or {}, dict, "model", source)
-    fingerprint = model.get("fingerprint")
-    if fingerprint is not None:
-        _expect(fingerprint, str, "model.fingerprint", source)
-    metadata = _expect(data.get("metadata", {}) or {}, dict, "metadata", source)
-    if metadata.get("evidence") is not None:
-        _expect(metadata["evidence"], dict, "metadata.evidence", source)
-    events = _expect(data.get("events", []) or [], list, "events", source)
-    for index, event in enumerate(events):
-        _expect(event, dict, f"events[{index}]", source)
-    created = data.get("created")
-    if created is not None:
-        _expect(created, str, "created", source)
-    return cls(
-        explicit,
-        rules=rules,
-        default=default,
-        layer_info=infos if len(infos) == len(explicit) else {},
-        fingerprint=fingerprint,
-        model_name=model.get("name"),
-        metadata=metadata,
-        events=events,
-        created=created,
-        autoprec_version=data.get("autoprec_version"),
-    )
-
-
-def _layer_info_from_entry(path: str, entry: dict, field: str, source: str) -> LayerInfo:
-    class_name = _expect(entry["class"], str, f"{field}.class", source)
-    parameters = _expect(entry.get("parameters", 0), int, f"{field}.parameters", source)
-    shapes = _expect(entry.get("weight_shapes", []), list, f"{field}.weight_shapes", source)
-    try:
-        weight_shapes = tuple(tuple(int(d) for d in shape) for shape in shapes)
-    except (TypeError, ValueError):
-        raise PlanError(
-            f"{source}: field '{field}.weight_shapes' must be a list of integer lists."
-        ) from None
-    follows = entry.get("follows")
-    if follows is not None:
-        _expect(follows, str, f"{field}.follows", source)
-    keras_path = entry.get("keras_path")
-    if keras_path is not None:
-        _expect(keras_path, str, f"{field}.keras_path", source)
-    return LayerInfo(
-        path=path,
-        class_name=class_name,
-        keras_path=keras_path,
-        parameters=parameters,
-        weight_shapes=weight_shapes,
-        is_container=bool(entry.get("container", False)),
-        pass_through=bool(entry.get("pass_through", False)),
-        follows=follows,
-    )

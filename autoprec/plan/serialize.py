@@ -1,0 +1,129 @@
+"""Reading a plan from its JSON form, with errors that name the file and the field."""
+
+from __future__ import annotations
+
+from typing import Any, TypeVar
+
+from .._core.dtypes import (
+    FLOAT32,
+    canonical_dtype,
+)
+from ..errors import PlanError
+from ..layers import LayerInfo
+from .rule import _coerce_rule
+
+#: Version of the plan JSON format written by this release. Files with a higher
+#: version are refused with a message to upgrade autoprec.
+FORMAT_VERSION = 1
+
+_FORMAT_NAME = "autoprec.plan"
+
+_PlanT = TypeVar("_PlanT")
+
+
+def _expect(value: Any, types: type | tuple[type, ...], field: str, source: str) -> Any:
+    if (
+        not isinstance(value, types)
+        or isinstance(value, bool)
+        and bool not in (types if isinstance(types, tuple) else (types,))
+    ):
+        names = (
+            " or ".join(t.__name__ for t in types) if isinstance(types, tuple) else types.__name__
+        )
+        raise PlanError(
+            f"{source}: field '{field}' must be {names}, got {type(value).__name__} ({value!r:.60})."
+        )
+    return value
+
+
+def _plan_from_dict(cls: type[_PlanT], data: Any, source: str) -> _PlanT:
+    _expect(data, dict, "<top level>", source)
+    version = data.get("format_version")
+    if version is None:
+        raise PlanError(
+            f"{source}: missing 'format_version'; a plan file starts with "
+            f'"format_version": {FORMAT_VERSION}.'
+        )
+    _expect(version, int, "format_version", source)
+    if version > FORMAT_VERSION:
+        raise PlanError(
+            f"{source}: format_version {version} is newer than this autoprec supports "
+            f"({FORMAT_VERSION}); upgrade autoprec (pip install -U autoprec)."
+        )
+    if version < 1:
+        raise PlanError(f"{source}: format_version {version} is not valid; use {FORMAT_VERSION}.")
+    if "format" in data and data["format"] != _FORMAT_NAME:
+        raise PlanError(
+            f"{source}: field 'format' is {data['format']!r}, expected {_FORMAT_NAME!r}; "
+            "is this a profile or another file?"
+        )
+    default = canonical_dtype(data.get("default", FLOAT32), f"{source}: default")
+    rules_data = _expect(data.get("rules", []), list, "rules", source)
+    rules = [_coerce_rule(rule, index, source) for index, rule in enumerate(rules_data)]
+    layers_data = _expect(data.get("layers", {}), dict, "layers", source)
+    explicit: dict[str, str] = {}
+    infos: dict[str, LayerInfo] = {}
+    for path, entry in layers_data.items():
+        field = f"layers[{path!r}]"
+        if isinstance(entry, str):
+            explicit[path] = canonical_dtype(entry, f"{source}: {field}")
+            continue
+        _expect(entry, dict, field, source)
+        if "dtype" not in entry:
+            raise PlanError(f'{source}: {field} has no \'dtype\'; add e.g. "dtype": "bfloat16".')
+        explicit[path] = canonical_dtype(entry["dtype"], f"{source}: {field}.dtype")
+        if "class" in entry:
+            infos[path] = _layer_info_from_entry(path, entry, f"{field}", source)
+    model = _expect(data.get("model", {}) or {}, dict, "model", source)
+    fingerprint = model.get("fingerprint")
+    if fingerprint is not None:
+        _expect(fingerprint, str, "model.fingerprint", source)
+    metadata = _expect(data.get("metadata", {}) or {}, dict, "metadata", source)
+    if metadata.get("evidence") is not None:
+        _expect(metadata["evidence"], dict, "metadata.evidence", source)
+    events = _expect(data.get("events", []) or [], list, "events", source)
+    for index, event in enumerate(events):
+        _expect(event, dict, f"events[{index}]", source)
+    created = data.get("created")
+    if created is not None:
+        _expect(created, str, "created", source)
+    return cls(
+        explicit,
+        rules=rules,
+        default=default,
+        layer_info=infos if len(infos) == len(explicit) else {},
+        fingerprint=fingerprint,
+        model_name=model.get("name"),
+        metadata=metadata,
+        events=events,
+        created=created,
+        autoprec_version=data.get("autoprec_version"),
+    )
+
+
+def _layer_info_from_entry(path: str, entry: dict, field: str, source: str) -> LayerInfo:
+    class_name = _expect(entry["class"], str, f"{field}.class", source)
+    parameters = _expect(entry.get("parameters", 0), int, f"{field}.parameters", source)
+    shapes = _expect(entry.get("weight_shapes", []), list, f"{field}.weight_shapes", source)
+    try:
+        weight_shapes = tuple(tuple(int(d) for d in shape) for shape in shapes)
+    except (TypeError, ValueError):
+        raise PlanError(
+            f"{source}: field '{field}.weight_shapes' must be a list of integer lists."
+        ) from None
+    follows = entry.get("follows")
+    if follows is not None:
+        _expect(follows, str, f"{field}.follows", source)
+    keras_path = entry.get("keras_path")
+    if keras_path is not None:
+        _expect(keras_path, str, f"{field}.keras_path", source)
+    return LayerInfo(
+        path=path,
+        class_name=class_name,
+        keras_path=keras_path,
+        parameters=parameters,
+        weight_shapes=weight_shapes,
+        is_container=bool(entry.get("container", False)),
+        pass_through=bool(entry.get("pass_through", False)),
+        follows=follows,
+    )

@@ -1,0 +1,81 @@
+"""Plan JSON: round trips, errors naming file and field, the shipped schema (autoprec/plan/serialize.py)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from conftest import build_cnn
+
+from autoprec import PlanError, PrecisionPlan
+from autoprec.plan import FORMAT_VERSION
+
+
+def test_json_round_trip_keeps_everything(attention_model, tmp_path):
+    plan = (
+        PrecisionPlan.uniform(attention_model, "bfloat16")
+        .with_dtype("dense", "float32")
+        .with_rule("float32", class_name="Softmax")
+        .with_metadata(hardware="rtx4090", measured_metric=0.9, evidence={"dense": {"why": "head"}})
+        .with_event({"step": 3, "layer": "dense", "from": "float16", "to": "float32"})
+    )
+    path = tmp_path / "plan.json"
+    plan.save(path)
+    loaded = PrecisionPlan.load(path)
+    assert loaded == plan
+    assert loaded.to_dict() == plan.to_dict()
+    assert loaded.metadata["evidence"] == {"dense": {"why": "head"}}
+    assert loaded.events[0]["layer"] == "dense"
+    assert PrecisionPlan.from_json(plan.to_json()) == plan
+    assert not list(tmp_path.glob(".*tmp"))
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ("{not json", r"not valid JSON at line 1"),
+        ("", r"empty \(truncated write\?\)"),
+        ('{"format_version": 1, "layers": {"dense": "float64"}}', r"layers\['dense'\].*float64"),
+        ('{"format_version": 99}', r"format_version 99 is newer.*upgrade"),
+        ('{"layers": {}}', r"missing 'format_version'"),
+        ('{"format_version": "1"}', r"'format_version' must be int"),
+        ('{"format_version": 1, "layers": []}', r"field 'layers' must be dict"),
+        ('{"format_version": 1, "rules": [{"dtype": "float32"}]}', r"rules\[0\].*'path'.*'class'"),
+        (
+            '{"format_version": 1, "layers": {"a": {"class": "Dense"}}}',
+            r"layers\['a'\] has no 'dtype'",
+        ),
+        ('{"format_version": 1, "default": 16}', r"default.*unknown dtype 16"),
+        ("[1, 2]", r"must be dict"),
+    ],
+)
+def test_bad_plan_files_raise_clear_errors_naming_file_and_field(tmp_path, content, message):
+    path = tmp_path / "bad.json"
+    path.write_text(content)
+    with pytest.raises(PlanError, match=message) as error:
+        PrecisionPlan.load(path)
+    assert str(path) in str(error.value)
+
+
+def test_truncated_plan_file_is_refused(tmp_path, mlp):
+    path = tmp_path / "plan.json"
+    PrecisionPlan.uniform(mlp, "bfloat16").save(path)
+    text = path.read_text()
+    path.write_text(text[: len(text) // 2])
+    with pytest.raises(PlanError, match="not valid JSON"):
+        PrecisionPlan.load(path)
+
+
+def test_missing_file_is_a_plan_error(tmp_path):
+    with pytest.raises(PlanError, match="no such file"):
+        PrecisionPlan.load(tmp_path / "nope.json")
+
+
+def test_plan_schema_ships_with_the_package():
+    from importlib import resources
+
+    schema = json.loads(
+        resources.files("autoprec").joinpath("schemas/plan.schema.json").read_text()
+    )
+    assert schema["properties"]["format_version"]["maximum"] == FORMAT_VERSION
+    assert set(schema["required"]) <= set(PrecisionPlan.uniform(build_cnn(), "float32").to_dict())
