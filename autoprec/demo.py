@@ -16,12 +16,19 @@ from __future__ import annotations
 
 import math
 import os
-import statistics
 import time
 from typing import Any
 
 import keras
 import numpy as np
+
+from . import hardware
+from ._core.timing import time_interleaved
+from .callback import AutoPrecision
+from .cost import calibrate
+from .plan import PrecisionPlan
+from .profiler import Profile, profile
+from .search import Budget, SearchResult, search
 
 _CLASSES = 10
 _FEATURES = 256
@@ -103,16 +110,11 @@ def _search_dtypes(device) -> list[str]:
 # ---------------------------------------------------------------------- stages
 
 
-def _profile_stage(model, train, settings) -> Any:
-    from .profiler import profile
-
+def _profile_stage(model, train, settings) -> Profile:
     return profile(model, train, steps=settings["profile_steps"], batch_size=settings["batch"])
 
 
-def _search_stage(model, train, val, settings, device, profile) -> Any:
-    from .cost import calibrate
-    from .search import Budget, search
-
+def _search_stage(model, train, val, settings, device, profile) -> SearchResult:
     dtypes = _search_dtypes(device)
     batch = (train[0][: settings["batch"]], train[1][: settings["batch"]])
     costs = calibrate(model, batch, dtypes=dtypes, repeats=3, progress=False)
@@ -133,17 +135,7 @@ def _search_stage(model, train, val, settings, device, profile) -> Any:
     )
 
 
-class _StopOnNaN(keras.callbacks.Callback):
-    """Stops training quietly at the first non-finite batch loss."""
-
-    def on_train_batch_end(self, batch, logs=None) -> None:
-        if not math.isfinite(float((logs or {}).get("loss", 0.0))):
-            self.model.stop_training = True
-
-
-def _candidate_plans(model, plan) -> dict[str, Any]:
-    from .plan import PrecisionPlan
-
+def _candidate_plans(model, plan) -> dict[str, PrecisionPlan]:
     return {
         "float32": PrecisionPlan.uniform(model, "float32"),
         "plan": plan,
@@ -154,8 +146,6 @@ def _candidate_plans(model, plan) -> dict[str, Any]:
 
 def _train_all(plans: dict[str, Any], initial_weights, data, settings) -> dict[str, dict]:
     """Trains a fresh copy of the model under each plan from the same weights."""
-    from .callback import AutoPrecision
-
     (x, y), (x_val, y_val) = data
     models, results = {}, {}
     for name, plan in plans.items():
@@ -168,7 +158,7 @@ def _train_all(plans: dict[str, Any], initial_weights, data, settings) -> dict[s
             epochs=settings["epochs"],
             shuffle=False,
             verbose=0,
-            callbacks=[AutoPrecision(plan, verbose=0), _StopOnNaN()],
+            callbacks=[AutoPrecision(plan, verbose=0), keras.callbacks.TerminateOnNaN()],
         )
         losses = history.history.get("loss", [math.nan])
         finite = bool(model.stop_training is False and all(map(math.isfinite, losses)))
@@ -191,31 +181,18 @@ def _time_steps(models: dict[str, Any], initial_weights, batch, rounds: int) -> 
     so it neither dominates the run time nor slows the steps timed right after it.
     """
     x, y = batch
-    warm = {name: _warm_up(model, initial_weights, x, y) for name, model in models.items()}
-    fastest = min(warm.values())
-    fast = [name for name in models if warm[name] <= 10 * fastest]
-    durations: dict[str, list[float]] = {name: [] for name in models}
-    for round_index in range(rounds):
-        shift = round_index % len(fast)
-        for name in fast[shift:] + fast[:shift]:
-            durations[name].append(_one_step(models[name], x, y))
-    for name in models:
-        if name not in fast:
-            durations[name] = [_one_step(models[name], x, y) for _ in range(min(rounds, 3))]
-    return {name: statistics.median(values) for name, values in durations.items()}
+    for model in models.values():
+        model.set_weights(initial_weights)
+    steps = {name: (lambda model=model: _one_step(model, x, y)) for name, model in models.items()}
+    timings = time_interleaved(
+        steps, rounds=rounds, warmup=2, slow_factor=10, slow_rounds=min(rounds, 3)
+    )
+    return {name: timing.median for name, timing in timings.items()}
 
 
-def _warm_up(model, initial_weights, x, y) -> float:
-    model.set_weights(initial_weights)
-    model.train_on_batch(x, y)  # traces the step
-    return _one_step(model, x, y)
-
-
-def _one_step(model, x, y) -> float:
-    start = time.perf_counter()
+def _one_step(model, x, y) -> None:
     logs = model.train_on_batch(x, y, return_dict=True)
     float(next(iter(logs.values())))
-    return time.perf_counter() - start
 
 
 # ---------------------------------------------------------------------- printing
@@ -352,8 +329,6 @@ def run_demo(
     figures["speedup_over"]["float32"]
     ```
     """
-    from . import hardware
-
     _quiet_tensorflow()
     started = time.perf_counter()
     settings = _settings(quick, trials)

@@ -13,6 +13,8 @@ import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
+import tensorflow as tf  # noqa: E402
+
 import autoprec  # noqa: E402
 from autoprec import demo  # noqa: E402
 from autoprec.search import Budget, search  # noqa: E402
@@ -42,7 +44,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--smoke", action="store_true", help="tiny run for tests")
     args = parser.parse_args(argv)
-    demo._quiet_tensorflow()
+    tf.get_logger().setLevel("ERROR")  # every policy is traced on purpose
     samples, trials, steps = (768, 4, 4) if args.smoke else (4096, 12, 20)
     train, val = demo.make_data(samples), demo.make_data(samples // 4, seed=1)
 
