@@ -18,6 +18,7 @@ from .._core.dtypes import (
     FLOAT32,
     POLICY_FOR_DTYPE,
     canonical_dtype,
+    count_dtypes,
     dtype_of_policy,
 )
 from .._core.io import atomic_write_json, parse_json_text, read_json_file
@@ -284,10 +285,7 @@ class PrecisionPlan:
 
     def dtype_counts(self) -> dict[str, int]:
         """Returns how many layers the plan gives each dtype (explicit entries)."""
-        counts = {dtype: 0 for dtype in COMPUTE_DTYPES}
-        for dtype in self._layers.values():
-            counts[dtype] += 1
-        return counts
+        return count_dtypes(self._layers.values())
 
     @property
     def uses_float16(self) -> bool:
