@@ -80,6 +80,7 @@ import numpy as np  # noqa: E402
 
 import autoprec  # noqa: E402
 from autoprec.layers import describe_model, layer_paths  # noqa: E402
+from autoprec.numerics import exponent_histogram  # noqa: E402
 
 POLICIES = ("float32", "mixed_float16", "mixed_bfloat16", "autoprec")
 DTYPES = ("float32", "bfloat16", "float16")
@@ -476,25 +477,45 @@ def _fastest(seconds: dict[str, float]) -> str:
     return best
 
 
-def _float16_feasibility(probes: dict[str, dict]) -> Any:
-    """Returns the probe's float16 verdicts as a profile `autoprec.heuristic_plan` reads.
+def _stats_of(value: float) -> autoprec.TensorStats:
+    """One recorded magnitude as the profiler's statistics of a tensor."""
+    histogram, zeros, nonfinite = exponent_histogram([value])
+    return autoprec.TensorStats(
+        count=1,
+        zeros=zeros,
+        nonfinite=nonfinite,
+        max_abs=float(value),
+        min_nonzero_abs=float(value) or None,
+        sum_abs=float(value),
+        sum_squares=float(value) ** 2,
+        histogram=histogram,
+    )
 
-    `heuristic_plan` reads `profile.layers[path]["float16_safe"]` duck-typed; the
-    JAX backend has no autoprec profiler, so the probe of this script stands in.
+
+def _float16_feasibility(probes: dict[str, dict], model: keras.Model) -> autoprec.Profile:
+    """Returns the probe's float16 verdicts as the `autoprec.Profile` `heuristic_plan` reads.
+
+    The JAX backend has no autoprec profiler, so the probe of this script stands in:
+    each layer's largest output (or attention logit) becomes its recorded activation.
     """
+    infos = describe_model(model)
     layers = {}
     for path, record in probes.items():
-        safe = "float16" in _safe_dtypes(path, record, probes)
-        logits = record.get("logits_amax", 0.0)
-        if logits > FLOAT16_SAFE_MAX:
-            safe = False
-        reason = (
-            None
-            if safe
-            else f"largest value {max(record['output_amax'], logits):.3g} > {FLOAT16_SAFE_MAX:.0f}"
+        largest = max(record["output_amax"], record.get("logits_amax", 0.0))
+        if "float16" not in _safe_dtypes(path, record, probes):
+            largest = max(largest, 2 * FLOAT16_MAX)
+        info = infos.get(path)
+        layers[path] = autoprec.LayerProfile(
+            path=path,
+            class_name=info.class_name if info is not None else "Layer",
+            dtype="float32",
+            activations={"output": _stats_of(largest)},
+            activation_gradients={},
+            weights={},
+            weight_gradients={},
+            internals={},
         )
-        layers[path] = {"float16_safe": safe, "float16_reason": reason}
-    return type("ProbeProfile", (), {"layers": layers})()
+    return autoprec.Profile(layers, steps=1, model_name=model.name)
 
 
 def library_plan(
@@ -527,7 +548,7 @@ def library_plan(
             "reason": f"autoprec.calibrate: {type(error).__name__}: {error}",
             "traceback": traceback.format_exc()[-3000:],
         }
-    feasibility = _float16_feasibility(probes)
+    feasibility = _float16_feasibility(probes, model)
     plan = heuristic(model, profile=feasibility, costs=costs, hardware=hardware, dtypes=DTYPES)
     estimate = autoprec.estimate(model, plan, costs)
     infos = describe_model(model)
@@ -535,7 +556,9 @@ def library_plan(
         path: {
             "seconds": record.seconds,
             "source": record.source,
-            "float16_safe": feasibility.layers.get(path, {}).get("float16_safe"),
+            "float16_safe": (
+                feasibility.layers[path].float16_safe if path in feasibility.layers else None
+            ),
             "output_amax": probes.get(path, {}).get("output_amax"),
         }
         for path, record in costs.layers.items()
