@@ -122,3 +122,16 @@ def test_two_processes_share_one_study(tmp_path, kind):
     assert len(numbers) == 6 and len(set(numbers)) == 6
     labels = [t.user_attrs["warm_start"] for t in study.trials if "warm_start" in t.user_attrs]
     assert len(labels) == len(set(labels))
+
+
+def test_resolve_storage_opens_journal_files_and_passes_the_rest(tmp_path):
+    from optuna.storages import JournalStorage
+
+    assert resolve_storage(None) is None
+    assert isinstance(resolve_storage(str(tmp_path / "a.log")), JournalStorage)
+    assert isinstance(resolve_storage(tmp_path / "b.log"), JournalStorage)
+    assert isinstance(resolve_storage(f"journal://{tmp_path / 'c.journal'}"), JournalStorage)
+    url = f"sqlite:///{tmp_path / 'study.db'}"
+    assert resolve_storage(url) == url
+    storage = optuna.storages.InMemoryStorage()
+    assert resolve_storage(storage) is storage
