@@ -13,19 +13,19 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-import time
-from collections.abc import Mapping
-from typing import Any
 
 import keras
 import numpy as np
 
-from .apply import apply_plan, reset_compiled_functions
-from .callback import AutoPrecision
-from .errors import AutoprecError, BackendError
-from .layers import layer_paths
-from .loss_scale import FlooredLossScaleOptimizer
-from .plan import PrecisionPlan
+from .._core.data import batch_size_of, concatenate_batches
+from .._core.models import compile_arguments, recompile
+from .._core.timing import time_interleaved
+from ..apply import apply_plan, reset_compiled_functions
+from ..callback import AutoPrecision as PlanCallback
+from ..errors import BackendError
+from ..layers import layer_paths
+from ..loss_scale import FlooredLossScaleOptimizer
+from ..plan import PrecisionPlan
 
 logger = logging.getLogger("autoprec")
 
@@ -55,7 +55,8 @@ class ProxyResult:
             return math.inf
         return max(self.loss_relative_error, self.gradient_relative_error)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, float | bool | None]:
+        """Returns the figures as a JSON-ready dict (non-finite numbers as `None`)."""
         return {
             "loss_relative_error": _json_float(self.loss_relative_error),
             "gradient_cosine": _json_float(self.gradient_cosine),
@@ -66,107 +67,6 @@ class ProxyResult:
 
 def _json_float(value: float) -> float | None:
     return float(value) if math.isfinite(value) else None
-
-
-def _take_batches(data: Any, batch_size: int, steps: int | None, what: str) -> list[tuple]:
-    """Returns up to `steps` `(x, y)` numpy batches from numpy tuples or a tf.data dataset."""
-    if isinstance(data, (tuple, list)) and len(data) == 2 and not hasattr(data, "element_spec"):
-        x, y = data
-        count = len(keras.tree.flatten(y)[0])
-        starts = range(0, count, batch_size)
-        batches = [
-            (
-                keras.tree.map_structure(lambda a, s=start: np.asarray(a[s : s + batch_size]), x),
-                keras.tree.map_structure(lambda a, s=start: np.asarray(a[s : s + batch_size]), y),
-            )
-            for start in starts
-        ]
-    elif hasattr(data, "as_numpy_iterator") or hasattr(data, "__iter__"):
-        batches = []
-        for element in data:
-            if not isinstance(element, (tuple, list)) or len(element) < 2:
-                raise AutoprecError(
-                    f"search: {what} must yield (x, y) pairs; got {type(element).__name__}."
-                )
-            x, y = element[0], element[1]
-            batches.append(
-                (
-                    keras.tree.map_structure(np.asarray, x),
-                    keras.tree.map_structure(np.asarray, y),
-                )
-            )
-            if steps is not None and len(batches) >= steps:
-                break
-    else:
-        raise AutoprecError(
-            f"search: {what} must be an (x, y) tuple of numpy arrays or a tf.data.Dataset "
-            f"of (x, y) batches, got {type(data).__name__}."
-        )
-    if steps is not None:
-        batches = batches[:steps]
-    if not batches:
-        raise AutoprecError(f"search: {what} holds no batch.")
-    return batches
-
-
-def _concatenate(batches: list[tuple]) -> tuple[Any, Any]:
-    xs = [batch[0] for batch in batches]
-    ys = [batch[1] for batch in batches]
-    join = lambda *arrays: np.concatenate(arrays, axis=0)  # noqa: E731
-    return keras.tree.map_structure(join, *xs), keras.tree.map_structure(join, *ys)
-
-
-def _fresh_compile_arguments(model: keras.Model) -> dict[str, Any]:
-    """Compile arguments with a fresh optimizer built from the model's compile config."""
-    if getattr(model, "optimizer", None) is None or not getattr(model, "compiled", False):
-        raise AutoprecError(
-            f"search: model {model.name!r} is not compiled. Compile it with the optimizer, "
-            "loss and metrics you train with; the search trains copies the same way."
-        )
-    config = model.get_compile_config() or {}
-    original = getattr(model, "_compile_config", None)
-    original = getattr(original, "config", {}) or {}
-    arguments: dict[str, Any] = {}
-    for key in ("loss", "loss_weights", "metrics", "weighted_metrics", "jit_compile"):
-        if key in config:
-            arguments[key] = config[key]
-    try:
-        optimizer = keras.optimizers.deserialize(config["optimizer"])
-    except Exception:  # noqa: BLE001 - a custom optimizer without a registered config
-        inner = model.optimizer
-        inner = getattr(inner, "inner_optimizer", inner)
-        optimizer = type(inner).from_config(inner.get_config())
-    optimizer = getattr(optimizer, "inner_optimizer", optimizer)
-    arguments["optimizer"] = optimizer
-    for key in ("loss", "metrics", "weighted_metrics"):
-        if key in original and not _is_plain(arguments.get(key)):
-            arguments[key] = original[key]
-    return arguments
-
-
-def _is_plain(value: Any) -> bool:
-    return all(isinstance(item, (str, dict, type(None))) for item in keras.tree.flatten(value))
-
-
-def _recompile(model: keras.Model, template: Mapping[str, Any]) -> None:
-    arguments = dict(template)
-    optimizer = arguments.pop("optimizer")
-    arguments = {key: value for key, value in arguments.items() if value is not None}
-    for key in ("loss", "metrics", "weighted_metrics"):
-        if key in arguments:
-            arguments[key] = _deserialize_tree(arguments[key], key)
-    model.compile(optimizer=type(optimizer).from_config(optimizer.get_config()), **arguments)
-
-
-def _deserialize_tree(value: Any, key: str) -> Any:
-    if isinstance(value, dict) and "class_name" in value:
-        module = keras.losses if key == "loss" else keras.metrics
-        return module.deserialize(value)
-    if isinstance(value, list):
-        return [_deserialize_tree(item, key) for item in value]
-    if isinstance(value, dict):
-        return {name: _deserialize_tree(item, key) for name, item in value.items()}
-    return value
 
 
 def clone_for_search(model: keras.Model) -> tuple[keras.Model, bool]:
@@ -210,7 +110,7 @@ class Evaluator:
         seed: int = 0,
     ) -> None:
         self.user_model = model
-        self.compile_template = _fresh_compile_arguments(model)
+        self.compile_template = compile_arguments(model, what="search")
         self.user_optimizer_state = [
             keras.ops.convert_to_numpy(variable)
             for variable in getattr(model.optimizer, "variables", [])
@@ -220,9 +120,9 @@ class Evaluator:
         self.initial_state = self._snapshot(self.model)
         self.train_batches = train_batches
         self.val_batches = val_batches
-        self.train_x, self.train_y = _concatenate(train_batches)
-        self.val_x, self.val_y = _concatenate(val_batches)
-        self.batch_size = len(keras.tree.flatten(train_batches[0][1])[0])
+        self.train_x, self.train_y = concatenate_batches(train_batches)
+        self.val_x, self.val_y = concatenate_batches(val_batches)
+        self.batch_size = batch_size_of(train_batches[0][1])
         self.proxy_data = train_batches[: max(1, proxy_batches)]
         self.seed = seed
         self._float32_gradients: list | None = None
@@ -230,7 +130,7 @@ class Evaluator:
     # ------------------------------------------------------------------ state
 
     @staticmethod
-    def _snapshot(model: keras.Model) -> dict[str, Any]:
+    def _snapshot(model: keras.Model) -> dict[str, list | dict]:
         return {
             "variables": [keras.ops.convert_to_numpy(variable) for variable in model.variables],
             "policies": {path: layer.dtype_policy for path, layer in layer_paths(model).items()},
@@ -259,7 +159,7 @@ class Evaluator:
         """Returns the names `evaluate` reports, checked on one validation batch in float32."""
         self._reset()
         apply_plan(self.model, PrecisionPlan.uniform(self.model, "float32"))
-        _recompile(self.model, self.compile_template)
+        recompile(self.model, self.compile_template)
         x, y = self.val_batches[0]
         logs = self.model.evaluate(x, y, batch_size=self.batch_size, verbose=0, return_dict=True)
         return list(logs)
@@ -277,11 +177,11 @@ class Evaluator:
             `{metric: value}` from `evaluate` on the validation batches.
         """
         self._reset()
-        _recompile(self.model, self.compile_template)
+        recompile(self.model, self.compile_template)
         x, y = self.train_x, self.train_y
         if batch_order is not None:
-            x, y = _concatenate([self.train_batches[index] for index in batch_order])
-        callback = AutoPrecision(plan, verbose=0)
+            x, y = concatenate_batches([self.train_batches[index] for index in batch_order])
+        callback = PlanCallback(plan, verbose=0)
         self.model.fit(
             x,
             y,
@@ -339,7 +239,7 @@ class Evaluator:
         apply_plan(self.model, plan)
         scale = _PROXY_LOSS_SCALE if plan.uses_float16 else 1.0
         if not getattr(self.model, "compiled", False) or self.model.optimizer is None:
-            _recompile(self.model, self.compile_template)
+            recompile(self.model, self.compile_template)
         variables = self.model.trainable_variables
         results = []
         for x, y in self.proxy_data:
@@ -372,17 +272,16 @@ class Evaluator:
         """
         self._reset()
         handle = apply_plan(self.model, plan)
-        _recompile(self.model, self.compile_template)
+        recompile(self.model, self.compile_template)
         if handle.uses_float16:
             self.model.optimizer = FlooredLossScaleOptimizer(self.model.optimizer)
             self.model.optimizer.build(self.model.trainable_variables)
         x, y = self.train_batches[0]
-        durations = []
-        for index in range(warmup + steps):
-            start = time.perf_counter()
+
+        def train_step() -> None:
             logs = self.model.train_on_batch(x, y, return_dict=True)
-            float(next(iter(logs.values())))
-            if index >= warmup:
-                durations.append(time.perf_counter() - start)
+            float(next(iter(logs.values())))  # waits for the step to finish
+
+        timing = time_interleaved({"step": train_step}, rounds=steps, warmup=warmup)["step"]
         self._reset()
-        return float(np.median(durations))
+        return timing.median

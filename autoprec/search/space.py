@@ -1,7 +1,8 @@
 """What the search may choose: compute layers, their groups, and the dtypes each may take (level 1).
 
-Also the small adapters to the profiler and the cost model, so that the search degrades
-clearly (with a logged note) when one of them is missing or cannot run.
+Level 1 is profile and hardware feasibility: float16 is left out for layers whose
+profiled ranges do not fit it, and dtypes that do not run fast on the target hardware
+are left out unless asked for.
 """
 
 from __future__ import annotations
@@ -12,19 +13,21 @@ import logging
 import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
 
-from ._core.dtypes import BFLOAT16, COMPUTE_DTYPES, FLOAT16, FLOAT32, canonical_dtype
-from .layers import LayerInfo, layer_paths
+import keras
+
+from .._core.dtypes import BFLOAT16, COMPUTE_DTYPES, FLOAT16, FLOAT32, canonical_dtype
+from ..cost import CostTable
+from ..hardware import HardwareProfile
+from ..layers import LayerInfo, layer_paths, model_fingerprint
+from ..plan import PrecisionPlan
+from ..profiler import LayerProfile, Profile, profile
 
 logger = logging.getLogger("autoprec")
 
 #: Layer classes kept in float32 by the heuristic unless evidence says otherwise
 #: (peers' op lists: exp, log, softmax and norms in float32).
 SENSITIVE_CLASS_PATTERNS: tuple[str, ...] = ("Softmax", "*Normalization", "LayerNorm*", "RMSNorm*")
-
-#: Fallback order when a group's dtype is not allowed for one of its members.
-_FALLBACK = {FLOAT16: (FLOAT16, BFLOAT16, FLOAT32), BFLOAT16: (BFLOAT16, FLOAT32)}
 
 _BLOCK_TOKEN = re.compile(r"^block\d*$")
 
@@ -56,7 +59,7 @@ def compute_layers(infos: Mapping[str, LayerInfo]) -> list[str]:
     ]
 
 
-def output_layers(model, infos: Mapping[str, LayerInfo]) -> set[str]:
+def output_layers(model: keras.Model, infos: Mapping[str, LayerInfo]) -> set[str]:
     """Returns the compute layers that produce the model's outputs (loss-adjacent)."""
     paths = layer_paths(model)
     path_of = {id(layer): path for path, layer in paths.items()}
@@ -183,14 +186,6 @@ def _contiguous_chunks(paths: Sequence[str], count: int, separate: set[str]) -> 
     return groups
 
 
-def resolve_member(choice: str, allowed: Sequence[str]) -> str:
-    """Returns the dtype a member takes when its group picks `choice`: the choice or a wider one."""
-    for candidate in _FALLBACK.get(choice, (choice,)):
-        if candidate in allowed:
-            return candidate
-    return FLOAT32
-
-
 def make_groups(
     grouped_paths: Sequence[Sequence[str]], allowed: Mapping[str, Sequence[str]]
 ) -> list[Group]:
@@ -206,70 +201,81 @@ def make_groups(
 # ---------------------------------------------------------------------- adapters
 
 
-def float16_unsafe_layers(profile: Any) -> dict[str, str]:
-    """Returns `{path: reason}` for layers a profile says cannot fit float16 even with loss scaling.
+def float16_unsafe_layers(profile: Profile | None) -> dict[str, str]:
+    """Returns `{path: reason}` for the layers a profile says cannot run in float16.
 
-    Reads `profile.layers[path]` duck-typed: a `float16_safe` boolean if present, else
-    overflow fractions (`float16_overflow_fraction`, `activation_float16_overflow`...).
+    A layer is unsafe when it is not `LayerProfile.float16_safe`: its forward values
+    (activations and internals) hold non-finite values, exceed 65504 or flush to zero
+    in float16, or its gradients are non-finite or span more than one loss scale fits.
 
     Args:
         profile: an `autoprec.profiler.Profile`, or `None`.
 
     Returns:
-        `{path: reason}`; empty when the profile is `None` or says nothing usable.
+        `{path: reason}` in model order; empty when `profile` is `None`.
+
+    Example:
+
+    ```python
+    prof = autoprec.profile(model, (x, y), steps=4)
+    float16_unsafe_layers(prof)  # {"attention": "profile: forward values up to 1e+05 ..."}
+    ```
     """
     if profile is None:
         return {}
-    layers = getattr(profile, "layers", None) or {}
-    unsafe = {}
-    for path, stats in layers.items():
-        reason = _unsafe_reason(stats)
-        if reason:
-            unsafe[path] = reason
-    return unsafe
+    return {
+        path: _unsafe_reason(layer)
+        for path, layer in profile.layers.items()
+        if not layer.float16_safe
+    }
 
 
-def _unsafe_reason(stats: Any) -> str | None:
-    for name in ("float16_safe", "fits_float16", "safe_float16"):
-        value = _read(stats, name)
-        if isinstance(value, bool):
-            if value:
-                return None
-            why = _read(stats, "float16_reason") or _read(stats, "reason")
-            return f"profile: {name}=False" + (f" ({why})" if why else "")
-    for name in (
-        "float16_overflow_fraction",
-        "activation_float16_overflow",
-        "overflow_fraction",
-        "activation_overflow_fraction",
-    ):
-        value = _read(stats, name)
-        if isinstance(value, (int, float)) and value > 0:
-            return f"profile: {name}={value:.3g} (values above the float16 maximum 65504)"
-    return None
-
-
-def _read(stats: Any, name: str) -> Any:
-    value = stats.get(name) if isinstance(stats, Mapping) else getattr(stats, name, None)
-    return value() if callable(value) else value
-
-
-def run_profiler(model, data: Any, steps: int, batch_size: int = 32) -> Any:
-    """Profiles the model with `autoprec.profiler.profile`, or returns `None` with a logged note."""
-    try:
-        from . import profiler
-    except ImportError:
-        logger.info(
-            "autoprec.search: autoprec.profiler is not available; level-1 profile "
-            "feasibility is skipped (float16 stays a choice for every layer)."
+def _unsafe_reason(layer: LayerProfile) -> str:
+    """Says why a layer that is not `float16_safe` is not, from its profiled statistics."""
+    forward, gradient = layer.forward, layer.gradient
+    if forward is not None and forward.nonfinite:
+        return f"profile: {forward.nonfinite} non-finite forward value(s) in {layer.dtype}"
+    if layer.float16_exceeds_max:
+        return (
+            f"profile: forward values up to {forward.max_abs:.3g}, above the float16 maximum "
+            f"65504 (overflow fraction {layer.float16_overflow_fraction:.3g})"
         )
-        return None
-    function = getattr(profiler, "profile", None)
-    if function is None:
-        logger.info("autoprec.search: autoprec.profiler has no profile(); feasibility skipped.")
-        return None
+    if forward is not None and not forward.fits(FLOAT16):
+        return (
+            f"profile: {layer.float16_underflow_fraction:.3g} of forward values flush to zero "
+            "in float16"
+        )
+    if gradient is not None and gradient.nonfinite:
+        return f"profile: {gradient.nonfinite} non-finite gradient value(s)"
+    return (
+        "profile: no loss scale fits the gradients in float16 "
+        f"({layer.gradient_underflow_fraction:.3g} still flush to zero at the largest safe scale)"
+    )
+
+
+def run_profiler(
+    model: keras.Model, data: tuple, steps: int, batch_size: int = 32
+) -> Profile | None:
+    """Profiles the model with `autoprec.profile`, or returns `None` with a logged warning.
+
+    Args:
+        model: a compiled Keras model.
+        data: `(x, y)` arrays.
+        steps: train steps to record.
+        batch_size: samples per step.
+
+    Returns:
+        The `Profile`, or `None` when profiling fails (e.g. on a backend without
+        probes): level-1 profile feasibility is then skipped.
+
+    Example:
+
+    ```python
+    prof = run_profiler(model, (x, y), steps=4)
+    ```
+    """
     try:
-        return function(model, data, steps=steps, batch_size=batch_size)
+        return profile(model, data, steps=steps, batch_size=batch_size)
     except Exception as error:  # noqa: BLE001 - a failed profile must not stop the search
         logger.warning(
             "autoprec.search: profiling failed (%s: %s); level-1 profile feasibility skipped.",
@@ -304,3 +310,70 @@ def allowed_dtypes(
         if reasons:
             removed[path] = reasons
     return allowed, removed
+
+
+def _default_dtypes(
+    dtypes: Sequence[str] | None, hardware_profile: HardwareProfile | None, table: CostTable | None
+) -> tuple[str, ...]:
+    """Returns the dtypes the search may use (level 1, hardware part); logs what it drops."""
+    if dtypes is not None:
+        chosen = {canonical_dtype(dtype) for dtype in dtypes} | {FLOAT32}
+        if hardware_profile is not None:
+            for dtype in sorted(chosen - {FLOAT32}):
+                if not hardware_profile.is_fast(dtype):
+                    logger.info(
+                        "autoprec.search: %s is not fast on %s but was asked for in dtypes=; "
+                        "kept (the cost model will weigh it).",
+                        dtype,
+                        hardware_profile.name,
+                    )
+        return tuple(dtype for dtype in COMPUTE_DTYPES if dtype in chosen)
+    if hardware_profile is None:
+        return (FLOAT32, BFLOAT16)
+    chosen = [FLOAT32]
+    for dtype in (BFLOAT16, FLOAT16):
+        if not hardware_profile.is_fast(dtype):
+            logger.info(
+                "autoprec.search: %s left out: not fast on %s (pass dtypes=[...] to force it).",
+                dtype,
+                hardware_profile.name or "this device",
+            )
+            continue
+        if table is not None and not _pays_off(table, dtype):
+            logger.info(
+                "autoprec.search: %s left out: measured slower than float32 on this device "
+                "for every layer of this model (pass dtypes=[...] to force it).",
+                dtype,
+            )
+            continue
+        chosen.append(dtype)
+    return tuple(chosen)
+
+
+def _pays_off(table: CostTable, dtype: str) -> bool:
+    """Whether `dtype` is measurably faster than float32 for at least one layer of the table."""
+    for path in table.layers:
+        try:
+            half, full = table.seconds(path, dtype), table.seconds(path, FLOAT32)
+        except Exception:  # noqa: BLE001 - a dtype the table did not time
+            return True
+        if half < 0.95 * full:
+            return True
+    return False
+
+
+def _plan_from_assignment(
+    model: keras.Model,
+    infos: Mapping[str, LayerInfo],
+    assignment: Mapping[str, str],
+    **kwargs: object,
+) -> PrecisionPlan:
+    """Returns the plan giving each path of `assignment` its dtype (float32 elsewhere)."""
+    return PrecisionPlan(
+        dict(assignment),
+        default=FLOAT32,
+        layer_info=infos,
+        fingerprint=model_fingerprint(dict(infos)),
+        model_name=model.name,
+        **kwargs,
+    )

@@ -1,0 +1,648 @@
+"""`search()` and what it does around the study: costs, reference, warm starts, confirmation."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import os
+import time
+import warnings
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+import keras
+import numpy as np
+import optuna
+
+from .._core.data import take_batches
+from .._core.dtypes import BFLOAT16, COMPUTE_DTYPES, FLOAT16, FLOAT32
+from ..cost import CostTable, calibrate, predict_costs
+from ..errors import AutoprecError
+from ..hardware import HardwareProfile, is_local, resolve_hardware
+from ..layers import describe_model
+from ..plan import PrecisionPlan
+from ..profiler import Profile
+from .budget import Budget
+from .evaluator import Evaluator
+from .heuristic import _Costs, heuristic_plan
+from .result import SearchResult
+from .space import (
+    _default_dtypes,
+    allowed_dtypes,
+    compute_layers,
+    float16_unsafe_layers,
+    group_layers,
+    make_groups,
+    output_layers,
+    run_profiler,
+)
+from .study import (
+    _best_feasible,
+    _Context,
+    _enqueue_warm_starts,
+    _is_feasible,
+    _objective,
+    _open_study,
+    _plan_writer,
+    _points,
+    _trial_metadata,
+    resolve_storage,
+)
+
+logger = logging.getLogger("autoprec")
+
+#: A uniform plan replaces the searched plan only when measured this much faster (noise margin).
+_MEASURED_MARGIN = 0.03
+
+
+@dataclasses.dataclass(frozen=True)
+class _Settings:
+    """What a `search()` call asked for, beyond the model and the data (held by the evaluator)."""
+
+    budget: Budget
+    hardware: HardwareProfile | str | None
+    n_trials: int | None
+    timeout: float | None
+    storage: str | os.PathLike | optuna.storages.BaseStorage | None
+    study_name: str | None
+    seed: int | None
+    cost_batch_size: int | None
+    dtypes: tuple[str, ...] | None
+    group_by: str | int
+    profile: Profile | None
+    profile_steps: int
+    costs: CostTable | None
+    keep_float32: tuple[str, ...]
+    proxy_tolerance: float
+    reference_repeats: int
+    plan_path: str | os.PathLike | None
+    measure_speedup: bool | None
+    catch: tuple[type[BaseException], ...]
+    callbacks: tuple[Callable[[optuna.Study, optuna.trial.FrozenTrial], None], ...]
+    show_progress_bar: bool
+    verbose: int
+    started: float
+
+
+def search(
+    model: keras.Model,
+    train_data: Any,
+    val_data: Any,
+    budget: Budget,
+    hardware: HardwareProfile | str | None = "local",
+    n_trials: int = 30,
+    timeout: float | None = None,
+    storage: str | os.PathLike | optuna.storages.BaseStorage | None = None,
+    study_name: str | None = None,
+    seed: int | None = 0,
+    train_steps: int = 20,
+    batch_size: int = 32,
+    cost_batch_size: int | None = None,
+    dtypes: Sequence[str] | None = None,
+    group_by: str | int = "auto",
+    profile: Profile | None = None,
+    profile_steps: int = 4,
+    costs: CostTable | None = None,
+    keep_float32: Sequence[str] = (),
+    proxy_batches: int = 2,
+    proxy_tolerance: float = 0.5,
+    val_steps: int | None = None,
+    reference_repeats: int = 0,
+    plan_path: str | os.PathLike | None = None,
+    measure_speedup: bool | None = None,
+    catch: Iterable[type[BaseException]] = (Exception,),
+    callbacks: Sequence[Callable[[optuna.Study, optuna.trial.FrozenTrial], None]] = (),
+    show_progress_bar: bool = False,
+    verbose: int = 1,
+) -> SearchResult:
+    """Searches the cheapest dtype per layer whose short-training metric stays within `budget`.
+
+    The user's model is left unchanged: trials run on a clone
+    (`keras.models.clone_model`, same weights, recompiled with a fresh copy of the
+    optimizer from its config and the same loss and metrics). Subclassed models
+    need `get_config` to be cloned; without it the search works on the model itself
+    and puts back its weights and policies at the end (its optimizer is never used).
+
+    Args:
+        model: a built, compiled Keras model.
+        train_data: `(x, y)` numpy arrays, a `tf.data.Dataset`, a `keras.utils.PyDataset`
+            or a generator of `(x, y)` batches; the first `train_steps` batches are
+            trained on, in order, by every trial.
+        val_data: the same kinds; the budget metric is evaluated on it.
+        budget: a `Budget`.
+        hardware: `"local"` (per-layer costs measured on this device with
+            `autoprec.calibrate`), or a hardware profile name/object such as
+            `"rtx4090"` (costs predicted with `autoprec.cost.predict_costs`).
+        n_trials: trials to run in this call (added to those already in the study).
+        timeout: stop starting trials after this many seconds.
+        storage: any Optuna storage: URL (`"sqlite:///autoprec.db"`, PostgreSQL), a
+            journal file (`"journal:///path/file.log"` or a path ending `.log`), or a
+            storage object. The same storage and `study_name` resume the study; several
+            processes may share one.
+        study_name: the study's name (required to resume from a storage).
+        seed: seeds the sampler and every evaluation (deterministic per machine).
+        train_steps: S, the training steps of level 3.
+        batch_size: batch size for numpy data (datasets keep their own batches).
+        cost_batch_size: batch size the step time is predicted for (the batch you
+            will train with); default `batch_size`.
+        dtypes: dtypes the search may use. Default: float32 plus the 16-bit dtypes
+            that run fast on `hardware` (for `"local"`: measured faster than float32 for
+            this model; on a CPU without native float16 that leaves float16 out). An
+            explicit list is respected even where a dtype is slow.
+        group_by: `"layer"`, `"block"`, `"auto"` or an int (max groups); see
+            `autoprec.search.group_layers`.
+        profile: an `autoprec.profiler.Profile`; default profiled here when the profiler
+            is available (float16 ruled out for layers whose ranges do not fit).
+        profile_steps: batches the profiler sees.
+        costs: a `CostTable` to use instead of calibrating/predicting.
+        keep_float32: globs on paths or class names that always stay float32.
+        proxy_batches: calibration batches of the numerical proxy (level 2).
+        proxy_tolerance: proxy relative error above which a plan is pruned.
+        val_steps: validation batches to evaluate (default all).
+        reference_repeats: extra float32 runs with other batch orders and seeds, to
+            report the reference's spread; a budget tighter than it is warned about.
+        plan_path: the best plan so far is written there (atomically) after every
+            trial that improves it, and the final plan at the end.
+        measure_speedup: time the final plan and float32 on this device (default:
+            when `hardware="local"`).
+        catch: exceptions that mark a trial failed instead of stopping the search.
+        callbacks: extra Optuna callbacks `(study, frozen_trial)`.
+        show_progress_bar: Optuna's progress bar.
+        verbose: 0 silent, 1 one log line per trial (logger `"autoprec"`), 2 also
+            calibration progress.
+
+    Returns:
+        A `SearchResult`.
+
+    Raises:
+        AutoprecError: the budget metric is not reported by the model (the message
+            lists those that are), or the model is not compiled.
+
+    Example:
+
+    ```python
+    result = autoprec.search(model, (x, y), (x_val, y_val),
+                             budget=autoprec.Budget("val_accuracy", max_drop=0.01),
+                             n_trials=20, storage="sqlite:///autoprec.db", study_name="mlp")
+    print(result.report())
+    result.plan.save("plan.json")
+    ```
+    """
+    started = time.perf_counter()
+    if not isinstance(budget, Budget):
+        raise AutoprecError(
+            f"search: budget must be an autoprec.Budget, got {type(budget).__name__}."
+        )
+    _set_verbosity(verbose)
+    seed_value = 0 if seed is None else int(seed)
+    train_batches = take_batches(
+        train_data, batch_size, train_steps, what="search: train_data", error_class=AutoprecError
+    )
+    val_batches = take_batches(
+        val_data, batch_size, val_steps, what="search: val_data", error_class=AutoprecError
+    )
+    settings = _Settings(
+        budget=budget,
+        hardware=hardware,
+        n_trials=n_trials,
+        timeout=timeout,
+        storage=storage,
+        study_name=study_name,
+        seed=seed,
+        cost_batch_size=cost_batch_size,
+        dtypes=None if dtypes is None else tuple(dtypes),
+        group_by=group_by,
+        profile=profile,
+        profile_steps=profile_steps,
+        costs=costs,
+        keep_float32=tuple(keep_float32),
+        proxy_tolerance=proxy_tolerance,
+        reference_repeats=reference_repeats,
+        plan_path=plan_path,
+        measure_speedup=measure_speedup,
+        catch=tuple(catch),
+        callbacks=tuple(callbacks),
+        show_progress_bar=show_progress_bar,
+        verbose=verbose,
+        started=started,
+    )
+    evaluator = Evaluator(model, train_batches, val_batches, proxy_batches, seed_value)
+    try:
+        _check_metric(evaluator, budget)
+        return _run_search(model, evaluator, settings)
+    finally:
+        evaluator.close()
+
+
+def _set_verbosity(verbose: int) -> None:
+    if verbose and not logger.handlers and not logging.getLogger().handlers:
+        logging.basicConfig(format="%(message)s")
+    if verbose and logger.level in (logging.NOTSET,) or (verbose and logger.level > logging.INFO):
+        logger.setLevel(logging.INFO)
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+
+def _check_metric(evaluator: Evaluator, budget: Budget) -> None:
+    names = evaluator.metric_names()
+    if budget.log_name not in names:
+        available = ", ".join(f"val_{name}" for name in names)
+        raise AutoprecError(
+            f"Budget metric {budget.metric!r} is not reported by the model; it reports "
+            f"{available} on validation data. Add the metric in model.compile(metrics=[...]) "
+            "or pick one of these."
+        )
+
+
+def _run_search(model: keras.Model, evaluator: Evaluator, settings: _Settings) -> SearchResult:
+    budget = settings.budget
+    verbose = settings.verbose
+    infos = describe_model(model)
+    compute = compute_layers(infos)
+
+    hardware_profile: HardwareProfile | None = None
+    table = settings.costs
+    if table is None:
+        hardware_profile, table = _load_costs(
+            evaluator.model,
+            settings.hardware,
+            evaluator.train_batches[0],
+            settings.dtypes,
+            verbose,
+            settings.cost_batch_size or evaluator.batch_size,
+        )
+    elif not is_local(settings.hardware):
+        hardware_profile = resolve_hardware(settings.hardware)
+    dtypes = _default_dtypes(settings.dtypes, hardware_profile, table)
+    costs = _Costs(evaluator.model, table, settings.cost_batch_size or evaluator.batch_size)
+
+    profile = settings.profile
+    if profile is None and FLOAT16 in dtypes:
+        profile = run_profiler(
+            evaluator.model,
+            (evaluator.train_x, evaluator.train_y),
+            settings.profile_steps,
+            evaluator.batch_size,
+        )
+    unsafe = float16_unsafe_layers(profile)
+    allowed, removed = allowed_dtypes(compute, infos, dtypes, unsafe, settings.keep_float32)
+    outputs = output_layers(model, infos)
+    grouped = group_layers(compute, settings.group_by, separate=outputs)
+    groups = make_groups(grouped, allowed)
+
+    reference_metrics = evaluator.train_and_evaluate(
+        PrecisionPlan.uniform(evaluator.model, FLOAT32)
+    )
+    reference = reference_metrics[budget.log_name]
+    if not math.isfinite(reference):
+        raise AutoprecError(
+            f"search: the float32 reference's {budget.metric} is {reference}; the model does "
+            "not train stably in float32 with these settings, so no budget can be checked."
+        )
+    spread = _reference_spread(evaluator, budget, reference, settings.reference_repeats)
+    float32_seconds, _ = costs.step({path: FLOAT32 for path in compute})
+    context = _Context(
+        model=model,
+        infos=infos,
+        compute=compute,
+        groups=groups,
+        allowed=allowed,
+        evaluator=evaluator,
+        costs=costs,
+        budget=budget,
+        reference=reference,
+        float32_seconds=float32_seconds,
+        verbose=verbose,
+    )
+    context.cache[tuple(sorted({p: FLOAT32 for p in compute}.items()))] = {
+        "metrics": reference_metrics,
+        "proxy": {"loss_relative_error": 0.0, "gradient_cosine": 1.0, "finite": True},
+        "proxy_score": 0.0,
+    }
+    if verbose:
+        logger.info(
+            "autoprec.search: %d compute layers in %d groups; dtypes %s; float32 reference "
+            "%s = %.6g (budget %s %.6g); predicted float32 step %.3f ms (%s costs)",
+            len(compute),
+            len(groups),
+            "/".join(dtypes),
+            budget.metric,
+            reference,
+            ">=" if budget.direction == "higher" else "<=",
+            budget.threshold(reference),
+            float32_seconds * 1e3,
+            getattr(table, "source", "no"),
+        )
+
+    storage = resolve_storage(settings.storage)
+    study, created = _open_study(
+        storage, settings.study_name, settings.seed, settings.proxy_tolerance
+    )
+    study.set_user_attr("reference_metric", reference)
+    warm = _warm_starts(context, model, profile, table, hardware_profile, dtypes)
+    added = _enqueue_warm_starts(study, warm)
+    if verbose:
+        logger.info(
+            "autoprec.search: study %r (%s, %d trial(s) already); %d warm start(s) enqueued",
+            study.study_name,
+            "new" if created else "resumed",
+            len(study.trials) - added,
+            added,
+        )
+
+    base_metadata = {
+        "hardware": getattr(hardware_profile, "name", None) or str(settings.hardware),
+        "budget": {**budget.to_dict(), "reference_spread": spread},
+        "search": {
+            "study_name": study.study_name,
+            "seed": settings.seed,
+            "train_steps": len(evaluator.train_batches),
+            "batch_size": evaluator.batch_size,
+            "dtypes": list(dtypes),
+            "groups": len(groups),
+            "cost_source": getattr(table, "source", None),
+        },
+    }
+    n_trials = settings.n_trials
+    if all(len(group.choices) <= 1 for group in groups):
+        logger.info("autoprec.search: nothing to choose (one dtype per layer); one trial only.")
+        n_trials = min(n_trials or 1, 1)
+    writer = _plan_writer(context, settings.plan_path, base_metadata)
+    study.optimize(
+        lambda trial: _objective(context, trial),
+        n_trials=n_trials,
+        timeout=settings.timeout,
+        catch=tuple(settings.catch),
+        callbacks=[writer, *settings.callbacks],
+        show_progress_bar=settings.show_progress_bar,
+    )
+    return _finish(context, study, base_metadata, spread, table, removed, unsafe, settings)
+
+
+def _reference_spread(
+    evaluator: Evaluator, budget: Budget, reference: float, repeats: int
+) -> float | None:
+    if repeats <= 0:
+        return None
+    values = [reference]
+    float32_plan = PrecisionPlan.uniform(evaluator.model, FLOAT32)
+    original_seed = evaluator.seed
+    try:
+        for repeat in range(repeats):
+            order = list(
+                np.random.default_rng(original_seed + repeat + 1).permutation(
+                    len(evaluator.train_batches)
+                )
+            )
+            evaluator.seed = original_seed + repeat + 1
+            metrics = evaluator.train_and_evaluate(float32_plan, batch_order=order)
+            values.append(metrics[budget.log_name])
+    finally:
+        evaluator.seed = original_seed
+    spread = float(np.std(values, ddof=1))
+    if budget.allowance(reference) < spread:
+        message = (
+            f"Budget on {budget.metric} allows {budget.allowance(reference):.3g}, less than "
+            f"the float32 reference's own seed-to-seed spread {spread:.3g} "
+            f"({repeats + 1} runs): plans are judged within noise."
+        )
+        warnings.warn(message, stacklevel=3)
+        logger.warning("autoprec.search: %s", message)
+    return spread
+
+
+def _warm_starts(
+    context: _Context,
+    model: keras.Model,
+    profile: Profile | None,
+    table: CostTable | None,
+    hardware_profile: HardwareProfile | None,
+    dtypes: Sequence[str],
+) -> list[tuple[str, dict[str, str]]]:
+    """Returns the labelled plans every study starts with: float32, uniform 16-bit, heuristic."""
+    warm = [("float32", context.uniform_params(FLOAT32))]
+    for dtype in (BFLOAT16, FLOAT16):
+        if dtype in dtypes:
+            warm.append((f"uniform {dtype}", context.uniform_params(dtype)))
+    heuristic = heuristic_plan(
+        model,
+        profile=profile,
+        costs=table,
+        hardware=hardware_profile,
+        dtypes=dtypes,
+        keep_float32=None,
+    )
+    params = {}
+    for group in context.groups:
+        if len(group.choices) <= 1:
+            continue
+        chosen = [heuristic.layers.get(path, FLOAT32) for path in group.paths]
+        majority = max(group.choices, key=lambda dtype: (chosen.count(dtype), dtype == FLOAT32))
+        params[group.name] = majority
+    warm.append(("heuristic", params))
+    unique: list[tuple[str, dict[str, str]]] = []
+    for label, entry in warm:
+        if all(entry != other for _, other in unique):
+            unique.append((label, entry))
+    return unique
+
+
+def _finish(
+    context: _Context,
+    study: optuna.Study,
+    base_metadata: dict,
+    spread: float | None,
+    table: CostTable | None,
+    removed: Mapping[str, Mapping[str, str]],
+    unsafe: Mapping[str, str],
+    settings: _Settings,
+) -> SearchResult:
+    best = _best_feasible(study)
+    points = _points(context, study)
+    if best is None:
+        logger.warning(
+            "autoprec.search: no plan met the budget in %d trial(s); returning float32.",
+            len(study.trials),
+        )
+        params = context.uniform_params(FLOAT32)
+        trial_metadata = {
+            **base_metadata,
+            "reference_metric": context.reference,
+            "measured_metric": context.reference,
+            "predicted_speedup": 1.0,
+        }
+    else:
+        params = best.params
+        trial_metadata = _trial_metadata(context, best, base_metadata)
+    plan = context.plan(params)
+    local = settings.costs is None and is_local(settings.hardware)
+    measure = settings.measure_speedup if settings.measure_speedup is not None else local
+    measured_speedup = None
+    if measure:
+        plan, trial_metadata, timed = _confirm_by_measurement(
+            context, study, plan, trial_metadata, base_metadata
+        )
+        measured_speedup = timed["float32"] / timed["chosen"]
+        trial_metadata["search"] = {
+            **trial_metadata.get("search", {}),
+            "measured_float32_step_seconds": timed["float32"],
+            "measured_plan_step_seconds": timed["chosen"],
+            "measured_step_seconds": {k: v for k, v in timed.items() if k != "chosen"},
+        }
+    trial_metadata["measured_speedup"] = measured_speedup
+    trial_metadata["evidence"] = _evidence(context, table, removed, unsafe)
+    trial_metadata["search"] = {
+        **trial_metadata.get("search", {}),
+        "trials": len(study.trials),
+        "complete": sum(t.state == optuna.trial.TrialState.COMPLETE for t in study.trials),
+        "pruned": sum(t.state == optuna.trial.TrialState.PRUNED for t in study.trials),
+        "failed": sum(t.state == optuna.trial.TrialState.FAIL for t in study.trials),
+        "wall_seconds": time.perf_counter() - settings.started,
+        "fidelity": "train",
+    }
+    plan = plan.with_metadata(**trial_metadata)
+    if settings.plan_path is not None:
+        plan.save(settings.plan_path)
+    return SearchResult(
+        plan=plan,
+        study=study,
+        budget=context.budget,
+        reference_metric=context.reference,
+        reference_spread=spread,
+        points=points,
+        float32_predicted_seconds=context.float32_seconds,
+    )
+
+
+def _confirm_by_measurement(
+    context: _Context,
+    study: optuna.Study,
+    plan: PrecisionPlan,
+    trial_metadata: dict,
+    base_metadata: dict,
+) -> tuple[PrecisionPlan, dict, dict[str, float]]:
+    """Times the searched plan beside float32 and every uniform plan within budget, interleaved.
+
+    Per-layer costs can rank a mixed plan ahead of a uniform one that the whole
+    step runs faster; the measured step has the last word. A uniform plan
+    measured more than `_MEASURED_MARGIN` faster than the searched plan replaces it.
+    """
+    candidates: dict[str, tuple[PrecisionPlan, optuna.trial.FrozenTrial | None]] = {
+        "searched": (plan, None),
+        "float32": (context.plan(context.uniform_params(FLOAT32)), None),
+    }
+    for trial in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
+        label = str(trial.user_attrs.get("warm_start", ""))
+        if label.startswith("uniform") and label != "uniform float32" and _is_feasible(trial):
+            candidates[label] = (context.plan(trial.params), trial)
+    names = list(candidates)
+    seconds = measure_step_seconds(context.evaluator, [candidates[name][0] for name in names])
+    timed = dict(zip(names, seconds))
+    fastest = min(timed, key=timed.get)
+    if fastest != "searched" and timed[fastest] < timed["searched"] * (1 - _MEASURED_MARGIN):
+        logger.info(
+            "autoprec.search: %s measured %.1f%% faster than the searched plan; using it.",
+            fastest,
+            100 * (1 - timed[fastest] / timed["searched"]),
+        )
+        plan, trial = candidates[fastest]
+        if trial is not None:
+            trial_metadata = _trial_metadata(context, trial, base_metadata)
+        else:
+            trial_metadata = {
+                **base_metadata,
+                "reference_metric": context.reference,
+                "measured_metric": context.reference,
+                "predicted_speedup": 1.0,
+            }
+        trial_metadata["search"] = {
+            **trial_metadata.get("search", {}),
+            "replaced_by_measurement": fastest,
+        }
+        timed["chosen"] = timed[fastest]
+    else:
+        timed["chosen"] = timed["searched"]
+    return plan, trial_metadata, timed
+
+
+def measure_step_seconds(
+    evaluator: Evaluator, plans: Sequence[PrecisionPlan], rounds: int = 3
+) -> list[float]:
+    """Times each plan's train step on this device in interleaved rounds: the fastest median.
+
+    Each round times every plan once (5 steps after 3 warm-up steps, their median),
+    the plans' order rotating from round to round so that none is always timed
+    first; a plan's figure is its fastest round.
+
+    Args:
+        evaluator: the `Evaluator` whose model and first training batch are timed.
+        plans: the plans to time.
+        rounds: how many times each plan is timed.
+
+    Returns:
+        Seconds per train step of each plan, in the order of `plans`.
+
+    Example:
+
+    ```python
+    evaluator = Evaluator(model, train_batches, val_batches)
+    float32, bfloat16 = measure_step_seconds(
+        evaluator, [PrecisionPlan.uniform(model, "float32"), PrecisionPlan.uniform(model, "bfloat16")]
+    )
+    ```
+    """
+    best = [math.inf] * len(plans)
+    order = list(range(len(plans)))
+    for round_index in range(rounds):
+        shift = round_index % len(order) if order else 0
+        for index in order[shift:] + order[:shift]:
+            best[index] = min(best[index], evaluator.step_seconds(plans[index], steps=5, warmup=3))
+    return best
+
+
+def _evidence(
+    context: _Context,
+    table: CostTable | None,
+    removed: Mapping[str, Mapping[str, str]],
+    unsafe: Mapping[str, str],
+) -> dict[str, dict]:
+    """Returns `{path: {"allowed", "removed", "seconds", "profile"}}`: why each layer could be what."""
+    evidence: dict[str, dict] = {}
+    for path in context.compute:
+        entry: dict[str, object] = {"allowed": list(context.allowed[path])}
+        if path in removed:
+            entry["removed"] = dict(removed[path])
+        seconds = {dtype: context.costs.layer_seconds(path, dtype) for dtype in COMPUTE_DTYPES}
+        seconds = {dtype: value for dtype, value in seconds.items() if value is not None}
+        if seconds:
+            entry["seconds"] = seconds
+        if path in unsafe:
+            entry["profile"] = unsafe[path]
+        evidence[path] = entry
+    return evidence
+
+
+def _load_costs(
+    model: keras.Model,
+    hardware: HardwareProfile | str | None,
+    batch: tuple,
+    dtypes: Sequence[str] | None,
+    verbose: int,
+    batch_size: int,
+) -> tuple[HardwareProfile, CostTable]:
+    """Returns `(hardware profile, cost table)`: measured here for a local `hardware`, else predicted.
+
+    `dtypes` is what the user asked for (`None`: what the hardware runs fast).
+    """
+    profile = resolve_hardware(hardware)
+    if is_local(hardware):
+        # Time only what the search may use: float16 on a CPU costs minutes per model to time.
+        measured = _default_dtypes(dtypes, profile, None)
+        table = calibrate(
+            model, batch, dtypes=list(measured), progress=bool(verbose > 1), hardware=profile
+        )
+    else:
+        table = predict_costs(
+            model, profile, batch_size=batch_size, dtypes=list(dtypes or COMPUTE_DTYPES)
+        )
+    return profile, table

@@ -1,0 +1,248 @@
+"""`heuristic_plan`: 16-bit where it pays and is safe, without Optuna; and the cost view it uses."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping, Sequence
+
+import keras
+
+from .._core.dtypes import BFLOAT16, FLOAT16, FLOAT32
+from ..cost import CostTable, estimate
+from ..hardware import HardwareProfile, resolve_hardware
+from ..layers import LayerInfo, describe_model
+from ..plan import PrecisionPlan
+from ..profiler import Profile
+from .space import (
+    _default_dtypes,
+    _plan_from_assignment,
+    allowed_dtypes,
+    compute_layers,
+    float16_unsafe_layers,
+    is_sensitive,
+    matches_any,
+    output_layers,
+)
+
+logger = logging.getLogger("autoprec")
+
+
+class _Costs:
+    """Predicted step time and activation memory of plans, from a cost table or (missing) nothing.
+
+    Without a table, a plan's step time is proxied by its parameter count (16-bit
+    halves it), so that the search and the heuristic still rank plans.
+    """
+
+    def __init__(self, model: keras.Model, table: CostTable | None, batch_size: int) -> None:
+        self.model = model
+        self.table = table
+        self.batch_size = batch_size
+        self._cache: dict[tuple, tuple[float, float]] = {}
+
+    @property
+    def available(self) -> bool:
+        return self.table is not None
+
+    def layer_seconds(self, path: str, dtype: str) -> float | None:
+        if self.table is None or path not in self.table.layers:
+            return None
+        try:
+            return float(self.table.seconds(path, dtype, self.batch_size))
+        except Exception:  # noqa: BLE001 - a dtype the table did not time
+            return None
+
+    def step(self, dtypes: Mapping[str, str]) -> tuple[float, float]:
+        """Returns `(predicted step seconds, activation bytes per sample)` for `{path: dtype}`."""
+        key = tuple(sorted(dtypes.items()))
+        if key in self._cache:
+            return self._cache[key]
+        if self.table is None:
+            result = self._parameter_proxy(dtypes)
+        else:
+            step = estimate(self.model, dict(dtypes), self.table, self.batch_size)
+            result = (float(step.step_seconds), float(step.activation_bytes_per_sample))
+        self._cache[key] = result
+        return result
+
+    def _parameter_proxy(self, dtypes: Mapping[str, str]) -> tuple[float, float]:
+        infos = describe_model(self.model)
+        factor = {FLOAT32: 1.0, BFLOAT16: 0.5, FLOAT16: 0.5}
+        total = sum(
+            (infos[path].parameters + 1) * factor[dtype]
+            for path, dtype in dtypes.items()
+            if path in infos
+        )
+        return total * 1e-9, total
+
+
+def heuristic_plan(
+    model: keras.Model,
+    profile: Profile | None = None,
+    costs: CostTable | None = None,
+    hardware: HardwareProfile | str | None = None,
+    dtypes: Sequence[str] | None = None,
+    keep_float32: Sequence[str] | None = None,
+    check: Callable[[PrecisionPlan], bool] | None = None,
+) -> PrecisionPlan:
+    """Returns a plan that puts layers in 16-bit where it pays and is safe, without Optuna.
+
+    Each compute layer gets its cheapest allowed 16-bit dtype (from the cost table, else
+    bfloat16 where the hardware runs it fast, else float16) when that is faster than
+    float32; float16 is never used where the profile says the layer's ranges do not fit.
+    Softmax, normalisation and the model's output layers stay float32. With `check`, the
+    demotions are tried greedily by benefit, and a failing set is bisected (as
+    onnxconverter-common's auto mixed precision does) until only the layers whose
+    demotion breaks `check` stay float32.
+
+    Args:
+        model: a built Keras model.
+        profile: an `autoprec.profiler.Profile` (float16 feasibility), or `None`.
+        costs: an `autoprec.cost.CostTable` (benefit of each demotion), or `None`
+            (benefit: parameter count).
+        hardware: a `HardwareProfile`, a profile name or `"local"`; its slow dtypes
+            are not used unless listed in `dtypes`. `None`: no hardware (float32 and
+            bfloat16 by default).
+        dtypes: dtypes allowed (default: float32 plus the hardware's fast 16-bit dtypes,
+            or bfloat16 when no hardware is given).
+        keep_float32: globs on paths or class names kept float32 (replaces the
+            default softmax/normalisation list; output layers are always kept).
+        check: optional `plan -> bool` (e.g. a quick accuracy test); enables bisection.
+
+    Returns:
+        A `PrecisionPlan`.
+
+    Example:
+
+    ```python
+    plan = autoprec.heuristic_plan(model, hardware="rtx4090")
+    model.fit(x, y, callbacks=[autoprec.AutoPrecision(plan)])
+    ```
+    """
+    infos = describe_model(model)
+    hardware_profile = None if hardware is None else resolve_hardware(hardware)
+    dtypes = _default_dtypes(dtypes, hardware_profile, None)
+    compute = compute_layers(infos)
+    unsafe = float16_unsafe_layers(profile)
+    allowed, _ = allowed_dtypes(compute, infos, dtypes, unsafe, keep_float32 or ())
+    outputs = output_layers(model, infos)
+    keep = list(keep_float32) if keep_float32 is not None else []
+    batch_size = (costs.batch_size if costs is not None else None) or 32
+    cost_view = _Costs(model, costs, batch_size)
+    candidates = []
+    for path in compute:
+        info = infos[path]
+        if path in outputs or (keep_float32 is None and is_sensitive(info)):
+            continue
+        if keep and matches_any(path, info, keep):
+            continue
+        choice, benefit = _best_half(path, info, allowed[path], cost_view, hardware_profile)
+        if choice is not None and benefit > 0:
+            candidates.append((benefit, path, choice))
+    candidates.sort(key=lambda item: (-item[0], item[1]))
+    base = {path: FLOAT32 for path in compute}
+    demoted = [(path, choice) for _, path, choice in candidates]
+    if cost_view.available:
+        eligible = [
+            path
+            for path in compute
+            if path not in outputs
+            and not (keep_float32 is None and is_sensitive(infos[path]))
+            and not (keep and matches_any(path, infos[path], keep))
+        ]
+        demoted = _fastest_whole_plan(demoted, eligible, allowed, base, cost_view)
+    if check is not None:
+        demoted = _bisect_demotions(demoted, base, model, infos, check)
+    assignment = dict(base)
+    assignment.update(dict(demoted))
+    return _plan_from_assignment(model, infos, assignment)
+
+
+def _best_half(
+    path: str,
+    info: LayerInfo,
+    allowed: Sequence[str],
+    costs: _Costs,
+    hardware_profile: HardwareProfile | None,
+) -> tuple[str | None, float]:
+    halves = [dtype for dtype in (BFLOAT16, FLOAT16) if dtype in allowed]
+    if not halves:
+        return None, 0.0
+    if costs.available:
+        float32_seconds = costs.layer_seconds(path, FLOAT32)
+        timed = [(costs.layer_seconds(path, dtype), dtype) for dtype in halves]
+        timed = [(seconds, dtype) for seconds, dtype in timed if seconds is not None]
+        if float32_seconds is None or not timed:
+            return None, 0.0
+        seconds, dtype = min(timed)
+        return dtype, float32_seconds - seconds
+    if hardware_profile is not None:
+        fast = [dtype for dtype in halves if hardware_profile.is_fast(dtype)]
+        halves = fast or halves
+    return halves[0], float(info.parameters + 1)
+
+
+def _fastest_whole_plan(
+    per_layer: list[tuple[str, str]],
+    eligible: Sequence[str],
+    allowed: Mapping[str, Sequence[str]],
+    base: Mapping[str, str],
+    costs: _Costs,
+) -> list[tuple[str, str]]:
+    """Returns the demotions of the fastest whole plan: per-layer choices, a uniform 16-bit dtype,
+    or float32.
+
+    Per-layer timings miss what only the whole step shows (casts between
+    neighbours, a dtype's fixed overhead), so the per-layer choice is compared
+    with the uniform alternatives on the predicted whole step.
+    """
+    options: dict[str, list[tuple[str, str]]] = {"per-layer": per_layer, "float32": []}
+    for dtype in (BFLOAT16, FLOAT16):
+        uniform = [(path, dtype) for path in eligible if dtype in allowed.get(path, ())]
+        if uniform:
+            options[f"uniform {dtype}"] = uniform
+
+    def seconds(demotions: list[tuple[str, str]]) -> float:
+        assignment = dict(base)
+        assignment.update(dict(demotions))
+        return costs.step(assignment)[0]
+
+    timed = {name: seconds(demotions) for name, demotions in options.items()}
+    best = min(timed, key=lambda name: (timed[name], name != "per-layer"))
+    logger.info(
+        "autoprec.heuristic: predicted step %s; using %s",
+        ", ".join(f"{name} {value * 1e3:.2f} ms" for name, value in timed.items()),
+        best,
+    )
+    return options[best]
+
+
+def _bisect_demotions(
+    demoted: list[tuple[str, str]],
+    base: dict[str, str],
+    model: keras.Model,
+    infos: Mapping[str, LayerInfo],
+    check: Callable[[PrecisionPlan], bool],
+) -> list[tuple[str, str]]:
+    accepted: list[tuple[str, str]] = []
+
+    def passes(extra: list[tuple[str, str]]) -> bool:
+        assignment = dict(base)
+        assignment.update(dict(accepted + extra))
+        return bool(check(_plan_from_assignment(model, infos, assignment)))
+
+    def visit(subset: list[tuple[str, str]]) -> None:
+        if not subset:
+            return
+        if passes(subset):
+            accepted.extend(subset)
+            return
+        if len(subset) == 1:
+            logger.info("autoprec.heuristic: %s stays float32 (its demotion fails)", subset[0][0])
+            return
+        middle = len(subset) // 2
+        visit(subset[:middle])
+        visit(subset[middle:])
+
+    visit(demoted)
+    return accepted

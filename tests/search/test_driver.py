@@ -1,0 +1,156 @@
+"""Tests for `autoprec.search.driver`: `search()` end to end, its failures and its measured confirmation."""
+
+from __future__ import annotations
+
+import keras
+import numpy as np
+import optuna
+import pytest
+from conftest import build_mlp, classification_data
+
+from autoprec.errors import AutoprecError
+from autoprec.search import Budget, search
+from autoprec.search.evaluator import Evaluator
+
+FAST = dict(
+    hardware="rtx4090",
+    dtypes=["float32", "bfloat16"],
+    train_steps=2,
+    batch_size=32,
+    proxy_batches=1,
+    verbose=0,
+    seed=0,
+)
+
+
+def compiled_mlp() -> keras.Model:
+    model = build_mlp()
+    model.compile(optimizer="adam", loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+    return model
+
+
+def mlp_data():
+    x, y = classification_data(samples=192)
+    return (x[:128], y[:128]), (x[128:], y[128:])
+
+
+def build_sensitive_model() -> keras.Model:
+    """Large activations (float16 overflows) and a head near 1000 needing fine resolution."""
+    inputs = keras.Input((32,))
+    hidden = keras.layers.Dense(
+        1024,
+        activation="relu",
+        name="wide",
+        kernel_initializer=keras.initializers.RandomNormal(stddev=1.0, seed=1),
+    )(inputs)
+    hidden = keras.layers.Dense(
+        1024,
+        activation="relu",
+        name="squeeze",
+        kernel_initializer=keras.initializers.RandomNormal(stddev=1.5e-5, seed=2),
+    )(hidden)
+    outputs = keras.layers.Dense(
+        1, name="head", bias_initializer=keras.initializers.Constant(1000.0)
+    )(hidden)
+    return keras.Model(inputs, outputs, name="sensitive")
+
+
+def sensitive_data(model: keras.Model):
+    rng = np.random.default_rng(0)
+    x = (rng.normal(size=(512, 32)) * 4000).astype("float32")
+    y = model.predict(x, verbose=0) + 0.1 * rng.normal(size=(512, 1)).astype("float32")
+    return (x[:256], y[:256]), (x[256:], y[256:])
+
+
+def test_unknown_metric_names_available_metrics():
+    model = compiled_mlp()
+    train, val = mlp_data()
+    with pytest.raises(AutoprecError, match="val_accuracy") as error:
+        search(model, train, val, Budget("val_auc", max_drop=0.1), n_trials=1, **FAST)
+    assert "val_loss" in str(error.value)
+
+
+def test_search_finds_mixed_plan_where_uniform_policies_fail():
+    model = build_sensitive_model()
+    train, val = sensitive_data(model)
+    model.compile(optimizer=keras.optimizers.SGD(1e-12), loss="mse", metrics=["mae"])
+    weights = [np.array(w) for w in model.get_weights()]
+    result = search(
+        model,
+        train,
+        val,
+        Budget("val_loss", max_drop=0.05),
+        hardware="rtx4090",
+        dtypes=["float32", "bfloat16", "float16"],
+        n_trials=12,
+        train_steps=4,
+        batch_size=64,
+        cost_batch_size=4096,
+        seed=0,
+        verbose=0,
+    )
+    plan = result.plan
+    parameters = {path: plan.layer_info[path].parameters for path in ("wide", "squeeze", "head")}
+    half = sum(n for path, n in parameters.items() if plan.layers[path] != "float32")
+    assert half / sum(parameters.values()) > 0.9
+    assert plan.layers["wide"] == "bfloat16"  # float16 overflows there
+    assert plan.metadata["measured_metric"] <= result.budget.threshold(result.reference_metric)
+    warm = {t.user_attrs.get("warm_start"): t for t in result.study.trials}
+    for label in ("uniform bfloat16", "uniform float16"):
+        assert warm[label].state != optuna.trial.TrialState.COMPLETE or (
+            warm[label].user_attrs["budget_violation"] > 0
+        )
+    assert all("fidelity" in t.user_attrs for t in result.study.trials)
+    # The user's model is unchanged.
+    assert all(np.array_equal(a, b) for a, b in zip(weights, model.get_weights()))
+    assert all(layer.dtype_policy.name == "float32" for layer in model.layers)
+    assert int(model.optimizer.iterations.numpy()) == 0
+    assert "chosen" in result.report()
+    assert result.pareto and result.pareto[0].predicted_seconds <= result.float32_predicted_seconds
+
+
+def test_failing_trial_is_marked_failed_and_search_goes_on(monkeypatch):
+    original = Evaluator.train_and_evaluate
+
+    calls = []
+
+    def flaky(self, plan, batch_order=None):
+        calls.append(plan)
+        if len(calls) == 2:  # the first is the float32 reference; crash the first trial's run
+            raise RuntimeError("simulated crash")
+        return original(self, plan, batch_order)
+
+    monkeypatch.setattr(Evaluator, "train_and_evaluate", flaky)
+    train, val = mlp_data()
+    result = search(
+        compiled_mlp(), train, val, Budget("val_accuracy", max_drop=0.5), n_trials=6, **FAST
+    )
+    states = [t.state for t in result.study.trials]
+    assert optuna.trial.TrialState.FAIL in states
+    assert len(states) == 6
+
+
+@pytest.mark.slow
+def test_same_seed_same_trials():
+    train, val = mlp_data()
+    runs = []
+    for _ in range(2):
+        keras.utils.set_random_seed(0)
+        result = search(
+            compiled_mlp(), train, val, Budget("val_accuracy", max_drop=0.1), n_trials=5, **FAST
+        )
+        runs.append([(t.params, t.user_attrs.get("metric")) for t in result.study.trials])
+    assert runs[0] == runs[1]
+
+
+def test_measured_step_confirms_the_final_plan_against_uniform_plans():
+    train, val = mlp_data()
+    settings = {**FAST, "hardware": "local", "measure_speedup": True}
+    result = search(
+        compiled_mlp(), train, val, Budget("val_accuracy", max_drop=0.5), n_trials=4, **settings
+    )
+    measured = result.plan.metadata["search"]["measured_step_seconds"]
+    assert {"searched", "float32"} <= set(measured)
+    chosen = result.plan.metadata["search"]["measured_plan_step_seconds"]
+    assert chosen <= min(measured.values()) / (1 - 0.03) + 1e-12  # no uniform plan clearly faster
+    assert result.plan.metadata["measured_speedup"] == pytest.approx(measured["float32"] / chosen)

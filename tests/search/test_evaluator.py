@@ -1,0 +1,67 @@
+"""Tests for `autoprec.search.evaluator`: proxy, short training and timing on a private copy."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from conftest import build_mlp, classification_data
+
+from autoprec._core.data import take_batches
+from autoprec.plan import PrecisionPlan
+from autoprec.search import Evaluator, ProxyResult, clone_for_search, measure_step_seconds
+
+
+def _evaluator() -> tuple[Evaluator, object]:
+    model = build_mlp()
+    model.compile(optimizer="adam", loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+    x, y = classification_data(samples=96)
+    train = take_batches((x[:64], y[:64]), batch_size=32, steps=2, what="train")
+    val = take_batches((x[64:], y[64:]), batch_size=32, steps=None, what="val")
+    return Evaluator(model, train, val, proxy_batches=1, seed=0), model
+
+
+def test_proxy_of_float32_is_exact_and_of_bfloat16_is_close():
+    evaluator, model = _evaluator()
+    exact = evaluator.proxy(PrecisionPlan.uniform(model, "float32"))
+    assert exact.finite and exact.score == 0.0 and exact.gradient_cosine > 0.999999
+    close = evaluator.proxy(PrecisionPlan.uniform(model, "bfloat16"))
+    assert close.finite and 0.0 < close.score < 0.5
+
+
+def test_training_and_timing_leave_the_user_model_unchanged():
+    evaluator, model = _evaluator()
+    weights = [np.array(w) for w in model.get_weights()]
+    assert evaluator.is_clone and evaluator.model is not model
+    assert evaluator.batch_size == 32
+    assert {"loss", "accuracy"} <= set(evaluator.metric_names())
+    plan = PrecisionPlan.uniform(model, "bfloat16")
+    first = evaluator.train_and_evaluate(plan)
+    assert first == evaluator.train_and_evaluate(plan)  # same weights, batches and seed
+    assert evaluator.step_seconds(plan, steps=2, warmup=1) > 0
+    seconds = measure_step_seconds(
+        evaluator, [PrecisionPlan.uniform(model, "float32"), plan], rounds=1
+    )
+    assert len(seconds) == 2 and all(value > 0 for value in seconds)
+    evaluator.close()
+    assert all(np.array_equal(a, b) for a, b in zip(weights, model.get_weights()))
+    assert int(model.optimizer.iterations.numpy()) == 0
+
+
+def test_clone_for_search_copies_weights():
+    model = build_mlp()
+    clone, is_clone = clone_for_search(model)
+    assert is_clone and clone is not model
+    assert all(np.array_equal(a, b) for a, b in zip(model.get_weights(), clone.get_weights()))
+
+
+def test_proxy_result_score_and_json():
+    broken = ProxyResult(math.inf, -1.0, math.inf, False)
+    assert broken.score == math.inf
+    assert broken.to_dict() == {
+        "loss_relative_error": None,
+        "gradient_cosine": -1.0,
+        "gradient_relative_error": None,
+        "finite": False,
+    }
+    assert ProxyResult(0.1, 0.9, 0.2, True).score == 0.2

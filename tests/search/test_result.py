@@ -1,0 +1,64 @@
+"""Tests for `autoprec.search.result`: the Pareto front, the report text and the optional plot."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import optuna
+import pytest
+
+from autoprec.plan import PrecisionPlan
+from autoprec.search import Budget, ParetoPoint, SearchResult
+
+
+def _result(model) -> SearchResult:
+    counts = {"float32": 1, "bfloat16": 2, "float16": 0}
+    points = [
+        ParetoPoint(trial=0, predicted_seconds=4e-3, metric=0.90, feasible=True, counts=counts),
+        ParetoPoint(trial=1, predicted_seconds=2e-3, metric=0.88, feasible=True, counts=counts),
+        ParetoPoint(trial=2, predicted_seconds=3e-3, metric=0.80, feasible=False, counts=counts),
+        ParetoPoint(
+            trial=3, predicted_seconds=1e-3, metric=float("nan"), feasible=False, counts={}
+        ),
+    ]
+    plan = PrecisionPlan.uniform(model, "bfloat16").with_metadata(
+        measured_metric=0.88, predicted_speedup=2.0, measured_speedup=None
+    )
+    return SearchResult(
+        plan=plan,
+        study=optuna.create_study(),
+        budget=Budget("val_accuracy", max_drop=0.05),
+        reference_metric=0.9,
+        reference_spread=0.01,
+        points=points,
+        float32_predicted_seconds=4e-3,
+    )
+
+
+def test_pareto_front_is_fastest_first_and_drops_dominated_and_non_finite_points(mlp):
+    result = _result(mlp)
+    assert [point.trial for point in result.pareto] == [1, 0]
+
+
+def test_report_lists_the_front_and_the_chosen_plan(mlp):
+    text = _result(mlp).report()
+    lines = text.splitlines()
+    assert lines[0].startswith("autoprec search: 0 trial(s), budget val_accuracy >= 0.85")
+    assert "± 0.01" in lines[0]
+    assert lines[2].split()[:3] == ["1", "2.000ms", "2.00x"]
+    assert "2 bf16 / 1 f32 / 0 f16" in lines[2]
+    assert lines[-1].startswith("chosen: ")
+    assert "predicted speedup 2, measured speedup n/a" in lines[-1]
+
+
+def test_report_saves_a_plot(mlp, tmp_path):
+    pytest.importorskip("matplotlib")
+    path = tmp_path / "pareto.png"
+    text = _result(mlp).report(plot_path=path)
+    assert text.splitlines()[-1] == f"plot: {path}"
+    assert path.stat().st_size > 0
+
+
+def test_result_is_frozen(mlp):
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        _result(mlp).reference_metric = 0.0

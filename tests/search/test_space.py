@@ -1,0 +1,122 @@
+"""Tests for `autoprec.search.space`: groups, allowed dtypes and float16 feasibility from a profile."""
+
+from __future__ import annotations
+
+import keras
+import numpy as np
+
+from autoprec import numerics
+from autoprec.layers import LayerInfo
+from autoprec.profiler import LayerProfile, Profile, TensorStats
+from autoprec.search import allowed_dtypes, float16_unsafe_layers, group_layers, run_profiler
+
+
+def test_group_layers_by_block_and_count():
+    paths = ["conv1", "conv2_block1_1", "conv2_block1_2", "block_3_a", "block_3_b", "head"]
+    groups = group_layers(paths, "block", separate={"head"})
+    assert groups == [
+        ["conv1"],
+        ["conv2_block1_1", "conv2_block1_2"],
+        ["block_3_a", "block_3_b"],
+        ["head"],
+    ]
+    assert sum(len(group) for group in group_layers(paths, 3, separate={"head"})) == 6
+    assert len(group_layers(paths, "layer")) == 6
+
+
+def _stats(values) -> TensorStats:
+    histogram, zeros, nonfinite = numerics.exponent_histogram(values)
+    flat = np.abs(np.asarray(values, np.float64))
+    finite = flat[np.isfinite(flat)]
+    return TensorStats(
+        count=len(values),
+        zeros=zeros,
+        nonfinite=nonfinite,
+        max_abs=float(finite.max()),
+        min_nonzero_abs=float(finite[finite > 0].min()),
+        sum_abs=float(finite.sum()),
+        sum_squares=float((finite**2).sum()),
+        histogram=histogram,
+    )
+
+
+def _layer(path, outputs=(0.5, -1.0, 3.0), gradients=None, internals=None) -> LayerProfile:
+    return LayerProfile(
+        path=path,
+        class_name="Dense",
+        dtype="float32",
+        activations={"output": _stats(list(outputs))},
+        activation_gradients={} if gradients is None else {"output": _stats(list(gradients))},
+        weights={},
+        weight_gradients={},
+        internals={} if internals is None else {"attention_logits": _stats(list(internals))},
+    )
+
+
+def _profile() -> Profile:
+    layers = [
+        _layer("safe", gradients=[1e-3, 2e-4]),
+        _layer("nonfinite", outputs=[1.0, np.inf]),
+        _layer("overflow", internals=[1e5, 2.0]),
+        _layer("underflow", outputs=[1e-9] * 10 + [1.0]),
+        _layer("gradient_nan", gradients=[1e-3, np.nan]),
+        _layer("gradient_range", gradients=[1e4] + [1e-12] * 10),
+    ]
+    return Profile({layer.path: layer for layer in layers}, steps=1, model_name="synthetic")
+
+
+def test_float16_unsafe_layers_says_why_for_every_unsafe_reason():
+    prof = _profile()
+    unsafe = float16_unsafe_layers(prof)
+    assert list(unsafe) == list(prof.float16_unsafe_layers)
+    assert "safe" not in unsafe
+    assert "non-finite forward" in unsafe["nonfinite"]
+    assert "65504" in unsafe["overflow"] and "1e+05" in unsafe["overflow"]
+    assert "flush to zero in float16" in unsafe["underflow"]
+    assert "non-finite gradient" in unsafe["gradient_nan"]
+    assert "no loss scale fits the gradients" in unsafe["gradient_range"]
+    assert all(reason.startswith("profile: ") for reason in unsafe.values())
+    assert float16_unsafe_layers(None) == {}
+
+
+def test_allowed_dtypes_drops_float16_where_the_profile_says_unsafe_and_keeps_float32():
+    prof = _profile()
+    unsafe = float16_unsafe_layers(prof)
+    infos = {
+        path: LayerInfo(
+            path=path,
+            class_name="Dense",
+            keras_path=path,
+            parameters=1,
+            weight_shapes=((1,),),
+            is_container=False,
+            pass_through=False,
+            follows=None,
+        )
+        for path in prof.layers
+    }
+    compute = list(infos)
+    allowed, removed = allowed_dtypes(
+        compute, infos, ["float32", "bfloat16", "float16"], unsafe, keep_float32=["safe"]
+    )
+    assert allowed["safe"] == ("float32",)
+    assert removed["safe"] == {"bfloat16": "keep_float32", "float16": "keep_float32"}
+    assert allowed["overflow"] == ("float32", "bfloat16")
+    assert removed["overflow"] == {"float16": unsafe["overflow"]}
+
+
+def test_a_profiled_overflow_rules_out_float16_for_that_layer_only():
+    inputs = keras.Input((16,))
+    hidden = keras.layers.Dense(
+        64, name="wide", kernel_initializer=keras.initializers.Constant(1.0)
+    )(inputs)
+    outputs = keras.layers.Dense(1, name="head", kernel_initializer="zeros")(hidden)
+    model = keras.Model(inputs, outputs)
+    model.compile(optimizer="sgd", loss="mse")
+    x = np.full((32, 16), 8000.0, "float32")  # wide's outputs: 16 * 8000 > 65504
+    y = np.zeros((32, 1), "float32")
+    prof = run_profiler(model, (x, y), steps=1, batch_size=32)
+    assert isinstance(prof, Profile)
+    unsafe = float16_unsafe_layers(prof)
+    assert "wide" in unsafe and "65504" in unsafe["wide"]
+    assert "head" not in unsafe or "65504" not in unsafe["head"]
