@@ -82,7 +82,7 @@ def float32_reasons(
     model: keras.Model, plan: PrecisionPlan, profile: Any, allowed: list[str]
 ) -> dict[str, dict[str, str]]:
     """Returns `{path: {"reason": ...}}` for each computing layer the plan keeps in float32."""
-    from ._search_space import compute_layers, float16_unsafe_layers, is_sensitive, output_layers
+    from .search import compute_layers, float16_unsafe_layers, is_sensitive, output_layers
 
     infos = plan.layer_info
     outputs = output_layers(model, infos)
