@@ -15,7 +15,6 @@ model.fit(x, y, callbacks=[autoprec.AutoPrecision(plan)])
 
 from . import hardware, layers
 from ._version import __version__
-from .apply import PlanHandle, apply_plan
 from .callback import AutoPrecision
 from .cost import CostTable, Estimate, calibrate, estimate, predict_costs
 from .errors import (
@@ -25,11 +24,16 @@ from .errors import (
     PlanError,
     ProfileError,
 )
-from .guard import NonFiniteTrainingError
-from .loss_scale import FlooredLossScaleOptimizer
 from .plan import PlanDiff, PlanRule, PrecisionPlan
 from .profiler import LayerProfile, Profile, ProfileCallback, TensorStats, profile
-from .saving import load_model, save_model
+from .runtime import (
+    FlooredLossScaleOptimizer,
+    NonFiniteTrainingError,
+    PlanHandle,
+    apply_plan,
+    load_model,
+    save_model,
+)
 from .search import Budget, SearchResult, heuristic_plan, search
 
 __all__ = [

@@ -3,24 +3,34 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Mapping, Sequence
 
 import keras
 
-from ._core.dtypes import BFLOAT16, COMPUTE_DTYPES, FLOAT16, FLOAT32
+from . import cost
+from ._core.dtypes import BFLOAT16, FLOAT16, FLOAT32, count_dtypes, counts_text
+from .cost import Estimate
+from .hardware import HardwareProfile, is_local, resolve_hardware
 from .plan import PrecisionPlan
+from .profiler import Profile
+from .search import (
+    compute_layers,
+    float16_unsafe_layers,
+    heuristic_plan,
+    is_sensitive,
+    output_layers,
+)
 
 logger = logging.getLogger("autoprec")
 
 
 def decide_plan(
     model: keras.Model,
-    profile: Any,
-    hardware: Any = "local",
+    profile: Profile | None,
+    hardware: HardwareProfile | str | None = "local",
     batch_size: int = 32,
     calibrate_costs: bool = True,
-) -> tuple[PrecisionPlan, Any]:
+) -> tuple[PrecisionPlan, Estimate | None]:
     """Returns the heuristic plan for `model` and the estimate behind it.
 
     Costs are measured on the local device (`hardware="local"`, cached) or
@@ -30,29 +40,27 @@ def decide_plan(
     Args:
         model: the built model being trained.
         profile: an `autoprec.profiler.Profile`, or `None` when none could be recorded.
-        hardware: `"local"` or a hardware profile (name or object).
+        hardware: `"local"` (this device) or a hardware profile (name or
+            `HardwareProfile`), as `autoprec.hardware.resolve_hardware` accepts.
         batch_size: batch size the costs are measured or predicted for.
-        calibrate_costs: measure costs on this device when `hardware="local"`.
+        calibrate_costs: measure costs on this device when `hardware` means this device.
 
     Returns:
         `(plan, estimate)`; `estimate` is `None` if no cost model could be built.
-    """
-    from . import cost
-    from . import hardware as hardware_module
-    from .search import heuristic_plan
 
-    if isinstance(hardware, str) and hardware == "local":
-        hardware_profile = hardware_module.detect()
-    elif isinstance(hardware, str):
-        hardware_profile = hardware_module.get(hardware)
-    else:
-        hardware_profile = hardware
+    Example:
+
+    ```python
+    plan, estimate = decide_plan(model, prof, hardware="rtx4090", batch_size=64)
+    ```
+    """
+    hardware_profile = resolve_hardware(hardware)
     allowed = [FLOAT32] + [
         dtype for dtype in (BFLOAT16, FLOAT16) if hardware_profile.is_fast(dtype)
     ]
     costs = None
     try:
-        if calibrate_costs and hardware == "local":
+        if calibrate_costs and is_local(hardware):
             sample = cost.sample_inputs(model, batch_size)
             costs = cost.calibrate(
                 model, sample, dtypes=allowed, progress=False, hardware=hardware_profile
@@ -72,18 +80,32 @@ def decide_plan(
             logger.warning("autoprec: no estimate for the plan (%s)", error)
     plan = plan.with_metadata(
         hardware=hardware_profile.name,
-        predicted_speedup=getattr(estimate, "speedup", None),
+        predicted_speedup=estimate.speedup if estimate is not None else None,
         evidence=float32_reasons(model, plan, profile, allowed),
     )
     return plan, estimate
 
 
 def float32_reasons(
-    model: keras.Model, plan: PrecisionPlan, profile: Any, allowed: list[str]
+    model: keras.Model, plan: PrecisionPlan, profile: Profile | None, allowed: Sequence[str]
 ) -> dict[str, dict[str, str]]:
-    """Returns `{path: {"reason": ...}}` for each computing layer the plan keeps in float32."""
-    from .search import compute_layers, float16_unsafe_layers, is_sensitive, output_layers
+    """Returns `{path: {"reason": ...}}` for each computing layer the plan keeps in float32.
 
+    Args:
+        model: the model the plan is for.
+        plan: the plan, with `layer_info` (as `heuristic_plan` returns it).
+        profile: the recorded profile, or `None`.
+        allowed: the dtypes the plan could use on this device.
+
+    Returns:
+        One entry per float32 compute layer, saying why it stayed float32.
+
+    Example:
+
+    ```python
+    float32_reasons(model, plan, prof, ["float32", "bfloat16"])["head"]["reason"]
+    ```
+    """
     infos = plan.layer_info
     outputs = output_layers(model, infos)
     unsafe = float16_unsafe_layers(profile) if profile is not None else {}
@@ -105,15 +127,29 @@ def float32_reasons(
     return reasons
 
 
-def report_lines(plan: PrecisionPlan, estimate: Any, dtypes: Mapping[str, str]) -> list[str]:
-    """Returns the compact report printed once when the automatic plan is applied."""
-    counts = {dtype: 0 for dtype in COMPUTE_DTYPES}
-    for dtype in dtypes.values():
-        counts[dtype] += 1
-    speedup = getattr(estimate, "speedup", None)
+def report_lines(
+    plan: PrecisionPlan, estimate: Estimate | None, dtypes: Mapping[str, str]
+) -> list[str]:
+    """Returns the compact report printed once when the automatic plan is applied.
+
+    Args:
+        plan: the plan as applied, with `metadata["hardware"]` and `["evidence"]`.
+        estimate: the cost estimate behind it, or `None`.
+        dtypes: `{path: dtype}` each layer computes in.
+
+    Returns:
+        One line of counts and predicted speedup, then a line per float32 layer (at most 8).
+
+    Example:
+
+    ```python
+    print("\n".join(report_lines(plan, estimate, handle.dtypes)))
+    ```
+    """
+    speedup = estimate.speedup if estimate is not None else None
     lines = [
         "autoprec: automatic plan: "
-        + ", ".join(f"{count} {dtype}" for dtype, count in counts.items() if count)
+        + counts_text(count_dtypes(dtypes.values()))
         + " layer(s)"
         + (f"; predicted speedup {speedup:.2f}x over float32" if speedup else "")
         + f" on {plan.metadata.get('hardware')}"

@@ -2,32 +2,19 @@
 
 from __future__ import annotations
 
-import logging
 import os
 
-import keras
-
-from ._core.dtypes import BFLOAT16, COMPUTE_DTYPES, FLOAT16, FLOAT32
-from .apply import PlanHandle, apply_plan
-from .errors import PlanError
-from .guard import (
-    GuardConfig,
-    GuardState,
-    NonFiniteTrainingError,
-    find_culprit,
-    is_finite_number,
-    promotion_target,
-)
-from .kernels import fallback_plan, find_missing_kernels
-from .layers import is_fully_built
-from .loss_scale import FlooredLossScaleOptimizer, current_loss_scale
+from ._auto import decide_plan, report_lines
+from .cost import Estimate
+from .errors import BackendError, PlanError
+from .hardware import HardwareProfile
 from .plan import PrecisionPlan
-from .saving import attach_plan
+from .profiler import Profile, ProfileCallback
+from .runtime.training import PlanCallback
+from .search import Budget, SearchResult, search
 
-logger = logging.getLogger("autoprec")
 
-
-class AutoPrecision(keras.callbacks.Callback):
+class AutoPrecision(PlanCallback):
     """Trains with a per-layer precision plan, adding loss scaling whenever a layer runs in float16.
 
     At the start of training the plan is applied to every layer (sub-layers
@@ -41,7 +28,8 @@ class AutoPrecision(keras.callbacks.Callback):
     first step runs with the model's own policies and the plan applies from the
     second step on. The plan
     stays applied after training, so `evaluate`, `predict` and
-    `autoprec.save_model` use it; `restore()` undoes it.
+    `autoprec.save_model` use it; `restore()` undoes it. With a plan it behaves
+    as `autoprec.runtime.PlanCallback`, which it extends.
 
     With no plan, it decides one itself: the first `profile_steps` steps run in
     the model's own policies with profiler probes, then the heuristic plan is
@@ -67,7 +55,7 @@ class AutoPrecision(keras.callbacks.Callback):
             profile name such as `"rtx4090"` (predicted costs).
         batch_size: with no plan, the batch size costs are measured for.
         guard: watch for overflow during training and promote the layer where it
-            starts (see `autoprec.guard`); every promotion is logged and recorded
+            starts (see `autoprec.runtime.guard`); every promotion is logged and recorded
             in `plan.events`.
         on_nan: `"promote"`, `"stop"` or `"raise"` (`NonFiniteTrainingError`).
             A non-finite loss with every layer in float32 is reported as a real
@@ -103,6 +91,8 @@ class AutoPrecision(keras.callbacks.Callback):
     ```
     """
 
+    _decides_plan = True
+
     def __init__(
         self,
         plan: PrecisionPlan | str | os.PathLike | None = None,
@@ -113,7 +103,7 @@ class AutoPrecision(keras.callbacks.Callback):
         plan_path: str | os.PathLike | None = None,
         verbose: int = 1,
         profile_steps: int = 20,
-        hardware: str | object = "local",
+        hardware: HardwareProfile | str = "local",
         batch_size: int = 32,
         guard: bool = True,
         on_nan: str = "promote",
@@ -122,247 +112,64 @@ class AutoPrecision(keras.callbacks.Callback):
         guard_check_every: int = 10,
         check_kernels: bool = True,
         tensorboard_dir: str | os.PathLike | None = None,
-        search: bool | object = False,
+        search: bool | Budget = False,
         search_data: tuple | None = None,
         search_trials: int = 8,
     ) -> None:
-        super().__init__()
-        if isinstance(plan, (str, os.PathLike)):
-            plan = PrecisionPlan.load(plan)
         if plan is None and loss_scale is None:
             raise PlanError(
                 "AutoPrecision: loss_scale=None needs an explicit plan without float16 layers; "
                 "the automatic plan may use float16. Keep loss_scale='dynamic'."
             )
-        if plan is not None and not isinstance(plan, PrecisionPlan):
-            raise PlanError(
-                "AutoPrecision: 'plan' must be a PrecisionPlan or a plan JSON path, got "
-                f"{type(plan).__name__}."
-            )
-        if isinstance(loss_scale, str) and loss_scale != "dynamic":
-            raise PlanError(
-                f"AutoPrecision: loss_scale={loss_scale!r} is not valid; use 'dynamic', "
-                "a positive number for a fixed scale, or None."
-            )
-        if not isinstance(loss_scale, str) and loss_scale is not None and loss_scale <= 0:
-            raise PlanError(f"AutoPrecision: loss_scale must be positive, got {loss_scale}.")
-        if loss_scale is None and plan is not None and plan.uses_float16:
-            raise PlanError(
-                "AutoPrecision: loss_scale=None, but the plan runs layers in float16, whose "
-                "gradients underflow without loss scaling. Use loss_scale='dynamic' (default)."
-            )
-        self.plan = plan
-        self.loss_scale = loss_scale
-        self.loss_scale_floor = loss_scale_floor
-        self.dynamic_growth_steps = dynamic_growth_steps
-        self.strict = strict
-        self.plan_path = plan_path
-        self.verbose = verbose
-        self.handle: PlanHandle | None = None
-        self._wrapped_optimizer: keras.optimizers.Optimizer | None = None
-        self._pending = False
-        self.profile_steps = profile_steps
-        self.hardware = hardware
-        self.batch_size = batch_size
-        self.profile = None
-        self.estimate = None
-        self._profiler = None
-        self.guard_config = (
-            GuardConfig(
-                on_nan=on_nan,
-                threshold=guard_threshold,
-                window=guard_window,
-                check_every=guard_check_every,
-            )
-            if guard
-            else None
+        super().__init__(
+            plan,
+            loss_scale=loss_scale,
+            loss_scale_floor=loss_scale_floor,
+            dynamic_growth_steps=dynamic_growth_steps,
+            strict=strict,
+            plan_path=plan_path,
+            verbose=verbose,
+            hardware=hardware,
+            guard=guard,
+            on_nan=on_nan,
+            guard_threshold=guard_threshold,
+            guard_window=guard_window,
+            guard_check_every=guard_check_every,
+            check_kernels=check_kernels,
+            tensorboard_dir=tensorboard_dir,
         )
-        self._guard_state: GuardState | None = None
-        self._diagnosis = None
-        self._trigger = ""
-        self._step = 0
-        self.events: list[dict] = []
-        self.check_kernels = check_kernels
-        self.tensorboard_dir = tensorboard_dir
-        self.search_budget = _search_budget(search, search_data, plan)
+        self.profile_steps = profile_steps
+        self.batch_size = batch_size
+        self.profile: Profile | None = None
+        self.estimate: Estimate | None = None
+        self.search_budget = _search_budget(search, search_data, self.plan)
         self.search_data = search_data
         self.search_trials = search_trials
-        self.search_result = None
-        self._training_log = None
-        self._kernels_checked = False
+        self.search_result: SearchResult | None = None
+        self._profiler: ProfileCallback | None = None
 
     # ------------------------------------------------------------------ Keras hooks
 
-    def on_train_begin(self, logs=None) -> None:
-        if not is_fully_built(self.model):
-            # An unbuilt subclassed model gets its sub-layers (and their paths) at
-            # the first trace: start right after the first step.
-            self._pending = True
-            return
-        self._start()
-
     def on_train_batch_end(self, batch, logs=None) -> None:
+        if self._profiler is None:
+            super().on_train_batch_end(batch, logs)
+            return
         self._step += 1
-        if self._pending:
-            self._pending = False
-            self._start()
-        elif self._profiler is not None:
-            self._profiler.on_train_batch_end(batch, logs)
-            if self._profiler.profile is not None:
-                self._decide_and_apply()
-        elif self._diagnosis is not None:
-            self._diagnosis.on_train_batch_end(batch, logs)
-            if self._diagnosis.profile is not None:
-                self._finish_diagnosis()
-        elif self.guard_config is not None and self.handle is not None:
-            if self._step % self.guard_config.check_every == 0:
-                self._check(logs)
+        self._profiler.on_train_batch_end(batch, logs)
+        if self._profiler.profile is not None:
+            self._decide_and_apply()
 
-    # ------------------------------------------------------------------ guard
+    def on_train_end(self, logs=None) -> None:
+        if self._profiler is not None:  # training ended before the profile was complete
+            self._decide_and_apply()
+        super().on_train_end(logs)
 
-    def _check(self, logs) -> None:
-        optimizer = self.model.optimizer
-        loss_finite = is_finite_number((logs or {}).get("loss", 0.0))
-        if isinstance(optimizer, FlooredLossScaleOptimizer) and optimizer.built:
-            bad_steps = int(keras.ops.convert_to_numpy(optimizer.non_finite_steps))
-            scale = float(keras.ops.convert_to_numpy(optimizer.dynamic_scale))
-            if not self._guard_state.observe(self._step, bad_steps, scale, optimizer.floor):
-                return
-            self._trigger = (
-                f"{sum(n for _, n in self._guard_state.recent)} non-finite step(s) in the last "
-                f"{self.guard_config.window} steps, loss scale {scale:g}"
-            )
-        elif loss_finite:
-            return
-        else:
-            self._trigger = f"non-finite loss at step {self._step}"
-        self._act()
-
-    def _act(self) -> None:
-        sixteen_bit = [path for path, d in self.handle.dtypes.items() if d != FLOAT32]
-        if not sixteen_bit:
-            self._report_divergence(
-                "every layer computes in float32: this is a training "
-                "divergence, not a precision problem"
-            )
-            return
-        if self.guard_config.on_nan == "raise":
-            raise NonFiniteTrainingError(f"autoprec guard: {self._trigger}.")
-        if self.guard_config.on_nan == "stop":
-            self._report_divergence("on_nan='stop'")
-            return
-        from .errors import BackendError
-        from .profiler import ProfileCallback
-
-        self._diagnosis = ProfileCallback(steps=self.guard_config.diagnose_steps)
-        self._diagnosis.set_model(self.model)
-        try:
-            self._diagnosis.on_train_begin()
-        except BackendError:
-            # No in-graph probes on this backend: no attribution, so every float16
-            # layer is promoted (bfloat16 has float32's range).
-            self._diagnosis = None
-            float16_layers = _float16_layers(self.handle)
-            if not float16_layers:
-                self._report_divergence(
-                    "no float16 layer to promote and no probes on this backend to find the "
-                    "layer where it starts"
-                )
-                return
-            for path in float16_layers:
-                self._promote(path, "no probes on this backend: every float16 layer promoted")
-
-    def _finish_diagnosis(self) -> None:
-        from .guard import enters_with_the_data
-
-        profile, self._diagnosis = self._diagnosis.profile, None
-        culprit = find_culprit(profile, self.handle.dtypes)
-        if culprit is None:
-            cause = (
-                "NaN entered with the input data"
-                if enters_with_the_data(profile)
-                else "no 16-bit layer overflowed in the "
-                f"{self.guard_config.diagnose_steps} diagnosed steps (transient: the dynamic "
-                "loss scale adjusting, or a few bad batches)"
-            )
-            message = (
-                f"autoprec guard: {self._trigger}; {cause}. Not a precision problem: "
-                "nothing promoted."
-            )
-            repeated = any(event["kind"] == "not_precision" for event in self.events)
-            logger.log(logging.INFO if repeated else logging.WARNING, message)
-            self.events.append(
-                {
-                    "step": self._step,
-                    "kind": "not_precision",
-                    "evidence": f"{self._trigger}; {cause}",
-                }
-            )
-            self._guard_state.recent.clear()  # count afresh before diagnosing again
-            return
-        self._promote(*culprit)
-
-    def _promote(self, path: str, evidence: str) -> None:
-        before = self.handle.dtypes[path]
-        bfloat16_fast = self.guard_config.bfloat16_is_fast and self._bfloat16_is_fast()
-        target = promotion_target(before, bfloat16_fast)
-        event = {
-            "step": self._step,
-            "kind": "promotion",
-            "layer": path,
-            "from": before,
-            "to": target,
-            "evidence": evidence,
-            "trigger": self._trigger,
-        }
-        self.events.append(event)
-        self.plan = self.plan.with_dtype(path, target).with_event(event)
-        verbose, self.verbose = self.verbose, 0
-        try:
-            self._apply()
-        finally:
-            self.verbose = verbose
-        optimizer = self.model.optimizer
-        if isinstance(optimizer, keras.optimizers.LossScaleOptimizer) and optimizer.built:
-            optimizer.dynamic_scale.assign(float(optimizer.initial_scale))
-        self._guard_state.recent.clear()
-        message = f"autoprec guard: step {self._step}: {path} {before} -> {target} ({evidence})"
-        if self.verbose:
-            print(message)
-        else:
-            logger.warning(message)
-
-    def _bfloat16_is_fast(self) -> bool:
-        from . import hardware
-
-        try:
-            if isinstance(self.hardware, str):
-                profile = (
-                    hardware.detect() if self.hardware == "local" else hardware.get(self.hardware)
-                )
-            else:
-                profile = self.hardware
-            return bool(profile.is_fast(BFLOAT16))
-        except Exception:  # unknown device: bfloat16 is still a safe range-wise promotion
-            return True
-
-    def _report_divergence(self, why: str) -> None:
-        message = f"autoprec guard: {self._trigger}; {why}. Training stopped."
-        self.events.append({"step": self._step, "kind": "stopped", "evidence": self._trigger})
-        if self.guard_config.on_nan == "raise":
-            raise NonFiniteTrainingError(message)
-        logger.warning(message)
-        if self.verbose:
-            print(message)
-        self.model.stop_training = True
+    # ------------------------------------------------------------------ automatic mode
 
     def _start(self) -> None:
         if self.plan is not None:
-            self._apply()
+            super()._start()
             return
-        from .errors import BackendError
-        from .profiler import ProfileCallback
-
         self._profiler = ProfileCallback(steps=self.profile_steps)
         self._profiler.set_model(self.model)
         try:
@@ -377,16 +184,12 @@ class AutoPrecision(keras.callbacks.Callback):
             print(f"autoprec: profiling the first {self.profile_steps} steps in float32")
 
     def _decide_and_apply(self) -> None:
-        from ._auto import decide_plan, report_lines
-
         if self._profiler is not None:
             if self._profiler.profile is None:
                 self._profiler.remove_probes()
             self.profile = self._profiler.profile
             self._profiler = None
         if self.search_budget is not None:
-            from .search import search
-
             train_data, val_data = self.search_data
             self.search_result = search(
                 self.model,
@@ -404,128 +207,14 @@ class AutoPrecision(keras.callbacks.Callback):
             self.plan, self.estimate = decide_plan(
                 self.model, self.profile, hardware=self.hardware, batch_size=self.batch_size
             )
-        verbose, self.verbose = self.verbose, 0
-        try:
-            self._apply()
-        finally:
-            self.verbose = verbose
+        self._apply(quiet=True)
         if self.verbose:
             print("\n".join(report_lines(self.plan, self.estimate, self.handle.dtypes)))
 
-    def _apply(self) -> None:
-        self.handle = apply_plan(self.model, self.plan, strict=self.strict)
-        if self.check_kernels and not self._kernels_checked:
-            self._kernels_checked = True
-            self.handle.restore()  # trace the model as it was, then check 16-bit layers alone
-            missing = find_missing_kernels(self.model, self.handle.dtypes)
-            plan = fallback_plan(self.handle.plan, missing, step=self._step)
-            self.events.extend(dict(event) for event in plan.events[len(self.handle.plan.events) :])
-            self.handle = apply_plan(self.model, plan, strict=self.strict)
-        if self.guard_config is not None and self._guard_state is None:
-            self._guard_state = GuardState(self.guard_config)
-        self.plan = self.handle.plan
-        attach_plan(self.model, self.plan)
-        if self.handle.uses_float16:
-            if self.loss_scale is None:
-                raise PlanError(
-                    "AutoPrecision: loss_scale=None, but layers "
-                    f"{_float16_layers(self.handle)[:3]} run in float16; use 'dynamic'."
-                )
-            self._ensure_loss_scaling()
-        self._rebuild_compiled_functions()
-        if self.verbose:
-            counts = {dtype: 0 for dtype in COMPUTE_DTYPES}
-            for dtype in self.handle.dtypes.values():
-                counts[dtype] += 1
-            scaling = current_loss_scale(self.model.optimizer)
-            print(
-                "autoprec: plan applied to "
-                + ", ".join(f"{count} {dtype}" for dtype, count in counts.items() if count)
-                + " layer(s)"
-                + (f"; loss scale {scaling:g}" if scaling is not None else "")
-            )
 
-    def on_epoch_end(self, epoch, logs=None) -> None:
-        scale = current_loss_scale(self.model.optimizer)
-        if logs is not None and scale is not None:
-            logs["loss_scale"] = scale
-        if self.tensorboard_dir is not None and self.handle is not None:
-            if self._training_log is None:
-                from .report import TrainingLog
-
-                self._training_log = TrainingLog(self.tensorboard_dir)
-            self._training_log.write_epoch(epoch, self.handle.dtypes, scale, self.plan.events)
-
-    def on_train_end(self, logs=None) -> None:
-        if self._profiler is not None:  # training ended before the profile was complete
-            self._decide_and_apply()
-        if self._diagnosis is not None:
-            self._diagnosis.remove_probes()
-            self._diagnosis = None
-        if self._training_log is not None:
-            self._training_log.close()
-            self._training_log = None
-        if self.plan is None:
-            return
-        plan = self.current_plan()
-        attach_plan(self.model, plan)
-        if self.plan_path is not None:
-            plan.save(self.plan_path)
-
-    # ------------------------------------------------------------------ helpers
-
-    def current_plan(self) -> PrecisionPlan:
-        """Returns the plan as applied, with the loss-scale settings recorded in its metadata."""
-        scale = current_loss_scale(self.model.optimizer) if self.model is not None else None
-        if scale is None:
-            return self.plan
-        return self.plan.with_metadata(
-            loss_scale={
-                "mode": "fixed" if not isinstance(self.loss_scale, str) else "dynamic",
-                "current": scale,
-                "floor": self.loss_scale_floor,
-                "dynamic_growth_steps": self.dynamic_growth_steps,
-            }
-        )
-
-    def restore(self) -> None:
-        """Undoes the plan: original policies back, the optimizer unwrapped if this callback wrapped it."""
-        if self.handle is not None:
-            self.handle.restore()
-        if self._wrapped_optimizer is not None and self.model is not None:
-            self.model.optimizer = self._wrapped_optimizer
-            self._wrapped_optimizer = None
-
-    def _ensure_loss_scaling(self) -> None:
-        optimizer = self.model.optimizer
-        if optimizer is None:
-            raise PlanError("AutoPrecision: the model has no optimizer; compile it before fit.")
-        if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
-            return
-        fixed = not isinstance(self.loss_scale, str)
-        initial_scale = float(self.loss_scale) if fixed else 2.0**15
-        floor = None if fixed else self.loss_scale_floor
-        with _strategy_scope(self.model):
-            wrapped = FlooredLossScaleOptimizer(
-                optimizer,
-                initial_scale=initial_scale,
-                dynamic_growth_steps=self.dynamic_growth_steps,
-                floor=floor,
-                fixed=fixed,
-            )
-            wrapped.build(self.model.trainable_variables)
-        self._wrapped_optimizer = optimizer
-        self.model.optimizer = wrapped
-
-    def _rebuild_compiled_functions(self) -> None:
-        # fit built its train function before on_train_begin; setting it to None
-        # here would break fit, so force a rebuild instead.
-        self.model.make_train_function(force=True)
-        self.model.test_function = None
-        self.model.predict_function = None
-
-
-def _search_budget(search: object, search_data: tuple | None, plan: object) -> object | None:
+def _search_budget(
+    search: bool | Budget | None, search_data: tuple | None, plan: PrecisionPlan | None
+) -> Budget | None:
     """Returns the Budget the callback searches under, or `None`; refuses unusable settings."""
     if search is False or search is None:
         return None
@@ -536,8 +225,6 @@ def _search_budget(search: object, search_data: tuple | None, plan: object) -> o
             "AutoPrecision: search= needs search_data=(train_data, val_data), held-out batches "
             "to train and judge candidate plans on (a callback cannot see fit's data)."
         )
-    from .search import Budget
-
     if search is True:
         return Budget("val_loss", max_relative_drop=0.02)
     if not isinstance(search, Budget):
@@ -545,22 +232,3 @@ def _search_budget(search: object, search_data: tuple | None, plan: object) -> o
             f"AutoPrecision: search must be True or an autoprec.Budget, got {type(search).__name__}."
         )
     return search
-
-
-def _float16_layers(handle: PlanHandle) -> list[str]:
-    return [path for path, dtype in handle.dtypes.items() if dtype == FLOAT16]
-
-
-class _NullScope:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc_info):
-        return False
-
-
-def _strategy_scope(model):
-    strategy = getattr(model, "distribute_strategy", None)
-    if strategy is not None and hasattr(strategy, "scope"):
-        return strategy.scope()
-    return _NullScope()

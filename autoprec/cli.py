@@ -38,7 +38,7 @@ def _load_keras_model(path: str):
         raise UsageError(f"{model_path}: no such model file; give a .keras file saved by Keras.")
     if model_path.suffix != ".keras":
         raise UsageError(f"{model_path}: expected a .keras file (model.save('model.keras')).")
-    from .saving import load_model
+    from .runtime import load_model
 
     try:
         model = load_model(model_path)

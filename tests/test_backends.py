@@ -133,7 +133,7 @@ def _train_on_overflow(floor: float | None) -> dict:
     y = np.zeros((len(x), 1), "float32")
     model.fit(x.astype("float32"), y, epochs=1, batch_size=1, shuffle=False, verbose=0)
     return {
-        "loss_scale": autoprec.loss_scale.current_loss_scale(model.optimizer),
+        "loss_scale": autoprec.runtime.current_loss_scale(model.optimizer),
         "non_finite_steps": int(np.asarray(model.optimizer.non_finite_steps.value)),
         "consecutive_non_finite_steps": int(
             np.asarray(model.optimizer.consecutive_non_finite_steps.value)
@@ -188,8 +188,8 @@ def _check_save_load(work_dir: str) -> dict:
         "dtypes_after": after,
         "optimizer_before": type(model.optimizer).__name__,
         "optimizer_after": type(restored.optimizer).__name__,
-        "loss_scale_before": autoprec.loss_scale.current_loss_scale(model.optimizer),
-        "loss_scale_after": autoprec.loss_scale.current_loss_scale(restored.optimizer),
+        "loss_scale_before": autoprec.runtime.current_loss_scale(model.optimizer),
+        "loss_scale_after": autoprec.runtime.current_loss_scale(restored.optimizer),
         "predictions_equal": bool(np.allclose(predictions, restored_predictions)),
         "retrained_loss_finite": bool(np.isfinite(restored_history.history["loss"]).all()),
         "keras_backend": keras.backend.backend(),

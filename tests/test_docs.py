@@ -6,8 +6,8 @@
   must exit 0.
 - Every name in `autoprec.__all__` has a heading in docs/api.md, and so does every
   public function and class of `autoprec.hardware`, `autoprec.layers`,
-  `autoprec.kernels` and `autoprec.guard`; every signature written there is the
-  code's (`inspect.signature`, annotations left out).
+  `autoprec.runtime.training`, `autoprec.runtime.kernels` and `autoprec.runtime.guard`;
+  every signature written there is the code's (`inspect.signature`, annotations left out).
 - Every `autoprec` subcommand has a section in docs/cli.md that names each of its
   flags.
 """
@@ -108,7 +108,10 @@ def test_every_public_name_has_a_heading_in_api_md():
     assert not missing, f"docs/api.md has no heading for: {missing}"
 
 
-@pytest.mark.parametrize("module_name", ["hardware", "layers", "kernels", "guard"])
+@pytest.mark.parametrize(
+    "module_name",
+    ["hardware", "layers", "runtime.training", "runtime.kernels", "runtime.guard"],
+)
 def test_every_public_function_of_the_documented_modules_is_in_api_md(module_name):
     import importlib
 

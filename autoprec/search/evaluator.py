@@ -20,12 +20,10 @@ import numpy as np
 from .._core.data import batch_size_of, concatenate_batches
 from .._core.models import compile_arguments, recompile
 from .._core.timing import time_interleaved
-from ..apply import apply_plan, reset_compiled_functions
-from ..callback import AutoPrecision as PlanCallback
 from ..errors import BackendError
 from ..layers import layer_paths
-from ..loss_scale import FlooredLossScaleOptimizer
 from ..plan import PrecisionPlan
+from ..runtime import FlooredLossScaleOptimizer, PlanCallback, apply_plan, reset_compiled_functions
 
 logger = logging.getLogger("autoprec")
 

@@ -1,4 +1,4 @@
-"""TensorBoard export of what autoprec does during training: loss scale, dtypes, events."""
+"""TensorBoard log of what autoprec does during training: loss scale, dtypes, events."""
 
 from __future__ import annotations
 
@@ -6,16 +6,31 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ._core.dtypes import COMPUTE_DTYPES
+from .._core.dtypes import count_dtypes
+from ..errors import BackendError
 
 
 def training_scalars(dtypes: Mapping[str, str], loss_scale: float | None) -> dict[str, float]:
-    """Returns the per-epoch scalars: the loss scale and how many layers run in each dtype."""
+    """Returns the per-epoch scalars: the loss scale and how many layers run in each dtype.
+
+    Args:
+        dtypes: `{path: dtype}` each layer computes in.
+        loss_scale: the current loss scale, or `None` without loss scaling.
+
+    Returns:
+        `{"autoprec/loss_scale": ..., "autoprec/layers_float32": ..., ...}`.
+
+    Example:
+
+    ```python
+    training_scalars({"dense": "float16"}, 32768.0)["autoprec/layers_float16"]  # 1
+    ```
+    """
     scalars: dict[str, float] = {}
     if loss_scale is not None:
         scalars["autoprec/loss_scale"] = loss_scale
-    for dtype in COMPUTE_DTYPES:
-        scalars[f"autoprec/layers_{dtype}"] = sum(1 for value in dtypes.values() if value == dtype)
+    for dtype, count in count_dtypes(dtypes.values()).items():
+        scalars[f"autoprec/layers_{dtype}"] = count
     return scalars
 
 
@@ -56,11 +71,9 @@ class TrainingLog:
     """
 
     def __init__(self, logdir: str | os.PathLike) -> None:
-        try:
-            from ._backends import tensorflow as tensorflow_backend
+        try:  # TensorFlow stays optional on the JAX backend
+            from .._backends import tensorflow as tensorflow_backend
         except ImportError as error:
-            from .errors import BackendError
-
             raise BackendError(
                 f"tensorboard_dir needs TensorFlow to write summaries ({error}); "
                 "pip install tensorflow, or leave tensorboard_dir unset."

@@ -9,10 +9,10 @@ from collections.abc import Mapping
 
 import keras
 
-from ._core.dtypes import FLOAT16, POLICY_FOR_DTYPE
-from .errors import PlanError
-from .layers import LayerInfo, describe_model, is_fully_built, layer_paths, model_fingerprint
-from .plan import PrecisionPlan
+from .._core.dtypes import FLOAT16, POLICY_FOR_DTYPE
+from ..errors import PlanError
+from ..layers import LayerInfo, describe_model, is_fully_built, layer_paths, model_fingerprint
+from ..plan import PrecisionPlan
 
 
 @dataclasses.dataclass

@@ -1,4 +1,4 @@
-"""save_model / load_model with the plan inside, and atomic writes that survive a kill."""
+"""save_model / load_model with the plan inside, and atomic writes that survive a kill (autoprec/runtime/saving.py)."""
 
 from __future__ import annotations
 
@@ -93,7 +93,7 @@ def test_interrupted_plan_save_leaves_previous_file(tmp_path, mlp, monkeypatch):
 def test_sigkill_while_saving_never_leaves_a_broken_plan(tmp_path):
     path = tmp_path / "plan.json"
     PrecisionPlan({"x": "float32"}).save(path)
-    script = Path(__file__).resolve().parents[1] / "bench" / "plan_writer.py"
+    script = Path(__file__).resolve().parents[2] / "bench" / "plan_writer.py"
     for delay in (0.05, 0.13, 0.29):
         process = subprocess.Popen(
             [sys.executable, str(script), str(path)], stdout=subprocess.PIPE, text=True

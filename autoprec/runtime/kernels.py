@@ -13,19 +13,19 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import keras
 import numpy as np
 
-from ._core.dtypes import BFLOAT16, FLOAT16, FLOAT32, POLICY_FOR_DTYPE
-from .layers import describe_model, layer_paths
-from .plan import PrecisionPlan
+from .._core.dtypes import FLOAT32, POLICY_FOR_DTYPE, wider_dtypes
+from ..cost import LayerCall, ModelTrace, trace_model
+from ..errors import AutoprecError
+from ..layers import describe_model, layer_paths
+from ..plan import PrecisionPlan
 
 logger = logging.getLogger("autoprec")
-
-_WIDER = {FLOAT16: BFLOAT16, BFLOAT16: FLOAT32}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,7 +55,7 @@ def _tensor_like(spec: Any, dtype: str, rng: np.random.Generator):
     return keras.ops.cast(keras.ops.convert_to_tensor(values), dtype)
 
 
-def _arguments(call: Any, dtype: str, rng: np.random.Generator) -> tuple[list, dict] | None:
+def _arguments(call: LayerCall, dtype: str, rng: np.random.Generator) -> tuple[list, dict] | None:
     args: list = []
     kwargs: dict = {}
     for index, (name, value) in enumerate(call.arguments):
@@ -115,7 +115,7 @@ def _error_summary(error: Exception) -> str:
     return f"{type(error).__name__}: {lines[0] if lines else ''}"[:300]
 
 
-def _fails(layer: keras.layers.Layer, call: Any, dtype: str) -> str | None:
+def _fails(layer: keras.layers.Layer, call: LayerCall, dtype: str) -> str | None:
     """Returns the error of running `layer` in `dtype`, or `None` if it runs."""
     rng = np.random.default_rng(0)
     arguments = _arguments(call, dtype, rng)
@@ -133,7 +133,7 @@ def _fails(layer: keras.layers.Layer, call: Any, dtype: str) -> str | None:
 
 
 def find_missing_kernels(
-    model: keras.Model, dtypes: Mapping[str, str], trace: Any = None
+    model: keras.Model, dtypes: Mapping[str, str], trace: ModelTrace | None = None
 ) -> list[MissingKernel]:
     """Returns the layers that cannot run forward and backward in their planned dtype here.
 
@@ -141,7 +141,7 @@ def find_missing_kernels(
         model: a built model, with the policies it had before the plan (the
             trace runs the whole model once).
         dtypes: `{path: dtype}` the plan gives each layer.
-        trace: an `autoprec.cost.ModelTrace`; traced here if omitted.
+        trace: an `autoprec.cost.ModelTrace` of the model; traced here if omitted.
 
     Returns:
         One `MissingKernel` per failing layer, with the dtype it falls back to
@@ -150,15 +150,12 @@ def find_missing_kernels(
     Example:
 
     ```python
-    missing = autoprec.kernels.find_missing_kernels(model, plan.resolve(describe_model(model)))
+    missing = autoprec.runtime.kernels.find_missing_kernels(model, plan.resolve(describe_model(model)))
     ```
     """
     if all(dtype == FLOAT32 for dtype in dtypes.values()):
         return []
     if trace is None:
-        from .cost import trace_model
-        from .errors import AutoprecError
-
         try:
             trace = trace_model(model)
         except AutoprecError as error:
@@ -177,17 +174,37 @@ def find_missing_kernels(
         error = _fails(paths[path], calls[0], dtype)
         if error is None:
             continue
-        fallback = _WIDER[dtype]
-        while fallback != FLOAT32 and _fails(paths[path], calls[0], fallback):
-            fallback = _WIDER[fallback]
-        missing.append(MissingKernel(path, dtype, fallback, error))
+        missing.append(MissingKernel(path, dtype, _fallback(paths[path], calls[0], dtype), error))
     return missing
 
 
+def _fallback(layer: keras.layers.Layer, call: LayerCall, dtype: str) -> str:
+    """Returns the nearest wider dtype the layer runs in; float32 ends the ladder."""
+    for wider in wider_dtypes(dtype):
+        if wider == FLOAT32 or not _fails(layer, call, wider):
+            return wider
+    return FLOAT32
+
+
 def fallback_plan(
-    plan: PrecisionPlan, missing: list[MissingKernel], step: int = 0
+    plan: PrecisionPlan, missing: Sequence[MissingKernel], step: int = 0
 ) -> PrecisionPlan:
-    """Returns `plan` with each missing-kernel layer moved to its fallback dtype, logged as events."""
+    """Returns `plan` with each missing-kernel layer moved to its fallback dtype, logged as events.
+
+    Args:
+        plan: the plan to change.
+        missing: what `find_missing_kernels` returned.
+        step: the train step recorded in each event.
+
+    Returns:
+        A new plan; each change is a `"missing_kernel"` event in `plan.events`.
+
+    Example:
+
+    ```python
+    plan = autoprec.runtime.kernels.fallback_plan(plan, missing)
+    ```
+    """
     for item in missing:
         event = {
             "step": step,

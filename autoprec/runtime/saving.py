@@ -17,10 +17,10 @@ from pathlib import Path
 
 import keras
 
+from ..errors import PlanError
+from ..plan import PrecisionPlan
 from .apply import apply_plan
-from .errors import PlanError
 from .loss_scale import FlooredLossScaleOptimizer, current_loss_scale
-from .plan import PrecisionPlan
 
 #: Name of the plan inside the `.keras` zip archive.
 PLAN_ENTRY = "autoprec_plan.json"

@@ -1,4 +1,4 @@
-"""Runtime guard and fault injection: training survives overflow and says why (autoprec/guard.py)."""
+"""Runtime guard and fault injection: training survives overflow and says why (autoprec/runtime/guard.py)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,16 @@ import pytest
 
 from autoprec import AutoPrecision, PrecisionPlan
 from autoprec.errors import AutoprecError
-from autoprec.guard import GuardConfig, GuardState, NonFiniteTrainingError
 from autoprec.layers import layer_paths
+from autoprec.runtime import PlanCallback
+from autoprec.runtime.guard import (
+    GuardAction,
+    GuardConfig,
+    GuardPhase,
+    GuardState,
+    NonFiniteTrainingError,
+    promotion_target,
+)
 
 
 def _overflow_model():
@@ -99,68 +107,6 @@ def test_bad_guard_settings_are_refused(mlp):
         AutoPrecision(PrecisionPlan.uniform(mlp, "float32"), on_nan="ignore")
 
 
-class LogGamma(keras.layers.Layer):
-    """lgamma has a float16 but no bfloat16 kernel on TensorFlow's CPU."""
-
-    def call(self, inputs):
-        return keras.ops.cast(
-            __import__("tensorflow").math.lgamma(inputs + keras.ops.cast(2.0, inputs.dtype)),
-            inputs.dtype,
-        )
-
-
-class Determinant(keras.layers.Layer):
-    """det has neither a float16 nor a bfloat16 kernel on TensorFlow's CPU."""
-
-    def call(self, inputs):
-        matrices = keras.ops.reshape(inputs, (-1, 2, 2))
-        eye = keras.ops.eye(2, dtype=inputs.dtype)
-        return keras.ops.reshape(__import__("tensorflow").linalg.det(matrices + eye), (-1, 1))
-
-
-def _kernel_model():
-    inputs = keras.Input((4,))
-    hidden = keras.layers.Dense(4, name="dense")(inputs)
-    gamma = LogGamma(name="lgamma")(keras.layers.Activation("sigmoid")(hidden))
-    determinant = Determinant(name="det")(gamma)
-    outputs = keras.layers.Dense(1, name="out")(keras.layers.Concatenate()([gamma, determinant]))
-    model = keras.Model(inputs, outputs, name="kernels")
-    model.compile(optimizer="sgd", loss="mse")
-    return model
-
-
-def test_missing_kernels_fall_back_before_the_first_step_and_are_logged(caplog):
-    model = _kernel_model()
-    plan = PrecisionPlan.uniform(model, "bfloat16").with_dtype("out", "float32")
-    x = np.random.default_rng(0).uniform(size=(32, 4)).astype("float32")
-    y = np.zeros((32, 1), "float32")
-    callback = AutoPrecision(plan, verbose=0)
-    with caplog.at_level("WARNING", logger="autoprec"):
-        history = model.fit(x, y, epochs=1, batch_size=8, verbose=0, callbacks=[callback])
-    paths = layer_paths(model)
-    assert paths["lgamma"].compute_dtype == "float32"  # no bfloat16 lgamma on CPU
-    assert paths["det"].compute_dtype == "float32"
-    assert paths["dense"].compute_dtype == "bfloat16"
-    fallen = {
-        event["layer"]: event for event in callback.plan.events if event["kind"] == "missing_kernel"
-    }
-    assert set(fallen) == {"lgamma", "det"}
-    assert fallen["det"]["from"] == "bfloat16" and fallen["det"]["to"] == "float32"
-    assert "no bfloat16 kernel" in caplog.text
-    assert np.isfinite(history.history["loss"][0])
-
-
-def test_float16_falls_back_to_bfloat16_where_only_that_is_missing():
-    from autoprec.kernels import find_missing_kernels
-
-    model = _kernel_model()
-    dtypes = {"dense": "float16", "lgamma": "float16", "det": "float16", "out": "float32"}
-    missing = {item.path: item for item in find_missing_kernels(model, dtypes)}
-    assert "lgamma" not in missing  # lgamma has a float16 kernel
-    assert missing["det"].fallback == "float32"  # neither 16-bit kernel exists
-    assert model.get_layer("det").compute_dtype == "float32"  # the check leaves policies alone
-
-
 def test_nan_in_input_batches_is_reported_not_fixed_by_promotion(caplog):
     model = _overflow_model()
     big_kernel = model.get_layer("big").get_weights()[0]
@@ -179,59 +125,71 @@ def test_nan_in_input_batches_is_reported_not_fixed_by_promotion(caplog):
     assert all(np.isfinite(weight).all() for weight in model.get_weights())
 
 
-def _finished_trials(storage_path):
-    import optuna
-    from optuna.storages import JournalStorage
-    from optuna.storages.journal import JournalFileBackend
+def test_promotion_target_follows_the_widening_ladder():
+    assert promotion_target("float16", bfloat16_is_fast=True) == "bfloat16"
+    assert promotion_target("float16", bfloat16_is_fast=False) == "float32"
+    assert promotion_target("bfloat16", bfloat16_is_fast=True) == "float32"
+    assert promotion_target("float32", bfloat16_is_fast=True) == "float32"
 
-    study = optuna.load_study(
-        study_name="fault_injection", storage=JournalStorage(JournalFileBackend(str(storage_path)))
+
+def test_guard_state_checks_only_when_due_and_while_watching():
+    state = GuardState(GuardConfig(check_every=5))
+    assert state.phase is GuardPhase.WATCHING
+    assert [step for step in range(1, 16) if state.is_check_due(step)] == [5, 10, 15]
+    state.phase = GuardPhase.DIAGNOSING
+    assert not state.is_check_due(10)
+
+
+def test_guard_state_check_names_the_trigger():
+    state = GuardState(GuardConfig(threshold=2, window=10))
+    assert state.check(step=2, loss=0.5, counters=(1, 1024.0, 1.0)) is None
+    trigger = state.check(step=4, loss=0.5, counters=(2, 512.0, 1.0))
+    assert trigger == "2 non-finite step(s) in the last 10 steps, loss scale 512"
+    assert state.trigger == trigger
+    without_counters = GuardState(GuardConfig())
+    assert without_counters.check(step=7, loss=1.0, counters=None) is None
+    assert without_counters.check(step=8, loss=float("nan"), counters=None) == (
+        "non-finite loss at step 8"
     )
-    return study.trials
 
 
-def test_search_killed_mid_study_resumes_without_losing_or_duplicating_trials(tmp_path):
-    import signal
-    import subprocess
-    import sys
-    import time
-    from pathlib import Path
+@pytest.mark.parametrize(
+    ("on_nan", "has_16bit", "action", "phase"),
+    [
+        ("promote", True, GuardAction.DIAGNOSE, GuardPhase.DIAGNOSING),
+        ("stop", True, GuardAction.STOP, GuardPhase.STOPPED),
+        ("raise", True, GuardAction.RAISE, GuardPhase.STOPPED),
+        ("promote", False, GuardAction.DIVERGED, GuardPhase.STOPPED),
+    ],
+)
+def test_guard_state_action_and_phase(on_nan, has_16bit, action, phase):
+    state = GuardState(GuardConfig(on_nan=on_nan))
+    assert state.action(has_16bit) is action
+    assert state.phase is phase
 
-    import optuna
 
-    worker = Path(__file__).resolve().parents[1] / "bench" / "search_worker.py"
-    storage = tmp_path / "study.log"
-    finished_states = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)
-    process = subprocess.Popen([sys.executable, str(worker), str(storage), "500"])
-    deadline = time.time() + 240
-    before = []
-    while time.time() < deadline:
-        time.sleep(0.5)
-        if storage.exists():
-            try:
-                before = [t for t in _finished_trials(storage) if t.state in finished_states]
-            except Exception:  # the study may not exist yet
-                continue
-            if len(before) >= 3:
-                break
-    process.send_signal(signal.SIGKILL)
-    process.wait()
-    before = [t for t in _finished_trials(storage) if t.state in finished_states]
-    assert len(before) >= 3
+def test_guard_state_resume_counts_afresh_and_restart_keeps_the_window():
+    state = GuardState(GuardConfig(threshold=3, window=100))
+    state.observe(step=10, non_finite_total=2, scale=8.0, floor=1.0)
+    state.action(has_16bit_layers=True)
+    state.restart()
+    assert state.phase is GuardPhase.WATCHING and state.bad_steps_in_window == 2
+    state.action(has_16bit_layers=True)
+    state.resume()
+    assert state.phase is GuardPhase.WATCHING and state.bad_steps_in_window == 0
+    assert not state.observe(step=20, non_finite_total=4, scale=8.0, floor=1.0)  # 2 new only
+    state.stop()
+    assert state.phase is GuardPhase.STOPPED and not state.is_check_due(30)
 
-    resumed = subprocess.run(
-        [sys.executable, str(worker), str(storage), "3"],
-        capture_output=True,
-        text=True,
-        timeout=300,
+
+def test_plan_callback_guard_promotes_like_auto_precision():
+    model = _overflow_model()
+    x, y = _data_that_starts_overflowing()
+    plan = PrecisionPlan.uniform(model, "float16").with_dtype("out", "float32")
+    callback = PlanCallback(
+        plan, guard_threshold=3, guard_check_every=2, guard_window=20, verbose=0
     )
-    assert resumed.returncode == 0, resumed.stderr[-2000:]
-    after = _finished_trials(storage)
-    by_number = {trial.number: trial for trial in after}
-    assert len(by_number) == len(after)  # trial numbers are unique
-    for trial in before:  # no finished trial lost or changed
-        kept = by_number[trial.number]
-        assert (kept.state, kept.value, kept.params) == (trial.state, trial.value, trial.params)
-    warm_starts = [t for t in after if t.system_attrs.get("fixed_params") is not None]
-    assert len(warm_starts) == len({str(sorted(t.params.items())) for t in warm_starts})
-    assert len([t for t in after if t.state in finished_states]) >= len(before) + 3
+    model.fit(x, y, batch_size=4, epochs=2, shuffle=False, verbose=0, callbacks=[callback])
+    promotions = [event for event in callback.plan.events if event["kind"] == "promotion"]
+    assert promotions and promotions[0]["layer"] == "big"
+    assert all(np.isfinite(weight).all() for weight in model.get_weights())

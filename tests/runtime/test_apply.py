@@ -1,4 +1,4 @@
-"""apply_plan: real per-layer dtypes, strictness and restore (autoprec/apply.py)."""
+"""apply_plan: real per-layer dtypes, strictness and restore (autoprec/runtime/apply.py)."""
 
 from __future__ import annotations
 

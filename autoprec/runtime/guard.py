@@ -1,0 +1,313 @@
+"""The runtime guard: detect overflow in training, find the layer where it starts, promote it.
+
+Detection is cheap and happens inside the compiled step: the
+`FlooredLossScaleOptimizer` counts steps with non-finite gradients (which it
+skips). Every `check_every` steps the guard reads those counters. When at least
+`threshold` bad steps happened within `window` steps, or the loss scale sits at
+its floor while steps keep overflowing (a collapsing scale), the guard profiles
+the next few steps with the profiler's in-graph probes and promotes the first
+16-bit layer, in model order, whose activations or activation gradients are
+non-finite or overflow float16: float16 goes to bfloat16 where the hardware runs
+it fast, else to float32; bfloat16 goes to float32. The loss scale is reset, the
+compiled functions are rebuilt, and the event is recorded in the plan. NaN in
+the first layer's forward values (before any layer could overflow, which gives
+infinities) means the data brought it: that is reported, and nothing is promoted.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import logging
+import math
+from collections.abc import Mapping
+
+from .._core.dtypes import BFLOAT16, FLOAT16, FLOAT32, widen, wider_dtypes
+from ..errors import AutoprecError
+from ..profiler import Profile, TensorStats
+
+logger = logging.getLogger("autoprec")
+
+ON_NAN_MODES = ("promote", "stop", "raise")
+
+
+class NonFiniteTrainingError(AutoprecError, RuntimeError):
+    """Training produced non-finite values and the guard was told to raise."""
+
+
+@dataclasses.dataclass
+class GuardConfig:
+    """Settings of the runtime guard.
+
+    Attributes:
+        on_nan: `"promote"` (find the layer and promote it), `"stop"` (stop
+            training with a report) or `"raise"` (raise `NonFiniteTrainingError`).
+        threshold: bad steps within `window` steps that trigger the guard.
+        window: steps over which bad steps are counted.
+        check_every: steps between reads of the in-graph counters.
+        diagnose_steps: steps profiled to find the layer where overflow starts.
+        bfloat16_is_fast: whether float16 layers may be promoted to bfloat16.
+    """
+
+    on_nan: str = "promote"
+    threshold: int = 8
+    window: int = 100
+    check_every: int = 10
+    diagnose_steps: int = 3
+    bfloat16_is_fast: bool = True
+
+    def __post_init__(self) -> None:
+        if self.on_nan not in ON_NAN_MODES:
+            raise AutoprecError(
+                f"on_nan={self.on_nan!r} is not valid; use one of {', '.join(ON_NAN_MODES)}."
+            )
+        for name in ("threshold", "window", "check_every", "diagnose_steps"):
+            if getattr(self, name) < 1:
+                raise AutoprecError(f"guard {name} must be at least 1, got {getattr(self, name)}.")
+
+
+def promotion_target(dtype: str, bfloat16_is_fast: bool) -> str:
+    """Returns the dtype a layer that overflows in `dtype` is promoted to.
+
+    The next wider dtype on the widening ladder (float16 -> bfloat16 -> float32),
+    skipping bfloat16 where it does not run fast; float32 stays float32.
+
+    Args:
+        dtype: the layer's current compute dtype.
+        bfloat16_is_fast: whether the device runs bfloat16 fast.
+
+    Returns:
+        `"bfloat16"` or `"float32"`.
+
+    Example:
+
+    ```python
+    promotion_target("float16", bfloat16_is_fast=False)  # "float32"
+    ```
+    """
+    allowed = (FLOAT32, BFLOAT16) if bfloat16_is_fast else (FLOAT32,)
+    wider = wider_dtypes(dtype)
+    return widen(wider[0], allowed) if wider else FLOAT32
+
+
+def find_culprit(profile: Profile, dtypes: Mapping[str, str]) -> tuple[str, str] | None:
+    """Returns `(path, evidence)` of the 16-bit layer where non-finite values or overflow start.
+
+    Forward values are searched first, in model order (an overflow propagates
+    forward to every later layer); then activation gradients in reverse model
+    order (the backward pass starts at the loss and propagates toward the inputs).
+
+    Args:
+        profile: an `autoprec.profiler.Profile` recorded while training with the plan.
+        dtypes: `{path: dtype}` the layers compute in, in model order.
+
+    Returns:
+        The layer where the problem starts, or `None` if no 16-bit layer shows one.
+
+    Example:
+
+    ```python
+    culprit = find_culprit(prof, {"dense": "float16", "head": "float32"})
+    ```
+    """
+    if enters_with_the_data(profile):
+        return None
+    candidates = [
+        path for path, dtype in dtypes.items() if dtype != FLOAT32 and path in profile.layers
+    ]
+    for path in candidates:
+        layer = profile.layers[path]
+        forward = {"activation": layer.activation, **dict(layer.internals)}
+        for name, stats in forward.items():
+            evidence = _problem(stats, dtypes[path], name.replace("_", " "))
+            if evidence:
+                return path, evidence
+    for path in reversed(candidates):
+        evidence = _problem(
+            profile.layers[path].activation_gradient, dtypes[path], "activation gradient"
+        )
+        if evidence:
+            return path, evidence
+    return None
+
+
+def enters_with_the_data(profile: Profile) -> bool:
+    """Returns whether the first recorded layer already sees NaN (not inf) in its forward values.
+
+    An overflow produces infinities where it happens; NaN in the very first
+    layer, before any layer could overflow, came in with the input batch.
+
+    Args:
+        profile: an `autoprec.profiler.Profile` recorded while training.
+
+    Returns:
+        `True` when every non-finite activation of the first layer is NaN.
+
+    Example:
+
+    ```python
+    enters_with_the_data(prof)  # True when the input batches held NaN
+    ```
+    """
+    first = next(iter(profile.layers.values()), None)
+    stats = first.activation if first is not None else None
+    return bool(stats is not None and stats.nonfinite and stats.nan == stats.nonfinite)
+
+
+def _problem(stats: TensorStats | None, dtype: str, what: str) -> str | None:
+    if stats is None:
+        return None
+    if stats.nonfinite:
+        return f"{stats.nonfinite} non-finite {what} value(s)"
+    if dtype == FLOAT16 and stats.float16_overflow_fraction > 0:
+        return f"{stats.float16_overflow_fraction:.2%} of {what} values above float16's max 65504"
+    return None
+
+
+class GuardPhase(enum.Enum):
+    """Where the guard is: watching the counters, diagnosing a trigger, or done."""
+
+    WATCHING = "watching"
+    DIAGNOSING = "diagnosing"
+    STOPPED = "stopped"
+
+
+class GuardAction(enum.Enum):
+    """What the guard does about a trigger (see `GuardState.action`)."""
+
+    DIAGNOSE = "diagnose"
+    STOP = "stop"
+    RAISE = "raise"
+    DIVERGED = "diverged"
+
+
+class GuardState:
+    """The guard's step logic between checks: plain values, no Keras objects.
+
+    The guard is `WATCHING` until a check finds a trigger; it then either stops
+    (`STOPPED`) or profiles a few steps (`DIAGNOSING`) and, once it has acted on
+    the diagnosis, watches again with its window counted afresh.
+
+    Args:
+        config: the guard's `GuardConfig`.
+
+    Example:
+
+    ```python
+    state = GuardState(GuardConfig(threshold=3))
+    state.observe(step=10, non_finite_total=3, scale=512.0, floor=1.0)  # True: 3 bad steps
+    ```
+    """
+
+    def __init__(self, config: GuardConfig) -> None:
+        self.config = config
+        self.phase = GuardPhase.WATCHING
+        self.last_non_finite = 0
+        self.recent: list[tuple[int, int]] = []  # (step, new bad steps)
+        self.trigger = ""
+
+    @property
+    def bad_steps_in_window(self) -> int:
+        """Non-finite steps counted within the window at the last check."""
+        return sum(count for _, count in self.recent)
+
+    def is_check_due(self, step: int) -> bool:
+        """Returns whether the counters should be read after `step` (watching, every `check_every`)."""
+        return self.phase is GuardPhase.WATCHING and step % self.config.check_every == 0
+
+    def observe(self, step: int, non_finite_total: int, scale: float, floor: float | None) -> bool:
+        """Records the counters read at `step`; returns whether the guard should act."""
+        new = max(0, non_finite_total - self.last_non_finite)
+        self.last_non_finite = non_finite_total
+        if new:
+            self.recent.append((step, new))
+        self.recent = [(s, n) for s, n in self.recent if step - s < self.config.window]
+        collapsed = floor is not None and new > 0 and scale <= floor
+        return self.bad_steps_in_window >= self.config.threshold or collapsed
+
+    def check(
+        self,
+        step: int,
+        loss: object,
+        counters: tuple[int, float, float | None] | None,
+    ) -> str | None:
+        """Returns the trigger at `step` (also kept in `trigger`), or `None` if all is well.
+
+        Args:
+            step: train steps so far.
+            loss: the step's logged loss.
+            counters: `(non-finite steps in total, loss scale, floor)` read from a
+                `FlooredLossScaleOptimizer`, or `None` without one (the loss is
+                checked instead).
+
+        Returns:
+            Why the guard acts, for messages and events, or `None`.
+        """
+        if counters is not None:
+            non_finite_total, scale, floor = counters
+            if not self.observe(step, non_finite_total, scale, floor):
+                return None
+            self.trigger = (
+                f"{self.bad_steps_in_window} non-finite step(s) in the last "
+                f"{self.config.window} steps, loss scale {scale:g}"
+            )
+        elif is_finite_number(loss):
+            return None
+        else:
+            self.trigger = f"non-finite loss at step {step}"
+        return self.trigger
+
+    def action(self, has_16bit_layers: bool) -> GuardAction:
+        """Returns what to do about the current trigger, and moves to the matching phase.
+
+        Args:
+            has_16bit_layers: whether any layer computes in float16 or bfloat16.
+
+        Returns:
+            `DIVERGED` when every layer is float32 (not a precision problem), else
+            `RAISE`, `STOP` or `DIAGNOSE` as `config.on_nan` says.
+        """
+        if not has_16bit_layers:
+            choice = GuardAction.DIVERGED
+        elif self.config.on_nan == "raise":
+            choice = GuardAction.RAISE
+        elif self.config.on_nan == "stop":
+            choice = GuardAction.STOP
+        else:
+            choice = GuardAction.DIAGNOSE
+        self.phase = GuardPhase.DIAGNOSING if choice is GuardAction.DIAGNOSE else GuardPhase.STOPPED
+        return choice
+
+    def stop(self) -> None:
+        """Stops watching for the rest of this `fit` (a divergence was reported)."""
+        self.phase = GuardPhase.STOPPED
+
+    def restart(self) -> None:
+        """Watches again at the start of another `fit`; the window is kept, as the counters are."""
+        self.phase = GuardPhase.WATCHING
+
+    def resume(self) -> None:
+        """Watches again after a diagnosis or promotion, counting the window afresh."""
+        self.phase = GuardPhase.WATCHING
+        self.recent.clear()
+
+
+def is_finite_number(value: object) -> bool:
+    """Returns whether a logged value is a finite number (non-numbers count as finite).
+
+    Args:
+        value: a value from Keras' logs.
+
+    Returns:
+        `False` only for a number that is NaN or infinite.
+
+    Example:
+
+    ```python
+    is_finite_number(float("nan"))  # False
+    ```
+    """
+    try:
+        return math.isfinite(float(value))
+    except (TypeError, ValueError):
+        return True

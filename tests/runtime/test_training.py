@@ -1,0 +1,77 @@
+"""PlanCallback: a given plan applied inside fit, with loss scaling only where float16 runs (autoprec/runtime/training.py)."""
+
+from __future__ import annotations
+
+import keras
+import numpy as np
+import pytest
+
+import autoprec
+from autoprec import FlooredLossScaleOptimizer, PlanError, PrecisionPlan
+from autoprec.layers import layer_paths
+from autoprec.runtime import PlanCallback
+
+
+def _compiled(model):
+    model.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
+    return model
+
+
+def test_float16_plan_gets_floored_loss_scaling(mlp, classification):
+    x, y = classification
+    _compiled(mlp)
+    plan = PrecisionPlan.uniform(mlp, "float16").with_dtype("dense_2", "float32")
+    callback = PlanCallback(plan, verbose=0)
+    history = mlp.fit(x, y, epochs=2, batch_size=32, verbose=0, callbacks=[callback])
+    assert isinstance(mlp.optimizer, FlooredLossScaleOptimizer)
+    assert history.history["loss_scale"] == [2.0**15, 2.0**15]
+    assert layer_paths(mlp)["dense"].compute_dtype == "float16"
+    assert layer_paths(mlp)["dense_2"].compute_dtype == "float32"
+    assert callback.handle.uses_float16
+    assert all(np.isfinite(history.history["loss"]))
+    callback.restore()
+    assert not isinstance(mlp.optimizer, keras.optimizers.LossScaleOptimizer)
+    assert layer_paths(mlp)["dense"].compute_dtype == "float32"
+
+
+def test_float32_plan_gets_no_loss_scaling(mlp, classification):
+    x, y = classification
+    _compiled(mlp)
+    callback = PlanCallback(PrecisionPlan.uniform(mlp, "float32"), verbose=0)
+    history = mlp.fit(x, y, epochs=1, verbose=0, callbacks=[callback])
+    assert not isinstance(mlp.optimizer, keras.optimizers.LossScaleOptimizer)
+    assert "loss_scale" not in history.history
+    assert set(callback.handle.dtypes.values()) == {"float32"}
+    assert callback.current_plan() == callback.plan
+
+
+def test_plan_path_in_and_out_and_the_plan_is_attached(mlp, classification, tmp_path):
+    x, y = classification
+    _compiled(mlp)
+    source = tmp_path / "plan.json"
+    PrecisionPlan.uniform(mlp, "bfloat16").save(source)
+    saved = tmp_path / "used.json"
+    callback = PlanCallback(str(source), plan_path=saved, verbose=0)
+    mlp.fit(x, y, epochs=1, verbose=0, callbacks=[callback])
+    assert PrecisionPlan.load(saved) == callback.plan
+    assert autoprec.runtime.attached_plan(mlp) == callback.plan
+    assert layer_paths(mlp)["dense_1"].compute_dtype == "bfloat16"
+
+
+def test_a_plan_is_required_and_checked(mlp):
+    with pytest.raises(PlanError, match="PlanCallback: a plan is required"):
+        PlanCallback(None)
+    with pytest.raises(PlanError, match="PlanCallback: 'plan' must be a PrecisionPlan"):
+        PlanCallback({"dense": "float16"})
+    with pytest.raises(PlanError, match="loss_scale=None.*float16"):
+        PlanCallback(PrecisionPlan.uniform(mlp, "float16"), loss_scale=None)
+
+
+def test_verbose_prints_the_counts_and_the_loss_scale(mlp, classification, capsys):
+    x, y = classification
+    _compiled(mlp)
+    plan = PrecisionPlan.uniform(mlp, "float16").with_dtype("dense_2", "float32")
+    mlp.fit(x, y, epochs=1, verbose=0, callbacks=[PlanCallback(plan)])
+    assert "autoprec: plan applied to 1 float32, 3 float16 layer(s); loss scale 32768" in (
+        capsys.readouterr().out
+    )
