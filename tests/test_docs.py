@@ -117,12 +117,19 @@ def test_every_public_function_of_the_documented_modules_is_in_api_md(module_nam
 
     module = importlib.import_module(f"autoprec.{module_name}")
     headings = _api_headings()
+    if hasattr(module, "__path__"):  # a package documents what it exports
+        own = {name: getattr(module, name) for name in module.__all__}
+    else:
+        own = {
+            name: value
+            for name, value in vars(module).items()
+            if getattr(value, "__module__", None) == module.__name__
+        }
     missing = [
         name
-        for name, value in vars(module).items()
+        for name, value in own.items()
         if not name.startswith("_")
         and (inspect.isfunction(value) or inspect.isclass(value))
-        and getattr(value, "__module__", None) == module.__name__
         and not _documented(headings, f"autoprec.{module_name}.{name}")
         and not _documented(headings, f"autoprec.{name}")
     ]
