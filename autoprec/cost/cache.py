@@ -20,7 +20,18 @@ _CACHE_FORMAT = 1
 
 
 def default_cache_dir() -> Path:
-    """Returns the cost cache folder: `$AUTOPREC_CACHE_DIR` or `~/.cache/autoprec`."""
+    """Returns the cost cache folder: `$AUTOPREC_CACHE_DIR`, else `$XDG_CACHE_HOME/autoprec`.
+
+    Returns:
+        The folder (not created): `$AUTOPREC_CACHE_DIR` when set, else `autoprec`
+        under `$XDG_CACHE_HOME` or `~/.cache`.
+
+    Example:
+
+    ```python
+    autoprec.cost.default_cache_dir()  # PosixPath('/home/me/.cache/autoprec')
+    ```
+    """
     configured = os.environ.get("AUTOPREC_CACHE_DIR")
     if configured:
         return Path(configured).expanduser()

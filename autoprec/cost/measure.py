@@ -69,8 +69,10 @@ def clone_with_uniform_policy(model: keras.Model, dtype: str) -> keras.Model:
     """Returns a copy of `model` (fresh weights, same architecture) with every layer in `dtype`.
 
     Each layer gets the `mixed_*` policy of `dtype` (`"float32"` for float32);
-    layers that refuse a policy keep theirs. The copy is not compiled, and
-    `model` is left as it is.
+    layers that refuse a policy keep theirs. `model` is left as it is. The copy
+    of a compiled model is compiled from its compile config (as
+    `keras.models.clone_model` does, with an optimizer of its own); compile it
+    again to train it another way (float16 wants a `LossScaleOptimizer`).
 
     Args:
         model: a Functional or Sequential model (`keras.models.clone_model`
@@ -78,7 +80,7 @@ def clone_with_uniform_policy(model: keras.Model, dtype: str) -> keras.Model:
         dtype: the compute dtype of every layer (any alias `canonical_dtype` accepts).
 
     Returns:
-        The uncompiled copy.
+        The copy.
 
     Example:
 
@@ -209,6 +211,12 @@ def measure_train_step(
 
     Returns:
         Median seconds of one `train_on_batch` step.
+
+    Example:
+
+    ```python
+    seconds = autoprec.cost.measure_train_step(model, (x[:32], y[:32]), "bfloat16")
+    ```
     """
     dtype = canonical_dtype(dtype)
     return measure_train_steps(model, batch, [dtype], repeats, jit_compile, warmup)[dtype]

@@ -39,6 +39,13 @@ def predicted_layer_seconds(
 
     Returns:
         Seconds, or `None` where the device cannot run `dtype`.
+
+    Example:
+
+    ```python
+    cost = autoprec.cost.count_costs(model)["dense"]
+    autoprec.cost.predicted_layer_seconds(cost, autoprec.hardware.get("rtx4090"), "float16", 64)
+    ```
     """
     support = hardware.support(dtype)
     if support == UNSUPPORTED:

@@ -47,6 +47,7 @@ class TensorSpec:
         return (batch_size, *rest)
 
     def to_json(self) -> list:
+        """Returns `[shape, dtype]`, JSON-serialisable (`None` for the batch dimension)."""
         return [list(self.shape), self.dtype]
 
 
@@ -148,7 +149,9 @@ def _encode_argument(value: Any) -> ArgumentValue:
     return _UNSUPPORTED_ARGUMENT
 
 
-def sample_inputs(model: keras.Model, batch_size: int = _CAPTURE_BATCH) -> Any:
+def sample_inputs(
+    model: keras.Model, batch_size: int = _CAPTURE_BATCH
+) -> np.ndarray | list[np.ndarray]:
     """Returns random inputs of `batch_size` samples matching a built model's inputs.
 
     Args:
@@ -161,6 +164,13 @@ def sample_inputs(model: keras.Model, batch_size: int = _CAPTURE_BATCH) -> Any:
 
     Raises:
         PlanError: if the model has no known input shape.
+
+    Example:
+
+    ```python
+    x = autoprec.cost.sample_inputs(model, batch_size=4)
+    model(x).shape[0]  # 4
+    ```
     """
     try:
         symbolic = model.inputs
@@ -347,7 +357,7 @@ def synthetic_tensor(
     dtype: str,
     rng: np.random.Generator,
     value_range: tuple[float, float] | None = None,
-):
+) -> Any:
     """Returns a backend tensor shaped like `spec` at `batch_size`, with random values.
 
     Float tensors hold standard-normal values (or uniform ones in `value_range`)

@@ -188,3 +188,37 @@ def test_measuring_on_an_unsupported_backend_names_the_supported_ones(monkeypatc
         with pytest.raises(BackendError, match="tensorflow and jax") as raised:
             measure()
         assert "'torch'" in str(raised.value) and "predict_costs" in str(raised.value)
+
+
+def test_clone_with_uniform_policy_copies_the_model_and_leaves_it_alone(mlp):
+    assert not cost.clone_with_uniform_policy(mlp, "float16").compiled
+    mlp.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
+    copy = cost.clone_with_uniform_policy(mlp, "bf16")
+    # A compiled model's copy is compiled alike (keras.models.clone_model), with its own optimizer.
+    assert copy is not mlp and copy.compiled and copy.optimizer is not mlp.optimizer
+    assert [type(layer) for layer in copy.layers] == [type(layer) for layer in mlp.layers]
+    assert {layer.dtype_policy.name for layer in layer_paths(copy).values()} == {"mixed_bfloat16"}
+    assert {layer.dtype_policy.name for layer in layer_paths(mlp).values()} == {"float32"}
+    x = np.ones((2, 8), dtype="float32")
+    assert keras.backend.standardize_dtype(copy(x).dtype) == "bfloat16"
+    assert keras.backend.standardize_dtype(mlp(x).dtype) == "float32"
+    float32 = cost.clone_with_uniform_policy(mlp, "float32")
+    assert {layer.dtype_policy.name for layer in layer_paths(float32).values()} == {"float32"}
+    with pytest.raises(PlanError, match="float8"):
+        cost.clone_with_uniform_policy(mlp, "float8")
+
+
+def test_a_list_batch_is_the_inputs_of_a_multi_input_model(tmp_path):
+    first, second = keras.Input((4,)), keras.Input((6,))
+    joined = keras.layers.Concatenate()([first, second])
+    model = keras.Model([first, second], keras.layers.Dense(2)(joined))
+    rng = np.random.default_rng(0)
+    inputs = [rng.normal(size=(8, 4)).astype("float32"), rng.normal(size=(8, 6)).astype("float32")]
+    table = cost.calibrate(
+        model, inputs, dtypes=("float32",), repeats=2, cache_dir=tmp_path, progress=False
+    )
+    assert table.batch_size == 8 and table.stats["fallback"] == 0
+    assert table.layers["dense"].seconds["float32"] > 0
+    assert set(table.measured_step_seconds_by_dtype) == {"float32"}
+    steps = cost.measure_train_steps(model, inputs, repeats=2)
+    assert steps["float32"] > 0
