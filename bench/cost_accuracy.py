@@ -202,7 +202,7 @@ def predict_steps(name: str, batch, repeats: int, cache_dir: str) -> dict:
 
 def ranking(steps: dict) -> str:
     """The uniform policies, fastest first."""
-    known = {dtype: steps[dtype] for dtype in POLICIES if steps[dtype] is not None}
+    known = {dtype: steps[dtype] for dtype in POLICIES if steps.get(dtype) is not None}
     return " < ".join(sorted(known, key=known.get))
 
 

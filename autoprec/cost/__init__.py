@@ -1,0 +1,77 @@
+"""What each layer costs in each dtype: FLOP/byte counts, roofline predictions and measurements.
+
+Three steps, each usable alone:
+
+* `trace_model(model)` runs one small forward pass with temporary hooks on every
+  layer's `call` and records the shapes each layer sees and which layer feeds
+  which (`ModelTrace`);
+* `count_costs(model)` turns those shapes into forward/backward FLOPs and bytes
+  (`LayerCost`), and `predict_costs(model, hardware, batch_size)` turns counts
+  into seconds with a roofline model of a `HardwareProfile`;
+* `calibrate(model, batch)` measures each layer's forward+backward time in each
+  dtype on this device instead (cached; on the TensorFlow or JAX backend, JAX
+  timing in `autoprec._backends.jax`), plus the cost of casts and whole-model
+  steps under uniform policies (float32 and each 16-bit dtype the device runs
+  fast): what the summed layers miss becomes a fixed per-step overhead shared by
+  all dtypes and a per-dtype scale of layer times, so that a uniform plan's
+  estimate equals its measured step.
+
+Both give a `CostTable`; `estimate(model, plan, costs_or_hardware)` sums it for a
+plan: step time, speedup over float32, memory and the largest batch that fits.
+
+Modules, in the order they build on each other: `trace` (shapes, edges and
+synthetic arguments), `counting` (`LayerCost`), `table` (`CostTable`), `timers`
+(one layer, cast or empty call timed on the backend), `roofline`
+(`predict_costs`), `cache`, `measure` (`calibrate`, whole training steps),
+`estimate`.
+"""
+
+from .cache import default_cache_dir
+from .counting import ACTIVATION_FLOPS, LayerCost, count_costs
+from .estimate import USABLE_MEMORY_FRACTION, Estimate, PlanLayers, estimate
+from .measure import calibrate, clone_with_uniform_policy, measure_train_step, measure_train_steps
+from .roofline import MATMUL_EFFICIENCY, VECTOR_EFFICIENCY, predict_costs, predicted_layer_seconds
+from .table import CostTable, LayerCostRecord
+from .timers import MEASURING_BACKENDS
+from .trace import (
+    ArgumentValue,
+    Edge,
+    LayerCall,
+    ModelTrace,
+    TensorSpec,
+    sample_inputs,
+    synthetic_arguments,
+    synthetic_tensor,
+    trace_model,
+)
+
+__all__ = [
+    "ACTIVATION_FLOPS",
+    "MATMUL_EFFICIENCY",
+    "MEASURING_BACKENDS",
+    "USABLE_MEMORY_FRACTION",
+    "VECTOR_EFFICIENCY",
+    "ArgumentValue",
+    "CostTable",
+    "Edge",
+    "Estimate",
+    "LayerCall",
+    "LayerCost",
+    "LayerCostRecord",
+    "ModelTrace",
+    "PlanLayers",
+    "TensorSpec",
+    "calibrate",
+    "clone_with_uniform_policy",
+    "count_costs",
+    "default_cache_dir",
+    "estimate",
+    "measure_train_step",
+    "measure_train_steps",
+    "predict_costs",
+    "predicted_layer_seconds",
+    "sample_inputs",
+    "synthetic_arguments",
+    "synthetic_tensor",
+    "trace_model",
+]

@@ -1,0 +1,267 @@
+"""A plan's predicted training step time, speedup over float32 and memory, from a `CostTable`."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol
+
+import keras
+import numpy as np
+
+from .._core.dtypes import FLOAT32, canonical_dtype
+from .._core.models import inner_optimizer
+from ..errors import HardwareError, PlanError
+from ..hardware import HardwareProfile, resolve_hardware
+from ..layers import LayerInfo, describe_model
+from .counting import _ITEMSIZE
+from .roofline import predict_costs
+from .table import CostTable
+
+#: Fraction of device memory a step may fill (the rest: framework, workspaces).
+USABLE_MEMORY_FRACTION = 0.9
+
+
+class PlanLayers(Protocol):
+    """What `estimate` reads of a plan: `layers`, `{path: dtype}` (an `autoprec.PrecisionPlan`).
+
+    Any object with a `layers` mapping qualifies; the cost stage does not
+    import the plan stage.
+    """
+
+    @property
+    def layers(self) -> Mapping[str, str]:
+        """`{layer path: compute dtype}` of the layers the plan names."""
+        ...
+
+
+@dataclasses.dataclass(frozen=True)
+class Estimate:
+    """Predicted step time, speedup and memory of a model under a plan.
+
+    Attributes:
+        step_seconds: predicted seconds per training step (`inf`: infeasible).
+        float32_step_seconds: predicted seconds per step with every layer in float32.
+        speedup: `float32_step_seconds / step_seconds`.
+        batch_size: samples per step.
+        layer_seconds: `{path: seconds}` of each layer in its assigned dtype.
+        cast_seconds: seconds spent casting at dtype boundaries.
+        overhead_seconds: fixed per-step overhead (the same for every dtype).
+        activation_bytes_per_sample: activations kept for backward, per sample.
+        parameter_bytes: float32 master weights, their gradients and 16-bit copies.
+        optimizer_bytes: optimizer state.
+        memory_bytes: device memory (`None` if unknown).
+        infeasible_layers: layers whose dtype the device cannot run.
+        device: device name.
+        source: `"measured"` or `"predicted"`.
+
+    Example:
+
+    ```python
+    est = autoprec.estimate(model, plan, "rtx4060ti-8gb", batch_size=64)
+    est.speedup, est.max_batch_size()
+    ```
+    """
+
+    step_seconds: float
+    float32_step_seconds: float
+    speedup: float
+    batch_size: int
+    layer_seconds: dict[str, float]
+    cast_seconds: float
+    overhead_seconds: float
+    activation_bytes_per_sample: float
+    parameter_bytes: float
+    optimizer_bytes: float
+    memory_bytes: int | None
+    infeasible_layers: tuple[str, ...]
+    device: str
+    source: str
+
+    @property
+    def fixed_memory_bytes(self) -> float:
+        """Memory that does not grow with the batch: weights, gradients, optimizer state."""
+        return self.parameter_bytes + self.optimizer_bytes
+
+    @property
+    def training_memory_bytes(self) -> float:
+        """Estimated memory of one training step at `batch_size`."""
+        return self.fixed_memory_bytes + self.activation_bytes_per_sample * self.batch_size
+
+    def max_batch_size(self, memory_bytes: int | None = None) -> int:
+        """Returns the largest batch whose training step fits in memory.
+
+        Uses `USABLE_MEMORY_FRACTION` of the memory (the rest is left to the
+        framework and workspaces).
+
+        Args:
+            memory_bytes: memory available; default the device's.
+
+        Returns:
+            The batch size (0 when not even one sample fits).
+        """
+        memory = memory_bytes if memory_bytes is not None else self.memory_bytes
+        if memory is None:
+            raise HardwareError("memory size unknown: pass memory_bytes to max_batch_size().")
+        usable = memory * USABLE_MEMORY_FRACTION - self.fixed_memory_bytes
+        if usable <= 0 or self.activation_bytes_per_sample <= 0:
+            return 0
+        return int(usable // self.activation_bytes_per_sample)
+
+
+def _plan_mapping(plan: PlanLayers | Mapping[str, str] | str) -> dict[str, str]:
+    if isinstance(plan, str):
+        return {"*": canonical_dtype(plan, "plan")}
+    layers = getattr(plan, "layers", plan)
+    if not isinstance(layers, Mapping):
+        raise PlanError(
+            f"expected a PrecisionPlan, a {{path: dtype}} dict or a dtype name, "
+            f"got {type(plan).__name__}."
+        )
+    return {str(path): canonical_dtype(dtype, f"plan[{path!r}]") for path, dtype in layers.items()}
+
+
+def _dtype_resolver(plan: Mapping[str, str], infos: Mapping[str, LayerInfo]) -> Callable[..., str]:
+    """Returns `dtype_of(path)`: the plan's dtype, or the followed layer's, descendant's, parent's."""
+    uniform = plan.get("*")
+    cache: dict[str, str] = {}
+
+    def dtype_of(path: str | None, depth: int = 0) -> str:
+        if path is None:
+            return FLOAT32
+        if uniform is not None:
+            return uniform
+        if path in cache:
+            return cache[path]
+        result = plan.get(path)
+        info = infos.get(path)
+        if result is None and info is not None and info.follows and depth < 50:
+            result = dtype_of(info.follows, depth + 1)
+        if result is None:
+            result = next(
+                (dtype for other, dtype in plan.items() if other.startswith(path + "/")), None
+            )
+        parent = path
+        while result is None and "/" in parent:
+            parent = parent.rsplit("/", 1)[0]
+            result = plan.get(parent)
+        cache[path] = result or FLOAT32
+        return cache[path]
+
+    return dtype_of
+
+
+def _optimizer_slots(model: keras.Model) -> int:
+    optimizer = inner_optimizer(getattr(model, "optimizer", None))
+    if optimizer is None:
+        return 2
+    name = type(optimizer).__name__
+    if name == "SGD":
+        return 1 if getattr(optimizer, "momentum", 0) else 0
+    return {"Adam": 2, "AdamW": 2, "Adamax": 2, "Nadam": 2, "RMSprop": 1, "Adagrad": 1}.get(name, 2)
+
+
+def _costs_for(
+    model: keras.Model,
+    costs_or_hardware: CostTable | HardwareProfile | str | None,
+    batch_size: int | None,
+    sample: Any,
+) -> CostTable:
+    if isinstance(costs_or_hardware, CostTable):
+        return costs_or_hardware
+    profile = resolve_hardware(costs_or_hardware)
+    return predict_costs(model, profile, batch_size or 32, sample)
+
+
+def _step_seconds(
+    table: CostTable, dtype_of: Callable[[str | None], str], batch_size: int
+) -> tuple[float, dict[str, float], float, tuple[str, ...]]:
+    layer_seconds = {path: table.seconds(path, dtype_of(path), batch_size) for path in table.layers}
+    infeasible = tuple(path for path, value in layer_seconds.items() if math.isinf(value))
+    cast_seconds = 0.0
+    for producer, consumer, elements in table.edges:
+        source_dtype, target_dtype = dtype_of(producer), dtype_of(consumer)
+        if source_dtype != target_dtype:
+            cast_dtype = target_dtype if target_dtype != FLOAT32 else source_dtype
+            cast_seconds += table.cast_cost(elements * batch_size, cast_dtype)
+    total = sum(layer_seconds.values()) + cast_seconds + table.step_overhead_seconds
+    return total, layer_seconds, cast_seconds, infeasible
+
+
+def estimate(
+    model: keras.Model,
+    plan: PlanLayers | Mapping[str, str] | str,
+    hardware_or_costs: CostTable | HardwareProfile | str | None = None,
+    batch_size: int | None = None,
+    sample: Any = None,
+) -> Estimate:
+    """Estimates a plan's training step time, speedup over float32 and memory.
+
+    The step is the sum of each layer's cost in its assigned dtype (scaled by
+    the table's correction for that dtype, `CostTable.time_scale`), casts where
+    neighbouring layers differ in dtype, and the table's fixed per-step
+    overhead. For a table from `calibrate`, a uniform plan in a dtype whose
+    whole step was measured is estimated at that measured step; a mixed plan
+    weighs each dtype's correction by the layer time spent in it.
+
+    Args:
+        model: the built Keras model the plan is for.
+        plan: a `PrecisionPlan` (anything with a `.layers` mapping: `PlanLayers`),
+            a `{path: dtype}` dict, or one dtype name for a uniform plan. Layers the
+            plan does not name take the dtype of the layer they follow, of their
+            first named descendant or of their nearest named parent, else float32.
+        hardware_or_costs: a `CostTable` (from `calibrate` or `predict_costs`), a
+            `HardwareProfile`, a profile name, or `None`/`"local"` for this device.
+        batch_size: samples per step; default the table's batch size (32 for a
+            prediction from a hardware profile).
+        sample: model inputs for shape tracing (subclassed models).
+
+    Returns:
+        An `Estimate`.
+
+    Example:
+
+    ```python
+    est = autoprec.estimate(model, {"dense": "bfloat16"}, "rtx4090", batch_size=64)
+    print(est.speedup, est.max_batch_size())
+    ```
+    """
+    table = _costs_for(model, hardware_or_costs, batch_size, sample)
+    batch = int(batch_size or table.batch_size)
+    mapping = _plan_mapping(plan)
+    infos = describe_model(model)
+    dtype_of = _dtype_resolver(mapping, infos)
+    step, layer_seconds, cast_seconds, infeasible = _step_seconds(table, dtype_of, batch)
+    float32_step, _, _, _ = _step_seconds(table, lambda path: FLOAT32, batch)
+
+    activation_bytes = sum(
+        record.saved_elements_per_sample * _ITEMSIZE[dtype_of(path)]
+        for path, record in table.layers.items()
+    )
+    activation_bytes += sum(
+        elements * 4 for producer, _, elements in table.edges if producer is None
+    )
+    parameters = sum(int(np.prod(weight.shape)) for weight in model.weights)
+    trainable = sum(int(np.prod(weight.shape)) for weight in model.trainable_weights)
+    half_copies = sum(
+        record.weight_elements * _ITEMSIZE[dtype_of(path)]
+        for path, record in table.layers.items()
+        if dtype_of(path) != FLOAT32
+    )
+    return Estimate(
+        step_seconds=step,
+        float32_step_seconds=float32_step,
+        speedup=0.0 if math.isinf(step) or step <= 0 else float32_step / step,
+        batch_size=batch,
+        layer_seconds=layer_seconds,
+        cast_seconds=cast_seconds,
+        overhead_seconds=table.step_overhead_seconds,
+        activation_bytes_per_sample=float(activation_bytes),
+        parameter_bytes=float(parameters * 4 + trainable * 4 + half_copies),
+        optimizer_bytes=float(trainable * 4 * _optimizer_slots(model)),
+        memory_bytes=table.memory_bytes,
+        infeasible_layers=infeasible,
+        device=table.device,
+        source=table.source,
+    )

@@ -1,0 +1,248 @@
+"""The cost of every layer of one model in each dtype on one device, and its JSON form."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from .._core.dtypes import COMPUTE_DTYPES, FLOAT32
+from .._core.io import atomic_write_json, read_json_file
+from ..errors import PlanError
+
+_TABLE_FORMAT = 1
+
+
+@dataclasses.dataclass
+class LayerCostRecord:
+    """Cost of one layer in each dtype for one batch (a row of a `CostTable`).
+
+    Attributes:
+        path: stable path.
+        class_name: layer class.
+        seconds: forward+backward seconds per dtype for the table's batch size
+            (`None`: infeasible on the device).
+        forward_flops: forward FLOPs for the batch.
+        backward_flops: backward FLOPs for the batch.
+        bytes_moved: bytes moved forward+backward per dtype for the batch.
+        saved_elements_per_sample: activation elements kept for backward, per sample.
+        weight_elements: weight elements of the layer.
+        source: `"measured"`, `"predicted"`, `"cached"` or `"predicted (fallback: ...)"`.
+        note: how the FLOPs were counted when not by an exact formula.
+    """
+
+    path: str
+    class_name: str
+    seconds: dict[str, float | None]
+    forward_flops: float
+    backward_flops: float
+    bytes_moved: dict[str, float]
+    saved_elements_per_sample: float
+    weight_elements: int
+    source: str
+    note: str = ""
+
+
+@dataclasses.dataclass
+class CostTable:
+    """Per-layer, per-dtype forward+backward costs of one model on one device.
+
+    Attributes:
+        device: device name (`HardwareProfile.display_name`).
+        source: `"measured"` (by `calibrate`) or `"predicted"` (by `predict_costs`).
+        batch_size: the batch size the seconds are for.
+        layers: `{path: LayerCostRecord}`.
+        edges: `(producer path or None for a model input, consumer path,
+            elements per sample)` for the tensors passed between layers.
+        cast_seconds: per 16-bit dtype, `{"fixed": s, "per_element": s}` for one
+            cast to/from float32.
+        step_overhead_seconds: fixed per-step time outside the layers (optimizer,
+            loss, framework), the same for every dtype; 0 unless a whole step was
+            measured.
+        layer_time_scale: factor applied to float32 layer times, and to the layer
+            times of any dtype without its own entry in `layer_time_scale_by_dtype`
+            (1 unless a measured whole step disagreed with the summed layers).
+        layer_fixed_seconds: per-layer time that does not scale with batch size.
+        measured_step_seconds: the whole float32 step measured by `calibrate`, if any.
+        measured_step_seconds_by_dtype: `{dtype: seconds}` of the whole steps
+            `calibrate` measured under each uniform policy (float32 included).
+        layer_time_scale_by_dtype: `{dtype: factor}` applied to that dtype's layer
+            times; set for each dtype in `measured_step_seconds_by_dtype`, so that
+            `estimate` of a uniform plan in that dtype equals its measured step.
+        memory_bytes: memory of the device.
+        model_fingerprint: `autoprec.layers.model_fingerprint` of the model.
+        versions: framework versions the figures were taken with.
+        stats: counts of measured, cached and fallback entries.
+
+    Example:
+
+    ```python
+    table = autoprec.cost.predict_costs(model, autoprec.hardware.get("rtx4090"), 64)
+    table.save("/tmp/costs.json"); autoprec.cost.CostTable.load("/tmp/costs.json")
+    ```
+    """
+
+    device: str
+    source: str
+    batch_size: int
+    layers: dict[str, LayerCostRecord]
+    edges: list[tuple[str | None, str, int]]
+    cast_seconds: dict[str, dict[str, float]]
+    step_overhead_seconds: float = 0.0
+    layer_time_scale: float = 1.0
+    layer_fixed_seconds: float = 0.0
+    measured_step_seconds: float | None = None
+    memory_bytes: int | None = None
+    model_fingerprint: str = ""
+    versions: dict[str, str] = dataclasses.field(default_factory=dict)
+    stats: dict[str, int] = dataclasses.field(default_factory=dict)
+    measured_step_seconds_by_dtype: dict[str, float] = dataclasses.field(default_factory=dict)
+    layer_time_scale_by_dtype: dict[str, float] = dataclasses.field(default_factory=dict)
+
+    def time_scale(self, dtype: str) -> float:
+        """Returns the factor applied to every layer time of `dtype`.
+
+        Args:
+            dtype: compute dtype.
+
+        Returns:
+            `layer_time_scale_by_dtype[dtype]` when a whole step in `dtype` was
+            measured, else `layer_time_scale`.
+        """
+        return float(self.layer_time_scale_by_dtype.get(dtype, self.layer_time_scale))
+
+    def seconds(self, path: str, dtype: str, batch_size: int | None = None) -> float:
+        """Returns a layer's forward+backward seconds in `dtype` (`inf`: infeasible).
+
+        Args:
+            path: stable layer path.
+            dtype: compute dtype.
+            batch_size: batch to scale to (linear above `layer_fixed_seconds`).
+
+        Returns:
+            Seconds, scaled by `time_scale(dtype)`.
+        """
+        record = self.layers[path]
+        value = record.seconds.get(dtype)
+        if value is None:
+            return math.inf
+        return self.time_scale(dtype) * self._scale(value, batch_size)
+
+    def _scale(self, seconds: float, batch_size: int | None) -> float:
+        if batch_size is None or batch_size == self.batch_size or seconds == 0:
+            return seconds
+        fixed = min(self.layer_fixed_seconds, seconds)
+        return fixed + (seconds - fixed) * batch_size / self.batch_size
+
+    def cast_cost(self, elements: float, dtype: str) -> float:
+        """Returns seconds to cast `elements` to `dtype` and the gradient back (fwd+bwd)."""
+        figures = self.cast_seconds.get(dtype) or self.cast_seconds.get("bfloat16") or {}
+        one_way = figures.get("fixed", 0.0) + figures.get("per_element", 0.0) * elements
+        return 2.0 * one_way
+
+    def to_dict(self) -> dict[str, Any]:
+        """Returns the table as a JSON-serialisable dict."""
+        return {
+            "format": _TABLE_FORMAT,
+            "device": self.device,
+            "source": self.source,
+            "batch_size": self.batch_size,
+            "step_overhead_seconds": self.step_overhead_seconds,
+            "layer_time_scale": self.layer_time_scale,
+            "layer_fixed_seconds": self.layer_fixed_seconds,
+            "measured_step_seconds": self.measured_step_seconds,
+            "memory_bytes": self.memory_bytes,
+            "model_fingerprint": self.model_fingerprint,
+            "versions": dict(self.versions),
+            "stats": dict(self.stats),
+            "measured_step_seconds_by_dtype": dict(self.measured_step_seconds_by_dtype),
+            "layer_time_scale_by_dtype": dict(self.layer_time_scale_by_dtype),
+            "cast_seconds": {key: dict(value) for key, value in self.cast_seconds.items()},
+            "edges": [list(edge) for edge in self.edges],
+            "layers": {path: dataclasses.asdict(record) for path, record in self.layers.items()},
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], source: str = "cost table") -> CostTable:
+        """Builds a table from `to_dict` output.
+
+        Tables written before per-dtype whole steps existed (scalar
+        `step_overhead_seconds`, `layer_time_scale` and `measured_step_seconds`
+        only) read as tables whose corrections apply to every dtype alike.
+
+        Raises:
+            PlanError: naming `source` when a field is missing or malformed.
+        """
+        try:
+            layers = {
+                path: LayerCostRecord(**record) for path, record in dict(data["layers"]).items()
+            }
+            return cls(
+                device=str(data["device"]),
+                source=str(data["source"]),
+                batch_size=int(data["batch_size"]),
+                layers=layers,
+                edges=[(edge[0], edge[1], int(edge[2])) for edge in data["edges"]],
+                cast_seconds={key: dict(value) for key, value in data["cast_seconds"].items()},
+                step_overhead_seconds=float(data.get("step_overhead_seconds", 0.0)),
+                layer_time_scale=float(data.get("layer_time_scale", 1.0)),
+                layer_fixed_seconds=float(data.get("layer_fixed_seconds", 0.0)),
+                measured_step_seconds=data.get("measured_step_seconds"),
+                memory_bytes=data.get("memory_bytes"),
+                model_fingerprint=str(data.get("model_fingerprint", "")),
+                versions=dict(data.get("versions", {})),
+                stats=dict(data.get("stats", {})),
+                measured_step_seconds_by_dtype=_float_mapping(
+                    data.get("measured_step_seconds_by_dtype")
+                ),
+                layer_time_scale_by_dtype=_float_mapping(data.get("layer_time_scale_by_dtype")),
+            )
+        except (KeyError, TypeError, ValueError, IndexError) as error:
+            raise PlanError(f"{source}: malformed cost table ({error!r}).") from None
+
+    def save(self, path: str | os.PathLike) -> Path:
+        """Writes the table to a JSON file atomically."""
+        return atomic_write_json(path, self.to_dict())
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> CostTable:
+        """Reads a table written by `save`."""
+        return cls.from_dict(read_json_file(path, PlanError, "cost table"), source=str(path))
+
+    def summary(self, limit: int = 40) -> str:
+        """Returns a table of the most expensive layers' milliseconds per dtype."""
+        dtypes = [
+            dtype
+            for dtype in COMPUTE_DTYPES
+            if any(dtype in record.seconds for record in self.layers.values())
+        ]
+        rows = sorted(
+            (record for record in self.layers.values() if any(record.seconds.values())),
+            key=lambda record: -(record.seconds.get(FLOAT32) or 0.0),
+        )[:limit]
+        width = max([len(record.path) for record in rows] + [5])
+        header = f"{'layer':<{width}}  " + "  ".join(f"{dtype:>9}" for dtype in dtypes)
+        lines = [f"{self.source} costs on {self.device}, batch {self.batch_size} (ms)", header]
+        for record in rows:
+            cells = []
+            for dtype in dtypes:
+                value = record.seconds.get(dtype)
+                cells.append(f"{'-' if value is None else f'{value * 1e3:.3f}':>9}")
+            lines.append(f"{record.path:<{width}}  " + "  ".join(cells))
+        lines.append(f"step overhead {self.step_overhead_seconds * 1e3:.2f} ms")
+        for dtype, measured in self.measured_step_seconds_by_dtype.items():
+            lines.append(
+                f"whole {dtype} step measured {measured * 1e3:.2f} ms; "
+                f"{dtype} layer times x {self.time_scale(dtype):.3f}"
+            )
+        return "\n".join(lines)
+
+
+def _float_mapping(value: Any) -> dict[str, float]:
+    """Returns `{str: float}` from a decoded JSON object (`{}` for a missing field)."""
+    if value is None:
+        return {}
+    return {str(key): float(item) for key, item in dict(value).items()}

@@ -1,0 +1,456 @@
+"""What one forward pass shows of a model: the shapes each layer sees and which layer feeds which.
+
+`trace_model` records every layer call (`LayerCall`: argument and output
+`TensorSpec`s) and the tensors passed between layers (`Edge`); `synthetic_arguments`
+rebuilds a recorded call's arguments as random tensors of the same shapes, to run
+a layer alone.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from collections.abc import Mapping
+from typing import Any, TypeAlias
+
+import keras
+import numpy as np
+
+from .._backends import timing_backend
+from .._core.data import flat_arrays, is_array, slice_batch
+from ..errors import BackendError, PlanError
+from ..layers import layer_paths
+
+_CAPTURE_BATCH = 2
+
+#: What `LayerCall.arguments` holds for an argument it cannot describe (not a
+#: tensor, a list of tensors or a plain scalar); `synthetic_arguments` refuses it.
+_UNSUPPORTED_ARGUMENT = "<unsupported argument>"
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorSpec:
+    """Shape (batch dimension `None`) and dtype of one tensor a layer received or returned."""
+
+    shape: tuple[int | None, ...]
+    dtype: str
+
+    def elements_per_sample(self) -> int:
+        """Returns the number of elements per sample (batch dimension counted as 1)."""
+        return _product(1 if dim is None else dim for dim in self.shape[1:])
+
+    def concrete_shape(self, batch_size: int) -> tuple[int, ...]:
+        """Returns the shape with the batch dimension set to `batch_size`."""
+        if not self.shape:
+            return ()
+        rest = tuple(1 if dim is None else int(dim) for dim in self.shape[1:])
+        return (batch_size, *rest)
+
+    def to_json(self) -> list:
+        """Returns `[shape, dtype]`, JSON-serialisable (`None` for the batch dimension)."""
+        return [list(self.shape), self.dtype]
+
+
+#: One recorded call argument: a tensor, a list of tensors, or a plain Python value.
+ArgumentValue: TypeAlias = TensorSpec | tuple[TensorSpec, ...] | bool | int | float | str | None
+
+
+@dataclasses.dataclass(frozen=True)
+class LayerCall:
+    """What one call of a layer received and returned.
+
+    Attributes:
+        path: stable path of the layer.
+        class_name: the layer's class name.
+        arguments: call arguments in order as `(name, value)`; a value is a
+            `TensorSpec`, a tuple of `TensorSpec` (list arguments) or a plain
+            Python scalar.
+        outputs: every tensor the call returned, flattened.
+    """
+
+    path: str
+    class_name: str
+    arguments: tuple[tuple[str, ArgumentValue], ...]
+    outputs: tuple[TensorSpec, ...]
+
+    @property
+    def inputs(self) -> tuple[TensorSpec, ...]:
+        """Every tensor argument, flattened in argument order."""
+        flat: list[TensorSpec] = []
+        for _, value in self.arguments:
+            if isinstance(value, TensorSpec):
+                flat.append(value)
+            elif isinstance(value, tuple):
+                flat.extend(item for item in value if isinstance(item, TensorSpec))
+        return tuple(flat)
+
+    def argument(self, *names: str) -> TensorSpec | None:
+        """Returns the first tensor argument called one of `names`, or `None`."""
+        for name, value in self.arguments:
+            if name in names and isinstance(value, TensorSpec):
+                return value
+        return None
+
+    def signature(self) -> list:
+        """Returns a JSON-serialisable description of the arguments (for cache keys)."""
+
+        def encode(value: ArgumentValue) -> dict[str, Any]:
+            if isinstance(value, TensorSpec):
+                return {"tensor": value.to_json()}
+            if isinstance(value, tuple):
+                return {"list": [encode(item) for item in value]}
+            return {"value": value}
+
+        return [[name, encode(value)] for name, value in self.arguments]
+
+
+@dataclasses.dataclass(frozen=True)
+class Edge:
+    """A tensor passed from one layer to another (`producer` `None`: a model input)."""
+
+    producer: str | None
+    consumer: str
+    elements_per_sample: int
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelTrace:
+    """Shapes every layer saw in one forward pass, and the tensors passed between layers."""
+
+    calls: dict[str, tuple[LayerCall, ...]]
+    edges: tuple[Edge, ...]
+
+
+def _product(values) -> int:
+    result = 1
+    for value in values:
+        result *= int(value)
+    return result
+
+
+def _dtype_name(value: Any) -> str:
+    return keras.backend.standardize_dtype(value.dtype)
+
+
+def _spec_of(tensor: Any) -> TensorSpec:
+    shape = tuple(int(dim) if dim is not None else None for dim in tensor.shape)
+    if shape:
+        shape = (None, *shape[1:])
+    return TensorSpec(shape, _dtype_name(tensor))
+
+
+def _encode_argument(value: Any) -> ArgumentValue:
+    if is_array(value):
+        return _spec_of(value)
+    if isinstance(value, (list, tuple)) and value and all(is_array(item) for item in value):
+        return tuple(_spec_of(item) for item in value)
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    return _UNSUPPORTED_ARGUMENT
+
+
+def sample_inputs(
+    model: keras.Model, batch_size: int = _CAPTURE_BATCH
+) -> np.ndarray | list[np.ndarray]:
+    """Returns random inputs of `batch_size` samples matching a built model's inputs.
+
+    Args:
+        model: a Functional or Sequential model (subclassed models have no
+            symbolic inputs; pass a sample batch to the functions that need one).
+        batch_size: number of samples.
+
+    Returns:
+        A NumPy array, or a list of arrays for a multi-input model.
+
+    Raises:
+        PlanError: if the model has no known input shape.
+
+    Example:
+
+    ```python
+    x = autoprec.cost.sample_inputs(model, batch_size=4)
+    model(x).shape[0]  # 4
+    ```
+    """
+    try:
+        symbolic = model.inputs
+    except (AttributeError, ValueError):
+        symbolic = None
+    if not symbolic:
+        raise PlanError(
+            f"model {model.name!r} has no symbolic inputs (subclassed or unbuilt); "
+            "pass a sample batch (`sample=x`)."
+        )
+    rng = np.random.default_rng(0)
+    arrays = []
+    for tensor in symbolic:
+        dims = list(tensor.shape)
+        if any(dim is None for dim in dims[1:]):
+            raise PlanError(
+                f"model input {tensor.name!r} has unknown dimensions {tuple(dims)}; "
+                "pass a sample batch (`sample=x`)."
+            )
+        shape = (batch_size, *[int(dim) for dim in dims[1:]])
+        dtype = _dtype_name(tensor)
+        if "int" in dtype or dtype == "bool":
+            arrays.append(np.zeros(shape, dtype=dtype))
+        else:
+            arrays.append(rng.standard_normal(shape).astype(dtype))
+    return arrays[0] if len(arrays) == 1 else arrays
+
+
+class _Recorder:
+    """Temporary hooks on every layer's `call`, recording shapes and producer edges."""
+
+    def __init__(self, paths: dict[str, keras.layers.Layer]):
+        self.paths = paths
+        self.calls: dict[str, list[LayerCall]] = {path: [] for path in paths}
+        self.producer_of: dict[int, str] = {}
+        self.raw_edges: list[tuple[int, str | None, str, int]] = []
+        self.keep_alive: list[Any] = []
+        self.installed: list[tuple[keras.layers.Layer, bool, Any]] = []
+
+    def install(self) -> None:
+        for path, layer in self.paths.items():
+            had_own = "call" in vars(layer)
+            previous = vars(layer).get("call")
+            original = layer.call
+            object.__setattr__(layer, "call", self._hook(path, layer, original))
+            self.installed.append((layer, had_own, previous))
+
+    def remove(self) -> None:
+        for layer, had_own, previous in reversed(self.installed):
+            if had_own:
+                object.__setattr__(layer, "call", previous)
+            else:
+                object.__delattr__(layer, "call")
+        self.installed.clear()
+        self.keep_alive.clear()
+
+    def _hook(self, path: str, layer: keras.layers.Layer, original):
+        try:
+            signature = inspect.signature(original)
+        except (TypeError, ValueError):
+            signature = None
+
+        def hooked(*args, **kwargs):
+            outputs = original(*args, **kwargs)
+            self._record(path, layer, signature, args, kwargs, outputs)
+            return outputs
+
+        return hooked
+
+    def _record(self, path, layer, signature, args, kwargs, outputs) -> None:
+        arguments: list[tuple[str, Any]] = []
+        if signature is not None:
+            try:
+                bound = signature.bind_partial(*args, **kwargs)
+                named = list(bound.arguments.items())
+            except TypeError:
+                named = [(f"arg{index}", value) for index, value in enumerate(args)]
+                named += list(kwargs.items())
+        else:
+            named = [(f"arg{index}", value) for index, value in enumerate(args)]
+            named += list(kwargs.items())
+        for name, value in named:
+            if name == "training":
+                continue
+            if signature is not None and name in signature.parameters:
+                kind = signature.parameters[name].kind
+                if kind == inspect.Parameter.VAR_KEYWORD and isinstance(value, Mapping):
+                    arguments.extend((key, _encode_argument(item)) for key, item in value.items())
+                    continue
+                if kind == inspect.Parameter.VAR_POSITIONAL:
+                    value = tuple(value)
+            arguments.append((name, _encode_argument(value)))
+        output_tensors = flat_arrays(outputs)
+        self.calls[path].append(
+            LayerCall(
+                path=path,
+                class_name=type(layer).__name__,
+                arguments=tuple(arguments),
+                outputs=tuple(_spec_of(tensor) for tensor in output_tensors),
+            )
+        )
+        for tensor in flat_arrays((args, kwargs)):
+            self.raw_edges.append(
+                (
+                    id(tensor),
+                    self.producer_of.get(id(tensor)),
+                    path,
+                    _spec_of(tensor).elements_per_sample(),
+                )
+            )
+        for tensor in output_tensors:
+            self.producer_of.setdefault(id(tensor), path)
+            self.keep_alive.append(tensor)
+        self.keep_alive.extend(flat_arrays((args, kwargs)))
+
+
+def _prune_edges(
+    raw_edges: list[tuple[int, str | None, str, int]], input_ids: set[int]
+) -> tuple[Edge, ...]:
+    """Drops edges into containers whose descendants consume the same tensor, and self-loops."""
+    consumers_of: dict[int, set[str]] = {}
+    for tensor_id, _, consumer, _ in raw_edges:
+        consumers_of.setdefault(tensor_id, set()).add(consumer)
+    edges: list[Edge] = []
+    seen: set[tuple[str | None, str, int]] = set()
+    for tensor_id, producer, consumer, elements in raw_edges:
+        if producer is None and tensor_id not in input_ids:
+            continue
+        if producer is not None and (producer == consumer or producer.startswith(consumer + "/")):
+            continue
+        if any(other.startswith(consumer + "/") for other in consumers_of[tensor_id]):
+            continue
+        key = (producer, consumer, tensor_id)
+        if key in seen:
+            continue
+        seen.add(key)
+        edges.append(Edge(producer, consumer, elements))
+    return tuple(edges)
+
+
+def trace_model(model: keras.Model, sample: Any = None) -> ModelTrace:
+    """Runs one inference forward pass with temporary hooks and records every layer's shapes.
+
+    Args:
+        model: a built Keras model.
+        sample: model inputs (a few samples suffice); by default random inputs
+            built from the model's symbolic inputs.
+
+    Returns:
+        A `ModelTrace`. The model is left exactly as it was (hooks removed,
+        inference mode: no statistic updates).
+
+    Example:
+
+    ```python
+    trace = autoprec.cost.trace_model(model)
+    trace.calls["dense"][0].outputs[0].shape  # (None, 16)
+    ```
+    """
+    inputs = sample_inputs(model) if sample is None else slice_batch(sample, _CAPTURE_BATCH)
+    inputs = keras.tree.map_structure(
+        lambda value: (
+            keras.ops.convert_to_tensor(value) if isinstance(value, np.ndarray) else value
+        ),
+        inputs,
+    )
+    paths = layer_paths(model)
+    recorder = _Recorder(paths)
+    recorder.install()
+    try:
+        model(inputs, training=False)
+        input_ids = {id(tensor) for tensor in flat_arrays(inputs)}
+        edges = _prune_edges(recorder.raw_edges, input_ids)
+    finally:
+        recorder.remove()
+    return ModelTrace(
+        calls={path: tuple(calls) for path, calls in recorder.calls.items()}, edges=edges
+    )
+
+
+def synthetic_tensor(
+    spec: TensorSpec,
+    batch_size: int,
+    dtype: str,
+    rng: np.random.Generator,
+    value_range: tuple[float, float] | None = None,
+) -> Any:
+    """Returns a backend tensor shaped like `spec` at `batch_size`, with random values.
+
+    Float tensors hold standard-normal values (or uniform ones in `value_range`)
+    in `dtype`; boolean tensors are all `True` and integer tensors all zero, in
+    the dtype the layer saw (valid indices for an `Embedding`).
+
+    Args:
+        spec: a recorded tensor (`LayerCall.arguments` or `LayerCall.outputs`).
+        batch_size: the leading dimension of the tensor.
+        dtype: the dtype of a float tensor, e.g. the layer's compute dtype.
+        rng: the random generator the values are drawn from.
+        value_range: `(low, high)` of uniform values; `None` for standard-normal ones.
+
+    Returns:
+        A tensor of the active Keras backend (on TensorFlow and JAX, placed on the
+        default device once).
+
+    Example:
+
+    ```python
+    spec = autoprec.cost.TensorSpec((None, 8), "float32")
+    tensor = autoprec.cost.synthetic_tensor(spec, 4, "bfloat16", np.random.default_rng(0))
+    tensor.shape  # (4, 8)
+    ```
+    """
+    shape = spec.concrete_shape(batch_size)
+    if spec.dtype == "bool":
+        return keras.ops.ones(shape, dtype="bool")
+    if "float" not in spec.dtype:
+        return keras.ops.zeros(shape, dtype=spec.dtype)
+    if value_range is None:
+        try:
+            backend = timing_backend("synthetic_tensor()")
+        except BackendError:
+            backend = None
+        if backend is not None:
+            return backend.random_tensor(shape, dtype, rng)
+        values = rng.standard_normal(shape).astype("float32")
+    else:
+        values = rng.uniform(value_range[0], value_range[1], size=shape).astype("float32")
+    return keras.ops.cast(keras.ops.convert_to_tensor(values), dtype)
+
+
+def synthetic_arguments(
+    call: LayerCall,
+    batch_size: int,
+    dtype: str,
+    rng: np.random.Generator,
+    value_range: tuple[float, float] | None = None,
+) -> tuple[list, dict]:
+    """Returns `(args, kwargs)` that call a layer as `call` recorded, with random tensors.
+
+    The first argument is passed by position, the others by name (`None` ones
+    left out); each tensor argument becomes a `synthetic_tensor`, each list of
+    tensors a list of them, and plain values are passed as recorded.
+
+    Args:
+        call: a recorded layer call, from `trace_model(model).calls[path]`.
+        batch_size: the leading dimension of every tensor.
+        dtype: the dtype of float tensors, e.g. the layer's compute dtype.
+        rng: the random generator the values are drawn from.
+        value_range: `(low, high)` of uniform float values; `None` for standard-normal ones.
+
+    Returns:
+        The positional arguments and the keyword arguments: `layer(*args, **kwargs)`.
+
+    Raises:
+        BackendError: naming the argument and the layer, when the trace could not
+            describe an argument (neither a tensor, a list of tensors nor a plain value).
+
+    Example:
+
+    ```python
+    trace = autoprec.cost.trace_model(model)
+    args, kwargs = autoprec.cost.synthetic_arguments(
+        trace.calls["dense"][0], 4, "float32", np.random.default_rng(0)
+    )
+    layer(*args, **kwargs)
+    ```
+    """
+    args: list = []
+    kwargs: dict = {}
+    for index, (name, value) in enumerate(call.arguments):
+        if value == _UNSUPPORTED_ARGUMENT:
+            raise BackendError(f"argument {name!r} of {call.path} cannot be rebuilt")
+        if isinstance(value, TensorSpec):
+            built: Any = synthetic_tensor(value, batch_size, dtype, rng, value_range)
+        elif isinstance(value, tuple):
+            built = [synthetic_tensor(item, batch_size, dtype, rng, value_range) for item in value]
+        else:
+            built = value
+        if index == 0:
+            args.append(built)
+        elif value is not None:
+            kwargs[name] = built
+    return args, kwargs

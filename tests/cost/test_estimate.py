@@ -1,0 +1,86 @@
+"""Tests for autoprec.cost.estimate: step time, speedup, casts, memory and plan forms."""
+
+from __future__ import annotations
+
+import math
+
+import keras
+import pytest
+from conftest import build_mlp
+
+from autoprec import cost, hardware
+from autoprec.errors import HardwareError, PlanError
+from autoprec.layers import layer_paths
+
+GIB = 1024**3
+
+
+def _wide_mlp() -> keras.Model:
+    inputs = keras.Input((512,))
+    hidden = keras.layers.Dense(1024, activation="relu")(inputs)
+    hidden = keras.layers.Dense(1024, activation="relu")(hidden)
+    return keras.Model(inputs, keras.layers.Dense(16)(hidden))
+
+
+def test_predicted_estimate_is_monotone_in_batch_size():
+    model = _wide_mlp()
+    table = cost.predict_costs(model, "rtx4090", batch_size=64)
+    previous = 0.0
+    for batch_size in (1, 8, 64, 512, 4096):
+        step = cost.estimate(model, "bfloat16", table, batch_size=batch_size).step_seconds
+        assert step > previous
+        previous = step
+        direct = cost.estimate(model, "bfloat16", "rtx4090", batch_size=batch_size)
+        assert direct.step_seconds > 0
+
+
+def test_dtype_the_device_cannot_run_is_infeasible():
+    no_half = hardware.profile_from_dict(
+        {
+            "name": "fp32-only",
+            "kind": "gpu",
+            "float32_flops": 1e13,
+            "memory_bandwidth": 5e11,
+            "memory_bytes": 8 * GIB,
+        }
+    )
+    model = build_mlp()
+    est = cost.estimate(model, "float16", no_half, batch_size=32)
+    assert math.isinf(est.step_seconds) and est.speedup == 0.0
+    assert "dense" in est.infeasible_layers
+    assert cost.estimate(model, "float32", no_half, batch_size=32).speedup == pytest.approx(1.0)
+
+
+def test_max_batch_size_fits_8gb(cnn):
+    est = cost.estimate(cnn, "float16", "rtx4060ti-8gb", batch_size=32)
+    assert est.memory_bytes == 8 * GIB
+    largest = est.max_batch_size()
+    usable = 8 * GIB * cost.USABLE_MEMORY_FRACTION
+    assert largest > 32
+    assert est.fixed_memory_bytes + largest * est.activation_bytes_per_sample <= usable
+    assert est.fixed_memory_bytes + (largest + 1) * est.activation_bytes_per_sample > usable
+    float32 = cost.estimate(cnn, "float32", "rtx4060ti-8gb", batch_size=32)
+    assert float32.activation_bytes_per_sample > est.activation_bytes_per_sample
+    assert float32.max_batch_size() < largest
+    assert est.max_batch_size(4 * GIB) < largest
+    assert est.max_batch_size(1) == 0
+
+
+class _PlanLike:
+    def __init__(self, layers):
+        self.layers = layers
+
+
+def test_estimate_accepts_plans_dicts_and_counts_casts(mlp):
+    table = cost.predict_costs(mlp, "rtx4090", batch_size=64)
+    uniform = cost.estimate(mlp, {path: "float32" for path in layer_paths(mlp)}, table)
+    assert uniform.cast_seconds == 0 and uniform.speedup == pytest.approx(1.0)
+    mixed = {"dense": "float16", "dense_1": "float32", "dense_2": "float16"}
+    from_object = cost.estimate(mlp, _PlanLike(mixed), table)
+    from_dict = cost.estimate(mlp, mixed, table)
+    assert from_object.step_seconds == pytest.approx(from_dict.step_seconds)
+    assert from_dict.cast_seconds > 0
+    with pytest.raises(PlanError):
+        cost.estimate(mlp, {"dense": "float8"}, table)
+    with pytest.raises(HardwareError):
+        cost.estimate(mlp, "float32", "rtx9999")
