@@ -49,18 +49,19 @@ def is_array_tuple(data: Any) -> bool:
 def input_part(batch: Any) -> Any:
     """Returns the model-input part of a batch: `x` of `(x, y)` / `(x, y, w)`, else `batch`.
 
-    A dataset or an iterator gives its first element's inputs.
+    As in Keras, only a tuple is `(x, y[, w])`: a list is a multi-input model's
+    inputs. A dataset or an iterator gives its first element's inputs.
     """
     if is_dataset(batch) or (hasattr(batch, "__iter__") and hasattr(batch, "__next__")):
         batch = next(iter(batch))
-    if isinstance(batch, (tuple, list)) and len(batch) in (2, 3) and not is_array(batch):
+    if isinstance(batch, tuple) and len(batch) in (2, 3):
         return batch[0]
     return batch
 
 
 def target_part(batch: Any) -> Any:
-    """Returns `y` of an `(x, y)` / `(x, y, w)` batch, else `None`."""
-    if isinstance(batch, (tuple, list)) and len(batch) in (2, 3) and not is_array(batch):
+    """Returns `y` of an `(x, y)` / `(x, y, w)` tuple, else `None` (a list is inputs only)."""
+    if isinstance(batch, tuple) and len(batch) in (2, 3):
         return batch[1]
     return None
 

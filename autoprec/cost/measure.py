@@ -99,15 +99,10 @@ def clone_with_uniform_policy(model: keras.Model, dtype: str) -> keras.Model:
     return clone
 
 
-def _model_inputs(batch: Any) -> Any:
-    """Returns the inputs of a batch: a list is a multi-input model's inputs, not `[x, y]`."""
-    return batch if isinstance(batch, list) else input_part(batch)
-
-
 def _step_function(model: keras.Model, batch: Any, dtype: str, jit_compile: bool):
     """Returns a zero-argument function running one training step of a uniform-`dtype` copy."""
-    inputs = _model_inputs(batch)
-    targets = target_part(batch) if isinstance(batch, tuple) else None
+    inputs = input_part(batch)
+    targets = target_part(batch)
     clone = clone_with_uniform_policy(model, dtype)
     loss = getattr(model, "loss", None) if targets is not None else None
     if targets is None or loss is None:
@@ -302,7 +297,7 @@ def calibrate(
     if FLOAT32 not in dtypes:
         dtypes = [FLOAT32, *dtypes]
     profile = resolve_hardware(hardware)
-    inputs = _model_inputs(batch)
+    inputs = input_part(batch)
     batch_size = batch_size_of(inputs, error_class=PlanError)
     trace = trace_model(model, inputs)
     counts = count_costs(model, trace)

@@ -68,6 +68,8 @@ def test_batch_parts():
     assert data.input_part((x, y)) is x
     assert data.target_part((x, y, np.ones(6))) is y
     assert data.target_part(x) is None
+    assert data.input_part([x, x]) == [x, x]  # a list is a multi-input model's inputs
+    assert data.target_part([x, y]) is None
     assert data.input_part(tf.data.Dataset.from_tensor_slices((x, y)).batch(2)).shape == (2, 3)
     assert data.batch_size_of({"a": [x]}) == 6
     assert data.slice_batch({"a": (x, x)}, 2)["a"][1].shape == (2, 3)
