@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import keras
 import numpy as np
+import pytest
 import tensorflow as tf
 from conftest import classification_data
 from profiler.reference import assert_matches_reference
 
 from autoprec._backends import tensorflow as tf_backend
-from autoprec.profiler import ProfileCallback, TensorStats, profile
+from autoprec.errors import ProfileError
+from autoprec.profiler import ProbeSession, ProfileCallback, TensorStats, profile
 
 
 def test_a_tensor_seen_by_two_probes_is_measured_once():
@@ -194,3 +196,33 @@ def test_recurrent_layers_are_profiled_at_their_outputs_and_cells_keep_weights()
         assert prof.layers[cell].activations == {}
         assert {"kernel", "recurrent_kernel"} <= set(prof.layers[cell].weight_gradients)
         assert prof.layers[cell].weights["kernel"].count > 0
+
+
+def test_probe_session_records_across_fits_and_leaves_nothing_behind():
+    x, y = classification_data(samples=32)
+    model = _plain_mlp()
+    model.compile(optimizer=keras.optimizers.SGD(0.1), loss="sparse_categorical_crossentropy")
+    with ProbeSession(model) as session:
+        assert session.steps_recorded() == 0 and session.probed_tensor_count == 0
+        with pytest.raises(ProfileError, match="already being profiled"):
+            ProbeSession(model).install()
+        model.fit(x, y, batch_size=16, epochs=1, verbose=0)
+        model.fit(x, y, batch_size=16, epochs=1, verbose=0)
+        prof = session.collect()
+        recorded = session.values_recorded()
+    assert session.steps_recorded() == 4 and prof.steps == 4
+    # per layer: output and its gradient, kernel and bias with their gradients (the head's
+    # output gradient is probed too, though it stays empty: the loss reads the logits)
+    assert session.probed_tensor_count == 3 * 6
+    assert "output" not in prof.layers["head"].activation_gradients
+    assert recorded == sum(
+        stats.count
+        for layer in prof.layers.values()
+        for kind in ("activations", "activation_gradients", "weights", "weight_gradients")
+        for stats in getattr(layer, kind).values()
+    )
+    assert prof.layers["hidden"].activations["output"].count == 4 * 16 * 16
+    assert "train_step" not in vars(model) and "apply_gradients" not in vars(model.optimizer)
+    assert all("call" not in vars(layer) for layer in model.layers)
+    with ProbeSession(model):  # the model can be probed again
+        pass

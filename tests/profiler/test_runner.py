@@ -174,3 +174,30 @@ def test_mirrored_strategy_sums_replicas(tmp_path):
         timeout=240,
     )
     assert result.returncode == 0 and "OK" in result.stdout, result.stderr[-3000:]
+
+
+class _OwnLoss(keras.layers.Layer):
+    """Adds the mean square of its inputs as the loss: the model trains on inputs alone."""
+
+    def call(self, inputs):
+        self.add_loss(keras.ops.mean(keras.ops.square(inputs)))
+        return inputs
+
+
+def test_unbuilt_model_is_built_from_batches_of_inputs_alone():
+    x = np.random.default_rng(0).normal(size=(32, 3)).astype("float32")
+    model = keras.Sequential([keras.layers.Dense(4, name="dense"), _OwnLoss(name="own_loss")])
+    model.compile(optimizer="sgd")
+    assert not model.built
+    prof = profile(model, tf.data.Dataset.from_tensor_slices((x,)).batch(8), steps=2)
+    assert prof.steps == 2
+    assert prof.layers["dense"].activations["output"].count == 2 * 8 * 4
+
+
+def test_profile_accepts_an_iterator_that_is_not_a_generator():
+    x, y = classification_data(samples=32)
+    model = build_mlp()
+    model.compile(optimizer="sgd", loss="sparse_categorical_crossentropy")
+    batches = iter([(x[:16], y[:16]), (x[16:], y[16:])])
+    prof = profile(model, batches, steps=5)
+    assert prof.steps == 2  # the iterator ran out first

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -9,9 +10,10 @@ import pytest
 import tensorflow as tf
 from profiler.reference import assert_matches_reference, synthetic_profile
 
+from autoprec import numerics
 from autoprec._backends import tensorflow as tf_backend
 from autoprec.errors import ProfileError
-from autoprec.profiler import Profile, TensorStats
+from autoprec.profiler import LayerProfile, Profile, TensorStats
 
 _SPECIAL_VALUES = np.array(
     [
@@ -111,3 +113,67 @@ def test_malformed_profiles_raise_clear_errors(tmp_path):
     for message, edit in cases.items():
         with pytest.raises(ProfileError, match=message):
             Profile.from_json(broken(edit), source="edited.json")
+
+
+def _stats(values) -> TensorStats:
+    values = np.asarray(values, np.float32)
+    histogram, zeros, nonfinite = numerics.exponent_histogram(values)
+    finite = np.abs(values[np.isfinite(values)]).astype(np.float64)
+    nonzero = finite[finite > 0]
+    return TensorStats(
+        count=values.size,
+        zeros=zeros,
+        nonfinite=nonfinite,
+        nan=int(np.isnan(values).sum()),
+        max_abs=float(finite.max()) if finite.size else 0.0,
+        min_nonzero_abs=float(nonzero.min()) if nonzero.size else None,
+        sum_abs=float(finite.sum()),
+        sum_squares=float((finite**2).sum()),
+        histogram=histogram,
+    )
+
+
+def _layer(forward=None, gradient=None) -> LayerProfile:
+    return LayerProfile(
+        path="layer",
+        class_name="Dense",
+        dtype="float32",
+        activations={} if forward is None else {"output": _stats(forward)},
+        activation_gradients={} if gradient is None else {"output": _stats(gradient)},
+        weights={},
+        weight_gradients={},
+        internals={},
+    )
+
+
+def test_float16_unsafe_reason_names_the_failing_test_and_agrees_with_float16_safe():
+    cases = {
+        "non-finite forward": _layer(forward=[1.0, np.inf, np.nan]),
+        "above float16's max": _layer(forward=[1.0, 7e4]),
+        "flush to zero": _layer(forward=[1.0, 1e-9, 2e-9]),
+        "non-finite gradient": _layer(forward=[1.0], gradient=[1e-3, np.nan]),
+        "no float16 loss scale": _layer(forward=[1.0], gradient=[1e4, 1e-30, 2e-30]),
+        None: _layer(forward=[0.5, -2.0], gradient=[1e-3, 2e-4]),
+    }
+    for expected, layer in cases.items():
+        reason = layer.float16_unsafe_reason
+        assert (reason is None) == layer.float16_safe, (expected, reason)
+        if expected is None:
+            assert reason is None
+        else:
+            assert expected in reason
+    assert _layer().float16_unsafe_reason is None and _layer().float16_safe
+
+
+def test_profile_lists_unsafe_layers_with_reasons_and_is_frozen():
+    prof = synthetic_profile()
+    assert prof.float16_unsafe_layers == ("attention",)
+    assert list(prof.float16_unsafe_reasons) == ["attention"]
+    assert "above float16's max 65504" in prof.float16_unsafe_reasons["attention"]
+    for path, layer in prof.layers.items():
+        assert (layer.float16_unsafe_reason is None) == layer.float16_safe, path
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        prof.steps = 5
+    with pytest.raises(TypeError):
+        prof.layers["other"] = prof.layers["attention"]
+    assert "float16_unsafe=1" in repr(prof)
