@@ -27,7 +27,7 @@ Arrays: TypeAlias = ArrayLike | Sequence[ArrayLike] | Mapping[str, ArrayLike]
 ProfileData: TypeAlias = tuple[Arrays, ...] | Iterable[tuple[Arrays, ...]] | keras.utils.PyDataset
 
 #: The metric logs Keras passes to callback hooks.
-Logs: TypeAlias = Mapping[str, Any] | None
+Logs: TypeAlias = Mapping[str, float] | None
 
 
 class ProfileCallback(keras.callbacks.Callback):
@@ -109,7 +109,7 @@ def profile(
 ) -> Profile:
     """Records per-layer value ranges over `steps` train steps, leaving the model unchanged.
 
-    Runs `model.fit` for `steps` steps with probes (see the module docstring),
+    Runs `model.fit` for `steps` steps with probes (see `autoprec.profiler`),
     then restores every model weight, the optimizer state and the metric state
     to what they were. An unbuilt model is first built on one batch, and an
     unbuilt optimizer is built (with its initial state) so it can be restored.
