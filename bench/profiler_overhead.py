@@ -31,8 +31,7 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from autoprec._backends.tensorflow import RAW_COUNT_SLOTS, _count_values  # noqa: E402
-from autoprec.profiler import _ProbeSession  # noqa: E402
+from autoprec.profiler import ProbeSession  # noqa: E402
 
 
 def residual_block(inputs, filters: int, stride: int, name: str):
@@ -108,14 +107,14 @@ class StepTimer(keras.callbacks.Callback):
     def __init__(self):
         super().__init__()
         self.seconds: list[float] = []
-        self._start = 0.0
+        self.started = 0.0
 
     def on_train_batch_begin(self, batch, logs=None):
-        self._start = time.perf_counter()
+        self.started = time.perf_counter()
 
     def on_train_batch_end(self, batch, logs=None):
         float(logs["loss"])
-        self.seconds.append(time.perf_counter() - self._start)
+        self.seconds.append(time.perf_counter() - self.started)
 
 
 def twin_models(builder, jit_compile: bool) -> tuple[keras.Model, keras.Model]:
@@ -154,11 +153,16 @@ def interleaved_medians(
 def counting_seconds_per_value(values: int = 1 << 20, repeats: int = 20) -> float:
     """Median seconds per value of an exact exponent count (`DenseBincount`) on this machine."""
     data = tf.constant(np.random.default_rng(0).normal(size=values).astype("float32"))
+    no_weights = tf.zeros([0], tf.int32)
 
     @tf.function
     def count(tensor):
+        # The profiler's own exponent count outside XLA: DenseBincount called directly
+        # (tf.math.bincount adds a reduce_max pass to size its output).
         exponents = tf.bitwise.right_shift(tf.bitcast(tf.abs(tensor), tf.int32), 23)
-        return _count_values(exponents, 256, xla=False)
+        return tf.raw_ops.DenseBincount(
+            input=exponents, size=256, weights=no_weights, binary_output=False
+        )
 
     @tf.function
     def touch(tensor):
@@ -176,26 +180,19 @@ def counting_seconds_per_value(values: int = 1 << 20, repeats: int = 20) -> floa
     return max(median_seconds(count) - median_seconds(touch), 0.0) / values
 
 
-def values_per_step(session: _ProbeSession) -> float:
-    """Values the probes measured per train step (counts summed over every statistic)."""
-    # The last count slot (NaNs) repeats values already counted as non-finite.
-    total = sum(
-        int(accumulator.read()[0][: RAW_COUNT_SLOTS - 1].sum())
-        for accumulator in session.accumulators.values()
-    )
-    return total / max(session.steps_recorded(), 1)
+def values_per_step(session: ProbeSession) -> float:
+    """Values the probes measured per train step (element counts summed over every statistic)."""
+    return session.values_recorded() / max(session.steps_recorded(), 1)
 
 
 def measure(name: str, builder, batch_size: int, repeats: int, steps: int, jit: bool) -> list:
     keras.utils.set_random_seed(0)
     baseline, probed = twin_models(builder, jit)
     data = dataset_for(baseline, batch_size)
-    session = _ProbeSession(probed)
-    session.install()
-    base_ms, probed_ms = interleaved_medians(baseline, probed, data, repeats, steps)
-    probes = len(session.accumulators)
-    values = values_per_step(session)
-    session.remove()
+    with ProbeSession(probed) as session:
+        base_ms, probed_ms = interleaved_medians(baseline, probed, data, repeats, steps)
+        probes = session.probed_tensor_count
+        values = values_per_step(session)
     floor_ms = base_ms + values * counting_seconds_per_value()
     base_after_ms, removed_ms = interleaved_medians(baseline, probed, data, repeats, steps)
     return [

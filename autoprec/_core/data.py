@@ -49,12 +49,12 @@ def is_array_tuple(data: Any) -> bool:
 def input_part(batch: Any) -> Any:
     """Returns the model-input part of a batch: `x` of `(x, y)` / `(x, y, w)`, else `batch`.
 
-    As in Keras, only a tuple is `(x, y[, w])`: a list is a multi-input model's
-    inputs. A dataset or an iterator gives its first element's inputs.
+    As in Keras, only a tuple is `(x,)`, `(x, y)` or `(x, y, w)`: a list is a
+    multi-input model's inputs. A dataset or an iterator gives its first element's inputs.
     """
     if is_dataset(batch) or (hasattr(batch, "__iter__") and hasattr(batch, "__next__")):
         batch = next(iter(batch))
-    if isinstance(batch, tuple) and len(batch) in (2, 3):
+    if isinstance(batch, tuple) and len(batch) in (1, 2, 3):
         return batch[0]
     return batch
 
@@ -172,6 +172,12 @@ def concatenate_batches(batches: list[tuple]) -> tuple[Any, Any]:
     return keras.tree.map_structure(join, *xs), keras.tree.map_structure(join, *ys)
 
 
+def _chain_first(first: Any, rest: Iterator) -> Iterator:
+    """A generator of `first` then `rest`: Keras' `fit` accepts generators, not other iterators."""
+    yield first
+    yield from rest
+
+
 def fit_arguments(
     data: Any, steps: int, batch_size: int, what: str, error_class: type[Exception] = AutoprecError
 ) -> tuple[dict[str, Any], Any]:
@@ -220,7 +226,7 @@ def fit_arguments(
         first = next(data, None)
         if first is None:
             raise error_class(f"{what}: the generator yielded no batch.")
-        chained = itertools.chain([first], data)
+        chained = _chain_first(first, data)
         return {"x": chained, "epochs": 1, "steps_per_epoch": steps}, input_part(first)
     if _is_py_dataset(data):
         return {"x": data, "epochs": 1, "steps_per_epoch": steps}, input_part(data[0])

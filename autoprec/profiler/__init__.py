@@ -1,0 +1,74 @@
+"""Per-layer value ranges of a model in training: probes, `profile()`, `ProfileCallback`, `Profile`.
+
+The profiler records, for every layer (by its stable autoprec path, see
+`autoprec.layers`), over a few real training steps:
+
+* **activations**: each floating-point output of the layer (tuples and dicts
+  of outputs are probed tensor by tensor; integer outputs are skipped);
+* **activation gradients**: the gradient of the loss with respect to each
+  of those outputs;
+* **weight gradients**: the gradient of each trainable weight, exactly as the
+  train step passes it to the optimizer (divided by the loss scale when the
+  optimizer scales the loss);
+* **weights**: the values of each trainable weight, read every step before
+  the update;
+* **internals**: intermediates computed inside a layer that never appear as a
+  layer output. Covered: the attention logits of `MultiHeadAttention` (and
+  subclasses) as they are computed in the compute dtype of the query/key
+  projections. On the fused path Keras 3 takes by default (no dropout, no
+  returned scores) the TensorFlow backend computes `einsum(query, key)`
+  *before* scaling by `1/sqrt(key_dim)`, so the unscaled product is what must
+  fit; with attention dropout or returned scores Keras scales the query
+  first and the scaled scores are recorded. The logits are recomputed in
+  float32 beside the layer's own computation (one extra einsum, forward only).
+
+Every tensor is summarised by a `TensorStats`: element count, zeros,
+non-finite values, largest and smallest non-zero magnitude, mean magnitude,
+RMS and an exponent histogram (see `autoprec.numerics`). Statistics are
+summed over the recorded steps (and replicas).
+
+The probes run inside the compiled train step of `model.fit` (the model's
+own `tf.function`, with or without XLA): each probed layer's `call` is
+replaced, on the instance, by a wrapper that passes its outputs through a
+custom-gradient identity updating statistic variables in the forward and the
+backward pass; the optimizer's `apply_gradients` is wrapped the same way for
+weight gradients. Removing the probes restores the original methods and
+rebuilds the train function, so nothing of the profiler remains in the graph.
+
+The package has one module per job: `stats` (the statistics model and its
+JSON), `probes` (which layers are probed; `ProbeSession` installs, reads and
+removes the probes), `runner` (`profile()`, `ProfileCallback`) and `views`
+(summary table, heat map, TensorBoard histograms).
+
+Layers that are not probed: pass-through layers (`autoprec.layers.is_pass_through`:
+their values are a copy or selection of their input and they take their
+producer's dtype) unless `include_pass_through=True`, and nested
+Sequential/Functional models (their outputs are their last layers' outputs).
+
+Example:
+
+```python
+model.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
+prof = autoprec.profile(model, (x_train, y_train), steps=20)
+print(prof.summary())
+prof.layers["dense"].float16_safe
+prof.save("profile.json")
+```
+"""
+
+from .probes import ProbeSession
+from .runner import ProfileCallback, ProfileData, profile
+from .stats import ATTENTION_LOGITS, FORMAT_VERSION, OUTPUT_KEY, LayerProfile, Profile, TensorStats
+
+__all__ = [
+    "ATTENTION_LOGITS",
+    "FORMAT_VERSION",
+    "OUTPUT_KEY",
+    "LayerProfile",
+    "ProbeSession",
+    "Profile",
+    "ProfileCallback",
+    "ProfileData",
+    "TensorStats",
+    "profile",
+]

@@ -1,0 +1,416 @@
+"""In-step probes: which layers are probed, and the session that installs, reads and removes them.
+
+A `ProbeSession` replaces, on the instances, each probed layer's `call` by a
+wrapper that passes its outputs through a custom-gradient identity recording
+statistics in the forward and the backward pass, and wraps the optimizer's
+`apply_gradients` for weights and weight gradients. `remove()` restores the
+original methods and rebuilds the train function.
+"""
+
+from __future__ import annotations
+
+import functools
+import warnings
+from collections.abc import Callable
+from types import ModuleType, TracebackType
+from typing import Any
+
+import keras
+
+from .._backends import profiler_backend
+from ..errors import ProfileError
+from ..layers import is_graph_model, is_pass_through, layer_paths, model_fingerprint
+from .stats import (
+    _KINDS,
+    _ROOT_PATH,
+    ATTENTION_LOGITS,
+    OUTPUT_KEY,
+    LayerProfile,
+    Profile,
+    TensorStats,
+)
+
+
+def _is_multi_head_attention(layer: keras.layers.Layer) -> bool:
+    return isinstance(layer, keras.layers.MultiHeadAttention)
+
+
+def _probe_targets(model: keras.Model, include_pass_through: bool) -> dict[str, keras.layers.Layer]:
+    """Layers whose outputs are probed, by stable path.
+
+    Layers a recurrent layer runs once per time step inside its loop (its cell
+    and everything under it) are left out: a probe's gradient inside a
+    TensorFlow while loop cannot update statistic variables. The recurrent
+    layer's own outputs are probed, and the cell's weights and weight
+    gradients are recorded as for any layer.
+    """
+    paths = layer_paths(model)
+    loop_prefixes = tuple(
+        path + "/" for path, layer in paths.items() if isinstance(layer, keras.layers.RNN)
+    )
+    targets = {}
+    for path, layer in paths.items():
+        if type(layer).__name__ == "InputLayer" or is_graph_model(layer):
+            continue
+        if not include_pass_through and is_pass_through(layer):
+            continue
+        if loop_prefixes and path.startswith(loop_prefixes):
+            continue
+        targets[path] = layer
+    return targets
+
+
+def _weight_owners(model: keras.Model) -> dict[int, tuple[str, str]]:
+    """Maps `id(variable)` of each trainable weight to `(layer path, weight name)`."""
+    owners: dict[int, tuple[str, str]] = {}
+    for weight in model.trainable_weights:
+        owners[id(weight)] = (_ROOT_PATH, weight.name)
+    for path, layer in layer_paths(model).items():  # parents first: the deepest owner wins
+        for weight in layer.trainable_weights:
+            owners[id(weight)] = (path, weight.name)
+    names_seen: dict[tuple[str, str], int] = {}
+    unique: dict[int, tuple[str, str]] = {}
+    for weight_id, (path, name) in owners.items():
+        seen = names_seen.get((path, name), 0)
+        names_seen[(path, name)] = seen + 1
+        unique[weight_id] = (path, name if seen == 0 else f"{name}_{seen}")
+    return unique
+
+
+def _output_key(tree_path: tuple) -> str:
+    if not tree_path:
+        return OUTPUT_KEY
+    return OUTPUT_KEY + "/" + "/".join(str(part) for part in tree_path)
+
+
+#: Attributes Keras hangs on tensors that a probe's output must carry on:
+#: the mask, and the logits behind a softmax/sigmoid output (the loss reads them).
+_KERAS_TENSOR_ATTRIBUTES = ("_keras_mask", "_keras_logits")
+
+
+def _copy_keras_attributes(source: object, target: object) -> None:
+    for name in _KERAS_TENSOR_ATTRIBUTES:
+        value = getattr(source, name, None)
+        if value is not None:
+            setattr(target, name, value)
+
+
+def _attention_logits(
+    layer: keras.layers.Layer, query: Any, key: Any, return_attention_scores: bool
+) -> Any | None:
+    """Recomputes, in float32, the attention logits MultiHeadAttention computes in its dtype."""
+    ops = keras.ops
+    if not hasattr(layer, "_inverse_sqrt_key_dim") or not hasattr(layer, "_dot_product_equation"):
+        return None
+    query = ops.cast(query, "float32")
+    key = ops.cast(key, "float32")
+    fused = not (
+        getattr(layer, "_dropout", 0.0) > 0.0
+        or return_attention_scores
+        or len(query.shape) != 4
+        or type(layer)._compute_attention is not keras.layers.MultiHeadAttention._compute_attention
+    )
+    if fused:
+        # ops.dot_product_attention (TensorFlow backend) multiplies before scaling.
+        logits = ops.einsum("btnh,bsnh->bnts", query, key)
+    else:
+        scaled_query = ops.multiply(query, layer._inverse_sqrt_key_dim)
+        logits = ops.einsum(layer._dot_product_equation, key, scaled_query)
+    return ops.stop_gradient(logits)
+
+
+class ProbeSession:
+    """Probes on a compiled model: they record statistics in every train step until removed.
+
+    `install()` wraps the train step, the probed layers' `call` and the
+    optimizer's `apply_gradients` (on the instances) and rebuilds the train
+    function; from then on every `model.fit` step records. `collect()` reads
+    what was recorded into a `Profile`; `remove()` restores every method and
+    rebuilds the train function, so nothing of the probes stays in the graph.
+    As a context manager it installs on entry and removes on exit.
+    `ProfileCallback` and `autoprec.profile` are built on it; use it directly to
+    keep probes on across several `fit` calls (as the overhead benchmark does).
+    TensorFlow backend only.
+
+    Args:
+        model: a compiled Keras model.
+        include_pass_through: also probe pass-through layers (Dropout, Flatten, ...).
+
+    Raises:
+        BackendError: if the Keras backend is not TensorFlow.
+
+    Example:
+
+    ```python
+    with autoprec.profiler.ProbeSession(model) as session:
+        model.fit(x, y, epochs=1, verbose=0)
+        prof = session.collect()
+    session.steps_recorded(), session.probed_tensor_count
+    ```
+    """
+
+    def __init__(self, model: keras.Model, include_pass_through: bool = False):
+        self._backend: ModuleType = profiler_backend("autoprec profiling")
+        self.model = model
+        self._targets = _probe_targets(model, include_pass_through)
+        self._weight_owners = _weight_owners(model)
+        self._accumulators: dict[tuple[str, str, str], Any] = {}
+        self._recording = False
+        self._installed = False
+        self._xla = False
+        self._gradient_multiplier = None
+        self._statistics_cache = None
+        self._step_counter = None
+        self._undo: list[Callable[[], None]] = []
+        self._original_jit_compile: bool | None = None
+
+    def __enter__(self) -> ProbeSession:
+        try:
+            self.install()
+        except BaseException:
+            self.remove()
+            raise
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.remove()
+
+    @property
+    def probed_tensor_count(self) -> int:
+        """Number of tensors recorded, each with its own statistic variables.
+
+        The variables are created when the train step is traced, so this is 0
+        until the first `fit` step after `install()`.
+        """
+        return len(self._accumulators)
+
+    # -- installing
+
+    def install(self) -> None:
+        """Wraps the train step, layer calls and `apply_gradients`, then rebuilds the train function.
+
+        Raises:
+            ProfileError: if the model is already being profiled.
+        """
+        if getattr(self.model, "_autoprec_probe_session", None) is not None:
+            raise ProfileError(
+                f"model {self.model.name!r} is already being profiled; finish that profile "
+                "(or remove its ProfileCallback) first."
+            )
+        self._choose_xla()
+        self._replace(self.model, "_autoprec_probe_session", self)
+        self._replace(self.model, "train_step", self._wrap_train_step(self.model.train_step))
+        optimizer = self.model.optimizer
+        self._replace(optimizer, "apply_gradients", self._wrap_apply(optimizer.apply_gradients))
+        for path, layer in self._targets.items():
+            self._replace(layer, "call", self._wrap_call(path, layer.call))
+            if _is_multi_head_attention(layer):
+                self._replace(
+                    layer,
+                    "_compute_attention",
+                    self._wrap_attention(path, layer, layer._compute_attention),
+                )
+        self._installed = True
+        self.model.make_train_function(force=True)
+
+    def _choose_xla(self) -> None:
+        self._xla = bool(getattr(self.model, "jit_compile", False))
+        if self._xla and not self._backend.xla_can_host_probes():
+            warnings.warn(
+                "autoprec: XLA cannot compile the profiler's probes on this machine; "
+                f"model {self.model.name!r} is profiled with jit_compile=False and switched "
+                "back to jit_compile=True afterwards.",
+                stacklevel=3,
+            )
+            self._original_jit_compile = True
+            self.model.jit_compile = False
+            self._xla = False
+
+    def _replace(self, owner: object, name: str, value: object) -> None:
+        had_own = name in vars(owner)
+        previous = vars(owner).get(name)
+        object.__setattr__(owner, name, value)
+
+        def undo() -> None:
+            if had_own:
+                object.__setattr__(owner, name, previous)
+            else:
+                object.__delattr__(owner, name)
+
+        self._undo.append(undo)
+
+    def _wrap_train_step(self, original: Callable) -> Callable:
+        session = self
+
+        @functools.wraps(original)
+        def train_step(data):
+            session._recording = True
+            try:
+                if session._step_counter is None:
+                    session._step_counter = session._backend.StepCounter()
+                session._step_counter.increment(data)
+                session._gradient_multiplier = session._backend.inverse_loss_scale(
+                    session.model.optimizer
+                )
+                session._statistics_cache = session._backend.StatisticsCache()
+                return original(data)
+            finally:
+                session._recording = False
+                session._gradient_multiplier = None
+                session._statistics_cache = None
+
+        return train_step
+
+    def _wrap_call(self, path: str, original: Callable) -> Callable:
+        session = self
+
+        @functools.wraps(original)
+        def call(*args, **kwargs):
+            outputs = original(*args, **kwargs)
+            if not session._recording:
+                return outputs
+            return session._probe_outputs(path, outputs)
+
+        return call
+
+    def _wrap_attention(self, path: str, layer: keras.layers.Layer, original: Callable) -> Callable:
+        session = self
+
+        @functools.wraps(original)
+        def compute_attention(
+            query,
+            key,
+            value,
+            attention_mask=None,
+            training=None,
+            return_attention_scores=False,
+            **kwargs,
+        ):
+            if session._recording:
+                logits = _attention_logits(layer, query, key, return_attention_scores)
+                if logits is not None:
+                    accumulator = session._accumulator(path, "internals", ATTENTION_LOGITS)
+                    session._backend.record(accumulator, logits, session._xla)
+            return original(
+                query, key, value, attention_mask, training, return_attention_scores, **kwargs
+            )
+
+        return compute_attention
+
+    def _wrap_apply(self, original: Callable) -> Callable:
+        session = self
+
+        @functools.wraps(original)
+        def apply_gradients(grads_and_vars):
+            pairs = list(grads_and_vars)
+            if session._recording:
+                session._record_weights(pairs)
+            return original(pairs)
+
+        return apply_gradients
+
+    # -- recording (at trace time, inside the train step)
+
+    def _accumulator(self, path: str, kind: str, key: str):
+        slot = (path, kind, key)
+        if slot not in self._accumulators:
+            self._accumulators[slot] = self._backend.TensorAccumulator(f"{path}/{kind}/{key}")
+        return self._accumulators[slot]
+
+    def _probe_outputs(self, path: str, outputs: Any) -> Any:
+        flat = keras.tree.flatten_with_path(outputs)
+        if not any(self._backend.is_float_tensor(value) for _, value in flat):
+            return outputs
+        probed = []
+        for tree_path, value in flat:
+            if not self._backend.is_float_tensor(value):
+                probed.append(value)
+                continue
+            key = _output_key(tree_path)
+            observed = self._backend.probe(
+                value,
+                self._accumulator(path, "activations", key),
+                self._accumulator(path, "activation_gradients", key),
+                self._xla,
+                self._gradient_multiplier,
+                self._statistics_cache,
+            )
+            _copy_keras_attributes(value, observed)
+            probed.append(observed)
+        if len(flat) == 1 and not flat[0][0]:
+            return probed[0]
+        return keras.tree.pack_sequence_as(outputs, probed)
+
+    def _record_weights(self, pairs: list) -> None:
+        for gradient, variable in pairs:
+            owner = self._weight_owners.get(id(variable))
+            if owner is None or gradient is None:
+                continue
+            path, name = owner
+            self._backend.record(
+                self._accumulator(path, "weight_gradients", name),
+                gradient,
+                self._xla,
+                self._gradient_multiplier,
+                self._statistics_cache,
+            )
+            self._backend.record(
+                self._accumulator(path, "weights", name), variable.value, self._xla
+            )
+
+    # -- collecting and removing
+
+    def steps_recorded(self) -> int:
+        """Returns the number of train steps run with probes so far."""
+        return 0 if self._step_counter is None else self._step_counter.read()
+
+    def values_recorded(self) -> int:
+        """Returns the number of tensor elements measured so far, over every probe and step."""
+        return sum(
+            TensorStats.from_raw(*accumulator.read()).count
+            for accumulator in self._accumulators.values()
+        )
+
+    def collect(self) -> Profile:
+        """Returns what the probes recorded so far as a `Profile` (the probes stay installed)."""
+        groups: dict[str, dict[str, dict[str, TensorStats]]] = {}
+        for (path, kind, key), accumulator in self._accumulators.items():
+            stats = TensorStats.from_raw(*accumulator.read())
+            if stats.count == 0:
+                continue
+            groups.setdefault(path, {name: {} for name in _KINDS})[kind][key] = stats
+        all_paths = layer_paths(self.model)
+        layers = {}
+        for path in [*all_paths, _ROOT_PATH]:
+            if path not in groups:
+                continue
+            layer = all_paths.get(path, self.model)
+            layers[path] = LayerProfile(
+                path=path,
+                class_name=type(layer).__name__,
+                dtype=str(getattr(layer, "compute_dtype", "float32")),
+                **groups[path],
+            )
+        return Profile(
+            layers=layers,
+            steps=self.steps_recorded(),
+            model_name=self.model.name,
+            fingerprint=model_fingerprint(self.model),
+        )
+
+    def remove(self) -> None:
+        """Restores every wrapped method and rebuilds the train function without probes."""
+        for undo in reversed(self._undo):
+            undo()
+        self._undo.clear()
+        if self._original_jit_compile is not None:
+            self.model.jit_compile = self._original_jit_compile
+            self._original_jit_compile = None
+        if self._installed:
+            self._installed = False
+            self.model.make_train_function(force=True)

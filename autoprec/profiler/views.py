@@ -1,0 +1,279 @@
+"""Views of a profile's numbers: the summary table, the exponent heat map, TensorBoard histograms.
+
+Everything here renders plain values (`SummaryRow`s, fraction matrices,
+histogram series) that `autoprec.profiler.Profile` assembles; nothing here
+reads a Keras model.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+import numpy as np
+
+from .. import numerics
+from .._backends import profiler_backend
+
+#: Column titles of `summary_table`.
+SUMMARY_COLUMNS: tuple[str, ...] = (
+    "layer",
+    "class",
+    "max|x|",
+    "f16 ovf",
+    "f16 ftz",
+    "bf16 ftz",
+    "max|g|",
+    "loss scale",
+    "g ftz@scale",
+    "f16 safe",
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class SummaryRow:
+    """One layer's line of the summary table, as plain numbers.
+
+    Attributes:
+        path: the layer's stable path.
+        class_name: the layer's class name.
+        max_forward: largest forward magnitude, or `None` when none was recorded.
+        float16_overflow_fraction: fraction of forward values that overflow float16.
+        float16_exceeds_max: whether a forward value is above 65504.
+        float16_underflow_fraction: fraction of forward values that flush to zero in float16.
+        bfloat16_underflow_fraction: same in bfloat16.
+        max_gradient: largest gradient magnitude, or `None` when none was recorded.
+        loss_scale: the suggested float16 loss scale, or `None`.
+        gradient_underflow_fraction: fraction of gradients flushing to zero at `loss_scale`.
+        float16_headroom_bits: doublings the largest forward value can take in float16.
+        float16_safe: whether the layer fits float16.
+
+    Example:
+
+    ```python
+    row = SummaryRow("dense", "Dense", 3.0, 0.0, False, 0.0, 0.0, 0.1, 2.0**10, 0.0, 14.4, True)
+    print(summary_table("model", 1, 2.0**10, [row]))
+    ```
+    """
+
+    path: str
+    class_name: str
+    max_forward: float | None
+    float16_overflow_fraction: float
+    float16_exceeds_max: bool
+    float16_underflow_fraction: float
+    bfloat16_underflow_fraction: float
+    max_gradient: float | None
+    loss_scale: float | None
+    gradient_underflow_fraction: float
+    float16_headroom_bits: float
+    float16_safe: bool
+
+
+def _risk_key(row: SummaryRow) -> tuple:
+    return (
+        row.float16_safe,
+        not row.float16_exceeds_max,
+        -row.float16_overflow_fraction,
+        -row.gradient_underflow_fraction,
+        -row.float16_underflow_fraction,
+        row.float16_headroom_bits,
+    )
+
+
+def format_fraction(value: float) -> str:
+    """Returns a fraction as a short percentage (`"0"`, `"12.50%"`, `"3.0e-06"`)."""
+    if value == 0:
+        return "0"
+    return f"{value:.2%}" if value >= 1e-4 else f"{value:.1e}"
+
+
+def format_scale(scale: float | None) -> str:
+    """Returns a power-of-two scale as `"2^k"`, or `"-"` for `None`."""
+    if scale is None:
+        return "-"
+    return f"2^{int(round(math.log2(scale)))}"
+
+
+def _cells(row: SummaryRow) -> tuple[str, ...]:
+    return (
+        row.path,
+        row.class_name,
+        f"{row.max_forward:.3g}" if row.max_forward is not None else "-",
+        format_fraction(row.float16_overflow_fraction) + ("!" if row.float16_exceeds_max else ""),
+        format_fraction(row.float16_underflow_fraction),
+        format_fraction(row.bfloat16_underflow_fraction),
+        f"{row.max_gradient:.3g}" if row.max_gradient is not None else "-",
+        format_scale(row.loss_scale),
+        format_fraction(row.gradient_underflow_fraction) if row.max_gradient is not None else "-",
+        "yes" if row.float16_safe else "NO",
+    )
+
+
+def summary_table(
+    model_name: str,
+    steps: int,
+    loss_scale: float | None,
+    rows: Sequence[SummaryRow],
+    max_rows: int | None = None,
+) -> str:
+    """Returns the text table of `Profile.summary`: one line per layer, riskiest for float16 first.
+
+    Args:
+        model_name: the profiled model's name (`"model"` when empty).
+        steps: train steps recorded.
+        loss_scale: the model-wide float16 loss scale, or `None`.
+        rows: one `SummaryRow` per layer, in any order.
+        max_rows: show at most this many layers (all when `None`).
+
+    Returns:
+        A title line, a header, a rule and the rows, joined by newlines.
+
+    Example:
+
+    ```python
+    print(summary_table("model", 20, None, [], max_rows=10))
+    ```
+    """
+    ordered = sorted(rows, key=_risk_key)
+    if max_rows is not None:
+        ordered = ordered[:max_rows]
+    table = [SUMMARY_COLUMNS] + [_cells(row) for row in ordered]
+    widths = [max(len(cells[i]) for cells in table) for i in range(len(SUMMARY_COLUMNS))]
+    lines = [
+        f"Profile of {model_name or 'model'}: {steps} steps, {len(rows)} layers, "
+        f"float16 loss scale {format_scale(loss_scale)}"
+    ]
+    for index, cells in enumerate(table):
+        lines.append("  ".join(cell.ljust(width) for cell, width in zip(cells, widths)).rstrip())
+        if index == 0:
+            lines.append("  ".join("-" * width for width in widths))
+    return "\n".join(lines)
+
+
+def write_tensorboard(
+    logdir: str | os.PathLike,
+    series: Iterable[tuple[str, np.ndarray, np.ndarray]],
+    step: int = 0,
+) -> None:
+    """Writes exponent histograms as TensorBoard histograms (TensorFlow backend).
+
+    Args:
+        logdir: TensorBoard log directory.
+        series: `(tag, exponents, counts)` triples, one histogram each.
+        step: the summary step to write at.
+
+    Raises:
+        BackendError: if the Keras backend is not TensorFlow.
+
+    Example:
+
+    ```python
+    write_tensorboard("logs", [("dense/activations", np.array([-1, 0]), np.array([3, 5]))])
+    ```
+    """
+    backend = profiler_backend("Profile.to_tensorboard")
+    backend.write_histograms(logdir, series, step=step)
+
+
+def _occupied_exponent_range(matrices: Sequence[np.ndarray]) -> tuple[int, int]:
+    occupied = np.flatnonzero(np.sum([matrix.sum(axis=0) for matrix in matrices], axis=0))
+    float16 = numerics.FLOAT16
+    low = float16.min_subnormal_exponent - 2
+    high = float16.max_exponent + 2
+    if occupied.size:
+        low = min(low, int(occupied[0]) + numerics.HISTOGRAM_MIN_EXPONENT - 1)
+        high = max(high, int(occupied[-1]) + numerics.HISTOGRAM_MIN_EXPONENT + 1)
+    return low, high
+
+
+def _mark_format_ranges(axis, low: int, high: int) -> None:
+    styles = {"float16": ("tab:red", "--"), "bfloat16": ("tab:orange", ":")}
+    for name, (colour, style) in styles.items():
+        fmt = numerics.float_format(name)
+        axis.axvspan(
+            max(low - 0.5, fmt.min_normal_exponent - 0.5),
+            min(high + 0.5, fmt.max_exponent + 0.5),
+            color=colour,
+            alpha=0.06,
+        )
+        for exponent, label in (
+            (fmt.min_subnormal_exponent - 0.5, f"{name} flush to zero below"),
+            (fmt.max_exponent + 0.5, f"{name} overflow above"),
+        ):
+            if low - 0.5 <= exponent <= high + 0.5:
+                axis.axvline(exponent, color=colour, linestyle=style, linewidth=1, label=label)
+
+
+def heat_map(
+    path: str | os.PathLike,
+    labels: Sequence[str],
+    panels: Sequence[tuple[str, np.ndarray]],
+) -> Path:
+    """Saves a heat map of exponent histograms: rows by binary exponent, format ranges marked.
+
+    Colour is the fraction of a row's elements in each binary exponent. The
+    float16 and bfloat16 normal ranges are shaded and their flush-to-zero and
+    overflow limits drawn as lines.
+
+    Args:
+        path: image file to write (format from the suffix, e.g. `.png`).
+        labels: one label per row (layer paths).
+        panels: `(title, matrix)` per panel; each matrix has one row per label
+            and `numerics.HISTOGRAM_BINS` columns of fractions.
+
+    Returns:
+        The written path.
+
+    Raises:
+        ImportError: if matplotlib is not installed.
+
+    Example:
+
+    ```python
+    fractions = np.zeros((1, numerics.HISTOGRAM_BINS))
+    fractions[0, 149] = 1.0  # every value in [1, 2)
+    heat_map("ranges.png", ["dense"], [("forward values", fractions)])
+    ```
+    """
+    try:
+        from matplotlib.colors import LogNorm
+        from matplotlib.figure import Figure
+    except ImportError as error:
+        raise ImportError(
+            "Profile.plot needs matplotlib: pip install matplotlib "
+            "(or pip install 'autoprec[plot]')."
+        ) from error
+    low, high = _occupied_exponent_range([matrix for _, matrix in panels])
+    figure = Figure(figsize=(6 * len(panels), 1.5 + 0.25 * max(1, len(labels))))
+    axes = figure.subplots(1, len(panels), squeeze=False)[0]
+    image = None
+    for axis, (title, matrix) in zip(axes, panels):
+        window = matrix[
+            :,
+            low - numerics.HISTOGRAM_MIN_EXPONENT : high + 1 - numerics.HISTOGRAM_MIN_EXPONENT,
+        ]
+        masked = np.ma.masked_less_equal(window, 0.0)
+        image = axis.imshow(
+            masked,
+            aspect="auto",
+            interpolation="nearest",
+            extent=(low - 0.5, high + 0.5, len(labels) - 0.5, -0.5),
+            norm=LogNorm(vmin=1e-6, vmax=1.0),
+            cmap="viridis",
+        )
+        _mark_format_ranges(axis, low, high)
+        axis.set_title(title)
+        axis.set_xlabel("binary exponent floor(log2|x|)")
+        axis.set_yticks(range(len(labels)))
+        axis.set_yticklabels(labels, fontsize=7)
+    axes[0].legend(loc="lower left", fontsize=6)
+    if image is not None:
+        figure.colorbar(image, ax=list(axes), label="fraction of elements")
+    destination = Path(path)
+    destination.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(destination, dpi=100)
+    return destination
