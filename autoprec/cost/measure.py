@@ -39,7 +39,7 @@ from .timers import (
     _time_layer,
     _timing_backend,
 )
-from .trace import trace_model
+from .trace import LayerCall, trace_model
 
 
 def _measure_casts(
@@ -335,25 +335,15 @@ def calibrate(
         if (progress and work)
         else None
     )
+    timing = _LayerTiming(
+        dtypes, batch_size, repeats, cache, stats, profile, jit_compile, dispatch_seconds, bar
+    )
     layers: dict[str, LayerCostRecord] = {}
     for path, cost in counts.items():
         if path not in work:
             layers[path] = _record(cost, dict.fromkeys(dtypes, 0.0), batch_size, dtypes, "measured")
             continue
-        seconds, source = _measure_layer(
-            paths[path],
-            trace.calls[path],
-            cost,
-            dtypes,
-            batch_size,
-            repeats,
-            cache,
-            stats,
-            profile,
-            jit_compile,
-            dispatch_seconds,
-            bar,
-        )
+        seconds, source = _measure_layer(paths[path], trace.calls[path], cost, timing)
         layers[path] = _record(cost, seconds, batch_size, dtypes, source)
 
     _subtract_children(layers, counts)
@@ -374,41 +364,51 @@ def calibrate(
     return table
 
 
+@dataclasses.dataclass(frozen=True)
+class _LayerTiming:
+    """How `calibrate` times each layer: dtypes, batch, cache, counters, fallback profile."""
+
+    dtypes: Sequence[str]
+    batch_size: int
+    repeats: int
+    cache: _Cache
+    stats: dict[str, int]
+    profile: HardwareProfile
+    jit_compile: bool
+    dispatch_seconds: float
+    bar: keras.utils.Progbar | None
+
+
 def _measure_layer(
-    layer,
-    calls,
-    cost,
-    dtypes,
-    batch_size,
-    repeats,
-    cache,
-    stats,
-    profile,
-    jit_compile,
-    dispatch_seconds,
-    bar,
+    layer: keras.layers.Layer, calls: Sequence[LayerCall], cost: LayerCost, timing: _LayerTiming
 ) -> tuple[dict[str, float | None], str]:
     """Measures (or reads from cache, or predicts as a fallback) one layer in each dtype."""
     seconds: dict[str, float | None] = {}
     sources = set()
-    for dtype in dtypes:
+    for dtype in timing.dtypes:
         total = 0.0
         for call in calls:
-            key = cache.key({"layer": _layer_signature(layer, call, batch_size), "dtype": dtype})
-            value = cache.get(key)
+            key = timing.cache.key(
+                {"layer": _layer_signature(layer, call, timing.batch_size), "dtype": dtype}
+            )
+            value = timing.cache.get(key)
             if value is not None:
-                stats["cached"] += 1
+                timing.stats["cached"] += 1
                 sources.add("cached")
             else:
                 try:
-                    value = _time_layer(layer, call, dtype, batch_size, repeats, jit_compile)
-                    value = max(value - dispatch_seconds, 0.05 * value)
-                    cache.put(key, value, f"{call.class_name} {call.path} {dtype}")
-                    stats["timed"] += 1
+                    value = _time_layer(
+                        layer, call, dtype, timing.batch_size, timing.repeats, timing.jit_compile
+                    )
+                    value = max(value - timing.dispatch_seconds, 0.05 * value)
+                    timing.cache.put(key, value, f"{call.class_name} {call.path} {dtype}")
+                    timing.stats["timed"] += 1
                     sources.add("measured")
                 except Exception as error:  # noqa: BLE001 - any failure falls back, flagged
-                    predicted = predicted_layer_seconds(cost, profile, dtype, batch_size)
-                    stats["fallback"] += 1
+                    predicted = predicted_layer_seconds(
+                        cost, timing.profile, dtype, timing.batch_size
+                    )
+                    timing.stats["fallback"] += 1
                     sources.add(f"predicted (fallback: {type(error).__name__}: {error})"[:200])
                     if predicted is None:
                         total = math.inf
@@ -416,8 +416,8 @@ def _measure_layer(
                     value = predicted / max(len(calls), 1)
             total += value
         seconds[dtype] = None if math.isinf(total) else total
-        if bar is not None:
-            bar.add(1)
+        if timing.bar is not None:
+            timing.bar.add(1)
     fallback = [source for source in sources if source.startswith("predicted")]
     if fallback:
         return seconds, fallback[0]
