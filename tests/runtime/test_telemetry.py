@@ -141,13 +141,13 @@ def test_nan_batch_under_bfloat16_raises_naming_the_step_and_the_data():
 
 
 def test_nan_batch_under_bfloat16_is_skipped_and_reported_in_promote_mode():
-    model, callback, history = _bfloat16_nan_run("promote")
+    model, callback, _ = _bfloat16_nan_run("promote")
     assert not _promotions(callback)
     reports = [event for event in callback.events if event["kind"] == "not_precision"]
     assert reports and reports[0]["step"] == 6
     assert int(model.optimizer.non_finite_steps.numpy()) == 2  # one per epoch, counted
     assert _finite_weights(model)  # the NaN never reached the weights
-    assert np.isfinite(history.history["loss"][-1]) or True  # the epoch mean includes it
+    assert np.isfinite(model.evaluate(*_drift_data(factor=1.0), verbose=0))
 
 
 def test_nan_batch_under_bfloat16_stops_in_stop_mode():
