@@ -47,7 +47,11 @@ def test_bfloat16_plan_gets_no_loss_scaling(mlp, classification):
         verbose=0,
         callbacks=[AutoPrecision(PrecisionPlan.uniform(mlp, "bfloat16"))],
     )
-    assert not isinstance(mlp.optimizer, keras.optimizers.LossScaleOptimizer)
+    # No loss scaling, but with the guard on a non-finite step is still skipped and counted.
+    assert not autoprec.runtime.loss_scale.scales_loss(mlp.optimizer)
+    assert isinstance(mlp.optimizer, FlooredLossScaleOptimizer) and mlp.optimizer.fixed
+    assert float(mlp.optimizer.dynamic_scale.numpy()) == 1.0
+    assert autoprec.runtime.current_loss_scale(mlp.optimizer) is None
     assert "loss_scale" not in history.history
     assert layer_paths(mlp)["dense_1"].compute_dtype == "bfloat16"
 

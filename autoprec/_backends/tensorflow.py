@@ -636,3 +636,44 @@ def cast_step(dtype: str, elements: int) -> Callable[[], Any]:
         return back[0]
 
     return lambda: step().numpy()
+
+
+# ---------------------------------------------------------------------------- guard telemetry
+# The runtime guard's amax telemetry computes its values with `keras.ops`; only
+# its variables (one copy per replica) and reading them back are TensorFlow's.
+
+
+def replica_local_variable(initial_value: np.ndarray, name: str) -> tf.Variable:
+    """Returns a variable each replica updates on its own, created outside any trace.
+
+    Args:
+        initial_value: the variable's first value (its shape and dtype too).
+        name: the variable's name.
+
+    Returns:
+        A `tf.Variable` with `synchronization=ON_READ`, not tracked by Keras.
+    """
+    with tf.init_scope():
+        return tf.Variable(
+            initial_value,
+            trainable=False,
+            name=_NAME_UNSAFE.sub("_", name)[:120] or "telemetry",
+            synchronization=tf.VariableSynchronization.ON_READ,
+            aggregation=tf.VariableAggregation.SUM,
+        )
+
+
+def replica_values(variable: tf.Variable) -> list[np.ndarray]:
+    """Returns the value of every replica's copy of `variable`, as NumPy arrays."""
+    return [np.asarray(local.numpy()) for local in _local_copies(variable)]
+
+
+def assign_every_replica(variable: tf.Variable, value: np.ndarray) -> None:
+    """Sets every replica's copy of `variable` to `value` (from the host, between steps)."""
+    for local in _local_copies(variable):
+        local.assign(value)
+
+
+def _local_copies(variable: tf.Variable) -> tuple:
+    strategy = getattr(variable, "distribute_strategy", None) or tf.distribute.get_strategy()
+    return tuple(strategy.experimental_local_results(variable))

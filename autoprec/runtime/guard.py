@@ -1,6 +1,19 @@
 """The runtime guard: detect overflow in training, find the layer where it starts, promote it.
 
-Detection is cheap and happens inside the compiled step: the
+On TensorFlow, detection and attribution come from `autoprec.runtime.telemetry`:
+every step, inside the compiled train step, each 16-bit layer records the
+largest magnitude of its outputs, inputs, attention logits and gradients, and
+the host reads one status flag per step. When a step fails, `attribute_step`
+names the cause from that very step: the input batch (the data's fault,
+nothing promoted), the layers whose forward values left their format's range
+while their inputs were finite (all of them, promoted at once), or the
+backward pass (the loss scale is lowered first, below 1 if need be, and the
+layers are promoted only when no scale can help). `climbing_layers` finds
+float16 layers whose amax history climbs toward 65504, promoted before they
+overflow.
+
+Where the telemetry cannot run (Keras' JAX backend) the guard works as before:
+the
 `FlooredLossScaleOptimizer` counts steps with non-finite gradients (which it
 skips). Every `check_every` steps the guard reads those counters. When at least
 `threshold` bad steps happened within `window` steps, or the loss scale sits at
@@ -25,6 +38,7 @@ from collections.abc import Mapping
 from .._core.dtypes import BFLOAT16, FLOAT16, FLOAT32, widen, wider_dtypes
 from ..errors import AutoprecError
 from ..profiler import Profile, TensorStats
+from .telemetry import FORMAT_MAX, NOT_RECORDED, LayerAmax, StepRecord, is_out_of_range
 
 logger = logging.getLogger("autoprec")
 
@@ -47,6 +61,11 @@ class GuardConfig:
         check_every: steps between reads of the in-graph counters.
         diagnose_steps: steps profiled to find the layer where overflow starts.
         bfloat16_is_fast: whether float16 layers may be promoted to bfloat16.
+        min_loss_scale: the lowest loss scale the guard sets for gradients that
+            overflow float16 even at the configured floor.
+        history_steps: steps of per-layer amax history kept on the device.
+        near_binades: a float16 layer whose amax climbs within this many binades
+            of 65504 is promoted before it overflows.
     """
 
     on_nan: str = "promote"
@@ -55,6 +74,9 @@ class GuardConfig:
     check_every: int = 10
     diagnose_steps: int = 3
     bfloat16_is_fast: bool = True
+    min_loss_scale: float = 2.0**-10
+    history_steps: int = 16
+    near_binades: float = 2.0
 
     def __post_init__(self) -> None:
         if self.on_nan not in ON_NAN_MODES:
@@ -311,3 +333,193 @@ def is_finite_number(value: object) -> bool:
         return math.isfinite(float(value))
     except (TypeError, ValueError):
         return True
+
+
+# ---------------------------------------------------------------------------- telemetry
+
+
+@dataclasses.dataclass(frozen=True)
+class Attribution:
+    """Where the non-finite values of a failed step came from.
+
+    Attributes:
+        cause: `"data"` (the input batch was non-finite), `"forward"` (16-bit
+            layers' forward values left their range), `"backward"` (only
+            gradients did) or `"elsewhere"` (no 16-bit layer shows it).
+        layers: the implicated layers, in model order for `"forward"`, in
+            backward order for `"backward"`.
+        evidence: `{path: figures}` for each implicated layer.
+        summary: one sentence for messages and events.
+    """
+
+    cause: str
+    layers: tuple[str, ...] = ()
+    evidence: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    summary: str = ""
+
+
+def _figure(value: float) -> str:
+    return "not recorded" if value == NOT_RECORDED else f"{value:.4g}"
+
+
+def _forward_evidence(amax: LayerAmax, dtype: str) -> str:
+    what = "attention logits" if is_out_of_range(amax.internal, dtype) else "outputs"
+    value = amax.internal if what == "attention logits" else amax.output
+    kind = "non-finite" if not math.isfinite(value) else "out-of-range"
+    return (
+        f"{kind} {dtype} {what} (amax {_figure(value)}; inputs amax {_figure(amax.input)}; "
+        f"{dtype}'s max is {FORMAT_MAX.get(dtype, FORMAT_MAX[FLOAT32]):.6g})"
+    )
+
+
+def attribute_step(record: StepRecord, dtypes: Mapping[str, str]) -> Attribution:
+    """Returns what made a recorded step non-finite, from that step's own amax values.
+
+    The input batch first (NaN or inf already there is the data's fault); then
+    the forward pass: every 16-bit layer whose outputs or attention logits left
+    its format's range while its inputs were finite (several in one step are
+    all implicated; when none had finite inputs, the first out-of-range layer in
+    model order); then the backward pass: the layers whose gradients left their
+    range, from the loss toward the inputs.
+
+    Args:
+        record: a `StepRecord` from `GuardTelemetry.read_records`.
+        dtypes: `{path: dtype}` the layers computed in.
+
+    Returns:
+        An `Attribution`.
+
+    Example:
+
+    ```python
+    attribution = attribute_step(telemetry.read_records()[-1], handle.dtypes)
+    attribution.cause, attribution.layers  # ("forward", ("big",))
+    ```
+    """
+    if not record.batch_finite:
+        return Attribution(
+            "data",
+            summary=f"NaN entered with the input data (the input batch's amax is "
+            f"{record.batch_amax:g}): the NaN came with the data, not from a 16-bit layer",
+        )
+    paths = [path for path in record.layers if dtypes.get(path, FLOAT32) != FLOAT32]
+    forward = [
+        path
+        for path in paths
+        if is_out_of_range(record.layers[path].output, dtypes[path])
+        or is_out_of_range(record.layers[path].internal, dtypes[path])
+    ]
+    if forward:
+        implicated = [
+            path for path in forward if not is_out_of_range(record.layers[path].input, dtypes[path])
+        ] or forward[:1]
+        evidence = {
+            path: _forward_evidence(record.layers[path], dtypes[path]) for path in implicated
+        }
+        return Attribution(
+            "forward",
+            tuple(implicated),
+            evidence,
+            "; ".join(f"{path}: {text}" for path, text in evidence.items()),
+        )
+    backward = [
+        path
+        for path in reversed(paths)
+        if is_out_of_range(record.layers[path].gradient, dtypes[path])
+    ]
+    if backward:
+        evidence = {
+            path: f"{dtypes[path]} gradients amax {_figure(record.layers[path].gradient)} at "
+            f"loss scale {record.loss_scale:g} ({dtypes[path]}'s max is "
+            f"{FORMAT_MAX.get(dtypes[path], FORMAT_MAX[FLOAT32]):.6g})"
+            for path in backward
+        }
+        return Attribution(
+            "backward",
+            tuple(backward),
+            evidence,
+            f"gradients left the 16-bit range in {', '.join(backward)} at loss scale "
+            f"{record.loss_scale:g}",
+        )
+    return Attribution(
+        "elsewhere",
+        summary="non-finite gradients outside the 16-bit layers (a float32 layer or the loss)",
+    )
+
+
+def lowered_loss_scale(scale: float, failures_in_a_row: int, minimum: float) -> float:
+    """Returns the loss scale to try after gradients overflowed `failures_in_a_row` steps running.
+
+    The scale drops by 1, 2, 4, then 8 binades per failed step (a power of two
+    throughout), so a scale far too large for the gradients is found in a few
+    steps rather than one halving per step; never below `minimum`.
+
+    Args:
+        scale: the loss scale the failed step ran with.
+        failures_in_a_row: failed steps so far in this run of failures (1 or more).
+        minimum: the lowest scale allowed.
+
+    Returns:
+        The new loss scale.
+
+    Example:
+
+    ```python
+    lowered_loss_scale(32768.0, 3, 2.0**-10)  # 2048.0
+    ```
+    """
+    binades = min(8, 2 ** max(0, failures_in_a_row - 1))
+    return max(float(minimum), float(scale) / 2.0**binades)
+
+
+def climbing_layers(
+    records: list[StepRecord], dtypes: Mapping[str, str], binades: float = 2.0
+) -> dict[str, str]:
+    """Returns the float16 layers whose amax history climbs toward 65504, with the figures.
+
+    A layer climbs when its latest forward amax (outputs or attention logits)
+    is within `binades` binades of 65504, is the largest of its history, and
+    the later half of its history is larger on average than the earlier half.
+    Non-finite and unrecorded values are left out.
+
+    Args:
+        records: the telemetry's history, oldest first (at least 4 steps).
+        dtypes: `{path: dtype}` the layers compute in.
+        binades: how close to 65504 the latest amax must be.
+
+    Returns:
+        `{path: evidence}` for each climbing float16 layer.
+
+    Example:
+
+    ```python
+    climbing_layers(telemetry.read_records(), handle.dtypes)  # {"dense_3": "amax ..."}
+    ```
+    """
+    threshold = FORMAT_MAX[FLOAT16] / 2.0**binades
+    found: dict[str, str] = {}
+    if not records:
+        return found
+    for path in records[-1].layers:
+        if dtypes.get(path) != FLOAT16:
+            continue
+        series = [
+            record.layers[path].forward
+            for record in records
+            if path in record.layers
+            and record.layers[path].forward != NOT_RECORDED
+            and math.isfinite(record.layers[path].forward)
+        ]
+        if len(series) < 4 or series[-1] < threshold or series[-1] < max(series):
+            continue
+        half = len(series) // 2
+        early = sum(series[:half]) / half
+        late = sum(series[half:]) / (len(series) - half)
+        if late <= early:
+            continue
+        found[path] = (
+            f"float16 amax climbing toward 65504: {series[0]:.4g} -> {series[-1]:.4g} over "
+            f"{len(series)} steps ({math.log2(FORMAT_MAX[FLOAT16] / series[-1]):.2f} binades "
+            "of headroom left)"
+        )
+    return found

@@ -77,7 +77,10 @@ class FlooredLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         halved = ops.multiply(self.dynamic_scale, 0.5)
         if self.floor is None:
             return halved
-        return ops.maximum(halved, ops.cast(self.floor, "float32"))
+        # Never below the floor by halving, but a scale set below it (by the guard,
+        # for gradients too large even at the floor) is not raised back.
+        floor = ops.minimum(self.dynamic_scale, ops.cast(self.floor, "float32"))
+        return ops.maximum(halved, floor)
 
     def _stateful_handle_non_finite_grads(self) -> None:
         self.step_counter.assign(0)
@@ -135,9 +138,56 @@ class FlooredLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         return cls(inner, **config)
 
 
+def step_skipping_optimizer(
+    inner_optimizer: keras.optimizers.Optimizer,
+) -> FlooredLossScaleOptimizer:
+    """Returns `inner_optimizer` wrapped to skip (and count) steps with non-finite gradients, unscaled.
+
+    The loss scale is fixed at 1, so nothing is scaled: this is what a plan with
+    bfloat16 but no float16 layers gets while the guard is on (bfloat16 has
+    float32's range and needs no loss scaling, but a NaN must still never reach
+    the weights). `current_loss_scale` reports `None` for it.
+
+    Args:
+        inner_optimizer: the optimizer to wrap.
+
+    Returns:
+        A `FlooredLossScaleOptimizer` with `fixed=True` and scale 1.
+
+    Example:
+
+    ```python
+    model.optimizer = step_skipping_optimizer(model.optimizer)
+    ```
+    """
+    wrapped = FlooredLossScaleOptimizer(inner_optimizer, initial_scale=1.0, floor=None, fixed=True)
+    wrapped.scales_loss = False
+    return wrapped
+
+
+def scales_loss(optimizer) -> bool:
+    """Returns whether `optimizer` scales the loss (a step-skipping wrapper does not).
+
+    Args:
+        optimizer: a Keras optimizer.
+
+    Returns:
+        `True` for a `LossScaleOptimizer` other than a `step_skipping_optimizer`.
+
+    Example:
+
+    ```python
+    scales_loss(model.optimizer)
+    ```
+    """
+    return isinstance(optimizer, keras.optimizers.LossScaleOptimizer) and getattr(
+        optimizer, "scales_loss", True
+    )
+
+
 def current_loss_scale(optimizer) -> float | None:
     """Returns the optimizer's current loss scale, or `None` if it does no loss scaling."""
-    if not isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+    if not scales_loss(optimizer):
         return None
     if not optimizer.built:
         return float(optimizer.initial_scale)

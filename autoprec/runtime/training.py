@@ -16,17 +16,28 @@ from ..plan import PrecisionPlan
 from ..profiler import ProfileCallback
 from .apply import PlanHandle, apply_plan
 from .guard import (
+    Attribution,
     GuardAction,
     GuardConfig,
+    GuardPhase,
     GuardState,
     NonFiniteTrainingError,
+    attribute_step,
+    climbing_layers,
     enters_with_the_data,
     find_culprit,
+    lowered_loss_scale,
     promotion_target,
 )
 from .kernels import fallback_plan, find_missing_kernels
-from .loss_scale import FlooredLossScaleOptimizer, current_loss_scale
+from .loss_scale import (
+    FlooredLossScaleOptimizer,
+    current_loss_scale,
+    scales_loss,
+    step_skipping_optimizer,
+)
 from .saving import attach_plan
+from .telemetry import GuardTelemetry, StepRecord
 from .tensorboard import TrainingLog
 
 logger = logging.getLogger("autoprec")
@@ -144,6 +155,9 @@ class PlanCallback(keras.callbacks.Callback):
         self._pending = False
         self._kernels_checked = False
         self._step = 0
+        self._telemetry: GuardTelemetry | None = None
+        self._failures_in_a_row = 0
+        self._last_failed_index = -1
 
     # ------------------------------------------------------------------ Keras hooks
 
@@ -165,7 +179,10 @@ class PlanCallback(keras.callbacks.Callback):
         elif self._diagnosis is not None:
             self._diagnose(batch, logs)
         elif self._guard_state is not None and self.handle is not None:
-            if self._guard_state.is_check_due(self._step):
+            if self._telemetry is not None:
+                if self._guard_state.phase is not GuardPhase.STOPPED:
+                    self._watch()
+            elif self._guard_state.is_check_due(self._step):
                 self._check(logs)
 
     def on_epoch_end(self, epoch, logs=None) -> None:
@@ -209,6 +226,11 @@ class PlanCallback(keras.callbacks.Callback):
 
     def restore(self) -> None:
         """Undoes the plan: original policies back, the optimizer unwrapped if this callback wrapped it."""
+        if self._telemetry is not None:
+            self._telemetry.remove()
+            self._telemetry = None
+        if self.model is not None and hasattr(self.model, _APPLIED):
+            object.__delattr__(self.model, _APPLIED)
         if self.handle is not None:
             self.handle.restore()
         if self._wrapped_optimizer is not None and self.model is not None:
@@ -222,18 +244,25 @@ class PlanCallback(keras.callbacks.Callback):
         self._apply()
 
     def _apply(self, quiet: bool = False) -> None:
-        self.handle = apply_plan(self.model, self.plan, strict=self.strict)
+        model = self.model
+        compiled = [getattr(model, name, None) for name in _COMPILED_FUNCTIONS]
+        applied = getattr(model, _APPLIED, None)
+        self.handle = apply_plan(model, self.plan, strict=self.strict)
+        unchanged = applied is not None and applied.dtypes == self.handle.dtypes
+        if unchanged:
+            self._kernels_checked = True  # checked when these dtypes were first applied
         if self.check_kernels and not self._kernels_checked:
             self._kernels_checked = True
             self.handle.restore()  # trace the model as it was, then check 16-bit layers alone
-            missing = find_missing_kernels(self.model, self.handle.dtypes)
+            missing = find_missing_kernels(model, self.handle.dtypes)
             plan = fallback_plan(self.handle.plan, missing, step=self._step)
             self.events.extend(dict(event) for event in plan.events[len(self.handle.plan.events) :])
-            self.handle = apply_plan(self.model, plan, strict=self.strict)
+            self.handle = apply_plan(model, plan, strict=self.strict)
         if self.guard_config is not None and self._guard_state is None:
             self._guard_state = GuardState(self.guard_config)
         self.plan = self.handle.plan
-        attach_plan(self.model, self.plan)
+        attach_plan(model, self.plan)
+        has_16bit = any(dtype != FLOAT32 for dtype in self.handle.dtypes.values())
         if self.handle.uses_float16:
             if self.loss_scale is None:
                 raise PlanError(
@@ -241,15 +270,67 @@ class PlanCallback(keras.callbacks.Callback):
                     f"{_float16_layers(self.handle)[:3]} run in float16; use 'dynamic'."
                 )
             self._ensure_loss_scaling()
-        self._rebuild_compiled_functions()
+        elif has_16bit and self.guard_config is not None:
+            self._ensure_step_skipping()
+        unchanged = unchanged and applied.optimizer is model.optimizer
+        if unchanged and applied.telemetry is not None and applied.telemetry.installed:
+            self._telemetry = applied.telemetry
+        elif unchanged and self.guard_config is not None and has_16bit:
+            unchanged = applied.telemetry is None and not self._telemetry_supported()
+        if unchanged and all(function is not None for function in compiled[:1]):
+            # The model already runs this plan: keep its traced functions.
+            for name, function in zip(_COMPILED_FUNCTIONS, compiled):
+                setattr(model, name, function)
+        else:
+            self._install_telemetry(has_16bit)
+            self._rebuild_compiled_functions()
+        object.__setattr__(
+            model,
+            _APPLIED,
+            _AppliedState(dict(self.handle.dtypes), model.optimizer, self._telemetry),
+        )
         if self.verbose and not quiet:
-            scaling = current_loss_scale(self.model.optimizer)
+            scaling = current_loss_scale(model.optimizer)
             print(
                 "autoprec: plan applied to "
                 + counts_text(count_dtypes(self.handle.dtypes.values()))
                 + " layer(s)"
                 + (f"; loss scale {scaling:g}" if scaling is not None else "")
             )
+
+    def _telemetry_supported(self) -> bool:
+        return keras.backend.backend() == "tensorflow"
+
+    def _install_telemetry(self, has_16bit: bool) -> None:
+        if self._telemetry is not None:
+            self._telemetry.remove()
+            self._telemetry = None
+        if self.guard_config is None or not has_16bit or not self._telemetry_supported():
+            return
+        with strategy_scope(self.model):
+            self._telemetry = GuardTelemetry(
+                self.model,
+                self.handle.dtypes,
+                history_steps=self.guard_config.history_steps,
+                near_binades=self.guard_config.near_binades,
+            )
+        self._telemetry.install()
+        self._last_failed_index = -1
+        self._failures_in_a_row = 0
+
+    def _ensure_step_skipping(self) -> None:
+        optimizer = self.model.optimizer
+        if optimizer is None:
+            raise PlanError(
+                f"{type(self).__name__}: the model has no optimizer; compile it before fit."
+            )
+        if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+            return
+        with strategy_scope(self.model):
+            wrapped = step_skipping_optimizer(optimizer)
+            wrapped.build(self.model.trainable_variables)
+        self._wrapped_optimizer = optimizer
+        self.model.optimizer = wrapped
 
     def _ensure_loss_scaling(self) -> None:
         optimizer = self.model.optimizer
@@ -258,7 +339,10 @@ class PlanCallback(keras.callbacks.Callback):
                 f"{type(self).__name__}: the model has no optimizer; compile it before fit."
             )
         if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
-            return
+            if scales_loss(optimizer):
+                return
+            optimizer = optimizer.inner_optimizer  # a step-skipping wrapper: scale it now
+            self.model.optimizer = optimizer
         fixed = not isinstance(self.loss_scale, str)
         initial_scale = float(self.loss_scale) if fixed else 2.0**15
         floor = None if fixed else self.loss_scale_floor
@@ -271,7 +355,7 @@ class PlanCallback(keras.callbacks.Callback):
                 fixed=fixed,
             )
             wrapped.build(self.model.trainable_variables)
-        self._wrapped_optimizer = optimizer
+        self._wrapped_optimizer = self._wrapped_optimizer or optimizer
         self.model.optimizer = wrapped
 
     def _rebuild_compiled_functions(self) -> None:
@@ -357,30 +441,142 @@ class PlanCallback(keras.callbacks.Callback):
         self._guard_state.resume()  # count afresh before diagnosing again
 
     def _promote(self, path: str, evidence: str) -> None:
-        before = self.handle.dtypes[path]
+        self._promote_all({path: evidence}, self._guard_state.trigger, reset_scale=True)
+
+    def _promote_all(
+        self, evidence: dict[str, str], trigger: str, reset_scale: bool = False
+    ) -> None:
+        """Promotes every layer in `evidence` at once: one re-apply, one retrace."""
         bfloat16_fast = self.guard_config.bfloat16_is_fast and self._bfloat16_is_fast()
-        target = promotion_target(before, bfloat16_fast)
-        event = {
-            "step": self._step,
-            "kind": "promotion",
-            "layer": path,
-            "from": before,
-            "to": target,
-            "evidence": evidence,
-            "trigger": self._guard_state.trigger,
-        }
-        self.events.append(event)
-        self.plan = self.plan.with_dtype(path, target).with_event(event)
+        messages = []
+        plan = self.plan
+        for path, why in evidence.items():
+            before = self.handle.dtypes[path]
+            target = promotion_target(before, bfloat16_fast)
+            event = {
+                "step": self._step,
+                "kind": "promotion",
+                "layer": path,
+                "from": before,
+                "to": target,
+                "evidence": why,
+                "trigger": trigger,
+            }
+            self.events.append(event)
+            plan = plan.with_dtype(path, target).with_event(event)
+            messages.append(
+                f"autoprec guard: step {self._step}: {path} {before} -> {target} ({why})"
+            )
+        self.plan = plan
         self._apply(quiet=True)
         optimizer = self.model.optimizer
-        if isinstance(optimizer, keras.optimizers.LossScaleOptimizer) and optimizer.built:
+        if reset_scale and scales_loss(optimizer) and optimizer.built:
             optimizer.dynamic_scale.assign(float(optimizer.initial_scale))
         self._guard_state.resume()
-        message = f"autoprec guard: step {self._step}: {path} {before} -> {target} ({evidence})"
-        if self.verbose:
-            print(message)
-        else:
+        for message in messages:
             logger.warning(message)
+            if self.verbose:
+                print(message)
+
+    # ------------------------------------------------------------------ guard (telemetry)
+
+    def _watch(self) -> None:
+        telemetry = self._telemetry
+        status = telemetry.read_status()
+        if not status:
+            return
+        records = telemetry.read_records(new_only=True)
+        telemetry.clear_status()
+        latest = records[-1].index if records else 0
+        failed = [record for record in records if not record.finite]
+        if failed:
+            record = failed[0]
+            self._on_failed_step(record, self._step - (latest - record.index))
+        elif status.near_range:
+            self._on_near_range()
+
+    def _set_loss_scale(self, value: float) -> None:
+        optimizer = self.model.optimizer
+        if scales_loss(optimizer) and optimizer.built and not optimizer.fixed:
+            optimizer.dynamic_scale.assign(float(value))
+
+    def _on_failed_step(self, record: StepRecord, step: int) -> None:
+        attribution = attribute_step(record, self.handle.dtypes)
+        if record.index != self._last_failed_index + 1:
+            self._failures_in_a_row = 0
+        self._last_failed_index = record.index
+        trigger = f"non-finite step {step}"
+        self._guard_state.trigger = f"{trigger}: {attribution.summary}"
+        if attribution.cause in ("data", "elsewhere"):
+            self._set_loss_scale(record.loss_scale)  # not the scale's fault: undo its halving
+            self._not_precision(step, attribution)
+            return
+        if attribution.cause == "backward" and self._lower_loss_scale(record, step):
+            return
+        self._failures_in_a_row = 0
+        on_nan = self.guard_config.on_nan
+        if on_nan == "raise":
+            raise NonFiniteTrainingError(f"autoprec guard: {trigger}: {attribution.summary}.")
+        if on_nan == "stop":
+            self._report_divergence("on_nan='stop'")
+            return
+        if attribution.cause == "forward":
+            self._set_loss_scale(record.loss_scale)
+        else:
+            self._set_loss_scale(max(self.loss_scale_floor, record.loss_scale))
+        self._promote_all(dict(attribution.evidence), self._guard_state.trigger)
+
+    def _lower_loss_scale(self, record: StepRecord, step: int) -> bool:
+        """Lowers the dynamic loss scale for gradients that overflowed; `False` when it cannot."""
+        optimizer = self.model.optimizer
+        minimum = min(self.guard_config.min_loss_scale, self.loss_scale_floor)
+        if not scales_loss(optimizer) or optimizer.fixed or record.loss_scale <= minimum:
+            return False
+        self._failures_in_a_row += 1
+        scale = lowered_loss_scale(record.loss_scale, self._failures_in_a_row, minimum)
+        self._set_loss_scale(scale)
+        if scale < self.loss_scale_floor <= record.loss_scale:
+            evidence = (
+                f"{record.loss_scale:g} -> {scale:g}, below the floor {self.loss_scale_floor:g}: "
+                + _attribution_text(record, self.handle.dtypes)
+            )
+            event = {"step": step, "kind": "loss_scale", "evidence": evidence}
+            self.events.append(event)
+            self.plan = self.plan.with_event(event)
+            logger.warning(f"autoprec guard: step {step}: loss scale {evidence}")
+        else:
+            logger.info(
+                f"autoprec guard: step {step}: loss scale {record.loss_scale:g} -> {scale:g}"
+            )
+        return True
+
+    def _not_precision(self, step: int, attribution: Attribution) -> None:
+        message = f"autoprec guard: non-finite step {step}: {attribution.summary}; update skipped."
+        event = {"step": step, "kind": "not_precision", "evidence": attribution.summary}
+        repeated = any(event["kind"] == "not_precision" for event in self.events)
+        self.events.append(event)
+        on_nan = self.guard_config.on_nan
+        if on_nan == "raise":
+            raise NonFiniteTrainingError(message + " Nothing promoted.")
+        if on_nan == "stop":
+            self._report_divergence("on_nan='stop'")
+            return
+        logger.log(
+            logging.INFO if repeated else logging.WARNING,
+            message + " Not a precision problem: nothing promoted.",
+        )
+
+    def _on_near_range(self) -> None:
+        climbing = climbing_layers(
+            self._telemetry.read_records(), self.handle.dtypes, self.guard_config.near_binades
+        )
+        if not climbing:
+            return
+        if self.guard_config.on_nan != "promote":
+            for path, evidence in climbing.items():
+                logger.warning(f"autoprec guard: step {self._step}: {path}: {evidence}")
+            return
+        self._promote_all(climbing, f"amax near float16's range at step {self._step}")
 
     def _bfloat16_is_fast(self) -> bool:
         try:
@@ -417,6 +613,26 @@ def _check_loss_scale(
             f"{name}: loss_scale=None, but the plan runs layers in float16, whose "
             "gradients underflow without loss scaling. Use loss_scale='dynamic' (default)."
         )
+
+
+_APPLIED = "_autoprec_applied_plan"
+_COMPILED_FUNCTIONS = ("train_function", "test_function", "predict_function")
+
+
+class _AppliedState:
+    """What a model runs: its dtypes, the optimizer and telemetry they were set up with."""
+
+    def __init__(
+        self, dtypes: dict[str, str], optimizer: object, telemetry: GuardTelemetry | None
+    ) -> None:
+        self.dtypes = dtypes
+        self.optimizer = optimizer
+        self.telemetry = telemetry
+
+
+def _attribution_text(record: StepRecord, dtypes: dict[str, str]) -> str:
+    """Returns the summary of `attribute_step` for a record (for events and messages)."""
+    return attribute_step(record, dtypes).summary
 
 
 def _float16_layers(handle: PlanHandle) -> list[str]:

@@ -1,0 +1,620 @@
+"""Per-layer amax telemetry inside the compiled train step: what the guard reads when a step fails.
+
+While the guard is on, every 16-bit layer's `call` is wrapped (on the
+instance, as the profiler does) so that, inside the model's own compiled
+train step, it records four maxima of `|x|`:
+
+- `output`: the layer's float outputs;
+- `input`: the float inputs it received (already cast to its compute dtype);
+- `internal`: intermediates that can overflow inside the layer: the attention
+  logits of `MultiHeadAttention` (recomputed in float32, forward only);
+- `gradient`: the gradients flowing back into its outputs (a custom-gradient
+  identity) and its weight gradients (seen in `apply_gradients`), both under
+  the step's loss scale.
+
+A non-finite value shows as an infinite or NaN maximum. The step also records
+the largest magnitude of its input batch, its loss scale and whether any
+gradient (of any layer) was non-finite. Each step's values are appended to a
+short history kept on the device (the last `history_steps` steps, as
+Transformer Engine keeps an amax history for FP8). The host reads one small
+status tensor per step (did a step fail, did a float16 layer set a new amax
+record within `near_binades` binades of 65504) and the history only when the
+status says so. No histograms: one or two reductions per recorded tensor.
+
+The values are computed with `keras.ops`; the variables (one copy per replica
+under a `tf.distribute` strategy) come from the TensorFlow backend module. On
+other backends a train step is a pure function that cannot update statistics
+from inside its gradient, so `GuardTelemetry` raises `BackendError` there and
+the guard falls back to reading the loss-scale optimizer's counters.
+
+Example:
+
+```python
+telemetry = GuardTelemetry(model, {"dense": "float16", "head": "float32"})
+telemetry.install()
+model.make_train_function(force=True)
+model.fit(x, y, epochs=1)
+if telemetry.read_status().failed:
+    print(telemetry.read_records()[-1])
+```
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+import threading
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import keras
+import numpy as np
+from keras import ops
+
+from .._backends import profiler_backend
+from .._core.dtypes import FLOAT16, FLOAT32
+from ..layers import is_graph_model, is_pass_through, layer_paths
+
+#: What is recorded for every 16-bit layer, in this order.
+SLOTS = ("output", "input", "internal", "gradient")
+OUTPUT, INPUT, INTERNAL, GRADIENT = range(len(SLOTS))
+#: The value of a slot nothing was recorded in.
+NOT_RECORDED = -1.0
+#: The largest finite value of each compute dtype.
+FORMAT_MAX = {
+    FLOAT16: 65504.0,
+    "bfloat16": 3.3895313892515355e38,
+    FLOAT32: 3.4028234663852886e38,
+}
+
+# Attributes Keras hangs on tensors that an observed output must carry on.
+_KERAS_TENSOR_ATTRIBUTES = ("_keras_mask", "_keras_logits")
+_ACTIVE = threading.local()  # the step being traced, per replica thread
+
+
+def format_max(dtype: str) -> float:
+    """Returns the largest finite value of a compute dtype (float32's for unknown names).
+
+    Args:
+        dtype: `"float16"`, `"bfloat16"` or `"float32"`.
+
+    Returns:
+        65504.0 for float16, about 3.39e38 for bfloat16, 3.40e38 for float32.
+
+    Example:
+
+    ```python
+    format_max("float16")  # 65504.0
+    ```
+    """
+    return FORMAT_MAX.get(dtype, FORMAT_MAX[FLOAT32])
+
+
+def is_out_of_range(value: float, dtype: str) -> bool:
+    """Returns whether a recorded amax is non-finite or above `dtype`'s largest value.
+
+    Args:
+        value: a recorded maximum magnitude (`NOT_RECORDED` counts as in range).
+        dtype: the compute dtype the value had to fit.
+
+    Returns:
+        `True` when the value left the format's range.
+
+    Example:
+
+    ```python
+    is_out_of_range(float("inf"), "bfloat16")  # True
+    ```
+    """
+    if value == NOT_RECORDED:
+        return False
+    return not math.isfinite(value) or value > format_max(dtype)
+
+
+@dataclasses.dataclass(frozen=True)
+class LayerAmax:
+    """The maxima of `|x|` one layer recorded in one step (`NOT_RECORDED` where nothing was).
+
+    Attributes:
+        output: of its float outputs.
+        input: of its float inputs, in its compute dtype.
+        internal: of intermediates that can overflow inside it (attention logits).
+        gradient: of the gradients of its outputs and weights, under the loss scale.
+    """
+
+    output: float = NOT_RECORDED
+    input: float = NOT_RECORDED
+    internal: float = NOT_RECORDED
+    gradient: float = NOT_RECORDED
+
+    @property
+    def forward(self) -> float:
+        """The largest of `output` and `internal` (NaN when either is NaN)."""
+        values = (self.output, self.internal)
+        if any(math.isnan(value) for value in values):
+            return math.nan
+        return max(values)
+
+
+@dataclasses.dataclass(frozen=True)
+class StepRecord:
+    """What the telemetry recorded for one train step.
+
+    Attributes:
+        index: the step's number among the steps recorded since installing (1-based).
+        loss_scale: the loss scale the step ran with (1.0 without scaling).
+        batch_amax: the largest magnitude in the step's input batch (NaN or inf
+            when the batch held non-finite values).
+        gradients_finite: whether every gradient the optimizer received was finite.
+        layers: `{path: LayerAmax}` for every recorded 16-bit layer, in model order.
+    """
+
+    index: int
+    loss_scale: float
+    batch_amax: float
+    gradients_finite: bool
+    layers: Mapping[str, LayerAmax]
+
+    @property
+    def batch_finite(self) -> bool:
+        """Whether the input batch held only finite values."""
+        return math.isfinite(self.batch_amax)
+
+    @property
+    def finite(self) -> bool:
+        """Whether nothing in the step was non-finite (batch, layers and gradients)."""
+        if not (self.batch_finite and self.gradients_finite):
+            return False
+        return all(
+            value == NOT_RECORDED or math.isfinite(value)
+            for amax in self.layers.values()
+            for value in dataclasses.astuple(amax)
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class TelemetryStatus:
+    """The one small tensor the host reads after each step.
+
+    Attributes:
+        failed: a step since the last `clear_status` had non-finite values.
+        near_range: a float16 layer set a new amax record within the warning
+            distance of 65504.
+    """
+
+    failed: bool = False
+    near_range: bool = False
+
+    def __bool__(self) -> bool:
+        return self.failed or self.near_range
+
+
+class _StepTrace:
+    """Tensors recorded while one train step is traced (in one replica's thread)."""
+
+    def __init__(self) -> None:
+        self.values: dict[tuple[int, int], list] = {}
+        self.all_gradients: list = []
+
+    def add(self, index: int, slot: int, value: Any) -> None:
+        self.values.setdefault((index, slot), []).append(value)
+
+
+def _active_trace() -> _StepTrace | None:
+    return getattr(_ACTIVE, "trace", None)
+
+
+def _is_float_tensor(value: object) -> bool:
+    dtype = getattr(value, "dtype", None)
+    if dtype is None or not hasattr(value, "shape"):
+        return False
+    try:
+        return keras.backend.is_float_dtype(keras.backend.standardize_dtype(dtype))
+    except (TypeError, ValueError):
+        return False
+
+
+def _amax(tensor: Any, nan_safe: bool) -> Any:
+    """The largest magnitude of `tensor` as a float32 scalar; NaN/inf when any value is."""
+    if hasattr(tensor, "indices") and hasattr(tensor, "values"):  # IndexedSlices
+        tensor = tensor.values
+    if any(dim == 0 for dim in tensor.shape):
+        return ops.convert_to_tensor(0.0, "float32")
+    magnitude = ops.abs(tensor)
+    if nan_safe:  # XLA's max drops NaN
+        magnitude = ops.where(ops.isnan(tensor), ops.cast(math.inf, magnitude.dtype), magnitude)
+    return ops.cast(ops.max(magnitude), "float32")
+
+
+def _combined(values: list, nan_safe: bool) -> Any:
+    if len(values) == 1:
+        return values[0]
+    return _amax(ops.stack(values), nan_safe)
+
+
+def _copy_keras_attributes(source: object, target: object) -> None:
+    for name in _KERAS_TENSOR_ATTRIBUTES:
+        value = getattr(source, name, None)
+        if value is not None:
+            try:
+                setattr(target, name, value)
+            except AttributeError:  # a tensor type without a __dict__
+                pass
+
+
+def _attention_logits(
+    layer: keras.layers.Layer, query: Any, key: Any, return_attention_scores: bool
+) -> Any | None:
+    """Recomputes in float32 the attention logits `MultiHeadAttention` computes in its dtype."""
+    if not hasattr(layer, "_inverse_sqrt_key_dim") or not hasattr(layer, "_dot_product_equation"):
+        return None
+    query = ops.cast(ops.stop_gradient(query), "float32")
+    key = ops.cast(ops.stop_gradient(key), "float32")
+    fused = not (
+        getattr(layer, "_dropout", 0.0) > 0.0
+        or return_attention_scores
+        or len(query.shape) != 4
+        or type(layer)._compute_attention is not keras.layers.MultiHeadAttention._compute_attention
+    )
+    if fused:  # ops.dot_product_attention multiplies before it scales
+        return ops.einsum("btnh,bsnh->bnts", query, key)
+    scaled_query = ops.multiply(query, layer._inverse_sqrt_key_dim)
+    return ops.einsum(layer._dot_product_equation, key, scaled_query)
+
+
+def telemetry_paths(model: keras.Model, dtypes: Mapping[str, str]) -> list[str]:
+    """Returns the paths of the layers the telemetry records: 16-bit layers that compute.
+
+    Left out: float32 layers, input layers, nested Sequential/Functional models
+    (their outputs are their last layers'), pass-through layers (they copy or
+    select their input) and layers run inside a recurrent layer's loop.
+
+    Args:
+        model: the model.
+        dtypes: `{path: dtype}` the layers compute in (a `PlanHandle.dtypes`).
+
+    Returns:
+        The recorded paths, in model order.
+
+    Example:
+
+    ```python
+    telemetry_paths(model, {"dense": "float16", "head": "float32"})  # ["dense"]
+    ```
+    """
+    paths = layer_paths(model)
+    loops = tuple(
+        path + "/" for path, layer in paths.items() if isinstance(layer, keras.layers.RNN)
+    )
+    chosen = []
+    for path, layer in paths.items():
+        if dtypes.get(path, FLOAT32) == FLOAT32 or type(layer).__name__ == "InputLayer":
+            continue
+        if is_graph_model(layer) or is_pass_through(layer):
+            continue
+        if loops and path.startswith(loops):
+            continue
+        chosen.append(path)
+    return chosen
+
+
+class GuardTelemetry:
+    """Records every 16-bit layer's amax inside the compiled train step, with a short history.
+
+    Args:
+        model: a compiled, built model.
+        dtypes: `{path: dtype}` the layers compute in, in model order.
+        history_steps: how many steps of history are kept on the device.
+        near_binades: a float16 amax within this many binades of 65504 that sets
+            a new record raises the status' `near_range` flag.
+
+    Raises:
+        BackendError: on a Keras backend where the telemetry cannot run.
+
+    Example:
+
+    ```python
+    telemetry = GuardTelemetry(model, handle.dtypes)
+    telemetry.install()
+    ```
+    """
+
+    def __init__(
+        self,
+        model: keras.Model,
+        dtypes: Mapping[str, str],
+        history_steps: int = 16,
+        near_binades: float = 2.0,
+    ) -> None:
+        self.backend = profiler_backend("the autoprec guard's telemetry")
+        self.model = model
+        self.dtypes = dict(dtypes)
+        self.paths = telemetry_paths(model, dtypes)
+        self.history_steps = int(history_steps)
+        self.near_threshold = FORMAT_MAX[FLOAT16] / 2.0**near_binades
+        self.installed = False
+        self._index = {path: index for index, path in enumerate(self.paths)}
+        self._float16 = np.array([self.dtypes[path] == FLOAT16 for path in self.paths], bool)
+        self._undo: list[Callable[[], None]] = []
+        self._read_count = 0
+        self._nan_safe = False
+        rows = len(self.paths) + 1
+        self._history = self.backend.replica_local_variable(
+            np.full((self.history_steps, rows, len(SLOTS)), NOT_RECORDED, np.float32),
+            "autoprec_guard_history",
+        )
+        self._count = self.backend.replica_local_variable(np.int64(0), "autoprec_guard_steps")
+        self._status = self.backend.replica_local_variable(
+            np.zeros(2, np.int32), "autoprec_guard_status"
+        )
+
+    # ------------------------------------------------------------------ installing
+
+    def install(self) -> None:
+        """Wraps the train step, the recorded layers' calls and `apply_gradients`.
+
+        The caller rebuilds the train function (`model.make_train_function(force=True)`).
+        """
+        if self.installed:
+            return
+        self._nan_safe = bool(getattr(self.model, "jit_compile", False))
+        paths = layer_paths(self.model)
+        self._replace(self.model, "train_step", self._wrap_train_step(self.model.train_step))
+        optimizer = self.model.optimizer
+        owners = self._weight_owners(paths)
+        self._replace(
+            optimizer, "apply_gradients", self._wrap_apply(optimizer.apply_gradients, owners)
+        )
+        for path in self.paths:
+            layer = paths[path]
+            index = self._index[path]
+            self._replace(layer, "call", self._wrap_call(index, layer.call))
+            if isinstance(layer, keras.layers.MultiHeadAttention):
+                self._replace(
+                    layer,
+                    "_compute_attention",
+                    self._wrap_attention(index, layer, layer._compute_attention),
+                )
+        self.installed = True
+
+    def remove(self) -> None:
+        """Restores every wrapped method (the caller rebuilds the train function)."""
+        for undo in reversed(self._undo):
+            undo()
+        self._undo.clear()
+        self.installed = False
+
+    def _replace(self, owner: object, name: str, value: object) -> None:
+        had_own = name in vars(owner)
+        previous = vars(owner).get(name)
+        object.__setattr__(owner, name, value)
+
+        def undo() -> None:
+            if had_own:
+                object.__setattr__(owner, name, previous)
+            elif name in vars(owner):
+                object.__delattr__(owner, name)
+
+        self._undo.append(undo)
+
+    def _weight_owners(self, paths: Mapping[str, keras.layers.Layer]) -> dict[int, int]:
+        owners: dict[int, int] = {}
+        for path, layer in paths.items():  # parents first: the deepest recorded owner wins
+            index = self._index.get(path)
+            if index is None:
+                continue
+            for weight in layer.trainable_weights:
+                owners[id(weight)] = index
+        return owners
+
+    # ------------------------------------------------------------------ recording (traced)
+
+    def _wrap_train_step(self, original: Callable) -> Callable:
+        telemetry = self
+
+        @functools.wraps(original)
+        def train_step(data):
+            trace = _StepTrace()
+            _ACTIVE.trace = trace
+            try:
+                scale = telemetry._loss_scale()
+                batch = [
+                    _amax(value, telemetry._nan_safe)
+                    for value in keras.tree.flatten(data)
+                    if _is_float_tensor(value)
+                ]
+                outputs = original(data)
+            finally:
+                _ACTIVE.trace = None
+            telemetry._write(trace, scale, batch)
+            return outputs
+
+        return train_step
+
+    def _wrap_call(self, index: int, original: Callable) -> Callable:
+        telemetry = self
+
+        @functools.wraps(original)
+        def call(*args, **kwargs):
+            trace = _active_trace()
+            if trace is None:
+                return original(*args, **kwargs)
+            for value in keras.tree.flatten((args, kwargs)):
+                if _is_float_tensor(value):
+                    trace.add(index, INPUT, _amax(value, telemetry._nan_safe))
+            outputs = original(*args, **kwargs)
+            return telemetry._observe(trace, index, outputs)
+
+        return call
+
+    def _observe(self, trace: _StepTrace, index: int, outputs: Any) -> Any:
+        flat = keras.tree.flatten(outputs)
+        if not any(_is_float_tensor(value) for value in flat):
+            return outputs
+        nan_safe = self._nan_safe
+
+        @ops.custom_gradient
+        def identity(value):
+            def gradient(*args, upstream=None):
+                if upstream is None:
+                    (upstream,) = args
+                current = _active_trace()
+                if current is not None:
+                    current.add(index, GRADIENT, _amax(upstream, nan_safe))
+                return upstream
+
+            return ops.copy(value), gradient
+
+        observed = []
+        for value in flat:
+            if not _is_float_tensor(value):
+                observed.append(value)
+                continue
+            result = identity(value)
+            trace.add(index, OUTPUT, _amax(result, nan_safe))
+            _copy_keras_attributes(value, result)
+            observed.append(result)
+        if len(flat) == 1 and not isinstance(outputs, (list, tuple, dict)):
+            return observed[0]
+        return keras.tree.pack_sequence_as(outputs, observed)
+
+    def _wrap_attention(
+        self, index: int, layer: keras.layers.Layer, original: Callable
+    ) -> Callable:
+        telemetry = self
+
+        @functools.wraps(original)
+        def compute_attention(
+            query,
+            key,
+            value,
+            attention_mask=None,
+            training=None,
+            return_attention_scores=False,
+            **kwargs,
+        ):
+            trace = _active_trace()
+            if trace is not None:
+                logits = _attention_logits(layer, query, key, return_attention_scores)
+                if logits is not None:
+                    trace.add(index, INTERNAL, _amax(logits, telemetry._nan_safe))
+            return original(
+                query, key, value, attention_mask, training, return_attention_scores, **kwargs
+            )
+
+        return compute_attention
+
+    def _wrap_apply(self, original: Callable, owners: Mapping[int, int]) -> Callable:
+        telemetry = self
+
+        @functools.wraps(original)
+        def apply_gradients(grads_and_vars, *args, **kwargs):
+            pairs = list(grads_and_vars)
+            trace = _active_trace()
+            if trace is not None:
+                for gradient, variable in pairs:
+                    if gradient is None:
+                        continue
+                    value = _amax(gradient, telemetry._nan_safe)
+                    trace.all_gradients.append(value)
+                    index = owners.get(id(variable))
+                    if index is not None:
+                        trace.add(index, GRADIENT, value)
+            return original(pairs, *args, **kwargs)
+
+        return apply_gradients
+
+    def _loss_scale(self) -> Any:
+        optimizer = self.model.optimizer
+        if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+            return ops.cast(ops.convert_to_tensor(optimizer.dynamic_scale), "float32")
+        return ops.convert_to_tensor(1.0, "float32")
+
+    def _write(self, trace: _StepTrace, scale: Any, batch: list) -> None:
+        nan_safe = self._nan_safe
+        zero = ops.convert_to_tensor(0.0, "float32")
+        batch_amax = _combined(batch, nan_safe) if batch else zero
+        if trace.all_gradients:
+            gradients = ops.stack(trace.all_gradients)
+            gradients_bad = ops.cast(ops.logical_not(ops.all(ops.isfinite(gradients))), "float32")
+        else:
+            gradients_bad = zero
+        entries = [scale, batch_amax, gradients_bad, zero]
+        missing = ops.convert_to_tensor(NOT_RECORDED, "float32")
+        for index in range(len(self.paths)):
+            for slot in range(len(SLOTS)):
+                values = trace.values.get((index, slot))
+                entries.append(_combined(values, nan_safe) if values else missing)
+        frame = ops.reshape(ops.stack(entries), (len(self.paths) + 1, len(SLOTS)))
+        history = ops.convert_to_tensor(self._history)
+        failed = ops.logical_or(
+            ops.logical_not(ops.all(ops.isfinite(frame))), ops.greater(gradients_bad, 0.0)
+        )
+        near = ops.convert_to_tensor(False)
+        if self._float16.any():
+            current = ops.maximum(frame[1:, OUTPUT], frame[1:, INTERNAL])
+            past = ops.max(ops.maximum(history[:, 1:, OUTPUT], history[:, 1:, INTERNAL]), axis=0)
+            near = ops.any(
+                ops.logical_and(
+                    ops.convert_to_tensor(self._float16),
+                    ops.logical_and(
+                        ops.greater_equal(current, self.near_threshold),
+                        ops.logical_and(ops.greater(current, past), ops.isfinite(current)),
+                    ),
+                )
+            )
+        self._history.assign(ops.concatenate([history[1:], frame[None]], axis=0))
+        self._count.assign_add(ops.convert_to_tensor(1, "int64"))
+        code = ops.cast(ops.stack([failed, near]), "int32")
+        self._status.assign(ops.maximum(ops.convert_to_tensor(self._status), code))
+
+    # ------------------------------------------------------------------ reading (host)
+
+    def read_status(self) -> TelemetryStatus:
+        """Returns the status flags set since the last `clear_status` (one small read)."""
+        flags = np.max(np.stack(self.backend.replica_values(self._status)), axis=0)
+        return TelemetryStatus(failed=bool(flags[0]), near_range=bool(flags[1]))
+
+    def clear_status(self) -> None:
+        """Resets the status flags (after the host has acted on them)."""
+        self.backend.assign_every_replica(self._status, np.zeros(2, np.int32))
+
+    def steps_recorded(self) -> int:
+        """Returns how many train steps the telemetry has recorded."""
+        return int(max(int(value) for value in self.backend.replica_values(self._count)))
+
+    def read_records(self, new_only: bool = False) -> list[StepRecord]:
+        """Returns the recorded steps still in the history, oldest first.
+
+        Args:
+            new_only: only the steps recorded since the last call with `new_only=True`.
+
+        Returns:
+            One `StepRecord` per step (combined over replicas: the largest values).
+        """
+        count = self.steps_recorded()
+        available = min(count, self.history_steps)
+        if new_only:
+            available = min(available, count - self._read_count)
+            self._read_count = count
+        if available <= 0:
+            return []
+        history = np.max(np.stack(self.backend.replica_values(self._history)), axis=0)
+        records = []
+        for offset in range(available, 0, -1):
+            frame = history[-offset]
+            layers = {
+                path: LayerAmax(*(float(value) for value in frame[index + 1]))
+                for index, path in enumerate(self.paths)
+            }
+            records.append(
+                StepRecord(
+                    index=count - offset + 1,
+                    loss_scale=float(frame[0, 0]),
+                    batch_amax=float(frame[0, 1]),
+                    gradients_finite=not frame[0, 2] > 0,
+                    layers=layers,
+                )
+            )
+        return records

@@ -1,0 +1,250 @@
+"""The guard's in-step telemetry on real faults (autoprec/runtime/telemetry.py, guard.py)."""
+
+from __future__ import annotations
+
+import keras
+import numpy as np
+import pytest
+
+from autoprec import PrecisionPlan
+from autoprec.layers import layer_paths
+from autoprec.runtime import PlanCallback
+from autoprec.runtime.guard import (
+    NonFiniteTrainingError,
+    climbing_layers,
+    lowered_loss_scale,
+)
+from autoprec.runtime.telemetry import LayerAmax, StepRecord, format_max, is_out_of_range
+
+
+def _finite_weights(model):
+    return all(np.isfinite(weight).all() for weight in model.get_weights())
+
+
+def _promotions(callback):
+    return [event for event in callback.plan.events if event["kind"] == "promotion"]
+
+
+def _dense_model(scale_middle=60.0):
+    """Dense stack whose middle layer's outputs pass 65504 when inputs grow 30x."""
+    model = keras.Sequential(
+        [
+            keras.Input((8,)),
+            keras.layers.Dense(16, activation="relu", name="d1"),
+            keras.layers.Dense(16, name="middle"),
+            keras.layers.Dense(16, activation="relu", name="d3"),
+            keras.layers.Dense(1, name="head"),
+        ],
+        name="drift",
+    )
+    model.compile(optimizer=keras.optimizers.SGD(1e-12), loss="mse")
+    kernel, bias = model.get_layer("middle").get_weights()
+    model.get_layer("middle").set_weights([np.abs(kernel) * scale_middle, bias])
+    return model
+
+
+def _drift_data(steps=20, batch=8, onset=10, factor=300.0):
+    rng = np.random.default_rng(0)
+    x = np.abs(rng.normal(size=(steps * batch, 8))).astype("float32")
+    x[onset * batch :] *= factor
+    return x, np.zeros((steps * batch, 1), "float32")
+
+
+def test_data_drift_mid_epoch_promotes_at_the_first_failing_step():
+    model = _dense_model()
+    x, y = _drift_data(factor=3000.0)
+    plan = PrecisionPlan.uniform(model, "float16").with_dtype("head", "float32")
+    callback = PlanCallback(plan, verbose=0)
+    history = model.fit(
+        x, y, batch_size=8, epochs=2, shuffle=False, verbose=0, callbacks=[callback]
+    )
+    promotions = _promotions(callback)
+    assert promotions and promotions[0]["layer"] == "middle", callback.events
+    assert promotions[0]["step"] <= 11 + 2  # the first step with large inputs is 11
+    assert "65504" in promotions[0]["evidence"]
+    assert layer_paths(model)["middle"].compute_dtype != "float16"
+    assert np.isfinite(history.history["loss"][-1])  # the next epoch is finite throughout
+    assert _finite_weights(model)
+
+
+def test_overflow_from_the_very_first_step_in_a_conv_model():
+    model = keras.Sequential(
+        [
+            keras.Input((8, 8, 1)),
+            keras.layers.Conv2D(4, 3, name="conv"),
+            keras.layers.Conv2D(4, 3, name="conv_big"),
+            keras.layers.GlobalAveragePooling2D(),
+            keras.layers.Dense(1, name="head"),
+        ]
+    )
+    model.compile(optimizer=keras.optimizers.SGD(0.0), loss="mse")
+    kernel, bias = model.get_layer("conv_big").get_weights()
+    model.get_layer("conv_big").set_weights([np.full_like(kernel, 50.0), bias])
+    x = np.full((32, 8, 8, 1), 20.0, "float32")  # conv ~ +-200, conv_big ~ 7e4+
+    plan = PrecisionPlan.uniform(model, "float16").with_dtype("head", "float32")
+    conv = model.get_layer("conv")
+    kernel, bias = conv.get_weights()
+    conv.set_weights([np.abs(kernel) + 0.1, bias])
+    callback = PlanCallback(plan, verbose=0)
+    history = model.fit(
+        x, np.zeros((32, 1), "float32"), batch_size=8, epochs=2, verbose=0, callbacks=[callback]
+    )
+    promotions = _promotions(callback)
+    # conv_big overflows; the pooling's float16 sum of its large values may as well.
+    assert "conv_big" in {event["layer"] for event in promotions}
+    assert "conv" not in {event["layer"] for event in promotions}
+    assert {event["step"] for event in promotions} <= {1, 2}  # a cascade, resolved at once
+    assert np.isfinite(history.history["loss"][-1]) and _finite_weights(model)
+
+
+def _two_branch_model():
+    inputs = keras.Input((4,))
+    left = keras.layers.Dense(4, name="left")(inputs)
+    right = keras.layers.Dense(4, name="right")(inputs)
+    joined = keras.layers.Concatenate()([left, right])
+    outputs = keras.layers.Dense(1, name="head")(joined)
+    model = keras.Model(inputs, outputs)
+    model.compile(optimizer=keras.optimizers.SGD(0.0), loss="mse")
+    for name in ("left", "right"):
+        kernel, bias = model.get_layer(name).get_weights()
+        model.get_layer(name).set_weights([np.full_like(kernel, 100.0), bias])
+    return model
+
+
+def test_all_layers_implicated_by_one_step_are_promoted_together():
+    model = _two_branch_model()
+    x = np.full((16, 4), 500.0, "float32")  # both branches reach 2e5
+    plan = PrecisionPlan.uniform(model, "float16").with_dtype("head", "float32")
+    callback = PlanCallback(plan, verbose=0)
+    model.fit(x, np.zeros((16, 1)), batch_size=4, epochs=1, verbose=0, callbacks=[callback])
+    promotions = _promotions(callback)
+    assert {event["layer"] for event in promotions} == {"left", "right"}
+    assert {event["step"] for event in promotions} == {1}  # one step, one retrace
+    assert _finite_weights(model)
+
+
+def _bfloat16_nan_run(on_nan):
+    model = _dense_model(scale_middle=1.0)
+    x, y = _drift_data(factor=1.0)
+    x[40:48] = np.nan  # the sixth batch holds NaN
+    plan = PrecisionPlan.uniform(model, "bfloat16")
+    callback = PlanCallback(plan, on_nan=on_nan, verbose=0)
+    history = model.fit(
+        x, y, batch_size=8, epochs=2, shuffle=False, verbose=0, callbacks=[callback]
+    )
+    return model, callback, history
+
+
+def test_nan_batch_under_bfloat16_raises_naming_the_step_and_the_data():
+    with pytest.raises(NonFiniteTrainingError, match="step 6.*came with the data"):
+        _bfloat16_nan_run("raise")
+
+
+def test_nan_batch_under_bfloat16_is_skipped_and_reported_in_promote_mode():
+    model, callback, _ = _bfloat16_nan_run("promote")
+    assert not _promotions(callback)
+    reports = [event for event in callback.events if event["kind"] == "not_precision"]
+    assert reports and reports[0]["step"] == 6
+    assert int(model.optimizer.non_finite_steps.numpy()) == 2  # one per epoch, counted
+    assert _finite_weights(model)  # the NaN never reached the weights
+    assert np.isfinite(model.evaluate(*_drift_data(factor=1.0), verbose=0))
+
+
+def test_nan_batch_under_bfloat16_stops_in_stop_mode():
+    model, callback, _ = _bfloat16_nan_run("stop")
+    assert callback.events[-1]["kind"] == "stopped"
+    assert model.stop_training and _finite_weights(model)
+
+
+def test_gradients_too_large_at_scale_one_lower_the_scale_below_one():
+    def build():
+        model = keras.Sequential(
+            [
+                keras.Input((8,)),
+                keras.layers.Dense(16, activation="relu", name="a"),
+                keras.layers.Dense(16, activation="relu", name="b"),
+                keras.layers.Dense(1, name="head"),
+            ]
+        )
+        model.compile(
+            optimizer=keras.optimizers.SGD(1e-9),
+            loss=lambda target, prediction: 1e6 * keras.ops.mean((target - prediction) ** 2),
+        )
+        return model
+
+    model, reference = build(), build()
+    reference.set_weights(model.get_weights())
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(256, 8)).astype("float32")
+    y = rng.normal(size=(256, 1)).astype("float32")
+    plan = PrecisionPlan.uniform(model, "float16").with_dtype("head", "float32")
+    callback = PlanCallback(plan, verbose=0)
+    history = model.fit(x, y, batch_size=16, epochs=3, verbose=0, callbacks=[callback])
+    float32 = reference.fit(x, y, batch_size=16, epochs=3, verbose=0)
+    skipped = int(model.optimizer.non_finite_steps.numpy())
+    assert skipped <= 8, skipped  # found within a few steps, not one halving per step
+    assert np.isfinite(history.history["loss"][1:]).all()
+    # Within 5% of float32 from the same weights: the updates were not skipped.
+    assert abs(history.history["loss"][-1] - float32.history["loss"][-1]) <= 0.05 * abs(
+        float32.history["loss"][-1]
+    )
+    assert _finite_weights(model)
+
+
+def test_attention_logits_that_grow_are_promoted_before_they_overflow():
+    inputs = keras.Input((6, 8))
+    attended = keras.layers.MultiHeadAttention(num_heads=1, key_dim=8, name="attention")(
+        inputs, inputs
+    )
+    pooled = keras.layers.GlobalAveragePooling1D()(attended)
+    outputs = keras.layers.Dense(1, name="head")(pooled)
+    model = keras.Model(inputs, outputs)
+    model.compile(optimizer=keras.optimizers.SGD(0.0), loss="mse")
+    for name in ("query", "key"):
+        sub = model.get_layer("attention")._query_dense if name == "query" else None
+        sub = sub or model.get_layer("attention")._key_dense
+        kernel, bias = sub.get_weights()
+        sub.set_weights([np.full_like(kernel, 1.0), bias])
+    steps = 24
+    growth = np.geomspace(2.0, 9.0, steps).astype("float32")  # logits ~ (8*8*g)^2 ... 3.3e5
+    x = np.concatenate([np.full((4, 6, 8), g, "float32") for g in growth])
+    plan = PrecisionPlan.uniform(model, "float16").with_dtype("head", "float32")
+    callback = PlanCallback(plan, verbose=0)
+    model.fit(
+        x, np.zeros((len(x), 1)), batch_size=4, shuffle=False, verbose=0, callbacks=[callback]
+    )
+    promotions = _promotions(callback)
+    attention = [event for event in promotions if event["layer"] == "attention"]
+    assert attention, callback.events
+    assert "climbing toward 65504" in attention[0]["evidence"]
+    assert int(model.optimizer.non_finite_steps.numpy()) == 0  # before any overflow
+
+
+def test_a_second_fit_does_not_retrace_or_reapply():
+    model = _dense_model(scale_middle=1.0)
+    x, y = _drift_data(factor=1.0)
+    plan = PrecisionPlan.uniform(model, "float16").with_dtype("head", "float32")
+    callback = PlanCallback(plan, verbose=0)
+    model.fit(x, y, batch_size=8, epochs=1, verbose=0, callbacks=[callback])
+    function = model.train_function
+    model.fit(x, y, batch_size=8, epochs=1, verbose=0, callbacks=[callback])
+    assert model.train_function is function
+    model.fit(x, y, batch_size=8, epochs=1, verbose=0, callbacks=[PlanCallback(plan, verbose=0)])
+    assert model.train_function is function
+
+
+def test_pure_helpers():
+    assert format_max("float16") == 65504.0
+    assert is_out_of_range(float("inf"), "bfloat16") and is_out_of_range(7e4, "float16")
+    assert not is_out_of_range(-1.0, "float16")
+    assert lowered_loss_scale(32768.0, 1, 2.0**-10) == 16384.0
+    assert lowered_loss_scale(32768.0, 3, 2.0**-10) == 2048.0
+    assert lowered_loss_scale(2.0**-8, 4, 2.0**-10) == 2.0**-10
+    records = [
+        StepRecord(i, 1.0, 1.0, True, {"d": LayerAmax(output=v)})
+        for i, v in enumerate([2e3, 4e3, 8e3, 1.2e4, 2e4], 1)
+    ]
+    assert "d" in climbing_layers(records, {"d": "float16"})
+    assert not climbing_layers(records, {"d": "bfloat16"})
+    flat = [StepRecord(i, 1.0, 1.0, True, {"d": LayerAmax(output=2e4)}) for i in range(5)]
+    assert not climbing_layers(flat, {"d": "float16"})
