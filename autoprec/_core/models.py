@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import keras
@@ -127,3 +127,39 @@ def _deserialize_tree(value: Any, key: str) -> Any:
     if isinstance(value, dict):
         return {name: _deserialize_tree(item, key) for name, item in value.items()}
     return value
+
+
+def swap_attribute(owner: object, name: str, value: object) -> Callable[[], None]:
+    """Sets `owner.name = value` on the instance itself and returns the function that undoes it.
+
+    Used to wrap a layer's or a model's method for a while (probes, telemetry):
+    the undo puts back the instance's own attribute, or removes the override so
+    the class attribute shows again.
+
+    Args:
+        owner: any object (a layer, a model, an optimizer).
+        name: the attribute to set.
+        value: its temporary value.
+
+    Returns:
+        A zero-argument function restoring the previous state; calling it twice is harmless.
+
+    Example:
+
+    ```python
+    undo = swap_attribute(layer, "call", traced_call)
+    ...
+    undo()
+    ```
+    """
+    had_own = name in vars(owner)
+    previous = vars(owner).get(name)
+    object.__setattr__(owner, name, value)
+
+    def undo() -> None:
+        if had_own:
+            object.__setattr__(owner, name, previous)
+        elif name in vars(owner):
+            object.__delattr__(owner, name)
+
+    return undo

@@ -18,6 +18,7 @@ from typing import Any
 import keras
 
 from .._backends import profiler_backend
+from .._core.models import swap_attribute
 from ..errors import ProfileError
 from ..layers import is_graph_model, is_pass_through, layer_paths, model_fingerprint
 from .stats import (
@@ -232,17 +233,7 @@ class ProbeSession:
             self._xla = False
 
     def _replace(self, owner: object, name: str, value: object) -> None:
-        had_own = name in vars(owner)
-        previous = vars(owner).get(name)
-        object.__setattr__(owner, name, value)
-
-        def undo() -> None:
-            if had_own:
-                object.__setattr__(owner, name, previous)
-            else:
-                object.__delattr__(owner, name)
-
-        self._undo.append(undo)
+        self._undo.append(swap_attribute(owner, name, value))
 
     def _wrap_train_step(self, original: Callable) -> Callable:
         session = self

@@ -54,6 +54,7 @@ from keras import ops
 
 from .._backends import profiler_backend
 from .._core.dtypes import FLOAT16, FLOAT32
+from .._core.models import swap_attribute
 from ..layers import is_graph_model, is_pass_through, layer_paths
 
 #: What is recorded for every 16-bit layer, in this order.
@@ -386,17 +387,7 @@ class GuardTelemetry:
         self.installed = False
 
     def _replace(self, owner: object, name: str, value: object) -> None:
-        had_own = name in vars(owner)
-        previous = vars(owner).get(name)
-        object.__setattr__(owner, name, value)
-
-        def undo() -> None:
-            if had_own:
-                object.__setattr__(owner, name, previous)
-            elif name in vars(owner):
-                object.__delattr__(owner, name)
-
-        self._undo.append(undo)
+        self._undo.append(swap_attribute(owner, name, value))
 
     def _weight_owners(self, paths: Mapping[str, keras.layers.Layer]) -> dict[int, int]:
         owners: dict[int, int] = {}

@@ -53,3 +53,18 @@ def test_strategy_scope_is_a_no_op_without_a_strategy_and_enters_one_otherwise()
         distributed = build_mlp()
     with models.strategy_scope(distributed):
         assert tf.distribute.get_strategy() is strategy
+
+
+def test_swap_attribute_undoes_to_the_instance_or_the_class_attribute():
+    layer = keras.layers.Dense(2)
+    original_call = layer.call
+    undo = models.swap_attribute(layer, "call", "wrapped")
+    assert layer.call == "wrapped"
+    undo()
+    assert "call" not in vars(layer) and layer.call == original_call
+    undo()  # twice is harmless
+    layer.custom = 1
+    undo = models.swap_attribute(layer, "custom", 2)
+    assert layer.custom == 2
+    undo()
+    assert layer.custom == 1
