@@ -186,7 +186,7 @@ def search(
             calibration progress.
         max_train_steps: the longest training the search may lengthen to (train steps
             doubled) when the float32 reference does not beat the trivial baseline by
-            more than the budget allows; default 8 x `train_steps`.
+            more than the budget allows; default 8 x the training batches taken.
         baseline: what a model that learned nothing scores on the budget metric:
             `"auto"` (chance for accuracy-like metrics, 0.5 for AUC, the untrained
             model's metric otherwise), a number, or `None` to skip the check (e.g. for
@@ -253,7 +253,7 @@ def search(
         started=started,
         train_data=train_data,
         batch_size=batch_size,
-        max_train_steps=max(train_steps, max_train_steps or 8 * train_steps),
+        max_train_steps=max_train_steps or 8 * len(train_batches),
         baseline=baseline,
         confirm_steps=confirm_steps,
     )

@@ -98,9 +98,13 @@ def trivial_baseline(
 
 
 def _noise_margin(budget: Budget, baseline: float, kind: str, samples: int) -> float:
-    """How much better than the baseline a reference must be to count as having learned."""
+    """How much better than the baseline a reference must be to count as having learned.
+
+    For chance: one standard error of an accuracy at chance on `samples` validation
+    samples (a reference within it cannot be told from chance); else 1 % of the baseline.
+    """
     if kind.startswith("chance") and 0.0 < baseline < 1.0:
-        return 2.0 * math.sqrt(baseline * (1.0 - baseline) / max(samples, 1))
+        return math.sqrt(baseline * (1.0 - baseline) / max(samples, 1))
     return 0.01 * abs(baseline)
 
 
