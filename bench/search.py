@@ -82,13 +82,26 @@ def build_transformer(sequence: int = 64, width: int = 256, blocks: int = 2) -> 
 
 
 def make_data(model: keras.Model, samples: int) -> tuple[np.ndarray, np.ndarray]:
-    """Generated inputs with labels from a fixed random projection (learnable)."""
+    """Generated inputs with labels from a fixed random projection of their channel means.
+
+    Images and sequences are labelled from their mean over space or time (what a
+    globally pooled model can learn in a few dozen steps), flat inputs from themselves.
+    """
     rng = np.random.default_rng(0)
     shape = tuple(model.inputs[0].shape[1:])
     x = rng.normal(size=(samples, *shape)).astype("float32")
-    projection = rng.normal(size=(int(np.prod(shape)), CLASSES)).astype("float32")
-    y = np.argmax(x.reshape(samples, -1) @ projection, axis=1).astype("int32")
+    features = x.reshape(samples, -1, shape[-1]).mean(axis=1) if len(shape) > 1 else x
+    projection = rng.normal(size=(features.shape[1], CLASSES)).astype("float32")
+    y = np.argmax(features @ projection, axis=1).astype("int32")
     return x, y
+
+
+def split_data(model: keras.Model, batch_size: int, train_steps: int):
+    """Returns `(train, val)`: enough training batches for 8 x `train_steps` (lengthened
+    training sees fresh batches) and 16 validation batches."""
+    train_samples, val_samples = batch_size * 8 * train_steps, batch_size * 16
+    x, y = make_data(model, train_samples + val_samples)
+    return (x[:train_samples], y[:train_samples]), (x[train_samples:], y[train_samples:])
 
 
 def _compiled_copy(model: keras.Model, plan) -> keras.Model:
@@ -178,15 +191,16 @@ def run_one(name: str, quick: bool, hardware: str = "local", rounds: int = 7) ->
     batch_size = 16
     train_steps = 4 if quick else 12
     n_trials = 6 if quick else 16
-    x, y = make_data(model, batch_size * (train_steps + 4))
-    split = batch_size * train_steps
+    train, val = split_data(model, batch_size, train_steps)
+    x = train[0]
+    y = train[1]
     budget = Budget("val_loss", max_relative_drop=0.02)
     started = time.perf_counter()
     try:
         result = search(
             model,
-            (x[:split], y[:split]),
-            (x[split:], y[split:]),
+            train,
+            val,
             budget,
             hardware="local",
             n_trials=n_trials,
@@ -251,15 +265,14 @@ def run_predicted(name: str, quick: bool, hardware: str) -> dict:
     model = build_model(name)
     batch_size = 16
     train_steps = 4 if quick else 12
-    x, y = make_data(model, batch_size * (train_steps + 4))
-    split = batch_size * train_steps
+    train, val = split_data(model, batch_size, train_steps)
     budget = Budget("val_loss", max_relative_drop=0.02)
     started = time.perf_counter()
     try:
         result = search(
             model,
-            (x[:split], y[:split]),
-            (x[split:], y[split:]),
+            train,
+            val,
             budget,
             hardware=hardware,
             n_trials=6 if quick else 16,
