@@ -343,7 +343,7 @@ def _run_search(model: keras.Model, evaluator: Evaluator, settings: _Settings) -
         reference=reference,
         float32_seconds=float32_seconds,
         verbose=verbose,
-        risk=_risk(compute, infos, outputs),
+        risk=_risk(compute, infos, outputs, unsafe),
     )
     context.cache[_assignment_key({p: FLOAT32 for p in compute})] = {
         "metrics": reference_metrics,
@@ -425,15 +425,21 @@ def _run_search(model: keras.Model, evaluator: Evaluator, settings: _Settings) -
 
 
 def _risk(
-    compute: Sequence[str], infos: Mapping[str, LayerInfo], outputs: set[str]
+    compute: Sequence[str],
+    infos: Mapping[str, LayerInfo],
+    outputs: set[str],
+    unsafe: Mapping[str, str],
 ) -> dict[str, float]:
-    """Returns `{path: risk}` of 16-bit per layer: output layers 2, softmax/normalisation 1."""
+    """Returns `{path: risk}` of 16-bit per layer: output layers 2, softmax/normalisation 1,
+    and 1 more where the profile found ranges float16 cannot hold."""
     risk = {}
     for path in compute:
         value = 0.0
         if path in outputs:
             value += 2.0
         if is_sensitive(infos[path]):
+            value += 1.0
+        if path in unsafe:
             value += 1.0
         risk[path] = value
     return risk
