@@ -6,8 +6,15 @@ For each model (MobileNetV2, ResNet50 from `keras.applications` with `weights=No
 the plan, and TF's automatic oneDNN bfloat16 graph rewrite (in a subprocess, since it is
 a global graph option). Prints a markdown table.
 
+Per model it also prints the plan's cost over the cheapest uniform plan that held the
+budget (`plan / best uniform`: measured here for `hardware="local"`, predicted from the
+search's cost table for a named profile, which must be at most 1.00), the training
+steps the search used after its trivial-baseline check, and the result of the
+confirmation at a higher fidelity ("budget held on retraining").
+
 Usage:
     python bench/search.py [--quick] [--models mobilenetv2,resnet50,transformer]
+                           [--hardware local,rtx4090] [--rounds 7]
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ import numpy as np  # noqa: E402
 
 import autoprec  # noqa: E402
 from autoprec import cost  # noqa: E402
+from autoprec.errors import AutoprecError  # noqa: E402
 from autoprec.search import Budget, search  # noqa: E402
 
 CLASSES = 10
@@ -74,13 +82,26 @@ def build_transformer(sequence: int = 64, width: int = 256, blocks: int = 2) -> 
 
 
 def make_data(model: keras.Model, samples: int) -> tuple[np.ndarray, np.ndarray]:
-    """Generated inputs with labels from a fixed random projection (learnable)."""
+    """Generated inputs with labels from a fixed random projection of their channel means.
+
+    Images and sequences are labelled from their mean over space or time (what a
+    globally pooled model can learn in a few dozen steps), flat inputs from themselves.
+    """
     rng = np.random.default_rng(0)
     shape = tuple(model.inputs[0].shape[1:])
     x = rng.normal(size=(samples, *shape)).astype("float32")
-    projection = rng.normal(size=(int(np.prod(shape)), CLASSES)).astype("float32")
-    y = np.argmax(x.reshape(samples, -1) @ projection, axis=1).astype("int32")
+    features = x.reshape(samples, -1, shape[-1]).mean(axis=1) if len(shape) > 1 else x
+    projection = rng.normal(size=(features.shape[1], CLASSES)).astype("float32")
+    y = np.argmax(features @ projection, axis=1).astype("int32")
     return x, y
+
+
+def split_data(model: keras.Model, batch_size: int, train_steps: int):
+    """Returns `(train, val)`: enough training batches for 8 x `train_steps` (lengthened
+    training sees fresh batches) and 16 validation batches."""
+    train_samples, val_samples = batch_size * 8 * train_steps, batch_size * 16
+    x, y = make_data(model, train_samples + val_samples)
+    return (x[:train_samples], y[:train_samples]), (x[train_samples:], y[train_samples:])
 
 
 def _compiled_copy(model: keras.Model, plan) -> keras.Model:
@@ -141,28 +162,55 @@ def onednn_bf16_seconds(name: str, batch_size: int) -> float | None:
         return None
 
 
-def run_one(name: str, quick: bool) -> dict:
+def _best_uniform_within_budget(result, timed: dict[str, float] | None) -> tuple[str, float] | None:
+    """Returns `(label, seconds)` of the cheapest uniform plan that held the budget.
+
+    Seconds are measured (`timed`, keyed by dtype) when given, else predicted.
+    """
+    held = {}
+    for label, entry in result.plan.metadata["search"]["warm_starts"].items():
+        if not entry["within_budget"] or not (label == "float32" or label.startswith("uniform")):
+            continue
+        dtype = label.split()[-1]
+        if timed is not None:
+            if dtype in timed:
+                held[label] = timed[dtype]
+        elif entry["predicted_seconds"] is not None:
+            held[label] = entry["predicted_seconds"]
+    if not held:
+        return None
+    label = min(held, key=held.get)
+    return label, held[label]
+
+
+def run_one(name: str, quick: bool, hardware: str = "local", rounds: int = 7) -> dict:
     """Searches one model and measures every policy; returns a row."""
+    if hardware != "local":
+        return run_predicted(name, quick, hardware)
     model = build_model(name)
     batch_size = 16
     train_steps = 4 if quick else 12
     n_trials = 6 if quick else 16
-    x, y = make_data(model, batch_size * (train_steps + 4))
-    split = batch_size * train_steps
+    train, val = split_data(model, batch_size, train_steps)
+    x = train[0]
+    y = train[1]
     budget = Budget("val_loss", max_relative_drop=0.02)
     started = time.perf_counter()
-    result = search(
-        model,
-        (x[:split], y[:split]),
-        (x[split:], y[split:]),
-        budget,
-        hardware="local",
-        n_trials=n_trials,
-        train_steps=train_steps,
-        batch_size=batch_size,
-        seed=0,
-        verbose=1,
-    )
+    try:
+        result = search(
+            model,
+            train,
+            val,
+            budget,
+            hardware="local",
+            n_trials=n_trials,
+            train_steps=train_steps,
+            batch_size=batch_size,
+            seed=0,
+            verbose=1,
+        )
+    except AutoprecError as error:
+        return {"model": name, "hardware": "local", "error": str(error)}
     wall = time.perf_counter() - started
     batch = (x[:batch_size], y[:batch_size])
     row = {
@@ -177,7 +225,11 @@ def run_one(name: str, quick: bool) -> dict:
     uniform = {
         dtype: autoprec.PrecisionPlan.uniform(model, dtype) for dtype in ("float32", "bfloat16")
     }
-    timed = interleaved_step_seconds(model, {"plan": result.plan, **uniform}, batch)
+    timed = interleaved_step_seconds(model, {"plan": result.plan, **uniform}, batch, rounds=rounds)
+    row.update(_search_columns(result))
+    best = _best_uniform_within_budget(result, timed)
+    row["best_uniform"] = None if best is None else best[0]
+    row["plan_over_best_uniform"] = None if best is None else timed["plan"] / best[1]
     row["plan_s"] = timed["plan"]
     row["float32_s"] = timed["float32"]
     row["bfloat16_s"] = timed["bfloat16"]
@@ -197,6 +249,82 @@ def run_one(name: str, quick: bool) -> dict:
     return row
 
 
+def _search_columns(result) -> dict:
+    meta = result.plan.metadata["search"]
+    confirmation = meta.get("confirmation") or {}
+    return {
+        "train_steps": meta["fidelity_check"]["train_steps"],
+        "requested_steps": meta["fidelity_check"]["requested_steps"],
+        "budget_status": meta["fidelity_check"]["status"],
+        "confirmation": confirmation.get("result") if confirmation.get("run") else "not needed",
+    }
+
+
+def run_predicted(name: str, quick: bool, hardware: str) -> dict:
+    """Searches one model with costs predicted for a named card; returns a row."""
+    model = build_model(name)
+    batch_size = 16
+    train_steps = 4 if quick else 12
+    train, val = split_data(model, batch_size, train_steps)
+    budget = Budget("val_loss", max_relative_drop=0.02)
+    started = time.perf_counter()
+    try:
+        result = search(
+            model,
+            train,
+            val,
+            budget,
+            hardware=hardware,
+            n_trials=6 if quick else 16,
+            train_steps=train_steps,
+            batch_size=batch_size,
+            cost_batch_size=128,
+            seed=0,
+            verbose=1,
+        )
+    except AutoprecError as error:
+        return {"model": name, "hardware": hardware, "error": str(error)}
+    row = {
+        "model": name,
+        "hardware": hardware,
+        "trials": len(result.study.trials),
+        "wall_s": time.perf_counter() - started,
+        "plan": result.plan.dtype_counts(),
+        **_search_columns(result),
+    }
+    best = _best_uniform_within_budget(result, None)
+    chosen = result.plan.metadata.get("predicted_speedup")
+    plan_seconds = result.float32_predicted_seconds / chosen if chosen else None
+    row["best_uniform"] = None if best is None else best[0]
+    row["plan_over_best_uniform"] = (
+        None if best is None or plan_seconds is None else plan_seconds / best[1]
+    )
+    return row
+
+
+def ratio_table(rows: list[dict]) -> str:
+    """Markdown table: plan cost over the best uniform plan within budget, per model and card."""
+    lines = [
+        "| model | hardware | search wall s | train steps | plan (bf16/f32/f16) "
+        "| plan / best uniform within budget | budget held on retraining |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for row in rows:
+        if "error" in row:
+            lines.append(f"| {row['model']} | {row['hardware']} | error: {row['error']} |||||")
+            continue
+        counts = row["plan"]
+        ratio = row.get("plan_over_best_uniform")
+        lines.append(
+            f"| {row['model']} | {row['hardware']} | {row['wall_s']:.0f} | "
+            f"{row['requested_steps']} -> {row['train_steps']} ({row['budget_status']}) | "
+            f"{counts['bfloat16']}/{counts['float32']}/{counts['float16']} | "
+            + ("n/a" if ratio is None else f"{ratio:.2f} ({row['best_uniform']})")
+            + f" | {row['confirmation']} |"
+        )
+    return "\n".join(lines)
+
+
 def table(rows: list[dict]) -> str:
     """Markdown table of the rows."""
     lines = [
@@ -205,6 +333,8 @@ def table(rows: list[dict]) -> str:
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in rows:
+        if "error" in row or row.get("hardware", "local") != "local":
+            continue
         counts = row["plan"]
 
         def ms(key: str, row: dict = row) -> str:
@@ -224,12 +354,18 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true", help="fewer trials and steps")
     parser.add_argument("--models", default="mobilenetv2,resnet50,transformer")
+    parser.add_argument(
+        "--hardware", default="local", help="comma-separated: local and/or profile names"
+    )
+    parser.add_argument("--rounds", type=int, default=7, help="interleaved timing rounds (>= 5)")
     arguments = parser.parse_args()
     rows = []
     for name in arguments.models.split(","):
-        rows.append(run_one(name.strip(), arguments.quick))
-        print(json.dumps(rows[-1]), flush=True)
+        for hardware in arguments.hardware.split(","):
+            rows.append(run_one(name.strip(), arguments.quick, hardware.strip(), arguments.rounds))
+            print(json.dumps(rows[-1]), flush=True)
     print(table(rows))
+    print(ratio_table(rows))
 
 
 if __name__ == "__main__":

@@ -15,15 +15,32 @@ for `hardware="local"`, predicted from a hardware profile otherwise), with activ
 memory as a tie-break; the budget is an Optuna constraint (`trial.set_constraint`, read
 by the seeded `TPESampler`).
 
+The first trials are float32, each uniform 16-bit plan and the heuristic's per-layer
+plan, evaluated layer by layer whatever the grouping; then neighbours of the best plan
+(one group flipped) alternate with TPE. An assignment already trained is reused. The
+float32 reference must beat a trivial baseline (training is lengthened until it does),
+and the chosen plan is confirmed with longer training when the decision was close or
+the fidelity low.
+
 Modules: `budget` (`Budget`), `space` (compute layers, groups, allowed dtypes, float16
 feasibility), `heuristic` (`heuristic_plan`), `evaluator` (proxy and short training),
-`study` (Optuna storage, study and trials), `driver` (`search()` and the measured
-confirmation), `result` (`SearchResult`).
+`study` (Optuna storage, study and trials), `explore` (neighbour moves), `fidelity`
+(trivial baseline, lengthened training, confirmation), `driver` (`search()` and the
+measured confirmation), `result` (`SearchResult`), `workers` (`search_in_processes`).
 """
 
 from .budget import Budget
 from .driver import measure_step_seconds, search
 from .evaluator import Evaluator, ProxyResult, clone_for_search
+from .explore import Neighbour, explorer, neighbours
+from .fidelity import (
+    LOW_FIDELITY_STEPS,
+    FidelityCheck,
+    check_reference,
+    confirmation_reasons,
+    longer_batches,
+    trivial_baseline,
+)
 from .heuristic import heuristic_plan
 from .result import ParetoPoint, SearchResult
 from .space import (
@@ -40,27 +57,38 @@ from .space import (
     run_profiler,
 )
 from .study import resolve_storage
+from .workers import search_in_processes
 
 __all__ = [
+    "LOW_FIDELITY_STEPS",
     "SENSITIVE_CLASS_PATTERNS",
     "Budget",
     "Evaluator",
+    "FidelityCheck",
     "Group",
+    "Neighbour",
     "ParetoPoint",
     "ProxyResult",
     "SearchResult",
     "allowed_dtypes",
+    "check_reference",
     "clone_for_search",
     "compute_layers",
+    "confirmation_reasons",
+    "explorer",
     "float16_unsafe_layers",
     "group_layers",
     "heuristic_plan",
     "is_sensitive",
+    "longer_batches",
     "make_groups",
     "matches_any",
     "measure_step_seconds",
+    "neighbours",
     "output_layers",
     "resolve_storage",
     "run_profiler",
     "search",
+    "search_in_processes",
+    "trivial_baseline",
 ]

@@ -20,11 +20,13 @@ from .._core.dtypes import BFLOAT16, COMPUTE_DTYPES, FLOAT16, FLOAT32
 from ..cost import CostTable, calibrate, predict_costs
 from ..errors import AutoprecError
 from ..hardware import HardwareProfile, is_local, resolve_hardware
-from ..layers import describe_model
+from ..layers import LayerInfo, describe_model
 from ..plan import PrecisionPlan
 from ..profiler import Profile
 from .budget import Budget
 from .evaluator import Evaluator
+from .explore import explorer
+from .fidelity import check_reference, confirmation_reasons, longer_batches
 from .heuristic import _Costs, heuristic_plan
 from .result import SearchResult
 from .space import (
@@ -33,12 +35,13 @@ from .space import (
     compute_layers,
     float16_unsafe_layers,
     group_layers,
+    is_sensitive,
     make_groups,
     output_layers,
     run_profiler,
 )
 from .study import (
-    _best_feasible,
+    _assignment_key,
     _Context,
     _enqueue_warm_starts,
     _is_feasible,
@@ -54,6 +57,8 @@ logger = logging.getLogger("autoprec")
 
 #: A uniform plan replaces the searched plan only when measured this much faster (noise margin).
 _MEASURED_MARGIN = 0.03
+#: Plans confirmed at the higher fidelity, down the ranking, before falling back to float32.
+_CONFIRMATION_ATTEMPTS = 3
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,6 +88,11 @@ class _Settings:
     show_progress_bar: bool
     verbose: int
     started: float
+    train_data: Any = None
+    batch_size: int = 32
+    max_train_steps: int = 80
+    baseline: float | str | None = "auto"
+    confirm_steps: int | None = None
 
 
 def search(
@@ -115,6 +125,9 @@ def search(
     callbacks: Sequence[Callable[[optuna.Study, optuna.trial.FrozenTrial], None]] = (),
     show_progress_bar: bool = False,
     verbose: int = 1,
+    max_train_steps: int | None = None,
+    baseline: float | str | None = "auto",
+    confirm_steps: int | None = None,
 ) -> SearchResult:
     """Searches the cheapest dtype per layer whose short-training metric stays within `budget`.
 
@@ -171,13 +184,25 @@ def search(
         show_progress_bar: Optuna's progress bar.
         verbose: 0 silent, 1 one log line per trial (logger `"autoprec"`), 2 also
             calibration progress.
+        max_train_steps: the longest training the search may lengthen to (train steps
+            doubled) when the float32 reference does not beat the trivial baseline by
+            more than the budget allows; default 8 x the training batches taken.
+        baseline: what a model that learned nothing scores on the budget metric:
+            `"auto"` (chance for accuracy-like metrics, 0.5 for AUC, the untrained
+            model's metric otherwise), a number, or `None` to skip the check (e.g. for
+            a model that is already trained).
+        confirm_steps: train steps of the confirmation of the chosen plan (against
+            float32 trained as long, from the same weights), run when the decision was
+            close or the fidelity low; default 4 x the search's train steps, 0 never.
 
     Returns:
         A `SearchResult`.
 
     Raises:
         AutoprecError: the budget metric is not reported by the model (the message
-            lists those that are), or the model is not compiled.
+            lists those that are), the model is not compiled, or the float32
+            reference has not learned at the search's fidelity (the message names the
+            metric, its value, the baseline and what to change).
 
     Example:
 
@@ -226,6 +251,11 @@ def search(
         show_progress_bar=show_progress_bar,
         verbose=verbose,
         started=started,
+        train_data=train_data,
+        batch_size=batch_size,
+        max_train_steps=max_train_steps or 8 * len(train_batches),
+        baseline=baseline,
+        confirm_steps=confirm_steps,
     )
     evaluator = Evaluator(model, train_batches, val_batches, proxy_batches, seed_value)
     try:
@@ -290,15 +320,15 @@ def _run_search(model: keras.Model, evaluator: Evaluator, settings: _Settings) -
     grouped = group_layers(compute, settings.group_by, separate=outputs)
     groups = make_groups(grouped, allowed)
 
-    reference_metrics = evaluator.train_and_evaluate(
-        PrecisionPlan.uniform(evaluator.model, FLOAT32)
+    reference_metrics, fidelity = check_reference(
+        evaluator,
+        budget,
+        settings.train_data,
+        settings.batch_size,
+        settings.max_train_steps,
+        settings.baseline,
     )
-    reference = reference_metrics[budget.log_name]
-    if not math.isfinite(reference):
-        raise AutoprecError(
-            f"search: the float32 reference's {budget.metric} is {reference}; the model does "
-            "not train stably in float32 with these settings, so no budget can be checked."
-        )
+    reference = fidelity.reference
     spread = _reference_spread(evaluator, budget, reference, settings.reference_repeats)
     float32_seconds, _ = costs.step({path: FLOAT32 for path in compute})
     context = _Context(
@@ -313,34 +343,47 @@ def _run_search(model: keras.Model, evaluator: Evaluator, settings: _Settings) -
         reference=reference,
         float32_seconds=float32_seconds,
         verbose=verbose,
+        risk=_risk(compute, infos, outputs, unsafe),
     )
-    context.cache[tuple(sorted({p: FLOAT32 for p in compute}.items()))] = {
+    context.cache[_assignment_key({p: FLOAT32 for p in compute})] = {
         "metrics": reference_metrics,
         "proxy": {"loss_relative_error": 0.0, "gradient_cosine": 1.0, "finite": True},
         "proxy_score": 0.0,
+        "trial": "reference",
     }
+    cost_words = (
+        f"predicted for {hardware_profile.name}"
+        if settings.costs is None
+        and hardware_profile is not None
+        and not is_local(settings.hardware)
+        else f"{getattr(table, 'source', 'no')} costs"
+    )
     if verbose:
         logger.info(
             "autoprec.search: %d compute layers in %d groups; dtypes %s; float32 reference "
-            "%s = %.6g (budget %s %.6g); predicted float32 step %.3f ms (%s costs)",
+            "%s = %.6g after %d train steps (budget %s %.6g; trivial baseline %s %s); "
+            "float32 step %.3f ms (%s)",
             len(compute),
             len(groups),
             "/".join(dtypes),
             budget.metric,
             reference,
+            fidelity.train_steps,
             ">=" if budget.direction == "higher" else "<=",
             budget.threshold(reference),
+            "n/a" if fidelity.baseline is None else f"{fidelity.baseline:.4g}",
+            fidelity.baseline_kind,
             float32_seconds * 1e3,
-            getattr(table, "source", "no"),
+            cost_words,
         )
 
+    warm = _warm_starts(context, model, profile, table, hardware_profile, dtypes)
     storage = resolve_storage(settings.storage)
     study, created = _open_study(
         storage, settings.study_name, settings.seed, settings.proxy_tolerance
     )
+    added = _enqueue_warm_starts(study, warm, created)
     study.set_user_attr("reference_metric", reference)
-    warm = _warm_starts(context, model, profile, table, hardware_profile, dtypes)
-    added = _enqueue_warm_starts(study, warm)
     if verbose:
         logger.info(
             "autoprec.search: study %r (%s, %d trial(s) already); %d warm start(s) enqueued",
@@ -361,6 +404,8 @@ def _run_search(model: keras.Model, evaluator: Evaluator, settings: _Settings) -
             "dtypes": list(dtypes),
             "groups": len(groups),
             "cost_source": getattr(table, "source", None),
+            "reference_spread": spread,
+            "fidelity_check": fidelity.to_dict(),
         },
     }
     n_trials = settings.n_trials
@@ -373,10 +418,31 @@ def _run_search(model: keras.Model, evaluator: Evaluator, settings: _Settings) -
         n_trials=n_trials,
         timeout=settings.timeout,
         catch=tuple(settings.catch),
-        callbacks=[writer, *settings.callbacks],
+        callbacks=[writer, explorer(context), *settings.callbacks],
         show_progress_bar=settings.show_progress_bar,
     )
     return _finish(context, study, base_metadata, spread, table, removed, unsafe, settings)
+
+
+def _risk(
+    compute: Sequence[str],
+    infos: Mapping[str, LayerInfo],
+    outputs: set[str],
+    unsafe: Mapping[str, str],
+) -> dict[str, float]:
+    """Returns `{path: risk}` of 16-bit per layer: output layers 2, softmax/normalisation 1,
+    and 1 more where the profile found ranges float16 cannot hold."""
+    risk = {}
+    for path in compute:
+        value = 0.0
+        if path in outputs:
+            value += 2.0
+        if is_sensitive(infos[path]):
+            value += 1.0
+        if path in unsafe:
+            value += 1.0
+        risk[path] = value
+    return risk
 
 
 def _reference_spread(
@@ -418,12 +484,17 @@ def _warm_starts(
     table: CostTable | None,
     hardware_profile: HardwareProfile | None,
     dtypes: Sequence[str],
-) -> list[tuple[str, dict[str, str]]]:
-    """Returns the labelled plans every study starts with: float32, uniform 16-bit, heuristic."""
-    warm = [("float32", context.uniform_params(FLOAT32))]
+) -> list[tuple[str, dict[str, str], dict[str, str]]]:
+    """Returns `(label, per-layer assignment, group params)` of the plans every study starts with.
+
+    float32, each uniform 16-bit dtype the search may use (with the float32 protections:
+    `keep_float32` and the profile's float16-unsafe layers) and the heuristic's own
+    per-layer plan, each evaluated ungrouped; equal assignments appear once.
+    """
+    warm = [("float32", context.uniform_assignment(FLOAT32))]
     for dtype in (BFLOAT16, FLOAT16):
         if dtype in dtypes:
-            warm.append((f"uniform {dtype}", context.uniform_params(dtype)))
+            warm.append((f"uniform {dtype}", context.uniform_assignment(dtype)))
     heuristic = heuristic_plan(
         model,
         profile=profile,
@@ -432,18 +503,11 @@ def _warm_starts(
         dtypes=dtypes,
         keep_float32=None,
     )
-    params = {}
-    for group in context.groups:
-        if len(group.choices) <= 1:
-            continue
-        chosen = [heuristic.layers.get(path, FLOAT32) for path in group.paths]
-        majority = max(group.choices, key=lambda dtype: (chosen.count(dtype), dtype == FLOAT32))
-        params[group.name] = majority
-    warm.append(("heuristic", params))
-    unique: list[tuple[str, dict[str, str]]] = []
-    for label, entry in warm:
-        if all(entry != other for _, other in unique):
-            unique.append((label, entry))
+    warm.append(("heuristic", context.normalise(dict(heuristic.layers))))
+    unique: list[tuple[str, dict[str, str], dict[str, str]]] = []
+    for label, assignment in warm:
+        if all(assignment != other for _, other, _ in unique):
+            unique.append((label, assignment, context.params_for(assignment)))
     return unique
 
 
@@ -457,14 +521,23 @@ def _finish(
     unsafe: Mapping[str, str],
     settings: _Settings,
 ) -> SearchResult:
-    best = _best_feasible(study)
+    ranked = _ranked_feasible(context, study)
     points = _points(context, study)
-    if best is None:
+    if not ranked:
         logger.warning(
             "autoprec.search: no plan met the budget in %d trial(s); returning float32.",
             len(study.trials),
         )
-        params = context.uniform_params(FLOAT32)
+    local = settings.costs is None and is_local(settings.hardware)
+    measure = settings.measure_speedup if settings.measure_speedup is not None else local
+    timed: dict[str, float] = {}
+    names: dict[int, str] = {}
+    replaced = None
+    if measure and ranked:
+        ranked, timed, names, replaced = _order_by_measurement(context, ranked)
+    chosen, confirmation = _confirm(context, ranked, spread, settings)
+    if chosen is None:
+        params_plan = context.plan_for(context.uniform_assignment(FLOAT32))
         trial_metadata = {
             **base_metadata,
             "reference_metric": context.reference,
@@ -472,22 +545,23 @@ def _finish(
             "predicted_speedup": 1.0,
         }
     else:
-        params = best.params
-        trial_metadata = _trial_metadata(context, best, base_metadata)
-    plan = context.plan(params)
-    local = settings.costs is None and is_local(settings.hardware)
-    measure = settings.measure_speedup if settings.measure_speedup is not None else local
+        params_plan = context.trial_plan(chosen)
+        trial_metadata = _trial_metadata(context, chosen, base_metadata)
+    plan = params_plan
+    if replaced is not None and chosen is not None and chosen.number == replaced[1]:
+        trial_metadata["search"] = {
+            **trial_metadata.get("search", {}),
+            "replaced_by_measurement": replaced[0],
+        }
     measured_speedup = None
     if measure:
-        plan, trial_metadata, timed = _confirm_by_measurement(
-            context, study, plan, trial_metadata, base_metadata
-        )
-        measured_speedup = timed["float32"] / timed["chosen"]
+        chosen_seconds = _measured_seconds_of(context, chosen, plan, timed, names)
+        measured_speedup = timed["float32"] / chosen_seconds
         trial_metadata["search"] = {
             **trial_metadata.get("search", {}),
             "measured_float32_step_seconds": timed["float32"],
-            "measured_plan_step_seconds": timed["chosen"],
-            "measured_step_seconds": {k: v for k, v in timed.items() if k != "chosen"},
+            "measured_plan_step_seconds": chosen_seconds,
+            "measured_step_seconds": dict(timed),
         }
     trial_metadata["measured_speedup"] = measured_speedup
     trial_metadata["evidence"] = _evidence(context, table, removed, unsafe)
@@ -497,8 +571,11 @@ def _finish(
         "complete": sum(t.state == optuna.trial.TrialState.COMPLETE for t in study.trials),
         "pruned": sum(t.state == optuna.trial.TrialState.PRUNED for t in study.trials),
         "failed": sum(t.state == optuna.trial.TrialState.FAIL for t in study.trials),
+        "reused": sum(bool(t.user_attrs.get("reused")) for t in study.trials),
         "wall_seconds": time.perf_counter() - settings.started,
         "fidelity": "train",
+        "warm_starts": _warm_start_summary(study),
+        "confirmation": confirmation,
     }
     plan = plan.with_metadata(**trial_metadata)
     if settings.plan_path is not None:
@@ -514,55 +591,187 @@ def _finish(
     )
 
 
-def _confirm_by_measurement(
-    context: _Context,
-    study: optuna.Study,
-    plan: PrecisionPlan,
-    trial_metadata: dict,
-    base_metadata: dict,
-) -> tuple[PrecisionPlan, dict, dict[str, float]]:
-    """Times the searched plan beside float32 and every uniform plan within budget, interleaved.
+def _ranked_feasible(context: _Context, study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
+    """Returns the completed trials within budget, cheapest first, one per assignment."""
+    feasible = [
+        trial
+        for trial in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+        if _is_feasible(trial) and trial.value is not None
+    ]
+    ranked, seen = [], set()
+    for trial in sorted(feasible, key=lambda t: (t.value, t.number)):
+        key = _assignment_key(context.trial_assignment(trial))
+        if key not in seen:
+            seen.add(key)
+            ranked.append(trial)
+    return ranked
+
+
+def _warm_start_summary(study: optuna.Study) -> dict[str, dict]:
+    """Returns `{label: {trial, metric, within_budget, predicted_seconds}}` of the warm starts."""
+    summary = {}
+    for trial in study.get_trials(deepcopy=False):
+        label = trial.user_attrs.get("warm_start")
+        if not label or label in summary:
+            continue
+        summary[label] = {
+            "trial": trial.number,
+            "state": trial.state.name,
+            "metric": trial.user_attrs.get("metric"),
+            "within_budget": _is_feasible(trial),
+            "predicted_seconds": trial.user_attrs.get("predicted_seconds"),
+        }
+    return summary
+
+
+def _order_by_measurement(
+    context: _Context, ranked: list[optuna.trial.FrozenTrial]
+) -> tuple[
+    list[optuna.trial.FrozenTrial], dict[str, float], dict[int, str], tuple[str, int] | None
+]:
+    """Times the searched plan beside float32 and every warm start within budget, interleaved.
 
     Per-layer costs can rank a mixed plan ahead of a uniform one that the whole
-    step runs faster; the measured step has the last word. A uniform plan
-    measured more than `_MEASURED_MARGIN` faster than the searched plan replaces it.
+    step runs faster; the measured step has the last word. A warm start measured
+    more than `_MEASURED_MARGIN` faster than the searched plan goes first.
+
+    Returns:
+        `(ranked trials, reordered; {name: seconds}; {trial number: name}; (label, trial
+        number) of the warm start that replaced the searched plan, or None)`.
     """
+    best = ranked[0]
+    float32_trial = next((trial for trial in ranked if _is_float32(context, trial)), None)
     candidates: dict[str, tuple[PrecisionPlan, optuna.trial.FrozenTrial | None]] = {
-        "searched": (plan, None),
-        "float32": (context.plan(context.uniform_params(FLOAT32)), None),
+        "searched": (context.trial_plan(best), best),
+        "float32": (context.plan_for(context.uniform_assignment(FLOAT32)), float32_trial),
     }
-    for trial in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
+    for trial in ranked[1:]:
         label = str(trial.user_attrs.get("warm_start", ""))
-        if label.startswith("uniform") and label != "uniform float32" and _is_feasible(trial):
-            candidates[label] = (context.plan(trial.params), trial)
+        if label and label != "float32" and label not in candidates:
+            candidates[label] = (context.trial_plan(trial), trial)
     names = list(candidates)
     seconds = measure_step_seconds(context.evaluator, [candidates[name][0] for name in names])
     timed = dict(zip(names, seconds))
-    fastest = min(timed, key=timed.get)
-    if fastest != "searched" and timed[fastest] < timed["searched"] * (1 - _MEASURED_MARGIN):
-        logger.info(
-            "autoprec.search: %s measured %.1f%% faster than the searched plan; using it.",
-            fastest,
-            100 * (1 - timed[fastest] / timed["searched"]),
+    numbers = {trial.number: name for name, (_, trial) in candidates.items() if trial is not None}
+    fastest = min(names, key=timed.get)
+    if fastest == "searched" or timed[fastest] >= timed["searched"] * (1 - _MEASURED_MARGIN):
+        return ranked, timed, numbers, None
+    logger.info(
+        "autoprec.search: %s measured %.1f%% faster than the searched plan; using it.",
+        fastest,
+        100 * (1 - timed[fastest] / timed["searched"]),
+    )
+    trial = candidates[fastest][1]
+    if trial is None:  # float32, not among the trials (a study resumed at another fidelity)
+        return [], timed, numbers, None
+    reordered = [trial] + [other for other in ranked if other.number != trial.number]
+    return reordered, timed, numbers, (fastest, trial.number)
+
+
+def _measured_seconds_of(
+    context: _Context,
+    chosen: optuna.trial.FrozenTrial | None,
+    plan: PrecisionPlan,
+    timed: dict[str, float],
+    names: Mapping[int, str],
+) -> float:
+    """Returns the chosen plan's measured step seconds, timing it (and float32) if not yet timed."""
+    name = "float32" if chosen is None else names.get(chosen.number)
+    if name is not None and name in timed:
+        return timed[name]
+    float32_plan = context.plan_for(context.uniform_assignment(FLOAT32))
+    float32_seconds, seconds = measure_step_seconds(context.evaluator, [float32_plan, plan])
+    timed.setdefault("float32", float32_seconds)
+    timed["chosen"] = seconds
+    return seconds
+
+
+def _confirm(
+    context: _Context,
+    ranked: list[optuna.trial.FrozenTrial],
+    spread: float | None,
+    settings: _Settings,
+) -> tuple[optuna.trial.FrozenTrial | None, dict]:
+    """Confirms the chosen plan at a higher fidelity when needed; falls back down the ranking.
+
+    Returns:
+        `(the trial whose plan is returned, or None for float32; the confirmation record)`.
+    """
+    evaluator, budget = context.evaluator, context.budget
+    if not ranked or _is_float32(context, ranked[0]):
+        return (ranked[0] if ranked else None), {"run": False, "reasons": ["float32 chosen"]}
+    first = ranked[0]
+    violation = float(first.user_attrs.get("budget_violation", 0.0))
+    steps = len(evaluator.train_batches)
+    reasons = confirmation_reasons(budget, context.reference, violation, spread, steps)
+    confirm_steps = settings.confirm_steps
+    if confirm_steps is None:
+        confirm_steps = 4 * steps
+    if not reasons or confirm_steps <= steps:
+        return first, {"run": False, "reasons": reasons}
+    searched_batches = evaluator.train_batches
+    evaluator.set_train_batches(
+        longer_batches(settings.train_data, settings.batch_size, confirm_steps, searched_batches)
+    )
+    record: dict = {"run": True, "reasons": reasons, "train_steps": confirm_steps}
+    try:
+        reference_metrics = evaluator.train_and_evaluate(
+            context.plan_for(context.uniform_assignment(FLOAT32))
         )
-        plan, trial = candidates[fastest]
-        if trial is not None:
-            trial_metadata = _trial_metadata(context, trial, base_metadata)
-        else:
-            trial_metadata = {
-                **base_metadata,
-                "reference_metric": context.reference,
-                "measured_metric": context.reference,
-                "predicted_speedup": 1.0,
-            }
-        trial_metadata["search"] = {
-            **trial_metadata.get("search", {}),
-            "replaced_by_measurement": fastest,
-        }
-        timed["chosen"] = timed[fastest]
-    else:
-        timed["chosen"] = timed["searched"]
-    return plan, trial_metadata, timed
+        reference = reference_metrics[budget.log_name]
+        record["reference_metric"] = _finite_or_none(reference)
+        record["threshold"] = _finite_or_none(budget.threshold(reference))
+        if not math.isfinite(reference):
+            record["result"] = "skipped: float32 not finite at the confirmation's fidelity"
+            return first, record
+        attempts = []
+        record["attempts"] = attempts
+        for trial in ranked[:_CONFIRMATION_ATTEMPTS]:
+            if _is_float32(context, trial):
+                break
+            metric = evaluator.train_and_evaluate(context.trial_plan(trial)).get(budget.log_name)
+            held = budget.violation(reference, metric) <= 0
+            attempts.append(
+                {
+                    "trial": trial.number,
+                    "label": trial.user_attrs.get("warm_start")
+                    or trial.user_attrs.get("neighbour"),
+                    "metric": _finite_or_none(metric),
+                    "violation": _finite_or_none(budget.violation(reference, metric)),
+                    "held": held,
+                }
+            )
+            logger.info(
+                "autoprec.search: confirmation at %d steps: trial %d %s %s = %s (float32 %.6g, "
+                "limit %.6g)",
+                confirm_steps,
+                trial.number,
+                "held" if held else "missed the budget:",
+                budget.metric,
+                "n/a" if metric is None else f"{metric:.6g}",
+                reference,
+                budget.threshold(reference),
+            )
+            if held:
+                record["result"] = "held" if trial is first else "fell back"
+                record["chosen_trial"] = trial.number
+                return trial, record
+        record["result"] = "fell back to float32"
+        logger.warning(
+            "autoprec.search: no plan held the budget when trained %d steps; returning float32.",
+            confirm_steps,
+        )
+        return None, record
+    finally:
+        evaluator.set_train_batches(searched_batches)
+
+
+def _is_float32(context: _Context, trial: optuna.trial.FrozenTrial) -> bool:
+    return all(dtype == FLOAT32 for dtype in context.trial_assignment(trial).values())
+
+
+def _finite_or_none(value: float | None) -> float | None:
+    return float(value) if value is not None and math.isfinite(value) else None
 
 
 def measure_step_seconds(

@@ -162,6 +162,30 @@ class Evaluator:
         logs = self.model.evaluate(x, y, batch_size=self.batch_size, verbose=0, return_dict=True)
         return list(logs)
 
+    def set_train_batches(self, train_batches: list[tuple]) -> None:
+        """Replaces the batches every training run goes through (a longer or shorter fidelity).
+
+        Args:
+            train_batches: `(x, y)` numpy batches, trained on in this order; the
+                numerical proxy keeps its calibration batches.
+        """
+        self.train_batches = list(train_batches)
+        self.train_x, self.train_y = concatenate_batches(self.train_batches)
+
+    def untrained_metrics(self) -> dict[str, float]:
+        """Returns the validation metrics of the initial weights in float32 (no training).
+
+        Returns:
+            `{metric: value}` from `evaluate` on the validation batches.
+        """
+        self._reset()
+        apply_plan(self.model, PrecisionPlan.uniform(self.model, "float32"))
+        recompile(self.model, self.compile_template)
+        logs = self.model.evaluate(
+            self.val_x, self.val_y, batch_size=self.batch_size, verbose=0, return_dict=True
+        )
+        return {name: float(value) for name, value in logs.items()}
+
     def train_and_evaluate(
         self, plan: PrecisionPlan, batch_order: list[int] | None = None
     ) -> dict[str, float]:

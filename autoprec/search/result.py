@@ -27,6 +27,8 @@ class ParetoPoint:
         metric: the budget metric after short training.
         feasible: whether the plan met the budget.
         counts: `{dtype: number of compute layers}`.
+        label: the warm start the trial evaluated (`"float32"`, `"uniform bfloat16"`,
+            `"heuristic"`...), or `None` for a searched plan.
     """
 
     trial: int
@@ -34,6 +36,7 @@ class ParetoPoint:
     metric: float
     feasible: bool
     counts: dict[str, int]
+    label: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,6 +111,19 @@ class SearchResult:
                 f"{point.metric:>14.6g}  {'yes' if point.feasible else 'no':>3}  "
                 f"{_counts_text(point.counts)}"
             )
+        warm = [point for point in self.points if point.label]
+        if warm:
+            measured = (metadata.get("search") or {}).get("measured_step_seconds") or {}
+            lines.append("uniform and heuristic plans (evaluated first, ungrouped):")
+            for point in sorted(warm, key=lambda p: p.trial):
+                speedup = self.float32_predicted_seconds / max(point.predicted_seconds, 1e-12)
+                timed = measured.get(point.label)
+                lines.append(
+                    f"{point.trial:>5}  {point.predicted_seconds * 1e3:>9.3f}ms  {speedup:>6.2f}x  "
+                    f"{point.metric:>14.6g}  {'yes' if point.feasible else 'no':>3}  "
+                    f"{point.label}: {_counts_text(point.counts)}"
+                    + (f"; measured {timed * 1e3:.3f} ms" if isinstance(timed, float) else "")
+                )
         lines.append(
             f"chosen: {_counts_text(self.plan.dtype_counts())}; metric "
             f"{_number_text(metadata.get('measured_metric'))}, predicted speedup "

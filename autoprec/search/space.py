@@ -340,10 +340,16 @@ def _default_dtypes(
             )
             continue
         if table is not None and not _pays_off(table, dtype):
+            where = (
+                f"predicted for {hardware_profile.name}"
+                if str(getattr(table, "source", "")).startswith("predicted")
+                else "measured on this device"
+            )
             logger.info(
-                "autoprec.search: %s left out: measured slower than float32 on this device "
-                "for every layer of this model (pass dtypes=[...] to force it).",
+                "autoprec.search: %s left out: %s no faster than float32 for any layer of "
+                "this model (pass dtypes=[...] to force it).",
                 dtype,
+                where,
             )
             continue
         chosen.append(dtype)

@@ -1,19 +1,25 @@
 """Optuna plumbing of the search: storage, study creation and resume, trials, constraints.
 
-A trial proposes one dtype per group, and runs the plan at rising fidelity: its
-predicted cost (pruned when no faster than the best plan within budget), the
-numerical proxy (pruned when hopeless), then short training, whose budget
-violation is the trial's constraint (`trial.set_constraint`, read by the seeded
-`TPESampler`).
+A trial proposes one dtype per group (sampled by TPE), or carries a whole per-layer
+assignment in its user attrs (warm starts and neighbours of the best plan, enqueued
+as fixed-params trials), and runs the plan at rising fidelity: its predicted cost
+(pruned when no faster than the best plan within budget), the numerical proxy
+(pruned when hopeless), then short training, whose budget violation is the trial's
+constraint (`trial.set_constraint`, read by the seeded `TPESampler`). Every trial
+records its effective per-layer assignment (`"assignment"`, `"assignment_key"`); an
+assignment already trained at the same fidelity is reused, never trained twice.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 import logging
 import math
 import os
-from collections.abc import Callable, Mapping
+import time
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import keras
@@ -93,6 +99,8 @@ class _FidelityPruner(optuna.pruners.BasePruner):
             score = trial.user_attrs.get("proxy_score")
             if score is None or not math.isfinite(score):
                 return True
+            if trial.user_attrs.get("warm_start"):
+                return False  # warm starts are judged by training, unless not even finite
             if score > self.proxy_tolerance:
                 return True
             passed, failed = [], []
@@ -144,21 +152,64 @@ def _open_study(
         ), False
 
 
-def _enqueue_warm_starts(study: optuna.Study, warm: list[tuple[str, dict[str, str]]]) -> int:
-    """Enqueues warm-start plans not already in the study (any state); returns how many."""
-    existing = [trial.params for trial in study.get_trials(deepcopy=False)]
+#: How long a process that did not create the study waits for its creator's warm starts.
+_WARM_START_WAIT_SECONDS = 30.0
+_WARM_STARTS_ATTR = "warm_starts_enqueued"
+
+
+def _assignment_key(assignment: Mapping[str, str]) -> str:
+    """Returns a short stable digest of a per-layer assignment (equal assignments, equal keys)."""
+    text = json.dumps(sorted(assignment.items()), separators=(",", ":"))
+    return hashlib.sha1(text.encode()).hexdigest()[:20]
+
+
+def _enqueue_warm_starts(
+    study: optuna.Study,
+    warm: Sequence[tuple[str, Mapping[str, str], Mapping[str, str]]],
+    created: bool,
+) -> int:
+    """Enqueues `(label, assignment, params)` warm starts not already in the study; returns how many.
+
+    Only the process that created the study enqueues them; a process that loaded it
+    waits (up to `_WARM_START_WAIT_SECONDS`) for the creator's mark, and enqueues the
+    missing ones itself only when the mark never comes (a creator killed before it
+    finished), so that workers sharing one study enqueue each warm start once.
+    """
+    if not created:
+        deadline = time.monotonic() + _WARM_START_WAIT_SECONDS
+        while not study.user_attrs.get(_WARM_STARTS_ATTR):
+            if time.monotonic() > deadline:
+                logger.info(
+                    "autoprec.search: study %r has no warm-start mark; enqueueing missing ones.",
+                    study.study_name,
+                )
+                break
+            time.sleep(0.2)
+        else:
+            return 0
+    trials = study.get_trials(deepcopy=False)
+    keys = {trial.user_attrs.get("assignment_key") for trial in trials}
+    labels = {trial.user_attrs.get("warm_start") for trial in trials}
+    existing = [trial.params for trial in trials if trial.params]
     existing += [
-        trial.system_attrs.get("fixed_params")
-        for trial in study.get_trials(deepcopy=False)
-        if trial.system_attrs.get("fixed_params")
+        trial.system_attrs["fixed_params"]
+        for trial in trials
+        if trial.system_attrs.get("fixed_params") and "assignment_key" not in trial.user_attrs
     ]
     added = 0
-    for label, params in warm:
-        if any(params == other for other in existing):
+    for label, assignment, params in warm:
+        key = _assignment_key(assignment)
+        if key in keys or label in labels or (not keys - {None} and dict(params) in existing):
             continue
-        study.enqueue_trial(params, user_attrs={"warm_start": label})
-        existing.append(params)
+        study.enqueue_trial(
+            dict(params),
+            user_attrs={"warm_start": label, "assignment": dict(assignment), "assignment_key": key},
+            skip_if_exists=False,
+        )
+        keys.add(key)
+        labels.add(label)
         added += 1
+    study.set_user_attr(_WARM_STARTS_ATTR, True)
     return added
 
 
@@ -177,7 +228,13 @@ class _Context:
     reference: float
     float32_seconds: float
     verbose: int
-    cache: dict[tuple, dict[str, Any]] = dataclasses.field(default_factory=dict)
+    risk: dict[str, float] = dataclasses.field(default_factory=dict)
+    cache: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
+
+    @property
+    def train_steps(self) -> int:
+        """The search's fidelity: training steps of every trial."""
+        return len(self.evaluator.train_batches)
 
     def assignment(self, params: Mapping[str, str]) -> dict[str, str]:
         dtypes = {}
@@ -187,8 +244,42 @@ class _Context:
                 dtypes[path] = widen(choice, self.allowed[path])
         return dtypes
 
+    def normalise(self, assignment: Mapping[str, str]) -> dict[str, str]:
+        """Returns `{compute path: dtype}`: float32 where missing, widened to what each layer allows."""
+        return {
+            path: widen(assignment.get(path, FLOAT32), self.allowed[path]) for path in self.compute
+        }
+
+    def params_for(self, assignment: Mapping[str, str]) -> dict[str, str]:
+        """Returns the group parameters closest to a per-layer assignment (each group's majority)."""
+        params = {}
+        for group in self.groups:
+            if len(group.choices) <= 1:
+                continue
+            chosen = [assignment.get(path, FLOAT32) for path in group.paths]
+            params[group.name] = max(
+                group.choices, key=lambda dtype: (chosen.count(dtype), dtype == FLOAT32)
+            )
+        return params
+
+    def uniform_assignment(self, dtype: str) -> dict[str, str]:
+        return {path: widen(dtype, self.allowed[path]) for path in self.compute}
+
     def plan(self, params: Mapping[str, str], **kwargs: object) -> PrecisionPlan:
-        return _plan_from_assignment(self.model, self.infos, self.assignment(params), **kwargs)
+        return self.plan_for(self.assignment(params), **kwargs)
+
+    def plan_for(self, assignment: Mapping[str, str], **kwargs: object) -> PrecisionPlan:
+        return _plan_from_assignment(self.model, self.infos, self.normalise(assignment), **kwargs)
+
+    def trial_assignment(self, trial: optuna.trial.FrozenTrial) -> dict[str, str]:
+        """Returns the per-layer assignment a trial evaluated (its user attr, else its params)."""
+        stored = trial.user_attrs.get("assignment")
+        if stored:
+            return self.normalise(stored)
+        return self.assignment(trial.params)
+
+    def trial_plan(self, trial: optuna.trial.FrozenTrial, **kwargs: object) -> PrecisionPlan:
+        return self.plan_for(self.trial_assignment(trial), **kwargs)
 
     def uniform_params(self, dtype: str) -> dict[str, str]:
         return {
@@ -204,7 +295,12 @@ def _objective(context: _Context, trial: optuna.Trial) -> float:
         for group in context.groups
         if len(group.choices) > 1
     }
-    assignment = context.assignment(params)
+    fixed = trial.user_attrs.get("assignment")
+    assignment = context.normalise(fixed) if fixed else context.assignment(params)
+    key = _assignment_key(assignment)
+    trial.set_user_attr("assignment", assignment)
+    trial.set_user_attr("assignment_key", key)
+    trial.set_user_attr("train_steps", context.train_steps)
     counts = count_dtypes(assignment.values())
     seconds, activation_bytes = context.costs.step(assignment)
     value = seconds * (1.0 + _MEMORY_TIE_BREAK * activation_bytes / _max_activation(context))
@@ -213,15 +309,15 @@ def _objective(context: _Context, trial: optuna.Trial) -> float:
     trial.set_user_attr("activation_bytes_per_sample", activation_bytes)
     levels = ["profile"]
     trial.set_user_attr("fidelity", levels)
-    key = tuple(sorted(assignment.items()))
-    if key in context.cache:
-        return _reuse(context, trial, context.cache[key], value)
+    stored = context.cache.get(key) or _stored_outcome(trial.study, key, context.train_steps)
+    if stored is not None:
+        return _reuse(context, trial, stored, value)
     trial.report(value, _COST_STEP)
     if trial.should_prune():
         trial.set_user_attr("pruned_by", "cost: no faster than the best plan within budget")
         raise optuna.TrialPruned()
 
-    plan = context.plan(params)
+    plan = context.plan_for(assignment)
     proxy = None
     if keras.backend.backend() == "tensorflow":
         proxy = context.evaluator.proxy(plan)
@@ -243,9 +339,31 @@ def _objective(context: _Context, trial: optuna.Trial) -> float:
         "metrics": metrics,
         "proxy": proxy.to_dict() if proxy is not None else None,
         "proxy_score": proxy.score if proxy is not None else None,
+        "trial": trial.number,
     }
     context.cache[key] = outcome
     return _record_outcome(context, trial, outcome, value, levels)
+
+
+def _stored_outcome(study: optuna.Study, key: str, train_steps: int) -> dict[str, Any] | None:
+    """Returns the outcome of a completed trial of the study that trained the same assignment."""
+    for other in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
+        attrs = other.user_attrs
+        if attrs.get("assignment_key") != key or attrs.get("train_steps") != train_steps:
+            continue
+        if "metrics" not in attrs or attrs.get("reused_from") is not None:
+            continue
+        metrics = {
+            name: (math.nan if value is None else float(value))
+            for name, value in attrs["metrics"].items()
+        }
+        return {
+            "metrics": metrics,
+            "proxy": attrs.get("proxy"),
+            "proxy_score": attrs.get("proxy_score"),
+            "trial": other.number,
+        }
+    return None
 
 
 def _max_activation(context: _Context) -> float:
@@ -254,7 +372,9 @@ def _max_activation(context: _Context) -> float:
 
 
 def _reuse(context: _Context, trial: optuna.Trial, outcome: dict, value: float) -> float:
+    """Records a stored outcome of the same assignment instead of training it again."""
     trial.set_user_attr("reused", True)
+    trial.set_user_attr("reused_from", outcome.get("trial"))
     trial.set_user_attr("proxy", outcome.get("proxy"))
     score = outcome.get("proxy_score")
     trial.set_user_attr(
@@ -321,7 +441,7 @@ def _plan_writer(
         best = _best_feasible(study)
         if best is None or best.number == written["number"]:
             return
-        plan = context.plan(best.params, metadata=_trial_metadata(context, best, metadata))
+        plan = context.trial_plan(best, metadata=_trial_metadata(context, best, metadata))
         plan.save(plan_path)
         written["number"] = best.number
         logger.info(
@@ -356,6 +476,7 @@ def _points(context: _Context, study: optuna.Study) -> list[ParetoPoint]:
                 metric=float(metric) if metric is not None else math.nan,
                 feasible=_is_feasible(trial),
                 counts=dict(trial.user_attrs.get("dtype_counts") or {}),
+                label=trial.user_attrs.get("warm_start"),
             )
         )
     return points

@@ -2,14 +2,23 @@
 
 from __future__ import annotations
 
+import logging
+
 import keras
 import numpy as np
 import optuna
 import pytest
 from conftest import build_mlp, classification_data
+from search.search_models import (
+    attention_classifier,
+    far_regression,
+    far_targets,
+    labelled,
+    wide_classifier,
+)
 
 from autoprec.errors import AutoprecError
-from autoprec.search import Budget, search
+from autoprec.search import Budget, heuristic_plan, search
 from autoprec.search.evaluator import Evaluator
 
 FAST = dict(
@@ -88,6 +97,7 @@ def test_search_finds_mixed_plan_where_uniform_policies_fail():
         cost_batch_size=4096,
         seed=0,
         verbose=0,
+        baseline=None,  # the learning rate freezes the model on purpose: numerics only
     )
     plan = result.plan
     parameters = {path: plan.layer_info[path].parameters for path in ("wide", "squeeze", "head")}
@@ -123,7 +133,13 @@ def test_failing_trial_is_marked_failed_and_search_goes_on(monkeypatch):
     monkeypatch.setattr(Evaluator, "train_and_evaluate", flaky)
     train, val = mlp_data()
     result = search(
-        compiled_mlp(), train, val, Budget("val_accuracy", max_drop=0.5), n_trials=6, **FAST
+        compiled_mlp(),
+        train,
+        val,
+        Budget("val_accuracy", max_drop=0.5),
+        n_trials=6,
+        baseline=None,  # the reference is trained once, so the second run is the first trial's
+        **FAST,
     )
     states = [t.state for t in result.study.trials]
     assert optuna.trial.TrialState.FAIL in states
@@ -154,3 +170,99 @@ def test_measured_step_confirms_the_final_plan_against_uniform_plans():
     chosen = result.plan.metadata["search"]["measured_plan_step_seconds"]
     assert chosen <= min(measured.values()) / (1 - 0.03) + 1e-12  # no uniform plan clearly faster
     assert result.plan.metadata["measured_speedup"] == pytest.approx(measured["float32"] / chosen)
+
+
+def _assignment_seconds(trial) -> float:
+    return trial.user_attrs["predicted_seconds"]
+
+
+@pytest.mark.parametrize("build", [wide_classifier, attention_classifier])
+def test_the_plan_costs_no_more_than_any_uniform_or_heuristic_plan_within_budget(build):
+    keras.utils.set_random_seed(0)
+    model = build()
+    train, val = labelled(model, 512)
+    result = search(
+        model,
+        train,
+        val,
+        Budget("val_accuracy", max_drop=0.1),
+        hardware="rtx4090",
+        dtypes=["float32", "bfloat16"],
+        n_trials=4,
+        train_steps=4,
+        cost_batch_size=4096,
+        group_by=2,  # coarse groups: the heuristic's per-layer plan is not one of them
+        proxy_batches=1,
+        verbose=0,
+    )
+    trials = result.study.trials
+    warm = [t for t in trials if t.user_attrs.get("warm_start")]
+    labels = [t.user_attrs["warm_start"] for t in warm]
+    assert labels[0] == "float32" and "uniform bfloat16" in labels
+    assert [t.number for t in warm] == list(range(len(warm)))  # evaluated first
+    heuristic = heuristic_plan(model, hardware="rtx4090", dtypes=["float32", "bfloat16"])
+    for trial in warm:  # ungrouped: each carries its whole per-layer assignment
+        assert trial.state == optuna.trial.TrialState.COMPLETE
+        assert set(trial.user_attrs["assignment"]) == set(result.plan.metadata["evidence"])
+    if "heuristic" in labels:
+        stored = warm[labels.index("heuristic")].user_attrs["assignment"]
+        assert stored["norm"] == "float32"  # kept by the heuristic, though its group is 16-bit
+        assert any(dtype == "bfloat16" for dtype in stored.values())
+    assert heuristic.layers["head"] == "float32"
+    chosen = result.plan.metadata["search"]["best_trial"]
+    chosen_seconds = _assignment_seconds(trials[chosen])
+    for trial in warm:
+        if trial.user_attrs["budget_violation"] <= 0:
+            assert chosen_seconds <= _assignment_seconds(trial) * (1 + 1e-9)
+    uniform = warm[labels.index("uniform bfloat16")]
+    assert uniform.user_attrs["predicted_seconds"] < result.float32_predicted_seconds
+    assert dict(result.plan.layers).items() >= trials[chosen].user_attrs["assignment"].items()
+    report = result.report()
+    assert "uniform bfloat16" in report and "float32:" in report
+    assert result.plan.metadata["search"]["warm_starts"]["float32"]["within_budget"]
+
+
+def test_failing_confirmation_falls_back_to_the_next_plan():
+    keras.utils.set_random_seed(0)
+    train, val = far_targets()
+    result = search(
+        far_regression(),
+        train,
+        val,
+        Budget("val_mae", max_relative_drop=0.35),  # loose enough for 2 steps, not for 8
+        hardware="rtx4090",
+        dtypes=["float32", "bfloat16"],
+        n_trials=3,
+        train_steps=2,
+        cost_batch_size=4096,
+        proxy_batches=1,
+        verbose=0,
+    )
+    confirmation = result.plan.metadata["search"]["confirmation"]
+    assert confirmation["run"] and confirmation["train_steps"] == 8
+    assert any("low fidelity" in reason for reason in confirmation["reasons"])
+    first, second = confirmation["attempts"][:2]
+    assert first["label"] == "uniform bfloat16" and not first["held"]  # the head cannot resolve
+    assert second["held"] and confirmation["result"] == "fell back"
+    assert result.plan.layers["head"] == "float32"
+    assert result.plan.layers["wide1"] == result.plan.layers["wide2"] == "bfloat16"
+    assert result.plan.metadata["search"]["best_trial"] == second["trial"]
+
+
+def test_tiny_model_stays_float32_and_named_hardware_costs_are_called_predicted(caplog):
+    train, val = mlp_data()
+    with caplog.at_level(logging.INFO, logger="autoprec"):
+        result = search(
+            compiled_mlp(),
+            train,
+            val,
+            Budget("val_accuracy", max_drop=0.05),
+            hardware="rtx4090",
+            n_trials=2,
+            train_steps=2,
+            verbose=1,
+        )
+    assert set(result.plan.layers.values()) == {"float32"}  # launch-bound layers: right answer
+    text = caplog.text
+    assert "predicted for rtx4090" in text
+    assert "on this device" not in text

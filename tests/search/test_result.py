@@ -62,3 +62,18 @@ def test_report_saves_a_plot(mlp, tmp_path):
 def test_result_is_frozen(mlp):
     with pytest.raises(dataclasses.FrozenInstanceError):
         _result(mlp).reference_metric = 0.0
+
+
+def test_report_lists_the_warm_starts_beside_the_chosen_plan(mlp):
+    result = _result(mlp)
+    counts = {"float32": 3, "bfloat16": 0, "float16": 0}
+    labelled = [
+        ParetoPoint(0, 4e-3, 0.90, True, counts, label="float32"),
+        ParetoPoint(1, 2e-3, 0.89, True, {"bfloat16": 3}, label="uniform bfloat16"),
+    ]
+    text = dataclasses.replace(result, points=[*result.points, *labelled]).report()
+    lines = text.splitlines()
+    start = lines.index("uniform and heuristic plans (evaluated first, ungrouped):")
+    assert "float32: 0 bf16 / 3 f32 / 0 f16" in lines[start + 1]
+    assert "uniform bfloat16: 3 bf16 / 0 f32 / 0 f16" in lines[start + 2]
+    assert lines[start + 3].startswith("chosen: ") and lines[-1] == lines[start + 3]

@@ -135,3 +135,33 @@ def test_resolve_storage_opens_journal_files_and_passes_the_rest(tmp_path):
     assert resolve_storage(url) == url
     storage = optuna.storages.InMemoryStorage()
     assert resolve_storage(storage) is storage
+
+
+def test_an_assignment_already_trained_is_reused_across_runs_of_one_study(tmp_path):
+    storage = str(tmp_path / "reuse.log")
+    train, val = mlp_data()
+    budget = Budget("val_accuracy", max_drop=0.05)
+    settings = {**FAST, "group_by": 1}  # two groups: four assignments in all, so TPE repeats
+    for n_trials in (3, 6):
+        keras.utils.set_random_seed(0)
+        search(
+            compiled_mlp(), train, val, budget, n_trials=n_trials, storage=storage,
+            study_name="reuse", **settings,
+        )  # fmt: skip
+    study = optuna.load_study(study_name="reuse", storage=resolve_storage(storage))
+    complete = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
+    trained: dict[str, int] = {}
+    for trial in complete:
+        key = trial.user_attrs["assignment_key"]
+        source = trial.user_attrs.get("reused_from")
+        if source is None:
+            assert key not in trained, f"trial {trial.number} trained {key} again"
+            trained[key] = trial.number
+        elif source != "reference":
+            assert study.trials[source].user_attrs["assignment_key"] == key
+            assert study.trials[source].user_attrs["metric"] == trial.user_attrs["metric"]
+    reused = [t for t in complete if t.user_attrs.get("reused_from") is not None]
+    assert reused and any(
+        isinstance(t.user_attrs["reused_from"], int) and t.user_attrs["reused_from"] < 3
+        for t in reused
+    )

@@ -1,0 +1,39 @@
+"""Tests for `autoprec.search.explore`: neighbours of the best plan, enqueued after the warm starts."""
+
+from __future__ import annotations
+
+import keras
+from search.search_models import far_regression, far_targets
+
+from autoprec.search import Budget, search
+
+
+def test_after_the_warm_starts_a_neighbour_repairs_a_faster_plan_that_missed_the_budget():
+    keras.utils.set_random_seed(0)
+    train, val = far_targets()
+    result = search(
+        far_regression(),
+        train,
+        val,
+        Budget("val_mae", max_relative_drop=0.1),
+        hardware="rtx4090",
+        dtypes=["float32", "bfloat16"],
+        n_trials=4,
+        train_steps=2,
+        cost_batch_size=4096,
+        proxy_batches=1,
+        confirm_steps=0,
+        verbose=0,
+    )
+    trials = result.study.trials
+    warm = [t for t in trials if t.user_attrs.get("warm_start")]
+    labels = {t.user_attrs["warm_start"]: t for t in warm}
+    uniform = labels["uniform bfloat16"]
+    assert uniform.user_attrs["budget_violation"] > 0  # the bfloat16 head misses the budget
+    neighbour = trials[len(warm)]
+    assert neighbour.user_attrs["neighbour"].endswith("-> float32")
+    before, after = uniform.user_attrs["assignment"], neighbour.user_attrs["assignment"]
+    changed = [path for path in before if before[path] != after[path]]
+    assert len(changed) == 1 and after[changed[0]] == "float32"
+    assert neighbour.user_attrs["predicted_seconds"] < result.float32_predicted_seconds
+    assert result.plan.layers["head"] == "float32"

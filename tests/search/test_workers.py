@@ -1,0 +1,35 @@
+"""Tests for `autoprec.search.workers`: one study searched by several local processes."""
+
+from __future__ import annotations
+
+import optuna
+from conftest import build_mlp, classification_data
+
+from autoprec.search import Budget, resolve_storage, search_in_processes
+
+
+def test_two_processes_search_one_journal_study_and_the_caller_gets_its_best_plan(tmp_path):
+    model = build_mlp()
+    model.compile("adam", "sparse_categorical_crossentropy", metrics=["accuracy"])
+    x, y = classification_data(samples=192)
+    storage = tmp_path / "workers.log"
+    result = search_in_processes(
+        2,
+        model,
+        (x[:128], y[:128]),
+        (x[128:], y[128:]),
+        Budget("val_accuracy", max_drop=0.05),
+        storage=storage,
+        study_name="pool",
+        n_trials=3,
+        hardware="rtx4090",
+        dtypes=["float32", "bfloat16"],
+        train_steps=2,
+        verbose=0,
+    )
+    study = optuna.load_study(study_name="pool", storage=resolve_storage(str(storage)))
+    assert len(study.trials) == 6 and len({t.number for t in study.trials}) == 6
+    labels = [t.user_attrs["warm_start"] for t in study.trials if "warm_start" in t.user_attrs]
+    assert labels and len(labels) == len(set(labels))  # enqueued once across workers
+    assert result.study.study_name == "pool" and len(result.study.trials) == 6
+    assert result.plan.metadata["search"]["trials"] == 6
