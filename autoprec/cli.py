@@ -217,27 +217,44 @@ def _parse_dtypes(text: str | None) -> tuple[str, ...] | None:
 
 
 def _command_search(args: argparse.Namespace) -> int:
-    from .search import search
+    from .search import search, search_in_processes
 
     budget = _parse_budget(args.budget)
     model = _load_keras_model(args.model)
     data = load_data(args.data)
-    result = search(
-        model,
-        data["train"],
-        data["val"],
-        budget=budget,
-        hardware=args.hardware,
-        n_trials=args.trials,
-        timeout=args.timeout,
-        storage=args.storage,
-        study_name=args.study_name,
-        seed=args.seed,
-        plan_path=args.output,
-        train_steps=args.train_steps,
-        batch_size=args.batch_size,
-        dtypes=_parse_dtypes(args.dtypes),
-    )
+    settings = {
+        "budget": budget,
+        "hardware": args.hardware,
+        "n_trials": args.trials,
+        "timeout": args.timeout,
+        "seed": args.seed,
+        "plan_path": args.output,
+        "train_steps": args.train_steps,
+        "batch_size": args.batch_size,
+        "dtypes": _parse_dtypes(args.dtypes),
+    }
+    if args.workers < 1:
+        raise UsageError(f"--workers {args.workers}: give at least 1 process.")
+    if args.workers > 1:
+        storage = args.storage or f"{args.output}.search.log"
+        result = search_in_processes(
+            args.workers,
+            model,
+            data["train"],
+            data["val"],
+            storage=storage,
+            study_name=args.study_name or "autoprec",
+            **settings,
+        )
+    else:
+        result = search(
+            model,
+            data["train"],
+            data["val"],
+            storage=args.storage,
+            study_name=args.study_name,
+            **settings,
+        )
     result.plan.save(args.output)
     print(result.report())
     print(f"plan written to {args.output}")
@@ -291,6 +308,12 @@ def build_parser() -> argparse.ArgumentParser:
     search.add_argument("--timeout", type=float, default=None, help="seconds")
     search.add_argument("--storage", default=None, help="Optuna storage URL or journal file")
     search.add_argument("--study-name", default=None)
+    search.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="local processes searching one study (a journal file next to -o by default)",
+    )
     search.add_argument("--seed", type=int, default=0)
     search.add_argument("--train-steps", type=int, default=20, help="steps per trial")
     search.add_argument("--batch-size", type=int, default=32)

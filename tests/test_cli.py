@@ -133,6 +133,35 @@ def test_search_command_writes_a_plan(model_and_data, tmp_path, capsys):
     assert "plan written to" in capsys.readouterr().out
 
 
+def test_search_with_workers_shares_one_journal_study(model_and_data, tmp_path, capsys):
+    import optuna
+
+    model_path, data_path, _ = model_and_data
+    output = tmp_path / "plan.json"
+    arguments = [
+        "search", str(model_path), "--data", str(data_path),
+        "--budget", "val_accuracy:0.05", "--hardware", "rtx4090", "--trials", "1",
+        "--train-steps", "2", "--dtypes", "float32,bf16", "--workers", "2", "-o", str(output),
+    ]  # fmt: skip
+    assert main(arguments) == EXIT_OK
+    assert PrecisionPlan.load(output).layers
+    storage = optuna.storages.JournalStorage(
+        optuna.storages.journal.JournalFileBackend(f"{output}.search.log")
+    )
+    study = optuna.load_study(study_name="autoprec", storage=storage)
+    finished = [trial for trial in study.trials if trial.state.is_finished()]
+    assert len(finished) >= 2  # one trial from each process, at least
+    assert "plan written to" in capsys.readouterr().out
+
+
+def test_search_refuses_zero_workers(model_and_data, capsys):
+    model_path, data_path, _ = model_and_data
+    arguments = ["search", str(model_path), "--data", str(data_path), "--budget",
+                 "val_accuracy:0.05", "--workers", "0"]  # fmt: skip
+    assert main(arguments) == EXIT_BAD_INPUT
+    assert "--workers 0" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize(
     ("make_arguments", "message"),
     [
