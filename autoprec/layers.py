@@ -23,10 +23,11 @@ layer for the same reason.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import keras
 
@@ -419,3 +420,94 @@ def model_fingerprint(model_or_infos) -> str:
 def is_fully_built(model: keras.layers.Layer) -> bool:
     """Returns whether `model` and every layer under it are built."""
     return bool(model.built) and all(layer.built for _, layer in iter_layers(model))
+
+
+def attention_logits(
+    layer: keras.layers.MultiHeadAttention,
+    query: object,
+    key: object,
+    return_attention_scores: bool = False,
+) -> object | None:
+    """Recomputes, in float32, the attention logits `MultiHeadAttention` computes in its dtype.
+
+    `MultiHeadAttention` multiplies queries and keys in its compute dtype before
+    the softmax: in float16 these logits overflow long before the layer's outputs
+    do. Gradients do not flow through the recomputation.
+
+    Args:
+        layer: a `MultiHeadAttention` layer.
+        query: the projected query its `_compute_attention` receives.
+        key: the projected key.
+        return_attention_scores: whether the call asked for the scores (then Keras
+            does not use the fused kernel, which scales after the product).
+
+    Returns:
+        The float32 logits, or `None` for a layer whose internals differ from
+        Keras' `MultiHeadAttention`.
+
+    Example:
+
+    ```python
+    logits = attention_logits(layer, query, key)
+    ```
+    """
+    ops = keras.ops
+    if not hasattr(layer, "_inverse_sqrt_key_dim") or not hasattr(layer, "_dot_product_equation"):
+        return None
+    query = ops.cast(ops.stop_gradient(query), "float32")
+    key = ops.cast(ops.stop_gradient(key), "float32")
+    fused = not (
+        getattr(layer, "_dropout", 0.0) > 0.0
+        or return_attention_scores
+        or len(query.shape) != 4
+        or type(layer)._compute_attention is not keras.layers.MultiHeadAttention._compute_attention
+    )
+    if fused:  # ops.dot_product_attention multiplies before it scales
+        return ops.einsum("btnh,bsnh->bnts", query, key)
+    scaled_query = ops.multiply(query, layer._inverse_sqrt_key_dim)
+    return ops.einsum(layer._dot_product_equation, key, scaled_query)
+
+
+def observing_attention(
+    layer: keras.layers.MultiHeadAttention,
+    original: Callable,
+    sink: Callable[[], Callable[[object], None] | None],
+) -> Callable:
+    """Wraps `MultiHeadAttention._compute_attention` so that a sink sees its float32 logits.
+
+    Args:
+        layer: the `MultiHeadAttention` layer.
+        original: its `_compute_attention` method, called unchanged.
+        sink: called at every trace; returns the function that takes the logits,
+            or `None` when nothing is recorded now (the logits are then not computed).
+
+    Returns:
+        The wrapping method, to set as the layer's `_compute_attention`.
+
+    Example:
+
+    ```python
+    layer._compute_attention = observing_attention(layer, layer._compute_attention, lambda: seen.append)
+    ```
+    """
+
+    @functools.wraps(original)
+    def compute_attention(
+        query,
+        key,
+        value,
+        attention_mask=None,
+        training=None,
+        return_attention_scores=False,
+        **kwargs,
+    ):
+        observe = sink()
+        if observe is not None:
+            logits = attention_logits(layer, query, key, return_attention_scores)
+            if logits is not None:
+                observe(logits)
+        return original(
+            query, key, value, attention_mask, training, return_attention_scores, **kwargs
+        )
+
+    return compute_attention

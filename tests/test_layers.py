@@ -106,3 +106,30 @@ def test_fingerprint_changes_with_weight_shapes_and_classes():
     base = model_fingerprint(build_mlp())
     assert model_fingerprint(build_mlp(input_dim=9)) != base
     assert model_fingerprint(build_mlp(classes=4)) != base
+
+
+def test_attention_logits_are_the_float32_scaled_products_and_observed_in_each_call():
+    import numpy as np
+
+    from autoprec.layers import attention_logits, observing_attention
+
+    layer = keras.layers.MultiHeadAttention(num_heads=2, key_dim=4)
+    x = np.random.default_rng(0).normal(size=(2, 3, 5)).astype("float32")
+    layer(x, x)
+    query = layer._query_dense(x)
+    key = layer._key_dense(x)
+    logits = keras.ops.convert_to_numpy(attention_logits(layer, query, key, True))
+    expected = np.einsum("bsnh,btnh->bnts", keras.ops.convert_to_numpy(key), query) / 2.0
+    np.testing.assert_allclose(logits, expected, rtol=1e-5)
+    assert attention_logits(keras.layers.Dense(2), query, key) is None
+
+    seen = []
+    recording = [False]
+    layer._compute_attention = observing_attention(
+        layer, layer._compute_attention, lambda: seen.append if recording[0] else None
+    )
+    layer(x, x)
+    assert seen == []
+    recording[0] = True
+    layer(x, x)
+    assert len(seen) == 1 and tuple(seen[0].shape) == (2, 2, 3, 3)

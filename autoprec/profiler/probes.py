@@ -20,7 +20,13 @@ import keras
 from .._backends import profiler_backend
 from .._core.models import swap_attribute
 from ..errors import ProfileError
-from ..layers import is_graph_model, is_pass_through, layer_paths, model_fingerprint
+from ..layers import (
+    is_graph_model,
+    is_pass_through,
+    layer_paths,
+    model_fingerprint,
+    observing_attention,
+)
 from .stats import (
     _KINDS,
     _ROOT_PATH,
@@ -94,30 +100,6 @@ def _copy_keras_attributes(source: object, target: object) -> None:
         value = getattr(source, name, None)
         if value is not None:
             setattr(target, name, value)
-
-
-def _attention_logits(
-    layer: keras.layers.Layer, query: Any, key: Any, return_attention_scores: bool
-) -> Any | None:
-    """Recomputes, in float32, the attention logits MultiHeadAttention computes in its dtype."""
-    ops = keras.ops
-    if not hasattr(layer, "_inverse_sqrt_key_dim") or not hasattr(layer, "_dot_product_equation"):
-        return None
-    query = ops.cast(query, "float32")
-    key = ops.cast(key, "float32")
-    fused = not (
-        getattr(layer, "_dropout", 0.0) > 0.0
-        or return_attention_scores
-        or len(query.shape) != 4
-        or type(layer)._compute_attention is not keras.layers.MultiHeadAttention._compute_attention
-    )
-    if fused:
-        # ops.dot_product_attention (TensorFlow backend) multiplies before scaling.
-        logits = ops.einsum("btnh,bsnh->bnts", query, key)
-    else:
-        scaled_query = ops.multiply(query, layer._inverse_sqrt_key_dim)
-        logits = ops.einsum(layer._dot_product_equation, key, scaled_query)
-    return ops.stop_gradient(logits)
 
 
 class ProbeSession:
@@ -214,7 +196,9 @@ class ProbeSession:
                 self._replace(
                     layer,
                     "_compute_attention",
-                    self._wrap_attention(path, layer, layer._compute_attention),
+                    observing_attention(
+                        layer, layer._compute_attention, self._attention_sink(path)
+                    ),
                 )
         self._installed = True
         self.model.make_train_function(force=True)
@@ -269,29 +253,14 @@ class ProbeSession:
 
         return call
 
-    def _wrap_attention(self, path: str, layer: keras.layers.Layer, original: Callable) -> Callable:
-        session = self
+    def _attention_sink(self, path: str) -> Callable[[], Callable[[Any], None] | None]:
+        def sink() -> Callable[[Any], None] | None:
+            if not self._recording:
+                return None
+            accumulator = self._accumulator(path, "internals", ATTENTION_LOGITS)
+            return lambda logits: self._backend.record(accumulator, logits, self._xla)
 
-        @functools.wraps(original)
-        def compute_attention(
-            query,
-            key,
-            value,
-            attention_mask=None,
-            training=None,
-            return_attention_scores=False,
-            **kwargs,
-        ):
-            if session._recording:
-                logits = _attention_logits(layer, query, key, return_attention_scores)
-                if logits is not None:
-                    accumulator = session._accumulator(path, "internals", ATTENTION_LOGITS)
-                    session._backend.record(accumulator, logits, session._xla)
-            return original(
-                query, key, value, attention_mask, training, return_attention_scores, **kwargs
-            )
-
-        return compute_attention
+        return sink
 
     def _wrap_apply(self, original: Callable) -> Callable:
         session = self

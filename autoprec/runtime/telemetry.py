@@ -55,7 +55,7 @@ from keras import ops
 from .._backends import profiler_backend
 from .._core.dtypes import FLOAT16, FLOAT32
 from .._core.models import swap_attribute
-from ..layers import is_graph_model, is_pass_through, layer_paths
+from ..layers import is_graph_model, is_pass_through, layer_paths, observing_attention
 
 #: What is recorded for every 16-bit layer, in this order.
 SLOTS = ("output", "input", "internal", "gradient")
@@ -244,26 +244,6 @@ def _copy_keras_attributes(source: object, target: object) -> None:
                 pass
 
 
-def _attention_logits(
-    layer: keras.layers.Layer, query: Any, key: Any, return_attention_scores: bool
-) -> Any | None:
-    """Recomputes in float32 the attention logits `MultiHeadAttention` computes in its dtype."""
-    if not hasattr(layer, "_inverse_sqrt_key_dim") or not hasattr(layer, "_dot_product_equation"):
-        return None
-    query = ops.cast(ops.stop_gradient(query), "float32")
-    key = ops.cast(ops.stop_gradient(key), "float32")
-    fused = not (
-        getattr(layer, "_dropout", 0.0) > 0.0
-        or return_attention_scores
-        or len(query.shape) != 4
-        or type(layer)._compute_attention is not keras.layers.MultiHeadAttention._compute_attention
-    )
-    if fused:  # ops.dot_product_attention multiplies before it scales
-        return ops.einsum("btnh,bsnh->bnts", query, key)
-    scaled_query = ops.multiply(query, layer._inverse_sqrt_key_dim)
-    return ops.einsum(layer._dot_product_equation, key, scaled_query)
-
-
 def telemetry_paths(model: keras.Model, dtypes: Mapping[str, str]) -> list[str]:
     """Returns the paths of the layers the telemetry records: 16-bit layers that compute.
 
@@ -375,7 +355,9 @@ class GuardTelemetry:
                 self._replace(
                     layer,
                     "_compute_attention",
-                    self._wrap_attention(index, layer, layer._compute_attention),
+                    observing_attention(
+                        layer, layer._compute_attention, self._attention_sink(index)
+                    ),
                 )
         self.installed = True
 
@@ -470,31 +452,14 @@ class GuardTelemetry:
             return observed[0]
         return keras.tree.pack_sequence_as(outputs, observed)
 
-    def _wrap_attention(
-        self, index: int, layer: keras.layers.Layer, original: Callable
-    ) -> Callable:
-        telemetry = self
-
-        @functools.wraps(original)
-        def compute_attention(
-            query,
-            key,
-            value,
-            attention_mask=None,
-            training=None,
-            return_attention_scores=False,
-            **kwargs,
-        ):
+    def _attention_sink(self, index: int) -> Callable[[], Callable[[Any], None] | None]:
+        def sink() -> Callable[[Any], None] | None:
             trace = _active_trace()
-            if trace is not None:
-                logits = _attention_logits(layer, query, key, return_attention_scores)
-                if logits is not None:
-                    trace.add(index, INTERNAL, _amax(logits, telemetry._nan_safe))
-            return original(
-                query, key, value, attention_mask, training, return_attention_scores, **kwargs
-            )
+            if trace is None:
+                return None
+            return lambda logits: trace.add(index, INTERNAL, _amax(logits, self._nan_safe))
 
-        return compute_attention
+        return sink
 
     def _wrap_apply(self, original: Callable, owners: Mapping[int, int]) -> Callable:
         telemetry = self
