@@ -1,0 +1,206 @@
+"""Train-step time with the runtime guard's in-step telemetry on versus off, side by side.
+
+For each model (a small ResNet-style CNN and a small Transformer encoder) three
+copies with identical weights run the same plan (bfloat16 with a float32 head)
+through `autoprec.AutoPrecision`: "guard off" (`guard=False`), "skip only"
+(`guard=False`, the optimizer wrapped as the guard wraps it for a bfloat16
+plan: an `autoprec.FlooredLossScaleOptimizer` fixed at scale 1, which skips
+non-finite steps) and "guard on" (`guard=True`: that same wrapper, plus
+per-layer amax telemetry inside the compiled step and one status read per
+step). "on/off" is the whole guard's cost, "on/skip only" the telemetry's. Each copy first trains `--steps` steps untimed (the
+warm-up, which also traces), then both are timed in `--rounds` interleaved
+rounds of `--steps` steps whose order rotates. A round's figure is the mean
+train-step time of its steps, measured from `on_train_batch_begin` to the end
+of the guard's own `on_train_batch_end`. The table gives the minimum and the
+median over rounds, and the ratios of each; the issue's goal
+is at most 1.05x. Differences under ~5 % are within this machine's noise.
+
+The last line printed is the same figures as JSON.
+
+Run:
+
+    python bench/guard_overhead.py [--rounds 7] [--steps 8] [--batch-size 32] [--smoke]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+import autoprec  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from profiler_overhead import build_resnet, build_transformer  # noqa: E402
+
+ARMS = ("guard off", "skip only", "guard on")
+
+
+def host_name() -> str:
+    """The CPU's model name as `lscpu` prints it (the platform's processor otherwise)."""
+    try:
+        text = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        text = ""
+    for line in text.splitlines():
+        if line.lower().startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return platform.processor() or platform.machine()
+
+
+def dataset_for(model: keras.Model, batch_size: int) -> tf.data.Dataset:
+    """An endless in-memory dataset of random batches matching the model's input."""
+    rng = np.random.default_rng(0)
+    shape = (batch_size * 4, *model.input_shape[1:])
+    if model.input.dtype == "int32":
+        x = rng.integers(0, 1000, size=shape).astype("int32")
+    else:
+        x = rng.normal(size=shape).astype("float32")
+    y = rng.integers(0, 10, size=(shape[0],)).astype("int32")
+    return tf.data.Dataset.from_tensor_slices((x, y)).batch(batch_size).repeat().cache()
+
+
+class StepTimer(keras.callbacks.Callback):
+    """Wall time of every train step; placed after the guard, so its per-step read counts."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seconds: list[float] = []
+        self.started = 0.0
+
+    def on_train_batch_begin(self, batch, logs=None) -> None:
+        self.started = time.perf_counter()
+
+    def on_train_batch_end(self, batch, logs=None) -> None:
+        float(logs["loss"])  # wait for the step
+        self.seconds.append(time.perf_counter() - self.started)
+
+
+def guarded_pair(builder, jit_compile: bool) -> dict[str, tuple[keras.Model, keras.Model]]:
+    """Three compiled copies of one model, same weights, each with its `AutoPrecision`."""
+    models = [builder() for _ in ARMS]
+    for model in models[1:]:
+        model.set_weights(models[0].get_weights())
+    arms = {}
+    for name, model in zip(ARMS, models):
+        optimizer = keras.optimizers.SGD(0.01)
+        if name == "skip only":  # what the guard wraps a bfloat16 plan's optimizer in
+            optimizer = autoprec.FlooredLossScaleOptimizer(
+                optimizer, initial_scale=1.0, floor=None, fixed=True
+            )
+        model.compile(
+            optimizer=optimizer,
+            loss="sparse_categorical_crossentropy",
+            jit_compile=jit_compile,
+        )
+        plan = autoprec.PrecisionPlan.uniform(model, "bfloat16").with_dtype("head", "float32")
+        callback = autoprec.AutoPrecision(plan, guard=name == "guard on", verbose=0)
+        arms[name] = (model, callback)
+    return arms
+
+
+def mean_step_seconds(model, callback, data, steps: int) -> float:
+    timer = StepTimer()
+    model.fit(data, steps_per_epoch=steps, epochs=1, verbose=0, callbacks=[callback, timer])
+    return statistics.fmean(timer.seconds)
+
+
+def measure(builder, batch_size: int, rounds: int, steps: int, jit_compile: bool) -> dict:
+    """Interleaved, rotating rounds of both arms; minimum and median of each, and their ratios."""
+    keras.utils.set_random_seed(0)
+    arms = guarded_pair(builder, jit_compile)
+    data = dataset_for(arms[ARMS[0]][0], batch_size)
+    for model, callback in arms.values():  # warm-up: as many steps as a timed round
+        mean_step_seconds(model, callback, data, steps)
+    samples: dict[str, list[float]] = {name: [] for name in ARMS}
+    order = list(ARMS)
+    for round_index in range(rounds):
+        shift = round_index % len(order)
+        for name in order[shift:] + order[:shift]:
+            samples[name].append(mean_step_seconds(*arms[name], data, steps))
+    off, skip, on = (samples[name] for name in ARMS)
+    guarded_model = arms["guard on"][0]
+    return {
+        "off_ms_min": min(off) * 1e3,
+        "off_ms_median": statistics.median(off) * 1e3,
+        "skip_ms_min": min(skip) * 1e3,
+        "skip_ms_median": statistics.median(skip) * 1e3,
+        "on_ms_min": min(on) * 1e3,
+        "on_ms_median": statistics.median(on) * 1e3,
+        "ratio_min": min(on) / min(off),
+        "ratio_median": statistics.median(on) / statistics.median(off),
+        "telemetry_ratio_min": min(on) / min(skip),
+        "telemetry_ratio_median": statistics.median(on) / statistics.median(skip),
+        "weights_finite": all(np.isfinite(w).all() for w in guarded_model.get_weights()),
+    }
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=7, help="interleaved rounds (at least 5)")
+    parser.add_argument("--steps", type=int, default=8, help="steps per round and of warm-up")
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--jit-compile", action="store_true")
+    parser.add_argument("--smoke", action="store_true", help="smallest sizes, for the tests")
+    args = parser.parse_args(argv)
+    rounds, steps, batch_size = max(args.rounds, 5), args.steps, args.batch_size
+    builders = {"resnet-cnn": build_resnet, "transformer": build_transformer}
+    if args.smoke:
+        rounds, steps, batch_size = 5, 2, 4
+        builders["transformer"] = lambda: build_transformer(length=16, width=32)
+    started = time.time()
+    host = host_name()
+    results = {
+        name: measure(builder, batch_size, rounds, steps, args.jit_compile)
+        for name, builder in builders.items()
+    }
+    print(
+        f"host: {host} ({os.cpu_count()} CPU cores), TF {tf.__version__}, plan bfloat16 + "
+        f"float32 head, batch {batch_size}, warm-up {steps} steps, {rounds} interleaved rounds "
+        f"x {steps} steps, jit_compile={args.jit_compile}"
+    )
+    header = (
+        f"{'model':<12} {'ms/step min / median':>20} {'':>13} {'':>13}   "
+        f"{'on/off':>15}   {'on/skip only':>15}"
+    )
+    print(header)
+    print(
+        f"{'':<12} {'guard off':>13} {'skip only':>13} {'guard on':>13}   "
+        f"{'min':>7} {'median':>7}   {'min':>7} {'median':>7}"
+    )
+    print("-" * 93)
+    for name, row in results.items():
+        print(
+            f"{name:<12} {row['off_ms_min']:>6.1f}/{row['off_ms_median']:<6.1f} "
+            f"{row['skip_ms_min']:>6.1f}/{row['skip_ms_median']:<6.1f} "
+            f"{row['on_ms_min']:>6.1f}/{row['on_ms_median']:<6.1f}   "
+            f"{row['ratio_min']:>6.3f}x {row['ratio_median']:>6.3f}x   "
+            f"{row['telemetry_ratio_min']:>6.3f}x {row['telemetry_ratio_median']:>6.3f}x"
+        )
+    print(f"({time.time() - started:.0f} s; goal: at most 1.05x; under ~5 % is noise)")
+    report = {
+        "host": host,
+        "rounds": rounds,
+        "steps": steps,
+        "batch_size": batch_size,
+        "models": results,
+    }
+    print(json.dumps(report))
+    return report
+
+
+if __name__ == "__main__":
+    main()
