@@ -197,9 +197,21 @@ class _StepTrace:
     def __init__(self) -> None:
         self.values: dict[tuple[int, int], list] = {}
         self.all_gradients: list = []
+        # Amax already taken of a tensor, by id (the tensor is kept, so the id stays its own):
+        # a layer's input is often the recorded output of the layer before it.
+        self._measured: dict[int, tuple[Any, Any]] = {}
 
     def add(self, index: int, slot: int, value: Any) -> None:
         self.values.setdefault((index, slot), []).append(value)
+
+    def amax(self, tensor: Any, nan_safe: bool) -> Any:
+        """The amax of `tensor`, taken once per traced step however many layers read it."""
+        known = self._measured.get(id(tensor))
+        if known is not None and known[0] is tensor:
+            return known[1]
+        value = _amax(tensor, nan_safe)
+        self._measured[id(tensor)] = (tensor, value)
+        return value
 
 
 def _active_trace() -> _StepTrace | None:
@@ -415,7 +427,7 @@ class GuardTelemetry:
                 return original(*args, **kwargs)
             for value in keras.tree.flatten((args, kwargs)):
                 if _is_float_tensor(value):
-                    trace.add(index, INPUT, _amax(value, telemetry._nan_safe))
+                    trace.add(index, INPUT, trace.amax(value, telemetry._nan_safe))
             outputs = original(*args, **kwargs)
             return telemetry._observe(trace, index, outputs)
 
@@ -445,7 +457,7 @@ class GuardTelemetry:
                 observed.append(value)
                 continue
             result = identity(value)
-            trace.add(index, OUTPUT, _amax(result, nan_safe))
+            trace.add(index, OUTPUT, trace.amax(result, nan_safe))
             _copy_keras_attributes(value, result)
             observed.append(result)
         if len(flat) == 1 and not isinstance(outputs, (list, tuple, dict)):
