@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from autoprec import hardware
@@ -25,17 +23,6 @@ RTX_NAMES = [
     "rtx5090",
 ]
 GIB = 1024**3
-
-
-def _cpuinfo_flags() -> set[str]:
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return set()
-    for line in text.splitlines():
-        if line.startswith("flags"):
-            return set(line.partition(":")[2].split())
-    return set()
 
 
 def test_names_cover_the_rtx_table_and_cpu_classes():

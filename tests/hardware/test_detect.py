@@ -9,21 +9,6 @@ import pytest
 
 from autoprec import hardware
 
-RTX_NAMES = [
-    "rtx2060",
-    "rtx2080ti",
-    "rtx3060",
-    "rtx3080",
-    "rtx3090",
-    "rtx4060ti-8gb",
-    "rtx4060ti-16gb",
-    "rtx4070",
-    "rtx4080",
-    "rtx4090",
-    "rtx5070",
-    "rtx5080",
-    "rtx5090",
-]
 GIB = 1024**3
 
 

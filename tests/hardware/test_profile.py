@@ -3,40 +3,13 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
 from autoprec import hardware
 from autoprec.errors import HardwareError
 
-RTX_NAMES = [
-    "rtx2060",
-    "rtx2080ti",
-    "rtx3060",
-    "rtx3080",
-    "rtx3090",
-    "rtx4060ti-8gb",
-    "rtx4060ti-16gb",
-    "rtx4070",
-    "rtx4080",
-    "rtx4090",
-    "rtx5070",
-    "rtx5080",
-    "rtx5090",
-]
 GIB = 1024**3
-
-
-def _cpuinfo_flags() -> set[str]:
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return set()
-    for line in text.splitlines():
-        if line.startswith("flags"):
-            return set(line.partition(":")[2].split())
-    return set()
 
 
 def test_user_profile_round_trip(tmp_path):

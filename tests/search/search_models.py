@@ -4,6 +4,31 @@ from __future__ import annotations
 
 import keras
 import numpy as np
+from conftest import build_mlp, classification_data
+
+#: Search settings that keep a test's search small: predicted costs, 2 train steps.
+FAST = dict(
+    hardware="rtx4090",
+    dtypes=["float32", "bfloat16"],
+    train_steps=2,
+    batch_size=32,
+    proxy_batches=1,
+    verbose=0,
+    seed=0,
+)
+
+
+def compiled_mlp() -> keras.Model:
+    """The conftest MLP, compiled as the search tests train it."""
+    model = build_mlp()
+    model.compile(optimizer="adam", loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+    return model
+
+
+def mlp_data():
+    """`(train, validation)` classification data for the MLP."""
+    x, y = classification_data(samples=192)
+    return (x[:128], y[:128]), (x[128:], y[128:])
 
 
 def wide_classifier(classes: int = 4) -> keras.Model:

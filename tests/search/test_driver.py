@@ -8,39 +8,20 @@ import keras
 import numpy as np
 import optuna
 import pytest
-from conftest import build_mlp, classification_data
 from search.search_models import (
+    FAST,
     attention_classifier,
+    compiled_mlp,
     far_regression,
     far_targets,
     labelled,
+    mlp_data,
     wide_classifier,
 )
 
 from autoprec.errors import AutoprecError
 from autoprec.search import Budget, heuristic_plan, search
 from autoprec.search.evaluator import Evaluator
-
-FAST = dict(
-    hardware="rtx4090",
-    dtypes=["float32", "bfloat16"],
-    train_steps=2,
-    batch_size=32,
-    proxy_batches=1,
-    verbose=0,
-    seed=0,
-)
-
-
-def compiled_mlp() -> keras.Model:
-    model = build_mlp()
-    model.compile(optimizer="adam", loss="sparse_categorical_crossentropy", metrics=["accuracy"])
-    return model
-
-
-def mlp_data():
-    x, y = classification_data(samples=192)
-    return (x[:128], y[:128]), (x[128:], y[128:])
 
 
 def build_sensitive_model() -> keras.Model:

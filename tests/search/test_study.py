@@ -9,31 +9,10 @@ import textwrap
 import keras
 import optuna
 import pytest
-from conftest import build_mlp, classification_data
+from search.search_models import FAST, compiled_mlp, mlp_data
 
 import autoprec
 from autoprec.search import Budget, resolve_storage, search
-
-FAST = dict(
-    hardware="rtx4090",
-    dtypes=["float32", "bfloat16"],
-    train_steps=2,
-    batch_size=32,
-    proxy_batches=1,
-    verbose=0,
-    seed=0,
-)
-
-
-def compiled_mlp() -> keras.Model:
-    model = build_mlp()
-    model.compile(optimizer="adam", loss="sparse_categorical_crossentropy", metrics=["accuracy"])
-    return model
-
-
-def mlp_data():
-    x, y = classification_data(samples=192)
-    return (x[:128], y[:128]), (x[128:], y[128:])
 
 
 def test_resume_accumulates_without_duplicate_warm_starts(tmp_path):
