@@ -44,7 +44,7 @@ import tensorflow as tf  # noqa: E402
 import autoprec  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from profiler_overhead import build_resnet, build_transformer  # noqa: E402
+from profiler_overhead import build_resnet, build_transformer, dataset_for  # noqa: E402
 
 ARMS = ("guard off", "skip only", "guard on")
 
@@ -59,18 +59,6 @@ def host_name() -> str:
         if line.lower().startswith("model name"):
             return line.split(":", 1)[1].strip()
     return platform.processor() or platform.machine()
-
-
-def dataset_for(model: keras.Model, batch_size: int) -> tf.data.Dataset:
-    """An endless in-memory dataset of random batches matching the model's input."""
-    rng = np.random.default_rng(0)
-    shape = (batch_size * 4, *model.input_shape[1:])
-    if model.input.dtype == "int32":
-        x = rng.integers(0, 1000, size=shape).astype("int32")
-    else:
-        x = rng.normal(size=shape).astype("float32")
-    y = rng.integers(0, 10, size=(shape[0],)).astype("int32")
-    return tf.data.Dataset.from_tensor_slices((x, y)).batch(batch_size).repeat().cache()
 
 
 class StepTimer(keras.callbacks.Callback):
