@@ -34,7 +34,7 @@ from .runtime import (
     load_model,
     save_model,
 )
-from .search import Budget, SearchResult, heuristic_plan, search
+from .search import Budget, SearchResult, SearchSettings, heuristic_plan, search
 
 __all__ = [
     "__version__",
@@ -57,6 +57,7 @@ __all__ = [
     "ProfileCallback",
     "ProfileError",
     "SearchResult",
+    "SearchSettings",
     "TensorStats",
     "apply_plan",
     "calibrate",

@@ -63,10 +63,10 @@ def decide_plan(
         if calibrate_costs and is_local(hardware):
             sample = cost.sample_inputs(model, batch_size)
             costs = cost.calibrate(
-                model, sample, dtypes=allowed, progress=False, hardware=hardware_profile
+                model, sample, dtypes=allowed, verbose=0, hardware=hardware_profile
             )
         else:
-            costs = cost.predict_costs(model, hardware_profile, batch_size)
+            costs = cost.predict_costs(model, hardware_profile, batch_size=batch_size)
     except Exception as error:  # costs improve the plan; their absence must not stop training
         logger.warning("autoprec: cost model unavailable (%s); deciding from parameters", error)
     plan = heuristic_plan(
@@ -75,7 +75,7 @@ def decide_plan(
     estimate = None
     if costs is not None:
         try:
-            estimate = cost.estimate(model, plan, costs, batch_size=batch_size)
+            estimate = cost.estimate(model, plan, costs=costs, batch_size=batch_size)
         except Exception as error:
             logger.warning("autoprec: no estimate for the plan (%s)", error)
     plan = plan.with_metadata(

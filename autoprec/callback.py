@@ -11,7 +11,7 @@ from .hardware import HardwareProfile
 from .plan import PrecisionPlan
 from .profiler import Profile, ProfileCallback
 from .runtime.training import PlanCallback
-from .search import Budget, SearchResult, search
+from .search import Budget, SearchResult, SearchSettings, search
 
 
 class AutoPrecision(PlanCallback):
@@ -198,9 +198,8 @@ class AutoPrecision(PlanCallback):
                 budget=self.search_budget,
                 hardware=self.hardware,
                 n_trials=self.search_trials,
-                profile=self.profile,
-                batch_size=self.batch_size,
                 verbose=0,
+                settings=SearchSettings(profile=self.profile, batch_size=self.batch_size),
             )
             self.plan, self.estimate = self.search_result.plan, None
         else:

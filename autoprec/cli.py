@@ -217,7 +217,7 @@ def _parse_dtypes(text: str | None) -> tuple[str, ...] | None:
 
 
 def _command_search(args: argparse.Namespace) -> int:
-    from .search import search, search_in_processes
+    from .search import SearchSettings, search, search_in_processes
 
     budget = _parse_budget(args.budget)
     model = _load_keras_model(args.model)
@@ -227,11 +227,13 @@ def _command_search(args: argparse.Namespace) -> int:
         "hardware": args.hardware,
         "n_trials": args.trials,
         "timeout": args.timeout,
-        "seed": args.seed,
-        "plan_path": args.output,
-        "train_steps": args.train_steps,
-        "batch_size": args.batch_size,
-        "dtypes": _parse_dtypes(args.dtypes),
+        "settings": SearchSettings(
+            seed=args.seed,
+            plan_path=args.output,
+            steps_per_trial=args.train_steps,
+            batch_size=args.batch_size,
+            dtypes=_parse_dtypes(args.dtypes),
+        ),
     }
     if args.workers < 1:
         raise UsageError(f"--workers {args.workers}: give at least 1 process.")

@@ -28,7 +28,7 @@ from .callback import AutoPrecision
 from .cost import calibrate
 from .plan import PrecisionPlan
 from .profiler import Profile, profile
-from .search import Budget, SearchResult, search
+from .search import Budget, SearchResult, SearchSettings, search
 
 _CLASSES = 10
 _FEATURES = 256
@@ -124,14 +124,16 @@ def _search_stage(model, train, val, settings, device, profile) -> SearchResult:
         val,
         budget=Budget("val_accuracy", max_drop=0.02),
         n_trials=settings["trials"],
-        batch_size=settings["batch"],
-        train_steps=settings["search_steps"],
-        dtypes=dtypes,
-        profile=profile,
-        costs=costs,
-        measure_speedup=False,
-        seed=0,
         verbose=0,
+        settings=SearchSettings(
+            batch_size=settings["batch"],
+            steps_per_trial=settings["search_steps"],
+            dtypes=dtypes,
+            profile=profile,
+            costs=costs,
+            measure_speedup=False,
+            seed=0,
+        ),
     )
 
 

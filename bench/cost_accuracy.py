@@ -174,22 +174,22 @@ def predict_steps(name: str, batch, repeats: int, cache_dir: str) -> dict:
     keras.backend.clear_session()
     model = build_compiled(name, "float32")
     start = time.perf_counter()
-    table = cost.calibrate(model, batch, repeats=repeats, cache_dir=cache_dir, progress=False)
+    table = cost.calibrate(model, batch, repeats=repeats, cache_dir=cache_dir, verbose=0)
     calibration_seconds = time.perf_counter() - start
     old_table = cost.calibrate(
         model,
         batch,
         repeats=repeats,
         cache_dir=cache_dir,
-        progress=False,
+        verbose=0,
         measure_model_step=["float32"],
     )
     plans = {row: half_plan(model, dtype) for row, dtype in MIXED.items()}
 
     def steps(costs: cost.CostTable) -> dict[str, float]:
-        uniform = {d: cost.estimate(model, d, costs).step_seconds for d in POLICIES}
+        uniform = {d: cost.estimate(model, d, costs=costs).step_seconds for d in POLICIES}
         return uniform | {
-            row: cost.estimate(model, plan, costs).step_seconds for row, plan in plans.items()
+            row: cost.estimate(model, plan, costs=costs).step_seconds for row, plan in plans.items()
         }
 
     return {

@@ -539,7 +539,7 @@ def library_plan(
                 dtypes=DTYPES,
                 repeats=max(settings.layer_repeats, 2),
                 cache_dir=cache_dir,
-                progress=False,
+                verbose=0,
                 measure_model_step=settings.calibrate_whole_steps,
                 hardware=hardware,
             )
@@ -550,7 +550,7 @@ def library_plan(
         }
     feasibility = _float16_feasibility(probes, model)
     plan = heuristic(model, profile=feasibility, costs=costs, hardware=hardware, dtypes=DTYPES)
-    estimate = autoprec.estimate(model, plan, costs)
+    estimate = autoprec.estimate(model, plan, costs=costs)
     infos = describe_model(model)
     layers = {
         path: {

@@ -34,7 +34,7 @@ import numpy as np  # noqa: E402
 import autoprec  # noqa: E402
 from autoprec import cost  # noqa: E402
 from autoprec.errors import AutoprecError  # noqa: E402
-from autoprec.search import Budget, search  # noqa: E402
+from autoprec.search import Budget, SearchSettings, search  # noqa: E402
 
 CLASSES = 10
 
@@ -201,13 +201,15 @@ def run_one(name: str, quick: bool, hardware: str = "local", rounds: int = 7) ->
             model,
             train,
             val,
-            budget,
+            budget=budget,
             hardware="local",
             n_trials=n_trials,
-            train_steps=train_steps,
-            batch_size=batch_size,
-            seed=0,
             verbose=1,
+            settings=SearchSettings(
+                steps_per_trial=train_steps,
+                batch_size=batch_size,
+                seed=0,
+            ),
         )
     except AutoprecError as error:
         return {"model": name, "hardware": "local", "error": str(error)}
@@ -273,14 +275,16 @@ def run_predicted(name: str, quick: bool, hardware: str) -> dict:
             model,
             train,
             val,
-            budget,
+            budget=budget,
             hardware=hardware,
             n_trials=6 if quick else 16,
-            train_steps=train_steps,
-            batch_size=batch_size,
-            cost_batch_size=128,
-            seed=0,
             verbose=1,
+            settings=SearchSettings(
+                steps_per_trial=train_steps,
+                batch_size=batch_size,
+                cost_batch_size=128,
+                seed=0,
+            ),
         )
     except AutoprecError as error:
         return {"model": name, "hardware": hardware, "error": str(error)}

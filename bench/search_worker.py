@@ -39,14 +39,16 @@ def main(storage: str, n_trials: int) -> None:
         (x[192:], y[192:]),
         budget=autoprec.Budget("val_accuracy", max_drop=0.05),
         hardware="rtx4090",
-        dtypes=("float32", "bfloat16", "float16"),
         n_trials=n_trials,
         storage=storage,
         study_name=STUDY_NAME,
-        seed=0,
-        train_steps=3,
-        batch_size=32,
         verbose=0,
+        settings=autoprec.SearchSettings(
+            dtypes=("float32", "bfloat16", "float16"),
+            seed=0,
+            steps_per_trial=3,
+            batch_size=32,
+        ),
     )
     print("finished", flush=True)
 

@@ -17,7 +17,7 @@ import tensorflow as tf  # noqa: E402
 
 import autoprec  # noqa: E402
 from autoprec import demo  # noqa: E402
-from autoprec.search import Budget, search  # noqa: E402
+from autoprec.search import Budget, SearchSettings, search  # noqa: E402
 
 
 def search_for(hardware: str, train, val, trials: int, steps: int, dtypes=None):
@@ -30,11 +30,13 @@ def search_for(hardware: str, train, val, trials: int, steps: int, dtypes=None):
         budget=Budget("val_accuracy", max_drop=0.02),
         hardware=hardware,
         n_trials=trials,
-        train_steps=steps,
-        batch_size=128,
-        dtypes=dtypes,
-        measure_speedup=False,
         verbose=0,
+        settings=SearchSettings(
+            steps_per_trial=steps,
+            batch_size=128,
+            dtypes=dtypes,
+            measure_speedup=False,
+        ),
     )
     print(result.report())
     return result.plan

@@ -244,8 +244,15 @@ def _check_cost_and_search() -> dict:
     estimate = autoprec.estimate(model, plan, table, batch_size=32)
     heuristic = autoprec.heuristic_plan(model, hardware="rtx4090")
     result = autoprec.search(
-        model, (x, y), (x, y), budget=autoprec.Budget("val_accuracy", max_drop=0.5),
-        hardware="rtx4090", n_trials=2, seed=0,
+        model,
+        (x, y),
+        (x, y),
+        budget=autoprec.Budget("val_accuracy", max_drop=0.5),
+        hardware="rtx4090",
+        n_trials=2,
+        settings=autoprec.SearchSettings(
+            seed=0,
+        ),
     )  # fmt: skip
     return {
         "estimated_step_seconds": float(estimate.step_seconds),

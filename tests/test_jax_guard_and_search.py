@@ -50,8 +50,9 @@ CHILD = textwrap.dedent(
     model.compile("adam", "sparse_categorical_crossentropy", metrics=["accuracy"])
     result = autoprec.search(model, (x[:192], y[:192]), (x[192:], y[192:]),
                              budget=autoprec.Budget("val_accuracy", max_drop=0.5),
-                             hardware="rtx4090", cost_batch_size=4096, n_trials=4,
-                             train_steps=3, verbose=0)
+                             hardware="rtx4090", n_trials=4, verbose=0,
+                             settings=autoprec.SearchSettings(cost_batch_size=4096,
+                                                              steps_per_trial=3))
     results["search"] = {
         "states": [t.state.name for t in result.study.trials],
         "skipped": [t.user_attrs.get("proxy_skipped") for t in result.study.trials],

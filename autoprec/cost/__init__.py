@@ -6,7 +6,7 @@ Three steps, each usable alone:
   layer's `call` and records the shapes each layer sees and which layer feeds
   which (`ModelTrace`);
 * `count_costs(model)` turns those shapes into forward/backward FLOPs and bytes
-  (`LayerCost`), and `predict_costs(model, hardware, batch_size)` turns counts
+  (`LayerCost`), and `predict_costs(model, hardware, batch_size=batch_size)` turns counts
   into seconds with a roofline model of a `HardwareProfile`;
 * `calibrate(model, batch)` measures each layer's forward+backward time in each
   dtype on this device instead (cached; on the TensorFlow or JAX backend, JAX
@@ -16,7 +16,7 @@ Three steps, each usable alone:
   all dtypes and a per-dtype scale of layer times, so that a uniform plan's
   estimate equals its measured step.
 
-Both give a `CostTable`; `estimate(model, plan, costs_or_hardware)` sums it for a
+Both give a `CostTable`; `estimate(model, plan, hardware, costs=table)` sums it for a
 plan: step time, speedup over float32, memory and the largest batch that fits.
 
 Modules, in the order they build on each other: `trace` (shapes, edges and

@@ -13,7 +13,7 @@ import numpy as np
 from .._core.dtypes import FLOAT32, canonical_dtype
 from .._core.models import inner_optimizer
 from ..errors import HardwareError, PlanError
-from ..hardware import HardwareProfile, resolve_hardware
+from ..hardware import HardwareProfile
 from ..layers import LayerInfo, describe_model
 from .counting import _ITEMSIZE
 from .roofline import predict_costs
@@ -164,14 +164,23 @@ def _optimizer_slots(model: keras.Model) -> int:
 
 def _costs_for(
     model: keras.Model,
-    costs_or_hardware: CostTable | HardwareProfile | str | None,
+    hardware: HardwareProfile | str,
+    costs: CostTable | None,
     batch_size: int | None,
-    sample: Any,
+    x: Any,
 ) -> CostTable:
-    if isinstance(costs_or_hardware, CostTable):
-        return costs_or_hardware
-    profile = resolve_hardware(costs_or_hardware)
-    return predict_costs(model, profile, batch_size or 32, sample)
+    if isinstance(hardware, CostTable):
+        raise PlanError(
+            "estimate: pass a cost table as costs=table; hardware= names a device "
+            "('local', 'rtx4090' or a HardwareProfile)."
+        )
+    if costs is not None:
+        if not isinstance(costs, CostTable):
+            raise PlanError(
+                f"estimate: costs must be an autoprec.CostTable, got {type(costs).__name__}."
+            )
+        return costs
+    return predict_costs(model, hardware, batch_size=batch_size or 32, x=x)
 
 
 def _step_seconds(
@@ -192,9 +201,11 @@ def _step_seconds(
 def estimate(
     model: keras.Model,
     plan: PlanLayers | Mapping[str, str] | str,
-    hardware_or_costs: CostTable | HardwareProfile | str | None = None,
+    hardware: HardwareProfile | str = "local",
+    *,
+    costs: CostTable | None = None,
     batch_size: int | None = None,
-    sample: Any = None,
+    x: Any = None,
 ) -> Estimate:
     """Estimates a plan's training step time, speedup over float32 and memory.
 
@@ -211,11 +222,14 @@ def estimate(
             a `{path: dtype}` dict, or one dtype name for a uniform plan. Layers the
             plan does not name take the dtype of the layer they follow, of their
             first named descendant or of their nearest named parent, else float32.
-        hardware_or_costs: a `CostTable` (from `calibrate` or `predict_costs`), a
-            `HardwareProfile`, a profile name, or `None`/`"local"` for this device.
+        hardware: the device the costs are predicted for when no `costs` are given:
+            `"local"` (this device, detected), a profile name such as `"rtx4090"` or a
+            `HardwareProfile`.
+        costs: a `CostTable` (from `calibrate`, measured, or `predict_costs`) to
+            estimate with instead of a prediction.
         batch_size: samples per step; default the table's batch size (32 for a
-            prediction from a hardware profile).
-        sample: model inputs for shape tracing (subclassed models).
+            prediction).
+        x: model inputs for shape tracing (subclassed models).
 
     Returns:
         An `Estimate`.
@@ -227,7 +241,7 @@ def estimate(
     print(est.speedup, est.max_batch_size())
     ```
     """
-    table = _costs_for(model, hardware_or_costs, batch_size, sample)
+    table = _costs_for(model, hardware, costs, batch_size, x)
     batch = int(batch_size or table.batch_size)
     mapping = _plan_mapping(plan)
     infos = describe_model(model)

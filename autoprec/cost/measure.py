@@ -223,14 +223,15 @@ def _measurable(cost: LayerCost) -> bool:
 
 def calibrate(
     model: keras.Model,
-    batch: Any,
+    x: Any,
+    *,
     dtypes: Sequence[str] = COMPUTE_DTYPES,
+    hardware: HardwareProfile | str = "local",
     repeats: int = 5,
-    cache_dir: str | os.PathLike | None = None,
-    progress: bool = True,
     measure_model_step: bool | str | Sequence[str] = True,
-    hardware: HardwareProfile | str | None = None,
+    cache_dir: str | os.PathLike | None = None,
     use_cache: bool = True,
+    verbose: int = 1,
 ) -> CostTable:
     """Measures every layer's forward+backward time in each dtype on this device.
 
@@ -263,17 +264,21 @@ def calibrate(
 
     Args:
         model: a built Keras model.
-        batch: a training batch, `x` or `(x, y)`; its size is the batch size timed.
+        x: one training batch, inputs alone or an `(x, y)` tuple; its size is the
+            batch size timed.
         dtypes: compute dtypes to time.
+        hardware: what this device is, for the predictions of layers that cannot be
+            timed alone and for which dtypes run natively: `"local"` (detected), a
+            hardware profile name or a `HardwareProfile`. The timings are always of
+            this device.
         repeats: timed repetitions per measurement (median).
-        cache_dir: cache folder; default `$AUTOPREC_CACHE_DIR` or `~/.cache/autoprec`.
-        progress: show a progress bar.
         measure_model_step: which whole training steps to time: `True` (or
             `"all"`) every dtype of `dtypes`, a slow one alone after two warm-up
             steps; a list of dtypes (from `dtypes`); `"fast"` only those
             `hardware` runs natively; `False` none.
-        hardware: profile for fallback predictions; default the detected device.
+        cache_dir: cache folder; default `$AUTOPREC_CACHE_DIR` or `~/.cache/autoprec`.
         use_cache: read and write the cache.
+        verbose: 0 silent, 1 (default) a `keras.utils.Progbar` over the layers timed.
 
     Returns:
         A `CostTable` with `source="measured"`; `stats` counts `"timed"`,
@@ -288,7 +293,7 @@ def calibrate(
 
     ```python
     x, y = data
-    costs = autoprec.calibrate(model, (x[:32], y[:32]))
+    costs = autoprec.calibrate(model, (x[:32], y[:32]), verbose=0)
     print(costs.summary())
     ```
     """
@@ -297,6 +302,7 @@ def calibrate(
     if FLOAT32 not in dtypes:
         dtypes = [FLOAT32, *dtypes]
     profile = resolve_hardware(hardware)
+    batch = x
     inputs = input_part(batch)
     batch_size = batch_size_of(inputs, error_class=PlanError)
     trace = trace_model(model, inputs)
@@ -332,7 +338,7 @@ def calibrate(
     work = [path for path, cost in counts.items() if _measurable(cost)]
     bar = (
         keras.utils.Progbar(len(work) * len(dtypes), unit_name="timing")
-        if (progress and work)
+        if (verbose and work)
         else None
     )
     timing = _LayerTiming(

@@ -99,19 +99,20 @@ def _record(
 
 def predict_costs(
     model: keras.Model,
-    hardware: HardwareProfile | str | None = None,
+    hardware: HardwareProfile | str = "local",
+    *,
     batch_size: int = 32,
-    sample: Any = None,
+    x: Any = None,
     dtypes: Sequence[str] = COMPUTE_DTYPES,
 ) -> CostTable:
     """Predicts every layer's forward+backward seconds per dtype with a roofline model.
 
     Args:
         model: a built Keras model.
-        hardware: a `HardwareProfile`, a profile name (`"rtx4090"`) or `None`/`"local"`
-            for this device.
+        hardware: `"local"` (this device, detected), a profile name such as
+            `"rtx4090"` or a `HardwareProfile`.
         batch_size: samples per training step.
-        sample: model inputs for shape tracing (needed for subclassed models).
+        x: model inputs for shape tracing (needed for subclassed models).
         dtypes: dtypes to predict.
 
     Returns:
@@ -125,7 +126,7 @@ def predict_costs(
     ```
     """
     profile = resolve_hardware(hardware)
-    trace = trace_model(model, sample)
+    trace = trace_model(model, x)
     counts = count_costs(model, trace)
     dtypes = [canonical_dtype(dtype) for dtype in dtypes]
     layers = {

@@ -80,7 +80,7 @@ class CostTable:
     Example:
 
     ```python
-    table = autoprec.cost.predict_costs(model, autoprec.hardware.get("rtx4090"), 64)
+    table = autoprec.cost.predict_costs(model, autoprec.hardware.get("rtx4090"), batch_size=64)
     table.save("/tmp/costs.json"); autoprec.cost.CostTable.load("/tmp/costs.json")
     ```
     """

@@ -179,7 +179,7 @@ def sample_inputs(
     if not symbolic:
         raise PlanError(
             f"model {model.name!r} has no symbolic inputs (subclassed or unbuilt); "
-            "pass a sample batch (`sample=x`)."
+            "pass a batch of inputs (`x=...`)."
         )
     rng = np.random.default_rng(0)
     arrays = []
@@ -188,7 +188,7 @@ def sample_inputs(
         if any(dim is None for dim in dims[1:]):
             raise PlanError(
                 f"model input {tensor.name!r} has unknown dimensions {tuple(dims)}; "
-                "pass a sample batch (`sample=x`)."
+                "pass a batch of inputs (`x=...`)."
             )
         shape = (batch_size, *[int(dim) for dim in dims[1:]])
         dtype = _dtype_name(tensor)

@@ -100,11 +100,12 @@ class ProfileCallback(keras.callbacks.Callback):
 
 def profile(
     model: keras.Model,
-    data: ProfileData,
-    steps: int = 20,
+    x: ProfileData,
     *,
+    steps: int = 20,
     batch_size: int = 32,
     include_pass_through: bool = False,
+    verbose: int = 1,
 ) -> Profile:
     """Records per-layer value ranges over `steps` train steps, leaving the model unchanged.
 
@@ -115,12 +116,14 @@ def profile(
 
     Args:
         model: a compiled Keras model (TensorFlow backend).
-        data: a `tf.data.Dataset` of batches, an `(x, y)` or
-            `(x, y, sample_weight)` tuple of arrays, or a Python generator or
-            `keras.utils.PyDataset` yielding batches (see `ProfileData`).
+        x: the training data, as `model.fit` takes it in one argument: an `(x, y)`
+            or `(x, y, sample_weight)` tuple of arrays, a `tf.data.Dataset` of
+            batches, or a Python generator or `keras.utils.PyDataset` yielding
+            batches (see `ProfileData`).
         steps: number of train steps to record (fewer if the data runs out).
-        batch_size: batch size for array data.
+        batch_size: batch size for array data, as in `model.fit`.
         include_pass_through: also probe pass-through layers.
+        verbose: 0 silent, 1 (default) Keras' progress bar over the profiled steps.
 
     Returns:
         A `Profile`.
@@ -133,7 +136,7 @@ def profile(
 
     ```python
     model.compile(optimizer="sgd", loss="sparse_categorical_crossentropy")
-    prof = autoprec.profile(model, (x, y), steps=10, batch_size=32)
+    prof = autoprec.profile(model, (x, y), steps=10, batch_size=32, verbose=0)
     print(prof.summary())
     ```
     """
@@ -142,20 +145,20 @@ def profile(
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise ProfileError(f"autoprec.profile: steps must be a positive integer, got {steps!r}.")
     arguments, sample_inputs = fit_arguments(
-        data, steps, batch_size, what="autoprec.profile", error_class=ProfileError
+        x, steps, batch_size, what="autoprec.profile", error_class=ProfileError
     )
     with strategy_scope(model):
         _ensure_built(model, sample_inputs)
         snapshot = _snapshot(model)
     callback = ProfileCallback(steps, include_pass_through=include_pass_through, stop_training=True)
     try:
-        model.fit(**arguments, verbose=0, callbacks=[callback])
+        model.fit(**arguments, verbose=verbose, callbacks=[callback])
     finally:
         callback.remove_probes()
         with strategy_scope(model):
             _restore(model, snapshot)
     if callback.profile is None:
-        raise ProfileError("autoprec.profile: no train step ran; `data` yielded no batches.")
+        raise ProfileError("autoprec.profile: no train step ran; `x` yielded no batches.")
     return callback.profile
 
 

@@ -43,6 +43,7 @@ from .fidelity import (
 )
 from .heuristic import heuristic_plan
 from .result import ParetoPoint, SearchResult
+from .settings import SearchSettings, StudyCallback
 from .space import (
     SENSITIVE_CLASS_PATTERNS,
     Group,
@@ -60,6 +61,8 @@ from .study import resolve_storage
 from .workers import search_in_processes
 
 __all__ = [
+    "SearchSettings",
+    "StudyCallback",
     "LOW_FIDELITY_STEPS",
     "SENSITIVE_CLASS_PATTERNS",
     "Budget",

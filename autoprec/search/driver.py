@@ -8,7 +8,7 @@ import math
 import os
 import time
 import warnings
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import keras
@@ -17,6 +17,7 @@ import optuna
 
 from .._core.data import take_batches
 from .._core.dtypes import BFLOAT16, COMPUTE_DTYPES, FLOAT16, FLOAT32
+from .._core.messages import show_message
 from ..cost import CostTable, calibrate, predict_costs
 from ..errors import AutoprecError
 from ..hardware import HardwareProfile, is_local, resolve_hardware
@@ -29,6 +30,7 @@ from .explore import explorer
 from .fidelity import check_reference, confirmation_reasons, longer_batches
 from .heuristic import _Costs, heuristic_plan
 from .result import SearchResult
+from .settings import SearchSettings
 from .space import (
     _default_dtypes,
     allowed_dtypes,
@@ -62,72 +64,41 @@ _CONFIRMATION_ATTEMPTS = 3
 
 
 @dataclasses.dataclass(frozen=True)
-class _Settings:
-    """What a `search()` call asked for, beyond the model and the data (held by the evaluator)."""
+class _Request:
+    """What one `search()` call asked for beyond the model and data: its arguments, resolved."""
 
     budget: Budget
-    hardware: HardwareProfile | str | None
+    hardware: HardwareProfile | str
     n_trials: int | None
     timeout: float | None
     storage: str | os.PathLike | optuna.storages.BaseStorage | None
     study_name: str | None
-    seed: int | None
-    cost_batch_size: int | None
-    dtypes: tuple[str, ...] | None
-    group_by: str | int
-    profile: Profile | None
-    profile_steps: int
-    costs: CostTable | None
-    keep_float32: tuple[str, ...]
-    proxy_tolerance: float
-    reference_repeats: int
-    plan_path: str | os.PathLike | None
-    measure_speedup: bool | None
-    catch: tuple[type[BaseException], ...]
-    callbacks: tuple[Callable[[optuna.Study, optuna.trial.FrozenTrial], None], ...]
-    show_progress_bar: bool
+    study: optuna.Study | None
+    sampler: optuna.samplers.BaseSampler | None
+    pruner: optuna.pruners.BasePruner | None
+    settings: SearchSettings
     verbose: int
     started: float
-    train_data: Any = None
-    batch_size: int = 32
-    max_train_steps: int = 80
-    baseline: float | str | None = "auto"
-    confirm_steps: int | None = None
+    train_data: Any
+    max_train_steps: int
 
 
 def search(
     model: keras.Model,
-    train_data: Any,
-    val_data: Any,
+    x: Any,
+    validation_data: Any,
+    *,
     budget: Budget,
-    hardware: HardwareProfile | str | None = "local",
-    n_trials: int = 30,
+    hardware: HardwareProfile | str = "local",
+    n_trials: int | None = 20,
     timeout: float | None = None,
     storage: str | os.PathLike | optuna.storages.BaseStorage | None = None,
     study_name: str | None = None,
-    seed: int | None = 0,
-    train_steps: int = 20,
-    batch_size: int = 32,
-    cost_batch_size: int | None = None,
-    dtypes: Sequence[str] | None = None,
-    group_by: str | int = "auto",
-    profile: Profile | None = None,
-    profile_steps: int = 4,
-    costs: CostTable | None = None,
-    keep_float32: Sequence[str] = (),
-    proxy_batches: int = 2,
-    proxy_tolerance: float = 0.5,
-    val_steps: int | None = None,
-    reference_repeats: int = 0,
-    plan_path: str | os.PathLike | None = None,
-    measure_speedup: bool | None = None,
-    catch: Iterable[type[BaseException]] = (Exception,),
-    callbacks: Sequence[Callable[[optuna.Study, optuna.trial.FrozenTrial], None]] = (),
-    show_progress_bar: bool = False,
+    study: optuna.Study | None = None,
+    sampler: optuna.samplers.BaseSampler | None = None,
+    pruner: optuna.pruners.BasePruner | None = None,
+    settings: SearchSettings | None = None,
     verbose: int = 1,
-    max_train_steps: int | None = None,
-    baseline: float | str | None = "auto",
-    confirm_steps: int | None = None,
 ) -> SearchResult:
     """Searches the cheapest dtype per layer whose short-training metric stays within `budget`.
 
@@ -136,64 +107,39 @@ def search(
     optimizer from its config and the same loss and metrics). Subclassed models
     need `get_config` to be cloned; without it the search works on the model itself
     and puts back its weights and policies at the end (its optimizer is never used).
+    Every uniform plan and the heuristic's per-layer plan are evaluated first, and the
+    returned plan costs no more than any of them that held the budget.
 
     Args:
         model: a built, compiled Keras model.
-        train_data: `(x, y)` numpy arrays, a `tf.data.Dataset`, a `keras.utils.PyDataset`
-            or a generator of `(x, y)` batches; the first `train_steps` batches are
-            trained on, in order, by every trial.
-        val_data: the same kinds; the budget metric is evaluated on it.
-        budget: a `Budget`.
-        hardware: `"local"` (per-layer costs measured on this device with
-            `autoprec.calibrate`), or a hardware profile name/object such as
-            `"rtx4090"` (costs predicted with `autoprec.cost.predict_costs`).
-        n_trials: trials to run in this call (added to those already in the study).
+        x: the training data, as `model.fit` takes it in one argument: an `(x, y)` or
+            `(x, y, sample_weight)` tuple of arrays, a `tf.data.Dataset`, a
+            `keras.utils.PyDataset` or a generator of such batches. Every trial trains
+            on its first `settings.steps_per_trial` batches, in order.
+        validation_data: the same kinds; the budget metric is evaluated on it.
+        budget: an `autoprec.Budget`.
+        hardware: `"local"` (this device: layer costs measured here with
+            `autoprec.calibrate`), a hardware profile name such as `"rtx4090"` or a
+            `HardwareProfile` (costs predicted for that device).
+        n_trials: trials to run in this call (added to those already in the study);
+            `None` runs until `timeout`.
         timeout: stop starting trials after this many seconds.
-        storage: any Optuna storage: URL (`"sqlite:///autoprec.db"`, PostgreSQL), a
-            journal file (`"journal:///path/file.log"` or a path ending `.log`), or a
-            storage object. The same storage and `study_name` resume the study; several
-            processes may share one.
-        study_name: the study's name (required to resume from a storage).
-        seed: seeds the sampler and every evaluation (deterministic per machine).
-        train_steps: S, the training steps of level 3.
-        batch_size: batch size for numpy data (datasets keep their own batches).
-        cost_batch_size: batch size the step time is predicted for (the batch you
-            will train with); default `batch_size`.
-        dtypes: dtypes the search may use. Default: float32 plus the 16-bit dtypes
-            that run fast on `hardware` (for `"local"`: measured faster than float32 for
-            this model; on a CPU without native float16 that leaves float16 out). An
-            explicit list is respected even where a dtype is slow.
-        group_by: `"layer"`, `"block"`, `"auto"` or an int (max groups); see
-            `autoprec.search.group_layers`.
-        profile: an `autoprec.profiler.Profile`; default profiled here when the profiler
-            is available (float16 ruled out for layers whose ranges do not fit).
-        profile_steps: batches the profiler sees.
-        costs: a `CostTable` to use instead of calibrating/predicting.
-        keep_float32: globs on paths or class names that always stay float32.
-        proxy_batches: calibration batches of the numerical proxy (level 2).
-        proxy_tolerance: proxy relative error above which a plan is pruned.
-        val_steps: validation batches to evaluate (default all).
-        reference_repeats: extra float32 runs with other batch orders and seeds, to
-            report the reference's spread; a budget tighter than it is warned about.
-        plan_path: the best plan so far is written there (atomically) after every
-            trial that improves it, and the final plan at the end.
-        measure_speedup: time the final plan and float32 on this device (default:
-            when `hardware="local"`).
-        catch: exceptions that mark a trial failed instead of stopping the search.
-        callbacks: extra Optuna callbacks `(study, frozen_trial)`.
-        show_progress_bar: Optuna's progress bar.
-        verbose: 0 silent, 1 one log line per trial (logger `"autoprec"`), 2 also
-            calibration progress.
-        max_train_steps: the longest training the search may lengthen to (train steps
-            doubled) when the float32 reference does not beat the trivial baseline by
-            more than the budget allows; default 8 x the training batches taken.
-        baseline: what a model that learned nothing scores on the budget metric:
-            `"auto"` (chance for accuracy-like metrics, 0.5 for AUC, the untrained
-            model's metric otherwise), a number, or `None` to skip the check (e.g. for
-            a model that is already trained).
-        confirm_steps: train steps of the confirmation of the chosen plan (against
-            float32 trained as long, from the same weights), run when the decision was
-            close or the fidelity low; default 4 x the search's train steps, 0 never.
+        storage: any Optuna storage: a URL (`"sqlite:///autoprec.db"`,
+            `"postgresql://..."`), a journal file (`"journal:///path/file.log"` or a path
+            ending `.log`), or a storage object. The same storage and `study_name`
+            resume the study; several processes, on one machine or many, may share one.
+        study_name: the study's name (needed to resume or share a study).
+        study: an `optuna.Study` to search in instead of `storage` and `study_name`
+            (created with `direction="minimize"`); its sampler and pruner are used.
+        sampler: an Optuna sampler; default a seeded `optuna.samplers.TPESampler`.
+        pruner: an Optuna pruner; default one that prunes plans whose numerical proxy
+            misses `settings.proxy_tolerance` before they are trained.
+        settings: an `autoprec.SearchSettings` with the rarer knobs (batch size, steps
+            per trial, dtypes, grouping, a profile or cost table to reuse, plan path,
+            Optuna callbacks); default `SearchSettings()`.
+        verbose: 0 silent, 1 (default) a progress bar over trials and one log line per
+            stage (logger `"autoprec"`), 2 also one line per trial and the calibration
+            progress.
 
     Returns:
         A `SearchResult`.
@@ -219,58 +165,71 @@ def search(
         raise AutoprecError(
             f"search: budget must be an autoprec.Budget, got {type(budget).__name__}."
         )
-    _set_verbosity(verbose)
-    seed_value = 0 if seed is None else int(seed)
+    settings = SearchSettings() if settings is None else settings
+    if not isinstance(settings, SearchSettings):
+        raise AutoprecError(
+            f"search: settings must be an autoprec.SearchSettings, got {type(settings).__name__}."
+        )
+    if study is not None and (storage is not None or study_name is not None):
+        raise AutoprecError(
+            "search: pass either study= or storage=/study_name=, not both (a study already "
+            "has its storage and name)."
+        )
+    if study is not None and (sampler is not None or pruner is not None):
+        raise AutoprecError(
+            "search: study= brings its own sampler and pruner; pass them to "
+            "optuna.create_study instead of to search."
+        )
+    if study is not None and (
+        len(study.directions) != 1 or study.direction != optuna.study.StudyDirection.MINIMIZE
+    ):
+        raise AutoprecError(
+            f"search: study {study.study_name!r} must have one objective, minimised (it holds "
+            "the predicted step time); create it with optuna.create_study(direction='minimize')."
+        )
+    seed_value = 0 if settings.seed is None else int(settings.seed)
     train_batches = take_batches(
-        train_data, batch_size, train_steps, what="search: train_data", error_class=AutoprecError
+        x,
+        settings.batch_size,
+        settings.steps_per_trial,
+        what="search: x",
+        error_class=AutoprecError,
     )
     val_batches = take_batches(
-        val_data, batch_size, val_steps, what="search: val_data", error_class=AutoprecError
+        validation_data,
+        settings.batch_size,
+        settings.validation_steps,
+        what="search: validation_data",
+        error_class=AutoprecError,
     )
-    settings = _Settings(
+    request = _Request(
         budget=budget,
         hardware=hardware,
         n_trials=n_trials,
         timeout=timeout,
         storage=storage,
         study_name=study_name,
-        seed=seed,
-        cost_batch_size=cost_batch_size,
-        dtypes=None if dtypes is None else tuple(dtypes),
-        group_by=group_by,
-        profile=profile,
-        profile_steps=profile_steps,
-        costs=costs,
-        keep_float32=tuple(keep_float32),
-        proxy_tolerance=proxy_tolerance,
-        reference_repeats=reference_repeats,
-        plan_path=plan_path,
-        measure_speedup=measure_speedup,
-        catch=tuple(catch),
-        callbacks=tuple(callbacks),
-        show_progress_bar=show_progress_bar,
+        study=study,
+        sampler=sampler,
+        pruner=pruner,
+        settings=settings,
         verbose=verbose,
         started=started,
-        train_data=train_data,
-        batch_size=batch_size,
-        max_train_steps=max_train_steps or 8 * len(train_batches),
-        baseline=baseline,
-        confirm_steps=confirm_steps,
+        train_data=x,
+        max_train_steps=settings.max_steps_per_trial or 8 * len(train_batches),
     )
-    evaluator = Evaluator(model, train_batches, val_batches, proxy_batches, seed_value)
+    evaluator = Evaluator(model, train_batches, val_batches, settings.proxy_batches, seed_value)
     try:
         _check_metric(evaluator, budget)
-        return _run_search(model, evaluator, settings)
+        return _run_search(model, evaluator, request)
     finally:
         evaluator.close()
 
 
-def _set_verbosity(verbose: int) -> None:
-    if verbose and not logger.handlers and not logging.getLogger().handlers:
-        logging.basicConfig(format="%(message)s")
-    if verbose and logger.level in (logging.NOTSET,) or (verbose and logger.level > logging.INFO):
-        logger.setLevel(logging.INFO)
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
+def _say(verbose: int, text: str, *arguments: object) -> None:
+    """Shows one progress line (`text % arguments`) when `verbose` asks for it."""
+    if verbose:
+        show_message(text % arguments)
 
 
 def _check_metric(evaluator: Evaluator, budget: Budget) -> None:
@@ -284,9 +243,10 @@ def _check_metric(evaluator: Evaluator, budget: Budget) -> None:
         )
 
 
-def _run_search(model: keras.Model, evaluator: Evaluator, settings: _Settings) -> SearchResult:
-    budget = settings.budget
-    verbose = settings.verbose
+def _run_search(model: keras.Model, evaluator: Evaluator, request: _Request) -> SearchResult:
+    settings = request.settings
+    budget = request.budget
+    verbose = request.verbose
     infos = describe_model(model)
     compute = compute_layers(infos)
 
@@ -295,14 +255,14 @@ def _run_search(model: keras.Model, evaluator: Evaluator, settings: _Settings) -
     if table is None:
         hardware_profile, table = _load_costs(
             evaluator.model,
-            settings.hardware,
+            request.hardware,
             evaluator.train_batches[0],
             settings.dtypes,
             verbose,
             settings.cost_batch_size or evaluator.batch_size,
         )
-    elif not is_local(settings.hardware):
-        hardware_profile = resolve_hardware(settings.hardware)
+    elif not is_local(request.hardware):
+        hardware_profile = resolve_hardware(request.hardware)
     dtypes = _default_dtypes(settings.dtypes, hardware_profile, table)
     costs = _Costs(evaluator.model, table, settings.cost_batch_size or evaluator.batch_size)
 
@@ -323,9 +283,9 @@ def _run_search(model: keras.Model, evaluator: Evaluator, settings: _Settings) -
     reference_metrics, fidelity = check_reference(
         evaluator,
         budget,
-        settings.train_data,
+        request.train_data,
         settings.batch_size,
-        settings.max_train_steps,
+        request.max_train_steps,
         settings.baseline,
     )
     reference = fidelity.reference
@@ -355,46 +315,61 @@ def _run_search(model: keras.Model, evaluator: Evaluator, settings: _Settings) -
         f"predicted for {hardware_profile.name}"
         if settings.costs is None
         and hardware_profile is not None
-        and not is_local(settings.hardware)
+        and not is_local(request.hardware)
         else f"{getattr(table, 'source', 'no')} costs"
     )
-    if verbose:
-        logger.info(
-            "autoprec.search: %d compute layers in %d groups; dtypes %s; float32 reference "
-            "%s = %.6g after %d train steps (budget %s %.6g; trivial baseline %s %s); "
-            "float32 step %.3f ms (%s)",
-            len(compute),
-            len(groups),
-            "/".join(dtypes),
-            budget.metric,
-            reference,
-            fidelity.train_steps,
-            ">=" if budget.direction == "higher" else "<=",
-            budget.threshold(reference),
-            "n/a" if fidelity.baseline is None else f"{fidelity.baseline:.4g}",
-            fidelity.baseline_kind,
-            float32_seconds * 1e3,
-            cost_words,
-        )
-
-    warm = _warm_starts(context, model, profile, table, hardware_profile, dtypes)
-    storage = resolve_storage(settings.storage)
-    study, created = _open_study(
-        storage, settings.study_name, settings.seed, settings.proxy_tolerance
+    _say(
+        verbose,
+        "autoprec.search: %d compute layers in %d groups; dtypes %s; float32 reference "
+        "%s = %.6g after %d train steps (budget %s %.6g; trivial baseline %s %s); "
+        "float32 step %.3f ms (%s)",
+        len(compute),
+        len(groups),
+        "/".join(dtypes),
+        budget.metric,
+        reference,
+        fidelity.train_steps,
+        ">=" if budget.direction == "higher" else "<=",
+        budget.threshold(reference),
+        "n/a" if fidelity.baseline is None else f"{fidelity.baseline:.4g}",
+        fidelity.baseline_kind,
+        float32_seconds * 1e3,
+        cost_words,
     )
+
+    warm = _warm_starts(
+        context,
+        model,
+        profile,
+        table,
+        hardware_profile or request.hardware,
+        dtypes,
+        settings.keep_float32,
+    )
+    if request.study is not None:
+        study, created = request.study, not request.study.trials
+    else:
+        study, created = _open_study(
+            resolve_storage(request.storage),
+            request.study_name,
+            settings.seed,
+            settings.proxy_tolerance,
+            sampler=request.sampler,
+            pruner=request.pruner,
+        )
     added = _enqueue_warm_starts(study, warm, created)
     study.set_user_attr("reference_metric", reference)
-    if verbose:
-        logger.info(
-            "autoprec.search: study %r (%s, %d trial(s) already); %d warm start(s) enqueued",
-            study.study_name,
-            "new" if created else "resumed",
-            len(study.trials) - added,
-            added,
-        )
+    _say(
+        verbose,
+        "autoprec.search: study %r (%s, %d trial(s) already); %d warm start(s) enqueued",
+        study.study_name,
+        "new" if created else "resumed",
+        len(study.trials) - added,
+        added,
+    )
 
     base_metadata = {
-        "hardware": getattr(hardware_profile, "name", None) or str(settings.hardware),
+        "hardware": getattr(hardware_profile, "name", None) or str(request.hardware),
         "budget": {**budget.to_dict(), "reference_spread": spread},
         "search": {
             "study_name": study.study_name,
@@ -408,20 +383,20 @@ def _run_search(model: keras.Model, evaluator: Evaluator, settings: _Settings) -
             "fidelity_check": fidelity.to_dict(),
         },
     }
-    n_trials = settings.n_trials
+    n_trials = request.n_trials
     if all(len(group.choices) <= 1 for group in groups):
-        logger.info("autoprec.search: nothing to choose (one dtype per layer); one trial only.")
+        _say(verbose, "autoprec.search: nothing to choose (one dtype per layer); one trial only.")
         n_trials = min(n_trials or 1, 1)
     writer = _plan_writer(context, settings.plan_path, base_metadata)
     study.optimize(
         lambda trial: _objective(context, trial),
         n_trials=n_trials,
-        timeout=settings.timeout,
+        timeout=request.timeout,
         catch=tuple(settings.catch),
         callbacks=[writer, explorer(context), *settings.callbacks],
-        show_progress_bar=settings.show_progress_bar,
+        show_progress_bar=verbose == 1,
     )
-    return _finish(context, study, base_metadata, spread, table, removed, unsafe, settings)
+    return _finish(context, study, base_metadata, spread, table, removed, unsafe, request)
 
 
 def _risk(
@@ -482,8 +457,9 @@ def _warm_starts(
     model: keras.Model,
     profile: Profile | None,
     table: CostTable | None,
-    hardware_profile: HardwareProfile | None,
+    hardware: HardwareProfile | str,
     dtypes: Sequence[str],
+    keep_float32: Sequence[str],
 ) -> list[tuple[str, dict[str, str], dict[str, str]]]:
     """Returns `(label, per-layer assignment, group params)` of the plans every study starts with.
 
@@ -499,9 +475,9 @@ def _warm_starts(
         model,
         profile=profile,
         costs=table,
-        hardware=hardware_profile,
+        hardware=hardware,
         dtypes=dtypes,
-        keep_float32=None,
+        keep_float32=keep_float32,
     )
     warm.append(("heuristic", context.normalise(dict(heuristic.layers))))
     unique: list[tuple[str, dict[str, str], dict[str, str]]] = []
@@ -519,8 +495,9 @@ def _finish(
     table: CostTable | None,
     removed: Mapping[str, Mapping[str, str]],
     unsafe: Mapping[str, str],
-    settings: _Settings,
+    request: _Request,
 ) -> SearchResult:
+    settings = request.settings
     ranked = _ranked_feasible(context, study)
     points = _points(context, study)
     if not ranked:
@@ -528,14 +505,14 @@ def _finish(
             "autoprec.search: no plan met the budget in %d trial(s); returning float32.",
             len(study.trials),
         )
-    local = settings.costs is None and is_local(settings.hardware)
+    local = settings.costs is None and is_local(request.hardware)
     measure = settings.measure_speedup if settings.measure_speedup is not None else local
     timed: dict[str, float] = {}
     names: dict[int, str] = {}
     replaced = None
     if measure and ranked:
         ranked, timed, names, replaced = _order_by_measurement(context, ranked)
-    chosen, confirmation = _confirm(context, ranked, spread, settings)
+    chosen, confirmation = _confirm(context, ranked, spread, request)
     if chosen is None:
         params_plan = context.plan_for(context.uniform_assignment(FLOAT32))
         trial_metadata = {
@@ -572,7 +549,7 @@ def _finish(
         "pruned": sum(t.state == optuna.trial.TrialState.PRUNED for t in study.trials),
         "failed": sum(t.state == optuna.trial.TrialState.FAIL for t in study.trials),
         "reused": sum(bool(t.user_attrs.get("reused")) for t in study.trials),
-        "wall_seconds": time.perf_counter() - settings.started,
+        "wall_seconds": time.perf_counter() - request.started,
         "fidelity": "train",
         "warm_starts": _warm_start_summary(study),
         "confirmation": confirmation,
@@ -656,7 +633,8 @@ def _order_by_measurement(
     fastest = min(names, key=timed.get)
     if fastest == "searched" or timed[fastest] >= timed["searched"] * (1 - _MEASURED_MARGIN):
         return ranked, timed, numbers, None
-    logger.info(
+    _say(
+        context.verbose,
         "autoprec.search: %s measured %.1f%% faster than the searched plan; using it.",
         fastest,
         100 * (1 - timed[fastest] / timed["searched"]),
@@ -690,7 +668,7 @@ def _confirm(
     context: _Context,
     ranked: list[optuna.trial.FrozenTrial],
     spread: float | None,
-    settings: _Settings,
+    request: _Request,
 ) -> tuple[optuna.trial.FrozenTrial | None, dict]:
     """Confirms the chosen plan at a higher fidelity when needed; falls back down the ranking.
 
@@ -704,6 +682,7 @@ def _confirm(
     violation = float(first.user_attrs.get("budget_violation", 0.0))
     steps = len(evaluator.train_batches)
     reasons = confirmation_reasons(budget, context.reference, violation, spread, steps)
+    settings = request.settings
     confirm_steps = settings.confirm_steps
     if confirm_steps is None:
         confirm_steps = 4 * steps
@@ -711,7 +690,7 @@ def _confirm(
         return first, {"run": False, "reasons": reasons}
     searched_batches = evaluator.train_batches
     evaluator.set_train_batches(
-        longer_batches(settings.train_data, settings.batch_size, confirm_steps, searched_batches)
+        longer_batches(request.train_data, settings.batch_size, confirm_steps, searched_batches)
     )
     record: dict = {"run": True, "reasons": reasons, "train_steps": confirm_steps}
     try:
@@ -741,7 +720,8 @@ def _confirm(
                     "held": held,
                 }
             )
-            logger.info(
+            _say(
+                context.verbose,
                 "autoprec.search: confirmation at %d steps: trial %d %s %s = %s (float32 %.6g, "
                 "limit %.6g)",
                 confirm_steps,
@@ -848,7 +828,7 @@ def _load_costs(
         # Time only what the search may use: float16 on a CPU costs minutes per model to time.
         measured = _default_dtypes(dtypes, profile, None)
         table = calibrate(
-            model, batch, dtypes=list(measured), progress=bool(verbose > 1), hardware=profile
+            model, batch, dtypes=list(measured), verbose=int(verbose > 1), hardware=profile
         )
     else:
         table = predict_costs(

@@ -200,8 +200,8 @@ def check_reference(
             f"search: the float32 reference's {budget.metric} is {reference:.4g} after {steps} "
             f"train steps, no better than the trivial baseline {value:.4g} ({kind}): it has not "
             "learned at this fidelity, so every plan would hold the budget. Give more "
-            "train_steps (or a larger max_train_steps), more or easier training data, or a "
-            "metric the model learns in that many steps; baseline=None skips this check "
+            "SearchSettings(steps_per_trial=...) (or a larger max_steps_per_trial), more or easier training data, or a "
+            "metric the model learns in that many steps; SearchSettings(baseline=None) skips this check "
             "(e.g. for a model that is already trained)."
         )
     message = (

@@ -60,7 +60,7 @@ class _Costs:
         if self.table is None:
             result = self._parameter_proxy(dtypes)
         else:
-            step = estimate(self.model, dict(dtypes), self.table, self.batch_size)
+            step = estimate(self.model, dict(dtypes), costs=self.table, batch_size=self.batch_size)
             result = (float(step.step_seconds), float(step.activation_bytes_per_sample))
         self._cache[key] = result
         return result
@@ -79,10 +79,11 @@ class _Costs:
 def heuristic_plan(
     model: keras.Model,
     profile: Profile | None = None,
+    *,
     costs: CostTable | None = None,
-    hardware: HardwareProfile | str | None = None,
+    hardware: HardwareProfile | str = "local",
     dtypes: Sequence[str] | None = None,
-    keep_float32: Sequence[str] | None = None,
+    keep_float32: Sequence[str] = (),
     check: Callable[[PrecisionPlan], bool] | None = None,
 ) -> PrecisionPlan:
     """Returns a plan that puts layers in 16-bit where it pays and is safe, without Optuna.
@@ -100,13 +101,14 @@ def heuristic_plan(
         profile: an `autoprec.profiler.Profile` (float16 feasibility), or `None`.
         costs: an `autoprec.cost.CostTable` (benefit of each demotion), or `None`
             (benefit: parameter count).
-        hardware: a `HardwareProfile`, a profile name or `"local"`; its slow dtypes
-            are not used unless listed in `dtypes`. `None`: no hardware (float32 and
-            bfloat16 by default).
-        dtypes: dtypes allowed (default: float32 plus the hardware's fast 16-bit dtypes,
-            or bfloat16 when no hardware is given).
-        keep_float32: globs on paths or class names kept float32 (replaces the
-            default softmax/normalisation list; output layers are always kept).
+        hardware: `"local"` (this device, detected), a profile name such as
+            `"rtx4090"` or a `HardwareProfile`; its slow 16-bit dtypes are not used
+            unless listed in `dtypes`.
+        dtypes: dtypes allowed (default: float32 plus the hardware's fast 16-bit
+            dtypes).
+        keep_float32: globs on layer paths or class names kept in float32, in
+            addition to the default protections (softmax, normalisation and the
+            model's output layers).
         check: optional `plan -> bool` (e.g. a quick accuracy test); enables bisection.
 
     Returns:
@@ -120,19 +122,19 @@ def heuristic_plan(
     ```
     """
     infos = describe_model(model)
-    hardware_profile = None if hardware is None else resolve_hardware(hardware)
+    hardware_profile = resolve_hardware(hardware)
     dtypes = _default_dtypes(dtypes, hardware_profile, None)
     compute = compute_layers(infos)
     unsafe = float16_unsafe_layers(profile)
-    allowed, _ = allowed_dtypes(compute, infos, dtypes, unsafe, keep_float32 or ())
+    keep = list(keep_float32)
+    allowed, _ = allowed_dtypes(compute, infos, dtypes, unsafe, keep)
     outputs = output_layers(model, infos)
-    keep = list(keep_float32) if keep_float32 is not None else []
     batch_size = (costs.batch_size if costs is not None else None) or 32
     cost_view = _Costs(model, costs, batch_size)
     candidates = []
     for path in compute:
         info = infos[path]
-        if path in outputs or (keep_float32 is None and is_sensitive(info)):
+        if path in outputs or is_sensitive(info):
             continue
         if keep and matches_any(path, info, keep):
             continue
@@ -147,7 +149,7 @@ def heuristic_plan(
             path
             for path in compute
             if path not in outputs
-            and not (keep_float32 is None and is_sensitive(infos[path]))
+            and not is_sensitive(infos[path])
             and not (keep and matches_any(path, infos[path], keep))
         ]
         demoted = _fastest_whole_plan(demoted, eligible, allowed, base, cost_view)

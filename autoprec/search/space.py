@@ -275,7 +275,7 @@ def run_profiler(
     ```
     """
     try:
-        return profile(model, data, steps=steps, batch_size=batch_size)
+        return profile(model, data, steps=steps, batch_size=batch_size, verbose=0)
     except Exception as error:  # noqa: BLE001 - a failed profile must not stop the search
         logger.warning(
             "autoprec.search: profiling failed (%s: %s); level-1 profile feasibility skipped.",

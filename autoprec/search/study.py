@@ -136,9 +136,13 @@ def _open_study(
     study_name: str | None,
     seed: int | None,
     proxy_tolerance: float,
+    sampler: optuna.samplers.BaseSampler | None = None,
+    pruner: optuna.pruners.BasePruner | None = None,
 ) -> tuple[optuna.Study, bool]:
-    sampler = optuna.samplers.TPESampler(seed=seed, n_startup_trials=6, multivariate=False)
-    pruner = _FidelityPruner(proxy_tolerance)
+    if sampler is None:
+        sampler = optuna.samplers.TPESampler(seed=seed, n_startup_trials=6, multivariate=False)
+    if pruner is None:
+        pruner = _FidelityPruner(proxy_tolerance)
     arguments = dict(
         storage=storage, study_name=study_name, sampler=sampler, pruner=pruner, direction="minimize"
     )

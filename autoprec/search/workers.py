@@ -9,6 +9,7 @@ opens the study with no new trials and returns its result (best plan, confirmati
 
 from __future__ import annotations
 
+import dataclasses
 import multiprocessing
 import os
 from collections.abc import Mapping
@@ -20,25 +21,27 @@ from ..errors import AutoprecError
 from .budget import Budget
 from .driver import search
 from .result import SearchResult
+from .settings import SearchSettings
 
 
 def _worker(arguments: Mapping[str, Any], index: int) -> None:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-    settings = dict(arguments)
-    settings["seed"] = int(settings.get("seed") or 0) + index
-    search(**settings)
+    keywords = dict(arguments)
+    settings = keywords.get("settings") or SearchSettings()
+    keywords["settings"] = dataclasses.replace(settings, seed=int(settings.seed or 0) + index)
+    search(**keywords)
 
 
 def search_in_processes(
     workers: int,
     model: keras.Model,
-    train_data: Any,
-    val_data: Any,
+    x: Any,
+    validation_data: Any,
+    *,
     budget: Budget,
     storage: str | os.PathLike,
     study_name: str,
-    n_trials: int = 30,
-    seed: int = 0,
+    n_trials: int = 20,
     **search_arguments: Any,
 ) -> SearchResult:
     """Searches one study with `workers` local processes, each running `n_trials` trials.
@@ -46,16 +49,16 @@ def search_in_processes(
     Args:
         workers: how many processes search at once.
         model: a built, compiled Keras model (pickled to each worker).
-        train_data: `(x, y)` arrays or other picklable data, as for `search`.
-        val_data: the same kinds.
+        x: `(x, y)` arrays or other picklable data, as for `search`.
+        validation_data: the same kinds.
         budget: a `Budget`.
         storage: a storage several processes can share: a journal file (a path ending
             `.log`), or a database URL (`postgresql://...`; an SQLite file works for a
             few processes on one machine).
         study_name: the study's name.
         n_trials: trials per worker.
-        seed: worker `i` searches with seed `seed + i`.
-        **search_arguments: any other `search` argument (`hardware`, `train_steps`...).
+        **search_arguments: any other `search` argument (`hardware`, `settings`...);
+            worker `i` searches with seed `settings.seed + i`.
 
     Returns:
         The `SearchResult` of the whole study, gathered in this process after the
@@ -68,7 +71,7 @@ def search_in_processes(
 
     ```python
     result = search_in_processes(4, model, (x, y), (x_val, y_val),
-                                 autoprec.Budget("val_accuracy", max_drop=0.01),
+                                 budget=autoprec.Budget("val_accuracy", max_drop=0.01),
                                  storage="search.log", study_name="mlp", n_trials=5)
     result.plan.save("plan.json")
     ```
@@ -78,13 +81,12 @@ def search_in_processes(
     arguments = {
         **search_arguments,
         "model": model,
-        "train_data": train_data,
-        "val_data": val_data,
+        "x": x,
+        "validation_data": validation_data,
         "budget": budget,
         "storage": os.fspath(storage),
         "study_name": study_name,
         "n_trials": n_trials,
-        "seed": seed,
     }
     context = multiprocessing.get_context("spawn")
     processes = [

@@ -27,7 +27,7 @@ def test_predicted_estimate_is_monotone_in_batch_size():
     table = cost.predict_costs(model, "rtx4090", batch_size=64)
     previous = 0.0
     for batch_size in (1, 8, 64, 512, 4096):
-        step = cost.estimate(model, "bfloat16", table, batch_size=batch_size).step_seconds
+        step = cost.estimate(model, "bfloat16", costs=table, batch_size=batch_size).step_seconds
         assert step > previous
         previous = step
         direct = cost.estimate(model, "bfloat16", "rtx4090", batch_size=batch_size)
@@ -48,7 +48,9 @@ def test_dtype_the_device_cannot_run_is_infeasible():
     est = cost.estimate(model, "float16", no_half, batch_size=32)
     assert math.isinf(est.step_seconds) and est.speedup == 0.0
     assert "dense" in est.infeasible_layers
-    assert cost.estimate(model, "float32", no_half, batch_size=32).speedup == pytest.approx(1.0)
+    assert cost.estimate(model, "float32", no_half, batch_size=32).speedup == pytest.approx(
+        1.0
+    )
 
 
 def test_max_batch_size_fits_8gb(cnn):
@@ -73,14 +75,14 @@ class _PlanLike:
 
 def test_estimate_accepts_plans_dicts_and_counts_casts(mlp):
     table = cost.predict_costs(mlp, "rtx4090", batch_size=64)
-    uniform = cost.estimate(mlp, {path: "float32" for path in layer_paths(mlp)}, table)
+    uniform = cost.estimate(mlp, {path: "float32" for path in layer_paths(mlp)}, costs=table)
     assert uniform.cast_seconds == 0 and uniform.speedup == pytest.approx(1.0)
     mixed = {"dense": "float16", "dense_1": "float32", "dense_2": "float16"}
-    from_object = cost.estimate(mlp, _PlanLike(mixed), table)
-    from_dict = cost.estimate(mlp, mixed, table)
+    from_object = cost.estimate(mlp, _PlanLike(mixed), costs=table)
+    from_dict = cost.estimate(mlp, mixed, costs=table)
     assert from_object.step_seconds == pytest.approx(from_dict.step_seconds)
     assert from_dict.cast_seconds > 0
     with pytest.raises(PlanError):
-        cost.estimate(mlp, {"dense": "float8"}, table)
+        cost.estimate(mlp, {"dense": "float8"}, costs=table)
     with pytest.raises(HardwareError):
         cost.estimate(mlp, "float32", "rtx9999")

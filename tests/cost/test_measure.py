@@ -19,16 +19,16 @@ def test_calibrate_measures_then_reuses_cache_and_invalidates_on_change(tmp_path
     x = np.random.default_rng(0).normal(size=(32, 8)).astype("float32")
     y = np.zeros((32,), dtype="int32")
     model = build_mlp()
-    first = cost.calibrate(model, (x, y), repeats=2, cache_dir=tmp_path, progress=False)
+    first = cost.calibrate(model, (x, y), repeats=2, cache_dir=tmp_path, verbose=0)
     assert first.source == "measured" and first.batch_size == 32
     assert first.stats["timed"] > 0 and first.stats["cached"] == 0
     assert first.stats["fallback"] == 0 and first.stats["model_step"] >= 1
     for path in ("dense", "dense_1", "dense_2"):
         assert all(first.layers[path].seconds[dtype] > 0 for dtype in ("float32", "float16"))
-    est = cost.estimate(model, "float32", first)
+    est = cost.estimate(model, "float32", costs=first)
     assert est.float32_step_seconds == pytest.approx(first.measured_step_seconds, rel=1e-6)
 
-    second = cost.calibrate(model, (x, y), repeats=2, cache_dir=tmp_path, progress=False)
+    second = cost.calibrate(model, (x, y), repeats=2, cache_dir=tmp_path, verbose=0)
     assert second.stats["timed"] == 0 and second.stats["model_steps_timed"] == 0
     assert second.stats["cached"] == first.stats["timed"]
     assert second.layers["dense"].seconds == first.layers["dense"].seconds
@@ -40,7 +40,7 @@ def test_calibrate_measures_then_reuses_cache_and_invalidates_on_change(tmp_path
     hidden = keras.layers.Dense(24, activation="relu")(hidden)
     changed = keras.Model(inputs, keras.layers.Dense(3, activation="softmax")(hidden))
     third = cost.calibrate(
-        changed, (x, y), repeats=2, cache_dir=tmp_path, progress=False, measure_model_step=False
+        changed, (x, y), repeats=2, cache_dir=tmp_path, verbose=0, measure_model_step=False
     )
     # dense is unchanged (cached); dense_1 and dense_2 see new shapes (timed again).
     assert third.stats["cached"] == 2 * 3
@@ -55,7 +55,7 @@ def test_calibrate_attention_model_subtracts_projections(tmp_path, attention_mod
         dtypes=("float32", "bfloat16"),
         repeats=2,
         cache_dir=tmp_path,
-        progress=False,
+        verbose=0,
         measure_model_step=False,
     )
     assert table.stats["fallback"] == 0
@@ -83,7 +83,7 @@ def test_layer_that_cannot_be_rebuilt_falls_back_to_prediction(tmp_path):
         dtypes=("float32",),
         repeats=2,
         cache_dir=tmp_path,
-        progress=False,
+        verbose=0,
         measure_model_step=False,
     )
     path = next(path for path, layer in layer_paths(model).items() if type(layer) is NeedsArgument)
@@ -104,7 +104,7 @@ def test_whole_steps_per_dtype_make_uniform_estimates_exact(tmp_path):
         (x, y),
         repeats=2,
         cache_dir=tmp_path,
-        progress=False,
+        verbose=0,
         hardware="cpu-avx512-bf16",
         measure_model_step="fast",
     )
@@ -112,7 +112,7 @@ def test_whole_steps_per_dtype_make_uniform_estimates_exact(tmp_path):
     assert fast.time_scale("float16") == fast.layer_time_scale
     # The default adds float16; layers and the two steps above come from the cache.
     table = cost.calibrate(
-        model, (x, y), repeats=2, cache_dir=tmp_path, progress=False, hardware="cpu-avx512-bf16"
+        model, (x, y), repeats=2, cache_dir=tmp_path, verbose=0, hardware="cpu-avx512-bf16"
     )
     assert table.stats["timed"] == 0 and table.stats["model_steps_timed"] == 1
     measured = table.measured_step_seconds_by_dtype
@@ -124,10 +124,10 @@ def test_whole_steps_per_dtype_make_uniform_estimates_exact(tmp_path):
     for dtype, seconds in measured.items():
         for costs in (table, loaded):
             plan = PrecisionPlan.uniform(model, dtype)
-            assert cost.estimate(model, plan, costs).step_seconds == pytest.approx(
+            assert cost.estimate(model, plan, costs=costs).step_seconds == pytest.approx(
                 seconds, rel=1e-6
             )
-            assert cost.estimate(model, dtype, costs).step_seconds == pytest.approx(
+            assert cost.estimate(model, dtype, costs=costs).step_seconds == pytest.approx(
                 seconds, rel=1e-6
             )
     assert f"whole bfloat16 step measured {measured['bfloat16'] * 1e3:.2f} ms" in table.summary()
@@ -137,7 +137,7 @@ def test_whole_steps_per_dtype_make_uniform_estimates_exact(tmp_path):
             (x, y),
             dtypes=("float32",),
             cache_dir=tmp_path,
-            progress=False,
+            verbose=0,
             measure_model_step=["float16"],
         )
 
@@ -163,11 +163,11 @@ def test_step_correction_shares_overhead_and_scales_each_dtype(mlp):
     assert table.step_overhead_seconds == 0.0
     assert table.time_scale("float32") == pytest.approx(50 / 30)
     assert table.time_scale("bfloat16") == pytest.approx(40 / 45)
-    assert cost.estimate(mlp, "float32", table).step_seconds == pytest.approx(0.050)
-    assert cost.estimate(mlp, "bfloat16", table).step_seconds == pytest.approx(0.040)
+    assert cost.estimate(mlp, "float32", costs=table).step_seconds == pytest.approx(0.050)
+    assert cost.estimate(mlp, "bfloat16", costs=table).step_seconds == pytest.approx(0.040)
     # Mixed: each layer carries its own dtype's correction.
     mixed = cost.estimate(
-        mlp, {"dense": "bfloat16", "dense_1": "float32", "dense_2": "float32"}, table
+        mlp, {"dense": "bfloat16", "dense_1": "float32", "dense_2": "float32"}, costs=table
     )
     assert mixed.layer_seconds["dense"] == pytest.approx(0.015 * 40 / 45)
     assert mixed.step_seconds == pytest.approx(0.015 * 40 / 45 + 2 * 0.010 * 50 / 30)
@@ -182,7 +182,7 @@ def test_measuring_on_an_unsupported_backend_names_the_supported_ones(monkeypatc
     x = np.zeros((4, 8), dtype="float32")
     monkeypatch.setattr(keras.backend, "backend", lambda: "torch")
     for measure in (
-        lambda: cost.calibrate(mlp, x, progress=False, use_cache=False),
+        lambda: cost.calibrate(mlp, x, verbose=0, use_cache=False),
         lambda: cost.measure_train_steps(mlp, x),
     ):
         with pytest.raises(BackendError, match="tensorflow and jax") as raised:
@@ -215,7 +215,7 @@ def test_a_list_batch_is_the_inputs_of_a_multi_input_model(tmp_path):
     rng = np.random.default_rng(0)
     inputs = [rng.normal(size=(8, 4)).astype("float32"), rng.normal(size=(8, 6)).astype("float32")]
     table = cost.calibrate(
-        model, inputs, dtypes=("float32",), repeats=2, cache_dir=tmp_path, progress=False
+        model, inputs, dtypes=("float32",), repeats=2, cache_dir=tmp_path, verbose=0
     )
     assert table.batch_size == 8 and table.stats["fallback"] == 0
     assert table.layers["dense"].seconds["float32"] > 0

@@ -20,8 +20,8 @@ def test_rtx2080ti_never_makes_bfloat16_fast():
     for path, record in table.layers.items():
         if record.seconds["float32"]:
             assert record.seconds["bfloat16"] > record.seconds["float16"], path
-    bf16 = cost.estimate(model, "bfloat16", table)
-    fp16 = cost.estimate(model, "float16", table)
+    bf16 = cost.estimate(model, "bfloat16", costs=table)
+    fp16 = cost.estimate(model, "float16", costs=table)
     assert bf16.speedup < 1.0 < fp16.speedup
     ampere = cost.estimate(model, "bfloat16", "rtx3090", batch_size=256)
     assert ampere.speedup > 1.0

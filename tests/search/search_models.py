@@ -2,20 +2,38 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import keras
 import numpy as np
 from conftest import build_mlp, classification_data
 
-#: Search settings that keep a test's search small: predicted costs, 2 train steps.
-FAST = dict(
-    hardware="rtx4090",
-    dtypes=["float32", "bfloat16"],
-    train_steps=2,
-    batch_size=32,
-    proxy_batches=1,
-    verbose=0,
-    seed=0,
+from autoprec.search import SearchSettings
+
+#: Search settings that keep a test's search small: 2 train steps, float32 and bfloat16 only.
+FAST_SETTINGS = SearchSettings(
+    dtypes=("float32", "bfloat16"), steps_per_trial=2, batch_size=32, proxy_batches=1, seed=0
 )
+
+
+def fast(**changes) -> dict:
+    """`search()` keywords of a small test search: predicted `rtx4090` costs, silent, FAST_SETTINGS.
+
+    Args:
+        **changes: `search()` keywords, or `SearchSettings` fields to change.
+
+    Returns:
+        The keywords, `settings=` included.
+    """
+    fields = {field.name for field in dataclasses.fields(SearchSettings)}
+    settings = {key: value for key, value in changes.items() if key in fields}
+    keywords = {key: value for key, value in changes.items() if key not in fields}
+    return {
+        "hardware": "rtx4090",
+        "verbose": 0,
+        **keywords,
+        "settings": dataclasses.replace(FAST_SETTINGS, **settings),
+    }
 
 
 def compiled_mlp() -> keras.Model:

@@ -9,18 +9,18 @@ import numpy as np
 import optuna
 import pytest
 from search.search_models import (
-    FAST,
     attention_classifier,
     compiled_mlp,
     far_regression,
     far_targets,
+    fast,
     labelled,
     mlp_data,
     wide_classifier,
 )
 
 from autoprec.errors import AutoprecError
-from autoprec.search import Budget, heuristic_plan, search
+from autoprec.search import Budget, SearchSettings, heuristic_plan, search
 from autoprec.search.evaluator import Evaluator
 
 
@@ -56,7 +56,14 @@ def test_unknown_metric_names_available_metrics():
     model = compiled_mlp()
     train, val = mlp_data()
     with pytest.raises(AutoprecError, match="val_accuracy") as error:
-        search(model, train, val, Budget("val_auc", max_drop=0.1), n_trials=1, **FAST)
+        search(
+            model,
+            train,
+            val,
+            budget=Budget("val_auc", max_drop=0.1),
+            n_trials=1,
+            **fast(),
+        )
     assert "val_loss" in str(error.value)
 
 
@@ -69,16 +76,18 @@ def test_search_finds_mixed_plan_where_uniform_policies_fail():
         model,
         train,
         val,
-        Budget("val_loss", max_drop=0.05),
+        budget=Budget("val_loss", max_drop=0.05),
         hardware="rtx4090",
-        dtypes=["float32", "bfloat16", "float16"],
         n_trials=12,
-        train_steps=4,
-        batch_size=64,
-        cost_batch_size=4096,
-        seed=0,
         verbose=0,
-        baseline=None,  # the learning rate freezes the model on purpose: numerics only
+        settings=SearchSettings(
+            dtypes=["float32", "bfloat16", "float16"],
+            steps_per_trial=4,
+            batch_size=64,
+            cost_batch_size=4096,
+            seed=0,
+            baseline=None,  # the learning rate freezes the model on purpose: numerics only
+        ),
     )
     plan = result.plan
     parameters = {path: plan.layer_info[path].parameters for path in ("wide", "squeeze", "head")}
@@ -117,10 +126,9 @@ def test_failing_trial_is_marked_failed_and_search_goes_on(monkeypatch):
         compiled_mlp(),
         train,
         val,
-        Budget("val_accuracy", max_drop=0.5),
+        budget=Budget("val_accuracy", max_drop=0.5),
         n_trials=6,
-        baseline=None,  # the reference is trained once, so the second run is the first trial's
-        **FAST,
+        **fast(baseline=None),
     )
     states = [t.state for t in result.study.trials]
     assert optuna.trial.TrialState.FAIL in states
@@ -134,7 +142,12 @@ def test_same_seed_same_trials():
     for _ in range(2):
         keras.utils.set_random_seed(0)
         result = search(
-            compiled_mlp(), train, val, Budget("val_accuracy", max_drop=0.1), n_trials=5, **FAST
+            compiled_mlp(),
+            train,
+            val,
+            budget=Budget("val_accuracy", max_drop=0.1),
+            n_trials=5,
+            **fast(),
         )
         runs.append([(t.params, t.user_attrs.get("metric")) for t in result.study.trials])
     assert runs[0] == runs[1]
@@ -142,9 +155,14 @@ def test_same_seed_same_trials():
 
 def test_measured_step_confirms_the_final_plan_against_uniform_plans():
     train, val = mlp_data()
-    settings = {**FAST, "hardware": "local", "measure_speedup": True}
+    settings = fast(hardware="local", measure_speedup=True)
     result = search(
-        compiled_mlp(), train, val, Budget("val_accuracy", max_drop=0.5), n_trials=4, **settings
+        compiled_mlp(),
+        train,
+        val,
+        budget=Budget("val_accuracy", max_drop=0.5),
+        n_trials=4,
+        **settings,
     )
     measured = result.plan.metadata["search"]["measured_step_seconds"]
     assert {"searched", "float32"} <= set(measured)
@@ -166,15 +184,17 @@ def test_the_plan_costs_no_more_than_any_uniform_or_heuristic_plan_within_budget
         model,
         train,
         val,
-        Budget("val_accuracy", max_drop=0.1),
+        budget=Budget("val_accuracy", max_drop=0.1),
         hardware="rtx4090",
-        dtypes=["float32", "bfloat16"],
         n_trials=4,
-        train_steps=4,
-        cost_batch_size=4096,
-        group_by=2,  # coarse groups: the heuristic's per-layer plan is not one of them
-        proxy_batches=1,
         verbose=0,
+        settings=SearchSettings(
+            dtypes=["float32", "bfloat16"],
+            steps_per_trial=4,
+            cost_batch_size=4096,
+            group_by=2,  # coarse groups: the heuristic's per-layer plan is not one of them
+            proxy_batches=1,
+        ),
     )
     trials = result.study.trials
     warm = [t for t in trials if t.user_attrs.get("warm_start")]
@@ -210,14 +230,16 @@ def test_failing_confirmation_falls_back_to_the_next_plan():
         far_regression(),
         train,
         val,
-        Budget("val_mae", max_relative_drop=0.35),  # loose enough for 2 steps, not for 8
+        budget=Budget("val_mae", max_relative_drop=0.35),  # loose enough for 2 steps, not for 8
         hardware="rtx4090",
-        dtypes=["float32", "bfloat16"],
         n_trials=3,
-        train_steps=2,
-        cost_batch_size=4096,
-        proxy_batches=1,
         verbose=0,
+        settings=SearchSettings(
+            dtypes=["float32", "bfloat16"],
+            steps_per_trial=2,
+            cost_batch_size=4096,
+            proxy_batches=1,
+        ),
     )
     confirmation = result.plan.metadata["search"]["confirmation"]
     assert confirmation["run"] and confirmation["train_steps"] == 8
@@ -237,11 +259,13 @@ def test_tiny_model_stays_float32_and_named_hardware_costs_are_called_predicted(
             compiled_mlp(),
             train,
             val,
-            Budget("val_accuracy", max_drop=0.05),
+            budget=Budget("val_accuracy", max_drop=0.05),
             hardware="rtx4090",
             n_trials=2,
-            train_steps=2,
             verbose=1,
+            settings=SearchSettings(
+                steps_per_trial=2,
+            ),
         )
     assert set(result.plan.layers.values()) == {"float32"}  # launch-bound layers: right answer
     text = caplog.text

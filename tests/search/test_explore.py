@@ -5,7 +5,7 @@ from __future__ import annotations
 import keras
 from search.search_models import far_regression, far_targets
 
-from autoprec.search import Budget, search
+from autoprec.search import Budget, SearchSettings, search
 
 
 def test_after_the_warm_starts_a_neighbour_repairs_a_faster_plan_that_missed_the_budget():
@@ -15,15 +15,17 @@ def test_after_the_warm_starts_a_neighbour_repairs_a_faster_plan_that_missed_the
         far_regression(),
         train,
         val,
-        Budget("val_mae", max_relative_drop=0.1),
+        budget=Budget("val_mae", max_relative_drop=0.1),
         hardware="rtx4090",
-        dtypes=["float32", "bfloat16"],
         n_trials=4,
-        train_steps=2,
-        cost_batch_size=4096,
-        proxy_batches=1,
-        confirm_steps=0,
         verbose=0,
+        settings=SearchSettings(
+            dtypes=["float32", "bfloat16"],
+            steps_per_trial=2,
+            cost_batch_size=4096,
+            proxy_batches=1,
+            confirm_steps=0,
+        ),
     )
     trials = result.study.trials
     warm = [t for t in trials if t.user_attrs.get("warm_start")]

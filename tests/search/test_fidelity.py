@@ -11,7 +11,7 @@ from conftest import build_mlp
 
 from autoprec._core.data import take_batches
 from autoprec.errors import AutoprecError
-from autoprec.search import Budget, Evaluator, search
+from autoprec.search import Budget, Evaluator, SearchSettings, search
 from autoprec.search.fidelity import confirmation_reasons, longer_batches, trivial_baseline
 
 
@@ -44,12 +44,14 @@ def test_a_reference_that_cannot_learn_is_a_clear_error():
             model,
             train,
             val,
-            Budget("val_loss", max_drop=0.05),
+            budget=Budget("val_loss", max_drop=0.05),
             hardware="rtx4090",
-            dtypes=["float32", "bfloat16"],
             n_trials=2,
-            train_steps=2,
             verbose=0,
+            settings=SearchSettings(
+                dtypes=["float32", "bfloat16"],
+                steps_per_trial=2,
+            ),
         )
     message = str(error.value)
     for words in (
@@ -57,7 +59,7 @@ def test_a_reference_that_cannot_learn_is_a_clear_error():
         "after 16 train steps",
         "trivial baseline",
         "untrained",
-        "train_steps",
+        "steps_per_trial",
     ):
         assert words in message
 
@@ -69,12 +71,14 @@ def test_a_vacuous_budget_lengthens_training_until_the_baseline_misses_it(caplog
             binary_model(),
             train,
             val,
-            Budget("val_accuracy", max_drop=0.1),
+            budget=Budget("val_accuracy", max_drop=0.1),
             hardware="rtx4090",
-            dtypes=["float32", "bfloat16"],
             n_trials=2,
-            train_steps=1,
             verbose=1,
+            settings=SearchSettings(
+                dtypes=["float32", "bfloat16"],
+                steps_per_trial=1,
+            ),
         )
     check = result.plan.metadata["search"]["fidelity_check"]
     assert check["requested_steps"] == 1 and check["train_steps"] > 1

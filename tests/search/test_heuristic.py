@@ -31,7 +31,7 @@ def test_heuristic_whole_plan_is_no_slower_than_float32_or_a_uniform_16_bit_plan
     plan = heuristic_plan(model, costs=table, hardware="rtx4090")
 
     def step(dtypes):
-        return cost.estimate(model, dtypes, table, batch_size=256).step_seconds
+        return cost.estimate(model, dtypes, costs=table, batch_size=256).step_seconds
 
     chosen = step(dict(plan.layers))
     uniform = {

@@ -9,7 +9,7 @@ import textwrap
 import keras
 import optuna
 import pytest
-from search.search_models import FAST, compiled_mlp, mlp_data
+from search.search_models import compiled_mlp, fast, mlp_data
 
 import autoprec
 from autoprec.search import Budget, resolve_storage, search
@@ -22,7 +22,14 @@ def test_resume_accumulates_without_duplicate_warm_starts(tmp_path):
     for _ in range(2):
         keras.utils.set_random_seed(0)
         search(
-            compiled_mlp(), train, val, budget, n_trials=3, storage=storage, study_name="s", **FAST
+            compiled_mlp(),
+            train,
+            val,
+            budget=budget,
+            n_trials=3,
+            storage=storage,
+            study_name="s",
+            **fast(),
         )
     study = optuna.load_study(study_name="s", storage=resolve_storage(storage))
     assert len(study.trials) == 6
@@ -46,13 +53,11 @@ def test_keyboard_interrupt_keeps_finished_trials_and_plan(tmp_path):
             compiled_mlp(),
             train,
             val,
-            Budget("val_accuracy", max_drop=0.2),
+            budget=Budget("val_accuracy", max_drop=0.2),
             n_trials=10,
             storage=storage,
             study_name="interrupted",
-            plan_path=plan_path,
-            callbacks=[interrupt],
-            **FAST,
+            **fast(plan_path=plan_path, callbacks=[interrupt]),
         )
     study = optuna.load_study(study_name="interrupted", storage=storage)
     finished = [t for t in study.trials if t.state.is_finished()]
@@ -68,14 +73,16 @@ _WORKER = textwrap.dedent(
     sys.path.insert(0, {tests!r})
     import keras
     from conftest import build_mlp, classification_data
-    from autoprec.search import Budget, search
+    from autoprec.search import Budget, SearchSettings, search
     keras.utils.set_random_seed(0)
     model = build_mlp()
     model.compile(optimizer="adam", loss="sparse_categorical_crossentropy", metrics=["accuracy"])
     x, y = classification_data(samples=192)
-    search(model, (x[:128], y[:128]), (x[128:], y[128:]), Budget("val_accuracy", max_drop=0.2),
-           hardware="rtx4090", dtypes=["float32", "bfloat16"], n_trials=3, train_steps=2, storage=sys.argv[1], study_name="shared",
-           seed=int(sys.argv[2]), verbose=0)
+    search(model, (x[:128], y[:128]), (x[128:], y[128:]),
+           budget=Budget("val_accuracy", max_drop=0.2), hardware="rtx4090", n_trials=3,
+           storage=sys.argv[1], study_name="shared", verbose=0,
+           settings=SearchSettings(dtypes=["float32", "bfloat16"], steps_per_trial=2,
+                                   seed=int(sys.argv[2])))
     """
 )
 
@@ -120,11 +127,11 @@ def test_an_assignment_already_trained_is_reused_across_runs_of_one_study(tmp_pa
     storage = str(tmp_path / "reuse.log")
     train, val = mlp_data()
     budget = Budget("val_accuracy", max_drop=0.05)
-    settings = {**FAST, "group_by": 1}  # two groups: four assignments in all, so TPE repeats
+    settings = fast(group_by=1)  # two groups: four assignments in all, so TPE repeats
     for n_trials in (3, 6):
         keras.utils.set_random_seed(0)
         search(
-            compiled_mlp(), train, val, budget, n_trials=n_trials, storage=storage,
+            compiled_mlp(), train, val, budget=budget, n_trials=n_trials, storage=storage,
             study_name="reuse", **settings,
         )  # fmt: skip
     study = optuna.load_study(study_name="reuse", storage=resolve_storage(storage))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import optuna
 from conftest import build_mlp, classification_data
 
-from autoprec.search import Budget, resolve_storage, search_in_processes
+from autoprec.search import Budget, SearchSettings, resolve_storage, search_in_processes
 
 
 def test_two_processes_search_one_journal_study_and_the_caller_gets_its_best_plan(tmp_path):
@@ -18,14 +18,13 @@ def test_two_processes_search_one_journal_study_and_the_caller_gets_its_best_pla
         model,
         (x[:128], y[:128]),
         (x[128:], y[128:]),
-        Budget("val_accuracy", max_drop=0.05),
+        budget=Budget("val_accuracy", max_drop=0.05),
         storage=storage,
         study_name="pool",
         n_trials=3,
         hardware="rtx4090",
-        dtypes=["float32", "bfloat16"],
-        train_steps=2,
         verbose=0,
+        settings=SearchSettings(dtypes=["float32", "bfloat16"], steps_per_trial=2),
     )
     study = optuna.load_study(study_name="pool", storage=resolve_storage(str(storage)))
     assert len(study.trials) == 6 and len({t.number for t in study.trials}) == 6
