@@ -8,6 +8,7 @@ import difflib
 import fnmatch
 import json
 import os
+import warnings
 from collections.abc import Iterable, Mapping
 from types import MappingProxyType
 from typing import Any
@@ -26,8 +27,8 @@ from .._version import __version__
 from ..errors import PlanError
 from ..layers import LayerInfo, describe_model, layer_paths, model_fingerprint
 from .diff import PlanDiff
-from .rule import PlanRule, _coerce_rule
-from .serialize import _FORMAT_NAME, FORMAT_VERSION, _plan_from_dict
+from .rule import PlanRule, coerce_rule
+from .serialize import FORMAT_NAME, FORMAT_VERSION, plan_from_dict
 
 #: Metadata slots that later stages fill; all start as `None` (or empty).
 METADATA_SLOTS: tuple[str, ...] = (
@@ -47,14 +48,17 @@ class PrecisionPlan:
     """The compute dtype of every layer of a model, plus the evidence behind the choice.
 
     A plan maps stable layer paths (see `autoprec.layers`) to `"float32"`,
-    `"bfloat16"` or `"float16"`. Layers the plan does not name explicitly are
-    resolved by ordered `rules` (globs on paths or class names), then by
-    `default`. Pass-through layers (Flatten, Dropout, MaxPooling...) always follow
-    the dtype of the layer that feeds them. Plans are values: every change
-    returns a new plan.
+    `"bfloat16"` or `"float16"`: `plan.layers` holds the layers it decides, and
+    every one of them can be changed with `with_dtype`. Layers that follow
+    another (pass-through layers such as Flatten, Dropout, MaxPooling, and nested
+    models) are not decided: they always take the dtype of the layer they follow,
+    and `plan.followers` maps each to that layer. Layers the plan does not name
+    are resolved by ordered `rules` (globs on paths or class names), then by
+    `default`. Plans are values: every change returns a new plan.
 
     Args:
-        layers: `{path: dtype}` explicit assignments.
+        layers: `{path: dtype}` explicit assignments; entries for layers that
+            `layer_info` says follow another are ignored (their dtype is derived).
         rules: ordered `PlanRule`s or dicts like `{"class": "Softmax", "dtype": "float32"}`.
         default: dtype for layers matched by nothing else.
         layer_info: `{path: LayerInfo}` describing the model the plan was made for.
@@ -90,13 +94,16 @@ class PrecisionPlan:
         autoprec_version: str | None = None,
     ) -> None:
         self._default = canonical_dtype(default, "default")
-        self._rules = tuple(_coerce_rule(rule, index) for index, rule in enumerate(rules))
+        self._rules = tuple(coerce_rule(rule, index) for index, rule in enumerate(rules))
         self._layer_info = MappingProxyType(dict(layer_info or {}))
+        self._followers = MappingProxyType(
+            {path: info.follows for path, info in self._layer_info.items() if info.follows}
+        )
         explicit = {
             str(path): canonical_dtype(dtype, f"layers[{path!r}]")
             for path, dtype in (layers or {}).items()
         }
-        self._layers = MappingProxyType(self._derive_followers(explicit))
+        self._layers = MappingProxyType(self._decisions(explicit))
         self._fingerprint = fingerprint
         self._model_name = model_name
         full_metadata: dict[str, Any] = {slot: None for slot in METADATA_SLOTS}
@@ -145,20 +152,27 @@ class PrecisionPlan:
         """Returns a plan that records the model's current per-layer policies.
 
         Layers whose policy is not one of the three compute dtypes (e.g. an integer
-        preprocessing layer) are recorded as float32.
+        preprocessing layer) are recorded as float32. Layers that follow another
+        (pass-through layers, nested models) are recorded in `followers`, as
+        `apply_plan` sets them: with the dtype of the layer they follow.
 
         Args:
             model: a built Keras model.
             **kwargs: passed to the constructor.
 
         Returns:
-            A `PrecisionPlan` naming every layer.
-        """
+            A `PrecisionPlan` naming every layer it decides.
 
+        Example:
+
+        ```python
+        plan = autoprec.PrecisionPlan.from_model(model)
+        ```
+        """
         paths = layer_paths(model)
         infos = describe_model(model)
         explicit = {path: dtype_of_policy(layer.dtype_policy) for path, layer in paths.items()}
-        plan = cls(
+        return cls(
             explicit,
             default=dtype_of_policy(model.dtype_policy),
             layer_info=infos,
@@ -166,9 +180,6 @@ class PrecisionPlan:
             model_name=model.name,
             **kwargs,
         )
-        # Record what the model really does, even for pass-through layers.
-        plan._layers = MappingProxyType(explicit)
-        return plan
 
     @classmethod
     def from_dtype_policy_map(cls, model, policy_map) -> PrecisionPlan:
@@ -199,8 +210,22 @@ class PrecisionPlan:
 
     @property
     def layers(self) -> Mapping[str, str]:
-        """Read-only `{path: dtype}` of the layers the plan names explicitly."""
+        """Read-only `{path: dtype}` of the layers the plan decides; each is a valid `with_dtype` path.
+
+        Layers that follow another are in `followers` instead; `resolve()` gives
+        every layer's dtype, followers included.
+        """
         return self._layers
+
+    @property
+    def followers(self) -> Mapping[str, str]:
+        """Read-only `{path: followed_path}` of the layers that take another layer's dtype.
+
+        Pass-through layers (Flatten, Dropout, MaxPooling...) follow the layer
+        that feeds them, nested models their first computing layer. They are not
+        in `layers` and `with_dtype` refuses them alone; change the layer they follow.
+        """
+        return self._followers
 
     @property
     def rules(self) -> tuple[PlanRule, ...]:
@@ -256,8 +281,13 @@ class PrecisionPlan:
                 `layer_info` when omitted.
 
         Returns:
-            `"float32"`, `"bfloat16"` or `"float16"`.
+            `"float32"`, `"bfloat16"` or `"float16"`; a follower's is the dtype of
+            the layer it follows.
         """
+        seen = set()
+        while path not in self._layers and path in self._followers and path not in seen:
+            seen.add(path)
+            path, class_name = self._followers[path], None
         if path in self._layers:
             return self._layers[path]
         if class_name is None and path in self._layer_info:
@@ -267,15 +297,24 @@ class PrecisionPlan:
                 return rule.dtype
         return self._default
 
-    def resolve(self, infos: Mapping[str, LayerInfo]) -> dict[str, str]:
+    def resolve(self, infos: Mapping[str, LayerInfo] | None = None) -> dict[str, str]:
         """Returns the dtype of every layer in `infos`, followers taking their source's dtype.
 
         Args:
-            infos: the model's layers, from `autoprec.layers.describe_model(model)`.
+            infos: the model's layers, from `autoprec.layers.describe_model(model)`;
+                by default the layers the plan was made for (`layer_info`).
 
         Returns:
             `{path: dtype}` for every path in `infos`.
+
+        Example:
+
+        ```python
+        plan.resolve()["dropout"]  # the dtype of the layer the Dropout follows
+        ```
         """
+        if infos is None:
+            infos = self._layer_info
         own = {
             path: self.dtype_for(path, info.class_name)
             for path, info in infos.items()
@@ -284,7 +323,7 @@ class PrecisionPlan:
         return _follow(own, infos, self._default)
 
     def dtype_counts(self) -> dict[str, int]:
-        """Returns how many layers the plan gives each dtype (explicit entries)."""
+        """Returns how many of the layers the plan decides (`layers`) compute in each dtype."""
         return count_dtypes(self._layers.values())
 
     @property
@@ -303,7 +342,8 @@ class PrecisionPlan:
 
         An exact path also sets every layer under it (a container's sub-layers).
         A glob (`fnmatch` syntax; `*` crosses `/`) sets every matching layer.
-        Pass-through layers keep following the layer that feeds them.
+        Followers (`plan.followers`) keep following the layer that feeds them.
+        Every key of `plan.layers` is a valid path here.
 
         Args:
             path_or_glob: a stable layer path or a glob over paths.
@@ -313,16 +353,24 @@ class PrecisionPlan:
             A new `PrecisionPlan`.
 
         Raises:
-            PlanError: if the path is unknown or the glob matches no layer.
+            PlanError: if the path is unknown, the glob matches no layer, or it
+                matches only followers (the message names the layer to set instead).
 
         Example:
 
         ```python
         plan = plan.with_dtype("attention/*", "float32")
+        for path in plan.layers:
+            plan = plan.with_dtype(path, "float16")
         ```
         """
-        dtype = canonical_dtype(dtype)
         known = list(self._layer_info) or list(self._layers)
+        if path_or_glob not in known and _is_dtype(path_or_glob) and not _is_dtype(dtype):
+            raise PlanError(
+                f"with_dtype({path_or_glob!r}, {dtype!r}): the layer comes first, the dtype "
+                f"last; write with_dtype({dtype!r}, {path_or_glob!r})."
+            )
+        dtype = canonical_dtype(dtype)
         if path_or_glob in known:
             matched = [
                 path
@@ -337,45 +385,128 @@ class PrecisionPlan:
                 f"{_suggest(path_or_glob, known)}. Paths look like "
                 f"{', '.join(repr(path) for path in known[:3])}; see plan.summary()."
             )
-        own_info = self._layer_info
-        followers = [path for path in matched if path in own_info and own_info[path].pass_through]
-        if followers and len(followers) == len(matched):
-            source = own_info[followers[0]].follows
-            while source in own_info and own_info[source].pass_through and own_info[source].follows:
-                source = own_info[source].follows
-            raise PlanError(
-                f"with_dtype: {followers[0]!r} is a pass-through layer "
-                f"({own_info[followers[0]].class_name}); it follows the dtype of "
-                f"{source!r}. Set {source!r} instead."
-            )
+        decided = [path for path in matched if path not in self._followers]
+        if not decided:
+            raise PlanError(f"with_dtype: {self._follower_message(matched[0])}")
         explicit = dict(self._layers)
-        for path in matched:
-            if path not in followers:
-                explicit[path] = dtype
+        for path in decided:
+            explicit[path] = dtype
         return self._replace(layers=explicit)
 
     def with_rule(
-        self, dtype: str, *, path: str | None = None, class_name: str | None = None
+        self,
+        *positional: str,
+        path: str | None = None,
+        class_name: str | None = None,
+        dtype: str | None = None,
     ) -> PrecisionPlan:
-        """Returns a new plan with a rule appended (applies to layers not named explicitly).
+        """Returns a new plan in which every layer the rule matches computes in `dtype`.
+
+        Arguments are keyword-only: where (`path` and/or `class_name`), then the
+        dtype, the order `with_dtype` reads. Layers the plan decides (`layers`)
+        that match are set now; they need their class name, which plans made from
+        a model (`uniform`, `from_model`, a search, a saved plan) hold in
+        `layer_info`. The rule is also appended to `rules`, where it applies, in
+        order, to layers the plan does not name. Followers keep following.
 
         Args:
-            dtype: compute dtype for matching layers.
+            *positional: the old spelling `with_rule(dtype, ...)`, still accepted
+                with a `DeprecationWarning`.
             path: glob on layer paths.
             class_name: glob on layer class names, e.g. `"Softmax"`.
+            dtype: compute dtype for matching layers.
 
         Returns:
             A new `PrecisionPlan`.
+
+        Raises:
+            PlanError: if the rule has no `dtype` or neither glob; if the plan knows
+                its model's layers and the rule matches none it decides; or if a
+                class rule meets named layers whose class the plan does not know
+                (the message says to use `with_dtype` for those).
+
+        Example:
+
+        ```python
+        plan = plan.with_rule(class_name="Softmax", dtype="float32")
+        ```
         """
-        rule = _coerce_rule(
+        if positional:
+            if len(positional) > 1 or dtype is not None:
+                raise PlanError(
+                    f"with_rule{tuple(positional)!r}: arguments are keyword-only, where first, "
+                    "dtype last; write e.g. with_rule(class_name='Softmax', dtype='float32')."
+                )
+            dtype = positional[0]
+            warnings.warn(
+                f"with_rule({dtype!r}, ...) is deprecated: the dtype is now a keyword given "
+                f"last, as in with_dtype(path, dtype); write with_rule(..., dtype={dtype!r}).",
+                DeprecationWarning,
+                stacklevel=2,
+            )
+        if dtype is None:
+            raise PlanError(
+                "with_rule: missing dtype; write e.g. with_rule(class_name='Softmax', "
+                "dtype='float32')."
+            )
+        rule = coerce_rule(
             {
                 "dtype": dtype,
-                **({"path": path} if path else {}),
-                **({"class": class_name} if class_name else {}),
+                **({"path": path} if path is not None else {}),
+                **({"class": class_name} if class_name is not None else {}),
             },
             len(self._rules),
         )
-        return self._replace(rules=(*self._rules, rule))
+        explicit = dict(self._layers)
+        explicit.update({target: rule.dtype for target in self._rule_targets(rule)})
+        return self._replace(layers=explicit, rules=(*self._rules, rule))
+
+    def _rule_targets(self, rule: PlanRule) -> list[str]:
+        """Returns the layers the plan decides that `rule` matches; refuses what it cannot match."""
+        if not self._layer_info:
+            if rule.class_name is not None and self._layers:
+                named = ", ".join(repr(path) for path in list(self._layers)[:3])
+                raise PlanError(
+                    f"with_rule: the plan names layers ({named}...) without their class names, "
+                    f"so class_name={rule.class_name!r} cannot be matched against them. Set "
+                    "those with plan.with_dtype(path, dtype), or make the plan from the model "
+                    "(PrecisionPlan.uniform / from_model) so it knows each layer's class."
+                )
+            return [target for target in self._layers if rule.matches(target, None)]
+
+        def class_of(target: str) -> str | None:
+            info = self._layer_info.get(target)
+            return info.class_name if info is not None else None
+
+        targets = [target for target in self._layers if rule.matches(target, class_of(target))]
+        if targets:
+            return targets
+        following = [target for target in self._followers if rule.matches(target, class_of(target))]
+        if following:
+            raise PlanError(
+                f"with_rule: {rule} matches only followers: {self._follower_message(following[0])}"
+            )
+        classes = sorted({class_of(target) or "?" for target in self._layers})
+        hint = _suggest(rule.class_name, classes) if rule.class_name else ""
+        raise PlanError(
+            f"with_rule: {rule} matches no layer of the plan{hint}; its classes are "
+            f"{', '.join(classes[:8])}{'...' if len(classes) > 8 else ''} (see plan.summary())."
+        )
+
+    def _follower_message(self, path: str) -> str:
+        """Says which layer `path` follows and what to set instead."""
+        source = path
+        seen = set()
+        while source in self._followers and source not in seen:
+            seen.add(source)
+            source = self._followers[source]
+        info = self._layer_info.get(path)
+        kind = "a pass-through layer" if info is None or info.pass_through else "a nested model"
+        class_name = f" ({info.class_name})" if info is not None else ""
+        return (
+            f"{path!r} is {kind}{class_name}; it follows the dtype of {source!r}. "
+            f"Set {source!r} instead."
+        )
 
     def with_metadata(self, **values: Any) -> PrecisionPlan:
         """Returns a new plan with metadata slots set (e.g. `measured_metric=0.91`)."""
@@ -404,22 +535,21 @@ class PrecisionPlan:
         layers = arguments.pop("layers")
         return PrecisionPlan(layers, **arguments)
 
-    def _derive_followers(self, explicit: dict[str, str]) -> dict[str, str]:
-        """Gives pass-through layers and nested models the dtype of what they follow."""
+    def _decisions(self, explicit: dict[str, str]) -> dict[str, str]:
+        """Returns the decided layers: explicit entries less followers, plus rule/default fill-ins."""
         if not self._layer_info:
             return explicit
-        own = {
-            path: dtype
-            for path, dtype in explicit.items()
-            if path not in self._layer_info or self._layer_info[path].follows is None
-        }
-        for path, info in self._layer_info.items():
-            if info.follows is None and path not in own:
-                own[path] = self._dtype_from_rules(path, info.class_name)
-        derived = _follow(own, self._layer_info, self._default)
-        return {path: derived.get(path, dtype) for path, dtype in {**explicit, **derived}.items()}
+        own = {path: dtype for path, dtype in explicit.items() if path not in self._followers}
+        decided = {}
+        for path in self._layer_info:
+            if path in self._followers:
+                continue
+            decided[path] = own[path] if path in own else self._dtype_from_rules(path)
+        decided.update({path: dtype for path, dtype in own.items() if path not in decided})
+        return decided
 
-    def _dtype_from_rules(self, path: str, class_name: str | None) -> str:
+    def _dtype_from_rules(self, path: str) -> str:
+        class_name = self._layer_info[path].class_name
         for rule in self._rules:
             if rule.matches(path, class_name):
                 return rule.dtype
@@ -428,13 +558,22 @@ class PrecisionPlan:
     # ------------------------------------------------------------------ comparison
 
     def diff(self, other: PrecisionPlan) -> PlanDiff:
-        """Returns the layer-by-layer differences from this plan to `other`.
+        """Returns what this plan and `other` decide differently: layers, rules and default.
+
+        The diff is empty exactly when the plans are equal (`==` compares the
+        same three things; metadata, events and layer descriptions are not decisions).
 
         Args:
             other: another `PrecisionPlan`.
 
         Returns:
             A `PlanDiff`; `str(diff)` is a readable listing, `bool(diff)` is whether they differ.
+
+        Example:
+
+        ```python
+        print(plan.diff(plan.with_dtype("dense", "float32")))  # ~ dense  bfloat16 -> float32
+        ```
         """
         mine, theirs = self._layers, other.layers
         changed = tuple(
@@ -449,9 +588,11 @@ class PrecisionPlan:
             default_changed=(self._default, other.default)
             if self._default != other.default
             else None,
+            rules_changed=(self._rules, other.rules) if self._rules != other.rules else None,
         )
 
     def __eq__(self, other: object) -> bool:
+        """Whether both plans decide the same: same `layers`, `rules` (in order) and `default`."""
         if not isinstance(other, PrecisionPlan):
             return NotImplemented
         return (
@@ -485,7 +626,7 @@ class PrecisionPlan:
         policy_map = keras.dtype_policies.DTypePolicyMap(
             default_policy=keras.dtype_policies.get(POLICY_FOR_DTYPE[self._default])
         )
-        for path, dtype in self._layers.items():
+        for path, dtype in self.resolve().items() if self._layer_info else self._layers.items():
             info = self._layer_info.get(path)
             key = info.keras_path if info is not None and info.keras_path else path
             if key in policy_map:
@@ -502,11 +643,11 @@ class PrecisionPlan:
             The table as a string (print it).
         """
         rows = []
-        for path, dtype in self._layers.items():
+        for path, dtype in self._every_layer().items():
             info = self._layer_info.get(path)
             class_name = info.class_name if info else "?"
             parameters = info.parameters if info else 0
-            note = f"follows {info.follows}" if info and info.follows and info.pass_through else ""
+            note = f"follows {self._followers[path]}" if path in self._followers else ""
             rows.append((path, class_name, dtype, parameters, note))
         headers = ("layer", "class", "dtype", "params", "")
         widths = [
@@ -524,14 +665,19 @@ class PrecisionPlan:
                 f"{path:<{widths[0]}}  {class_name:<{widths[1]}}  {dtype:<{widths[2]}}  "
                 f"{parameters:>{widths[3]},}  {note}".rstrip()
             )
-        total_parameters = sum(row[3] for row in rows) or 1
+        decided = [row for row in rows if row[0] in self._layers]
+        total_parameters = sum(row[3] for row in decided) or 1
         lines.append("")
         for dtype in COMPUTE_DTYPES:
-            count = sum(1 for row in rows if row[2] == dtype)
-            parameters = sum(row[3] for row in rows if row[2] == dtype)
+            count = sum(1 for row in decided if row[2] == dtype)
+            parameters = sum(row[3] for row in decided if row[2] == dtype)
             lines.append(
                 f"{dtype:<9} {count:>4} layers  {parameters:>12,} params "
                 f"({100.0 * parameters / total_parameters:5.1f} %)"
+            )
+        if self._followers:
+            lines.append(
+                f"{len(self._followers)} follower(s) take the dtype of the layer they follow"
             )
         for rule in self._rules:
             lines.append(f"rule: {rule.to_dict()}")
@@ -541,10 +687,24 @@ class PrecisionPlan:
 
     # ------------------------------------------------------------------ JSON
 
+    def _every_layer(self) -> dict[str, str]:
+        """Returns `{path: dtype}` of the decided layers and the followers, in the model's order."""
+        if not self._layer_info:
+            return dict(self._layers)
+        resolved = self.resolve()
+        resolved.update(
+            {path: dtype for path, dtype in self._layers.items() if path not in resolved}
+        )
+        return resolved
+
     def to_dict(self) -> dict[str, Any]:
-        """Returns the plan as a JSON-ready dict (the format in `docs/plan-format.md`)."""
+        """Returns the plan as a JSON-ready dict (the format in `docs/plan-format.md`).
+
+        Followers are written too, with their derived dtype and `follows`, so the
+        file lists every layer; reading derives their dtype again.
+        """
         layers = {}
-        for path, dtype in self._layers.items():
+        for path, dtype in self._every_layer().items():
             info = self._layer_info.get(path)
             entry: dict[str, Any] = {"dtype": dtype}
             if info is not None:
@@ -561,7 +721,7 @@ class PrecisionPlan:
                 )
             layers[path] = entry
         return {
-            "format": _FORMAT_NAME,
+            "format": FORMAT_NAME,
             "format_version": FORMAT_VERSION,
             "autoprec_version": self._autoprec_version,
             "created": self._created,
@@ -599,7 +759,7 @@ class PrecisionPlan:
         Raises:
             PlanError: naming the field that is wrong and how to fix it.
         """
-        return _plan_from_dict(cls, data, source)
+        return plan_from_dict(cls, data, source)
 
     @classmethod
     def from_json(cls, text: str, source: str = "<plan JSON>") -> PrecisionPlan:
@@ -641,6 +801,15 @@ def _follow(own: Mapping[str, str], infos: Mapping[str, LayerInfo], default: str
     for path in infos:
         lookup(path)
     return {path: resolved[path] for path in infos if path in resolved}
+
+
+def _is_dtype(value: object) -> bool:
+    """Returns whether `value` is a dtype name autoprec accepts (aliases included)."""
+    try:
+        canonical_dtype(value)
+    except PlanError:
+        return False
+    return True
 
 
 def _suggest(name: str, candidates: Iterable[str]) -> str:

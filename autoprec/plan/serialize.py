@@ -10,13 +10,14 @@ from .._core.dtypes import (
 )
 from ..errors import PlanError
 from ..layers import LayerInfo
-from .rule import _coerce_rule
+from .rule import coerce_rule
 
 #: Version of the plan JSON format written by this release. Files with a higher
 #: version are refused with a message to upgrade autoprec.
 FORMAT_VERSION = 1
 
-_FORMAT_NAME = "autoprec.plan"
+#: The `format` field of a plan file, which tells a plan from a profile or another JSON file.
+FORMAT_NAME = "autoprec.plan"
 
 _PlanT = TypeVar("_PlanT")
 
@@ -36,7 +37,30 @@ def _expect(value: Any, types: type | tuple[type, ...], field: str, source: str)
     return value
 
 
-def _plan_from_dict(cls: type[_PlanT], data: Any, source: str) -> _PlanT:
+def plan_from_dict(cls: type[_PlanT], data: Any, source: str) -> _PlanT:
+    """Returns the plan of class `cls` that a decoded plan JSON value describes.
+
+    Old files load unchanged: entries for layers that follow another (pass-through
+    layers, nested models) are read for their description; their dtype is derived
+    again from the layer they follow.
+
+    Args:
+        cls: the plan class (`PrecisionPlan`).
+        data: the decoded JSON object.
+        source: what to call the input in error messages (a file name).
+
+    Returns:
+        An instance of `cls`.
+
+    Raises:
+        PlanError: naming `source` and the field that is wrong, and how to fix it.
+
+    Example:
+
+    ```python
+    plan = plan_from_dict(PrecisionPlan, {"format_version": 1, "default": "bfloat16"}, "<dict>")
+    ```
+    """
     _expect(data, dict, "<top level>", source)
     version = data.get("format_version")
     if version is None:
@@ -52,14 +76,14 @@ def _plan_from_dict(cls: type[_PlanT], data: Any, source: str) -> _PlanT:
         )
     if version < 1:
         raise PlanError(f"{source}: format_version {version} is not valid; use {FORMAT_VERSION}.")
-    if "format" in data and data["format"] != _FORMAT_NAME:
+    if "format" in data and data["format"] != FORMAT_NAME:
         raise PlanError(
-            f"{source}: field 'format' is {data['format']!r}, expected {_FORMAT_NAME!r}; "
+            f"{source}: field 'format' is {data['format']!r}, expected {FORMAT_NAME!r}; "
             "is this a profile or another file?"
         )
     default = canonical_dtype(data.get("default", FLOAT32), f"{source}: default")
     rules_data = _expect(data.get("rules", []), list, "rules", source)
-    rules = [_coerce_rule(rule, index, source) for index, rule in enumerate(rules_data)]
+    rules = [coerce_rule(rule, index, source) for index, rule in enumerate(rules_data)]
     layers_data = _expect(data.get("layers", {}), dict, "layers", source)
     explicit: dict[str, str] = {}
     infos: dict[str, LayerInfo] = {}

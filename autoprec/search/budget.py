@@ -4,17 +4,73 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
+import warnings
 
 from ..errors import AutoprecError
 
-#: Metric-name fragments whose metrics are better when lower.
-_LOWER_IS_BETTER = ("loss", "error", "mse", "mae", "mape", "msle", "crossentropy", "hinge")
+#: Metric-name words (and joined phrases) of metrics that are better when lower.
+LOWER_IS_BETTER: frozenset[str] = frozenset(
+    {
+        "loss",
+        "error",
+        "mae",
+        "mse",
+        "rmse",
+        "mape",
+        "msle",
+        "perplexity",
+        "crossentropy",
+        "hinge",
+        "kl",
+        "kld",
+        "divergence",
+        "kullback_leibler",
+        "log_cosh",
+        "logcosh",
+        "poisson",
+        "huber",
+        "false_positives",
+        "false_negatives",
+        "wer",
+        "cer",
+    }
+)
+
+#: Metric-name words (and joined phrases) of metrics that are better when higher.
+HIGHER_IS_BETTER: frozenset[str] = frozenset(
+    {
+        "accuracy",
+        "acc",
+        "auc",
+        "precision",
+        "recall",
+        "f1",
+        "fbeta",
+        "iou",
+        "top_k",
+        "r2",
+        "sensitivity",
+        "specificity",
+        "true_positives",
+        "true_negatives",
+        "cosine_similarity",
+        "correlation",
+        "bleu",
+        "rouge",
+        "psnr",
+        "ssim",
+        "dice",
+    }
+)
+
+_MODES = ("min", "max", "auto")
 
 #: The violation of a plan whose metric is missing or not finite.
 _HUGE_VIOLATION = 1e30
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, init=False)
 class Budget:
     """How much worse than float32 a plan's validation metric may be.
 
@@ -28,40 +84,69 @@ class Budget:
         max_drop: largest allowed worsening, in the metric's units.
         max_relative_drop: largest allowed worsening as a fraction of |reference|.
             With both given, both must hold.
-        direction: `"higher"` or `"lower"` (is better); inferred from the name
-            when omitted (loss, error, mse, mae... are lower-is-better).
+        mode: `"min"` (lower is better, like a loss) or `"max"` (higher is
+            better, like accuracy), as in `keras.callbacks.ModelCheckpoint`.
+            `"auto"` (the default) reads it from the metric's name (`LOWER_IS_BETTER`,
+            `HIGHER_IS_BETTER`) and refuses a name it does not know.
+        direction: the former name of `mode` (`"lower"`/`"higher"`); still
+            accepted with a `DeprecationWarning`.
+
+    Raises:
+        AutoprecError: when neither limit is given, a limit is negative, `mode`
+            is not one of `"min"`, `"max"`, `"auto"`, or `"auto"` meets a metric
+            name it cannot read (pass `mode="min"` or `"max"`).
 
     Example:
 
     ```python
     budget = autoprec.Budget("val_accuracy", max_drop=0.005)
     budget.threshold(0.91)  # 0.905
+    autoprec.Budget("val_score", max_drop=1.0, mode="max").mode  # "max"
     ```
     """
 
     metric: str
-    max_drop: float | None = None
-    max_relative_drop: float | None = None
-    direction: str | None = None
+    max_drop: float | None
+    max_relative_drop: float | None
+    mode: str
 
-    def __post_init__(self) -> None:
-        if not isinstance(self.metric, str) or not self.metric:
-            raise AutoprecError(f"Budget: metric must be a metric name, got {self.metric!r}.")
-        if self.max_drop is None and self.max_relative_drop is None:
+    def __init__(
+        self,
+        metric: str,
+        max_drop: float | None = None,
+        max_relative_drop: float | None = None,
+        mode: str = "auto",
+        *,
+        direction: str | None = None,
+    ) -> None:
+        if not isinstance(metric, str) or not metric:
+            raise AutoprecError(f"Budget: metric must be a metric name, got {metric!r}.")
+        if max_drop is None and max_relative_drop is None:
             raise AutoprecError(
-                f"Budget({self.metric!r}): give max_drop (absolute, e.g. 0.005) and/or "
+                f"Budget({metric!r}): give max_drop (absolute, e.g. 0.005) and/or "
                 "max_relative_drop (fraction of the reference, e.g. 0.01)."
             )
-        for name in ("max_drop", "max_relative_drop"):
-            value = getattr(self, name)
+        for name, value in (("max_drop", max_drop), ("max_relative_drop", max_relative_drop)):
             if value is not None and (not math.isfinite(value) or value < 0):
                 raise AutoprecError(f"Budget: {name} must be a non-negative number, got {value}.")
-        direction = self.direction or _infer_direction(self.metric)
-        if direction not in ("higher", "lower"):
+        if direction is not None:
+            mode = _mode_from_direction(metric, direction, mode)
+        if mode not in _MODES:
             raise AutoprecError(
-                f"Budget: direction must be 'higher' or 'lower' (is better), got {direction!r}."
+                f"Budget({metric!r}): mode must be 'min' (lower is better), 'max' (higher is "
+                f"better) or 'auto' (read from the name), got {mode!r}."
             )
-        object.__setattr__(self, "direction", direction)
+        if mode == "auto":
+            mode = infer_mode(metric)
+        object.__setattr__(self, "metric", metric)
+        object.__setattr__(self, "max_drop", max_drop)
+        object.__setattr__(self, "max_relative_drop", max_relative_drop)
+        object.__setattr__(self, "mode", mode)
+
+    @property
+    def direction(self) -> str:
+        """`"higher"` when `mode` is `"max"`, `"lower"` when it is `"min"` (the former name)."""
+        return "higher" if self.mode == "max" else "lower"
 
     @property
     def log_name(self) -> str:
@@ -79,21 +164,89 @@ class Budget:
 
     def threshold(self, reference: float) -> float:
         """Returns the worst metric value still within budget."""
-        sign = -1.0 if self.direction == "higher" else 1.0
+        sign = -1.0 if self.mode == "max" else 1.0
         return reference + sign * self.allowance(reference)
 
     def violation(self, reference: float, value: float | None) -> float:
         """Returns by how much `value` misses the budget: > 0 violated, <= 0 within budget."""
         if value is None or not math.isfinite(value):
             return _HUGE_VIOLATION
-        worse_by = reference - value if self.direction == "higher" else value - reference
+        worse_by = reference - value if self.mode == "max" else value - reference
         return float(worse_by - self.allowance(reference))
 
     def to_dict(self) -> dict[str, str | float | None]:
-        """Returns the budget as a JSON-ready dict."""
+        """Returns the budget as a JSON-ready dict: `metric`, `max_drop`, `max_relative_drop`, `mode`."""
         return dataclasses.asdict(self)
 
 
-def _infer_direction(metric: str) -> str:
+def infer_mode(metric: str) -> str:
+    """Returns `"min"` or `"max"`: whether a lower or a higher value of `metric` is better.
+
+    The name (less a `val_` prefix and Keras' `_1`-style suffix) is split into
+    words; a word or a run of words found in `LOWER_IS_BETTER` or
+    `HIGHER_IS_BETTER` decides.
+
+    Args:
+        metric: a metric name such as `"val_sparse_categorical_accuracy"`.
+
+    Returns:
+        `"min"` or `"max"`.
+
+    Raises:
+        AutoprecError: when the name matches neither table, or both; the message
+            asks for `mode="min"` or `mode="max"`.
+
+    Example:
+
+    ```python
+    infer_mode("val_perplexity")  # "min"
+    infer_mode("val_auc_1")  # "max"
+    ```
+    """
     name = metric.lower()
-    return "lower" if any(token in name for token in _LOWER_IS_BETTER) else "higher"
+    name = name[4:] if name.startswith("val_") else name
+    name = re.sub(r"_\d+$", "", name)
+    words = [word for word in re.split(r"[^a-z0-9]+", name) if word]
+    phrases = {
+        "_".join(words[start:end])
+        for start in range(len(words))
+        for end in range(start + 1, len(words) + 1)
+    }
+    lower = sorted(phrases & LOWER_IS_BETTER)
+    higher = sorted(phrases & HIGHER_IS_BETTER)
+    if lower and not higher:
+        return "min"
+    if higher and not lower:
+        return "max"
+    why = (
+        f"its name has both {lower[0]!r} (lower is better) and {higher[0]!r} (higher is better)"
+        if lower
+        else "its name is not one autoprec knows"
+    )
+    raise AutoprecError(
+        f"Budget({metric!r}): cannot tell whether a lower or a higher {metric!r} is better: "
+        f"{why}. Pass mode='min' (lower is better, like a loss) or mode='max' (higher is "
+        "better, like accuracy), as keras.callbacks.ModelCheckpoint takes it."
+    )
+
+
+def _mode_from_direction(metric: str, direction: str, mode: str) -> str:
+    """Maps the former `direction` argument onto `mode`, warning that it is deprecated."""
+    modes = {"lower": "min", "higher": "max"}
+    if direction not in modes:
+        raise AutoprecError(
+            f"Budget({metric!r}): direction must be 'higher' or 'lower', got {direction!r}; "
+            "it is now mode='max' or mode='min'."
+        )
+    if mode != "auto" and mode != modes[direction]:
+        raise AutoprecError(
+            f"Budget({metric!r}): direction={direction!r} contradicts mode={mode!r}; "
+            "give mode alone."
+        )
+    warnings.warn(
+        f"Budget(direction={direction!r}) is deprecated; write mode={modes[direction]!r} "
+        "(Keras' name, as in ModelCheckpoint).",
+        DeprecationWarning,
+        stacklevel=3,
+    )
+    return modes[direction]

@@ -15,7 +15,7 @@ def test_json_round_trip_keeps_everything(attention_model, tmp_path):
     plan = (
         PrecisionPlan.uniform(attention_model, "bfloat16")
         .with_dtype("dense", "float32")
-        .with_rule("float32", class_name="Softmax")
+        .with_rule(class_name="Softmax", dtype="float32")
         .with_metadata(hardware="rtx4090", measured_metric=0.9, evidence={"dense": {"why": "head"}})
         .with_event({"step": 3, "layer": "dense", "from": "float16", "to": "float32"})
     )
@@ -79,3 +79,27 @@ def test_plan_schema_ships_with_the_package():
     )
     assert schema["properties"]["format_version"]["maximum"] == FORMAT_VERSION
     assert set(schema["required"]) <= set(PrecisionPlan.uniform(build_cnn(), "float32").to_dict())
+
+
+def test_files_that_list_followers_with_a_dtype_still_load(mlp, tmp_path):
+    """Files from 0.2 list pass-through layers among `layers`; they load, their dtype derived."""
+    old = PrecisionPlan.uniform(mlp, "bfloat16").to_dict()
+    old["layers"]["dropout"]["dtype"] = "float16"  # hand-edited: disagrees with its source
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps(old))
+    plan = PrecisionPlan.load(path)
+    assert dict(plan.layers) == {"dense": "bfloat16", "dense_1": "bfloat16", "dense_2": "bfloat16"}
+    assert dict(plan.followers) == {"dropout": "dense"}
+    assert plan.dtype_for("dropout") == "bfloat16"
+    written = plan.to_dict()["layers"]
+    assert list(written) == ["dense", "dropout", "dense_1", "dense_2"]  # every layer, model order
+    assert written["dropout"] == {**old["layers"]["dropout"], "dtype": "bfloat16"}
+    assert plan.with_rule(class_name="Dense", dtype="float32").layers["dense_2"] == "float32"
+
+
+def test_hand_written_layers_without_classes_are_all_decisions(tmp_path):
+    path = tmp_path / "hand.json"
+    path.write_text('{"format_version": 1, "layers": {"dense": "bf16", "dropout": "fp16"}}')
+    plan = PrecisionPlan.load(path)
+    assert dict(plan.layers) == {"dense": "bfloat16", "dropout": "float16"}
+    assert not plan.followers
