@@ -117,7 +117,7 @@ def _profile_stage(model, train, settings) -> Profile:
 def _search_stage(model, train, val, settings, device, profile) -> SearchResult:
     dtypes = _search_dtypes(device)
     batch = (train[0][: settings["batch"]], train[1][: settings["batch"]])
-    costs = calibrate(model, batch, dtypes=dtypes, repeats=3, progress=False)
+    costs = calibrate(model, batch, dtypes=dtypes, repeats=3, verbose=0)
     return search(
         model,
         train,

@@ -241,7 +241,7 @@ def _check_cost_and_search() -> dict:
     x, y = classification_data()
     plan = autoprec.PrecisionPlan.uniform(model, "bfloat16")
     table = autoprec.predict_costs(model, autoprec.hardware.get("rtx4090"), batch_size=32)
-    estimate = autoprec.estimate(model, plan, table, batch_size=32)
+    estimate = autoprec.estimate(model, plan, costs=table, batch_size=32)
     heuristic = autoprec.heuristic_plan(model, hardware="rtx4090")
     result = autoprec.search(
         model,
@@ -277,7 +277,7 @@ def _check_calibrate(work_dir: str) -> dict:
     )()
     cache_dir = os.path.join(work_dir, "costs")
     settings = dict(
-        dtypes=("float32", "bfloat16"), repeats=2, cache_dir=cache_dir, progress=False,
+        dtypes=("float32", "bfloat16"), repeats=2, cache_dir=cache_dir, verbose=0,
         hardware="cpu-avx512-bf16",
     )  # fmt: skip
     model = build_mlp()
@@ -285,7 +285,7 @@ def _check_calibrate(work_dir: str) -> dict:
     x, y = classification_data()
     first = autoprec.calibrate(model, (x[:16], y[:16]), **settings)
     second = autoprec.calibrate(model, (x[:16], y[:16]), **settings)
-    estimate = autoprec.estimate(model, "float32", first)
+    estimate = autoprec.estimate(model, "float32", costs=first)
     plan = autoprec.heuristic_plan(model, costs=first, hardware="cpu-avx512-bf16")
     cnn = build_cnn()
     images = np.random.default_rng(0).normal(size=(8, 12, 12, 1)).astype("float32")
@@ -459,7 +459,7 @@ def test_plan_written_under_tensorflow_applies_under_jax(jax_results, tensorflow
     result = _value(jax_results, "plan_from_tensorflow")
     assert result["paths"] == tensorflow_side["paths"]
     plan = tensorflow_side["plan"]
-    assert result["applied"] == dict(plan.layers)
+    assert result["applied"] == plan.resolve()
     assert result["compute_dtypes"]["attention/query_dense"] == "float16"
     assert result["compute_dtypes"]["attention/key_dense"] == "bfloat16"
     assert result["compute_dtypes"]["attention/softmax"] == "float32"

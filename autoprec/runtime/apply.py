@@ -21,7 +21,7 @@ class PlanHandle:
 
     Attributes:
         model: the model the plan was applied to.
-        plan: the plan as applied, with every layer of the model named explicitly.
+        plan: the plan as applied: every decided layer named, followers in `plan.followers`.
         dtypes: `{path: dtype}` each layer now computes in.
         original_policies: `{path: policy}` each layer had before.
         skipped: `{path: reason}` for layers left untouched (non-float or quantized layers).
@@ -77,7 +77,7 @@ def check_plan_fits(
     unknown = [path for path in plan.layers if path not in infos]
     if unknown:
         # A renamed layer's counterpart is most likely a model layer the plan does not name.
-        unnamed = [path for path in infos if path not in plan.layers]
+        unnamed = [path for path in infos if path not in plan.layers and path not in plan.followers]
         listed = []
         for path in unknown[:10]:
             close = difflib.get_close_matches(path, unnamed, n=1, cutoff=0.4)
@@ -103,7 +103,7 @@ def check_plan_fits(
                 f"but {list(planned.weight_shapes)} in the plan"
             )
     if not problems and plan.fingerprint and plan.layer_info:
-        missing = [path for path in infos if path not in plan.layers]
+        missing = [path for path in infos if path not in plan.layers and path not in plan.followers]
         if missing:
             problems.append(
                 f"model {model_name!r} has {len(missing)} layer(s) the plan does not name, "

@@ -329,7 +329,7 @@ def _run_search(model: keras.Model, evaluator: Evaluator, request: _Request) -> 
         budget.metric,
         reference,
         fidelity.train_steps,
-        ">=" if budget.direction == "higher" else "<=",
+        ">=" if budget.mode == "max" else "<=",
         budget.threshold(reference),
         "n/a" if fidelity.baseline is None else f"{fidelity.baseline:.4g}",
         fidelity.baseline_kind,

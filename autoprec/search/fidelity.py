@@ -86,7 +86,7 @@ def trivial_baseline(
     """
     name = budget.log_name.lower()
     outputs = getattr(evaluator.model, "outputs", None) or []
-    if budget.direction == "higher" and len(outputs) == 1 and "top_k" not in name:
+    if budget.mode == "max" and len(outputs) == 1 and "top_k" not in name:
         if "auc" in name:
             return 0.5, "chance (AUC 0.5)"
         if "acc" in name:
@@ -194,7 +194,7 @@ def check_reference(
     if budget.violation(reference, value) > 0:
         return metrics, check
     samples = len(keras.tree.flatten(evaluator.val_y)[0])
-    gain = (reference - value) if budget.direction == "higher" else (value - reference)
+    gain = (reference - value) if budget.mode == "max" else (value - reference)
     if gain <= _noise_margin(budget, value, kind, samples):
         raise AutoprecError(
             f"search: the float32 reference's {budget.metric} is {reference:.4g} after {steps} "

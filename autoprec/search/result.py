@@ -72,7 +72,7 @@ class SearchResult:
     @property
     def pareto(self) -> list[ParetoPoint]:
         """The non-dominated points (faster, or better metric), fastest first."""
-        better = (lambda a, b: a > b) if self.budget.direction == "higher" else (lambda a, b: a < b)
+        better = (lambda a, b: a > b) if self.budget.mode == "max" else (lambda a, b: a < b)
         front: list[ParetoPoint] = []
         finite = [p for p in self.points if math.isfinite(p.metric)]
         for point in sorted(finite, key=lambda p: (p.predicted_seconds, p.trial)):
@@ -96,7 +96,7 @@ class SearchResult:
         metadata = self.plan.metadata
         lines = [
             f"autoprec search: {len(self.study.trials)} trial(s), budget "
-            f"{self.budget.metric} {'>=' if self.budget.direction == 'higher' else '<='} "
+            f"{self.budget.metric} {'>=' if self.budget.mode == 'max' else '<='} "
             f"{self.budget.threshold(self.reference_metric):.6g} "
             f"(float32 reference {self.reference_metric:.6g}"
             + (f" ± {self.reference_spread:.3g}" if self.reference_spread is not None else "")

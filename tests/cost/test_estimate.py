@@ -48,9 +48,7 @@ def test_dtype_the_device_cannot_run_is_infeasible():
     est = cost.estimate(model, "float16", no_half, batch_size=32)
     assert math.isinf(est.step_seconds) and est.speedup == 0.0
     assert "dense" in est.infeasible_layers
-    assert cost.estimate(model, "float32", no_half, batch_size=32).speedup == pytest.approx(
-        1.0
-    )
+    assert cost.estimate(model, "float32", no_half, batch_size=32).speedup == pytest.approx(1.0)
 
 
 def test_max_batch_size_fits_8gb(cnn):
