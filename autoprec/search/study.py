@@ -8,6 +8,15 @@ as fixed-params trials), and runs the plan at rising fidelity: its predicted cos
 constraint (`trial.set_constraint`, read by the seeded `TPESampler`). Every trial
 records its effective per-layer assignment (`"assignment"`, `"assignment_key"`); an
 assignment already trained at the same fidelity is reused, never trained twice.
+
+Several processes, on one machine or many, may search one study through a shared
+storage (a journal file, PostgreSQL): the warm starts are enqueued once, under a
+lock that is a uniquely named study (creating a study is atomic in every Optuna
+storage); a trial whose assignment another running trial is evaluating waits for it
+and reuses its outcome; database storages record a heartbeat, so that a trial of a
+process that died is failed and enqueued again by the next process that starts one;
+the best plan so far is written atomically and written again whenever another
+process overwrote it with an older best.
 """
 
 from __future__ import annotations
@@ -19,15 +28,18 @@ import logging
 import math
 import os
 import time
+import warnings
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import keras
 import optuna
-from optuna.storages import JournalStorage
+from optuna.storages import JournalStorage, RDBStorage, RetryHeartbeatStaleTrialCallback
 from optuna.storages.journal import JournalFileBackend
 
 from .._core.dtypes import FLOAT32, count_dtypes, widen
+from ..errors import AutoprecError
 from ..layers import LayerInfo
 from ..plan import PrecisionPlan
 from .budget import _HUGE_VIOLATION, Budget
@@ -44,18 +56,43 @@ _MEMORY_TIE_BREAK = 1e-3
 _COST_STEP, _PROXY_STEP = 0, 1
 
 
+#: Database storages: seconds between two heartbeats of a running trial.
+HEARTBEAT_INTERVAL_SECONDS = 60
+#: Times a trial whose process died (stale heartbeat) is enqueued again.
+_STALE_TRIAL_RETRIES = 2
+#: Attempts at opening a database whose tables another process is creating at the same time.
+_SCHEMA_ATTEMPTS = 5
+
+
 def resolve_storage(
     storage: str | os.PathLike | optuna.storages.BaseStorage | None,
-) -> str | optuna.storages.BaseStorage | None:
-    """Returns what Optuna takes for a `storage=` argument: journal files become a `JournalStorage`.
+    *,
+    heartbeat_interval: int | None = HEARTBEAT_INTERVAL_SECONDS,
+    grace_period: int | None = None,
+) -> optuna.storages.BaseStorage | None:
+    """Returns the Optuna storage for a `storage=` argument: journal files and database URLs opened.
+
+    A database URL (`"postgresql://..."`, `"mysql://..."`, `"sqlite:///..."`) opens an
+    `RDBStorage` whose running trials record a heartbeat every `heartbeat_interval`
+    seconds: a trial whose process died (no heartbeat for `grace_period` seconds) is
+    marked failed by the next process that starts a trial, and enqueued again
+    (`RetryHeartbeatStaleTrialCallback`, twice at most). Processes that open the same
+    new database at once may race to create its tables; that is retried.
 
     Args:
-        storage: a database URL (`"sqlite:///autoprec.db"`, PostgreSQL), a journal
-            file (`"journal:///path/file.log"` or any path ending `.log`), a storage
-            object, or `None` (in memory).
+        storage: a database URL, a journal file (`"journal:///path/file.log"` or any
+            path ending `.log`), a storage object (returned as is), or `None` (in memory).
+        heartbeat_interval: seconds between heartbeats of a database storage's running
+            trials; `None` records none (a dead process's trial then stays running).
+        grace_period: seconds without a heartbeat after which a trial is stale;
+            default twice `heartbeat_interval`.
 
     Returns:
-        A `JournalStorage` for journal files; otherwise `storage` as given.
+        A `JournalStorage`, an `RDBStorage`, the storage object given, or `None`.
+
+    Raises:
+        AutoprecError: the database driver of the URL is not installed (the message
+            names the package to install).
 
     Example:
 
@@ -71,8 +108,50 @@ def resolve_storage(
         if text.startswith("/") and text.startswith("//"):
             text = text[1:]
     elif not text.endswith(".log"):
-        return text
+        return _database_storage(text, heartbeat_interval, grace_period)
     return JournalStorage(JournalFileBackend(text))
+
+
+def _database_storage(
+    url: str, heartbeat_interval: int | None, grace_period: int | None
+) -> RDBStorage:
+    import sqlalchemy.exc
+
+    for attempt in range(_SCHEMA_ATTEMPTS):
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+                if heartbeat_interval is None:
+                    return RDBStorage(url)
+                return RDBStorage(
+                    url,
+                    heartbeat_interval=int(heartbeat_interval),
+                    grace_period=int(grace_period or 2 * heartbeat_interval),
+                    heartbeat_stale_trial_callback=RetryHeartbeatStaleTrialCallback(
+                        max_retry=_STALE_TRIAL_RETRIES
+                    ),
+                )
+        except ImportError as error:
+            driver = "psycopg[binary]" if url.startswith("postgresql") else "the database driver"
+            raise AutoprecError(
+                f"storage {_safe_url(url)!r}: {error.__cause__ or error}. Install {driver} "
+                "(pip install ...) in this environment, or use a journal file (search.log)."
+            ) from error
+        except (sqlalchemy.exc.IntegrityError, sqlalchemy.exc.ProgrammingError):
+            if attempt == _SCHEMA_ATTEMPTS - 1:
+                raise
+            time.sleep(0.2 * (attempt + 1))  # another process is creating the tables
+    raise AssertionError("unreachable")
+
+
+def _safe_url(url: str) -> str:
+    """Returns a database URL with its password left out, for messages."""
+    scheme, separator, rest = url.partition("://")
+    credentials, at, host = rest.rpartition("@")
+    if not separator or not at:
+        return url
+    user = credentials.split(":", 1)[0]
+    return f"{scheme}://{user}:***@{host}"
 
 
 class _FidelityPruner(optuna.pruners.BasePruner):
@@ -156,15 +235,73 @@ def _open_study(
         ), False
 
 
-#: How long a process that did not create the study waits for its creator's warm starts.
-_WARM_START_WAIT_SECONDS = 30.0
-_WARM_STARTS_ATTR = "warm_starts_enqueued"
+#: The study user attr set once the warm starts are in the study.
+WARM_STARTS_MARK = "warm_starts_enqueued"
+#: Seconds between two looks at the storage while another trial evaluates the same assignment.
+_SAME_ASSIGNMENT_POLL_SECONDS = 0.5
+#: A trial waits at least this long (and 3 x the longest trial) for another one evaluating
+#: its assignment, then evaluates it too (the other's process may have died unseen).
+_SAME_ASSIGNMENT_MIN_WAIT_SECONDS = 120.0
+#: User attr a trial sets to its own number once it evaluates its assignment itself.
+_EVALUATING = "evaluating"
 
 
 def _assignment_key(assignment: Mapping[str, str]) -> str:
     """Returns a short stable digest of a per-layer assignment (equal assignments, equal keys)."""
     text = json.dumps(sorted(assignment.items()), separators=(",", ":"))
     return hashlib.sha1(text.encode()).hexdigest()[:20]
+
+
+def _has_warm_starts(study: optuna.Study) -> bool:
+    return bool(study.user_attrs.get(WARM_STARTS_MARK))
+
+
+def claim_study_lock(study: optuna.Study, what: str) -> str | None:
+    """Takes a lock shared by every process of a study: creates the study `"<name>:autoprec-<what>"`.
+
+    Creating a study is atomic in every Optuna storage (a unique name in a database,
+    the first record of a journal), so exactly one of the processes that try at once
+    gets the lock. `release_study_lock` deletes it; a process killed while holding it
+    leaves it held.
+
+    Args:
+        study: the study whose processes share the lock (its storage holds it).
+        what: what the lock guards, part of its name.
+
+    Returns:
+        The lock's name when this process got it, else `None`.
+
+    Example:
+
+    ```python
+    lock = claim_study_lock(study, "warm-starts")
+    if lock is not None:
+        try:
+            ...  # done by one process only
+        finally:
+            release_study_lock(study, lock)
+    ```
+    """
+    name = f"{study.study_name}:autoprec-{what}"
+    try:
+        study._storage.create_new_study([optuna.study.StudyDirection.MINIMIZE], name)
+    except optuna.exceptions.DuplicatedStudyError:
+        return None
+    return name
+
+
+def release_study_lock(study: optuna.Study, name: str) -> None:
+    """Releases a lock taken by `claim_study_lock` (deletes its study).
+
+    Args:
+        study: the study whose processes share the lock.
+        name: the lock's name, as `claim_study_lock` returned it.
+    """
+    storage = study._storage
+    try:
+        storage.delete_study(storage.get_study_id_from_name(name))
+    except KeyError:
+        pass
 
 
 def _enqueue_warm_starts(
@@ -174,23 +311,32 @@ def _enqueue_warm_starts(
 ) -> int:
     """Enqueues `(label, assignment, params)` warm starts not already in the study; returns how many.
 
-    Only the process that created the study enqueues them; a process that loaded it
-    waits (up to `_WARM_START_WAIT_SECONDS`) for the creator's mark, and enqueues the
-    missing ones itself only when the mark never comes (a creator killed before it
-    finished), so that workers sharing one study enqueue each warm start once.
+    Exactly one process enqueues them, whichever process takes the study's
+    `"warm-starts"` lock (`claim_study_lock`) first, whether it created the study or
+    not; it then marks the study (`WARM_STARTS_MARK`) and releases the lock. A
+    process that finds the mark, or the lock taken, enqueues none and does not wait:
+    its trials start with what the queue holds. `created` is not needed for this
+    (kept for callers).
     """
-    if not created:
-        deadline = time.monotonic() + _WARM_START_WAIT_SECONDS
-        while not study.user_attrs.get(_WARM_STARTS_ATTR):
-            if time.monotonic() > deadline:
-                logger.info(
-                    "autoprec.search: study %r has no warm-start mark; enqueueing missing ones.",
-                    study.study_name,
-                )
-                break
-            time.sleep(0.2)
-        else:
+    del created
+    if _has_warm_starts(study):
+        return 0
+    lock = claim_study_lock(study, "warm-starts")
+    if lock is None:
+        return 0
+    try:
+        if _has_warm_starts(study):  # another process finished and released the lock meanwhile
             return 0
+        added = _enqueue_missing(study, warm)
+        study.set_user_attr(WARM_STARTS_MARK, True)
+        return added
+    finally:
+        release_study_lock(study, lock)
+
+
+def _enqueue_missing(
+    study: optuna.Study, warm: Sequence[tuple[str, Mapping[str, str], Mapping[str, str]]]
+) -> int:
     trials = study.get_trials(deepcopy=False)
     keys = {trial.user_attrs.get("assignment_key") for trial in trials}
     labels = {trial.user_attrs.get("warm_start") for trial in trials}
@@ -213,8 +359,88 @@ def _enqueue_warm_starts(
         keys.add(key)
         labels.add(label)
         added += 1
-    study.set_user_attr(_WARM_STARTS_ATTR, True)
     return added
+
+
+def wait_for_same_assignment(
+    study: optuna.Study,
+    trial_number: int,
+    key: str,
+    train_steps: int,
+    *,
+    timeout: float | None = None,
+) -> dict[str, Any] | None:
+    """Waits while another running trial evaluates the same assignment; returns its outcome.
+
+    Trials of several processes may carry one assignment (two processes enqueued the
+    same neighbour, or TPE sampled what another process runs). A trial waits for
+    another running trial with the same `key` and `train_steps` that evaluates it
+    (its `"evaluating"` user attr set) or that has a lower number, so that no two wait
+    for each other; the waiting trial then reuses that trial's outcome. While it
+    waits, trials of dead processes are failed (`optuna.storages.fail_stale_trials`,
+    database storages with a heartbeat).
+
+    Args:
+        study: the study.
+        trial_number: the waiting trial's number.
+        key: the assignment's key (`"assignment_key"` user attr).
+        train_steps: the fidelity it is evaluated at (`"train_steps"` user attr).
+        timeout: seconds to wait at most; default the longer of 120 s and 3 x the
+            longest completed trial.
+
+    Returns:
+        The outcome (`{"metrics", "proxy", "proxy_score", "trial"}`) of a completed trial
+        that trained the assignment, or `None` when this trial is to evaluate it.
+
+    Example:
+
+    ```python
+    outcome = wait_for_same_assignment(trial.study, trial.number, key, train_steps=20)
+    ```
+    """
+    deadline = None
+    while True:
+        stored = _stored_outcome(study, key, train_steps)
+        if stored is not None:
+            return stored
+        others = [
+            other
+            for other in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))
+            if other.number != trial_number
+            and other.user_attrs.get("assignment_key") == key
+            and other.user_attrs.get("train_steps") == train_steps
+            and (other.user_attrs.get(_EVALUATING) == other.number or other.number < trial_number)
+        ]
+        if not others:
+            return None
+        if deadline is None:
+            limit = timeout if timeout is not None else _same_assignment_wait(study)
+            deadline = time.monotonic() + limit
+            logger.info(
+                "autoprec.search: trial %d waits for trial %d, which evaluates the same plan.",
+                trial_number,
+                others[0].number,
+            )
+        elif time.monotonic() > deadline:
+            logger.info(
+                "autoprec.search: trial %d stops waiting for trial %d and evaluates the plan.",
+                trial_number,
+                others[0].number,
+            )
+            return None
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            optuna.storages.fail_stale_trials(study)
+        time.sleep(_SAME_ASSIGNMENT_POLL_SECONDS)
+
+
+def _same_assignment_wait(study: optuna.Study) -> float:
+    durations = [
+        trial.duration.total_seconds()
+        for trial in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+        if trial.duration is not None
+    ]
+    return max(_SAME_ASSIGNMENT_MIN_WAIT_SECONDS, 3.0 * max(durations, default=0.0))
 
 
 @dataclasses.dataclass
@@ -313,9 +539,12 @@ def _objective(context: _Context, trial: optuna.Trial) -> float:
     trial.set_user_attr("activation_bytes_per_sample", activation_bytes)
     levels = ["profile"]
     trial.set_user_attr("fidelity", levels)
-    stored = context.cache.get(key) or _stored_outcome(trial.study, key, context.train_steps)
+    stored = context.cache.get(key) or wait_for_same_assignment(
+        trial.study, trial.number, key, context.train_steps
+    )
     if stored is not None:
         return _reuse(context, trial, stored, value)
+    trial.set_user_attr(_EVALUATING, trial.number)
     trial.report(value, _COST_STEP)
     if trial.should_prune():
         trial.set_user_attr("pruned_by", "cost: no faster than the best plan within budget")
@@ -435,24 +664,64 @@ def _log_trial(context: _Context, study: optuna.Study, trial: optuna.trial.Froze
 def _plan_writer(
     context: _Context, plan_path: str | os.PathLike | None, metadata: dict
 ) -> Callable[[optuna.Study, optuna.trial.FrozenTrial], None]:
-    """Returns the Optuna callback that logs each trial and saves the best plan so far."""
+    """Returns the Optuna callback that logs each trial and saves the best plan so far.
+
+    Every process of a study writes the study's best feasible trial (atomically) when
+    the file does not hold it already, then looks at the study again: when a better
+    trial finished meanwhile, its process may have written before this one wrote an
+    older best, so it writes again. The last write of any process is the best trial
+    its last look found, so the file never stays behind the study.
+    """
     written: dict[str, int | None] = {"number": None}
 
     def callback(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
         _log_trial(context, study, trial)
         if plan_path is None:
             return
-        best = _best_feasible(study)
-        if best is None or best.number == written["number"]:
-            return
-        plan = context.trial_plan(best, metadata=_trial_metadata(context, best, metadata))
-        plan.save(plan_path)
-        written["number"] = best.number
-        logger.info(
-            "autoprec.search: best plan so far (trial %d) written to %s", best.number, plan_path
-        )
+        while True:
+            best = _best_feasible(study)
+            if best is None or best.number == written["number"]:
+                return
+            if plan_file_trial(plan_path, study.study_name) != best.number:
+                plan = context.trial_plan(best, metadata=_trial_metadata(context, best, metadata))
+                plan.save(plan_path)
+                logger.info(
+                    "autoprec.search: best plan so far (trial %d) written to %s",
+                    best.number,
+                    plan_path,
+                )
+            written["number"] = best.number
 
     return callback
+
+
+def plan_file_trial(plan_path: str | os.PathLike, study_name: str) -> int | None:
+    """Returns the trial of study `study_name` whose plan the file holds, or `None`.
+
+    Args:
+        plan_path: a plan file written by the search (metadata `search.study_name`
+            and `search.best_trial`).
+        study_name: the study it should come from.
+
+    Returns:
+        The trial number, or `None` when the file is missing, unreadable, or from
+        another study.
+
+    Example:
+
+    ```python
+    assert plan_file_trial("plan.json", "mlp") == study.best_trial.number
+    ```
+    """
+    try:
+        data = json.loads(Path(plan_path).read_text(encoding="utf-8"))
+        search = data["metadata"]["search"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if not isinstance(search, dict) or search.get("study_name") != study_name:
+        return None
+    number = search.get("best_trial")
+    return number if isinstance(number, int) else None
 
 
 def _trial_metadata(context: _Context, trial: optuna.trial.FrozenTrial, base: dict) -> dict:

@@ -2,9 +2,14 @@
 
 Each worker is a spawned Python process that unpickles the model (Keras 3 models
 pickle through the `.keras` format, compiled state included) and runs `search()` on
-the same storage and study name with its own seed; the warm starts are enqueued once,
-by whichever worker creates the study. When all have finished, the calling process
-opens the study with no new trials and returns its result (best plan, confirmation).
+the same storage and study name with its own seed. The study's storage keeps the
+workers apart (see `autoprec.search.study`): the warm starts are enqueued once, by
+whichever worker takes the study's lock first, and no worker waits for them; a trial
+whose assignment another worker is evaluating waits and reuses its outcome. When all
+have finished, the calling process opens the study with no new trials and returns
+its result (best plan, confirmation). Workers on other machines join the same study
+by running `autoprec search` with the same database URL and study name
+(docs/search-at-scale.md).
 """
 
 from __future__ import annotations
@@ -53,8 +58,9 @@ def search_in_processes(
         validation_data: the same kinds.
         budget: a `Budget`.
         storage: a storage several processes can share: a journal file (a path ending
-            `.log`), or a database URL (`postgresql://...`; an SQLite file works for a
-            few processes on one machine).
+            `.log`), or a database URL (`postgresql://...`, whose trials record a
+            heartbeat so that those of a dead worker are retried; an SQLite file works
+            for a few processes on one machine).
         study_name: the study's name.
         n_trials: trials per worker.
         **search_arguments: any other `search` argument (`hardware`, `settings`...);

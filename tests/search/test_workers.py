@@ -3,16 +3,22 @@
 from __future__ import annotations
 
 import optuna
+import pytest
 from conftest import build_mlp, classification_data
+from pg_server import postgres_server  # noqa: F401  (the session fixture `postgres`)
 
 from autoprec.search import Budget, SearchSettings, resolve_storage, search_in_processes
 
 
-def test_two_processes_search_one_journal_study_and_the_caller_gets_its_best_plan(tmp_path):
+@pytest.mark.parametrize("kind", ["journal", pytest.param("postgres", marks=pytest.mark.slow)])
+def test_two_processes_search_one_study_and_the_caller_gets_its_best_plan(tmp_path, request, kind):
+    if kind == "postgres":
+        storage = request.getfixturevalue("postgres").create_database("pool")
+    else:
+        storage = tmp_path / "workers.log"
     model = build_mlp()
     model.compile("adam", "sparse_categorical_crossentropy", metrics=["accuracy"])
     x, y = classification_data(samples=192)
-    storage = tmp_path / "workers.log"
     result = search_in_processes(
         2,
         model,
@@ -28,6 +34,7 @@ def test_two_processes_search_one_journal_study_and_the_caller_gets_its_best_pla
     )
     study = optuna.load_study(study_name="pool", storage=resolve_storage(str(storage)))
     assert len(study.trials) == 6 and len({t.number for t in study.trials}) == 6
+    assert not [t for t in study.trials if t.state == optuna.trial.TrialState.RUNNING]
     labels = [t.user_attrs["warm_start"] for t in study.trials if "warm_start" in t.user_attrs]
     assert labels and len(labels) == len(set(labels))  # enqueued once across workers
     assert result.study.study_name == "pool" and len(result.study.trials) == 6
