@@ -8,8 +8,12 @@ from __future__ import annotations
 
 import re
 import sys
-import tomllib
 from pathlib import Path
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib
 
 PYPROJECT = Path(__file__).resolve().parents[1] / "pyproject.toml"
 _FLOOR = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)\s*(?:\[[^\]]*\])?\s*([^;]*)")
@@ -32,7 +36,9 @@ def minimum_pins(pyproject: Path = PYPROJECT) -> list[str]:
     for requirement in dependencies:
         match = _FLOOR.match(requirement)
         name, specifiers = match.group(1), match.group(2)
-        floors = [s.strip()[2:].strip() for s in specifiers.split(",") if s.strip().startswith(">=")]
+        floors = [
+            s.strip()[2:].strip() for s in specifiers.split(",") if s.strip().startswith(">=")
+        ]
         if len(floors) != 1:
             raise ValueError(
                 f"{pyproject}: dependency {requirement!r} needs exactly one '>=' floor "

@@ -57,7 +57,9 @@ def check_fit_with_plan(folder: Path) -> None:
     """Trains with a float16 + float32 plan (dynamic and fixed loss scale); plan save/load/diff."""
     fit_with_plan(128.0)
     model, plan, losses = fit_with_plan("dynamic")
-    assert model.get_layer("hidden").compute_dtype == "float16", model.get_layer("hidden").dtype_policy
+    assert model.get_layer("hidden").compute_dtype == "float16", model.get_layer(
+        "hidden"
+    ).dtype_policy
     assert model.get_layer("head").compute_dtype == "float32", model.get_layer("head").dtype_policy
     path = folder / "plan.json"
     plan.save(path)
@@ -65,7 +67,9 @@ def check_fit_with_plan(folder: Path) -> None:
     assert loaded.to_dict() == plan.to_dict(), "plan changed in a save/load round trip"
     changes = autoprec.PrecisionPlan.uniform(build_mlp(), "float32").diff(loaded)
     assert "hidden" in str(changes) and "head" not in str(changes), str(changes)
-    print(f"fit with a float16+float32 plan: loss {losses[0]:.3f} -> {losses[-1]:.3f}; save/load/diff ok")
+    print(
+        f"fit with a float16+float32 plan: loss {losses[0]:.3f} -> {losses[-1]:.3f}; save/load/diff ok"
+    )
 
 
 def search_arguments() -> dict:
