@@ -7,7 +7,9 @@ cd "$(dirname "$0")/.."
 root="$PWD"
 export TF_CPP_MIN_LOG_LEVEL=3
 start=$SECONDS
-venv_dir="$(mktemp -d)/minvenv"
+scratch="$(mktemp -d)"
+trap 'rm -rf "$scratch"' EXIT  # about 2 GB of wheels unpacked
+venv_dir="$scratch/minvenv"
 python3 -m venv "$venv_dir"
 "$venv_dir/bin/python" -m pip install -q --upgrade pip
 mapfile -t pins < <("$venv_dir/bin/python" .ci/min_pins.py)
