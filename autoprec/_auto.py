@@ -1,35 +1,260 @@
-"""The decision behind `AutoPrecision()` with no plan: profile + local costs -> heuristic plan."""
+"""The decision behind `AutoPrecision()` with no plan: profile + local costs -> heuristic plan.
+
+- `AutoPlan`: the settings of that automatic mode (profiling, batch size, the optional search).
+- `FirstBatchSize`: reads the batch size `fit` trains with from inside the train step.
+- `decide_plan`: the heuristic plan from the profile and the costs at that batch size.
+- `search_plan`: the short Optuna search run instead of the heuristic when a budget is given.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import keras
 
 from . import cost
 from ._core.dtypes import BFLOAT16, FLOAT16, FLOAT32, count_dtypes, counts_text
-from .cost import Estimate
+from ._core.models import strategy_scope, swap_attribute
+from .cost import CostTable, Estimate
+from .errors import PlanError
 from .hardware import HardwareProfile, is_local, resolve_hardware
 from .plan import PrecisionPlan
 from .profiler import Profile
 from .search import (
+    Budget,
+    SearchResult,
+    SearchSettings,
     compute_layers,
     float16_unsafe_layers,
     heuristic_plan,
     is_sensitive,
     output_layers,
+    search,
 )
 
 logger = logging.getLogger("autoprec")
+
+#: The batch size costs are timed at when `fit` ran no step to read it from.
+FALLBACK_BATCH_SIZE = 32
+
+
+@dataclasses.dataclass(frozen=True)
+class AutoPlan:
+    """Settings of `AutoPrecision()`'s automatic mode: how it profiles, times and decides a plan.
+
+    With no plan, `AutoPrecision` profiles the first `profile_steps` steps of
+    `fit` in the model's own policies, times every layer at the batch size `fit`
+    uses (read from the first batch) and builds the heuristic plan; with a
+    `budget` it runs a short Optuna search of `n_trials` trials on `x` and
+    `validation_data` instead (a callback cannot see `fit`'s data, so the
+    search needs its own). `get_config()` and `AutoPlan.from_config(config)`
+    round-trip it through a plain dict (the data and budget included as they are).
+
+    Attributes:
+        profile_steps: steps profiled before deciding.
+        batch_size: the batch size layer costs are timed or predicted for;
+            `None` reads it from `fit`'s first batch (per replica).
+        budget: an `autoprec.Budget`: search under it instead of the heuristic.
+        x: training batches for the search: an `(x, y)` tuple of arrays, a
+            `tf.data.Dataset`, a `PyDataset` or a generator of batches.
+        validation_data: held-out batches the search judges candidate plans on.
+        n_trials: trials of that search.
+
+    Raises:
+        PlanError: for a `budget` without `x` and `validation_data` (or data
+            without a budget), a `budget` that is not an `autoprec.Budget`, or a
+            count below 1.
+
+    Example:
+
+    ```python
+    auto = autoprec.AutoPlan(
+        budget=autoprec.Budget("val_accuracy", max_drop=0.01),
+        x=(x_train, y_train), validation_data=(x_val, y_val), n_trials=10,
+    )
+    model.fit(x_train, y_train, callbacks=[autoprec.AutoPrecision(auto=auto)])
+    ```
+    """
+
+    profile_steps: int = 20
+    batch_size: int | None = None
+    budget: Budget | None = None
+    x: Any = dataclasses.field(default=None, compare=False)
+    validation_data: Any = dataclasses.field(default=None, compare=False)
+    n_trials: int = 20
+
+    def __post_init__(self) -> None:
+        for name in ("profile_steps", "n_trials"):
+            _require_count(name, getattr(self, name))
+        if self.batch_size is not None:
+            _require_count("batch_size", self.batch_size, "or None (the batch size fit uses)")
+        if self.budget is not None and not isinstance(self.budget, Budget):
+            raise PlanError(
+                f"AutoPlan: budget must be an autoprec.Budget or None, got {self.budget!r}; "
+                'e.g. budget=autoprec.Budget("val_loss", max_relative_drop=0.02).'
+            )
+        has_data = self.x is not None and self.validation_data is not None
+        if self.budget is not None and not has_data:
+            raise PlanError(
+                "AutoPlan: budget= runs a search, which needs x= (training batches) and "
+                "validation_data= (held-out batches to judge candidate plans on); a callback "
+                "cannot see fit's data. Pass both, or leave budget=None for the heuristic plan."
+            )
+        if self.budget is None and (self.x is not None or self.validation_data is not None):
+            raise PlanError(
+                "AutoPlan: x= and validation_data= are the search's data; pass budget= "
+                "(an autoprec.Budget) to search, or leave them out for the heuristic plan."
+            )
+
+    def __repr__(self) -> str:
+        data = ""
+        if self.budget is not None:
+            data = f", x={_describe_data(self.x)}, validation_data={_describe_data(self.validation_data)}"
+        return (
+            f"AutoPlan(profile_steps={self.profile_steps}, batch_size={self.batch_size}, "
+            f"budget={self.budget!r}{data}, n_trials={self.n_trials})"
+        )
+
+    def get_config(self) -> dict[str, Any]:
+        """Returns the settings as a plain dict (`AutoPlan.from_config` builds it back)."""
+        return {field.name: getattr(self, field.name) for field in dataclasses.fields(self)}
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any]) -> AutoPlan:
+        """Returns the `AutoPlan` that `get_config()` described; unknown keys are refused.
+
+        Args:
+            config: a dict with some or all of the fields.
+
+        Returns:
+            The `AutoPlan`, the missing fields at their defaults.
+
+        Example:
+
+        ```python
+        autoprec.AutoPlan.from_config({"profile_steps": 5, "batch_size": 64})
+        ```
+        """
+        fields = [field.name for field in dataclasses.fields(cls)]
+        unknown = sorted(set(config) - set(fields))
+        if unknown:
+            raise PlanError(
+                f"AutoPlan.from_config: unknown field(s) {unknown}; the fields are {fields}."
+            )
+        return cls(**config)
+
+
+def _require_count(name: str, value: object, otherwise: str = "") -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        accepted = f"an integer >= 1 {otherwise}".strip()
+        raise PlanError(f"AutoPlan: {name} must be {accepted}, got {value!r}.")
+
+
+def _describe_data(data: Any) -> str:
+    """Returns a short description of a data argument (shapes, not values) for reprs."""
+    if isinstance(data, (tuple, list)):
+        return "(" + ", ".join(_describe_data(item) for item in data) + ")"
+    shape = getattr(data, "shape", None)
+    if shape is not None:
+        return f"{type(data).__name__}{tuple(shape)}"
+    return f"<{type(data).__name__}>"
+
+
+class FirstBatchSize:
+    """Reads the size of the first batch a model trains on, from inside its train step.
+
+    `install()` wraps the model's `train_step` (on the instance) and rebuilds the
+    train function; the wrapper records the leading dimension of the batch's
+    first array the first time it runs. Where the shape is known when the step
+    is traced (JAX, torch, a dataset batched with `drop_remainder=True`) it is
+    read then; where it is not (TensorFlow, whose datasets have an unknown batch
+    dimension) the traced step writes it into a variable, once, so the last
+    partial batch of an epoch never replaces it. Under a `tf.distribute`
+    strategy it is the batch of one replica. `remove()` unwraps (the caller
+    rebuilds the train function).
+
+    Args:
+        model: a compiled Keras model.
+
+    Example:
+
+    ```python
+    reader = FirstBatchSize(model)
+    reader.install()
+    model.fit(x, y, batch_size=64, epochs=1)
+    reader.read()  # 64
+    reader.remove()
+    ```
+    """
+
+    def __init__(self, model: keras.Model) -> None:
+        self.model = model
+        self._static: int | None = None
+        self._variable: keras.Variable | None = None
+        self._undo: Callable[[], None] | None = None
+
+    def install(self) -> None:
+        """Wraps the train step and rebuilds the train function so the next step records."""
+        if keras.backend.backend() == "tensorflow":
+            with strategy_scope(self.model):
+                self._variable = keras.Variable(
+                    0,
+                    dtype="int32",
+                    trainable=False,
+                    aggregation="only_first_replica",
+                    name="autoprec_first_batch_size",
+                )
+        original = self.model.train_step
+        reader = self
+
+        def train_step(*args):
+            reader._observe(args[-1])
+            return original(*args)
+
+        self._undo = swap_attribute(self.model, "train_step", train_step)
+        self.model.make_train_function(force=True)
+
+    def remove(self) -> None:
+        """Puts the model's own train step back; the train function must be rebuilt after."""
+        if self._undo is not None:
+            self._undo()
+            self._undo = None
+
+    def read(self) -> int | None:
+        """Returns the first batch's size, or `None` when no step has run yet."""
+        if self._static is not None:
+            return self._static
+        if self._variable is not None:
+            value = int(keras.ops.convert_to_numpy(self._variable.value))
+            return value or None
+        return None
+
+    def _observe(self, data: Any) -> None:
+        arrays = [
+            value for value in keras.tree.flatten(data) if len(getattr(value, "shape", ())) > 0
+        ]
+        if not arrays:
+            return
+        size = arrays[0].shape[0]
+        if isinstance(size, int):
+            if self._static is None:
+                self._static = size
+        elif self._variable is not None:
+            size = keras.ops.cast(keras.ops.shape(arrays[0])[0], "int32")
+            current = self._variable.value
+            self._variable.assign(keras.ops.where(keras.ops.equal(current, 0), size, current))
 
 
 def decide_plan(
     model: keras.Model,
     profile: Profile | None,
     hardware: HardwareProfile | str | None = "local",
-    batch_size: int = 32,
+    batch_size: int = FALLBACK_BATCH_SIZE,
     calibrate_costs: bool = True,
+    verbose: int = 0,
 ) -> tuple[PrecisionPlan, Estimate | None]:
     """Returns the heuristic plan for `model` and the estimate behind it.
 
@@ -44,6 +269,7 @@ def decide_plan(
             `HardwareProfile`), as `autoprec.hardware.resolve_hardware` accepts.
         batch_size: batch size the costs are measured or predicted for.
         calibrate_costs: measure costs on this device when `hardware` means this device.
+        verbose: 1 shows a progress bar while costs are measured, 0 none.
 
     Returns:
         `(plan, estimate)`; `estimate` is `None` if no cost model could be built.
@@ -62,11 +288,9 @@ def decide_plan(
     try:
         if calibrate_costs and is_local(hardware):
             sample = cost.sample_inputs(model, batch_size)
-            costs = cost.calibrate(
-                model, sample, dtypes=allowed, verbose=0, hardware=hardware_profile
-            )
+            costs = measure_costs(model, sample, allowed, hardware_profile, verbose)
         else:
-            costs = cost.predict_costs(model, hardware_profile, batch_size=batch_size)
+            costs = cost.predict_costs(model, hardware_profile, batch_size)
     except Exception as error:  # costs improve the plan; their absence must not stop training
         logger.warning("autoprec: cost model unavailable (%s); deciding from parameters", error)
     plan = heuristic_plan(
@@ -75,7 +299,7 @@ def decide_plan(
     estimate = None
     if costs is not None:
         try:
-            estimate = cost.estimate(model, plan, costs=costs, batch_size=batch_size)
+            estimate = cost.estimate(model, plan, costs, batch_size=batch_size)
         except Exception as error:
             logger.warning("autoprec: no estimate for the plan (%s)", error)
     plan = plan.with_metadata(
@@ -84,6 +308,73 @@ def decide_plan(
         evidence=float32_reasons(model, plan, profile, allowed),
     )
     return plan, estimate
+
+
+def measure_costs(
+    model: keras.Model,
+    sample: Any,
+    dtypes: Sequence[str],
+    hardware: HardwareProfile,
+    verbose: int,
+) -> CostTable:
+    """Returns the layer costs measured on this device for `sample`'s batch size (`cost.calibrate`).
+
+    Args:
+        model: the built model.
+        sample: a batch of inputs; its size is the batch size timed.
+        dtypes: the compute dtypes to time.
+        hardware: the detected device's profile, for fallback predictions.
+        verbose: 1 shows a `keras.utils.Progbar` while timing, 0 none.
+
+    Returns:
+        The measured `CostTable` (cached per device and layer signature).
+
+    Example:
+
+    ```python
+    costs = measure_costs(model, autoprec.cost.sample_inputs(model, 64), ["float32"], hw, 0)
+    ```
+    """
+    return cost.calibrate(
+        model, sample, dtypes=dtypes, verbose=int(verbose >= 1), hardware=hardware
+    )
+
+
+def search_plan(
+    model: keras.Model,
+    auto: AutoPlan,
+    profile: Profile | None,
+    hardware: HardwareProfile | str,
+    batch_size: int,
+) -> SearchResult:
+    """Returns the result of the short search `AutoPlan(budget=...)` asks for.
+
+    Args:
+        model: the model being trained (trials run on clones).
+        auto: the settings, with `budget`, `x`, `validation_data` and `n_trials`.
+        profile: the recorded profile, reused by the search, or `None`.
+        hardware: `"local"` or a hardware profile, as `autoprec.search` takes it.
+        batch_size: the batch size the trials train and costs are timed at.
+
+    Returns:
+        The `autoprec.SearchResult`; its `plan` is the plan to apply.
+
+    Example:
+
+    ```python
+    result = search_plan(model, auto, prof, "rtx4090", batch_size=64)
+    ```
+    """
+    return search(
+        model,
+        auto.x,
+        auto.validation_data,
+        budget=auto.budget,
+        hardware=hardware,
+        n_trials=auto.n_trials,
+        verbose=0,
+        settings=SearchSettings(profile=profile, batch_size=batch_size),
+    )
 
 
 def float32_reasons(
@@ -143,7 +434,7 @@ def report_lines(
     Example:
 
     ```python
-    print("\n".join(report_lines(plan, estimate, handle.dtypes)))
+    lines = report_lines(plan, estimate, handle.dtypes)
     ```
     """
     speedup = estimate.speedup if estimate is not None else None

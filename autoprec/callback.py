@@ -2,16 +2,28 @@
 
 from __future__ import annotations
 
+import logging
 import os
 
-from ._auto import decide_plan, report_lines
+from ._auto import (
+    FALLBACK_BATCH_SIZE,
+    AutoPlan,
+    FirstBatchSize,
+    decide_plan,
+    report_lines,
+    search_plan,
+)
 from .cost import Estimate
 from .errors import BackendError, PlanError
 from .hardware import HardwareProfile
 from .plan import PrecisionPlan
 from .profiler import Profile, ProfileCallback
-from .runtime.training import PlanCallback
-from .search import Budget, SearchResult, SearchSettings, search
+from .runtime.guard import Guard
+from .runtime.loss_scale import LossScale
+from .runtime.training import DEFAULT_GUARD, PlanCallback, show_message
+from .search import SearchResult
+
+logger = logging.getLogger("autoprec")
 
 
 class AutoPrecision(PlanCallback):
@@ -26,60 +38,53 @@ class AutoPrecision(PlanCallback):
     scale is added to the epoch logs (`history.history["loss_scale"]`). An
     unbuilt subclassed model only gets its sub-layers at the first trace, so its
     first step runs with the model's own policies and the plan applies from the
-    second step on. The plan
-    stays applied after training, so `evaluate`, `predict` and
-    `autoprec.save_model` use it; `restore()` undoes it. With a plan it behaves
-    as `autoprec.runtime.PlanCallback`, which it extends.
+    second step on. The plan stays applied after training, so `evaluate`,
+    `predict` and `autoprec.save_model` use it; `restore()` undoes it. A later
+    `fit` of a model that already runs the plan re-applies, re-checks and
+    retraces nothing. With a plan it behaves as `autoprec.runtime.PlanCallback`,
+    which it extends.
 
-    With no plan, it decides one itself: the first `profile_steps` steps run in
-    the model's own policies with profiler probes, then the heuristic plan is
-    built from the recorded ranges and the layer costs measured on this device
-    (cached), applied, and training goes on. A compact report says how many
-    layers got each dtype, the predicted speedup and why the float32 layers
-    stayed float32 (`callback.plan.metadata["evidence"]`).
+    The plan must fit the model exactly. To train with the part of a plan that
+    fits, apply it first with `handle = autoprec.apply_plan(model, plan,
+    strict=False)` and pass `AutoPrecision(handle.plan)`.
+
+    With no plan, it decides one itself (settings in `auto`, an
+    `autoprec.AutoPlan`): the first `auto.profile_steps` steps run in the
+    model's own policies with profiler probes, then the heuristic plan is built
+    from the recorded ranges and the layer costs at the batch size `fit` uses
+    (read from its first batch, or `auto.batch_size`), measured on this device
+    (cached) or predicted for `hardware`; it is applied and training goes on.
+    With `auto.budget` a short Optuna search on `auto.x` and
+    `auto.validation_data` decides instead (`callback.search_result`). A
+    compact report says how many layers got each dtype, the predicted speedup
+    and why the float32 layers stayed float32
+    (`callback.plan.metadata["evidence"]`).
 
     Args:
         plan: a `PrecisionPlan`, the path of a plan JSON file, or `None` to
             profile, decide and apply automatically.
-        loss_scale: `"dynamic"` (start at 2**15, halve on overflow, double after
-            `dynamic_growth_steps` finite steps), a number for a fixed scale, or
-            `None` for no loss scaling (refused when a layer runs in float16).
-        loss_scale_floor: the dynamic scale never drops below this (Keras' own
-            has no floor and reaches 0.0 after ~140 overflowing steps).
-        dynamic_growth_steps: finite steps before the dynamic scale doubles.
-        strict: passed to `apply_plan`: refuse a plan that does not fit the model.
+        hardware: `"local"` (this device: costs measured here) or a hardware
+            profile name such as `"rtx4090"` or a `HardwareProfile` (costs
+            predicted for it); also the device the guard promotes for.
+        loss_scale: `"dynamic"` (`autoprec.LossScale()`: start at 2**15, halve
+            on overflow down to a floor of 1, double after 2000 finite steps),
+            an `autoprec.LossScale`, a number for a fixed scale, or `None` for
+            no loss scaling (refused when a layer runs in float16, and with no
+            plan, whose automatic plan may use float16).
+        guard: an `autoprec.Guard`: check 16-bit kernels before training, watch
+            for overflow during training and promote the layer where it starts;
+            every promotion is logged and recorded in `plan.events`. `None`
+            turns the guard and the kernel check off.
+        auto: with no plan, an `autoprec.AutoPlan` (default `AutoPlan()`):
+            profiling steps, batch size and the optional search.
         plan_path: if given, the plan as applied is saved there at the end of training.
-        verbose: 1 prints one line when the plan is applied, 0 is silent.
-        profile_steps: with no plan, steps profiled before deciding.
-        hardware: with no plan, `"local"` (measure costs here) or a hardware
-            profile name such as `"rtx4090"` (predicted costs).
-        batch_size: with no plan, the batch size costs are measured for.
-        guard: watch for overflow during training and promote the layer where it
-            starts (see `autoprec.runtime.guard`); every promotion is logged and recorded
-            in `plan.events`.
-        on_nan: `"promote"`, `"stop"` or `"raise"` (`NonFiniteTrainingError`).
-            A non-finite loss with every layer in float32 is reported as a real
-            divergence and stops training.
-        guard_threshold: non-finite steps within `guard_window` steps that
-            trigger the guard (a loss scale at its floor that still overflows
-            triggers it at once). The default leaves room for the few skipped
-            steps of a dynamic loss scale settling after the start.
-        guard_window: steps over which non-finite steps are counted.
-        guard_check_every: steps between reads of the in-graph counters.
-        check_kernels: before training, run each 16-bit layer once alone; a layer
-            whose dtype has no kernel on this device falls back (float16 ->
-            bfloat16 -> float32), logged and recorded in `plan.events`.
-        search: with no plan, `True` or an `autoprec.Budget` runs a short Optuna
-            search (`search_trials` trials, on `search_data`) after profiling,
-            instead of the heuristic; `True` means `Budget("val_loss",
-            max_relative_drop=0.02)`. `callback.search_result` holds the result.
-        search_data: `(train_data, val_data)` held-out batches for the search,
-            each `(x, y)` arrays or a `tf.data.Dataset` (a callback cannot see
-            `fit`'s data).
-        search_trials: trials of that search.
         tensorboard_dir: if given, per-epoch loss scale and layer counts per dtype
             (scalars), the dtype of every layer and each event (text) are written
             to `<tensorboard_dir>/autoprec`, next to Keras' own TensorBoard logs.
+        verbose: 1 shows one line when the plan is applied, each promotion, and
+            with no plan the stages and a progress bar while costs are measured;
+            0 is silent. Lines go to stdout while Keras' interactive logging is
+            on, else to the `"autoprec"` logger.
 
     Example:
 
@@ -87,7 +92,8 @@ class AutoPrecision(PlanCallback):
     model.fit(x, y, epochs=2, callbacks=[autoprec.AutoPrecision()])  # decide automatically
 
     plan = autoprec.PrecisionPlan.uniform(model, "float16").with_dtype("head", "float32")
-    model.fit(x, y, epochs=2, callbacks=[autoprec.AutoPrecision(plan)])
+    guard = autoprec.Guard(on_nan="stop")
+    model.fit(x, y, epochs=2, callbacks=[autoprec.AutoPrecision(plan, guard=guard)])
     ```
     """
 
@@ -96,25 +102,14 @@ class AutoPrecision(PlanCallback):
     def __init__(
         self,
         plan: PrecisionPlan | str | os.PathLike | None = None,
-        loss_scale: str | float | None = "dynamic",
-        loss_scale_floor: float = 1.0,
-        dynamic_growth_steps: int = 2000,
-        strict: bool = True,
-        plan_path: str | os.PathLike | None = None,
-        verbose: int = 1,
-        profile_steps: int = 20,
+        *,
         hardware: HardwareProfile | str = "local",
-        batch_size: int = 32,
-        guard: bool = True,
-        on_nan: str = "promote",
-        guard_threshold: int = 8,
-        guard_window: int = 100,
-        guard_check_every: int = 10,
-        check_kernels: bool = True,
+        loss_scale: LossScale | str | float | None = "dynamic",
+        guard: Guard | None = DEFAULT_GUARD,
+        auto: AutoPlan | None = None,
+        plan_path: str | os.PathLike | None = None,
         tensorboard_dir: str | os.PathLike | None = None,
-        search: bool | Budget = False,
-        search_data: tuple | None = None,
-        search_trials: int = 8,
+        verbose: int = 1,
     ) -> None:
         if plan is None and loss_scale is None:
             raise PlanError(
@@ -123,45 +118,48 @@ class AutoPrecision(PlanCallback):
             )
         super().__init__(
             plan,
-            loss_scale=loss_scale,
-            loss_scale_floor=loss_scale_floor,
-            dynamic_growth_steps=dynamic_growth_steps,
-            strict=strict,
-            plan_path=plan_path,
-            verbose=verbose,
             hardware=hardware,
+            loss_scale=loss_scale,
             guard=guard,
-            on_nan=on_nan,
-            guard_threshold=guard_threshold,
-            guard_window=guard_window,
-            guard_check_every=guard_check_every,
-            check_kernels=check_kernels,
+            plan_path=plan_path,
             tensorboard_dir=tensorboard_dir,
+            verbose=verbose,
         )
-        self.profile_steps = profile_steps
-        self.batch_size = batch_size
+        if auto is not None and not isinstance(auto, AutoPlan):
+            raise PlanError(
+                f"AutoPrecision: auto must be an autoprec.AutoPlan or None, got {auto!r}; "
+                "e.g. auto=autoprec.AutoPlan(profile_steps=10)."
+            )
+        if auto is not None and self.plan is not None:
+            raise PlanError(
+                "AutoPrecision: auto= sets how a plan is decided; pass it without a plan "
+                "(AutoPrecision(auto=...)), or pass a plan without auto=."
+            )
+        self.auto = auto if auto is not None or self.plan is not None else AutoPlan()
         self.profile: Profile | None = None
         self.estimate: Estimate | None = None
-        self.search_budget = _search_budget(search, search_data, self.plan)
-        self.search_data = search_data
-        self.search_trials = search_trials
         self.search_result: SearchResult | None = None
         self._profiler: ProfileCallback | None = None
+        self._batch_reader: FirstBatchSize | None = None
+        self._waiting_for_a_batch = False
 
     # ------------------------------------------------------------------ Keras hooks
 
     def on_train_batch_end(self, batch, logs=None) -> None:
-        if self._profiler is None:
+        if self._profiler is None and not self._waiting_for_a_batch:
             super().on_train_batch_end(batch, logs)
             return
         self._step += 1
-        self._profiler.on_train_batch_end(batch, logs)
-        if self._profiler.profile is not None:
+        if self._profiler is not None:
+            self._profiler.on_train_batch_end(batch, logs)
+            if self._profiler.profile is not None:
+                self._decide_and_apply()
+        else:
             self._decide_and_apply()
 
     def on_train_end(self, logs=None) -> None:
-        if self._profiler is not None:  # training ended before the profile was complete
-            self._decide_and_apply()
+        if self._profiler is not None or self._waiting_for_a_batch:
+            self._decide_and_apply()  # training ended before the profile was complete
         super().on_train_end(logs)
 
     # ------------------------------------------------------------------ automatic mode
@@ -170,64 +168,72 @@ class AutoPrecision(PlanCallback):
         if self.plan is not None:
             super()._start()
             return
-        self._profiler = ProfileCallback(steps=self.profile_steps)
+        if self.auto.batch_size is None:
+            self._batch_reader = FirstBatchSize(self.model)
+            self._batch_reader.install()
+        self._profiler = ProfileCallback(steps=self.auto.profile_steps)
         self._profiler.set_model(self.model)
         try:
             self._profiler.on_train_begin()
         except BackendError as error:
-            if self.verbose:
-                print(f"autoprec: no profile on this backend ({error}); deciding from costs")
             self._profiler = None
-            self._decide_and_apply()
+            if self._batch_reader is None:
+                show_message(
+                    f"autoprec: no profile on this backend ({error}); deciding from costs",
+                    self.verbose,
+                )
+                self._decide_and_apply()
+            else:
+                show_message(
+                    f"autoprec: no profile on this backend ({error}); deciding from costs "
+                    "after the first step",
+                    self.verbose,
+                )
+                self._waiting_for_a_batch = True
             return
-        if self.verbose:
-            print(f"autoprec: profiling the first {self.profile_steps} steps in float32")
+        show_message(
+            f"autoprec: profiling the first {self.auto.profile_steps} steps in float32",
+            self.verbose,
+        )
 
     def _decide_and_apply(self) -> None:
+        self._waiting_for_a_batch = False
         if self._profiler is not None:
             if self._profiler.profile is None:
                 self._profiler.remove_probes()
             self.profile = self._profiler.profile
             self._profiler = None
-        if self.search_budget is not None:
-            train_data, val_data = self.search_data
-            self.search_result = search(
-                self.model,
-                train_data,
-                val_data,
-                budget=self.search_budget,
-                hardware=self.hardware,
-                n_trials=self.search_trials,
-                verbose=0,
-                settings=SearchSettings(profile=self.profile, batch_size=self.batch_size),
+        batch_size = self._batch_size()
+        if self.auto.budget is not None:
+            self.search_result = search_plan(
+                self.model, self.auto, self.profile, self.hardware, batch_size
             )
             self.plan, self.estimate = self.search_result.plan, None
         else:
             self.plan, self.estimate = decide_plan(
-                self.model, self.profile, hardware=self.hardware, batch_size=self.batch_size
+                self.model,
+                self.profile,
+                hardware=self.hardware,
+                batch_size=batch_size,
+                verbose=self.verbose,
             )
         self._apply(quiet=True)
-        if self.verbose:
-            print("\n".join(report_lines(self.plan, self.estimate, self.handle.dtypes)))
+        for line in report_lines(self.plan, self.estimate, self.handle.dtypes):
+            show_message(line, self.verbose)
 
-
-def _search_budget(
-    search: bool | Budget | None, search_data: tuple | None, plan: PrecisionPlan | None
-) -> Budget | None:
-    """Returns the Budget the callback searches under, or `None`; refuses unusable settings."""
-    if search is False or search is None:
-        return None
-    if plan is not None:
-        raise PlanError("AutoPrecision: search= decides a plan; pass it without a plan.")
-    if not isinstance(search_data, (tuple, list)) or len(search_data) != 2:
-        raise PlanError(
-            "AutoPrecision: search= needs search_data=(train_data, val_data), held-out batches "
-            "to train and judge candidate plans on (a callback cannot see fit's data)."
-        )
-    if search is True:
-        return Budget("val_loss", max_relative_drop=0.02)
-    if not isinstance(search, Budget):
-        raise PlanError(
-            f"AutoPrecision: search must be True or an autoprec.Budget, got {type(search).__name__}."
-        )
-    return search
+    def _batch_size(self) -> int:
+        """Returns the batch size to time costs at: `auto.batch_size`, else fit's first batch."""
+        if self.auto.batch_size is not None:
+            return self.auto.batch_size
+        reader, self._batch_reader = self._batch_reader, None
+        size = reader.read() if reader is not None else None
+        if reader is not None:
+            reader.remove()
+            self.model.make_train_function(force=True)  # traced lazily, without the reader
+        if size is None:
+            logger.info(
+                "autoprec: no batch seen before deciding; costs timed at batch size %d",
+                FALLBACK_BATCH_SIZE,
+            )
+            return FALLBACK_BATCH_SIZE
+        return size

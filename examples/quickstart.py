@@ -52,8 +52,10 @@ def main(argv: list[str] | None = None) -> None:
     model.compile("adam", "sparse_categorical_crossentropy", metrics=["accuracy"])
 
     # The one extra line: profile the first steps, measure layer costs on this
-    # device, choose each layer's dtype, apply it and train on.
-    precision = autoprec.AutoPrecision(profile_steps=5, plan_path="quickstart_plan.json")
+    # device at fit's batch size, choose each layer's dtype, apply it and train on.
+    precision = autoprec.AutoPrecision(
+        auto=autoprec.callback.AutoPlan(profile_steps=5), plan_path="quickstart_plan.json"
+    )
     history = model.fit(
         x,
         y,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import inspect
+import logging
 import subprocess
 import sys
 import textwrap
@@ -9,11 +11,15 @@ import textwrap
 import keras
 import numpy as np
 import pytest
+import tensorflow as tf
 from conftest import build_mlp, classification_data
 
 import autoprec
 from autoprec import AutoPrecision, FlooredLossScaleOptimizer, PlanError, PrecisionPlan
+from autoprec.callback import AutoPlan
+from autoprec.errors import AutoprecError
 from autoprec.layers import layer_paths
+from autoprec.runtime import Guard, LossScale
 
 
 def _compiled(model, optimizer="adam", jit_compile=False):
@@ -147,7 +153,7 @@ def test_loss_scale_floor_holds_and_weights_stay_finite_under_persistent_overflo
     x = np.full((300, 4), 1e4, "float32")  # float16 activations overflow on every step
     y = np.zeros((300, 1), "float32")
     # The guard would promote the overflowing layers; this test is about the floor alone.
-    callback = AutoPrecision(PrecisionPlan.uniform(model, "float16"), guard=False, verbose=0)
+    callback = AutoPrecision(PrecisionPlan.uniform(model, "float16"), guard=None, verbose=0)
     model.fit(x, y, batch_size=1, epochs=1, verbose=0, callbacks=[callback])
     optimizer = model.optimizer
     assert float(optimizer.dynamic_scale.numpy()) == 1.0  # Keras alone would reach 0.0
@@ -171,8 +177,10 @@ def test_bad_arguments_are_refused(mlp):
     plan = PrecisionPlan.uniform(mlp, "float16")
     with pytest.raises(PlanError, match="loss_scale=None.*float16"):
         AutoPrecision(plan, loss_scale=None)
-    with pytest.raises(PlanError, match="'static' is not valid"):
+    with pytest.raises(PlanError, match="'static' is not valid; use 'dynamic', a positive number"):
         AutoPrecision(plan, loss_scale="static")
+    with pytest.raises(PlanError, match="loss_scale=-8 is not valid"):
+        AutoPrecision(plan, loss_scale=-8)
     with pytest.raises(PlanError, match="must be a PrecisionPlan"):
         AutoPrecision({"dense": "float16"})
 
@@ -295,7 +303,7 @@ def test_mirrored_strategy_on_two_logical_cpus(tmp_path):
 def test_one_liner_profiles_decides_applies_and_reports(classification, capsys, tmp_path):
     x, y = classification
     model = _compiled(build_mlp())
-    callback = AutoPrecision(profile_steps=2, plan_path=tmp_path / "auto.json")
+    callback = AutoPrecision(auto=AutoPlan(profile_steps=2), plan_path=tmp_path / "auto.json")
     history = model.fit(x, y, epochs=2, batch_size=16, verbose=0, callbacks=[callback])
     output = capsys.readouterr().out
     assert "profiling the first 2 steps" in output
@@ -315,7 +323,7 @@ def test_one_liner_profiles_decides_applies_and_reports(classification, capsys, 
 def test_one_liner_with_a_named_gpu_profile_predicts_costs(classification, capsys):
     x, y = classification
     model = _compiled(build_mlp())
-    callback = AutoPrecision(profile_steps=2, hardware="rtx2080ti", verbose=1)
+    callback = AutoPrecision(hardware="rtx2080ti", auto=AutoPlan(profile_steps=2))
     model.fit(x, y, epochs=1, batch_size=16, verbose=0, callbacks=[callback])
     assert "bfloat16" not in callback.handle.dtypes.values()  # Turing: no fast bfloat16
     assert callback.plan.metadata["hardware"]
@@ -348,14 +356,14 @@ def test_tensorboard_dir_gets_loss_scale_dtype_counts_and_the_plan(mlp, classifi
 def test_one_liner_with_a_budget_runs_a_short_search_before_training(classification, capsys):
     x, y = classification
     model = _compiled(build_mlp())
-    budget = autoprec.Budget("val_accuracy", max_drop=0.2)
-    callback = AutoPrecision(
+    auto = AutoPlan(
         profile_steps=2,
-        hardware="rtx4090",
-        search=budget,
-        search_data=((x[:96], y[:96]), (x[96:], y[96:])),
-        search_trials=3,
+        budget=autoprec.Budget("val_accuracy", max_drop=0.2),
+        x=(x[:96], y[:96]),
+        validation_data=(x[96:], y[96:]),
+        n_trials=3,
     )
+    callback = AutoPrecision(hardware="rtx4090", auto=auto)
     history = model.fit(x, y, epochs=1, batch_size=16, verbose=0, callbacks=[callback])
     assert callback.search_result is not None
     assert len(callback.search_result.study.trials) >= 1
@@ -364,12 +372,136 @@ def test_one_liner_with_a_budget_runs_a_short_search_before_training(classificat
     assert "automatic plan" in capsys.readouterr().out
 
 
-def test_search_settings_are_checked(mlp):
-    with pytest.raises(PlanError, match="search_data=\\(train_data, val_data\\)"):
-        AutoPrecision(search=True)
+def test_auto_settings_are_checked(mlp):
+    budget = autoprec.Budget("val_loss", max_relative_drop=0.02)
+    with pytest.raises(PlanError, match="budget= runs a search, which needs x= .*validation_data="):
+        AutoPlan(budget=budget)
+    with pytest.raises(PlanError, match="pass budget="):
+        AutoPlan(x=(1, 2), validation_data=(3, 4))
+    with pytest.raises(PlanError, match="budget must be an autoprec.Budget"):
+        AutoPlan(budget="val_loss", x=(1, 2), validation_data=(3, 4))
+    with pytest.raises(PlanError, match="profile_steps must be an integer >= 1, got 0"):
+        AutoPlan(profile_steps=0)
+    with pytest.raises(PlanError, match="batch_size must be an integer >= 1 or None"):
+        AutoPlan(batch_size=-4)
     with pytest.raises(PlanError, match="without a plan"):
-        AutoPrecision(
-            PrecisionPlan.uniform(mlp, "float32"), search=True, search_data=((1, 2), (3, 4))
-        )
-    with pytest.raises(PlanError, match="True or an autoprec.Budget"):
-        AutoPrecision(search="val_loss", search_data=((1, 2), (3, 4)))
+        AutoPrecision(PrecisionPlan.uniform(mlp, "float32"), auto=AutoPlan())
+    with pytest.raises(PlanError, match="auto must be an autoprec.AutoPlan"):
+        AutoPrecision(auto={"profile_steps": 2})
+
+
+def test_arguments_after_the_plan_are_keyword_only_and_few():
+    for callback in (AutoPrecision, autoprec.runtime.PlanCallback):
+        parameters = list(inspect.signature(callback).parameters.values())
+        assert len(parameters) <= 8
+        assert parameters[0].name == "plan"
+        assert all(p.kind is inspect.Parameter.KEYWORD_ONLY for p in parameters[1:])
+    with pytest.raises(TypeError):
+        AutoPrecision(None, "local")
+
+
+def test_config_objects_print_validate_and_round_trip():
+    guard = Guard(on_nan="stop", threshold=3, check_kernels=False)
+    assert repr(guard).startswith("Guard(on_nan='stop', threshold=3, window=100")
+    assert "check_kernels=False" in repr(guard) and "near_binades=2.0" in repr(guard)
+    assert Guard.from_config(guard.get_config()) == guard
+    with pytest.raises(AttributeError):
+        guard.threshold = 4  # frozen
+    with pytest.raises(AutoprecError, match="on_nan='ignore' is not valid; use one of 'promote'"):
+        Guard(on_nan="ignore")
+    with pytest.raises(AutoprecError, match="window must be an integer >= 1, got 0"):
+        Guard(window=0)
+    with pytest.raises(AutoprecError, match="check_kernels must be True or False"):
+        Guard(check_kernels="yes")
+    with pytest.raises(AutoprecError, match="unknown field.*'guard_window'"):
+        Guard.from_config({"guard_window": 3})
+
+    scale = LossScale(initial=1024.0, floor=2.0, growth_steps=50)
+    assert repr(scale) == "LossScale(initial=1024.0, floor=2.0, growth_steps=50, dynamic=True)"
+    assert LossScale.from_config(scale.get_config()) == scale
+    with pytest.raises(PlanError, match="floor 4096 is above initial 1024"):
+        LossScale(initial=1024.0, floor=4096.0)
+    with pytest.raises(PlanError, match="growth_steps must be an integer >= 1"):
+        LossScale(growth_steps=0)
+
+    auto = AutoPlan(profile_steps=4, batch_size=64)
+    assert repr(auto) == "AutoPlan(profile_steps=4, batch_size=64, budget=None, n_trials=20)"
+    assert AutoPlan.from_config(auto.get_config()) == auto
+    x = np.zeros((96, 8), "float32")
+    searching = AutoPlan(
+        budget=autoprec.Budget("val_loss", max_relative_drop=0.02),
+        x=(x, x[:, 0]),
+        validation_data=(x[:32], x[:32, 0]),
+    )
+    assert "x=(ndarray(96, 8), ndarray(96,))" in repr(searching)
+
+
+def test_a_custom_loss_scale_and_a_guard_are_used_and_reusable(mlp, classification):
+    x, y = classification
+    _compiled(mlp)
+    plan = PrecisionPlan.uniform(mlp, "float16")
+    scale, guard = LossScale(initial=256.0, floor=4.0, growth_steps=7), Guard(check_kernels=False)
+    callback = AutoPrecision(plan, loss_scale=scale, guard=guard, verbose=0)
+    assert callback.guard is guard and callback.loss_scale is scale
+    history = mlp.fit(x, y, epochs=1, verbose=0, callbacks=[callback])
+    optimizer = mlp.optimizer
+    assert history.history["loss_scale"] == [256.0]
+    assert (optimizer.floor, int(optimizer.dynamic_growth_steps)) == (4.0, 7)
+    assert callback.current_plan().metadata["loss_scale"]["floor"] == 4.0
+    assert AutoPrecision(plan, loss_scale=scale, guard=guard).guard == Guard(check_kernels=False)
+    with pytest.raises(PlanError, match="guard must be an autoprec.Guard or None"):
+        AutoPrecision(plan, guard=True)
+
+
+def test_a_plan_that_does_not_fit_says_how_to_apply_a_part_of_it(mlp, classification):
+    x, y = classification
+    _compiled(mlp)
+    plan = PrecisionPlan({"dense": "bfloat16", "not_a_layer": "float16"})
+    with pytest.raises(PlanError, match=r"apply_plan\(model, plan, strict=False\)"):
+        mlp.fit(x, y, epochs=1, verbose=0, callbacks=[AutoPrecision(plan, verbose=0)])
+    with pytest.warns(UserWarning, match="not_a_layer"):
+        handle = autoprec.apply_plan(mlp, plan, strict=False)
+    mlp.fit(x, y, epochs=1, verbose=0, callbacks=[AutoPrecision(handle.plan, verbose=0)])
+    assert layer_paths(mlp)["dense"].compute_dtype == "bfloat16"
+
+
+@pytest.mark.parametrize("batch_size", [8, 64])
+def test_automatic_costs_are_for_the_batch_size_fit_uses(batch_size):
+    x, y = classification_data(samples=100)  # 100 % 8 and 100 % 64: a partial last batch
+    model = _compiled(build_mlp())
+    callback = AutoPrecision(hardware="rtx4090", auto=AutoPlan(profile_steps=2), verbose=0)
+    model.fit(x, y, epochs=1, batch_size=batch_size, verbose=0, callbacks=[callback])
+    assert callback.estimate.batch_size == batch_size
+
+
+def test_automatic_costs_batch_size_from_a_dataset_or_as_given():
+    x, y = classification_data(samples=100)
+    dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(24)
+    model = _compiled(build_mlp())
+    callback = AutoPrecision(hardware="rtx4090", auto=AutoPlan(profile_steps=5), verbose=0)
+    model.fit(dataset, epochs=1, shuffle=False, verbose=0, callbacks=[callback])  # 4 x 24, then 4
+    assert callback.estimate.batch_size == 24
+    model = _compiled(build_mlp())
+    callback = AutoPrecision(
+        hardware="rtx4090", auto=AutoPlan(profile_steps=1, batch_size=128), verbose=0
+    )
+    model.fit(x, y, epochs=1, batch_size=8, verbose=0, callbacks=[callback])
+    assert callback.estimate.batch_size == 128
+
+
+def test_messages_go_to_the_logger_when_keras_interactive_logging_is_off(
+    mlp, classification, capsys, caplog
+):
+    x, y = classification
+    _compiled(mlp)
+    plan = PrecisionPlan.uniform(mlp, "float16").with_dtype("dense_2", "float32")
+    keras.config.disable_interactive_logging()
+    try:
+        with caplog.at_level(logging.INFO, logger="autoprec"):
+            mlp.fit(x, y, epochs=1, verbose=0, callbacks=[AutoPrecision(plan)])
+    finally:
+        keras.config.enable_interactive_logging()
+    assert "autoprec: plan applied to 1 float32, 3 float16 layer(s)" in caplog.text
+    assert "autoprec" not in capsys.readouterr().out
+    mlp.fit(x, y, epochs=1, verbose=0, callbacks=[AutoPrecision(plan)])
+    assert "autoprec: plan applied to" in capsys.readouterr().out

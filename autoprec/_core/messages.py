@@ -10,28 +10,30 @@ import keras
 logger = logging.getLogger("autoprec")
 
 
-def show_message(message: str) -> None:
-    """Shows a user-facing message the way Keras shows its own.
+def show_message(message: str, verbose: int = 1, level: int = logging.INFO) -> None:
+    """Shows one line of progress or a warning, where Keras shows its own.
 
-    With Keras' interactive logging on (the default) the message is written to
-    stdout, as Keras' own `print_msg` writes its progress; after
-    `keras.config.disable_interactive_logging()` it goes to the `autoprec` logger at
-    INFO level instead, so a service that routes its logs sees it there. Nothing
-    global is configured.
+    While Keras' interactive logging is on (`keras.config.is_interactive_logging_enabled()`,
+    the default) the line goes to stdout at `verbose >= 1`; once it is off
+    (`keras.config.disable_interactive_logging()`) it goes to the `"autoprec"`
+    logger instead. Warnings always go to the logger too, whatever `verbose`.
 
     Args:
-        message: the text, one or more lines.
+        message: the line to show.
+        verbose: 0 shows nothing (warnings are still logged), 1 or more shows it.
+        level: the logging level, `logging.INFO` or `logging.WARNING`.
 
     Example:
 
     ```python
     from autoprec._core.messages import show_message
 
-    show_message("autoprec: plan applied")
+    show_message("autoprec: plan applied", verbose=1)
     ```
     """
-    if keras.config.is_interactive_logging_enabled():
+    interactive = keras.config.is_interactive_logging_enabled()
+    if verbose and interactive:
         sys.stdout.write(message + "\n")
         sys.stdout.flush()
-    else:
-        logger.info(message)
+    if level >= logging.WARNING or (verbose and not interactive):
+        logger.log(level, message)

@@ -1,8 +1,10 @@
 """Applying a precision plan inside `fit`: policies, loss scaling, the guard, saving, TensorBoard.
 
 - `apply`: `apply_plan` sets each layer's dtype policy, `PlanHandle.restore` undoes it.
-- `loss_scale`: `FlooredLossScaleOptimizer`, dynamic loss scaling with a floor.
-- `guard`: overflow detection during training and the promotion of the layer where it starts.
+- `loss_scale`: `LossScale` (the settings) and `FlooredLossScaleOptimizer`, dynamic loss scaling
+  with a floor.
+- `guard`: `Guard` (the settings), overflow detection during training and the promotion of the
+  layer where it starts.
 - `kernels`: 16-bit layers without a kernel on this device, and their fallback.
 - `saving`: `save_model` / `load_model` with the plan inside the `.keras` archive.
 - `tensorboard`: per-epoch loss scale, dtype counts and events for TensorBoard.
@@ -19,8 +21,8 @@ model.fit(x, y, callbacks=[autoprec.runtime.PlanCallback(plan)])
 from .apply import PlanHandle, apply_plan, check_plan_fits, reset_compiled_functions
 from .guard import (
     ON_NAN_MODES,
+    Guard,
     GuardAction,
-    GuardConfig,
     GuardPhase,
     GuardState,
     NonFiniteTrainingError,
@@ -30,7 +32,7 @@ from .guard import (
     promotion_target,
 )
 from .kernels import MissingKernel, fallback_plan, find_missing_kernels
-from .loss_scale import FlooredLossScaleOptimizer, current_loss_scale
+from .loss_scale import FlooredLossScaleOptimizer, LossScale, current_loss_scale
 from .saving import (
     PLAN_ENTRY,
     attach_plan,
@@ -40,16 +42,17 @@ from .saving import (
     save_model,
 )
 from .tensorboard import TrainingLog, dtype_table, events_text, training_scalars
-from .training import PlanCallback
+from .training import PlanCallback, show_message
 
 __all__ = [
     "ON_NAN_MODES",
     "PLAN_ENTRY",
     "FlooredLossScaleOptimizer",
+    "Guard",
     "GuardAction",
-    "GuardConfig",
     "GuardPhase",
     "GuardState",
+    "LossScale",
     "MissingKernel",
     "NonFiniteTrainingError",
     "PlanCallback",
@@ -72,5 +75,6 @@ __all__ = [
     "promotion_target",
     "reset_compiled_functions",
     "save_model",
+    "show_message",
     "training_scalars",
 ]

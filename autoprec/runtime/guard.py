@@ -49,23 +49,48 @@ class NonFiniteTrainingError(AutoprecError, RuntimeError):
     """Training produced non-finite values and the guard was told to raise."""
 
 
-@dataclasses.dataclass
-class GuardConfig:
-    """Settings of the runtime guard.
+@dataclasses.dataclass(frozen=True)
+class Guard:
+    """Settings of the runtime guard, which watches training for overflow and promotes the layer where it starts.
+
+    Pass one as `AutoPrecision(plan, guard=autoprec.Guard(...))`; `guard=None`
+    turns the guard (and the kernel check) off. A `Guard` is a frozen value:
+    build it once, print it, reuse it across callbacks; `get_config()` and
+    `Guard.from_config(config)` round-trip it through a plain dict.
 
     Attributes:
         on_nan: `"promote"` (find the layer and promote it), `"stop"` (stop
             training with a report) or `"raise"` (raise `NonFiniteTrainingError`).
-        threshold: bad steps within `window` steps that trigger the guard.
+            A non-finite loss with every layer in float32 is reported as a real
+            divergence and stops training.
+        threshold: bad steps within `window` steps that trigger the guard where
+            the in-step telemetry cannot run (Keras' JAX backend); a loss scale
+            at its floor that still overflows triggers it at once.
         window: steps over which bad steps are counted.
-        check_every: steps between reads of the in-graph counters.
+        check_every: steps between reads of the loss-scale optimizer's counters.
         diagnose_steps: steps profiled to find the layer where overflow starts.
-        bfloat16_is_fast: whether float16 layers may be promoted to bfloat16.
+        bfloat16_is_fast: whether float16 layers may be promoted to bfloat16
+            (where the hardware runs bfloat16 fast); `False` promotes to float32.
         min_loss_scale: the lowest loss scale the guard sets for gradients that
             overflow float16 even at the configured floor.
         history_steps: steps of per-layer amax history kept on the device.
         near_binades: a float16 layer whose amax climbs within this many binades
             of 65504 is promoted before it overflows.
+        check_kernels: before training, run each 16-bit layer once alone; a layer
+            whose dtype has no kernel on this device falls back (float16 ->
+            bfloat16 -> float32), logged and recorded in `plan.events`.
+
+    Raises:
+        AutoprecError: for an `on_nan` other than the three modes, a count below
+            1, a scale or binade count that is not positive, or a flag that is
+            not a bool; the message names the field and what it accepts.
+
+    Example:
+
+    ```python
+    guard = autoprec.Guard(on_nan="raise", check_kernels=False)
+    model.fit(x, y, callbacks=[autoprec.AutoPrecision(plan, guard=guard)])
+    ```
     """
 
     on_nan: str = "promote"
@@ -77,15 +102,55 @@ class GuardConfig:
     min_loss_scale: float = 2.0**-10
     history_steps: int = 16
     near_binades: float = 2.0
+    check_kernels: bool = True
 
     def __post_init__(self) -> None:
         if self.on_nan not in ON_NAN_MODES:
             raise AutoprecError(
-                f"on_nan={self.on_nan!r} is not valid; use one of {', '.join(ON_NAN_MODES)}."
+                f"Guard: on_nan={self.on_nan!r} is not valid; use one of "
+                f"{', '.join(repr(mode) for mode in ON_NAN_MODES)}."
             )
-        for name in ("threshold", "window", "check_every", "diagnose_steps"):
-            if getattr(self, name) < 1:
-                raise AutoprecError(f"guard {name} must be at least 1, got {getattr(self, name)}.")
+        for name in ("threshold", "window", "check_every", "diagnose_steps", "history_steps"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise AutoprecError(f"Guard: {name} must be an integer >= 1, got {value!r}.")
+        for name in ("min_loss_scale", "near_binades"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+                raise AutoprecError(f"Guard: {name} must be a positive number, got {value!r}.")
+        for name in ("bfloat16_is_fast", "check_kernels"):
+            if not isinstance(getattr(self, name), bool):
+                raise AutoprecError(
+                    f"Guard: {name} must be True or False, got {getattr(self, name)!r}."
+                )
+
+    def get_config(self) -> dict[str, object]:
+        """Returns the settings as a plain dict (`Guard.from_config` builds it back)."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, object]) -> Guard:
+        """Returns the `Guard` that `get_config()` described; unknown keys are refused.
+
+        Args:
+            config: a dict with some or all of the fields.
+
+        Returns:
+            The `Guard`, the missing fields at their defaults.
+
+        Example:
+
+        ```python
+        autoprec.Guard.from_config({"on_nan": "stop"})
+        ```
+        """
+        fields = [field.name for field in dataclasses.fields(cls)]
+        unknown = sorted(set(config) - set(fields))
+        if unknown:
+            raise AutoprecError(
+                f"Guard.from_config: unknown field(s) {unknown}; the fields are {fields}."
+            )
+        return cls(**config)
 
 
 def promotion_target(dtype: str, bfloat16_is_fast: bool) -> str:
@@ -211,17 +276,17 @@ class GuardState:
     the diagnosis, watches again with its window counted afresh.
 
     Args:
-        config: the guard's `GuardConfig`.
+        config: the guard's settings, a `Guard`.
 
     Example:
 
     ```python
-    state = GuardState(GuardConfig(threshold=3))
+    state = GuardState(Guard(threshold=3))
     state.observe(step=10, non_finite_total=3, scale=512.0, floor=1.0)  # True: 3 bad steps
     ```
     """
 
-    def __init__(self, config: GuardConfig) -> None:
+    def __init__(self, config: Guard) -> None:
         self.config = config
         self.phase = GuardPhase.WATCHING
         self.last_non_finite = 0

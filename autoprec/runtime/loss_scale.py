@@ -1,9 +1,142 @@
-"""A Keras `LossScaleOptimizer` whose dynamic loss scale never falls below a floor."""
+"""Loss scaling: the `LossScale` settings and a Keras `LossScaleOptimizer` whose scale never falls below a floor."""
 
 from __future__ import annotations
 
+import dataclasses
+import math
+from collections.abc import Mapping
+
 import keras
 from keras import ops
+
+from ..errors import PlanError
+
+
+@dataclasses.dataclass(frozen=True)
+class LossScale:
+    """How the loss is scaled while layers train in float16: a dynamic scale with a floor, or a fixed one.
+
+    `AutoPrecision(loss_scale=...)` takes one of these, or `"dynamic"` (the
+    default `LossScale()`), a positive number (`LossScale(number,
+    dynamic=False)`), or `None` (no loss scaling, refused when a layer runs in
+    float16, whose small gradients underflow without it). A `LossScale` is a
+    frozen value; `get_config()` and `LossScale.from_config(config)` round-trip
+    it through a plain dict.
+
+    Attributes:
+        initial: the starting scale.
+        floor: with a dynamic scale, it never drops below this (Keras' own has no
+            floor and reaches 0.0 after ~140 overflowing steps); `None` for none.
+        growth_steps: finite steps after which a dynamic scale doubles.
+        dynamic: `True` halves the scale on an overflowing step and doubles it
+            after `growth_steps` finite ones; `False` keeps `initial` (an
+            overflowing step is still skipped).
+
+    Raises:
+        PlanError: for a scale or floor that is not a positive number, a floor
+            above `initial`, or `growth_steps` below 1.
+
+    Example:
+
+    ```python
+    scale = autoprec.LossScale(initial=2**12, floor=2.0)
+    model.fit(x, y, callbacks=[autoprec.AutoPrecision(plan, loss_scale=scale)])
+    ```
+    """
+
+    initial: float = 2.0**15
+    floor: float | None = 1.0
+    growth_steps: int = 2000
+    dynamic: bool = True
+
+    def __post_init__(self) -> None:
+        if not _is_positive_number(self.initial):
+            raise PlanError(f"LossScale: initial must be a positive number, got {self.initial!r}.")
+        if self.floor is not None and not _is_positive_number(self.floor):
+            raise PlanError(
+                f"LossScale: floor must be a positive number or None, got {self.floor!r}."
+            )
+        if self.dynamic and self.floor is not None and self.floor > self.initial:
+            raise PlanError(
+                f"LossScale: floor {self.floor:g} is above initial {self.initial:g}; "
+                "lower the floor or raise the initial scale."
+            )
+        steps = self.growth_steps
+        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+            raise PlanError(f"LossScale: growth_steps must be an integer >= 1, got {steps!r}.")
+        if not isinstance(self.dynamic, bool):
+            raise PlanError(f"LossScale: dynamic must be True or False, got {self.dynamic!r}.")
+
+    def get_config(self) -> dict[str, object]:
+        """Returns the settings as a plain dict (`LossScale.from_config` builds it back)."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, object]) -> LossScale:
+        """Returns the `LossScale` that `get_config()` described; unknown keys are refused.
+
+        Args:
+            config: a dict with some or all of the fields.
+
+        Returns:
+            The `LossScale`, the missing fields at their defaults.
+
+        Example:
+
+        ```python
+        autoprec.LossScale.from_config({"initial": 1024.0, "dynamic": False})
+        ```
+        """
+        fields = [field.name for field in dataclasses.fields(cls)]
+        unknown = sorted(set(config) - set(fields))
+        if unknown:
+            raise PlanError(
+                f"LossScale.from_config: unknown field(s) {unknown}; the fields are {fields}."
+            )
+        return cls(**config)
+
+
+def resolve_loss_scale(loss_scale: LossScale | str | float | None, where: str) -> LossScale | None:
+    """Returns the `LossScale` a `loss_scale=` argument means, or `None` for no loss scaling.
+
+    Args:
+        loss_scale: a `LossScale`, `"dynamic"`, a positive number (a fixed
+            scale) or `None`.
+        where: the caller's name, for the error message.
+
+    Returns:
+        `LossScale()` for `"dynamic"`, `LossScale(number, dynamic=False)` for a
+        number, the `LossScale` itself, or `None`.
+
+    Raises:
+        PlanError: for anything else; the message lists the accepted values.
+
+    Example:
+
+    ```python
+    resolve_loss_scale(128, "AutoPrecision")  # LossScale(initial=128.0, ..., dynamic=False)
+    ```
+    """
+    if loss_scale is None or isinstance(loss_scale, LossScale):
+        return loss_scale
+    if loss_scale == "dynamic":
+        return LossScale()
+    if _is_positive_number(loss_scale):
+        return LossScale(initial=float(loss_scale), floor=None, dynamic=False)
+    raise PlanError(
+        f"{where}: loss_scale={loss_scale!r} is not valid; use 'dynamic', a positive number "
+        "for a fixed scale, an autoprec.LossScale(initial=..., floor=..., growth_steps=...), "
+        "or None (no loss scaling, only without float16 layers)."
+    )
+
+
+def _is_positive_number(value: object) -> bool:
+    return (
+        isinstance(value, (int, float))
+        and not isinstance(value, bool)
+        and math.isfinite(value)
+        and value > 0
+    )
 
 
 @keras.saving.register_keras_serializable(package="autoprec")

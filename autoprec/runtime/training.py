@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
+import weakref
 
 import keras
 
 from .._core.dtypes import BFLOAT16, FLOAT16, FLOAT32, count_dtypes, counts_text
+from .._core.messages import show_message
 from .._core.models import strategy_scope
 from ..errors import BackendError, PlanError
 from ..hardware import HardwareProfile, resolve_hardware
@@ -17,8 +20,8 @@ from ..profiler import ProfileCallback
 from .apply import PlanHandle, apply_plan
 from .guard import (
     Attribution,
+    Guard,
     GuardAction,
-    GuardConfig,
     GuardPhase,
     GuardState,
     NonFiniteTrainingError,
@@ -32,7 +35,9 @@ from .guard import (
 from .kernels import fallback_plan, find_missing_kernels
 from .loss_scale import (
     FlooredLossScaleOptimizer,
+    LossScale,
     current_loss_scale,
+    resolve_loss_scale,
     scales_loss,
     step_skipping_optimizer,
 )
@@ -41,6 +46,9 @@ from .telemetry import GuardTelemetry, StepRecord
 from .tensorboard import TrainingLog
 
 logger = logging.getLogger("autoprec")
+
+#: The guard a callback gets unless told otherwise: `Guard()`, every setting at its default.
+DEFAULT_GUARD = Guard()
 
 
 class PlanCallback(keras.callbacks.Callback):
@@ -54,33 +62,34 @@ class PlanCallback(keras.callbacks.Callback):
     scale is added to the epoch logs (`history.history["loss_scale"]`). An
     unbuilt subclassed model only gets its sub-layers at the first trace, so the
     plan applies from its second step on. The plan stays applied after training;
-    `restore()` undoes it. `autoprec.AutoPrecision` is this callback plus the
-    automatic mode that decides a plan when none is given.
+    `restore()` undoes it. A later `fit` of a model that already runs the plan
+    (same plan, same compiled functions, same optimizer) changes nothing and does
+    not retrace; 16-bit kernels are checked once per model and layer dtype.
+    `autoprec.AutoPrecision` is this callback plus the automatic mode that
+    decides a plan when none is given.
+
+    The plan must fit the model exactly. To train with the part of a plan that
+    fits, apply it first with `handle = autoprec.apply_plan(model, plan,
+    strict=False)` and pass `handle.plan`, the plan as applied.
 
     Args:
         plan: a `PrecisionPlan` or the path of a plan JSON file.
-        loss_scale: `"dynamic"` (start at 2**15, halve on overflow, double after
-            `dynamic_growth_steps` finite steps), a number for a fixed scale, or
-            `None` for no loss scaling (refused when a layer runs in float16).
-        loss_scale_floor: the dynamic scale never drops below this.
-        dynamic_growth_steps: finite steps before the dynamic scale doubles.
-        strict: passed to `apply_plan`: refuse a plan that does not fit the model.
-        plan_path: if given, the plan as applied is saved there at the end of training.
-        verbose: 1 prints one line when the plan is applied, 0 is silent.
         hardware: the device the guard promotes for: `"local"` or a hardware
             profile (name or `HardwareProfile`); float16 goes to bfloat16 only
             where bfloat16 runs fast.
-        guard: watch for overflow during training and promote the layer where it
-            starts (see `autoprec.runtime.guard`).
-        on_nan: `"promote"`, `"stop"` or `"raise"` (`NonFiniteTrainingError`).
-        guard_threshold: non-finite steps within `guard_window` steps that
-            trigger the guard.
-        guard_window: steps over which non-finite steps are counted.
-        guard_check_every: steps between reads of the in-graph counters.
-        check_kernels: before training, run each 16-bit layer once alone; a layer
-            whose dtype has no kernel on this device falls back to a wider one.
+        loss_scale: `"dynamic"` (`autoprec.LossScale()`: start at 2**15, halve
+            on overflow down to a floor of 1, double after 2000 finite steps), an
+            `autoprec.LossScale`, a number for a fixed scale, or `None` for no
+            loss scaling (refused when a layer runs in float16).
+        guard: an `autoprec.Guard`: watch for overflow during training and
+            promote the layer where it starts, and check 16-bit kernels before
+            training (see `autoprec.runtime.guard`); `None` turns both off.
+        plan_path: if given, the plan as applied is saved there at the end of training.
         tensorboard_dir: if given, the loss scale, layer counts per dtype and
             events are written to `<tensorboard_dir>/autoprec` each epoch.
+        verbose: 1 shows one line when the plan is applied and each promotion,
+            0 is silent. Lines go to stdout while Keras' interactive logging is
+            on, else to the `"autoprec"` logger.
 
     Example:
 
@@ -96,20 +105,13 @@ class PlanCallback(keras.callbacks.Callback):
     def __init__(
         self,
         plan: PrecisionPlan | str | os.PathLike | None,
-        loss_scale: str | float | None = "dynamic",
-        loss_scale_floor: float = 1.0,
-        dynamic_growth_steps: int = 2000,
-        strict: bool = True,
-        plan_path: str | os.PathLike | None = None,
-        verbose: int = 1,
+        *,
         hardware: HardwareProfile | str = "local",
-        guard: bool = True,
-        on_nan: str = "promote",
-        guard_threshold: int = 8,
-        guard_window: int = 100,
-        guard_check_every: int = 10,
-        check_kernels: bool = True,
+        loss_scale: LossScale | str | float | None = "dynamic",
+        guard: Guard | None = DEFAULT_GUARD,
+        plan_path: str | os.PathLike | None = None,
         tensorboard_dir: str | os.PathLike | None = None,
+        verbose: int = 1,
     ) -> None:
         super().__init__()
         name = type(self).__name__
@@ -125,35 +127,26 @@ class PlanCallback(keras.callbacks.Callback):
                 f"{name}: 'plan' must be a PrecisionPlan or a plan JSON path, got "
                 f"{type(plan).__name__}."
             )
-        _check_loss_scale(name, loss_scale, plan)
+        if guard is not None and not isinstance(guard, Guard):
+            raise PlanError(
+                f"{name}: guard must be an autoprec.Guard or None (no guard), got {guard!r}; "
+                "e.g. guard=autoprec.Guard(on_nan='stop')."
+            )
+        self.loss_scale = resolve_loss_scale(loss_scale, name)
+        _check_loss_scale(name, self.loss_scale, plan)
         self.plan = plan
-        self.loss_scale = loss_scale
-        self.loss_scale_floor = loss_scale_floor
-        self.dynamic_growth_steps = dynamic_growth_steps
-        self.strict = strict
-        self.plan_path = plan_path
-        self.verbose = verbose
         self.hardware = hardware
+        self.guard = guard
+        self.plan_path = plan_path
+        self.tensorboard_dir = tensorboard_dir
+        self.verbose = verbose
         self.handle: PlanHandle | None = None
         self.events: list[dict] = []
-        self.check_kernels = check_kernels
-        self.tensorboard_dir = tensorboard_dir
-        self.guard_config = (
-            GuardConfig(
-                on_nan=on_nan,
-                threshold=guard_threshold,
-                window=guard_window,
-                check_every=guard_check_every,
-            )
-            if guard
-            else None
-        )
         self._guard_state: GuardState | None = None
         self._diagnosis: ProfileCallback | None = None
         self._wrapped_optimizer: keras.optimizers.Optimizer | None = None
         self._training_log: TrainingLog | None = None
         self._pending = False
-        self._kernels_checked = False
         self._step = 0
         self._telemetry: GuardTelemetry | None = None
         self._failures_in_a_row = 0
@@ -213,14 +206,14 @@ class PlanCallback(keras.callbacks.Callback):
     def current_plan(self) -> PrecisionPlan:
         """Returns the plan as applied, with the loss-scale settings recorded in its metadata."""
         scale = current_loss_scale(self.model.optimizer) if self.model is not None else None
-        if scale is None:
+        if scale is None or self.loss_scale is None:
             return self.plan
         return self.plan.with_metadata(
             loss_scale={
-                "mode": "fixed" if not isinstance(self.loss_scale, str) else "dynamic",
+                "mode": "dynamic" if self.loss_scale.dynamic else "fixed",
                 "current": scale,
-                "floor": self.loss_scale_floor,
-                "dynamic_growth_steps": self.dynamic_growth_steps,
+                "floor": self.loss_scale.floor,
+                "dynamic_growth_steps": self.loss_scale.growth_steps,
             }
         )
 
@@ -229,8 +222,10 @@ class PlanCallback(keras.callbacks.Callback):
         if self._telemetry is not None:
             self._telemetry.remove()
             self._telemetry = None
-        if self.model is not None and hasattr(self.model, _APPLIED):
+        state = getattr(self.model, _APPLIED, None) if self.model is not None else None
+        if state is not None:
             object.__delattr__(self.model, _APPLIED)
+            self._wrapped_optimizer = self._wrapped_optimizer or state.unwrapped_optimizer
         if self.handle is not None:
             self.handle.restore()
         if self._wrapped_optimizer is not None and self.model is not None:
@@ -243,25 +238,37 @@ class PlanCallback(keras.callbacks.Callback):
         """Applies the plan once the model is built (a subclass may decide it first)."""
         self._apply()
 
-    def _apply(self, quiet: bool = False) -> None:
+    def _apply(self, quiet: bool = False, check_kernels: bool = True) -> None:
+        """Applies `self.plan`, or keeps what the model runs when that is this plan already."""
+        model = self.model
+        state = getattr(model, _APPLIED, None)
+        if state is not None and state.runs(model, self.plan, self.guard):
+            # The model already runs this plan with these compiled functions:
+            # nothing to re-apply, re-check or retrace.
+            self.handle, self.plan, self._telemetry = state.handle, state.plan, state.telemetry
+        else:
+            self._apply_changed(state, check_kernels)
+        if self.guard is not None and self._guard_state is None:
+            self._guard_state = GuardState(self.guard)
+        attach_plan(model, self.plan)
+        if not quiet:
+            scaling = current_loss_scale(model.optimizer)
+            show_message(
+                "autoprec: plan applied to "
+                + counts_text(count_dtypes(self.handle.dtypes.values()))
+                + " layer(s)"
+                + (f"; loss scale {scaling:g}" if scaling is not None else ""),
+                self.verbose,
+            )
+
+    def _apply_changed(self, state: _AppliedState | None, check_kernels: bool) -> None:
+        """Sets the policies, checks new 16-bit kernels, adds loss scaling, retraces if needed."""
         model = self.model
         compiled = [getattr(model, name, None) for name in _COMPILED_FUNCTIONS]
-        applied = getattr(model, _APPLIED, None)
-        self.handle = apply_plan(model, self.plan, strict=self.strict)
-        unchanged = applied is not None and applied.dtypes == self.handle.dtypes
-        if unchanged:
-            self._kernels_checked = True  # checked when these dtypes were first applied
-        if self.check_kernels and not self._kernels_checked:
-            self._kernels_checked = True
-            self.handle.restore()  # trace the model as it was, then check 16-bit layers alone
-            missing = find_missing_kernels(model, self.handle.dtypes)
-            plan = fallback_plan(self.handle.plan, missing, step=self._step)
-            self.events.extend(dict(event) for event in plan.events[len(self.handle.plan.events) :])
-            self.handle = apply_plan(model, plan, strict=self.strict)
-        if self.guard_config is not None and self._guard_state is None:
-            self._guard_state = GuardState(self.guard_config)
-        self.plan = self.handle.plan
-        attach_plan(model, self.plan)
+        self.handle = self._apply_plan(self.plan)
+        if check_kernels and self.guard is not None and self.guard.check_kernels:
+            self._fall_back_missing_kernels()
+        requested, self.plan = self.plan, self.handle.plan
         has_16bit = any(dtype != FLOAT32 for dtype in self.handle.dtypes.values())
         if self.handle.uses_float16:
             if self.loss_scale is None:
@@ -270,33 +277,82 @@ class PlanCallback(keras.callbacks.Callback):
                     f"{_float16_layers(self.handle)[:3]} run in float16; use 'dynamic'."
                 )
             self._ensure_loss_scaling()
-        elif has_16bit and self.guard_config is not None:
+        elif has_16bit and self.guard is not None:
             self._ensure_step_skipping()
-        unchanged = unchanged and applied.optimizer is model.optimizer
-        if unchanged and applied.telemetry is not None and applied.telemetry.installed:
-            self._telemetry = applied.telemetry
-        elif unchanged and self.guard_config is not None and has_16bit:
-            unchanged = applied.telemetry is None and not self._telemetry_supported()
-        if unchanged and all(function is not None for function in compiled[:1]):
-            # The model already runs this plan: keep its traced functions.
+        unchanged = (
+            state is not None
+            and state.dtypes == self.handle.dtypes
+            and state.optimizer is model.optimizer
+        )
+        if unchanged and state.telemetry is not None and state.telemetry.installed:
+            self._telemetry = state.telemetry
+        elif unchanged and self.guard is not None and has_16bit:
+            unchanged = state.telemetry is None and not self._telemetry_supported()
+        if unchanged and compiled[0] is not None:
+            # The policies are what they were: keep the traced functions.
             for name, function in zip(_COMPILED_FUNCTIONS, compiled):
                 setattr(model, name, function)
         else:
             self._install_telemetry(has_16bit)
             self._rebuild_compiled_functions()
+        unwrapped = self._wrapped_optimizer or (state.unwrapped_optimizer if state else None)
         object.__setattr__(
             model,
             _APPLIED,
-            _AppliedState(dict(self.handle.dtypes), model.optimizer, self._telemetry),
+            _AppliedState(
+                requested=requested,
+                handle=self.handle,
+                guard=self.guard,
+                optimizer=model.optimizer,
+                unwrapped_optimizer=unwrapped,
+                telemetry=self._telemetry,
+                train_function=model.train_function,
+            ),
         )
-        if self.verbose and not quiet:
-            scaling = current_loss_scale(model.optimizer)
-            print(
-                "autoprec: plan applied to "
-                + counts_text(count_dtypes(self.handle.dtypes.values()))
-                + " layer(s)"
-                + (f"; loss scale {scaling:g}" if scaling is not None else "")
-            )
+
+    def _apply_plan(self, plan: PrecisionPlan) -> PlanHandle:
+        """`apply_plan` in strict mode, its error saying how to train with a partial plan."""
+        try:
+            return apply_plan(self.model, plan, strict=True)
+        except PlanError as error:
+            raise PlanError(
+                f"{type(self).__name__}: {error} The callback applies plans strictly: to train "
+                "with the part that fits, run `handle = autoprec.apply_plan(model, plan, "
+                f"strict=False)` before fit and pass `{type(self).__name__}(handle.plan)`."
+            ) from error
+
+    def _fall_back_missing_kernels(self) -> None:
+        """Moves 16-bit layers without a kernel here to a wider dtype; each (layer, dtype) once."""
+        model = self.model
+        checked = _CHECKED_KERNELS.setdefault(model, {})
+        unchecked = {
+            path: dtype
+            for path, dtype in self.handle.dtypes.items()
+            if dtype != FLOAT32 and (path, dtype) not in checked
+        }
+        if unchecked:
+            self.handle.restore()  # trace the model as it was, then check 16-bit layers alone
+            found = {
+                (item.path, item.dtype): item for item in find_missing_kernels(model, unchecked)
+            }
+            for path, dtype in unchecked.items():
+                checked[(path, dtype)] = found.get((path, dtype))
+            self.handle = self._apply_plan(self.handle.plan)
+        missing = [
+            checked[(path, dtype)]
+            for path, dtype in self.handle.dtypes.items()
+            if checked.get((path, dtype)) is not None
+        ]
+        if missing:
+            plan = fallback_plan(self.handle.plan, missing, step=self._step)
+            self.events.extend(dict(event) for event in plan.events[len(self.handle.plan.events) :])
+            self.handle = self._apply_plan(plan)
+
+    @property
+    def _floor(self) -> float:
+        """The dynamic loss scale's floor (1 for a fixed scale or none), for the guard."""
+        floor = self.loss_scale.floor if self.loss_scale is not None else None
+        return floor if floor is not None and self.loss_scale.dynamic else 1.0
 
     def _telemetry_supported(self) -> bool:
         return keras.backend.backend() == "tensorflow"
@@ -305,14 +361,14 @@ class PlanCallback(keras.callbacks.Callback):
         if self._telemetry is not None:
             self._telemetry.remove()
             self._telemetry = None
-        if self.guard_config is None or not has_16bit or not self._telemetry_supported():
+        if self.guard is None or not has_16bit or not self._telemetry_supported():
             return
         with strategy_scope(self.model):
             self._telemetry = GuardTelemetry(
                 self.model,
                 self.handle.dtypes,
-                history_steps=self.guard_config.history_steps,
-                near_binades=self.guard_config.near_binades,
+                history_steps=self.guard.history_steps,
+                near_binades=self.guard.near_binades,
             )
         self._telemetry.install()
         self._last_failed_index = -1
@@ -343,16 +399,14 @@ class PlanCallback(keras.callbacks.Callback):
                 return
             optimizer = optimizer.inner_optimizer  # a step-skipping wrapper: scale it now
             self.model.optimizer = optimizer
-        fixed = not isinstance(self.loss_scale, str)
-        initial_scale = float(self.loss_scale) if fixed else 2.0**15
-        floor = None if fixed else self.loss_scale_floor
+        settings = self.loss_scale
         with strategy_scope(self.model):
             wrapped = FlooredLossScaleOptimizer(
                 optimizer,
-                initial_scale=initial_scale,
-                dynamic_growth_steps=self.dynamic_growth_steps,
-                floor=floor,
-                fixed=fixed,
+                initial_scale=float(settings.initial),
+                dynamic_growth_steps=settings.growth_steps,
+                floor=settings.floor if settings.dynamic else None,
+                fixed=not settings.dynamic,
             )
             wrapped.build(self.model.trainable_variables)
         self._wrapped_optimizer = self._wrapped_optimizer or optimizer
@@ -397,7 +451,7 @@ class PlanCallback(keras.callbacks.Callback):
             self._start_diagnosis()
 
     def _start_diagnosis(self) -> None:
-        self._diagnosis = ProfileCallback(steps=self.guard_config.diagnose_steps)
+        self._diagnosis = ProfileCallback(steps=self.guard.diagnose_steps)
         self._diagnosis.set_model(self.model)
         try:
             self._diagnosis.on_train_begin()
@@ -429,7 +483,7 @@ class PlanCallback(keras.callbacks.Callback):
             "NaN entered with the input data"
             if enters_with_the_data(profile)
             else "no 16-bit layer overflowed in the "
-            f"{self.guard_config.diagnose_steps} diagnosed steps (transient: the dynamic "
+            f"{self.guard.diagnose_steps} diagnosed steps (transient: the dynamic "
             "loss scale adjusting, or a few bad batches)"
         )
         message = f"autoprec guard: {trigger}; {cause}. Not a precision problem: nothing promoted."
@@ -447,7 +501,7 @@ class PlanCallback(keras.callbacks.Callback):
         self, evidence: dict[str, str], trigger: str, reset_scale: bool = False
     ) -> None:
         """Promotes every layer in `evidence` at once: one re-apply, one retrace."""
-        bfloat16_fast = self.guard_config.bfloat16_is_fast and self._bfloat16_is_fast()
+        bfloat16_fast = self.guard.bfloat16_is_fast and self._bfloat16_is_fast()
         messages = []
         plan = self.plan
         for path, why in evidence.items():
@@ -468,15 +522,13 @@ class PlanCallback(keras.callbacks.Callback):
                 f"autoprec guard: step {self._step}: {path} {before} -> {target} ({why})"
             )
         self.plan = plan
-        self._apply(quiet=True)
+        self._apply(quiet=True, check_kernels=False)
         optimizer = self.model.optimizer
         if reset_scale and scales_loss(optimizer) and optimizer.built:
             optimizer.dynamic_scale.assign(float(optimizer.initial_scale))
         self._guard_state.resume()
         for message in messages:
-            logger.warning(message)
-            if self.verbose:
-                print(message)
+            show_message(message, self.verbose, logging.WARNING)
 
     # ------------------------------------------------------------------ guard (telemetry)
 
@@ -514,7 +566,7 @@ class PlanCallback(keras.callbacks.Callback):
         if attribution.cause == "backward" and self._lower_loss_scale(record, step):
             return
         self._failures_in_a_row = 0
-        on_nan = self.guard_config.on_nan
+        on_nan = self.guard.on_nan
         if on_nan == "raise":
             raise NonFiniteTrainingError(f"autoprec guard: {trigger}: {attribution.summary}.")
         if on_nan == "stop":
@@ -523,21 +575,21 @@ class PlanCallback(keras.callbacks.Callback):
         if attribution.cause == "forward":
             self._set_loss_scale(record.loss_scale)
         else:
-            self._set_loss_scale(max(self.loss_scale_floor, record.loss_scale))
+            self._set_loss_scale(max(self._floor, record.loss_scale))
         self._promote_all(dict(attribution.evidence), self._guard_state.trigger)
 
     def _lower_loss_scale(self, record: StepRecord, step: int) -> bool:
         """Lowers the dynamic loss scale for gradients that overflowed; `False` when it cannot."""
         optimizer = self.model.optimizer
-        minimum = min(self.guard_config.min_loss_scale, self.loss_scale_floor)
+        minimum = min(self.guard.min_loss_scale, self._floor)
         if not scales_loss(optimizer) or optimizer.fixed or record.loss_scale <= minimum:
             return False
         self._failures_in_a_row += 1
         scale = lowered_loss_scale(record.loss_scale, self._failures_in_a_row, minimum)
         self._set_loss_scale(scale)
-        if scale < self.loss_scale_floor <= record.loss_scale:
+        if scale < self._floor <= record.loss_scale:
             evidence = (
-                f"{record.loss_scale:g} -> {scale:g}, below the floor {self.loss_scale_floor:g}: "
+                f"{record.loss_scale:g} -> {scale:g}, below the floor {self._floor:g}: "
                 + _attribution_text(record, self.handle.dtypes)
             )
             event = {"step": step, "kind": "loss_scale", "evidence": evidence}
@@ -555,7 +607,7 @@ class PlanCallback(keras.callbacks.Callback):
         event = {"step": step, "kind": "not_precision", "evidence": attribution.summary}
         repeated = any(event["kind"] == "not_precision" for event in self.events)
         self.events.append(event)
-        on_nan = self.guard_config.on_nan
+        on_nan = self.guard.on_nan
         if on_nan == "raise":
             raise NonFiniteTrainingError(message + " Nothing promoted.")
         if on_nan == "stop":
@@ -568,11 +620,11 @@ class PlanCallback(keras.callbacks.Callback):
 
     def _on_near_range(self) -> None:
         climbing = climbing_layers(
-            self._telemetry.read_records(), self.handle.dtypes, self.guard_config.near_binades
+            self._telemetry.read_records(), self.handle.dtypes, self.guard.near_binades
         )
         if not climbing:
             return
-        if self.guard_config.on_nan != "promote":
+        if self.guard.on_nan != "promote":
             for path, evidence in climbing.items():
                 logger.warning(f"autoprec guard: step {self._step}: {path}: {evidence}")
             return
@@ -589,25 +641,14 @@ class PlanCallback(keras.callbacks.Callback):
         self._guard_state.stop()
         message = f"autoprec guard: {trigger}; {why}. Training stopped."
         self.events.append({"step": self._step, "kind": "stopped", "evidence": trigger})
-        if self.guard_config.on_nan == "raise":
+        if self.guard.on_nan == "raise":
             raise NonFiniteTrainingError(message)
-        logger.warning(message)
-        if self.verbose:
-            print(message)
+        show_message(message, self.verbose, logging.WARNING)
         self.model.stop_training = True
 
 
-def _check_loss_scale(
-    name: str, loss_scale: str | float | None, plan: PrecisionPlan | None
-) -> None:
-    """Refuses loss-scale settings that are invalid or unsafe for `plan`."""
-    if isinstance(loss_scale, str) and loss_scale != "dynamic":
-        raise PlanError(
-            f"{name}: loss_scale={loss_scale!r} is not valid; use 'dynamic', "
-            "a positive number for a fixed scale, or None."
-        )
-    if not isinstance(loss_scale, str) and loss_scale is not None and loss_scale <= 0:
-        raise PlanError(f"{name}: loss_scale must be positive, got {loss_scale}.")
+def _check_loss_scale(name: str, loss_scale: LossScale | None, plan: PrecisionPlan | None) -> None:
+    """Refuses no loss scaling for a plan that runs layers in float16."""
     if loss_scale is None and plan is not None and plan.uses_float16:
         raise PlanError(
             f"{name}: loss_scale=None, but the plan runs layers in float16, whose "
@@ -618,16 +659,44 @@ def _check_loss_scale(
 _APPLIED = "_autoprec_applied_plan"
 _COMPILED_FUNCTIONS = ("train_function", "test_function", "predict_function")
 
+#: `{model: {(path, dtype): MissingKernel or None}}`: the 16-bit kernels checked on each model.
+_CHECKED_KERNELS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
+
+@dataclasses.dataclass
 class _AppliedState:
-    """What a model runs: its dtypes, the optimizer and telemetry they were set up with."""
+    """What a model runs: the plan asked for and as applied, and what it was set up with."""
 
-    def __init__(
-        self, dtypes: dict[str, str], optimizer: object, telemetry: GuardTelemetry | None
-    ) -> None:
-        self.dtypes = dtypes
-        self.optimizer = optimizer
-        self.telemetry = telemetry
+    requested: PrecisionPlan
+    handle: PlanHandle
+    guard: Guard | None
+    optimizer: object
+    unwrapped_optimizer: object
+    telemetry: GuardTelemetry | None
+    train_function: object
+
+    @property
+    def plan(self) -> PrecisionPlan:
+        return self.handle.plan
+
+    @property
+    def dtypes(self) -> dict[str, str]:
+        return self.handle.dtypes
+
+    def runs(self, model: keras.Model, plan: PrecisionPlan, guard: Guard | None) -> bool:
+        """Whether `model` still runs `plan` as applied here, with nothing reset since."""
+        return (
+            model.train_function is not None
+            and model.train_function is self.train_function
+            and model.optimizer is self.optimizer
+            and guard == self.guard
+            and (self.telemetry is None or self.telemetry.installed)
+            and (plan is self.requested or plan is self.plan or plan == self.requested)
+        )
+
+
+_APPLIED = "_autoprec_applied_plan"
+_COMPILED_FUNCTIONS = ("train_function", "test_function", "predict_function")
 
 
 def _attribution_text(record: StepRecord, dtypes: dict[str, str]) -> str:

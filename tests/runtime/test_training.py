@@ -65,6 +65,8 @@ def test_a_plan_is_required_and_checked(mlp):
         PlanCallback({"dense": "float16"})
     with pytest.raises(PlanError, match="loss_scale=None.*float16"):
         PlanCallback(PrecisionPlan.uniform(mlp, "float16"), loss_scale=None)
+    with pytest.raises(TypeError):
+        PlanCallback(PrecisionPlan.uniform(mlp, "float16"), "local")  # keyword-only
 
 
 def test_verbose_prints_the_counts_and_the_loss_scale(mlp, classification, capsys):
@@ -75,3 +77,43 @@ def test_verbose_prints_the_counts_and_the_loss_scale(mlp, classification, capsy
     assert "autoprec: plan applied to 1 float32, 3 float16 layer(s); loss scale 32768" in (
         capsys.readouterr().out
     )
+
+
+def _counting_train_steps(model) -> list:
+    """Wraps the model's train step to count how often it is traced; returns the count list."""
+    traces = []
+    original = model.train_step
+
+    def train_step(data):
+        traces.append(1)
+        return original(data)
+
+    model.train_step = train_step
+    return traces
+
+
+def test_a_second_fit_reapplies_rechecks_and_retraces_nothing(attention_model, tmp_path):
+    x = np.random.default_rng(0).normal(size=(32, 8, 8)).astype("float32")
+    y = np.zeros(32, "int32")
+    model = _compiled(attention_model)
+    traces = _counting_train_steps(model)
+    plan = PrecisionPlan.uniform(model, "float16").with_dtype("dense", "float32")
+    callback = PlanCallback(plan, verbose=0)
+    model.fit(x, y, batch_size=8, epochs=1, verbose=0, callbacks=[callback])
+    assert len(traces) == 1
+    function, handle = model.train_function, callback.handle
+    model.fit(x, y, batch_size=8, epochs=1, verbose=0, callbacks=[callback])
+    again = PlanCallback(plan, verbose=0)
+    model.fit(x, y, batch_size=8, epochs=1, verbose=0, callbacks=[again])
+    assert len(traces) == 1 and model.train_function is function
+    assert callback.handle is handle and again.handle is handle  # not re-applied
+    # Another plan: applied and traced once; kernels only checked for its new layer dtypes.
+    other = plan.with_dtype("attention*", "bfloat16")
+    model.fit(x, y, batch_size=8, epochs=1, verbose=0, callbacks=[PlanCallback(other, verbose=0)])
+    assert len(traces) == 2
+    assert layer_paths(model)["attention/query_dense"].compute_dtype == "bfloat16"
+    # Outside changes are seen: a recompile resets the functions, so the plan is applied again.
+    model.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
+    model.fit(x, y, batch_size=8, epochs=1, verbose=0, callbacks=[PlanCallback(plan, verbose=0)])
+    assert len(traces) == 3
+    assert isinstance(model.optimizer, FlooredLossScaleOptimizer)
