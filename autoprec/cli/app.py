@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 from ..errors import AutoprecError
 from .inputs import EXIT_BAD_INPUT, EXIT_INTERNAL, EXIT_INTERRUPTED
 from .parser import build_parser
-from .quiet import autoprec_messages, configure_framework_logging
+from .quiet import autoprec_messages, configure_framework_logging, quiet_framework_imports
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -38,7 +38,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return EXIT_BAD_INPUT
     try:
-        with autoprec_messages(getattr(args, "verbose", 1)):
+        with quiet_framework_imports(), autoprec_messages(getattr(args, "verbose", 1)):
             return handler(args)
     except (AutoprecError, json.JSONDecodeError) as error:
         if args.debug:

@@ -21,12 +21,11 @@ from .inputs import (
     read_json_kind,
     search_keyword_arguments,
 )
-from .quiet import import_keras_quietly
 
 
 def print_json(data: Any) -> None:
     """Prints `data` as indented JSON (the `--json` output of every command)."""
-    print(json.dumps(data, indent=2, allow_nan=False, default=str))
+    print(json.dumps(data, indent=2, default=str))
 
 
 def diff_to_dict(first: str, second: str, difference) -> dict[str, Any]:
@@ -53,7 +52,6 @@ def show(args: argparse.Namespace) -> int:
         kind, data = "plan", None
     else:
         kind, data = read_json_kind(args.file)
-        import_keras_quietly()
     if kind == "plan":
         from ..plan import PrecisionPlan
 
@@ -90,8 +88,6 @@ def hardware(args: argparse.Namespace) -> int:
     """`autoprec hardware [NAME] [--detect]`: the built-in profiles, one of them, or this machine."""
     if args.detect and args.name:
         raise UsageError(f"hardware: give NAME ({args.name!r}) or --detect, not both.")
-    if args.detect:
-        import_keras_quietly()  # detection asks the framework for its devices
     from .. import hardware as profiles
 
     if args.detect or args.name:
@@ -185,7 +181,6 @@ def export(args: argparse.Namespace) -> int:
 
 def demo(args: argparse.Namespace) -> int:
     """`autoprec demo`: profile, search, train and time the built-in model."""
-    import_keras_quietly()
     from ..demo import run_demo
 
     run_demo(output=args.output, quick=args.quick, trials=args.n_trials)

@@ -11,12 +11,12 @@ import argparse
 import importlib
 import os
 import sys
+import warnings
 import zipfile
 from pathlib import Path
 from typing import Any
 
 from ..errors import AutoprecError
-from .quiet import import_keras_quietly
 
 EXIT_OK = 0
 #: A failure: an internal error, or `diff --exit-code` finding differences.
@@ -46,13 +46,16 @@ def load_keras_model(path: str, require_compiled: bool = True):
         raise UsageError(f"{model_path}: no such model file; give a .keras file saved by Keras.")
     if model_path.suffix != ".keras":
         raise UsageError(f"{model_path}: expected a .keras file (model.save('model.keras')).")
-    import_keras_quietly()
     import keras
 
     from ..runtime import load_model
 
     try:
-        model = load_model(model_path)
+        with warnings.catch_warnings():
+            # A model saved after compile but before fit has an unbuilt optimizer;
+            # Keras warns that it skips its (empty) state.
+            warnings.filterwarnings("ignore", message="Skipping variable loading for optimizer")
+            model = load_model(model_path)
     except AutoprecError:
         raise
     except Exception as error:  # Keras raises many types for a bad archive
@@ -106,7 +109,6 @@ def load_data(spec: str) -> dict[str, Any]:
             "module:function returning (train_data, val_data)."
         )
     module_name, function_name = spec.split(":", 1)
-    import_keras_quietly()  # the data module may import TensorFlow
     sys.path.insert(0, os.getcwd())
     try:
         module = importlib.import_module(module_name)
@@ -169,7 +171,6 @@ def load_plan(path: str):
     """
     if is_model_archive(path):
         return load_plan_from_model(path)
-    import_keras_quietly()
     from ..plan import PrecisionPlan
 
     kind, data = read_json_kind(path)
@@ -185,7 +186,6 @@ def load_plan_from_model(path: str):
         raise UsageError(f"{archive}: no such model file.")
     if not zipfile.is_zipfile(archive):
         raise UsageError(f"{archive}: not a .keras archive (not a zip file).")
-    import_keras_quietly()
     from ..runtime import load_plan_from_archive
 
     plan = load_plan_from_archive(archive)

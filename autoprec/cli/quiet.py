@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import importlib.abc
 import logging
 import os
 import re
@@ -20,7 +21,7 @@ FRAMEWORK_LOGGERS = ("tensorflow", "absl", "jax", "jax._src.xla_bridge")
 
 #: Lines the framework's native code writes while it loads (absl/glog format and banners).
 NATIVE_NOISE = re.compile(
-    r"^(?:[IWE]\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ \S+:\d+\]"  # I0000 00:00:17.9 540 port.cc:153] ...
+    r"^(?:[IWE]\d{4} \S+ +\d+ \S+:\d+\] "  # I0000 00:00:1796126097.36 9681 port.cc:153] ...
     r"|WARNING: All log messages before absl::InitializeLog\(\) is called"
     r"|To enable the following instructions:"
     r"|WARNING: Logging before InitGoogleLogging\(\))"
@@ -36,19 +37,67 @@ def configure_framework_logging() -> None:
             framework_logger.setLevel(logging.ERROR)
 
 
-def import_keras_quietly() -> None:
-    """Imports Keras (and its backend) with the backend's native start-up lines dropped.
+#: Top-level modules whose first import runs with the native start-up lines filtered.
+FRAMEWORK_MODULES = ("keras", "tensorflow")
+
+
+@contextlib.contextmanager
+def quiet_framework_imports() -> Iterator[None]:
+    """Drops the framework's native start-up lines from stderr while a command runs.
 
     TensorFlow writes lines such as `oneDNN custom operations are on` and `Could not
     find cuda drivers` from native code while it loads, before it reads
-    `TF_CPP_MIN_LOG_LEVEL`. The file descriptor 2 is pointed at a temporary file for
-    the import; what was written there is replayed on stderr without those lines.
+    `TF_CPP_MIN_LOG_LEVEL`. For as long as the context lasts, the first import of
+    Keras or TensorFlow, wherever a command makes it, runs with the file
+    descriptor 2 pointed at a temporary file; what was written there is replayed on
+    stderr without those lines. Other imports are not touched.
     """
-    if "keras" in sys.modules:
-        return
     configure_framework_logging()
-    with _native_stderr_filtered():
-        importlib.import_module("keras")
+    finder = _QuietFinder()
+    sys.meta_path.insert(0, finder)
+    try:
+        yield
+    finally:
+        if finder in sys.meta_path:
+            sys.meta_path.remove(finder)
+
+
+class _QuietFinder(importlib.abc.MetaPathFinder):
+    """Finds Keras and TensorFlow with the other finders and wraps their loaders."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name not in FRAMEWORK_MODULES:
+            return None
+        for finder in sys.meta_path:
+            find_spec = getattr(finder, "find_spec", None)
+            if finder is self or find_spec is None:
+                continue
+            spec = find_spec(name, path, target)
+            if spec is not None:
+                if spec.loader is not None and hasattr(spec.loader, "exec_module"):
+                    spec.loader = _QuietLoader(spec.loader)
+                return spec
+        return None
+
+
+class _QuietLoader(importlib.abc.Loader):
+    """Runs the real loader's `exec_module` with native stderr filtered."""
+
+    def __init__(self, loader) -> None:
+        self._loader = loader
+
+    def create_module(self, spec):
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module) -> None:
+        module.__loader__ = self._loader  # the module keeps its real loader
+        if module.__spec__ is not None:
+            module.__spec__.loader = self._loader
+        with _native_stderr_filtered():
+            self._loader.exec_module(module)
+
+    def __getattr__(self, name: str):
+        return getattr(self._loader, name)
 
 
 @contextlib.contextmanager
