@@ -3,6 +3,10 @@
 Gives every layer of a Keras model the cheapest floating-point precision
 (float16, bfloat16 or float32) that still trains to the accuracy you ask for.
 
+`import autoprec` is cheap: each public name is imported from its submodule the
+first time it is used, so Keras and TensorFlow load only when a name that needs
+them is touched (`autoprec.__version__` and `autoprec --help` never load them).
+
 Example:
 
 ```python
@@ -13,61 +17,87 @@ model.fit(x, y, callbacks=[autoprec.AutoPrecision(plan)])
 ```
 """
 
-from . import hardware, layers
-from ._version import __version__
-from .callback import AutoPrecision
-from .cost import CostTable, Estimate, calibrate, estimate, predict_costs
-from .errors import (
-    AutoprecError,
-    BackendError,
-    HardwareError,
-    PlanError,
-    ProfileError,
-)
-from .plan import PlanDiff, PlanRule, PrecisionPlan
-from .profiler import LayerProfile, Profile, ProfileCallback, TensorStats, profile
-from .runtime import (
-    FlooredLossScaleOptimizer,
-    NonFiniteTrainingError,
-    PlanHandle,
-    apply_plan,
-    load_model,
-    save_model,
-)
-from .search import Budget, SearchResult, SearchSettings, heuristic_plan, search
+import importlib as _importlib
+import sys as _sys
+import types as _types
+from typing import Any as _Any
 
-__all__ = [
-    "__version__",
-    "AutoPrecision",
-    "AutoprecError",
-    "BackendError",
-    "Budget",
-    "CostTable",
-    "Estimate",
-    "FlooredLossScaleOptimizer",
-    "HardwareError",
-    "LayerProfile",
-    "NonFiniteTrainingError",
-    "PlanDiff",
-    "PlanError",
-    "PlanHandle",
-    "PlanRule",
-    "PrecisionPlan",
-    "Profile",
-    "ProfileCallback",
-    "ProfileError",
-    "SearchResult",
-    "SearchSettings",
-    "TensorStats",
-    "apply_plan",
-    "calibrate",
-    "estimate",
-    "hardware",
-    "heuristic_plan",
-    "layers",
-    "load_model",
-    "predict_costs",
-    "profile",
-    "save_model",
-    "search",
-]
+from ._version import __version__
+
+#: Each public name and the submodule it is imported from on first use; a name that is
+#: itself a submodule (`hardware`, `layers`) maps to `""`.
+_SUBMODULE_OF: dict[str, str] = {
+    "AutoPlan": "callback",
+    "AutoPrecision": "callback",
+    "AutoprecError": "errors",
+    "BackendError": "errors",
+    "Budget": "search",
+    "CostTable": "cost",
+    "Estimate": "cost",
+    "FlooredLossScaleOptimizer": "runtime",
+    "Guard": "runtime",
+    "HardwareError": "errors",
+    "LayerProfile": "profiler",
+    "LossScale": "runtime",
+    "NonFiniteTrainingError": "runtime",
+    "PlanDiff": "plan",
+    "PlanError": "errors",
+    "PlanHandle": "runtime",
+    "PlanRule": "plan",
+    "PrecisionPlan": "plan",
+    "Profile": "profiler",
+    "ProfileCallback": "profiler",
+    "ProfileError": "errors",
+    "SearchResult": "search",
+    "SearchSettings": "search",
+    "TensorStats": "profiler",
+    "apply_plan": "runtime",
+    "calibrate": "cost",
+    "estimate": "cost",
+    "hardware": "",
+    "heuristic_plan": "search",
+    "layers": "",
+    "load_model": "runtime",
+    "predict_costs": "cost",
+    "profile": "profiler",
+    "save_model": "runtime",
+    "search": "search",
+}
+
+__all__ = ["__version__", *_SUBMODULE_OF]
+
+
+def __getattr__(name: str) -> _Any:
+    """Imports a public name from its submodule on first use (PEP 562)."""
+    if name not in _SUBMODULE_OF:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    submodule = _SUBMODULE_OF[name]
+    if not submodule:
+        value = _importlib.import_module(f"{__name__}.{name}")
+    else:
+        value = getattr(_importlib.import_module(f"{__name__}.{submodule}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    """Lists the public names (imported or not) with the module's own attributes."""
+    own = {name for name in globals() if not name.startswith("_") or name.startswith("__")}
+    return sorted(own | set(__all__))
+
+
+class _Package(_types.ModuleType):
+    """The package module: `autoprec.search` stays the function when its subpackage loads.
+
+    Importing `autoprec.search` (the subpackage) sets it as an attribute of the package;
+    the public name `search` is the function, so that assignment is ignored and the
+    function is resolved by `__getattr__` as every other name.
+    """
+
+    def __setattr__(self, name: str, value: _Any) -> None:
+        if isinstance(value, _types.ModuleType) and _SUBMODULE_OF.get(name) == name:
+            return
+        super().__setattr__(name, value)
+
+
+_sys.modules[__name__].__class__ = _Package

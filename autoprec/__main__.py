@@ -1,0 +1,7 @@
+"""`python -m autoprec`: the `autoprec` command."""
+
+import sys
+
+from .cli import main
+
+sys.exit(main())
