@@ -28,5 +28,5 @@ def test_run_demo_quick_writes_a_plan_and_returns_figures(tmp_path, capsys):
 
 def test_cli_demo_quick_exits_zero(tmp_path):
     output = tmp_path / "cli_plan.json"
-    assert cli.main(["demo", "--quick", "--trials", "1", "-o", str(output)]) == 0
+    assert cli.main(["demo", "--quick", "--n-trials", "1", "-o", str(output)]) == 0
     assert autoprec.PrecisionPlan.load(output).layers
