@@ -31,7 +31,8 @@ CHILD = textwrap.dedent(
         model.get_layer(name).set_weights([np.full_like(kernel, value), bias])
     x = np.concatenate([np.ones((40, 4)), np.full((80, 4), 1000.0)]).astype("float32")
     plan = autoprec.PrecisionPlan.uniform(model, "float16").with_dtype("out", "float32")
-    callback = autoprec.AutoPrecision(plan, guard_threshold=3, guard_check_every=2, verbose=0)
+    callback = autoprec.AutoPrecision(plan, guard=autoprec.Guard(threshold=3, check_every=2),
+                                      verbose=0)
     history = model.fit(x, np.zeros((120, 1), "float32"), batch_size=4, epochs=2,
                         shuffle=False, verbose=0, callbacks=[callback])
     results["guard"] = {

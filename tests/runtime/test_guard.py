@@ -11,8 +11,8 @@ from autoprec.errors import AutoprecError
 from autoprec.layers import layer_paths
 from autoprec.runtime import PlanCallback
 from autoprec.runtime.guard import (
+    Guard,
     GuardAction,
-    GuardConfig,
     GuardPhase,
     GuardState,
     NonFiniteTrainingError,
@@ -53,7 +53,7 @@ def test_layer_forced_to_overflow_mid_training_is_promoted_and_training_survives
     model = _overflow_model()
     x, y = _data_that_starts_overflowing()
     plan = PrecisionPlan.uniform(model, "float16").with_dtype("out", "float32")
-    callback = AutoPrecision(plan, guard_threshold=3, guard_check_every=2, guard_window=20)
+    callback = AutoPrecision(plan, guard=Guard(threshold=3, check_every=2, window=20))
     history = model.fit(
         x, y, batch_size=4, epochs=2, shuffle=False, verbose=0, callbacks=[callback]
     )
@@ -76,7 +76,7 @@ def test_divergence_in_float32_is_reported_as_such_and_stops():
     x = np.full((64, 4), 10.0, "float32")
     y = np.zeros((64, 1), "float32")
     callback = AutoPrecision(
-        PrecisionPlan.uniform(model, "float32"), guard_check_every=1, verbose=0
+        PrecisionPlan.uniform(model, "float32"), guard=Guard(check_every=1), verbose=0
     )
     model.fit(x, y, batch_size=4, epochs=3, verbose=0, callbacks=[callback])
     assert callback.events and callback.events[-1]["kind"] == "stopped"
@@ -88,26 +88,26 @@ def test_on_nan_raise():
     x, y = _data_that_starts_overflowing()
     plan = PrecisionPlan.uniform(model, "float16").with_dtype("out", "float32")
     callback = AutoPrecision(
-        plan, on_nan="raise", guard_threshold=3, guard_check_every=2, verbose=0
+        plan, guard=Guard(on_nan="raise", threshold=3, check_every=2), verbose=0
     )
     with pytest.raises(NonFiniteTrainingError, match="non-finite step"):
         model.fit(x, y, batch_size=4, epochs=1, shuffle=False, verbose=0, callbacks=[callback])
 
 
 def test_guard_state_counts_a_window_and_detects_collapse():
-    state = GuardState(GuardConfig(threshold=3, window=10))
+    state = GuardState(Guard(threshold=3, window=10))
     assert not state.observe(step=5, non_finite_total=2, scale=1024.0, floor=1.0)
     assert state.observe(step=8, non_finite_total=3, scale=512.0, floor=1.0)
-    fresh = GuardState(GuardConfig(threshold=100, window=10))
+    fresh = GuardState(Guard(threshold=100, window=10))
     assert fresh.observe(step=5, non_finite_total=1, scale=1.0, floor=1.0)  # at the floor
-    old = GuardState(GuardConfig(threshold=3, window=10))
+    old = GuardState(Guard(threshold=3, window=10))
     old.observe(step=1, non_finite_total=2, scale=8.0, floor=1.0)
     assert not old.observe(step=30, non_finite_total=3, scale=8.0, floor=1.0)  # outside window
 
 
 def test_bad_guard_settings_are_refused(mlp):
     with pytest.raises(AutoprecError, match="on_nan='ignore'"):
-        AutoPrecision(PrecisionPlan.uniform(mlp, "float32"), on_nan="ignore")
+        AutoPrecision(PrecisionPlan.uniform(mlp, "float32"), guard=Guard(on_nan="ignore"))
 
 
 def test_nan_in_input_batches_is_reported_not_fixed_by_promotion(caplog):
@@ -118,7 +118,7 @@ def test_nan_in_input_batches_is_reported_not_fixed_by_promotion(caplog):
     x[40:72] = np.nan  # a run of bad batches, then clean data again
     y = np.zeros((120, 1), "float32")
     plan = PrecisionPlan.uniform(model, "float16").with_dtype("out", "float32")
-    callback = AutoPrecision(plan, guard_threshold=2, guard_check_every=2, verbose=0)
+    callback = AutoPrecision(plan, guard=Guard(threshold=2, check_every=2), verbose=0)
     with caplog.at_level("WARNING", logger="autoprec"):
         model.fit(x, y, batch_size=4, epochs=1, shuffle=False, verbose=0, callbacks=[callback])
     assert not [event for event in callback.events if event["kind"] == "promotion"]
@@ -136,7 +136,7 @@ def test_promotion_target_follows_the_widening_ladder():
 
 
 def test_guard_state_checks_only_when_due_and_while_watching():
-    state = GuardState(GuardConfig(check_every=5))
+    state = GuardState(Guard(check_every=5))
     assert state.phase is GuardPhase.WATCHING
     assert [step for step in range(1, 16) if state.is_check_due(step)] == [5, 10, 15]
     state.phase = GuardPhase.DIAGNOSING
@@ -144,12 +144,12 @@ def test_guard_state_checks_only_when_due_and_while_watching():
 
 
 def test_guard_state_check_names_the_trigger():
-    state = GuardState(GuardConfig(threshold=2, window=10))
+    state = GuardState(Guard(threshold=2, window=10))
     assert state.check(step=2, loss=0.5, counters=(1, 1024.0, 1.0)) is None
     trigger = state.check(step=4, loss=0.5, counters=(2, 512.0, 1.0))
     assert trigger == "2 non-finite step(s) in the last 10 steps, loss scale 512"
     assert state.trigger == trigger
-    without_counters = GuardState(GuardConfig())
+    without_counters = GuardState(Guard())
     assert without_counters.check(step=7, loss=1.0, counters=None) is None
     assert without_counters.check(step=8, loss=float("nan"), counters=None) == (
         "non-finite loss at step 8"
@@ -166,13 +166,13 @@ def test_guard_state_check_names_the_trigger():
     ],
 )
 def test_guard_state_action_and_phase(on_nan, has_16bit, action, phase):
-    state = GuardState(GuardConfig(on_nan=on_nan))
+    state = GuardState(Guard(on_nan=on_nan))
     assert state.action(has_16bit) is action
     assert state.phase is phase
 
 
 def test_guard_state_resume_counts_afresh_and_restart_keeps_the_window():
-    state = GuardState(GuardConfig(threshold=3, window=100))
+    state = GuardState(Guard(threshold=3, window=100))
     state.observe(step=10, non_finite_total=2, scale=8.0, floor=1.0)
     state.action(has_16bit_layers=True)
     state.restart()
@@ -190,7 +190,7 @@ def test_plan_callback_guard_promotes_like_auto_precision():
     x, y = _data_that_starts_overflowing()
     plan = PrecisionPlan.uniform(model, "float16").with_dtype("out", "float32")
     callback = PlanCallback(
-        plan, guard_threshold=3, guard_check_every=2, guard_window=20, verbose=0
+        plan, guard=Guard(threshold=3, check_every=2, window=20), verbose=0
     )
     model.fit(x, y, batch_size=4, epochs=2, shuffle=False, verbose=0, callbacks=[callback])
     promotions = [event for event in callback.plan.events if event["kind"] == "promotion"]

@@ -10,6 +10,7 @@ from autoprec import PrecisionPlan
 from autoprec.layers import layer_paths
 from autoprec.runtime import PlanCallback
 from autoprec.runtime.guard import (
+    Guard,
     NonFiniteTrainingError,
     climbing_layers,
     lowered_loss_scale,
@@ -128,7 +129,7 @@ def _bfloat16_nan_run(on_nan):
     x, y = _drift_data(factor=1.0)
     x[40:48] = np.nan  # the sixth batch holds NaN
     plan = PrecisionPlan.uniform(model, "bfloat16")
-    callback = PlanCallback(plan, on_nan=on_nan, verbose=0)
+    callback = PlanCallback(plan, guard=Guard(on_nan=on_nan), verbose=0)
     history = model.fit(
         x, y, batch_size=8, epochs=2, shuffle=False, verbose=0, callbacks=[callback]
     )
