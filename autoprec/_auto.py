@@ -16,6 +16,7 @@ from typing import Any
 import keras
 
 from . import cost
+from ._core.config import ConfigValue
 from ._core.dtypes import BFLOAT16, FLOAT16, FLOAT32, count_dtypes, counts_text
 from ._core.models import strategy_scope, swap_attribute
 from .cost import CostTable, Estimate
@@ -42,7 +43,7 @@ FALLBACK_BATCH_SIZE = 32
 
 
 @dataclasses.dataclass(frozen=True)
-class AutoPlan:
+class AutoPlan(ConfigValue):
     """Settings of `AutoPrecision()`'s automatic mode: how it profiles, times and decides a plan.
 
     With no plan, `AutoPrecision` profiles the first `profile_steps` steps of
@@ -117,34 +118,6 @@ class AutoPlan:
             f"AutoPlan(profile_steps={self.profile_steps}, batch_size={self.batch_size}, "
             f"budget={self.budget!r}{data}, n_trials={self.n_trials})"
         )
-
-    def get_config(self) -> dict[str, Any]:
-        """Returns the settings as a plain dict (`AutoPlan.from_config` builds it back)."""
-        return {field.name: getattr(self, field.name) for field in dataclasses.fields(self)}
-
-    @classmethod
-    def from_config(cls, config: Mapping[str, Any]) -> AutoPlan:
-        """Returns the `AutoPlan` that `get_config()` described; unknown keys are refused.
-
-        Args:
-            config: a dict with some or all of the fields.
-
-        Returns:
-            The `AutoPlan`, the missing fields at their defaults.
-
-        Example:
-
-        ```python
-        autoprec.AutoPlan.from_config({"profile_steps": 5, "batch_size": 64})
-        ```
-        """
-        fields = [field.name for field in dataclasses.fields(cls)]
-        unknown = sorted(set(config) - set(fields))
-        if unknown:
-            raise PlanError(
-                f"AutoPlan.from_config: unknown field(s) {unknown}; the fields are {fields}."
-            )
-        return cls(**config)
 
 
 def _require_count(name: str, value: object, otherwise: str = "") -> None:

@@ -35,6 +35,7 @@ import logging
 import math
 from collections.abc import Mapping
 
+from .._core.config import ConfigValue
 from .._core.dtypes import BFLOAT16, FLOAT16, FLOAT32, widen, wider_dtypes
 from ..errors import AutoprecError
 from ..profiler import Profile, TensorStats
@@ -50,7 +51,7 @@ class NonFiniteTrainingError(AutoprecError, RuntimeError):
 
 
 @dataclasses.dataclass(frozen=True)
-class Guard:
+class Guard(ConfigValue):
     """Settings of the runtime guard, which watches training for overflow and promotes the layer where it starts.
 
     Pass one as `AutoPrecision(plan, guard=autoprec.Guard(...))`; `guard=None`
@@ -123,34 +124,6 @@ class Guard:
                 raise AutoprecError(
                     f"Guard: {name} must be True or False, got {getattr(self, name)!r}."
                 )
-
-    def get_config(self) -> dict[str, object]:
-        """Returns the settings as a plain dict (`Guard.from_config` builds it back)."""
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_config(cls, config: Mapping[str, object]) -> Guard:
-        """Returns the `Guard` that `get_config()` described; unknown keys are refused.
-
-        Args:
-            config: a dict with some or all of the fields.
-
-        Returns:
-            The `Guard`, the missing fields at their defaults.
-
-        Example:
-
-        ```python
-        autoprec.Guard.from_config({"on_nan": "stop"})
-        ```
-        """
-        fields = [field.name for field in dataclasses.fields(cls)]
-        unknown = sorted(set(config) - set(fields))
-        if unknown:
-            raise AutoprecError(
-                f"Guard.from_config: unknown field(s) {unknown}; the fields are {fields}."
-            )
-        return cls(**config)
 
 
 def promotion_target(dtype: str, bfloat16_is_fast: bool) -> str:

@@ -4,16 +4,16 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping
 
 import keras
 from keras import ops
 
+from .._core.config import ConfigValue
 from ..errors import PlanError
 
 
 @dataclasses.dataclass(frozen=True)
-class LossScale:
+class LossScale(ConfigValue):
     """How the loss is scaled while layers train in float16: a dynamic scale with a floor, or a fixed one.
 
     `AutoPrecision(loss_scale=...)` takes one of these, or `"dynamic"` (the
@@ -66,34 +66,6 @@ class LossScale:
             raise PlanError(f"LossScale: growth_steps must be an integer >= 1, got {steps!r}.")
         if not isinstance(self.dynamic, bool):
             raise PlanError(f"LossScale: dynamic must be True or False, got {self.dynamic!r}.")
-
-    def get_config(self) -> dict[str, object]:
-        """Returns the settings as a plain dict (`LossScale.from_config` builds it back)."""
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_config(cls, config: Mapping[str, object]) -> LossScale:
-        """Returns the `LossScale` that `get_config()` described; unknown keys are refused.
-
-        Args:
-            config: a dict with some or all of the fields.
-
-        Returns:
-            The `LossScale`, the missing fields at their defaults.
-
-        Example:
-
-        ```python
-        autoprec.LossScale.from_config({"initial": 1024.0, "dynamic": False})
-        ```
-        """
-        fields = [field.name for field in dataclasses.fields(cls)]
-        unknown = sorted(set(config) - set(fields))
-        if unknown:
-            raise PlanError(
-                f"LossScale.from_config: unknown field(s) {unknown}; the fields are {fields}."
-            )
-        return cls(**config)
 
 
 def resolve_loss_scale(loss_scale: LossScale | str | float | None, where: str) -> LossScale | None:
