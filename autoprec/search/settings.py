@@ -8,6 +8,7 @@ from collections.abc import Callable
 
 import optuna
 
+from .._core.config import ConfigValue
 from .._core.dtypes import COMPUTE_DTYPES
 from ..cost import CostTable
 from ..errors import AutoprecError
@@ -18,11 +19,12 @@ StudyCallback = Callable[[optuna.Study, optuna.trial.FrozenTrial], None]
 
 
 @dataclasses.dataclass(frozen=True)
-class SearchSettings:
+class SearchSettings(ConfigValue):
     """The rarely changed settings of `autoprec.search`, kept apart from its main arguments.
 
     Build one, print it, reuse it across searches; `dataclasses.replace(settings,
-    steps_per_trial=40)` derives a variant.
+    steps_per_trial=40)` derives a variant, and `get_config()` / `from_config()` round-trip
+    it through a plain dict.
 
     Args:
         batch_size: batch size for array data (datasets keep their own batches), as in
