@@ -310,14 +310,14 @@ def _quiet_tensorflow() -> None:
 
 
 def run_demo(
-    output: str | os.PathLike = "plan.json", quick: bool = False, trials: int | None = None
+    output: str | os.PathLike = "plan.json", quick: bool = False, n_trials: int | None = None
 ) -> dict[str, Any]:
     """Profiles, searches, trains and times the built-in demo model, printing each result.
 
     Args:
         output: where the plan is written (atomically, with `PrecisionPlan.save`).
         quick: a smaller run (under a minute on two CPU cores).
-        trials: search trials (default 10, or 4 with `quick`).
+        n_trials: search trials (default 10, or 3 with `quick`).
 
     Returns:
         The printed figures: `float32_metric`, `plan_metric`, `metrics` and `finite` per
@@ -333,7 +333,7 @@ def run_demo(
     """
     _quiet_tensorflow()
     started = time.perf_counter()
-    settings = _settings(quick, trials)
+    settings = _settings(quick, n_trials)
     device = hardware.detect()
     train = make_data(settings["train"], seed=0)
     val = make_data(settings["val"], seed=1)

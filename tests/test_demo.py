@@ -10,7 +10,7 @@ from autoprec import cli, demo
 
 def test_run_demo_quick_writes_a_plan_and_returns_figures(tmp_path, capsys):
     output = tmp_path / "plan.json"
-    figures = demo.run_demo(output=str(output), quick=True, trials=2)
+    figures = demo.run_demo(output=str(output), quick=True, n_trials=2)
 
     plan = autoprec.PrecisionPlan.load(output)
     assert set(plan.layers) >= {"sensor_proj", "wide_1", "wide_2", "narrow", "head"}

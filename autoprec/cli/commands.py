@@ -183,5 +183,5 @@ def demo(args: argparse.Namespace) -> int:
     """`autoprec demo`: profile, search, train and time the built-in model."""
     from ..demo import run_demo
 
-    run_demo(output=args.output, quick=args.quick, trials=args.n_trials)
+    run_demo(output=args.output, quick=args.quick, n_trials=args.n_trials)
     return EXIT_OK
