@@ -394,7 +394,7 @@ def _run_search(model: keras.Model, evaluator: Evaluator, request: _Request) -> 
         timeout=request.timeout,
         catch=tuple(settings.catch),
         callbacks=[writer, explorer(context), *settings.callbacks],
-        show_progress_bar=verbose == 1,
+        show_progress_bar=verbose >= 1,
     )
     return _finish(context, study, base_metadata, spread, table, removed, unsafe, request)
 
