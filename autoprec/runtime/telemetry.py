@@ -8,9 +8,9 @@ train step, it records four maxima of `|x|`:
 - `input`: the float inputs it received (already cast to its compute dtype);
 - `internal`: intermediates that can overflow inside the layer: the attention
   logits of `MultiHeadAttention` (recomputed in float32, forward only);
-- `gradient`: the gradients flowing back into its outputs (a custom-gradient
-  identity) and its weight gradients (seen in `apply_gradients`), both under
-  the step's loss scale.
+- `gradient`: its weight gradients (seen in `apply_gradients`) and, for a
+  float16 layer, the gradients flowing back into its outputs (a
+  custom-gradient identity), both under the step's loss scale.
 
 A non-finite value shows as an infinite or NaN maximum. The step also records
 the largest magnitude of its input batch, its loss scale and whether any
@@ -19,7 +19,27 @@ short history kept on the device (the last `history_steps` steps, as
 Transformer Engine keeps an amax history for FP8). The host reads one small
 status tensor per step (did a step fail, did a float16 layer set a new amax
 record within `near_binades` binades of 65504) and the history only when the
-status says so. No histograms: one or two reductions per recorded tensor.
+status says so. No histograms: one reduction per recorded tensor.
+
+What it costs is kept to about one pass over each 16-bit layer's outputs:
+
+- A maximum of `|x|` is an integer maximum of the bit pattern with the sign
+  bit masked (16-bit tensors reduced as 16-bit integers, no float32 copy).
+  Non-negative floats order as their bit patterns do, and inf and NaN have the
+  all-ones exponent, so the result is the amax and the finiteness flag at once
+  (NaN above inf), under XLA too, whose float maximum drops NaN.
+- A tensor is measured once per traced step: a layer's input that another
+  recorded layer produced is not measured again, nor is the output of a
+  pass-through layer that cannot enlarge magnitudes (ReLU, max pooling,
+  reshapes, concatenation: its bound is the largest of its inputs').
+- Activation gradients are recorded for float16 layers, whose gradients run
+  under a loss scale and can overflow; a bfloat16 layer has float32's range,
+  and its non-finite gradients show in its weight gradients and in the
+  gradients' finiteness flag. Attention logits are recomputed in float32 only
+  for float16 layers (a bfloat16 layer's logits cannot leave the range without
+  making its outputs non-finite).
+- The step's scalars are combined in one segment maximum and written to the
+  history with one update.
 
 The values are computed with `keras.ops`; the variables (one copy per replica
 under a `tf.distribute` strategy) come from the TensorFlow backend module. On
@@ -55,13 +75,31 @@ from keras import ops
 from .._backends import profiler_backend
 from .._core.dtypes import FLOAT16, FLOAT32
 from .._core.models import swap_attribute
-from ..layers import is_graph_model, is_pass_through, layer_paths, observing_attention
+from ..layers import (
+    PASS_THROUGH_CLASSES,
+    is_graph_model,
+    is_pass_through,
+    layer_paths,
+    observing_attention,
+)
 
 #: What is recorded for every 16-bit layer, in this order.
 SLOTS = ("output", "input", "internal", "gradient")
 OUTPUT, INPUT, INTERNAL, GRADIENT = range(len(SLOTS))
 #: The value of a slot nothing was recorded in.
 NOT_RECORDED = -1.0
+# Float32 bit patterns: the amax of a tensor is carried as the int32 bits of a
+# non-negative float32 (integer order is float order; inf and NaN at the top).
+_NOT_RECORDED_BITS = int(np.array(NOT_RECORDED, np.float32).view(np.int32))
+_MAGNITUDE_BITS = {"float16": 0x7FFF, "bfloat16": 0x7FFF, "float32": 0x7FFFFFFF}
+_BITS_DTYPE = {"float16": "int16", "bfloat16": "int16", "float32": "int32"}
+#: Pass-through layers whose outputs are never larger in magnitude than their
+#: inputs (the dropout and noise layers scale or add, and are left out).
+BOUNDED_PASS_THROUGH = frozenset(
+    name
+    for name in PASS_THROUGH_CLASSES
+    if "Dropout" not in name and name not in ("GaussianNoise", "InputLayer")
+)
 #: The largest finite value of each compute dtype.
 FORMAT_MAX = {
     FLOAT16: 65504.0,
@@ -192,26 +230,39 @@ class TelemetryStatus:
 
 
 class _StepTrace:
-    """Tensors recorded while one train step is traced (in one replica's thread)."""
+    """Tensors recorded while one train step is traced (in one replica's thread).
 
-    def __init__(self) -> None:
+    Every value is an int32 scalar: the float32 bit pattern of an amax.
+    """
+
+    def __init__(self, integer: bool) -> None:
+        self.integer = integer
         self.values: dict[tuple[int, int], list] = {}
         self.all_gradients: list = []
-        # Amax already taken of a tensor, by id (the tensor is kept, so the id stays its own):
-        # a layer's input is often the recorded output of the layer before it.
+        # Amax already taken of a tensor (or a bound of it), by id; the tensor is
+        # kept, so the id stays its own.
         self._measured: dict[int, tuple[Any, Any]] = {}
 
     def add(self, index: int, slot: int, value: Any) -> None:
         self.values.setdefault((index, slot), []).append(value)
 
-    def amax(self, tensor: Any, nan_safe: bool) -> Any:
-        """The amax of `tensor`, taken once per traced step however many layers read it."""
+    def known(self, tensor: Any) -> Any | None:
+        """The amax bits recorded for `tensor` in this step, or `None`."""
         known = self._measured.get(id(tensor))
         if known is not None and known[0] is tensor:
             return known[1]
-        value = _amax(tensor, nan_safe)
-        self._measured[id(tensor)] = (tensor, value)
-        return value
+        return None
+
+    def remember(self, tensor: Any, bits: Any) -> None:
+        self._measured[id(tensor)] = (tensor, bits)
+
+    def amax(self, tensor: Any) -> Any:
+        """The amax bits of `tensor`, taken once per traced step however many layers read it."""
+        bits = self.known(tensor)
+        if bits is None:
+            bits = amax_bits(tensor, self.integer)
+            self.remember(tensor, bits)
+        return bits
 
 
 def _active_trace() -> _StepTrace | None:
@@ -228,22 +279,58 @@ def _is_float_tensor(value: object) -> bool:
         return False
 
 
-def _amax(tensor: Any, nan_safe: bool) -> Any:
-    """The largest magnitude of `tensor` as a float32 scalar; NaN/inf when any value is."""
+def amax_bits(tensor: Any, integer: bool = True) -> Any:
+    """Returns the float32 bit pattern (int32) of `tensor`'s largest magnitude, NaN and inf kept.
+
+    With `integer`, the sign bit of each value's bit pattern is masked and the
+    patterns reduced with an integer maximum, in the tensor's own width (16
+    bits for float16 and bfloat16): no float32 copy, and inf or NaN come out
+    as inf or NaN (NaN above inf), whatever the reduction does with float NaN.
+    Without it, `max(abs(x))` in the tensor's dtype (for devices without fast
+    integer reductions).
+
+    Args:
+        tensor: a float tensor (or `IndexedSlices`).
+        integer: whether to reduce the bit patterns as integers.
+
+    Returns:
+        An int32 scalar: the bits of the amax as float32 (0 for an empty tensor).
+
+    Example:
+
+    ```python
+    bits = amax_bits(keras.ops.convert_to_tensor([1.0, -3.0], "float16"))
+    keras.ops.view(bits, "float32")  # 3.0
+    ```
+    """
     if hasattr(tensor, "indices") and hasattr(tensor, "values"):  # IndexedSlices
         tensor = tensor.values
     if any(dim == 0 for dim in tensor.shape):
-        return ops.convert_to_tensor(0.0, "float32")
-    magnitude = ops.abs(tensor)
-    if nan_safe:  # XLA's max drops NaN
-        magnitude = ops.where(ops.isnan(tensor), ops.cast(math.inf, magnitude.dtype), magnitude)
-    return ops.cast(ops.max(magnitude), "float32")
+        return ops.convert_to_tensor(0, "int32")
+    dtype = keras.backend.standardize_dtype(tensor.dtype)
+    if not integer:
+        largest = ops.cast(ops.max(ops.abs(tensor)), FLOAT32)
+        return ops.view(largest, "int32")
+    if dtype not in _BITS_DTYPE:
+        tensor, dtype = ops.cast(tensor, FLOAT32), FLOAT32
+    bits_dtype = _BITS_DTYPE[dtype]
+    mask = ops.convert_to_tensor(_MAGNITUDE_BITS[dtype], bits_dtype)
+    largest = ops.max(ops.bitwise_and(ops.view(tensor, bits_dtype), mask))
+    if dtype == "bfloat16":  # the upper half of a float32
+        return ops.left_shift(ops.cast(largest, "int32"), ops.convert_to_tensor(16, "int32"))
+    if dtype == FLOAT16:
+        return ops.view(ops.cast(ops.view(largest, FLOAT16), FLOAT32), "int32")
+    return largest
 
 
-def _combined(values: list, nan_safe: bool) -> Any:
-    if len(values) == 1:
-        return values[0]
-    return _amax(ops.stack(values), nan_safe)
+def bits_to_float(bits: Any) -> Any:
+    """Returns the float32 value of an int32 bit pattern from `amax_bits`."""
+    return ops.view(bits, FLOAT32)
+
+
+def _is_bounded(layer: keras.layers.Layer) -> bool:
+    """Whether a layer only moves, selects or clips values (its outputs are no larger)."""
+    return type(layer).__name__ in BOUNDED_PASS_THROUGH and is_pass_through(layer)
 
 
 def _copy_keras_attributes(source: object, target: object) -> None:
@@ -331,7 +418,7 @@ class GuardTelemetry:
         self._float16 = np.array([self.dtypes[path] == FLOAT16 for path in self.paths], bool)
         self._undo: list[Callable[[], None]] = []
         self._read_count = 0
-        self._nan_safe = False
+        self._integer = True
         rows = len(self.paths) + 1
         self._history = self.backend.replica_local_variable(
             np.full((self.history_steps, rows, len(SLOTS)), NOT_RECORDED, np.float32),
@@ -351,7 +438,9 @@ class GuardTelemetry:
         """
         if self.installed:
             return
-        self._nan_safe = bool(getattr(self.model, "jit_compile", False))
+        self._integer = self.backend.integer_amax_is_fast(
+            bool(getattr(self.model, "jit_compile", False))
+        )
         paths = layer_paths(self.model)
         self._replace(self.model, "train_step", self._wrap_train_step(self.model.train_step))
         optimizer = self.model.optimizer
@@ -363,7 +452,7 @@ class GuardTelemetry:
             layer = paths[path]
             index = self._index[path]
             self._replace(layer, "call", self._wrap_call(index, layer.call))
-            if isinstance(layer, keras.layers.MultiHeadAttention):
+            if isinstance(layer, keras.layers.MultiHeadAttention) and self._float16[index]:
                 self._replace(
                     layer,
                     "_compute_attention",
@@ -371,6 +460,9 @@ class GuardTelemetry:
                         layer, layer._compute_attention, self._attention_sink(index)
                     ),
                 )
+        for path, layer in paths.items():
+            if path not in self._index and _is_bounded(layer):
+                self._replace(layer, "call", self._wrap_bounded_call(layer.call))
         self.installed = True
 
     def remove(self) -> None:
@@ -400,12 +492,12 @@ class GuardTelemetry:
 
         @functools.wraps(original)
         def train_step(data):
-            trace = _StepTrace()
+            trace = _StepTrace(telemetry._integer)
             _ACTIVE.trace = trace
             try:
                 scale = telemetry._loss_scale()
                 batch = [
-                    _amax(value, telemetry._nan_safe)
+                    amax_bits(value, trace.integer)
                     for value in keras.tree.flatten(data)
                     if _is_float_tensor(value)
                 ]
@@ -427,9 +519,30 @@ class GuardTelemetry:
                 return original(*args, **kwargs)
             for value in keras.tree.flatten((args, kwargs)):
                 if _is_float_tensor(value):
-                    trace.add(index, INPUT, trace.amax(value, telemetry._nan_safe))
+                    trace.add(index, INPUT, trace.amax(value))
             outputs = original(*args, **kwargs)
             return telemetry._observe(trace, index, outputs)
+
+        return call
+
+    def _wrap_bounded_call(self, original: Callable) -> Callable:
+        """A pass-through layer's outputs inherit the largest amax of its inputs, as a bound."""
+
+        @functools.wraps(original)
+        def call(*args, **kwargs):
+            outputs = original(*args, **kwargs)
+            trace = _active_trace()
+            if trace is None:
+                return outputs
+            inputs = [v for v in keras.tree.flatten((args, kwargs)) if _is_float_tensor(v)]
+            known = [trace.known(value) for value in inputs]
+            if not known or any(bits is None for bits in known):
+                return outputs  # an input nobody measured: its reader measures it
+            bound = known[0] if len(known) == 1 else ops.max(ops.stack(known))
+            for value in keras.tree.flatten(outputs):
+                if _is_float_tensor(value):
+                    trace.remember(value, bound)
+            return outputs
 
         return call
 
@@ -437,7 +550,12 @@ class GuardTelemetry:
         flat = keras.tree.flatten(outputs)
         if not any(_is_float_tensor(value) for value in flat):
             return outputs
-        nan_safe = self._nan_safe
+        if not self._float16[index]:  # no activation gradients: outputs measured as they are
+            for value in flat:
+                if _is_float_tensor(value):
+                    trace.add(index, OUTPUT, trace.amax(value))
+            return outputs
+        integer = trace.integer
 
         @ops.custom_gradient
         def identity(value):
@@ -446,7 +564,7 @@ class GuardTelemetry:
                     (upstream,) = args
                 current = _active_trace()
                 if current is not None:
-                    current.add(index, GRADIENT, _amax(upstream, nan_safe))
+                    current.add(index, GRADIENT, amax_bits(upstream, integer))
                 return upstream
 
             return ops.copy(value), gradient
@@ -457,7 +575,7 @@ class GuardTelemetry:
                 observed.append(value)
                 continue
             result = identity(value)
-            trace.add(index, OUTPUT, trace.amax(result, nan_safe))
+            trace.add(index, OUTPUT, trace.amax(result))
             _copy_keras_attributes(value, result)
             observed.append(result)
         if len(flat) == 1 and not isinstance(outputs, (list, tuple, dict)):
@@ -469,13 +587,11 @@ class GuardTelemetry:
             trace = _active_trace()
             if trace is None:
                 return None
-            return lambda logits: trace.add(index, INTERNAL, _amax(logits, self._nan_safe))
+            return lambda logits: trace.add(index, INTERNAL, amax_bits(logits, trace.integer))
 
         return sink
 
     def _wrap_apply(self, original: Callable, owners: Mapping[int, int]) -> Callable:
-        telemetry = self
-
         @functools.wraps(original)
         def apply_gradients(grads_and_vars, *args, **kwargs):
             pairs = list(grads_and_vars)
@@ -484,7 +600,7 @@ class GuardTelemetry:
                 for gradient, variable in pairs:
                     if gradient is None:
                         continue
-                    value = _amax(gradient, telemetry._nan_safe)
+                    value = amax_bits(gradient, trace.integer)
                     trace.all_gradients.append(value)
                     index = owners.get(id(variable))
                     if index is not None:
@@ -500,21 +616,35 @@ class GuardTelemetry:
         return ops.convert_to_tensor(1.0, "float32")
 
     def _write(self, trace: _StepTrace, scale: Any, batch: list) -> None:
-        nan_safe = self._nan_safe
-        zero = ops.convert_to_tensor(0.0, "float32")
-        batch_amax = _combined(batch, nan_safe) if batch else zero
-        if trace.all_gradients:
-            gradients = ops.stack(trace.all_gradients)
-            gradients_bad = ops.cast(ops.logical_not(ops.all(ops.isfinite(gradients))), "float32")
-        else:
-            gradients_bad = zero
-        entries = [scale, batch_amax, gradients_bad, zero]
-        missing = ops.convert_to_tensor(NOT_RECORDED, "float32")
-        for index in range(len(self.paths)):
-            for slot in range(len(SLOTS)):
-                values = trace.values.get((index, slot))
-                entries.append(_combined(values, nan_safe) if values else missing)
-        frame = ops.reshape(ops.stack(entries), (len(self.paths) + 1, len(SLOTS)))
+        """One segment maximum gives the step's frame; one update appends it to the history."""
+        rows = len(self.paths) + 1
+        values = [ops.view(scale, "int32")]
+        segments = [0]
+        for bits in batch:
+            values.append(bits)
+            segments.append(1)
+        for bits in trace.all_gradients:
+            values.append(bits)
+            segments.append(2)
+        for (index, slot), recorded in trace.values.items():
+            values.extend(recorded)
+            segments.extend([(index + 1) * len(SLOTS) + slot] * len(recorded))
+        largest = ops.segment_max(
+            ops.stack(values),
+            ops.convert_to_tensor(np.array(segments, np.int32)),
+            num_segments=rows * len(SLOTS),
+        )
+        # Empty segments hold the smallest int32: nothing recorded there.
+        recorded = ops.greater_equal(largest, ops.convert_to_tensor(0, "int32"))
+        missing = ops.convert_to_tensor(_NOT_RECORDED_BITS, "int32")
+        frame = ops.reshape(
+            bits_to_float(ops.where(recorded, largest, missing)), (rows, len(SLOTS))
+        )
+        # Row 0 is (loss scale, batch amax, gradients non-finite, unused).
+        gradients_bad = ops.cast(ops.logical_not(ops.isfinite(frame[0, 2])), "float32")
+        if not batch:
+            frame = ops.where(self._header_mask(1), 0.0, frame)
+        frame = ops.where(self._header_mask(2), gradients_bad, frame)
         history = ops.convert_to_tensor(self._history)
         failed = ops.logical_or(
             ops.logical_not(ops.all(ops.isfinite(frame))), ops.greater(gradients_bad, 0.0)
@@ -536,6 +666,11 @@ class GuardTelemetry:
         self._count.assign_add(ops.convert_to_tensor(1, "int64"))
         code = ops.cast(ops.stack([failed, near]), "int32")
         self._status.assign(ops.maximum(ops.convert_to_tensor(self._status), code))
+
+    def _header_mask(self, slot: int) -> Any:
+        mask = np.zeros((len(self.paths) + 1, len(SLOTS)), bool)
+        mask[0, slot] = True
+        return ops.convert_to_tensor(mask)
 
     # ------------------------------------------------------------------ reading (host)
 
