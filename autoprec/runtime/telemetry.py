@@ -72,7 +72,7 @@ import keras
 import numpy as np
 from keras import ops
 
-from .._backends import profiler_backend
+from .._backends import telemetry_backend
 from .._core.dtypes import FLOAT16, FLOAT32
 from .._core.models import swap_attribute
 from ..layers import (
@@ -239,6 +239,7 @@ class _StepTrace:
         self.integer = integer
         self.values: dict[tuple[int, int], list] = {}
         self.all_gradients: list = []
+        self.packed_segments: list[int] = []
         # Amax already taken of a tensor (or a bound of it), by id; the tensor is
         # kept, so the id stays its own.
         self._measured: dict[int, tuple[Any, Any]] = {}
@@ -252,6 +253,10 @@ class _StepTrace:
         if known is not None and known[0] is tensor:
             return known[1]
         return None
+
+    def forget(self) -> None:
+        """Drops every measured tensor (they belong to a function that has returned)."""
+        self._measured.clear()
 
     def remember(self, tensor: Any, bits: Any) -> None:
         self._measured[id(tensor)] = (tensor, bits)
@@ -326,6 +331,13 @@ def amax_bits(tensor: Any, integer: bool = True) -> Any:
 def bits_to_float(bits: Any) -> Any:
     """Returns the float32 value of an int32 bit pattern from `amax_bits`."""
     return ops.view(bits, FLOAT32)
+
+
+def _nan_max(first: Any, second: Any) -> np.float32:
+    """The larger of two recorded amax values, NaN when either is (`None` counts as absent)."""
+    if first is None:
+        return np.float32(second)
+    return np.float32(np.maximum(np.float32(first), np.float32(second)))
 
 
 def _is_bounded(layer: keras.layers.Layer) -> bool:
@@ -407,7 +419,8 @@ class GuardTelemetry:
         history_steps: int = 16,
         near_binades: float = 2.0,
     ) -> None:
-        self.backend = profiler_backend("the autoprec guard's telemetry")
+        self.backend = telemetry_backend("the autoprec guard's telemetry")
+        self._jax = keras.backend.backend() == "jax"
         self.model = model
         self.dtypes = dict(dtypes)
         self.paths = telemetry_paths(model, dtypes)
@@ -419,6 +432,7 @@ class GuardTelemetry:
         self._undo: list[Callable[[], None]] = []
         self._read_count = 0
         self._integer = True
+        self._pending_gradients: dict[int, np.ndarray] = {}
         rows = len(self.paths) + 1
         self._history = self.backend.replica_local_variable(
             np.full((self.history_steps, rows, len(SLOTS)), NOT_RECORDED, np.float32),
@@ -442,12 +456,15 @@ class GuardTelemetry:
             bool(getattr(self.model, "jit_compile", False))
         )
         paths = layer_paths(self.model)
-        self._replace(self.model, "train_step", self._wrap_train_step(self.model.train_step))
         optimizer = self.model.optimizer
         owners = self._weight_owners(paths)
-        self._replace(
-            optimizer, "apply_gradients", self._wrap_apply(optimizer.apply_gradients, owners)
-        )
+        if self._jax:
+            self._install_jax_step(owners)
+        else:
+            self._replace(self.model, "train_step", self._wrap_train_step(self.model.train_step))
+            self._replace(
+                optimizer, "apply_gradients", self._wrap_apply(optimizer.apply_gradients, owners)
+            )
         for path in self.paths:
             layer = paths[path]
             index = self._index[path]
@@ -556,6 +573,7 @@ class GuardTelemetry:
                     trace.add(index, OUTPUT, trace.amax(value))
             return outputs
         integer = trace.integer
+        jax_host = self.backend.host_callback if self._jax else None
 
         @ops.custom_gradient
         def identity(value):
@@ -563,7 +581,10 @@ class GuardTelemetry:
                 if upstream is None:
                     (upstream,) = args
                 current = _active_trace()
-                if current is not None:
+                if current is not None and jax_host is not None:
+                    # A JAX gradient function is traced on its own: its values leave by callback.
+                    jax_host(functools.partial(self._host_gradient, index), amax_bits(upstream))
+                elif current is not None:
                     current.add(index, GRADIENT, amax_bits(upstream, integer))
                 return upstream
 
@@ -615,8 +636,14 @@ class GuardTelemetry:
             return ops.cast(ops.convert_to_tensor(optimizer.dynamic_scale), "float32")
         return ops.convert_to_tensor(1.0, "float32")
 
-    def _write(self, trace: _StepTrace, scale: Any, batch: list) -> None:
-        """One segment maximum gives the step's frame; one update appends it to the history."""
+    def _frame(
+        self,
+        trace: _StepTrace,
+        scale: Any,
+        batch: list,
+        packed: tuple[Any, list[int]] | None = None,
+    ) -> tuple[Any, Any]:
+        """Returns the step's `(frame, gradients_bad)`: one segment maximum of every scalar."""
         rows = len(self.paths) + 1
         values = [ops.view(scale, "int32")]
         segments = [0]
@@ -629,8 +656,12 @@ class GuardTelemetry:
         for (index, slot), recorded in trace.values.items():
             values.extend(recorded)
             segments.extend([(index + 1) * len(SLOTS) + slot] * len(recorded))
+        stacked = ops.stack(values)
+        if packed is not None and packed[1]:  # values recorded inside the gradient function
+            stacked = ops.concatenate([stacked, packed[0]])
+            segments.extend(packed[1])
         largest = ops.segment_max(
-            ops.stack(values),
+            stacked,
             ops.convert_to_tensor(np.array(segments, np.int32)),
             num_segments=rows * len(SLOTS),
         )
@@ -645,6 +676,11 @@ class GuardTelemetry:
         if not batch:
             frame = ops.where(self._header_mask(1), 0.0, frame)
         frame = ops.where(self._header_mask(2), gradients_bad, frame)
+        return frame, gradients_bad
+
+    def _write(self, trace: _StepTrace, scale: Any, batch: list) -> None:
+        """Appends the step's frame to the device history with one update; sets the status."""
+        frame, gradients_bad = self._frame(trace, scale, batch)
         history = ops.convert_to_tensor(self._history)
         failed = ops.logical_or(
             ops.logical_not(ops.all(ops.isfinite(frame))), ops.greater(gradients_bad, 0.0)
@@ -666,6 +702,139 @@ class GuardTelemetry:
         self._count.assign_add(ops.convert_to_tensor(1, "int64"))
         code = ops.cast(ops.stack([failed, near]), "int32")
         self._status.assign(ops.maximum(ops.convert_to_tensor(self._status), code))
+
+    # ------------------------------------------------------------------ JAX
+
+    def _install_jax_step(self, owners: Mapping[int, int]) -> None:
+        """Wraps the JAX trainer's pure train step, its loss function and `stateless_apply`.
+
+        Values recorded in the forward pass leave the differentiated loss function
+        as one extra entry of its auxiliary outputs; the step's frame leaves the
+        compiled step through one host callback.
+        """
+        model = self.model
+        optimizer = model.optimizer
+        scale_position = None
+        if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+            scale_position = next(
+                position
+                for position, variable in enumerate(optimizer.variables)
+                if variable is optimizer.dynamic_scale
+            )
+        positions = {
+            position: owners[id(variable)]
+            for position, variable in enumerate(model.trainable_variables)
+            if id(variable) in owners
+        }
+        self._replace(
+            model, "train_step", self._wrap_jax_train_step(model.train_step, scale_position)
+        )
+        self._replace(
+            model,
+            "compute_loss_and_updates",
+            self._wrap_jax_loss(model.compute_loss_and_updates),
+        )
+        self._replace(
+            optimizer,
+            "stateless_apply",
+            self._wrap_stateless_apply(optimizer.stateless_apply, positions),
+        )
+
+    def _wrap_jax_train_step(self, original: Callable, scale_position: int | None) -> Callable:
+        telemetry = self
+
+        @functools.wraps(original)
+        def train_step(state, data):
+            trace = _StepTrace(True)
+            _ACTIVE.trace = trace
+            try:
+                scale = (
+                    ops.cast(state[2][scale_position], "float32")
+                    if scale_position is not None
+                    else ops.convert_to_tensor(1.0, "float32")
+                )
+                batch = [
+                    amax_bits(value, True)
+                    for value in keras.tree.flatten(data)
+                    if _is_float_tensor(value)
+                ]
+                logs, state = original(state, data)
+            finally:
+                _ACTIVE.trace = None
+            trainable, non_trainable, optimizer_state, metrics = state
+            packed = (non_trainable[-1], trace.packed_segments)
+            frame, _ = telemetry._frame(trace, scale, batch, packed)
+            telemetry.backend.host_callback(telemetry._host_write, frame)
+            return logs, (trainable, list(non_trainable[:-1]), optimizer_state, metrics)
+
+        return train_step
+
+    def _wrap_jax_loss(self, original: Callable) -> Callable:
+        @functools.wraps(original)
+        def compute_loss_and_updates(*args, **kwargs):
+            loss, (unscaled, y_pred, non_trainable, metrics) = original(*args, **kwargs)
+            trace = _active_trace()
+            values: list = []
+            segments: list[int] = []
+            if trace is not None:
+                for (index, slot), recorded in trace.values.items():
+                    values.extend(recorded)
+                    segments.extend([(index + 1) * len(SLOTS) + slot] * len(recorded))
+                trace.values = {}
+                trace.forget()  # the tensors measured here live in this function only
+                trace.packed_segments = segments
+            packed = ops.stack(values) if values else ops.zeros((0,), "int32")
+            return loss, (unscaled, y_pred, [*non_trainable, packed], metrics)
+
+        return compute_loss_and_updates
+
+    def _wrap_stateless_apply(self, original: Callable, positions: Mapping[int, int]) -> Callable:
+        @functools.wraps(original)
+        def stateless_apply(optimizer_variables, grads, trainable_variables):
+            trace = _active_trace()
+            if trace is not None:
+                for position, gradient in enumerate(grads):
+                    if gradient is None:
+                        continue
+                    value = amax_bits(gradient, True)
+                    trace.all_gradients.append(value)
+                    if position in positions:
+                        trace.add(positions[position], GRADIENT, value)
+            return original(optimizer_variables, grads, trainable_variables)
+
+        return stateless_apply
+
+    def _host_gradient(self, index: int, bits: np.ndarray) -> None:
+        """Keeps a float16 layer's activation-gradient amax until its step's frame arrives."""
+        value = np.asarray(bits, np.int32).view(np.float32)
+        self._pending_gradients[index] = _nan_max(self._pending_gradients.get(index), value)
+
+    def _host_write(self, frame: np.ndarray) -> None:
+        """The host side of one JAX step: the same history and status updates as in-graph."""
+        frame = np.array(frame, np.float32)
+        for index, value in self._pending_gradients.items():
+            frame[index + 1, GRADIENT] = _nan_max(frame[index + 1, GRADIENT], value)
+            if not np.isfinite(value):
+                frame[0, 2] = 1.0
+        self._pending_gradients = {}
+        history = self._history.value
+        failed = not np.isfinite(frame).all() or frame[0, 2] > 0
+        near = False
+        if self._float16.any():
+            current = np.maximum(frame[1:, OUTPUT], frame[1:, INTERNAL])
+            past = np.max(np.maximum(history[:, 1:, OUTPUT], history[:, 1:, INTERNAL]), axis=0)
+            with np.errstate(invalid="ignore"):
+                near = bool(
+                    np.any(
+                        self._float16
+                        & (current >= self.near_threshold)
+                        & (current > past)
+                        & np.isfinite(current)
+                    )
+                )
+        self._history.value = np.concatenate([history[1:], frame[None]], axis=0)
+        self._count.value = self._count.value + 1
+        self._status.value = np.maximum(self._status.value, np.array([failed, near], np.int32))
 
     def _header_mask(self, slot: int) -> Any:
         mask = np.zeros((len(self.paths) + 1, len(SLOTS)), bool)
