@@ -65,6 +65,7 @@ import dataclasses
 import functools
 import math
 import threading
+import weakref
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -110,6 +111,8 @@ FORMAT_MAX = {
 # Attributes Keras hangs on tensors that an observed output must carry on.
 _KERAS_TENSOR_ATTRIBUTES = ("_keras_mask", "_keras_logits")
 _ACTIVE = threading.local()  # the step being traced, per replica thread
+# The telemetry installed on each model (by id), so that installing another removes it.
+_INSTALLED: weakref.WeakValueDictionary[int, GuardTelemetry] = weakref.WeakValueDictionary()
 
 
 def format_max(dtype: str) -> float:
@@ -235,8 +238,9 @@ class _StepTrace:
     Every value is an int32 scalar: the float32 bit pattern of an amax.
     """
 
-    def __init__(self, integer: bool) -> None:
+    def __init__(self, integer: bool, owner: object = None) -> None:
         self.integer = integer
+        self.owner = owner
         self.values: dict[tuple[int, int], list] = {}
         self.all_gradients: list = []
         self.packed_segments: list[int] = []
@@ -452,6 +456,10 @@ class GuardTelemetry:
         """
         if self.installed:
             return
+        previous = _INSTALLED.get(id(self.model))
+        if previous is not None and previous.model is self.model and previous.installed:
+            previous.remove()  # left installed by an earlier fit: its wrappers would nest
+        _INSTALLED[id(self.model)] = self
         self._integer = self.backend.integer_amax_is_fast(
             bool(getattr(self.model, "jit_compile", False))
         )
@@ -488,6 +496,8 @@ class GuardTelemetry:
             undo()
         self._undo.clear()
         self.installed = False
+        if _INSTALLED.get(id(self.model)) is self:
+            del _INSTALLED[id(self.model)]
 
     def _replace(self, owner: object, name: str, value: object) -> None:
         self._undo.append(swap_attribute(owner, name, value))
@@ -745,7 +755,7 @@ class GuardTelemetry:
 
         @functools.wraps(original)
         def train_step(state, data):
-            trace = _StepTrace(True)
+            trace = _StepTrace(True, owner=telemetry)
             _ACTIVE.trace = trace
             try:
                 scale = (
@@ -770,19 +780,22 @@ class GuardTelemetry:
         return train_step
 
     def _wrap_jax_loss(self, original: Callable) -> Callable:
+        telemetry = self
+
         @functools.wraps(original)
         def compute_loss_and_updates(*args, **kwargs):
-            loss, (unscaled, y_pred, non_trainable, metrics) = original(*args, **kwargs)
             trace = _active_trace()
+            if trace is None or trace.owner is not telemetry:  # not this telemetry's train step
+                return original(*args, **kwargs)
+            loss, (unscaled, y_pred, non_trainable, metrics) = original(*args, **kwargs)
             values: list = []
             segments: list[int] = []
-            if trace is not None:
-                for (index, slot), recorded in trace.values.items():
-                    values.extend(recorded)
-                    segments.extend([(index + 1) * len(SLOTS) + slot] * len(recorded))
-                trace.values = {}
-                trace.forget()  # the tensors measured here live in this function only
-                trace.packed_segments = segments
+            for (index, slot), recorded in trace.values.items():
+                values.extend(recorded)
+                segments.extend([(index + 1) * len(SLOTS) + slot] * len(recorded))
+            trace.values = {}
+            trace.forget()  # the tensors measured here live in this function only
+            trace.packed_segments = segments
             packed = ops.stack(values) if values else ops.zeros((0,), "int32")
             return loss, (unscaled, y_pred, [*non_trainable, packed], metrics)
 
