@@ -14,7 +14,14 @@ from autoprec.runtime.guard import (
     climbing_layers,
     lowered_loss_scale,
 )
-from autoprec.runtime.telemetry import LayerAmax, StepRecord, format_max, is_out_of_range
+from autoprec.runtime.telemetry import (
+    LayerAmax,
+    StepRecord,
+    amax_bits,
+    bits_to_float,
+    format_max,
+    is_out_of_range,
+)
 
 
 def _finite_weights(model):
@@ -248,3 +255,54 @@ def test_pure_helpers():
     assert not climbing_layers(records, {"d": "bfloat16"})
     flat = [StepRecord(i, 1.0, 1.0, True, {"d": LayerAmax(output=2e4)}) for i in range(5)]
     assert not climbing_layers(flat, {"d": "float16"})
+
+
+@pytest.mark.parametrize("integer", [True, False])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
+def test_amax_bits_keeps_the_largest_magnitude_and_non_finite_values(dtype, integer):
+    def amax(values, bits=None):
+        if bits is None:
+            tensor = keras.ops.cast(keras.ops.convert_to_tensor(values, "float32"), dtype)
+        else:  # a given bit pattern, e.g. a NaN with its sign bit set
+            tensor = keras.ops.view(keras.ops.convert_to_tensor(bits), dtype)
+        return float(keras.ops.convert_to_numpy(bits_to_float(amax_bits(tensor, integer))))
+
+    largest = format_max(dtype)
+    assert amax([[1.0, -3.0], [2.0, 0.5]]) == 3.0
+    assert amax([-largest, 1.0]) == pytest.approx(largest, rel=1e-6)
+    assert amax([-0.0, 0.0]) == 0.0
+    assert amax([1.0, -np.inf, 2.0]) == np.inf
+    assert np.isnan(amax([1.0, np.nan, np.inf]))
+    if dtype == "float16":
+        assert amax([6e-8, -1e-7]) == pytest.approx(1.1920929e-07)  # subnormals
+    if integer:  # a NaN whose sign bit is set (0 * inf on x86) is still seen
+        negative_nan = {"float16": [0xFE00, 0x3C00], "bfloat16": [0xFFC0, 0x3F80]}
+        bits = negative_nan.get(dtype, [])
+        if bits:
+            assert np.isnan(amax(None, np.array(bits, np.uint16).view(np.int16)))
+
+
+def test_bounded_pass_through_outputs_are_not_measured_again():
+    model = keras.Sequential(
+        [
+            keras.Input((8,)),
+            keras.layers.Dense(16, name="a"),
+            keras.layers.Activation("relu", name="relu"),
+            keras.layers.Dense(16, name="b"),
+            keras.layers.Dense(1, name="head"),
+        ]
+    )
+    model.compile(optimizer=keras.optimizers.SGD(0.0), loss="mse")
+    kernel, bias = model.get_layer("a").get_weights()
+    model.get_layer("a").set_weights([-np.abs(kernel) - 0.1, bias])  # a's outputs all < 0
+    plan = PrecisionPlan.uniform(model, "bfloat16").with_dtype("head", "float32")
+    callback = PlanCallback(plan, verbose=0)
+    x = np.ones((8, 8), "float32")
+    model.fit(x, np.zeros((8, 1)), batch_size=8, epochs=1, verbose=0, callbacks=[callback])
+    (record,) = callback._telemetry.read_records()
+    a, b = record.layers["a"], record.layers["b"]
+    # b's input is the ReLU of a's outputs (all zeros); its recorded bound is a's amax.
+    assert b.input == a.output > 0
+    assert "relu" not in record.layers
+    # bfloat16 layers: weight gradients only (no activation-gradient identity).
+    assert b.gradient >= 0 and record.gradients_finite
