@@ -8,7 +8,7 @@ train step, it records four maxima of `|x|`:
 - `input`: the float inputs it received (already cast to its compute dtype);
 - `internal`: intermediates that can overflow inside the layer: the attention
   logits of `MultiHeadAttention` (recomputed in float32, forward only);
-- `gradient`: its weight gradients (seen in `apply_gradients`) and, for a
+- `gradient`: its weight gradients (seen by the optimizer) and, for a
   float16 layer, the gradients flowing back into its outputs (a
   custom-gradient identity), both under the step's loss scale.
 
@@ -31,7 +31,9 @@ What it costs is kept to about one pass over each 16-bit layer's outputs:
 - A tensor is measured once per traced step: a layer's input that another
   recorded layer produced is not measured again, nor is the output of a
   pass-through layer that cannot enlarge magnitudes (ReLU, max pooling,
-  reshapes, concatenation: its bound is the largest of its inputs').
+  reshapes, concatenation: its bound is the largest of its inputs', which the
+  pass-through layer's readers record as their input). Such a layer is never
+  attributed: its outputs leave the range only if its inputs did.
 - Activation gradients are recorded for float16 layers, whose gradients run
   under a loss scale and can overflow; a bfloat16 layer has float32's range,
   and its non-finite gradients show in its weight gradients and in the
@@ -41,11 +43,17 @@ What it costs is kept to about one pass over each 16-bit layer's outputs:
 - The step's scalars are combined in one segment maximum and written to the
   history with one update.
 
-The values are computed with `keras.ops`; the variables (one copy per replica
-under a `tf.distribute` strategy) come from the TensorFlow backend module. On
-other backends a train step is a pure function that cannot update statistics
-from inside its gradient, so `GuardTelemetry` raises `BackendError` there and
-the guard falls back to reading the loss-scale optimizer's counters.
+The values are computed with `keras.ops`. On TensorFlow the history, count
+and status are variables (one copy per replica under a `tf.distribute`
+strategy) updated inside the step. On JAX the train step is a pure function:
+the forward values leave the differentiated loss function as one extra
+auxiliary output, the activation-gradient maxima (a gradient function is
+traced on its own) and the step's frame reach the host through ordered host
+callbacks, and the history is kept on the host; reading it waits for the
+callbacks. On any other backend `GuardTelemetry` raises `BackendError`.
+
+Outside XLA on a TensorFlow GPU (which has no 16-bit integer maximum kernel)
+the amax is `max(abs(x))` in the tensor's dtype instead.
 
 Example:
 
@@ -406,7 +414,7 @@ class GuardTelemetry:
             a new record raises the status' `near_range` flag.
 
     Raises:
-        BackendError: on a Keras backend where the telemetry cannot run.
+        BackendError: on a Keras backend other than TensorFlow and JAX.
 
     Example:
 
