@@ -101,6 +101,7 @@ NOT_RECORDED = -1.0
 # non-negative float32 (integer order is float order; inf and NaN at the top).
 _NOT_RECORDED_BITS = int(np.array(NOT_RECORDED, np.float32).view(np.int32))
 _MAGNITUDE_BITS = {"float16": 0x7FFF, "bfloat16": 0x7FFF, "float32": 0x7FFFFFFF}
+_INFINITY_BITS = 0x7F800000  # float32 inf; NaN patterns lie above it
 _BITS_DTYPE = {"float16": "int16", "bfloat16": "int16", "float32": "int32"}
 #: Pass-through layers whose outputs are never larger in magnitude than their
 #: inputs (the dropout and noise layers scale or add, and are left out).
@@ -252,6 +253,10 @@ class _StepTrace:
         self.values: dict[tuple[int, int], list] = {}
         self.all_gradients: list = []
         self.packed_segments: list[int] = []
+        # Slots of bfloat16 layers, measured only in a step whose gradients or batch
+        # are non-finite: (segment, parts), each part a tensor or amax bits.
+        self.lazy: list[tuple[int, list]] = []
+        self._bounds: dict[int, tuple[Any, tuple]] = {}
         # Amax already taken of a tensor (or a bound of it), by id; the tensor is
         # kept, so the id stays its own.
         self._measured: dict[int, tuple[Any, Any]] = {}
@@ -265,6 +270,28 @@ class _StepTrace:
         if known is not None and known[0] is tensor:
             return known[1]
         return None
+
+    def add_lazy(self, index: int, slot: int, parts: list) -> None:
+        """Records a slot measured only if the step fails (`parts`: tensors or amax bits)."""
+        self.lazy.append(((index + 1) * len(SLOTS) + slot, parts))
+
+    def lazy_parts(self, tensor: Any) -> list:
+        """What `tensor`'s amax is taken from when measured lazily: its bits, a bound, or itself."""
+        bits = self.known(tensor)
+        if bits is not None:
+            return [bits]
+        bound = self._bounds.get(id(tensor))
+        if bound is not None and bound[0] is tensor:
+            return list(bound[1])
+        return [tensor]
+
+    def bound_lazily(self, tensor: Any, parts: list) -> None:
+        """Makes `tensor`'s amax, when measured lazily, the largest of `parts`."""
+        self._bounds[id(tensor)] = (tensor, tuple(parts))
+
+    def is_lazy(self, tensor: Any) -> bool:
+        bound = self._bounds.get(id(tensor))
+        return bound is not None and bound[0] is tensor
 
     def forget(self) -> None:
         """Drops every measured tensor (they belong to a function that has returned)."""
@@ -552,9 +579,14 @@ class GuardTelemetry:
             trace = _active_trace()
             if trace is None:
                 return original(*args, **kwargs)
+            lazy = telemetry._lazy(index)
             for value in keras.tree.flatten((args, kwargs)):
-                if _is_float_tensor(value):
-                    trace.add(index, INPUT, trace.amax(value))
+                if not _is_float_tensor(value):
+                    continue
+                if lazy:
+                    trace.add_lazy(index, INPUT, trace.lazy_parts(value))
+                else:
+                    trace.add(index, INPUT, telemetry._eager_amax(trace, value))
             outputs = original(*args, **kwargs)
             return telemetry._observe(trace, index, outputs)
 
@@ -571,12 +603,18 @@ class GuardTelemetry:
                 return outputs
             inputs = [v for v in keras.tree.flatten((args, kwargs)) if _is_float_tensor(v)]
             known = [trace.known(value) for value in inputs]
-            if not known or any(bits is None for bits in known):
-                return outputs  # an input nobody measured: its reader measures it
-            bound = known[0] if len(known) == 1 else ops.max(ops.stack(known))
-            for value in keras.tree.flatten(outputs):
-                if _is_float_tensor(value):
+            outputs_flat = [v for v in keras.tree.flatten(outputs) if _is_float_tensor(v)]
+            if known and all(bits is not None for bits in known):
+                bound = known[0] if len(known) == 1 else ops.max(ops.stack(known))
+                for value in outputs_flat:
                     trace.remember(value, bound)
+            elif known and all(
+                bits is not None or trace.is_lazy(value) for bits, value in zip(known, inputs)
+            ):
+                parts = [part for value in inputs for part in trace.lazy_parts(value)]
+                for value in outputs_flat:
+                    trace.bound_lazily(value, parts)
+            # else: an input nobody measured; its reader measures it
             return outputs
 
         return call
@@ -586,9 +624,15 @@ class GuardTelemetry:
         if not any(_is_float_tensor(value) for value in flat):
             return outputs
         if not self._float16[index]:  # no activation gradients: outputs measured as they are
+            lazy = self._lazy(index)
             for value in flat:
-                if _is_float_tensor(value):
-                    trace.add(index, OUTPUT, trace.amax(value))
+                if not _is_float_tensor(value):
+                    continue
+                if lazy:
+                    trace.add_lazy(index, OUTPUT, [value])
+                    trace.bound_lazily(value, [value])
+                else:
+                    trace.add(index, OUTPUT, self._eager_amax(trace, value))
             return outputs
         integer = trace.integer
         jax_host = self.backend.host_callback if self._jax else None
@@ -614,12 +658,28 @@ class GuardTelemetry:
                 observed.append(value)
                 continue
             result = identity(value)
-            trace.add(index, OUTPUT, trace.amax(result))
+            trace.add(index, OUTPUT, self._eager_amax(trace, result))
             _copy_keras_attributes(value, result)
             observed.append(result)
         if len(flat) == 1 and not isinstance(outputs, (list, tuple, dict)):
             return observed[0]
         return keras.tree.pack_sequence_as(outputs, observed)
+
+    def _lazy(self, index: int) -> bool:
+        """Whether a layer's values are measured only in failing steps: bfloat16 on TensorFlow.
+
+        A bfloat16 layer has float32's range: its values leave it only as inf or
+        NaN, which reach the gradients (or came with the batch), and it has no
+        climbing amax to watch. Its outputs are measured, inside that same step,
+        only when the step's gradients or batch are non-finite (a conditional
+        branch that normal steps skip). JAX measures every step (XLA fuses the
+        reductions into the layers' own loops).
+        """
+        return not self._jax and not self._float16[index]
+
+    def _eager_amax(self, trace: _StepTrace, value: Any) -> Any:
+        """The amax bits of `value` now (a lazily bounded tensor is measured itself)."""
+        return trace.amax(value)
 
     def _attention_sink(self, index: int) -> Callable[[], Callable[[Any], None] | None]:
         def sink() -> Callable[[Any], None] | None:
@@ -675,6 +735,9 @@ class GuardTelemetry:
             values.extend(recorded)
             segments.extend([(index + 1) * len(SLOTS) + slot] * len(recorded))
         stacked = ops.stack(values)
+        if trace.lazy:
+            stacked = ops.concatenate([stacked, self._lazy_values(trace, values[1:])])
+            segments.extend(segment for segment, _ in trace.lazy)
         if packed is not None and packed[1]:  # values recorded inside the gradient function
             stacked = ops.concatenate([stacked, packed[0]])
             segments.extend(packed[1])
@@ -695,6 +758,34 @@ class GuardTelemetry:
             frame = ops.where(self._header_mask(1), 0.0, frame)
         frame = ops.where(self._header_mask(2), gradients_bad, frame)
         return frame, gradients_bad
+
+    def _lazy_values(self, trace: _StepTrace, triggers: list) -> Any:
+        """The lazily measured slots, computed only when a value already taken is non-finite.
+
+        The triggers are the batch's, the gradients' and the float16 layers' amax
+        bits: a non-finite value in a bfloat16 layer reaches the gradients.
+        """
+        entries = trace.lazy
+        tensors = {
+            id(part): part for _, parts in entries for part in parts if _is_float_tensor(part)
+        }
+
+        def measure():
+            bits = {key: amax_bits(tensor, trace.integer) for key, tensor in tensors.items()}
+            rows = []
+            for _, parts in entries:
+                values = [bits[id(part)] if id(part) in bits else part for part in parts]
+                rows.append(values[0] if len(values) == 1 else ops.max(ops.stack(values)))
+            return ops.stack(rows)
+
+        def skip():
+            return ops.full((len(entries),), np.iinfo(np.int32).min, "int32")
+
+        if not triggers:
+            return skip()
+        infinity = ops.convert_to_tensor(_INFINITY_BITS, "int32")
+        failing = ops.any(ops.greater_equal(ops.stack(triggers), infinity))
+        return ops.cond(failing, measure, skip)
 
     def _write(self, trace: _StepTrace, scale: Any, batch: list) -> None:
         """Appends the step's frame to the device history with one update; sets the status."""

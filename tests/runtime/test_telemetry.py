@@ -15,6 +15,7 @@ from autoprec.runtime.guard import (
     lowered_loss_scale,
 )
 from autoprec.runtime.telemetry import (
+    NOT_RECORDED,
     LayerAmax,
     StepRecord,
     amax_bits,
@@ -282,7 +283,7 @@ def test_amax_bits_keeps_the_largest_magnitude_and_non_finite_values(dtype, inte
             assert np.isnan(amax(None, np.array(bits, np.uint16).view(np.int16)))
 
 
-def test_bounded_pass_through_outputs_are_not_measured_again():
+def _relu_stack(big=1.0):
     model = keras.Sequential(
         [
             keras.Input((8,)),
@@ -294,15 +295,44 @@ def test_bounded_pass_through_outputs_are_not_measured_again():
     )
     model.compile(optimizer=keras.optimizers.SGD(0.0), loss="mse")
     kernel, bias = model.get_layer("a").get_weights()
-    model.get_layer("a").set_weights([-np.abs(kernel) - 0.1, bias])  # a's outputs all < 0
-    plan = PrecisionPlan.uniform(model, "bfloat16").with_dtype("head", "float32")
+    model.get_layer("a").set_weights([np.abs(kernel) + 0.1, bias])  # a's outputs all > 0
+    kernel, bias = model.get_layer("b").get_weights()
+    model.get_layer("b").set_weights([np.full_like(kernel, big), bias])
+    return model
+
+
+def test_bounded_pass_through_outputs_are_not_measured_again():
+    model = _relu_stack()
+    plan = PrecisionPlan.uniform(model, "float16").with_dtype("head", "float32")
     callback = PlanCallback(plan, verbose=0)
     x = np.ones((8, 8), "float32")
     model.fit(x, np.zeros((8, 1)), batch_size=8, epochs=1, verbose=0, callbacks=[callback])
     (record,) = callback._telemetry.read_records()
     a, b = record.layers["a"], record.layers["b"]
-    # b's input is the ReLU of a's outputs (all zeros); its recorded bound is a's amax.
-    assert b.input == a.output > 0
+    # b's input is the ReLU of a's outputs (all positive): its recorded bound is a's amax.
+    assert b.input == a.output > 1.0
     assert "relu" not in record.layers
-    # bfloat16 layers: weight gradients only (no activation-gradient identity).
-    assert b.gradient >= 0 and record.gradients_finite
+    # float16: activation gradients recorded (under the first step's loss scale, 2^15)
+    assert a.gradient != NOT_RECORDED and b.gradient != NOT_RECORDED
+
+
+def test_bfloat16_layers_are_measured_in_the_failing_step_only():
+    model = _relu_stack()
+    plan = PrecisionPlan.uniform(model, "bfloat16").with_dtype("head", "float32")
+    callback = PlanCallback(plan, verbose=0)
+    x = np.ones((8, 8), "float32")
+    model.fit(x, np.zeros((8, 1)), batch_size=8, epochs=1, verbose=0, callbacks=[callback])
+    (record,) = callback._telemetry.read_records()
+    assert record.finite and record.layers["a"].output == NOT_RECORDED
+    assert record.layers["b"].gradient > 0  # weight gradients: every step
+
+    model = _relu_stack(big=3e37)  # b's outputs pass bfloat16's max on the large batch
+    model.get_layer("a").trainable = False  # (its gradients through b's kernel would overflow)
+    model.compile(optimizer=keras.optimizers.SGD(0.0), loss="mse")
+    plan = PrecisionPlan.uniform(model, "bfloat16").with_dtype("head", "float32")
+    callback = PlanCallback(plan, verbose=0)
+    x = np.concatenate([np.full((8, 8), 1e-3), np.full((8, 8), 10.0)]).astype("float32")
+    model.fit(x, np.zeros((16, 1)), batch_size=8, shuffle=False, verbose=0, callbacks=[callback])
+    promotions = _promotions(callback)
+    assert [(event["layer"], event["step"]) for event in promotions] == [("b", 2)], promotions
+    assert "non-finite bfloat16 outputs" in promotions[0]["evidence"]
