@@ -94,7 +94,7 @@ def fault_overflow(onset: int) -> tuple[bool, bool]:
     model = _three_layer_model(100.0)
     x = np.concatenate([np.ones((onset, 4)), np.full((120 - onset, 4), 1000.0)]).astype("float32")
     callback = autoprec.AutoPrecision(
-        _float16_plan(model), guard_threshold=3, guard_check_every=2, verbose=0
+        _float16_plan(model), guard=autoprec.Guard(threshold=3, check_every=2), verbose=0
     )
     history = model.fit(
         x,
@@ -138,7 +138,7 @@ def fault_nan_input(first_bad: int) -> tuple[bool, bool]:
     x = np.ones((120, 4), "float32")
     x[first_bad : first_bad + 32] = np.nan
     callback = autoprec.AutoPrecision(
-        _float16_plan(model), guard_threshold=2, guard_check_every=2, verbose=0
+        _float16_plan(model), guard=autoprec.Guard(threshold=2, check_every=2), verbose=0
     )
     model.fit(
         x,
@@ -159,7 +159,7 @@ def fault_loss_scale_collapse(steps: int) -> tuple[bool, bool]:
     model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(4), keras.layers.Dense(1)])
     model.compile(optimizer="sgd", loss="mse")
     callback = autoprec.AutoPrecision(
-        autoprec.PrecisionPlan.uniform(model, "float16"), guard=False, verbose=0
+        autoprec.PrecisionPlan.uniform(model, "float16"), guard=None, verbose=0
     )
     model.fit(
         np.full((steps, 4), 1e4, "float32"),
@@ -499,7 +499,9 @@ def guard_nan_batch(steps: int = 20, batch_size: int = 8, epochs: int = 2) -> Re
     model = build()
     plan = autoprec.PrecisionPlan.uniform(model, "bfloat16")
     try:
-        _guarded_fit(model, plan, poisoned, y, epochs, batch_size, on_nan="raise")
+        _guarded_fit(
+            model, plan, poisoned, y, epochs, batch_size, guard=autoprec.Guard(on_nan="raise")
+        )
         raised = False
     except autoprec.NonFiniteTrainingError:
         raised = True

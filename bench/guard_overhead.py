@@ -2,10 +2,10 @@
 
 For each model (a small ResNet-style CNN and a small Transformer encoder) three
 copies with identical weights run the same plan (bfloat16 with a float32 head)
-through `autoprec.AutoPrecision`: "guard off" (`guard=False`), "skip only"
-(`guard=False`, the optimizer wrapped as the guard wraps it for a bfloat16
+through `autoprec.AutoPrecision`: "guard off" (`guard=None`), "skip only"
+(`guard=None`, the optimizer wrapped as the guard wraps it for a bfloat16
 plan: an `autoprec.FlooredLossScaleOptimizer` fixed at scale 1, which skips
-non-finite steps) and "guard on" (`guard=True`: that same wrapper, plus
+non-finite steps) and "guard on" (`guard=autoprec.Guard()`: that same wrapper, plus
 per-layer amax telemetry inside the compiled step and one status read per
 step). "on/off" is the whole guard's cost, "on/skip only" the telemetry's. Each copy first trains `--steps` steps untimed (the
 warm-up, which also traces), then both are timed in `--rounds` interleaved
@@ -95,7 +95,8 @@ def guarded_pair(builder, jit_compile: bool) -> dict[str, tuple[keras.Model, ker
             jit_compile=jit_compile,
         )
         plan = autoprec.PrecisionPlan.uniform(model, "bfloat16").with_dtype("head", "float32")
-        callback = autoprec.AutoPrecision(plan, guard=name == "guard on", verbose=0)
+        guard = autoprec.Guard() if name == "guard on" else None
+        callback = autoprec.AutoPrecision(plan, guard=guard, verbose=0)
         arms[name] = (model, callback)
     return arms
 

@@ -1,10 +1,16 @@
-"""Train-step overhead of autoprec's profiler probes, and of nothing once they are removed.
+"""Train-step overhead of autoprec's profiler probes, of nothing once they are removed, and of the guard.
 
 For each model (a ResNet-style CNN and a small Transformer encoder) two
 identical copies are trained side by side in one process: the baseline never
-sees a probe, the other is probed, then has its probes removed. Timed steps
-alternate between the two copies (interleaved repeats), so machine noise hits
-both alike; the table shows median step times and their ratio.
+sees a probe, the other is probed (exact exponent histograms: what a
+profiling window costs), then has its probes removed. Timed steps alternate
+between the two copies (interleaved repeats), so machine noise hits both
+alike; the table shows median step times and their ratio.
+
+The "guard telemetry" row is the always-on cost: both copies run a bfloat16
+plan (float32 head) through `autoprec.AutoPrecision`, the baseline with
+`guard=False`, the other with `guard=True` (per-layer amax telemetry in every
+step; `bench/guard_overhead.py` measures it in more detail).
 
 The last column is a floor: the time an exact exponent count alone
 (TensorFlow's `DenseBincount`, the cheapest exact counting kernel on CPU)
@@ -31,6 +37,7 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
+import autoprec  # noqa: E402
 from autoprec.profiler import ProbeSession  # noqa: E402
 
 
@@ -131,23 +138,40 @@ def twin_models(builder, jit_compile: bool) -> tuple[keras.Model, keras.Model]:
     return first, second
 
 
-def timed_steps(model: keras.Model, data: tf.data.Dataset, steps: int) -> list[float]:
+def timed_steps(
+    model: keras.Model, data: tf.data.Dataset, steps: int, callbacks: list | None = None
+) -> list[float]:
     timer = StepTimer()
-    model.fit(data, steps_per_epoch=steps, epochs=1, verbose=0, callbacks=[timer])
+    callbacks = [*(callbacks or []), timer]  # the timer last: the guard's read counts
+    model.fit(data, steps_per_epoch=steps, epochs=1, verbose=0, callbacks=callbacks)
     return timer.seconds
 
 
 def interleaved_medians(
-    baseline: keras.Model, other: keras.Model, data, repeats: int, steps: int
+    baseline: keras.Model,
+    other: keras.Model,
+    data,
+    repeats: int,
+    steps: int,
+    callbacks: tuple[list, list] = ([], []),
 ) -> tuple[float, float]:
     """Median step seconds of both models, alternating `repeats` runs of `steps` steps."""
-    timed_steps(baseline, data, 2)  # trace, compile, warm caches
-    timed_steps(other, data, 2)
+    timed_steps(baseline, data, 2, callbacks[0])  # trace, compile, warm caches
+    timed_steps(other, data, 2, callbacks[1])
     baseline_times, other_times = [], []
     for _ in range(repeats):
-        baseline_times += timed_steps(baseline, data, steps)
-        other_times += timed_steps(other, data, steps)
+        baseline_times += timed_steps(baseline, data, steps, callbacks[0])
+        other_times += timed_steps(other, data, steps, callbacks[1])
     return statistics.median(baseline_times), statistics.median(other_times)
+
+
+def guard_callbacks(baseline: keras.Model, guarded: keras.Model) -> tuple[list, list]:
+    """A bfloat16 plan (float32 head) on both copies: the guard off on one, on on the other."""
+    callbacks = []
+    for model, guard in ((baseline, False), (guarded, True)):
+        plan = autoprec.PrecisionPlan.uniform(model, "bfloat16").with_dtype("head", "float32")
+        callbacks.append([autoprec.AutoPrecision(plan, guard=guard, verbose=0)])
+    return callbacks[0], callbacks[1]
 
 
 def counting_seconds_per_value(values: int = 1 << 20, repeats: int = 20) -> float:
@@ -195,9 +219,15 @@ def measure(name: str, builder, batch_size: int, repeats: int, steps: int, jit: 
         values = values_per_step(session)
     floor_ms = base_ms + values * counting_seconds_per_value()
     base_after_ms, removed_ms = interleaved_medians(baseline, probed, data, repeats, steps)
+    keras.utils.set_random_seed(0)
+    unguarded, guarded = twin_models(builder, jit)
+    guard_off_ms, guard_on_ms = interleaved_medians(
+        unguarded, guarded, data, repeats, steps, guard_callbacks(unguarded, guarded)
+    )
     return [
         (name, "probed", probes, values, base_ms, probed_ms, floor_ms),
         (name, "probes removed", 0, 0, base_after_ms, removed_ms, None),
+        (name, "guard telemetry", None, None, guard_off_ms, guard_on_ms, None),
     ]
 
 
@@ -231,10 +261,16 @@ def main() -> None:
     print("-" * len(header))
     for name, state, probes, values, base, other, floor in rows:
         floor_text = f"{floor / base:.2f}x" if floor else "-"
+        probes_text = "-" if probes is None else str(probes)
+        values_text = "-" if values is None else f"{values / 1e6:.1f}M"
         print(
-            f"{name:<12} {state:<15} {probes:>9} {values / 1e6:>10.1f}M {base * 1e3:>12.1f} "
+            f"{name:<12} {state:<15} {probes_text:>9} {values_text:>11} {base * 1e3:>12.1f} "
             f"{other * 1e3:>9.1f} {other / base:>6.2f}x {floor_text:>11}"
         )
+    print(
+        "probed: exact histograms while profiling (baseline: no probes); guard telemetry: "
+        "always-on amax telemetry (baseline: the same bfloat16 plan, guard=False)"
+    )
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""The guard and the search on Keras' JAX backend, where the TensorFlow-only probes are absent."""
+"""The guard's telemetry and the search on Keras' JAX backend (no TensorFlow-only probes)."""
 
 from __future__ import annotations
 
@@ -21,19 +21,53 @@ CHILD = textwrap.dedent(
 
     results = {}
 
-    # Guard: with no probes to attribute the overflow, every float16 layer is promoted.
-    keras.utils.set_random_seed(0)
-    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(8, name="first"),
-                              keras.layers.Dense(8, name="big"), keras.layers.Dense(1, name="out")])
-    model.compile(optimizer=keras.optimizers.SGD(1e-12), loss="mse")
-    for name, value in (("first", 0.25), ("big", 100.0), ("out", 1e-6)):
-        kernel, bias = model.get_layer(name).get_weights()
-        model.get_layer(name).set_weights([np.full_like(kernel, value), bias])
+    # Telemetry: per-layer amax recorded inside the compiled JAX step, attribution from it.
+    from autoprec.runtime import apply_plan
+    from autoprec.runtime.guard import attribute_step
+    from autoprec.runtime.telemetry import GuardTelemetry
+
+    def overflow_model():
+        keras.utils.set_random_seed(0)
+        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(8, name="first"),
+                                  keras.layers.Dense(8, name="big"),
+                                  keras.layers.Dense(1, name="out")])
+        model.get_layer("out").trainable = False  # float32 training from here diverges
+        model.compile(optimizer=keras.optimizers.SGD(1e-12), loss="mse")
+        for name, value in (("first", 0.25), ("big", 100.0), ("out", 1e-6)):
+            kernel, bias = model.get_layer(name).get_weights()
+            model.get_layer(name).set_weights([np.full_like(kernel, value), bias])
+        return model
+
     x = np.concatenate([np.ones((40, 4)), np.full((80, 4), 1000.0)]).astype("float32")
+    y = np.zeros((120, 1), "float32")
+    model = overflow_model()
+    plan = autoprec.PrecisionPlan.uniform(model, "float16").with_dtype("out", "float32")
+    handle = apply_plan(model, plan)
+    model.optimizer = autoprec.FlooredLossScaleOptimizer(model.optimizer, initial_scale=1024.0)
+    model.optimizer.build(model.trainable_variables)
+    telemetry = GuardTelemetry(model, handle.dtypes)
+    telemetry.install()
+    model.make_train_function(force=True)
+    model.fit(x[:48], y[:48], batch_size=4, shuffle=False, verbose=0)
+    records = telemetry.read_records()
+    failed = [r for r in records if not r.finite]
+    results["telemetry"] = {
+        "steps": telemetry.steps_recorded(),
+        "failed": telemetry.read_status().failed,
+        "first_failed": failed[0].index if failed else None,
+        "attribution": list(attribute_step(failed[0], handle.dtypes).layers) if failed else [],
+        "cause": attribute_step(failed[0], handle.dtypes).cause if failed else None,
+        "scale": records[0].loss_scale,
+        "clean": {path: [a.output, a.input, a.gradient] for path, a in records[0].layers.items()},
+    }
+
+    # Guard: the callback installs the telemetry on JAX too, so only the layer that
+    # overflowed is promoted.
+    model = overflow_model()
     plan = autoprec.PrecisionPlan.uniform(model, "float16").with_dtype("out", "float32")
     callback = autoprec.AutoPrecision(plan, guard=autoprec.Guard(threshold=3, check_every=2),
                                       verbose=0)
-    history = model.fit(x, np.zeros((120, 1), "float32"), batch_size=4, epochs=2,
+    history = model.fit(x, y, batch_size=4, epochs=2,
                         shuffle=False, verbose=0, callbacks=[callback])
     results["guard"] = {
         "events": [dict(e) for e in callback.plan.events],
@@ -80,10 +114,18 @@ def test_guard_and_search_on_jax(tmp_path):
     line = next(x for x in completed.stdout.splitlines() if x.startswith("RESULT "))
     results = json.loads(line[len("RESULT ") :])
 
+    telemetry = results["telemetry"]
+    assert telemetry["steps"] == 12 and telemetry["failed"]
+    assert telemetry["first_failed"] == 11  # the first batch of large inputs
+    assert telemetry["cause"] == "forward" and telemetry["attribution"] == ["big"]
+    assert telemetry["scale"] == 1024.0
+    for path, (output, inputs, gradient) in telemetry["clean"].items():
+        assert 0 < inputs <= output < 65504 and 0 < gradient < 65504, (path, output, gradient)
+
     guard = results["guard"]
     promoted = {e["layer"] for e in guard["events"] if e["kind"] == "promotion"}
-    assert promoted == {"first", "big"}  # every float16 layer, as there are no probes
-    assert all("no probes on this backend" in e["evidence"] for e in guard["events"])
+    assert promoted == {"big"}, guard["events"]  # attributed per layer on JAX too
+    assert guard["dtypes"]["first"] == "float16"
     assert guard["dtypes"]["big"] == "bfloat16"
     assert guard["last_loss"] == guard["last_loss"]  # finite, not NaN
 

@@ -40,6 +40,29 @@ def profiler_backend(feature: str = "autoprec.profile") -> ModuleType:
     return tensorflow_backend
 
 
+def telemetry_backend(feature: str = "the autoprec guard's telemetry") -> ModuleType:
+    """Returns the module holding the guard telemetry's state on the active Keras backend.
+
+    TensorFlow keeps the telemetry in per-replica device variables; JAX, whose
+    train step is a pure function, sends each step's values to the host.
+
+    Args:
+        feature: what needs the backend, named in the error message.
+
+    Returns:
+        The backend module (`replica_local_variable`, `replica_values`,
+        `assign_every_replica`, `integer_amax_is_fast`; JAX's also `host_callback`).
+
+    Raises:
+        BackendError: on a Keras backend other than TensorFlow and JAX.
+    """
+    if keras.backend.backend() == "jax":
+        from . import jax as jax_backend
+
+        return jax_backend
+    return profiler_backend(feature)
+
+
 def timing_backend(what: str, supported: tuple[str, ...] = ("tensorflow", "jax")) -> ModuleType:
     """Returns the module that builds timed functions on the active Keras backend, imported lazily.
 

@@ -170,3 +170,55 @@ def cast_step(dtype: str, elements: int) -> Callable[[], Any]:
 
     compiled = jax.jit(casts)
     return lambda: jax.block_until_ready(compiled(source))
+
+
+# ---------------------------------------------------------------------------- guard telemetry
+# A JAX train step is a pure function: it cannot assign to a variable from inside.
+# The guard telemetry's per-step frame leaves it through one host callback, and
+# the history lives on the host in a `HostVariable` (the TensorFlow backend keeps
+# it in device variables instead; both offer the same four functions).
+
+
+class HostVariable:
+    """A value on the host that a compiled step updates through a host callback.
+
+    Args:
+        initial_value: the first value.
+        name: a name, for messages.
+    """
+
+    def __init__(self, initial_value: np.ndarray, name: str) -> None:
+        self.value = np.array(initial_value)
+        self.name = name
+
+
+def replica_local_variable(initial_value: np.ndarray, name: str) -> HostVariable:
+    """Returns a host-side holder for the telemetry's history, count or status."""
+    return HostVariable(initial_value, name)
+
+
+def replica_values(variable: HostVariable) -> list[np.ndarray]:
+    """Returns `[value]` once every host callback of the steps run so far has run."""
+    jax.effects_barrier()
+    return [np.array(variable.value)]
+
+
+def assign_every_replica(variable: HostVariable, value: np.ndarray) -> None:
+    """Sets the holder's value (from the host, between steps)."""
+    jax.effects_barrier()
+    variable.value = np.array(value, dtype=variable.value.dtype)
+
+
+def integer_amax_is_fast(xla: bool) -> bool:
+    """Returns `True`: JAX compiles with XLA, which reduces 16-bit integers on every device."""
+    del xla
+    return True
+
+
+def host_callback(function: Callable[..., None], *values: Any) -> None:
+    """Calls `function` on the host with `values` as NumPy arrays, from inside a compiled step.
+
+    The calls are ordered: they run in program order, the backward pass's
+    before the end of the step's.
+    """
+    jax.debug.callback(function, *values, ordered=True)

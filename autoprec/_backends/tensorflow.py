@@ -677,3 +677,19 @@ def assign_every_replica(variable: tf.Variable, value: np.ndarray) -> None:
 def _local_copies(variable: tf.Variable) -> tuple:
     strategy = getattr(variable, "distribute_strategy", None) or tf.distribute.get_strategy()
     return tuple(strategy.experimental_local_results(variable))
+
+
+def integer_amax_is_fast(xla: bool) -> bool:
+    """Returns whether the telemetry's amax may reduce bit patterns as 16/32-bit integers.
+
+    Under XLA, and on CPU, it can (and is faster than `max(abs(x))` for 16-bit
+    tensors). Outside XLA, TensorFlow has no GPU kernel for a 16-bit integer
+    maximum: the reduction would be placed on the CPU, copying every tensor.
+
+    Args:
+        xla: whether the train step is compiled with XLA.
+
+    Returns:
+        `True` under XLA or when TensorFlow sees no GPU.
+    """
+    return xla or not tf.config.list_logical_devices("GPU")

@@ -12,8 +12,7 @@ layers are promoted only when no scale can help). `climbing_layers` finds
 float16 layers whose amax history climbs toward 65504, promoted before they
 overflow.
 
-Where the telemetry cannot run (Keras' JAX backend) the guard works as before:
-the
+Where the telemetry cannot run (a backend other than TensorFlow and JAX), the
 `FlooredLossScaleOptimizer` counts steps with non-finite gradients (which it
 skips). Every `check_every` steps the guard reads those counters. When at least
 `threshold` bad steps happened within `window` steps, or the loss scale sits at
@@ -65,7 +64,8 @@ class Guard(ConfigValue):
             A non-finite loss with every layer in float32 is reported as a real
             divergence and stops training.
         threshold: bad steps within `window` steps that trigger the guard where
-            the in-step telemetry cannot run (Keras' JAX backend); a loss scale
+            the in-step telemetry cannot run (backends other than TensorFlow and
+            JAX); a loss scale
             at its floor that still overflows triggers it at once.
         window: steps over which bad steps are counted.
         check_every: steps between reads of the loss-scale optimizer's counters.

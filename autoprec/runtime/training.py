@@ -355,7 +355,7 @@ class PlanCallback(keras.callbacks.Callback):
         return floor if floor is not None and self.loss_scale.dynamic else 1.0
 
     def _telemetry_supported(self) -> bool:
-        return keras.backend.backend() == "tensorflow"
+        return keras.backend.backend() in ("tensorflow", "jax")
 
     def _install_telemetry(self, has_16bit: bool) -> None:
         if self._telemetry is not None:

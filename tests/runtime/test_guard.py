@@ -189,9 +189,7 @@ def test_plan_callback_guard_promotes_like_auto_precision():
     model = _overflow_model()
     x, y = _data_that_starts_overflowing()
     plan = PrecisionPlan.uniform(model, "float16").with_dtype("out", "float32")
-    callback = PlanCallback(
-        plan, guard=Guard(threshold=3, check_every=2, window=20), verbose=0
-    )
+    callback = PlanCallback(plan, guard=Guard(threshold=3, check_every=2, window=20), verbose=0)
     model.fit(x, y, batch_size=4, epochs=2, shuffle=False, verbose=0, callbacks=[callback])
     promotions = [event for event in callback.plan.events if event["kind"] == "promotion"]
     assert promotions and promotions[0]["layer"] == "big"

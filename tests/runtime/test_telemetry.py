@@ -15,7 +15,15 @@ from autoprec.runtime.guard import (
     climbing_layers,
     lowered_loss_scale,
 )
-from autoprec.runtime.telemetry import LayerAmax, StepRecord, format_max, is_out_of_range
+from autoprec.runtime.telemetry import (
+    NOT_RECORDED,
+    LayerAmax,
+    StepRecord,
+    amax_bits,
+    bits_to_float,
+    format_max,
+    is_out_of_range,
+)
 
 
 def _finite_weights(model):
@@ -249,3 +257,83 @@ def test_pure_helpers():
     assert not climbing_layers(records, {"d": "bfloat16"})
     flat = [StepRecord(i, 1.0, 1.0, True, {"d": LayerAmax(output=2e4)}) for i in range(5)]
     assert not climbing_layers(flat, {"d": "float16"})
+
+
+@pytest.mark.parametrize("integer", [True, False])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
+def test_amax_bits_keeps_the_largest_magnitude_and_non_finite_values(dtype, integer):
+    def amax(values, bits=None):
+        if bits is None:
+            tensor = keras.ops.cast(keras.ops.convert_to_tensor(values, "float32"), dtype)
+        else:  # a given bit pattern, e.g. a NaN with its sign bit set
+            tensor = keras.ops.view(keras.ops.convert_to_tensor(bits), dtype)
+        return float(keras.ops.convert_to_numpy(bits_to_float(amax_bits(tensor, integer))))
+
+    largest = format_max(dtype)
+    assert amax([[1.0, -3.0], [2.0, 0.5]]) == 3.0
+    assert amax([-largest, 1.0]) == pytest.approx(largest, rel=1e-6)
+    assert amax([-0.0, 0.0]) == 0.0
+    assert amax([1.0, -np.inf, 2.0]) == np.inf
+    assert np.isnan(amax([1.0, np.nan, np.inf]))
+    if dtype == "float16":
+        assert amax([6e-8, -1e-7]) == pytest.approx(1.1920929e-07)  # subnormals
+    if integer:  # a NaN whose sign bit is set (0 * inf on x86) is still seen
+        negative_nan = {"float16": [0xFE00, 0x3C00], "bfloat16": [0xFFC0, 0x3F80]}
+        bits = negative_nan.get(dtype, [])
+        if bits:
+            assert np.isnan(amax(None, np.array(bits, np.uint16).view(np.int16)))
+
+
+def _relu_stack(big=1.0):
+    model = keras.Sequential(
+        [
+            keras.Input((8,)),
+            keras.layers.Dense(16, name="a"),
+            keras.layers.Activation("relu", name="relu"),
+            keras.layers.Dense(16, name="b"),
+            keras.layers.Dense(1, name="head"),
+        ]
+    )
+    model.compile(optimizer=keras.optimizers.SGD(0.0), loss="mse")
+    kernel, bias = model.get_layer("a").get_weights()
+    model.get_layer("a").set_weights([np.abs(kernel) + 0.1, bias])  # a's outputs all > 0
+    kernel, bias = model.get_layer("b").get_weights()
+    model.get_layer("b").set_weights([np.full_like(kernel, big), bias])
+    return model
+
+
+def test_bounded_pass_through_outputs_are_not_measured_again():
+    model = _relu_stack()
+    plan = PrecisionPlan.uniform(model, "float16").with_dtype("head", "float32")
+    callback = PlanCallback(plan, verbose=0)
+    x = np.ones((8, 8), "float32")
+    model.fit(x, np.zeros((8, 1)), batch_size=8, epochs=1, verbose=0, callbacks=[callback])
+    (record,) = callback._telemetry.read_records()
+    a, b = record.layers["a"], record.layers["b"]
+    # b's input is the ReLU of a's outputs (all positive): its recorded bound is a's amax.
+    assert b.input == a.output > 1.0
+    assert "relu" not in record.layers
+    # float16: activation gradients recorded (under the first step's loss scale, 2^15)
+    assert a.gradient != NOT_RECORDED and b.gradient != NOT_RECORDED
+
+
+def test_bfloat16_layers_are_measured_in_the_failing_step_only():
+    model = _relu_stack()
+    plan = PrecisionPlan.uniform(model, "bfloat16").with_dtype("head", "float32")
+    callback = PlanCallback(plan, verbose=0)
+    x = np.ones((8, 8), "float32")
+    model.fit(x, np.zeros((8, 1)), batch_size=8, epochs=1, verbose=0, callbacks=[callback])
+    (record,) = callback._telemetry.read_records()
+    assert record.finite and record.layers["a"].output == NOT_RECORDED
+    assert record.layers["b"].gradient > 0  # weight gradients: every step
+
+    model = _relu_stack(big=3e37)  # b's outputs pass bfloat16's max on the large batch
+    model.get_layer("a").trainable = False  # (its gradients through b's kernel would overflow)
+    model.compile(optimizer=keras.optimizers.SGD(0.0), loss="mse")
+    plan = PrecisionPlan.uniform(model, "bfloat16").with_dtype("head", "float32")
+    callback = PlanCallback(plan, verbose=0)
+    x = np.concatenate([np.full((8, 8), 1e-3), np.full((8, 8), 10.0)]).astype("float32")
+    model.fit(x, np.zeros((16, 1)), batch_size=8, shuffle=False, verbose=0, callbacks=[callback])
+    promotions = _promotions(callback)
+    assert [(event["layer"], event["step"]) for event in promotions] == [("b", 2)], promotions
+    assert "non-finite bfloat16 outputs" in promotions[0]["evidence"]
