@@ -1,7 +1,7 @@
 """The largest training batch that fits an 8 GB RTX 4060 Ti: float32 against a 16-bit plan.
 
 Memory is estimated from the model's activations, weights and optimizer state
-(`autoprec.cost.estimate(...).max_batch_size()`); no GPU is needed.
+(`autoprec.estimate(...).max_batch_size()`); no GPU is needed.
 
 Run: python examples/fit_bigger_batch.py [--smoke]
 """
@@ -16,7 +16,6 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 import keras  # noqa: E402
 
 import autoprec  # noqa: E402
-from autoprec.cost import estimate  # noqa: E402
 
 
 def build_model(size: int) -> keras.Model:
@@ -44,7 +43,7 @@ def main(argv: list[str] | None = None) -> None:
 
     rows = []
     for label, chosen in (("float32", "float32"), ("float16 plan", plan)):
-        figures = estimate(model, chosen, hardware, batch_size=32)
+        figures = autoprec.estimate(model, chosen, hardware, batch_size=32)
         rows.append((label, figures.max_batch_size(), figures.step_seconds * 1e3))
     print(f"largest batch on {hardware} (8 GB):")
     for label, batch, milliseconds in rows:

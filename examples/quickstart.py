@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> None:
     # The one extra line: profile the first steps, measure layer costs on this
     # device at fit's batch size, choose each layer's dtype, apply it and train on.
     precision = autoprec.AutoPrecision(
-        auto=autoprec.callback.AutoPlan(profile_steps=5), plan_path="quickstart_plan.json"
+        auto=autoprec.AutoPlan(profile_steps=5), plan_path="quickstart_plan.json"
     )
     history = model.fit(
         x,

@@ -17,21 +17,20 @@ import tensorflow as tf  # noqa: E402
 
 import autoprec  # noqa: E402
 from autoprec import demo  # noqa: E402
-from autoprec.search import Budget, SearchSettings, search  # noqa: E402
 
 
-def search_for(hardware: str, train, val, trials: int, steps: int, dtypes=None):
+def search_for(hardware: str, train, val, n_trials: int, steps: int, dtypes=None):
     """Returns the best plan for `hardware` on the demo model."""
     model = demo.build_model()
-    result = search(
+    result = autoprec.search(
         model,
         train,
         val,
-        budget=Budget("val_accuracy", max_drop=0.02),
+        budget=autoprec.Budget("val_accuracy", max_drop=0.02),
         hardware=hardware,
-        n_trials=trials,
+        n_trials=n_trials,
         verbose=0,
-        settings=SearchSettings(
+        settings=autoprec.SearchSettings(
             steps_per_trial=steps,
             batch_size=128,
             dtypes=dtypes,
