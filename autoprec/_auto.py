@@ -272,7 +272,7 @@ def decide_plan(
     estimate = None
     if costs is not None:
         try:
-            estimate = cost.estimate(model, plan, costs, batch_size=batch_size)
+            estimate = cost.estimate(model, plan, costs=costs, batch_size=batch_size)
         except Exception as error:
             logger.warning("autoprec: no estimate for the plan (%s)", error)
     plan = plan.with_metadata(
@@ -418,9 +418,25 @@ def report_lines(
         + (f"; predicted speedup {speedup:.2f}x over float32" if speedup else "")
         + f" on {plan.metadata.get('hardware')}"
     ]
-    evidence = plan.metadata.get("evidence") or {}
+    evidence = {
+        path: entry
+        for path, entry in (plan.metadata.get("evidence") or {}).items()
+        if dtypes.get(path, "float32") == "float32"
+    }
     for path, entry in list(evidence.items())[:8]:
-        lines.append(f"  float32 {path}: {entry.get('reason')}")
+        lines.append(f"  float32 {path}: {_float32_reason(entry)}")
     if len(evidence) > 8:
         lines.append(f"  ... and {len(evidence) - 8} more float32 layer(s); see plan.summary()")
     return lines
+
+
+def _float32_reason(entry: Mapping[str, Any]) -> str:
+    """Returns why a layer stayed float32, from the heuristic's or the search's evidence."""
+    if entry.get("reason"):
+        return str(entry["reason"])
+    removed = entry.get("removed") or {}
+    if removed:
+        return "; ".join(f"{dtype} ruled out: {why}" for dtype, why in removed.items())
+    if entry.get("profile"):
+        return f"float16 unsafe: {entry['profile']}"
+    return "16-bit did not pay or did not hold the budget in the search"

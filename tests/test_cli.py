@@ -352,7 +352,7 @@ def test_show_json_is_the_plan(plan_files, capsys):
     assert shown["plan"] == json.loads(plan_files[1].read_text())
 
 
-def test_diff_json_and_exit_code(plan_files, capsys):
+def test_diff_json_and_exit_code(plan_files, capsys, tmp_path):
     first, second = (str(path) for path in plan_files)
     assert main(["diff", first, second, "--json", "--exit-code"]) == EXIT_INTERNAL
     difference = json.loads(capsys.readouterr().out)
@@ -364,7 +364,13 @@ def test_diff_json_and_exit_code(plan_files, capsys):
         "changed": [{"layer": "dense_2", "first": "bfloat16", "second": "float32"}],
         "only_in_first": [],
         "only_in_second": [],
+        "rules": None,
     }
+    ruled = tmp_path / "ruled.json"
+    PrecisionPlan.load(first).with_rule(path="dense_2", dtype="bfloat16").save(ruled)
+    assert main(["diff", first, str(ruled), "--json", "--exit-code"]) == EXIT_INTERNAL
+    rules = json.loads(capsys.readouterr().out)["rules"]
+    assert rules["first"] == [] and rules["second"][0]["path"] == "dense_2", rules
     assert main(["diff", first, first, "--exit-code"]) == EXIT_OK
     assert "plans are identical" in capsys.readouterr().out
     assert main(["diff", first, second]) == EXIT_OK  # without --exit-code: 0 either way

@@ -63,8 +63,8 @@ def test_plans_with_rules_metadata_and_events_match_the_schema(validator, tmp_pa
     plan = (
         PrecisionPlan.uniform(mlp, "float16")
         .with_dtype("dense_2", "float32")
-        .with_rule(class_name="Softmax", dtype="float32")
-        .with_rule(path="dense*", dtype="bfloat16")
+        .with_rule(class_name="Dense", dtype="bfloat16")
+        .with_rule(path="dense_2", dtype="float32")
         .with_metadata(
             hardware="rtx4090",
             budget={"metric": "val_accuracy", "max_drop": 0.01},

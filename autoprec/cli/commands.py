@@ -42,6 +42,12 @@ def diff_to_dict(first: str, second: str, difference) -> dict[str, Any]:
         ],
         "only_in_first": list(difference.only_in_self),
         "only_in_second": list(difference.only_in_other),
+        "rules": None
+        if difference.rules_changed is None
+        else {
+            "first": [rule.to_dict() for rule in difference.rules_changed[0]],
+            "second": [rule.to_dict() for rule in difference.rules_changed[1]],
+        },
     }
 
 

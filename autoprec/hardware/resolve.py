@@ -70,7 +70,7 @@ def resolve_hardware(hardware: HardwareProfile | str | None) -> HardwareProfile:
     """Returns the `HardwareProfile` that a `hardware=` argument names: the one resolver.
 
     Args:
-        hardware: `None` or `"local"` for this device (detected), a profile name
+        hardware: `"local"` for this device (detected), a profile name
             such as `"rtx4090"` (any spelling `get` accepts), the path of a JSON
             profile file, or a `HardwareProfile`, returned as it is.
 
@@ -99,7 +99,7 @@ def resolve_hardware(hardware: HardwareProfile | str | None) -> HardwareProfile:
 
 
 def is_local(hardware: HardwareProfile | str | None) -> bool:
-    """Returns whether a `hardware=` argument means this device (`None` or `"local"`)."""
+    """Returns whether a `hardware=` argument means this device (`"local"`)."""
     return hardware is None or (
         isinstance(hardware, str) and hardware.strip().lower() in ("local", "detect", "auto")
     )
