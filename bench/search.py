@@ -1,27 +1,43 @@
-"""Benchmark of `autoprec.search` on this machine: trials, wall time and measured step times.
+"""Benchmark of `autoprec.search`: wall time, plan cost against the uniform plans, budget held.
 
-For each model (MobileNetV2, ResNet50 from `keras.applications` with `weights=None` on
-64x64 inputs, and a small Transformer), on generated data: runs the search with
-`hardware="local"`, then measures the train-step time of float32, each uniform policy,
-the plan, and TF's automatic oneDNN bfloat16 graph rewrite (in a subprocess, since it is
-a global graph option). Prints a markdown table.
+Models (generated data, `keras.applications` with `weights=None` on 64x64 inputs):
+MobileNetV2, ResNet50, EfficientNetB0, a small Transformer encoder, a GRU text model
+(Embedding + GRU + Dense head) and a wide MLP regression whose targets sit near 1000
+(bfloat16 steps are 16 wide there and 3000 lies halfway between two, so a
+bfloat16 output layer misses every target by 8 or more; so uniform 16-bit plans break
+the budget there and only a mixed plan keeps the 16-bit speed).
 
-Per model it also prints the plan's cost over the cheapest uniform plan that held the
-budget (`plan / best uniform`: measured here for `hardware="local"`, predicted from the
-search's cost table for a named profile, which must be at most 1.00), the training
-steps the search used after its trivial-baseline check, and the result of the
-confirmation at a higher fidelity ("budget held on retraining").
+For each model and hardware (`local`: costs measured here; a profile name such as
+`rtx4090`: costs predicted for that card, training still on this machine), it runs
+`autoprec.search` and prints, per row:
+
+- search wall time;
+- the plan's step cost over the cheapest uniform plan that held the budget in the
+  search (`plan / best uniform`; at most 1.00 is the goal): for `local` measured here
+  side by side in one process, in interleaved rounds (each round times every plan
+  once, in rotating order; min and median over the rounds), for a card predicted
+  from the search's cost table;
+- "16-bit speed recovered": where every uniform 16-bit plan broke the budget, the
+  plan's speedup over float32 divided by the fastest uniform 16-bit plan's speedup
+  (goal >= 0.90);
+- budget held on retraining: the search's own confirmation record
+  (`plan.metadata["search"]["confirmation"]`) and an independent retrain here: the
+  plan and float32 trained from the same weights for 4x the search's steps, on
+  fresh batches, the plan's metric against the budget of float32's.
 
 Usage:
-    python bench/search.py [--quick] [--models mobilenetv2,resnet50,transformer]
-                           [--hardware local,rtx4090] [--rounds 7]
+    python bench/search.py [--quick] [--models mobilenetv2,resnet50,...]
+                           [--hardware local,rtx4090,rtx3060,rtx2060] [--rounds 7]
+                           [--onednn]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
+import platform
 import subprocess
 import sys
 import time
@@ -32,31 +48,44 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 
 import autoprec  # noqa: E402
-from autoprec import cost  # noqa: E402
 from autoprec.errors import AutoprecError  # noqa: E402
 from autoprec.search import Budget, SearchSettings, search  # noqa: E402
 
 CLASSES = 10
+MODELS = ("gru", "transformer", "wide_mlp", "mobilenetv2", "efficientnetb0", "resnet50")
+CARDS = ("rtx4090", "rtx3060", "rtx2060")
+#: Where the wide MLP's regression targets sit: halfway between two bfloat16 values (16 apart).
+TARGET_OFFSET = 3000.0
+#: Batch size per model (the wide MLP and the GRU are cheap per sample).
+BATCH_SIZES = {"gru": 32, "wide_mlp": 64}
+BUDGET = Budget("val_loss", max_relative_drop=0.02)
+#: The regression's loss moves a few percent between precisions while it is still falling.
+BUDGETS = {"wide_mlp": Budget("val_loss", max_relative_drop=0.05)}
 
 
 def build_model(name: str) -> keras.Model:
     """Returns a compiled model by benchmark name."""
     keras.utils.set_random_seed(0)
+    loss = "sparse_categorical_crossentropy"
     if name == "mobilenetv2":
         model = keras.applications.MobileNetV2(
             input_shape=(64, 64, 3), weights=None, classes=CLASSES
         )
     elif name == "resnet50":
         model = keras.applications.ResNet50(input_shape=(64, 64, 3), weights=None, classes=CLASSES)
+    elif name == "efficientnetb0":
+        model = keras.applications.EfficientNetB0(
+            input_shape=(64, 64, 3), weights=None, classes=CLASSES
+        )
     elif name == "transformer":
         model = build_transformer()
+    elif name == "gru":
+        model = build_gru()
+    elif name == "wide_mlp":
+        model, loss = build_wide_mlp(), "mse"
     else:
-        raise SystemExit(f"unknown model {name!r}; use mobilenetv2, resnet50, transformer")
-    model.compile(
-        optimizer=keras.optimizers.Adam(1e-3),
-        loss="sparse_categorical_crossentropy",
-        metrics=["accuracy"],
-    )
+        raise SystemExit(f"unknown model {name!r}; use {', '.join(MODELS)}")
+    model.compile(optimizer=keras.optimizers.Adam(1e-3), loss=loss)
     return model
 
 
@@ -81,19 +110,51 @@ def build_transformer(sequence: int = 64, width: int = 256, blocks: int = 2) -> 
     return keras.Model(inputs, outputs, name="transformer")
 
 
-def make_data(model: keras.Model, samples: int) -> tuple[np.ndarray, np.ndarray]:
-    """Generated inputs with labels from a fixed random projection of their channel means.
+def build_gru(vocabulary: int = 1000, sequence: int = 48, width: int = 256) -> keras.Model:
+    """A text classifier: Embedding, one GRU, a Dense head."""
+    inputs = keras.Input((sequence,), dtype="int32")
+    hidden = keras.layers.Embedding(vocabulary, 128, name="embedding")(inputs)
+    hidden = keras.layers.GRU(width, name="gru")(hidden)
+    hidden = keras.layers.Dense(width, activation="relu", name="dense")(hidden)
+    outputs = keras.layers.Dense(CLASSES, activation="softmax", name="head")(hidden)
+    return keras.Model(inputs, outputs, name="gru_text")
 
-    Images and sequences are labelled from their mean over space or time (what a
-    globally pooled model can learn in a few dozen steps), flat inputs from themselves.
+
+def build_wide_mlp(features: int = 256, width: int = 2048, depth: int = 3) -> keras.Model:
+    """A wide MLP regression; its head's bias starts at the targets' mean (`TARGET_OFFSET`)."""
+    inputs = keras.Input((features,))
+    hidden = inputs
+    for index in range(depth):
+        hidden = keras.layers.Dense(width, activation="relu", name=f"hidden_{index}")(hidden)
+    outputs = keras.layers.Dense(
+        1, bias_initializer=keras.initializers.Constant(TARGET_OFFSET), name="head"
+    )(hidden)
+    return keras.Model(inputs, outputs, name="wide_mlp")
+
+
+def make_data(model: keras.Model, samples: int) -> tuple[np.ndarray, np.ndarray]:
+    """Generated inputs and targets the model can learn in a few dozen steps.
+
+    Images and float sequences are labelled from a fixed random projection of their
+    mean over space or time; token sequences by how many of their last 9 tokens lie in
+    the lower half of the vocabulary (0 to 9); the wide MLP's
+    targets are `TARGET_OFFSET` plus a fixed linear function of four inputs plus noise.
     """
     rng = np.random.default_rng(0)
     shape = tuple(model.inputs[0].shape[1:])
+    if model.name == "gru_text":
+        vocabulary = model.get_layer("embedding").input_dim
+        x = rng.integers(0, vocabulary, size=(samples, *shape)).astype("int32")
+        low = (x[:, -(CLASSES - 1) :] < vocabulary // 2).sum(axis=1)
+        return x, low.astype("int32")
     x = rng.normal(size=(samples, *shape)).astype("float32")
+    if model.name == "wide_mlp":
+        weights = rng.normal(size=(4,)).astype("float32") / 2.0
+        noise = 0.5 * rng.normal(size=(samples,)).astype("float32")
+        return x, (TARGET_OFFSET + x[:, :4] @ weights + noise).astype("float32")[:, None]
     features = x.reshape(samples, -1, shape[-1]).mean(axis=1) if len(shape) > 1 else x
     projection = rng.normal(size=(features.shape[1], CLASSES)).astype("float32")
-    y = np.argmax(features @ projection, axis=1).astype("int32")
-    return x, y
+    return x, np.argmax(features @ projection, axis=1).astype("int32")
 
 
 def split_data(model: keras.Model, batch_size: int, train_steps: int):
@@ -104,6 +165,41 @@ def split_data(model: keras.Model, batch_size: int, train_steps: int):
     return (x[:train_samples], y[:train_samples]), (x[train_samples:], y[train_samples:])
 
 
+def host_line() -> str:
+    """`host: <lscpu model name>, <n> cores (<n> usable), load <1-min average>`."""
+    name = platform.processor() or "unknown"
+    try:
+        for line in subprocess.run(["lscpu"], capture_output=True, text=True).stdout.splitlines():
+            if line.startswith("Model name:"):
+                name = line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    return f"host: {name}, {os.cpu_count()} cores ({usable} usable), load {load:.1f}"
+
+
+def plan_from_assignment(model: keras.Model, assignment: dict) -> autoprec.PrecisionPlan:
+    """A plan giving each layer of `assignment` its dtype (others float32)."""
+    base = autoprec.PrecisionPlan.uniform(model, "float32")
+    return autoprec.PrecisionPlan(
+        {**base.layers, **assignment},
+        layer_info=base.layer_info,
+        fingerprint=base.fingerprint,
+        model_name=base.model_name,
+    )
+
+
+def warm_start_plans(model: keras.Model, result) -> dict[str, autoprec.PrecisionPlan]:
+    """`{label: plan}` of the search's warm starts (the uniform plans as the search ran them)."""
+    plans = {}
+    for label, entry in result.plan.metadata["search"]["warm_starts"].items():
+        assignment = result.study.trials[entry["trial"]].user_attrs.get("assignment")
+        if assignment:
+            plans[label] = plan_from_assignment(model, assignment)
+    return plans
+
+
 def _compiled_copy(model: keras.Model, plan) -> keras.Model:
     clone = keras.models.clone_model(model)
     clone.set_weights(model.get_weights())
@@ -111,30 +207,64 @@ def _compiled_copy(model: keras.Model, plan) -> keras.Model:
     optimizer = keras.optimizers.Adam(1e-3)
     if handle.uses_float16:
         optimizer = autoprec.FlooredLossScaleOptimizer(optimizer)
-    clone.compile(optimizer=optimizer, loss="sparse_categorical_crossentropy")
+    clone.compile(optimizer=optimizer, loss=model.loss)
     return clone
 
 
 def interleaved_step_seconds(
-    model: keras.Model, plans: dict, batch, rounds: int = 7, warmup: int = 2
-) -> dict[str, float]:
-    """Median train-step seconds of each plan, timed in interleaved rounds (one step each).
+    model: keras.Model, plans: dict, batch, rounds: int = 7, steps: int = 3, warmup: int = 2
+) -> dict[str, dict[str, float]]:
+    """Train-step seconds of each plan (`{"min", "median"}` over rounds), timed interleaved.
 
-    Interleaving puts every plan under the same machine load, so their ratios
-    are comparable on a shared, noisy machine.
+    Each round times `steps` steps of every plan (their mean), in an order rotated
+    from round to round; interleaving puts every plan under the same machine load, so their
+    ratios are comparable on a shared, noisy machine.
     """
     copies = {name: _compiled_copy(model, plan) for name, plan in plans.items()}
     x, y = batch
     for copy in copies.values():
         for _ in range(warmup):
             copy.train_on_batch(x, y)
-    times: dict[str, list[float]] = {name: [] for name in copies}
-    for _ in range(rounds):
-        for name, copy in copies.items():
+    names = list(copies)
+    times: dict[str, list[float]] = {name: [] for name in names}
+    for round_index in range(max(rounds, 5)):
+        shift = round_index % len(names)
+        for name in names[shift:] + names[:shift]:
             start = time.perf_counter()
-            copy.train_on_batch(x, y)
-            times[name].append(time.perf_counter() - start)
-    return {name: float(np.median(values)) for name, values in times.items()}
+            for _ in range(steps):
+                copies[name].train_on_batch(x, y)
+            times[name].append((time.perf_counter() - start) / steps)
+    return {
+        name: {"min": float(np.min(values)), "median": float(np.median(values))}
+        for name, values in times.items()
+    }
+
+
+def retrain_check(model, plan, train, val, batch_size: int, steps: int, budget: Budget) -> dict:
+    """Trains float32 and `plan` from the same weights for `steps` fresh batches; judges the budget.
+
+    Returns:
+        `{"steps", "float32", "plan", "threshold", "held"}` (metrics are `val_loss`).
+    """
+    metrics = {}
+    x, y = train[0][: steps * batch_size], train[1][: steps * batch_size]
+    for name, candidate in (
+        ("float32", autoprec.PrecisionPlan.uniform(model, "float32")),
+        ("plan", plan),
+    ):
+        keras.utils.set_random_seed(1)
+        copy = _compiled_copy(model, candidate)
+        copy.fit(x, y, batch_size=batch_size, epochs=1, shuffle=False, verbose=0)
+        metrics[name] = float(
+            copy.evaluate(*val, batch_size=batch_size, verbose=0, return_dict=True)["loss"]
+        )
+    threshold = budget.threshold(metrics["float32"])
+    return {
+        "steps": steps,
+        **metrics,
+        "threshold": threshold,
+        "held": budget.violation(metrics["float32"], metrics["plan"]) <= 0,
+    }
 
 
 def onednn_bf16_seconds(name: str, batch_size: int) -> float | None:
@@ -162,113 +292,82 @@ def onednn_bf16_seconds(name: str, batch_size: int) -> float | None:
         return None
 
 
-def _best_uniform_within_budget(result, timed: dict[str, float] | None) -> tuple[str, float] | None:
-    """Returns `(label, seconds)` of the cheapest uniform plan that held the budget.
+def _uniform_labels(warm: dict) -> list[str]:
+    return [label for label in warm if label == "float32" or label.startswith("uniform")]
 
-    Seconds are measured (`timed`, keyed by dtype) when given, else predicted.
+
+def summarise(result, seconds: dict[str, float]) -> dict:
+    """Ratios of one search from step seconds per plan (`plan`, `float32` and warm-start labels).
+
+    Args:
+        result: the `SearchResult`.
+        seconds: `{"plan": s, "float32": s, label: s}`, measured or predicted.
+
+    Returns:
+        `best_uniform`, `plan_over_best_uniform`, `uniform16_held`, `recovered` and
+        `heuristic_gain` (whether the heuristic's per-layer plan was predicted cheaper
+        than every uniform plan within budget).
     """
-    held = {}
-    for label, entry in result.plan.metadata["search"]["warm_starts"].items():
-        if not entry["within_budget"] or not (label == "float32" or label.startswith("uniform")):
-            continue
-        dtype = label.split()[-1]
-        if timed is not None:
-            if dtype in timed:
-                held[label] = timed[dtype]
-        elif entry["predicted_seconds"] is not None:
-            held[label] = entry["predicted_seconds"]
-    if not held:
-        return None
-    label = min(held, key=held.get)
-    return label, held[label]
-
-
-def run_one(name: str, quick: bool, hardware: str = "local", rounds: int = 7) -> dict:
-    """Searches one model and measures every policy; returns a row."""
-    if hardware != "local":
-        return run_predicted(name, quick, hardware)
-    model = build_model(name)
-    batch_size = 16
-    train_steps = 4 if quick else 12
-    n_trials = 6 if quick else 16
-    train, val = split_data(model, batch_size, train_steps)
-    x = train[0]
-    y = train[1]
-    budget = Budget("val_loss", max_relative_drop=0.02)
-    started = time.perf_counter()
-    try:
-        result = search(
-            model,
-            train,
-            val,
-            budget=budget,
-            hardware="local",
-            n_trials=n_trials,
-            verbose=1,
-            settings=SearchSettings(
-                steps_per_trial=train_steps,
-                batch_size=batch_size,
-                seed=0,
-            ),
-        )
-    except AutoprecError as error:
-        return {"model": name, "hardware": "local", "error": str(error)}
-    wall = time.perf_counter() - started
-    batch = (x[:batch_size], y[:batch_size])
-    row = {
-        "model": name,
-        "trials": len(result.study.trials),
-        "wall_s": wall,
-        "plan": result.plan.dtype_counts(),
-        "metric": result.plan.metadata["measured_metric"],
-        "reference": result.reference_metric,
-        "threshold": budget.threshold(result.reference_metric),
+    warm = result.plan.metadata["search"]["warm_starts"]
+    held = {
+        label: seconds[label]
+        for label in _uniform_labels(warm)
+        if warm[label]["within_budget"] and label in seconds
     }
-    uniform = {
-        dtype: autoprec.PrecisionPlan.uniform(model, dtype) for dtype in ("float32", "bfloat16")
-    }
-    timed = interleaved_step_seconds(model, {"plan": result.plan, **uniform}, batch, rounds=rounds)
-    row.update(_search_columns(result))
-    best = _best_uniform_within_budget(result, timed)
-    row["best_uniform"] = None if best is None else best[0]
-    row["plan_over_best_uniform"] = None if best is None else timed["plan"] / best[1]
-    row["plan_s"] = timed["plan"]
-    row["float32_s"] = timed["float32"]
-    row["bfloat16_s"] = timed["bfloat16"]
-    # float16 runs on slow fallback kernels on CPU: timed alone, few steps.
-    row["float16_s"] = cost.measure_train_step(model, batch, "float16", repeats=2)
-    row["plan_equals"] = [
-        dtype for dtype, plan in uniform.items() if dict(plan.layers) == dict(result.plan.layers)
+    best = min(held, key=held.get) if held else None
+    sixteen = {label: warm[label]["within_budget"] for label in warm if label.startswith("uniform")}
+    recovered = None
+    timed16 = [label for label in sixteen if label in seconds]
+    if sixteen and not any(sixteen.values()) and timed16:
+        fastest = min(timed16, key=seconds.get)
+        plan_speedup = seconds["float32"] / seconds["plan"]
+        uniform_speedup = seconds["float32"] / seconds[fastest]
+        recovered = plan_speedup / uniform_speedup
+    predicted_held = [
+        entry["predicted_seconds"]
+        for label, entry in warm.items()
+        if label in _uniform_labels(warm) and entry["within_budget"] and entry["predicted_seconds"]
     ]
-    uniform_ok = {}
-    for trial in result.study.trials:
-        label = trial.user_attrs.get("warm_start", "")
-        if label.startswith("uniform"):
-            violation = trial.user_attrs.get("budget_violation")
-            uniform_ok[label.split()[-1]] = None if violation is None else violation <= 0
-    row["uniform_within_budget"] = uniform_ok
-    row["onednn_bf16_s"] = onednn_bf16_seconds(name, batch_size)
-    return row
+    heuristic = warm.get("heuristic", {}).get("predicted_seconds")
+    return {
+        "best_uniform": best,
+        "plan_over_best_uniform": None if best is None else seconds["plan"] / held[best],
+        "uniform16_held": sixteen,
+        "recovered": recovered,
+        "heuristic_gain": bool(heuristic and predicted_held and heuristic < min(predicted_held)),
+    }
 
 
 def _search_columns(result) -> dict:
     meta = result.plan.metadata["search"]
     confirmation = meta.get("confirmation") or {}
+    if confirmation.get("run"):
+        words = str(confirmation.get("result"))
+        attempts = confirmation.get("attempts") or []
+        if attempts and attempts[-1].get("metric") is not None:
+            words += (
+                f" ({confirmation['train_steps']} steps: {attempts[-1]['metric']:.4g} "
+                f"≤ {confirmation['threshold']:.4g})"
+            )
+    else:
+        words = "not run: " + (", ".join(confirmation.get("reasons") or []) or "decision clear")
     return {
         "train_steps": meta["fidelity_check"]["train_steps"],
         "requested_steps": meta["fidelity_check"]["requested_steps"],
         "budget_status": meta["fidelity_check"]["status"],
-        "confirmation": confirmation.get("result") if confirmation.get("run") else "not needed",
+        "confirmation": words,
+        "confirmation_record": confirmation,
     }
 
 
-def run_predicted(name: str, quick: bool, hardware: str) -> dict:
-    """Searches one model with costs predicted for a named card; returns a row."""
+def run_one(name: str, quick: bool, hardware: str = "local", rounds: int = 7, onednn=False) -> dict:
+    """Searches one model for one hardware, times or predicts the plans, retrains; returns a row."""
     model = build_model(name)
-    batch_size = 16
+    batch_size = BATCH_SIZES.get(name, 16)
     train_steps = 4 if quick else 12
     train, val = split_data(model, batch_size, train_steps)
-    budget = Budget("val_loss", max_relative_drop=0.02)
+    local = hardware == "local"
+    budget = BUDGETS.get(name, BUDGET)
     started = time.perf_counter()
     try:
         result = search(
@@ -282,94 +381,227 @@ def run_predicted(name: str, quick: bool, hardware: str) -> dict:
             settings=SearchSettings(
                 steps_per_trial=train_steps,
                 batch_size=batch_size,
-                cost_batch_size=128,
+                cost_batch_size=None if local else 128,
                 seed=0,
             ),
         )
     except AutoprecError as error:
         return {"model": name, "hardware": hardware, "error": str(error)}
+    wall = time.perf_counter() - started
+    plan = result.plan
     row = {
         "model": name,
         "hardware": hardware,
         "trials": len(result.study.trials),
-        "wall_s": time.perf_counter() - started,
-        "plan": result.plan.dtype_counts(),
+        "wall_s": wall,
+        "plan": plan.dtype_counts(),
+        "metric": plan.metadata["measured_metric"],
+        "reference": result.reference_metric,
+        "budget": budget.to_dict(),
+        "threshold": budget.threshold(result.reference_metric),
+        "replaced_by_measurement": plan.metadata["search"].get("replaced_by_measurement"),
         **_search_columns(result),
     }
-    best = _best_uniform_within_budget(result, None)
-    chosen = result.plan.metadata.get("predicted_speedup")
-    plan_seconds = result.float32_predicted_seconds / chosen if chosen else None
-    row["best_uniform"] = None if best is None else best[0]
-    row["plan_over_best_uniform"] = (
-        None if best is None or plan_seconds is None else plan_seconds / best[1]
-    )
+    warm = plan.metadata["search"]["warm_starts"]
+    if local:
+        plans = {
+            label: p
+            for label, p in warm_start_plans(model, result).items()
+            if label in _uniform_labels(warm)
+        }
+        batch = (train[0][:batch_size], train[1][:batch_size])
+        resolved = plan.resolve()
+        same = next((label for label, p in plans.items() if p.resolve() == resolved), None)
+        row["plan_equals"] = same
+        timing = plans if same else {"plan": plan, **plans}
+        timed = interleaved_step_seconds(
+            model, timing, batch, rounds=rounds, steps=2 if quick else 3
+        )
+        if same:
+            timed["plan"] = timed[same]
+        seconds = {label: value["median"] for label, value in timed.items()}
+        row["timed_ms"] = {
+            label: {kind: 1e3 * value for kind, value in values.items()}
+            for label, values in timed.items()
+        }
+        row.update(summarise(result, seconds))
+        fastest = {label: value["min"] for label, value in timed.items()}
+        row["plan_over_best_uniform_min"] = (
+            None if row["best_uniform"] is None else fastest["plan"] / fastest[row["best_uniform"]]
+        )
+        if onednn:
+            row["onednn_bf16_ms"] = 1e3 * (onednn_bf16_seconds(name, batch_size) or math.nan)
+    else:
+        speedup = plan.metadata.get("predicted_speedup") or 1.0
+        seconds = {
+            label: entry["predicted_seconds"]
+            for label, entry in warm.items()
+            if entry["predicted_seconds"] is not None
+        }
+        seconds["float32"] = result.float32_predicted_seconds
+        seconds["plan"] = result.float32_predicted_seconds / speedup
+        row.update(summarise(result, seconds))
+    if all(dtype == "float32" for dtype in plan.resolve().values()):
+        row["retrain"] = None
+    else:
+        row["retrain"] = retrain_check(
+            model, plan, train, val, batch_size, 4 * row["train_steps"], budget
+        )
     return row
 
 
+def _ratio(value: float | None, best: str | None) -> str:
+    return "n/a (none held)" if value is None else f"{value:.2f} ({best})"
+
+
+def _retrain_words(check: dict | None) -> str:
+    if check is None:
+        return "n/a (float32 plan)"
+    return (
+        f"{'held' if check['held'] else 'MISSED'} ({check['steps']} steps: "
+        f"{check['plan']:.4g} vs f32 {check['float32']:.4g}, ≤ {check['threshold']:.4g})"
+    )
+
+
 def ratio_table(rows: list[dict]) -> str:
-    """Markdown table: plan cost over the best uniform plan within budget, per model and card."""
+    """Markdown table: per model and hardware, wall time, ratios and the budget on retraining."""
     lines = [
-        "| model | hardware | search wall s | train steps | plan (bf16/f32/f16) "
-        "| plan / best uniform within budget | budget held on retraining |",
-        "|---|---|---|---|---|---|---|",
+        "| model | hardware | trials | search wall s | train steps | plan (bf16/f32/f16) "
+        "| plan / best uniform within budget | uniform 16-bit held | 16-bit speed recovered "
+        "| search confirmation | bench retrain |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in rows:
         if "error" in row:
-            lines.append(f"| {row['model']} | {row['hardware']} | error: {row['error']} |||||")
+            lines.append(
+                f"| {row['model']} | {row['hardware']} | error: {row['error'][:200]} ||||||||"
+            )
             continue
         counts = row["plan"]
-        ratio = row.get("plan_over_best_uniform")
+        held16 = (
+            ", ".join(
+                f"{label.split()[-1]} {'yes' if ok else 'NO'}"
+                for label, ok in row["uniform16_held"].items()
+            )
+            or "n/a"
+        )
+        recovered = "n/a" if row["recovered"] is None else f"{row['recovered']:.2f}"
         lines.append(
-            f"| {row['model']} | {row['hardware']} | {row['wall_s']:.0f} | "
+            f"| {row['model']} | {row['hardware']} | {row['trials']} | {row['wall_s']:.0f} | "
             f"{row['requested_steps']} -> {row['train_steps']} ({row['budget_status']}) | "
             f"{counts['bfloat16']}/{counts['float32']}/{counts['float16']} | "
-            + ("n/a" if ratio is None else f"{ratio:.2f} ({row['best_uniform']})")
-            + f" | {row['confirmation']} |"
+            f"{_ratio(row['plan_over_best_uniform'], row['best_uniform'])} | {held16} | "
+            f"{recovered} | {row['confirmation']} | {_retrain_words(row['retrain'])} |"
         )
     return "\n".join(lines)
 
 
 def table(rows: list[dict]) -> str:
-    """Markdown table of the rows."""
+    """Markdown table of the measured step times (median / min ms) of the `local` rows."""
     lines = [
-        "| model | trials | search wall s | plan (bf16/f32/f16) | val_loss plan / ref (≤) "
-        "| plan ms | f32 ms | bf16 ms | f16 ms | oneDNN auto-bf16 ms | plan is |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| model | val_loss plan / ref (≤) | plan ms | float32 ms | uniform bfloat16 ms "
+        "| plan / best uniform (median, min) | plan is | heuristic predicts per-layer gain |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for row in rows:
-        if "error" in row or row.get("hardware", "local") != "local":
+        if "error" in row or row["hardware"] != "local":
             continue
-        counts = row["plan"]
+        timed = row["timed_ms"]
 
-        def ms(key: str, row: dict = row) -> str:
-            return "n/a" if row.get(key) is None else f"{row[key] * 1e3:.1f}"
+        def ms(label: str, timed: dict = timed) -> str:
+            if label not in timed:
+                return "n/a"
+            return f"{timed[label]['median']:.1f} / {timed[label]['min']:.1f}"
 
-        lines.append(
-            f"| {row['model']} | {row['trials']} | {row['wall_s']:.0f} | "
-            f"{counts['bfloat16']}/{counts['float32']}/{counts['float16']} | "
-            f"{row['metric']:.4f} / {row['reference']:.4f} (≤{row['threshold']:.4f}) | "
-            f"{ms('plan_s')} | {ms('float32_s')} | {ms('bfloat16_s')} | {ms('float16_s')} | "
-            f"{ms('onednn_bf16_s')} | {', '.join(row.get('plan_equals') or ['mixed'])} |"
+        ratio = row["plan_over_best_uniform"]
+        both = (
+            "n/a"
+            if ratio is None
+            else f"{ratio:.2f}, {row['plan_over_best_uniform_min']:.2f} ({row['best_uniform']})"
         )
+        lines.append(
+            f"| {row['model']} | {row['metric']:.4g} / {row['reference']:.4g} "
+            f"(≤{row['threshold']:.4g}) | {ms('plan')} | {ms('float32')} | "
+            f"{ms('uniform bfloat16')} | {both} | {row.get('plan_equals') or 'mixed'} | "
+            f"{'yes' if row['heuristic_gain'] else 'no'} |"
+        )
+    return "\n".join(lines)
+
+
+def goals(rows: list[dict]) -> str:
+    """Lines saying which goals the rows meet."""
+    ok = [row for row in rows if "error" not in row]
+    ratios = [row["plan_over_best_uniform"] for row in ok if row["plan_over_best_uniform"]]
+    worst = max(ratios) if ratios else None
+    gains = [
+        row["plan_over_best_uniform"]
+        for row in ok
+        if row["hardware"] == "local" and row["heuristic_gain"] and row["plan_over_best_uniform"]
+    ]
+    recovered = [row["recovered"] for row in ok if row["recovered"] is not None]
+    resnet = [
+        row["wall_s"] for row in ok if row["model"] == "resnet50" and row["hardware"] == "local"
+    ]
+    lines = [
+        "goal plan / best uniform <= 1.00 everywhere: "
+        + (
+            "n/a"
+            if worst is None
+            else f"worst {worst:.2f} -> {'met' if worst <= 1.0 else 'MISSED'}"
+        ),
+        "goal local geo-mean <= 0.95 where the heuristic predicts a per-layer gain: "
+        + (
+            "n/a (no such model)"
+            if not gains
+            else f"{math.exp(np.mean(np.log(gains))):.2f} over {len(gains)} -> "
+            + ("met" if math.exp(np.mean(np.log(gains))) <= 0.95 else "MISSED")
+        ),
+        "goal 16-bit speed recovered >= 0.90: "
+        + (
+            "n/a"
+            if not recovered
+            else f"worst {min(recovered):.2f} -> " + ("met" if min(recovered) >= 0.9 else "MISSED")
+        ),
+        "goal ResNet50 search (local) < 600 s: "
+        + (
+            "n/a"
+            if not resnet
+            else f"{resnet[0]:.0f} s -> {'met' if resnet[0] < 600 else 'MISSED'}"
+        ),
+    ]
     return "\n".join(lines)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true", help="fewer trials and steps")
-    parser.add_argument("--models", default="mobilenetv2,resnet50,transformer")
+    parser.add_argument("--models", default=",".join(MODELS))
     parser.add_argument(
-        "--hardware", default="local", help="comma-separated: local and/or profile names"
+        "--hardware",
+        default="local",
+        help="comma-separated: local and/or profile names (e.g. local,rtx4090,rtx3060,rtx2060)",
     )
     parser.add_argument("--rounds", type=int, default=7, help="interleaved timing rounds (>= 5)")
+    parser.add_argument(
+        "--onednn", action="store_true", help="also time TF's automatic oneDNN bfloat16 rewrite"
+    )
     arguments = parser.parse_args()
+    print(host_line(), flush=True)
     rows = []
     for name in arguments.models.split(","):
         for hardware in arguments.hardware.split(","):
-            rows.append(run_one(name.strip(), arguments.quick, hardware.strip(), arguments.rounds))
-            print(json.dumps(rows[-1]), flush=True)
+            row = run_one(
+                name.strip(), arguments.quick, hardware.strip(), arguments.rounds, arguments.onednn
+            )
+            rows.append(row)
+            print(json.dumps(row, default=str), flush=True)
+            print(ratio_table(rows), flush=True)
+    print(host_line())
     print(table(rows))
+    print()
     print(ratio_table(rows))
+    print()
+    print(goals(rows))
 
 
 if __name__ == "__main__":
