@@ -263,7 +263,7 @@ def decide_plan(
             sample = cost.sample_inputs(model, batch_size)
             costs = measure_costs(model, sample, allowed, hardware_profile, verbose)
         else:
-            costs = cost.predict_costs(model, hardware_profile, batch_size)
+            costs = cost.predict_costs(model, hardware_profile, batch_size=batch_size)
     except Exception as error:  # costs improve the plan; their absence must not stop training
         logger.warning("autoprec: cost model unavailable (%s); deciding from parameters", error)
     plan = heuristic_plan(

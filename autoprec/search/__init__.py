@@ -30,7 +30,7 @@ measured confirmation), `result` (`SearchResult`), `workers` (`search_in_process
 """
 
 from .budget import Budget
-from .driver import measure_step_seconds, search
+from .driver import measure_step_rounds, measure_step_seconds, search
 from .evaluator import Evaluator, ProxyResult, clone_for_search
 from .explore import Neighbour, explorer, neighbours
 from .fidelity import (
@@ -86,6 +86,7 @@ __all__ = [
     "longer_batches",
     "make_groups",
     "matches_any",
+    "measure_step_rounds",
     "measure_step_seconds",
     "neighbours",
     "output_layers",

@@ -57,8 +57,11 @@ from .study import (
 
 logger = logging.getLogger("autoprec")
 
-#: A uniform plan replaces the searched plan only when measured this much faster (noise margin).
+#: A uniform plan replaces the searched plan only when measured this much faster (noise margin),
+#: in its fastest and in its median round.
 _MEASURED_MARGIN = 0.03
+#: Interleaved timing rounds of that comparison.
+_MEASURED_ROUNDS = 5
 #: Plans confirmed at the higher fidelity, down the ranking, before falling back to float32.
 _CONFIRMATION_ATTEMPTS = 3
 
@@ -610,7 +613,8 @@ def _order_by_measurement(
 
     Per-layer costs can rank a mixed plan ahead of a uniform one that the whole
     step runs faster; the measured step has the last word. A warm start measured
-    more than `_MEASURED_MARGIN` faster than the searched plan goes first.
+    more than `_MEASURED_MARGIN` faster than the searched plan, in its fastest and in
+    its median round, goes first.
 
     Returns:
         `(ranked trials, reordered; {name: seconds}; {trial number: name}; (label, trial
@@ -627,11 +631,19 @@ def _order_by_measurement(
         if label and label != "float32" and label not in candidates:
             candidates[label] = (context.trial_plan(trial), trial)
     names = list(candidates)
-    seconds = measure_step_seconds(context.evaluator, [candidates[name][0] for name in names])
-    timed = dict(zip(names, seconds))
+    rounds = measure_step_rounds(
+        context.evaluator, [candidates[name][0] for name in names], rounds=_MEASURED_ROUNDS
+    )
+    timed = {name: min(figures) for name, figures in zip(names, rounds)}
+    medians = {name: float(np.median(figures)) for name, figures in zip(names, rounds)}
     numbers = {trial.number: name for name, (_, trial) in candidates.items() if trial is not None}
     fastest = min(names, key=timed.get)
-    if fastest == "searched" or timed[fastest] >= timed["searched"] * (1 - _MEASURED_MARGIN):
+    # Replace the searched plan only on a win beyond noise: faster by the margin both in
+    # the fastest round and in the median round.
+    if fastest == "searched" or any(
+        figures[fastest] >= figures["searched"] * (1 - _MEASURED_MARGIN)
+        for figures in (timed, medians)
+    ):
         return ranked, timed, numbers, None
     _say(
         context.verbose,
@@ -757,11 +769,11 @@ def _finite_or_none(value: float | None) -> float | None:
 def measure_step_seconds(
     evaluator: Evaluator, plans: Sequence[PrecisionPlan], rounds: int = 3
 ) -> list[float]:
-    """Times each plan's train step on this device in interleaved rounds: the fastest median.
+    """Times each plan's train step on this device in interleaved rounds: the fastest round.
 
     Each round times every plan once (5 steps after 3 warm-up steps, their median),
     the plans' order rotating from round to round so that none is always timed
-    first; a plan's figure is its fastest round.
+    first; a plan's figure is its fastest round (`measure_step_rounds` gives them all).
 
     Args:
         evaluator: the `Evaluator` whose model and first training batch are timed.
@@ -780,13 +792,36 @@ def measure_step_seconds(
     )
     ```
     """
-    best = [math.inf] * len(plans)
+    return [min(figures) for figures in measure_step_rounds(evaluator, plans, rounds)]
+
+
+def measure_step_rounds(
+    evaluator: Evaluator, plans: Sequence[PrecisionPlan], rounds: int = 5
+) -> list[list[float]]:
+    """Times each plan's train step in interleaved, rotating rounds and returns every round.
+
+    Args:
+        evaluator: the `Evaluator` whose model and first training batch are timed.
+        plans: the plans to time.
+        rounds: how many times each plan is timed.
+
+    Returns:
+        For each plan, in the order of `plans`, its seconds per step in each round.
+
+    Example:
+
+    ```python
+    figures = measure_step_rounds(evaluator, [float32_plan, mixed_plan], rounds=5)
+    [min(f) for f in figures], [sorted(f)[2] for f in figures]  # fastest and median rounds
+    ```
+    """
+    figures: list[list[float]] = [[] for _ in plans]
     order = list(range(len(plans)))
     for round_index in range(rounds):
         shift = round_index % len(order) if order else 0
         for index in order[shift:] + order[:shift]:
-            best[index] = min(best[index], evaluator.step_seconds(plans[index], steps=5, warmup=3))
-    return best
+            figures[index].append(evaluator.step_seconds(plans[index], steps=5, warmup=3))
+    return figures
 
 
 def _evidence(
