@@ -222,3 +222,16 @@ def host_callback(function: Callable[..., None], *values: Any) -> None:
     before the end of the step's.
     """
     jax.debug.callback(function, *values, ordered=True)
+
+
+def bitcast(tensor: Any, dtype: str) -> jax.Array:
+    """Returns `tensor`'s bits read as `dtype` of the same width (`lax.bitcast_convert_type`).
+
+    Args:
+        tensor: an array.
+        dtype: a dtype of the same item size, e.g. `"int16"` for float16.
+
+    Returns:
+        The array of `dtype`, same shape.
+    """
+    return jax.lax.bitcast_convert_type(jnp.asarray(tensor), jnp.dtype(dtype))

@@ -693,3 +693,16 @@ def integer_amax_is_fast(xla: bool) -> bool:
         `True` under XLA or when TensorFlow sees no GPU.
     """
     return xla or not tf.config.list_logical_devices("GPU")
+
+
+def bitcast(tensor: Any, dtype: str) -> tf.Tensor:
+    """Returns `tensor`'s bits read as `dtype` of the same width (`tf.bitcast`), scalars included.
+
+    Args:
+        tensor: a tensor.
+        dtype: a dtype of the same item size, e.g. `"int16"` for float16.
+
+    Returns:
+        The tensor of `dtype`, same shape.
+    """
+    return tf.bitcast(tf.convert_to_tensor(tensor), tf.as_dtype(dtype))

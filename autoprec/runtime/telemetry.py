@@ -344,7 +344,7 @@ def amax_bits(tensor: Any, integer: bool = True) -> Any:
 
     ```python
     bits = amax_bits(keras.ops.convert_to_tensor([1.0, -3.0], "float16"))
-    keras.ops.view(bits, "float32")  # 3.0
+    bit_view(bits, "float32")  # 3.0
     ```
     """
     if hasattr(tensor, "indices") and hasattr(tensor, "values"):  # IndexedSlices
@@ -354,22 +354,44 @@ def amax_bits(tensor: Any, integer: bool = True) -> Any:
     dtype = keras.backend.standardize_dtype(tensor.dtype)
     if not integer:
         largest = ops.cast(ops.max(ops.abs(tensor)), FLOAT32)
-        return ops.view(largest, "int32")
+        return bit_view(largest, "int32")
     if dtype not in _BITS_DTYPE:
         tensor, dtype = ops.cast(tensor, FLOAT32), FLOAT32
     bits_dtype = _BITS_DTYPE[dtype]
     mask = ops.convert_to_tensor(_MAGNITUDE_BITS[dtype], bits_dtype)
-    largest = ops.max(ops.bitwise_and(ops.view(tensor, bits_dtype), mask))
+    largest = ops.max(ops.bitwise_and(bit_view(tensor, bits_dtype), mask))
     if dtype == "bfloat16":  # the upper half of a float32
         return ops.left_shift(ops.cast(largest, "int32"), ops.convert_to_tensor(16, "int32"))
     if dtype == FLOAT16:
-        return ops.view(ops.cast(ops.view(largest, FLOAT16), FLOAT32), "int32")
+        return bit_view(ops.cast(bit_view(largest, FLOAT16), FLOAT32), "int32")
     return largest
+
+
+def bit_view(tensor: Any, dtype: str) -> Any:
+    """Returns `tensor`'s bits read as `dtype` of the same width, on the active backend.
+
+    The backend's own bitcast (`tf.bitcast`, `jax.lax.bitcast_convert_type`), which
+    takes scalars on every Keras version the package supports.
+
+    Args:
+        tensor: a tensor.
+        dtype: a dtype of the same item size, e.g. `"int16"` for float16.
+
+    Returns:
+        The tensor of `dtype`, same shape.
+
+    Example:
+
+    ```python
+    bit_view(keras.ops.convert_to_tensor(1.0, "float32"), "int32")  # 1065353216
+    ```
+    """
+    return telemetry_backend().bitcast(tensor, dtype)
 
 
 def bits_to_float(bits: Any) -> Any:
     """Returns the float32 value of an int32 bit pattern from `amax_bits`."""
-    return ops.view(bits, FLOAT32)
+    return bit_view(bits, FLOAT32)
 
 
 def _nan_max(first: Any, second: Any) -> np.float32:
@@ -723,7 +745,7 @@ class GuardTelemetry:
     ) -> tuple[Any, Any]:
         """Returns the step's `(frame, gradients_bad)`: one segment maximum of every scalar."""
         rows = len(self.paths) + 1
-        values = [ops.view(scale, "int32")]
+        values = [bit_view(scale, "int32")]
         segments = [0]
         for bits in batch:
             values.append(bits)
