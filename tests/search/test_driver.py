@@ -166,8 +166,12 @@ def test_measured_step_confirms_the_final_plan_against_uniform_plans():
     )
     measured = result.plan.metadata["search"]["measured_step_seconds"]
     assert {"searched", "float32"} <= set(measured)
-    chosen = result.plan.metadata["search"]["measured_plan_step_seconds"]
-    assert chosen <= min(measured.values()) / (1 - 0.03) + 1e-12  # no uniform plan clearly faster
+    record = result.plan.metadata["search"]
+    chosen = record["measured_plan_step_seconds"]
+    if record.get("replaced_by_measurement"):  # replaced only on a clear win over the searched plan
+        assert chosen <= measured["searched"] * (1 - 0.03) + 1e-12
+    else:  # kept: one of the plans timed side by side, no candidate faster in both min and median
+        assert chosen in measured.values()
     assert result.plan.metadata["measured_speedup"] == pytest.approx(measured["float32"] / chosen)
 
 
