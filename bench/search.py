@@ -49,6 +49,12 @@ import numpy as np  # noqa: E402
 
 import autoprec  # noqa: E402
 from autoprec.errors import AutoprecError  # noqa: E402
+from autoprec.layers import describe_model  # noqa: E402
+from autoprec.runtime.emulation import (  # noqa: E402
+    Float16Emulation,
+    emulated_layers,
+    without_float16,
+)
 from autoprec.search import Budget, SearchSettings, search  # noqa: E402
 
 CLASSES = 10
@@ -200,12 +206,21 @@ def warm_start_plans(model: keras.Model, result) -> dict[str, autoprec.Precision
     return plans
 
 
-def _compiled_copy(model: keras.Model, plan) -> keras.Model:
+def _compiled_copy(model: keras.Model, plan, emulate_float16: bool = False) -> keras.Model:
+    """A clone of `model` with `plan` applied and compiled; float16 emulated if asked."""
     clone = keras.models.clone_model(model)
     clone.set_weights(model.get_weights())
-    handle = autoprec.apply_plan(clone, plan)
+    infos = describe_model(clone)
+    if emulate_float16 and plan.uses_float16:
+        emulation = Float16Emulation(clone)
+        emulation.install()
+        emulation.set_layers(emulated_layers(plan.resolve(infos)))
+        autoprec.apply_plan(clone, without_float16(plan, infos))
+        uses_float16 = True
+    else:
+        uses_float16 = autoprec.apply_plan(clone, plan).uses_float16
     optimizer = keras.optimizers.Adam(1e-3)
-    if handle.uses_float16:
+    if uses_float16:
         optimizer = autoprec.FlooredLossScaleOptimizer(optimizer)
     clone.compile(optimizer=optimizer, loss=model.loss)
     return clone
@@ -240,8 +255,13 @@ def interleaved_step_seconds(
     }
 
 
-def retrain_check(model, plan, train, val, batch_size: int, steps: int, budget: Budget) -> dict:
+def retrain_check(
+    model, plan, train, val, batch_size: int, steps: int, budget: Budget, emulate: bool = False
+) -> dict:
     """Trains float32 and `plan` from the same weights for `steps` fresh batches; judges the budget.
+
+    With `emulate`, float16 layers are emulated as the search's trials ran them (a card's
+    plan retrained on a CPU).
 
     Returns:
         `{"steps", "float32", "plan", "threshold", "held"}` (metrics are `val_loss`).
@@ -253,7 +273,7 @@ def retrain_check(model, plan, train, val, batch_size: int, steps: int, budget: 
         ("plan", plan),
     ):
         keras.utils.set_random_seed(1)
-        copy = _compiled_copy(model, candidate)
+        copy = _compiled_copy(model, candidate, emulate_float16=emulate)
         copy.fit(x, y, batch_size=batch_size, epochs=1, shuffle=False, verbose=0)
         metrics[name] = float(
             copy.evaluate(*val, batch_size=batch_size, verbose=0, return_dict=True)["loss"]
@@ -445,7 +465,14 @@ def run_one(name: str, quick: bool, hardware: str = "local", rounds: int = 7, on
         row["retrain"] = None
     else:
         row["retrain"] = retrain_check(
-            model, plan, train, val, batch_size, 4 * row["train_steps"], budget
+            model,
+            plan,
+            train,
+            val,
+            batch_size,
+            4 * row["train_steps"],
+            budget,
+            emulate=plan.metadata["search"].get("float16_trials") == "emulated",
         )
     return row
 

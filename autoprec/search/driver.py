@@ -269,6 +269,7 @@ def _run_search(model: keras.Model, evaluator: Evaluator, request: _Request) -> 
     dtypes = _default_dtypes(settings.dtypes, hardware_profile, table)
     costs = _Costs(evaluator.model, table, settings.cost_batch_size or evaluator.batch_size)
 
+    float16_trials = _float16_trials(evaluator, settings.float16_trials, dtypes, verbose)
     profile = settings.profile
     if profile is None and FLOAT16 in dtypes:
         profile = run_profiler(
@@ -382,6 +383,7 @@ def _run_search(model: keras.Model, evaluator: Evaluator, request: _Request) -> 
             "dtypes": list(dtypes),
             "groups": len(groups),
             "cost_source": getattr(table, "source", None),
+            "float16_trials": float16_trials,
             "reference_spread": spread,
             "fidelity_check": fidelity.to_dict(),
         },
@@ -400,6 +402,29 @@ def _run_search(model: keras.Model, evaluator: Evaluator, request: _Request) -> 
         show_progress_bar=verbose >= 1,
     )
     return _finish(context, study, base_metadata, spread, table, removed, unsafe, request)
+
+
+def _float16_trials(
+    evaluator: Evaluator, requested: str, dtypes: Sequence[str], verbose: int
+) -> str | None:
+    """Turns float16 emulation on where asked or needed; returns "native", "emulated" or None.
+
+    `"auto"` emulates where this device has no fast float16 kernels; `None` when float16
+    is not among the search's dtypes.
+    """
+    if FLOAT16 not in dtypes:
+        return None
+    emulate = requested == "emulated" or (
+        requested == "auto" and not resolve_hardware("local").is_fast(FLOAT16)
+    )
+    if emulate and evaluator.emulate_float16():
+        _say(
+            verbose,
+            "autoprec.search: float16 has no fast kernels here; trials emulate it (float32 "
+            "math, float16 rounding at layer boundaries).",
+        )
+        return "emulated"
+    return "native"
 
 
 def _risk(
@@ -771,9 +796,10 @@ def measure_step_seconds(
 ) -> list[float]:
     """Times each plan's train step on this device in interleaved rounds: the fastest round.
 
-    Each round times every plan once (5 steps after 3 warm-up steps, their median),
-    the plans' order rotating from round to round so that none is always timed
-    first; a plan's figure is its fastest round (`measure_step_rounds` gives them all).
+    Each plan runs on its own compiled copy of the model, traced and warmed up once
+    (5 steps); each round times 5 steps of every plan (their mean), the plans' order
+    rotating from round to round so that none is always timed first; a plan's figure is
+    its fastest round (`measure_step_rounds` gives them all).
 
     Args:
         evaluator: the `Evaluator` whose model and first training batch are timed.
@@ -800,6 +826,8 @@ def measure_step_rounds(
 ) -> list[list[float]]:
     """Times each plan's train step in interleaved, rotating rounds and returns every round.
 
+    See `Evaluator.step_rounds`: one compiled copy per plan, nothing retraced between rounds.
+
     Args:
         evaluator: the `Evaluator` whose model and first training batch are timed.
         plans: the plans to time.
@@ -815,13 +843,7 @@ def measure_step_rounds(
     [min(f) for f in figures], [sorted(f)[2] for f in figures]  # fastest and median rounds
     ```
     """
-    figures: list[list[float]] = [[] for _ in plans]
-    order = list(range(len(plans)))
-    for round_index in range(rounds):
-        shift = round_index % len(order) if order else 0
-        for index in order[shift:] + order[:shift]:
-            figures[index].append(evaluator.step_seconds(plans[index], steps=5, warmup=3))
-    return figures
+    return evaluator.step_rounds(list(plans), rounds=rounds, steps=5)
 
 
 def _evidence(

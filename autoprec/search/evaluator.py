@@ -11,6 +11,8 @@ back by `close()`.
 from __future__ import annotations
 
 import dataclasses
+import functools
+import gc
 import logging
 import math
 
@@ -18,12 +20,14 @@ import keras
 import numpy as np
 
 from .._core.data import batch_size_of, concatenate_batches
+from .._core.dtypes import FLOAT32
 from .._core.models import compile_arguments, recompile
 from .._core.timing import time_interleaved
 from ..errors import BackendError
-from ..layers import layer_paths
+from ..layers import describe_model, layer_paths
 from ..plan import PrecisionPlan
 from ..runtime import FlooredLossScaleOptimizer, PlanCallback, apply_plan, reset_compiled_functions
+from ..runtime.emulation import Float16Emulation, emulated_layers, without_float16
 
 logger = logging.getLogger("autoprec")
 
@@ -124,6 +128,53 @@ class Evaluator:
         self.proxy_data = train_batches[: max(1, proxy_batches)]
         self.seed = seed
         self._float32_gradients: list | None = None
+        self._emulation: Float16Emulation | None = None
+
+    # ------------------------------------------------------------------ float16 emulation
+
+    def emulate_float16(self) -> bool:
+        """Trains and proxies float16 layers emulated from now on (float32 math, float16 rounding).
+
+        For devices whose float16 kernels are slow fallbacks (TensorFlow on a CPU):
+        see `autoprec.runtime.emulation`. Call it before the profiler or the guard wrap
+        the layers. Timing (`step_seconds`) always runs float16 natively.
+
+        Returns:
+            Whether emulation is on: only a private clone is emulated, never the user's model.
+        """
+        if not self.is_clone:
+            return False
+        if self._emulation is None:
+            self._emulation = Float16Emulation(self.model)
+            self._emulation.install()
+        return True
+
+    @property
+    def emulates_float16(self) -> bool:
+        """Whether float16 layers are emulated in training and in the proxy."""
+        return self._emulation is not None
+
+    def _native_plan(self, plan: PrecisionPlan) -> tuple[PrecisionPlan, bool]:
+        """Returns `(plan to apply, whether float16 is emulated)`; sets the emulated layers.
+
+        With emulation on, float16 layers are applied as float32 and rounded to float16
+        at their boundaries from the next trace on.
+        """
+        if self._emulation is None:
+            return plan, False
+        infos = describe_model(self.model)
+        dtypes = plan.resolve(infos)
+        emulated = emulated_layers(dtypes)
+        self._emulation.set_layers(emulated)
+        if not emulated:
+            return plan, False
+        native = without_float16(plan, infos)
+        return native, True
+
+    def _scale_loss(self) -> None:
+        """Wraps the optimizer in the default dynamic loss scale (emulated float16 needs it)."""
+        self.model.optimizer = FlooredLossScaleOptimizer(self.model.optimizer)
+        self.model.optimizer.build(self.model.trainable_variables)
 
     # ------------------------------------------------------------------ state
 
@@ -141,6 +192,9 @@ class Evaluator:
 
     def close(self) -> None:
         """Puts back the user's model when the evaluator worked on it directly."""
+        if self._emulation is not None:
+            self._emulation.remove()
+            self._emulation = None
         if self.user_state is None:
             return
         paths = layer_paths(self.user_model)
@@ -156,7 +210,8 @@ class Evaluator:
     def metric_names(self) -> list[str]:
         """Returns the names `evaluate` reports, checked on one validation batch in float32."""
         self._reset()
-        apply_plan(self.model, PrecisionPlan.uniform(self.model, "float32"))
+        float32_plan, _ = self._native_plan(PrecisionPlan.uniform(self.model, FLOAT32))
+        apply_plan(self.model, float32_plan)
         recompile(self.model, self.compile_template)
         x, y = self.val_batches[0]
         logs = self.model.evaluate(x, y, batch_size=self.batch_size, verbose=0, return_dict=True)
@@ -179,7 +234,8 @@ class Evaluator:
             `{metric: value}` from `evaluate` on the validation batches.
         """
         self._reset()
-        apply_plan(self.model, PrecisionPlan.uniform(self.model, "float32"))
+        float32_plan, _ = self._native_plan(PrecisionPlan.uniform(self.model, FLOAT32))
+        apply_plan(self.model, float32_plan)
         recompile(self.model, self.compile_template)
         logs = self.model.evaluate(
             self.val_x, self.val_y, batch_size=self.batch_size, verbose=0, return_dict=True
@@ -191,6 +247,12 @@ class Evaluator:
     ) -> dict[str, float]:
         """Level 3: trains the plan for the given batches from the initial weights, then evaluates.
 
+        Every plan gets as many weight updates as there are batches: steps a loss scale
+        skipped (non-finite gradients while a dynamic scale comes down from 2**15, often
+        the first few of a float16 run) are trained again, once, on the batches they
+        skipped. A short trial would otherwise judge float16 by fewer updates than
+        float32; in a long training those few steps do not matter.
+
         Args:
             plan: the plan to train with.
             batch_order: optional permutation of the training batches (reference spread).
@@ -199,20 +261,28 @@ class Evaluator:
             `{metric: value}` from `evaluate` on the validation batches.
         """
         self._reset()
+        plan, emulated = self._native_plan(plan)
         recompile(self.model, self.compile_template)
+        if emulated:
+            self._scale_loss()
+        order = list(range(len(self.train_batches))) if batch_order is None else list(batch_order)
         x, y = self.train_x, self.train_y
         if batch_order is not None:
-            x, y = concatenate_batches([self.train_batches[index] for index in batch_order])
+            x, y = concatenate_batches([self.train_batches[index] for index in order])
         callback = PlanCallback(plan, verbose=0)
-        self.model.fit(
-            x,
-            y,
+        fit = functools.partial(
+            self.model.fit,
             batch_size=self.batch_size,
             epochs=1,
             shuffle=False,
             verbose=0,
             callbacks=[callback],
         )
+        fit(x, y)
+        skipped = len(order) - int(keras.ops.convert_to_numpy(self.model.optimizer.iterations))
+        if 0 < skipped < len(order):
+            logger.debug("autoprec.search: %d skipped step(s) trained again", skipped)
+            fit(*concatenate_batches([self.train_batches[index] for index in order[:skipped]]))
         logs = self.model.evaluate(
             self.val_x, self.val_y, batch_size=self.batch_size, verbose=0, return_dict=True
         )
@@ -258,8 +328,9 @@ class Evaluator:
         import tensorflow as tf
 
         self._reset()
-        apply_plan(self.model, plan)
         scale = _PROXY_LOSS_SCALE if plan.uses_float16 else 1.0
+        plan, _ = self._native_plan(plan)
+        apply_plan(self.model, plan)
         if not getattr(self.model, "compiled", False) or self.model.optimizer is None:
             recompile(self.model, self.compile_template)
         variables = self.model.trainable_variables
@@ -281,6 +352,67 @@ class Evaluator:
 
     # ------------------------------------------------------------------ timing
 
+    def step_rounds(
+        self, plans: list[PrecisionPlan], rounds: int = 5, steps: int = 5
+    ) -> list[list[float]]:
+        """Times each plan's train step in interleaved, rotating rounds, each on its own copy.
+
+        Every plan gets a compiled clone of the model (same initial weights), traced
+        once and warmed up with `steps` steps; each round then times `steps` steps of
+        every plan (their mean), the plans' order rotating from round to round. Nothing
+        is retraced between rounds. Models that cannot be cloned are timed on the
+        working model, retracing each round (`step_seconds`).
+
+        Args:
+            plans: the plans to time.
+            rounds: how many times each plan is timed.
+            steps: steps per timed round (and warm-up steps).
+
+        Returns:
+            For each plan, in the order of `plans`, its seconds per step in each round.
+        """
+        if not self.is_clone:
+            figures: list[list[float]] = [[] for _ in plans]
+            order = list(range(len(plans)))
+            for round_index in range(rounds):
+                shift = round_index % len(order) if order else 0
+                for index in order[shift:] + order[:shift]:
+                    figures[index].append(self.step_seconds(plans[index], steps, warmup=steps))
+            return figures
+        self._reset()
+        x, y = self.train_batches[0]
+        copies = [self._timing_copy(plan) for plan in plans]
+
+        def run(copy: keras.Model) -> None:
+            for _ in range(steps):
+                logs = copy.train_on_batch(x, y, return_dict=True)
+            float(next(iter(logs.values())))  # waits for the last step to finish
+
+        try:
+            timings = time_interleaved(
+                {str(index): functools.partial(run, copy) for index, copy in enumerate(copies)},
+                rounds=rounds,
+                warmup=1,
+            )
+        finally:
+            del copies
+            gc.collect()
+        return [
+            [seconds / steps for seconds in timings[str(index)].samples]
+            for index in range(len(plans))
+        ]
+
+    def _timing_copy(self, plan: PrecisionPlan) -> keras.Model:
+        """A compiled clone of the working model (its current weights) running `plan` natively."""
+        copy = keras.models.clone_model(self.model)
+        copy.set_weights(self.model.get_weights())
+        handle = apply_plan(copy, plan)
+        recompile(copy, self.compile_template)
+        if handle.uses_float16:
+            copy.optimizer = FlooredLossScaleOptimizer(copy.optimizer)
+            copy.optimizer.build(copy.trainable_variables)
+        return copy
+
     def step_seconds(self, plan: PrecisionPlan, steps: int = 5, warmup: int = 2) -> float:
         """Measures the median train-step time of the plan on this device (weights reset after).
 
@@ -293,6 +425,8 @@ class Evaluator:
             Median seconds per step.
         """
         self._reset()
+        if self._emulation is not None:
+            self._emulation.set_layers(())  # timing runs float16 natively
         handle = apply_plan(self.model, plan)
         recompile(self.model, self.compile_template)
         if handle.uses_float16:

@@ -16,6 +16,8 @@ from ..profiler import Profile
 
 #: An Optuna callback: called with the study and each finished trial.
 StudyCallback = Callable[[optuna.Study, optuna.trial.FrozenTrial], None]
+#: The values of `SearchSettings.float16_trials`.
+FLOAT16_TRIALS = ("auto", "native", "emulated")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,6 +65,11 @@ class SearchSettings(ConfigValue):
             close or the fidelity low; default 4 x the search's steps, 0 never.
         measure_speedup: time the final plan and float32 on this device (default: when
             `hardware="local"`).
+        float16_trials: how trials train float16 layers: `"native"` (float16 kernels),
+            `"emulated"` (float32 math rounded to float16 at every layer boundary, see
+            `autoprec.runtime.emulation`) or `"auto"` (default: emulated where this device
+            has no fast float16 kernels, such as TensorFlow on a CPU, where they run 100
+            to 300 times slower than float32). Step times are never emulated.
         plan_path: the best plan so far is written there (atomically) after every trial
             that improves it, and the final plan at the end.
         callbacks: extra Optuna callbacks `(study, frozen_trial)`.
@@ -96,6 +103,7 @@ class SearchSettings(ConfigValue):
     baseline: float | str | None = "auto"
     confirm_steps: int | None = None
     measure_speedup: bool | None = None
+    float16_trials: str = "auto"
     plan_path: str | os.PathLike | None = None
     callbacks: tuple[StudyCallback, ...] = ()
     catch: tuple[type[BaseException], ...] = (Exception,)
@@ -129,6 +137,12 @@ class SearchSettings(ConfigValue):
             raise AutoprecError(
                 f"SearchSettings.group_by={self.group_by!r}: use 'layer', 'block', 'auto' or "
                 "an integer (the most groups)."
+            )
+        if self.float16_trials not in FLOAT16_TRIALS:
+            raise AutoprecError(
+                f"SearchSettings.float16_trials={self.float16_trials!r}: use "
+                + ", ".join(repr(choice) for choice in FLOAT16_TRIALS)
+                + "."
             )
         if isinstance(self.baseline, str) and self.baseline != "auto":
             raise AutoprecError(

@@ -20,6 +20,7 @@ from search.search_models import (
 )
 
 from autoprec.errors import AutoprecError
+from autoprec.hardware import resolve_hardware
 from autoprec.search import Budget, SearchSettings, heuristic_plan, search
 from autoprec.search.evaluator import Evaluator
 
@@ -101,6 +102,10 @@ def test_search_finds_mixed_plan_where_uniform_policies_fail():
             warm[label].user_attrs["budget_violation"] > 0
         )
     assert all("fidelity" in t.user_attrs for t in result.study.trials)
+    # Float16 trials are emulated where this device has no fast float16 kernels.
+    fast_here = resolve_hardware("local").is_fast("float16")
+    expected = "native" if fast_here else "emulated"
+    assert plan.metadata["search"]["float16_trials"] == expected
     # The user's model is unchanged.
     assert all(np.array_equal(a, b) for a, b in zip(weights, model.get_weights()))
     assert all(layer.dtype_policy.name == "float32" for layer in model.layers)

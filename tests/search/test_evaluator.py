@@ -65,3 +65,36 @@ def test_proxy_result_score_and_json():
         "finite": False,
     }
     assert ProxyResult(0.1, 0.9, 0.2, True).score == 0.2
+
+
+def test_emulated_float16_trains_like_native_float16_with_every_update_applied():
+    """Emulated float16 (float32 math, float16 rounding) lands where native float16 does."""
+    results = {}
+    for emulate in (False, True):
+        evaluator, model = _evaluator()
+        assert evaluator.emulate_float16() if emulate else not evaluator.emulates_float16
+        metrics = evaluator.train_and_evaluate(PrecisionPlan.uniform(model, "float16"))
+        optimizer = evaluator.model.optimizer
+        # Steps the loss scale skipped while coming down from 2**15 are trained again.
+        assert int(optimizer.iterations.numpy()) == len(evaluator.train_batches)
+        results[emulate] = metrics
+        evaluator.close()
+        assert "call" not in vars(model.layers[-1])
+    float32_evaluator, model = _evaluator()
+    reference = float32_evaluator.train_and_evaluate(PrecisionPlan.uniform(model, "float32"))
+    for name in ("loss", "accuracy"):
+        assert math.isclose(results[True][name], results[False][name], rel_tol=0.02, abs_tol=0.02)
+    assert math.isclose(results[True]["loss"], reference["loss"], rel_tol=0.05)
+
+
+def test_step_rounds_time_every_plan_on_its_own_copy_in_rotating_rounds():
+    evaluator, model = _evaluator()
+    plans = [PrecisionPlan.uniform(model, "float32"), PrecisionPlan.uniform(model, "bfloat16")]
+    figures = evaluator.step_rounds(plans, rounds=3, steps=2)
+    assert [len(rounds) for rounds in figures] == [3, 3]
+    assert all(value > 0 for rounds in figures for value in rounds)
+    # The working model is untouched: still at its initial weights, no plan applied.
+    assert all(
+        np.array_equal(np.asarray(variable), value)
+        for variable, value in zip(evaluator.model.variables, evaluator.initial_state["variables"])
+    )

@@ -34,6 +34,7 @@ def test_settings_are_frozen_printable_and_round_trip():
         ({"dtypes": ["float8"]}, "each must be one of float32"),
         ({"group_by": "module"}, "use 'layer', 'block', 'auto'"),
         ({"baseline": "chance"}, "use 'auto', a number, or None"),
+        ({"float16_trials": "fast"}, "float16_trials='fast': use 'auto', 'native', 'emulated'"),
         ({"profile": "profile.json"}, "autoprec.Profile.load"),
         ({"costs": {"dense": 1.0}}, "CostTable.load"),
     ],
