@@ -56,6 +56,7 @@ from autoprec.runtime.emulation import (  # noqa: E402
     without_float16,
 )
 from autoprec.search import Budget, SearchSettings, search  # noqa: E402
+from autoprec.search.space import plan_from_assignment  # noqa: E402
 
 CLASSES = 10
 MODELS = ("gru", "transformer", "wide_mlp", "mobilenetv2", "efficientnetb0", "resnet50")
@@ -185,24 +186,13 @@ def host_line() -> str:
     return f"host: {name}, {os.cpu_count()} cores ({usable} usable), load {load:.1f}"
 
 
-def plan_from_assignment(model: keras.Model, assignment: dict) -> autoprec.PrecisionPlan:
-    """A plan giving each layer of `assignment` its dtype (others float32)."""
-    base = autoprec.PrecisionPlan.uniform(model, "float32")
-    return autoprec.PrecisionPlan(
-        {**base.layers, **assignment},
-        layer_info=base.layer_info,
-        fingerprint=base.fingerprint,
-        model_name=base.model_name,
-    )
-
-
 def warm_start_plans(model: keras.Model, result) -> dict[str, autoprec.PrecisionPlan]:
     """`{label: plan}` of the search's warm starts (the uniform plans as the search ran them)."""
     plans = {}
     for label, entry in result.plan.metadata["search"]["warm_starts"].items():
         assignment = result.study.trials[entry["trial"]].user_attrs.get("assignment")
         if assignment:
-            plans[label] = plan_from_assignment(model, assignment)
+            plans[label] = plan_from_assignment(model, describe_model(model), assignment)
     return plans
 
 

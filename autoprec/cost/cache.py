@@ -39,7 +39,7 @@ def default_cache_dir() -> Path:
     return Path(base) / "autoprec"
 
 
-class _Cache:
+class MeasurementCache:
     """One small JSON file per measurement under `<dir>/costs/<device>/`, written atomically."""
 
     def __init__(self, directory: Path | None, device: str, versions: Mapping[str, str]):
@@ -79,7 +79,7 @@ class _Cache:
             pass
 
 
-def _layer_signature(layer: keras.layers.Layer, call: LayerCall, batch_size: int) -> dict:
+def layer_signature(layer: keras.layers.Layer, call: LayerCall, batch_size: int) -> dict:
     try:
         config = dict(layer.get_config())
     except Exception:
@@ -94,7 +94,7 @@ def _layer_signature(layer: keras.layers.Layer, call: LayerCall, batch_size: int
     }
 
 
-def _model_signature(model: keras.Model) -> Any:
+def model_signature(model: keras.Model) -> Any:
     try:
         return json.loads(json.dumps(model.get_config(), sort_keys=True, default=repr))
     except Exception:

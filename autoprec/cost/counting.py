@@ -16,10 +16,10 @@ import keras
 
 from .._core.dtypes import FLOAT32
 from ..layers import PASS_THROUGH_CLASSES, LayerInfo, describe_model, layer_paths
-from .trace import LayerCall, ModelTrace, TensorSpec, _product, trace_model
+from .trace import LayerCall, ModelTrace, TensorSpec, element_count, trace_model
 
 #: Bytes per element of each compute dtype.
-_ITEMSIZE = {"float32": 4, "bfloat16": 2, "float16": 2}
+ITEMSIZE = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 #: FLOPs per element of common activations (forward).
 ACTIVATION_FLOPS: dict[str, int] = {
@@ -141,7 +141,7 @@ class LayerCost:
         Activations move in the compute dtype (backward ~2x forward traffic);
         float32 master weights are read, cast to 16-bit and read again.
         """
-        itemsize = _ITEMSIZE[dtype]
+        itemsize = ITEMSIZE[dtype]
         activation_bytes = 3 * self.activation_elements * batch_size * itemsize
         weight_cast = 0 if dtype == FLOAT32 else 2 * itemsize
         weight_bytes = self.weight_elements * (4 + itemsize + weight_cast + 4)
@@ -199,7 +199,9 @@ def _matmul_layer(
 
 
 def _weights(layer) -> int:
-    return int(sum(_product(weight.shape) for weight in layer.trainable_weights)) if layer else 0
+    return (
+        int(sum(element_count(weight.shape) for weight in layer.trainable_weights)) if layer else 0
+    )
 
 
 def _count_dense(call: LayerCall, layer) -> dict[str, Any]:
@@ -223,7 +225,7 @@ def _einsum_flops(equation: str, shape_a: Sequence[int], shape_b: Sequence[int])
             head, _, tail = term.partition("...")
             ellipsis_rank = len(shape) - len(head) - len(tail)
             sizes["..."] = max(
-                sizes.get("...", 1), _product(shape[len(head) : len(head) + ellipsis_rank])
+                sizes.get("...", 1), element_count(shape[len(head) : len(head) + ellipsis_rank])
             )
             letters = list(head) + list(tail)
             dims = list(shape[: len(head)]) + list(shape[len(shape) - len(tail) :])
@@ -231,7 +233,7 @@ def _einsum_flops(equation: str, shape_a: Sequence[int], shape_b: Sequence[int])
             letters, dims = list(term), list(shape)
         for letter, dim in zip(letters, dims):
             sizes[letter] = int(dim)
-    return 2.0 * _product(sizes.values())
+    return 2.0 * element_count(sizes.values())
 
 
 def _count_einsum_dense(call: LayerCall, layer) -> dict[str, Any]:
@@ -258,7 +260,7 @@ def _count_conv(call: LayerCall, layer) -> dict[str, Any]:
     inputs = call.inputs[0]
     output = _elements(call.outputs)
     in_channels = int(inputs.shape[axis])
-    window = _product(layer.kernel_size)
+    window = element_count(layer.kernel_size)
     groups = int(getattr(layer, "groups", 1) or 1)
     weights = _weights(layer)
     if kind == "conv":
@@ -367,7 +369,7 @@ def _count_pooling(call: LayerCall, layer) -> dict[str, Any]:
     if class_name.startswith("Global"):
         flops = _elements(call.inputs)
     else:
-        flops = output * _product(getattr(layer, "pool_size", (1,)))
+        flops = output * element_count(getattr(layer, "pool_size", (1,)))
     return {
         "vector_flops": flops,
         "backward_vector_flops": flops,

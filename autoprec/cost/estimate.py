@@ -15,7 +15,7 @@ from .._core.models import inner_optimizer
 from ..errors import HardwareError, PlanError
 from ..hardware import HardwareProfile
 from ..layers import LayerInfo, describe_model
-from .counting import _ITEMSIZE
+from .counting import ITEMSIZE
 from .roofline import predict_costs
 from .table import CostTable
 
@@ -250,7 +250,7 @@ def estimate(
     float32_step, _, _, _ = _step_seconds(table, lambda path: FLOAT32, batch)
 
     activation_bytes = sum(
-        record.saved_elements_per_sample * _ITEMSIZE[dtype_of(path)]
+        record.saved_elements_per_sample * ITEMSIZE[dtype_of(path)]
         for path, record in table.layers.items()
     )
     activation_bytes += sum(
@@ -259,7 +259,7 @@ def estimate(
     parameters = sum(int(np.prod(weight.shape)) for weight in model.weights)
     trainable = sum(int(np.prod(weight.shape)) for weight in model.trainable_weights)
     half_copies = sum(
-        record.weight_elements * _ITEMSIZE[dtype_of(path)]
+        record.weight_elements * ITEMSIZE[dtype_of(path)]
         for path, record in table.layers.items()
         if dtype_of(path) != FLOAT32
     )

@@ -26,9 +26,9 @@ from .._core.timing import time_interleaved
 from ..errors import PlanError
 from ..hardware import FAST, HardwareProfile, resolve_hardware
 from ..layers import layer_paths, model_fingerprint
-from .cache import _Cache, _layer_signature, _model_signature, default_cache_dir
+from .cache import MeasurementCache, default_cache_dir, layer_signature, model_signature
 from .counting import LayerCost, count_costs
-from .roofline import _record, predicted_layer_seconds
+from .roofline import predicted_layer_seconds, roofline_record
 from .table import CostTable, LayerCostRecord
 from .timers import (
     _SLOW_ROUNDS,
@@ -43,7 +43,7 @@ from .trace import LayerCall, trace_model
 
 
 def _measure_casts(
-    dtypes: Sequence[str], cache: _Cache, repeats: int, dispatch_seconds: float
+    dtypes: Sequence[str], cache: MeasurementCache, repeats: int, dispatch_seconds: float
 ) -> dict[str, dict[str, float]]:
     """Fits `fixed + per_element x n` for one cast between float32 and each 16-bit dtype."""
     small, large = 1024, 1 << 21
@@ -317,7 +317,7 @@ def calibrate(
     directory = (
         (Path(cache_dir) if cache_dir is not None else default_cache_dir()) if (use_cache) else None
     )
-    cache = _Cache(directory, device, versions)
+    cache = MeasurementCache(directory, device, versions)
     jit_compile = bool(getattr(model, "jit_compile", False) is True)
     stats = {"timed": 0, "cached": 0, "fallback": 0}
     # Whole steps are timed first, in a process not yet crowded by per-layer functions.
@@ -347,10 +347,12 @@ def calibrate(
     layers: dict[str, LayerCostRecord] = {}
     for path, cost in counts.items():
         if path not in work:
-            layers[path] = _record(cost, dict.fromkeys(dtypes, 0.0), batch_size, dtypes, "measured")
+            layers[path] = roofline_record(
+                cost, dict.fromkeys(dtypes, 0.0), batch_size, dtypes, "measured"
+            )
             continue
         seconds, source = _measure_layer(paths[path], trace.calls[path], cost, timing)
-        layers[path] = _record(cost, seconds, batch_size, dtypes, source)
+        layers[path] = roofline_record(cost, seconds, batch_size, dtypes, source)
 
     _subtract_children(layers, counts)
     table = CostTable(
@@ -377,7 +379,7 @@ class _LayerTiming:
     dtypes: Sequence[str]
     batch_size: int
     repeats: int
-    cache: _Cache
+    cache: MeasurementCache
     stats: dict[str, int]
     profile: HardwareProfile
     jit_compile: bool
@@ -395,7 +397,7 @@ def _measure_layer(
         total = 0.0
         for call in calls:
             key = timing.cache.key(
-                {"layer": _layer_signature(layer, call, timing.batch_size), "dtype": dtype}
+                {"layer": layer_signature(layer, call, timing.batch_size), "dtype": dtype}
             )
             value = timing.cache.get(key)
             if value is not None:
@@ -476,7 +478,7 @@ def _whole_step_dtypes(
 class _StepTiming:
     """Where and how `calibrate` times whole steps: cache, repeats, XLA, counters."""
 
-    cache: _Cache
+    cache: MeasurementCache
     repeats: int
     jit_compile: bool
     stats: dict[str, int]
@@ -523,7 +525,7 @@ def _whole_step_key(model: keras.Model, batch: Any, dtype: str, timing: _StepTim
     shapes = [list(array.shape) for array in flat_arrays(batch)]
     return timing.cache.key(
         {
-            "model_step": _model_signature(model),
+            "model_step": model_signature(model),
             "shapes": shapes,
             "jit": timing.jit_compile,
             "dtype": dtype,

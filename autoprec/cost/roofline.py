@@ -10,7 +10,7 @@ import keras
 from .._core.dtypes import COMPUTE_DTYPES, FLOAT32, canonical_dtype
 from ..hardware import SLOW, UNSUPPORTED, HardwareProfile, resolve_hardware
 from ..layers import model_fingerprint
-from .counting import _ITEMSIZE, LayerCost, count_costs
+from .counting import ITEMSIZE, LayerCost, count_costs
 from .table import CostTable, LayerCostRecord
 from .timers import _framework_versions
 from .trace import trace_model
@@ -69,14 +69,14 @@ def _predicted_cast_seconds(hardware: HardwareProfile) -> dict[str, dict]:
     return {
         dtype: {
             "fixed": hardware.op_overhead_seconds,
-            "per_element": (4 + _ITEMSIZE[dtype]) / hardware.memory_bandwidth,
+            "per_element": (4 + ITEMSIZE[dtype]) / hardware.memory_bandwidth,
         }
         for dtype in COMPUTE_DTYPES
         if dtype != FLOAT32
     }
 
 
-def _record(
+def roofline_record(
     cost: LayerCost,
     seconds: dict[str, float | None],
     batch_size: int,
@@ -130,7 +130,7 @@ def predict_costs(
     counts = count_costs(model, trace)
     dtypes = [canonical_dtype(dtype) for dtype in dtypes]
     layers = {
-        path: _record(
+        path: roofline_record(
             cost,
             {dtype: predicted_layer_seconds(cost, profile, dtype, batch_size) for dtype in dtypes},
             batch_size,

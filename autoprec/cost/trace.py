@@ -37,7 +37,7 @@ class TensorSpec:
 
     def elements_per_sample(self) -> int:
         """Returns the number of elements per sample (batch dimension counted as 1)."""
-        return _product(1 if dim is None else dim for dim in self.shape[1:])
+        return element_count(1 if dim is None else dim for dim in self.shape[1:])
 
     def concrete_shape(self, batch_size: int) -> tuple[int, ...]:
         """Returns the shape with the batch dimension set to `batch_size`."""
@@ -121,7 +121,7 @@ class ModelTrace:
     edges: tuple[Edge, ...]
 
 
-def _product(values) -> int:
+def element_count(values) -> int:
     result = 1
     for value in values:
         result *= int(value)

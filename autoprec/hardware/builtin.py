@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 
 from .._core.dtypes import BFLOAT16, FLOAT16
-from .profile import _GIB, _GIGA, _TERA, HardwareProfile
+from .profile import GIB, GIGA, TERA, HardwareProfile
 
 # --------------------------------------------------------------------------- built-ins
 
@@ -33,8 +33,8 @@ _ALIASES = {"rtx4060ti": "rtx4060ti-8gb"}
 # AVX2 32; AVX512-BF16 dot products double it; AMX tiles give ~16x for bf16.
 _CPU_CORES = 8
 _CPU_HZ = 3.0e9
-_CPU_BANDWIDTH = 50 * _GIGA
-_CPU_MEMORY = 32 * _GIB
+_CPU_BANDWIDTH = 50 * GIGA
+CPU_MEMORY = 32 * GIB
 _CPU_OP_OVERHEAD = 30e-6
 
 
@@ -47,11 +47,11 @@ def _gpu_profile(row: tuple) -> HardwareProfile:
         display_name=display,
         kind="gpu",
         compute_capability=capability,
-        float32_flops=fp32 * _TERA,
-        float16_flops=fp16 * _TERA,
-        bfloat16_flops=None if bf16 is None else bf16 * _TERA,
-        memory_bandwidth=bandwidth_gbs * _GIGA,
-        memory_bytes=int(vram_gb * _GIB),
+        float32_flops=fp32 * TERA,
+        float16_flops=fp16 * TERA,
+        bfloat16_flops=None if bf16 is None else bf16 * TERA,
+        memory_bandwidth=bandwidth_gbs * GIGA,
+        memory_bytes=int(vram_gb * GIB),
         fast_dtypes=fast,
         slow_dtypes=slow,
         alignment=8,
@@ -61,7 +61,7 @@ def _gpu_profile(row: tuple) -> HardwareProfile:
     )
 
 
-def _cpu_profile(
+def cpu_profile(
     name: str,
     display: str,
     float32_per_cycle: float,
@@ -71,7 +71,7 @@ def _cpu_profile(
     cores: int = _CPU_CORES,
     hertz: float = _CPU_HZ,
     bandwidth: float = _CPU_BANDWIDTH,
-    memory: int = _CPU_MEMORY,
+    memory: int = CPU_MEMORY,
     detected: bool = False,
 ) -> HardwareProfile:
     def rate(per_cycle: float | None) -> float | None:
@@ -111,23 +111,23 @@ _NOMINAL = (
 
 def _builtin_profiles() -> dict[str, HardwareProfile]:
     profiles = {row[0]: _gpu_profile(row) for row in _RTX_TABLE}
-    profiles["cpu-amx"] = _cpu_profile("cpu-amx", "CPU with AMX-BF16", 64, 1024, None, _NOMINAL)
-    profiles["cpu-avx512-bf16"] = _cpu_profile(
+    profiles["cpu-amx"] = cpu_profile("cpu-amx", "CPU with AMX-BF16", 64, 1024, None, _NOMINAL)
+    profiles["cpu-avx512-bf16"] = cpu_profile(
         "cpu-avx512-bf16", "CPU with AVX512-BF16", 64, 128, None, _NOMINAL
     )
-    profiles["cpu-generic"] = _cpu_profile(
+    profiles["cpu-generic"] = cpu_profile(
         "cpu-generic", "CPU (AVX2, no native 16-bit)", 32, None, None, _NOMINAL
     )
     return profiles
 
 
-_BUILTIN: dict[str, HardwareProfile] = _builtin_profiles()
+BUILTIN: dict[str, HardwareProfile] = _builtin_profiles()
 
 
-def _normalise(name: str) -> str:
+def normalise_name(name: str) -> str:
     text = name.lower().replace("nvidia", "").replace("geforce", "")
     return re.sub(r"[\s_\-]+", "", text)
 
 
-_NORMALISED = {_normalise(name): name for name in _BUILTIN}
-_NORMALISED.update({_normalise(alias): target for alias, target in _ALIASES.items()})
+NORMALISED = {normalise_name(name): name for name in BUILTIN}
+NORMALISED.update({normalise_name(alias): target for alias, target in _ALIASES.items()})

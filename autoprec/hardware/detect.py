@@ -8,8 +8,8 @@ import re
 from pathlib import Path
 
 from .._core.dtypes import BFLOAT16, FLOAT16
-from .builtin import _BUILTIN, _CPU_MEMORY, _cpu_profile, _normalise
-from .profile import _GIB, _GIGA, HardwareProfile
+from .builtin import BUILTIN, CPU_MEMORY, cpu_profile, normalise_name
+from .profile import GIB, GIGA, HardwareProfile
 
 # --------------------------------------------------------------------------- detection
 
@@ -166,7 +166,7 @@ def detect_cpu(cpuinfo_path: str = "/proc/cpuinfo", backend: str | None = None) 
     else:
         base = "cpu-generic"
     source = _cpu_source(model, cores, hertz, flags, backend, base, float16_per_cycle)
-    return _cpu_profile(
+    return cpu_profile(
         "local-cpu",
         model,
         float32_per_cycle,
@@ -175,8 +175,8 @@ def detect_cpu(cpuinfo_path: str = "/proc/cpuinfo", backend: str | None = None) 
         source,
         cores=cores,
         hertz=hertz,
-        bandwidth=min(cores * 10 * _GIGA, 200 * _GIGA),
-        memory=_total_memory_bytes() or _CPU_MEMORY,
+        bandwidth=min(cores * 10 * GIGA, 200 * GIGA),
+        memory=_total_memory_bytes() or CPU_MEMORY,
         detected=True,
     )
 
@@ -270,21 +270,21 @@ def profile_for_gpu(
         The matching built-in profile marked `detected=True`, or for an unknown
         GPU a profile whose rates are marked `"estimated: ..."`.
     """
-    key = _normalise(device_name)
+    key = normalise_name(device_name)
     candidates = sorted(
-        (name for name in _BUILTIN if _BUILTIN[name].kind == "gpu" and name.split("-")[0] in key),
+        (name for name in BUILTIN if BUILTIN[name].kind == "gpu" and name.split("-")[0] in key),
         key=len,
         reverse=True,
     )
     if candidates:
         name = candidates[0]
         if name.startswith("rtx4060ti"):
-            big = (memory_bytes or 0) > 12 * _GIB or "16gb" in key
+            big = (memory_bytes or 0) > 12 * GIB or "16gb" in key
             name = "rtx4060ti-16gb" if big else "rtx4060ti-8gb"
         exact_boundary = re.search(re.escape(name.split("-")[0]) + r"(?![0-9a-z])", key)
         if exact_boundary or name.startswith("rtx4060ti"):
             return dataclasses.replace(
-                _BUILTIN[name], detected=True, source=f"built-in table; device {device_name!r}"
+                BUILTIN[name], detected=True, source=f"built-in table; device {device_name!r}"
             )
     return _estimated_gpu(device_name, compute_capability, memory_bytes)
 
@@ -303,7 +303,7 @@ def _estimated_gpu(
     )
     if compute_capability and compute_capability.startswith("8.9"):
         reference = "rtx4080"
-    base = _BUILTIN[reference]
+    base = BUILTIN[reference]
     fast = tuple(
         dtype
         for dtype, needed in ((FLOAT16, 7), (BFLOAT16, 8))
@@ -312,7 +312,7 @@ def _estimated_gpu(
     slow = tuple(dtype for dtype in (FLOAT16, BFLOAT16) if dtype not in fast)
     return dataclasses.replace(
         base,
-        name=_normalise(device_name) or "unknown-gpu",
+        name=normalise_name(device_name) or "unknown-gpu",
         display_name=device_name,
         compute_capability=compute_capability,
         memory_bytes=int(memory_bytes or base.memory_bytes),

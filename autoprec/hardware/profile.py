@@ -11,9 +11,9 @@ from .._core.dtypes import BFLOAT16, COMPUTE_DTYPES, FLOAT16, FLOAT32
 from .._core.io import atomic_write_json, read_json_file
 from ..errors import HardwareError
 
-_TERA = 1e12
-_GIGA = 1e9
-_GIB = 1024**3
+TERA = 1e12
+GIGA = 1e9
+GIB = 1024**3
 
 #: Support levels a dtype can have on a device.
 FAST = "fast"
@@ -131,7 +131,7 @@ class HardwareProfile:
         """Returns a few lines describing the profile."""
 
         def tflops(rate: float | None) -> str:
-            return "-" if rate is None else f"{rate / _TERA:.1f}"
+            return "-" if rate is None else f"{rate / TERA:.1f}"
 
         support = ", ".join(f"{dtype} {self.support(dtype)}" for dtype in COMPUTE_DTYPES)
         return "\n".join(
@@ -141,8 +141,8 @@ class HardwareProfile:
                 + ")",
                 f"  TFLOP/s: float32 {tflops(self.float32_flops)}, float16 "
                 f"{tflops(self.float16_flops)}, bfloat16 {tflops(self.bfloat16_flops)}",
-                f"  memory {self.memory_bytes / _GIB:.1f} GiB at "
-                f"{self.memory_bandwidth / _GIGA:.0f} GB/s; alignment {self.alignment}",
+                f"  memory {self.memory_bytes / GIB:.1f} GiB at "
+                f"{self.memory_bandwidth / GIGA:.0f} GB/s; alignment {self.alignment}",
                 f"  dtypes: {support}",
                 f"  source: {self.source}",
             ]

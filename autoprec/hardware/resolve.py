@@ -6,7 +6,7 @@ import difflib
 from pathlib import Path
 
 from ..errors import HardwareError
-from .builtin import _BUILTIN, _NORMALISED, _normalise
+from .builtin import BUILTIN, NORMALISED, normalise_name
 from .detect import detect
 from .profile import HardwareProfile, load_profile
 
@@ -23,7 +23,7 @@ def names() -> list[str]:
     "rtx4090" in autoprec.hardware.names()  # True
     ```
     """
-    return list(_BUILTIN)
+    return list(BUILTIN)
 
 
 def get(name: str) -> HardwareProfile:
@@ -55,11 +55,11 @@ def get(name: str) -> HardwareProfile:
         return detect()
     if name.lower().endswith(".json") and Path(name).exists():
         return load_profile(name)
-    key = _normalise(name)
-    if key in _NORMALISED:
-        return _BUILTIN[_NORMALISED[key]]
-    close = difflib.get_close_matches(key, list(_NORMALISED), n=1, cutoff=0.5)
-    hint = f" Did you mean {_NORMALISED[close[0]]!r}?" if close else ""
+    key = normalise_name(name)
+    if key in NORMALISED:
+        return BUILTIN[NORMALISED[key]]
+    close = difflib.get_close_matches(key, list(NORMALISED), n=1, cutoff=0.5)
+    hint = f" Did you mean {NORMALISED[close[0]]!r}?" if close else ""
     raise HardwareError(
         f"unknown hardware profile {name!r}.{hint} Known profiles: {', '.join(names())}; "
         "or pass 'local' to detect this device, or a path to a JSON profile file."

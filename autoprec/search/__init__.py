@@ -30,7 +30,8 @@ measured confirmation), `result` (`SearchResult`), `workers` (`search_in_process
 """
 
 from .budget import Budget
-from .driver import measure_step_rounds, measure_step_seconds, search
+from .confirmation import measure_step_rounds, measure_step_seconds
+from .driver import search
 from .evaluator import Evaluator, ProxyResult, clone_for_search
 from .explore import Neighbour, explorer, neighbours
 from .fidelity import (

@@ -67,7 +67,7 @@ HIGHER_IS_BETTER: frozenset[str] = frozenset(
 _MODES = ("min", "max", "auto")
 
 #: The violation of a plan whose metric is missing or not finite.
-_HUGE_VIOLATION = 1e30
+HUGE_VIOLATION = 1e30
 
 
 @dataclasses.dataclass(frozen=True, init=False)
@@ -170,7 +170,7 @@ class Budget:
     def violation(self, reference: float, value: float | None) -> float:
         """Returns by how much `value` misses the budget: > 0 violated, <= 0 within budget."""
         if value is None or not math.isfinite(value):
-            return _HUGE_VIOLATION
+            return HUGE_VIOLATION
         worse_by = reference - value if self.mode == "max" else value - reference
         return float(worse_by - self.allowance(reference))
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import math
 import os
 import time
 import warnings
@@ -17,7 +16,6 @@ import optuna
 
 from .._core.data import take_batches
 from .._core.dtypes import BFLOAT16, COMPUTE_DTYPES, FLOAT16, FLOAT32
-from .._core.messages import show_message
 from ..cost import CostTable, calibrate, predict_costs
 from ..errors import AutoprecError
 from ..hardware import HardwareProfile, is_local, resolve_hardware
@@ -25,16 +23,22 @@ from ..layers import LayerInfo, describe_model
 from ..plan import PrecisionPlan
 from ..profiler import Profile
 from .budget import Budget
+from .confirmation import (
+    confirm_plan,
+    measured_seconds_of,
+    order_by_measurement,
+    say,
+)
 from .evaluator import Evaluator
 from .explore import explorer
-from .fidelity import check_reference, confirmation_reasons, longer_batches
-from .heuristic import _Costs, heuristic_plan
+from .fidelity import check_reference
+from .heuristic import PlanCosts, heuristic_plan
 from .result import SearchResult
 from .settings import SearchSettings
 from .space import (
-    _default_dtypes,
     allowed_dtypes,
     compute_layers,
+    default_dtypes,
     float16_unsafe_layers,
     group_layers,
     is_sensitive,
@@ -43,27 +47,19 @@ from .space import (
     run_profiler,
 )
 from .study import (
-    _assignment_key,
-    _Context,
-    _enqueue_warm_starts,
-    _is_feasible,
-    _objective,
-    _open_study,
-    _plan_writer,
-    _points,
-    _trial_metadata,
+    SearchContext,
+    assignment_key,
+    enqueue_warm_starts,
+    is_feasible,
+    open_study,
+    pareto_points,
+    plan_writer,
     resolve_storage,
+    trial_objective,
+    trial_plan_metadata,
 )
 
 logger = logging.getLogger("autoprec")
-
-#: A uniform plan replaces the searched plan only when measured this much faster (noise margin),
-#: in its fastest and in its median round.
-_MEASURED_MARGIN = 0.03
-#: Interleaved timing rounds of that comparison.
-_MEASURED_ROUNDS = 5
-#: Plans confirmed at the higher fidelity, down the ranking, before falling back to float32.
-_CONFIRMATION_ATTEMPTS = 3
 
 
 @dataclasses.dataclass(frozen=True)
@@ -229,12 +225,6 @@ def search(
         evaluator.close()
 
 
-def _say(verbose: int, text: str, *arguments: object) -> None:
-    """Shows one progress line (`text % arguments`) when `verbose` asks for it."""
-    if verbose:
-        show_message(text % arguments)
-
-
 def _check_metric(evaluator: Evaluator, budget: Budget) -> None:
     names = evaluator.metric_names()
     if budget.log_name not in names:
@@ -266,8 +256,8 @@ def _run_search(model: keras.Model, evaluator: Evaluator, request: _Request) -> 
         )
     elif not is_local(request.hardware):
         hardware_profile = resolve_hardware(request.hardware)
-    dtypes = _default_dtypes(settings.dtypes, hardware_profile, table)
-    costs = _Costs(evaluator.model, table, settings.cost_batch_size or evaluator.batch_size)
+    dtypes = default_dtypes(settings.dtypes, hardware_profile, table)
+    costs = PlanCosts(evaluator.model, table, settings.cost_batch_size or evaluator.batch_size)
 
     float16_trials = _float16_trials(evaluator, settings.float16_trials, dtypes, verbose)
     profile = settings.profile
@@ -295,7 +285,7 @@ def _run_search(model: keras.Model, evaluator: Evaluator, request: _Request) -> 
     reference = fidelity.reference
     spread = _reference_spread(evaluator, budget, reference, settings.reference_repeats)
     float32_seconds, _ = costs.step({path: FLOAT32 for path in compute})
-    context = _Context(
+    context = SearchContext(
         model=model,
         infos=infos,
         compute=compute,
@@ -309,7 +299,7 @@ def _run_search(model: keras.Model, evaluator: Evaluator, request: _Request) -> 
         verbose=verbose,
         risk=_risk(compute, infos, outputs, unsafe),
     )
-    context.cache[_assignment_key({p: FLOAT32 for p in compute})] = {
+    context.cache[assignment_key({p: FLOAT32 for p in compute})] = {
         "metrics": reference_metrics,
         "proxy": {"loss_relative_error": 0.0, "gradient_cosine": 1.0, "finite": True},
         "proxy_score": 0.0,
@@ -322,7 +312,7 @@ def _run_search(model: keras.Model, evaluator: Evaluator, request: _Request) -> 
         and not is_local(request.hardware)
         else f"{getattr(table, 'source', 'no')} costs"
     )
-    _say(
+    say(
         verbose,
         "autoprec.search: %d compute layers in %d groups; dtypes %s; float32 reference "
         "%s = %.6g after %d train steps (budget %s %.6g; trivial baseline %s %s); "
@@ -353,7 +343,7 @@ def _run_search(model: keras.Model, evaluator: Evaluator, request: _Request) -> 
     if request.study is not None:
         study, created = request.study, not request.study.trials
     else:
-        study, created = _open_study(
+        study, created = open_study(
             resolve_storage(request.storage),
             request.study_name,
             settings.seed,
@@ -361,9 +351,9 @@ def _run_search(model: keras.Model, evaluator: Evaluator, request: _Request) -> 
             sampler=request.sampler,
             pruner=request.pruner,
         )
-    added = _enqueue_warm_starts(study, warm, created)
+    added = enqueue_warm_starts(study, warm, created)
     study.set_user_attr("reference_metric", reference)
-    _say(
+    say(
         verbose,
         "autoprec.search: study %r (%s, %d trial(s) already); %d warm start(s) enqueued",
         study.study_name,
@@ -390,11 +380,11 @@ def _run_search(model: keras.Model, evaluator: Evaluator, request: _Request) -> 
     }
     n_trials = request.n_trials
     if all(len(group.choices) <= 1 for group in groups):
-        _say(verbose, "autoprec.search: nothing to choose (one dtype per layer); one trial only.")
+        say(verbose, "autoprec.search: nothing to choose (one dtype per layer); one trial only.")
         n_trials = min(n_trials or 1, 1)
-    writer = _plan_writer(context, settings.plan_path, base_metadata)
+    writer = plan_writer(context, settings.plan_path, base_metadata)
     study.optimize(
-        lambda trial: _objective(context, trial),
+        lambda trial: trial_objective(context, trial),
         n_trials=n_trials,
         timeout=request.timeout,
         catch=tuple(settings.catch),
@@ -418,7 +408,7 @@ def _float16_trials(
         requested == "auto" and not resolve_hardware("local").is_fast(FLOAT16)
     )
     if emulate and evaluator.emulate_float16():
-        _say(
+        say(
             verbose,
             "autoprec.search: float16 has no fast kernels here; trials emulate it (float32 "
             "math, float16 rounding at layer boundaries).",
@@ -481,7 +471,7 @@ def _reference_spread(
 
 
 def _warm_starts(
-    context: _Context,
+    context: SearchContext,
     model: keras.Model,
     profile: Profile | None,
     table: CostTable | None,
@@ -516,7 +506,7 @@ def _warm_starts(
 
 
 def _finish(
-    context: _Context,
+    context: SearchContext,
     study: optuna.Study,
     base_metadata: dict,
     spread: float | None,
@@ -527,7 +517,7 @@ def _finish(
 ) -> SearchResult:
     settings = request.settings
     ranked = _ranked_feasible(context, study)
-    points = _points(context, study)
+    points = pareto_points(context, study)
     if not ranked:
         logger.warning(
             "autoprec.search: no plan met the budget in %d trial(s); returning float32.",
@@ -539,8 +529,10 @@ def _finish(
     names: dict[int, str] = {}
     replaced = None
     if measure and ranked:
-        ranked, timed, names, replaced = _order_by_measurement(context, ranked)
-    chosen, confirmation = _confirm(context, ranked, spread, request)
+        ranked, timed, names, replaced = order_by_measurement(context, ranked)
+    chosen, confirmation = confirm_plan(
+        context, ranked, spread, request.train_data, settings.batch_size, settings.confirm_steps
+    )
     if chosen is None:
         params_plan = context.plan_for(context.uniform_assignment(FLOAT32))
         trial_metadata = {
@@ -551,7 +543,7 @@ def _finish(
         }
     else:
         params_plan = context.trial_plan(chosen)
-        trial_metadata = _trial_metadata(context, chosen, base_metadata)
+        trial_metadata = trial_plan_metadata(context, chosen, base_metadata)
     plan = params_plan
     if replaced is not None and chosen is not None and chosen.number == replaced[1]:
         trial_metadata["search"] = {
@@ -560,7 +552,7 @@ def _finish(
         }
     measured_speedup = None
     if measure:
-        chosen_seconds = _measured_seconds_of(context, chosen, plan, timed, names)
+        chosen_seconds = measured_seconds_of(context, chosen, plan, timed, names)
         measured_speedup = timed["float32"] / chosen_seconds
         trial_metadata["search"] = {
             **trial_metadata.get("search", {}),
@@ -596,16 +588,16 @@ def _finish(
     )
 
 
-def _ranked_feasible(context: _Context, study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
+def _ranked_feasible(context: SearchContext, study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
     """Returns the completed trials within budget, cheapest first, one per assignment."""
     feasible = [
         trial
         for trial in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
-        if _is_feasible(trial) and trial.value is not None
+        if is_feasible(trial) and trial.value is not None
     ]
     ranked, seen = [], set()
     for trial in sorted(feasible, key=lambda t: (t.value, t.number)):
-        key = _assignment_key(context.trial_assignment(trial))
+        key = assignment_key(context.trial_assignment(trial))
         if key not in seen:
             seen.add(key)
             ranked.append(trial)
@@ -623,231 +615,14 @@ def _warm_start_summary(study: optuna.Study) -> dict[str, dict]:
             "trial": trial.number,
             "state": trial.state.name,
             "metric": trial.user_attrs.get("metric"),
-            "within_budget": _is_feasible(trial),
+            "within_budget": is_feasible(trial),
             "predicted_seconds": trial.user_attrs.get("predicted_seconds"),
         }
     return summary
 
 
-def _order_by_measurement(
-    context: _Context, ranked: list[optuna.trial.FrozenTrial]
-) -> tuple[
-    list[optuna.trial.FrozenTrial], dict[str, float], dict[int, str], tuple[str, int] | None
-]:
-    """Times the searched plan beside float32 and every warm start within budget, interleaved.
-
-    Per-layer costs can rank a mixed plan ahead of a uniform one that the whole
-    step runs faster; the measured step has the last word. A warm start measured
-    more than `_MEASURED_MARGIN` faster than the searched plan, in its fastest and in
-    its median round, goes first.
-
-    Returns:
-        `(ranked trials, reordered; {name: seconds}; {trial number: name}; (label, trial
-        number) of the warm start that replaced the searched plan, or None)`.
-    """
-    best = ranked[0]
-    float32_trial = next((trial for trial in ranked if _is_float32(context, trial)), None)
-    candidates: dict[str, tuple[PrecisionPlan, optuna.trial.FrozenTrial | None]] = {
-        "searched": (context.trial_plan(best), best),
-        "float32": (context.plan_for(context.uniform_assignment(FLOAT32)), float32_trial),
-    }
-    for trial in ranked[1:]:
-        label = str(trial.user_attrs.get("warm_start", ""))
-        if label and label != "float32" and label not in candidates:
-            candidates[label] = (context.trial_plan(trial), trial)
-    names = list(candidates)
-    rounds = measure_step_rounds(
-        context.evaluator, [candidates[name][0] for name in names], rounds=_MEASURED_ROUNDS
-    )
-    timed = {name: min(figures) for name, figures in zip(names, rounds)}
-    medians = {name: float(np.median(figures)) for name, figures in zip(names, rounds)}
-    numbers = {trial.number: name for name, (_, trial) in candidates.items() if trial is not None}
-    fastest = min(names, key=timed.get)
-    # Replace the searched plan only on a win beyond noise: faster by the margin both in
-    # the fastest round and in the median round.
-    if fastest == "searched" or any(
-        figures[fastest] >= figures["searched"] * (1 - _MEASURED_MARGIN)
-        for figures in (timed, medians)
-    ):
-        return ranked, timed, numbers, None
-    _say(
-        context.verbose,
-        "autoprec.search: %s measured %.1f%% faster than the searched plan; using it.",
-        fastest,
-        100 * (1 - timed[fastest] / timed["searched"]),
-    )
-    trial = candidates[fastest][1]
-    if trial is None:  # float32, not among the trials (a study resumed at another fidelity)
-        return [], timed, numbers, None
-    reordered = [trial] + [other for other in ranked if other.number != trial.number]
-    return reordered, timed, numbers, (fastest, trial.number)
-
-
-def _measured_seconds_of(
-    context: _Context,
-    chosen: optuna.trial.FrozenTrial | None,
-    plan: PrecisionPlan,
-    timed: dict[str, float],
-    names: Mapping[int, str],
-) -> float:
-    """Returns the chosen plan's measured step seconds, timing it (and float32) if not yet timed."""
-    name = "float32" if chosen is None else names.get(chosen.number)
-    if name is not None and name in timed:
-        return timed[name]
-    float32_plan = context.plan_for(context.uniform_assignment(FLOAT32))
-    float32_seconds, seconds = measure_step_seconds(context.evaluator, [float32_plan, plan])
-    timed.setdefault("float32", float32_seconds)
-    timed["chosen"] = seconds
-    return seconds
-
-
-def _confirm(
-    context: _Context,
-    ranked: list[optuna.trial.FrozenTrial],
-    spread: float | None,
-    request: _Request,
-) -> tuple[optuna.trial.FrozenTrial | None, dict]:
-    """Confirms the chosen plan at a higher fidelity when needed; falls back down the ranking.
-
-    Returns:
-        `(the trial whose plan is returned, or None for float32; the confirmation record)`.
-    """
-    evaluator, budget = context.evaluator, context.budget
-    if not ranked or _is_float32(context, ranked[0]):
-        return (ranked[0] if ranked else None), {"run": False, "reasons": ["float32 chosen"]}
-    first = ranked[0]
-    violation = float(first.user_attrs.get("budget_violation", 0.0))
-    steps = len(evaluator.train_batches)
-    reasons = confirmation_reasons(budget, context.reference, violation, spread, steps)
-    settings = request.settings
-    confirm_steps = settings.confirm_steps
-    if confirm_steps is None:
-        confirm_steps = 4 * steps
-    if not reasons or confirm_steps <= steps:
-        return first, {"run": False, "reasons": reasons}
-    searched_batches = evaluator.train_batches
-    evaluator.set_train_batches(
-        longer_batches(request.train_data, settings.batch_size, confirm_steps, searched_batches)
-    )
-    record: dict = {"run": True, "reasons": reasons, "train_steps": confirm_steps}
-    try:
-        reference_metrics = evaluator.train_and_evaluate(
-            context.plan_for(context.uniform_assignment(FLOAT32))
-        )
-        reference = reference_metrics[budget.log_name]
-        record["reference_metric"] = _finite_or_none(reference)
-        record["threshold"] = _finite_or_none(budget.threshold(reference))
-        if not math.isfinite(reference):
-            record["result"] = "skipped: float32 not finite at the confirmation's fidelity"
-            return first, record
-        attempts = []
-        record["attempts"] = attempts
-        for trial in ranked[:_CONFIRMATION_ATTEMPTS]:
-            if _is_float32(context, trial):
-                break
-            metric = evaluator.train_and_evaluate(context.trial_plan(trial)).get(budget.log_name)
-            held = budget.violation(reference, metric) <= 0
-            attempts.append(
-                {
-                    "trial": trial.number,
-                    "label": trial.user_attrs.get("warm_start")
-                    or trial.user_attrs.get("neighbour"),
-                    "metric": _finite_or_none(metric),
-                    "violation": _finite_or_none(budget.violation(reference, metric)),
-                    "held": held,
-                }
-            )
-            _say(
-                context.verbose,
-                "autoprec.search: confirmation at %d steps: trial %d %s %s = %s (float32 %.6g, "
-                "limit %.6g)",
-                confirm_steps,
-                trial.number,
-                "held" if held else "missed the budget:",
-                budget.metric,
-                "n/a" if metric is None else f"{metric:.6g}",
-                reference,
-                budget.threshold(reference),
-            )
-            if held:
-                record["result"] = "held" if trial is first else "fell back"
-                record["chosen_trial"] = trial.number
-                return trial, record
-        record["result"] = "fell back to float32"
-        logger.warning(
-            "autoprec.search: no plan held the budget when trained %d steps; returning float32.",
-            confirm_steps,
-        )
-        return None, record
-    finally:
-        evaluator.set_train_batches(searched_batches)
-
-
-def _is_float32(context: _Context, trial: optuna.trial.FrozenTrial) -> bool:
-    return all(dtype == FLOAT32 for dtype in context.trial_assignment(trial).values())
-
-
-def _finite_or_none(value: float | None) -> float | None:
-    return float(value) if value is not None and math.isfinite(value) else None
-
-
-def measure_step_seconds(
-    evaluator: Evaluator, plans: Sequence[PrecisionPlan], rounds: int = 3
-) -> list[float]:
-    """Times each plan's train step on this device in interleaved rounds: the fastest round.
-
-    Each plan runs on its own compiled copy of the model, traced and warmed up once
-    (5 steps); each round times 5 steps of every plan (their mean), the plans' order
-    rotating from round to round so that none is always timed first; a plan's figure is
-    its fastest round (`measure_step_rounds` gives them all).
-
-    Args:
-        evaluator: the `Evaluator` whose model and first training batch are timed.
-        plans: the plans to time.
-        rounds: how many times each plan is timed.
-
-    Returns:
-        Seconds per train step of each plan, in the order of `plans`.
-
-    Example:
-
-    ```python
-    evaluator = Evaluator(model, train_batches, val_batches)
-    float32, bfloat16 = measure_step_seconds(
-        evaluator, [PrecisionPlan.uniform(model, "float32"), PrecisionPlan.uniform(model, "bfloat16")]
-    )
-    ```
-    """
-    return [min(figures) for figures in measure_step_rounds(evaluator, plans, rounds)]
-
-
-def measure_step_rounds(
-    evaluator: Evaluator, plans: Sequence[PrecisionPlan], rounds: int = 5
-) -> list[list[float]]:
-    """Times each plan's train step in interleaved, rotating rounds and returns every round.
-
-    See `Evaluator.step_rounds`: one compiled copy per plan, nothing retraced between rounds.
-
-    Args:
-        evaluator: the `Evaluator` whose model and first training batch are timed.
-        plans: the plans to time.
-        rounds: how many times each plan is timed.
-
-    Returns:
-        For each plan, in the order of `plans`, its seconds per step in each round.
-
-    Example:
-
-    ```python
-    figures = measure_step_rounds(evaluator, [float32_plan, mixed_plan], rounds=5)
-    [min(f) for f in figures], [sorted(f)[2] for f in figures]  # fastest and median rounds
-    ```
-    """
-    return evaluator.step_rounds(list(plans), rounds=rounds, steps=5)
-
-
 def _evidence(
-    context: _Context,
+    context: SearchContext,
     table: CostTable | None,
     removed: Mapping[str, Mapping[str, str]],
     unsafe: Mapping[str, str],
@@ -883,7 +658,7 @@ def _load_costs(
     profile = resolve_hardware(hardware)
     if is_local(hardware):
         # Time only what the search may use: float16 on a CPU costs minutes per model to time.
-        measured = _default_dtypes(dtypes, profile, None)
+        measured = default_dtypes(dtypes, profile, None)
         table = calibrate(
             model, batch, dtypes=list(measured), verbose=int(verbose > 1), hardware=profile
         )

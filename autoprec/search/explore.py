@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping
 import optuna
 
 from .._core.dtypes import FLOAT32, widen
-from .study import _assignment_key, _best_feasible, _Context, _is_feasible
+from .study import SearchContext, assignment_key, best_feasible, is_feasible
 
 logger = logging.getLogger("autoprec")
 
@@ -44,7 +44,7 @@ class Neighbour:
     score: float
 
 
-def neighbours(context: _Context, study: optuna.Study) -> list[Neighbour]:
+def neighbours(context: SearchContext, study: optuna.Study) -> list[Neighbour]:
     """Returns the untried neighbours of the study's best plan within budget, best first.
 
     Cheaper moves from the best feasible plan (or float32) alternate with repairs of
@@ -60,7 +60,7 @@ def neighbours(context: _Context, study: optuna.Study) -> list[Neighbour]:
     """
     trials = study.get_trials(deepcopy=False)
     tried = {trial.user_attrs.get("assignment_key") for trial in trials}
-    best = _best_feasible(study)
+    best = best_feasible(study)
     base = (
         context.trial_assignment(best) if best is not None else context.uniform_assignment(FLOAT32)
     )
@@ -71,7 +71,7 @@ def neighbours(context: _Context, study: optuna.Study) -> list[Neighbour]:
             trial
             for trial in trials
             if trial.state == optuna.trial.TrialState.COMPLETE
-            and not _is_feasible(trial)
+            and not is_feasible(trial)
             and (trial.user_attrs.get("predicted_seconds") or base_seconds) < base_seconds
         ),
         key=lambda trial: trial.user_attrs["predicted_seconds"],
@@ -86,7 +86,7 @@ def neighbours(context: _Context, study: optuna.Study) -> list[Neighbour]:
     seen: set[str] = set()
     unique = []
     for neighbour in ordered:
-        key = _assignment_key(neighbour.assignment)
+        key = assignment_key(neighbour.assignment)
         if key in tried or key in seen:
             continue
         seen.add(key)
@@ -94,12 +94,12 @@ def neighbours(context: _Context, study: optuna.Study) -> list[Neighbour]:
     return unique
 
 
-def _group_risk(context: _Context, paths: tuple[str, ...]) -> float:
+def _group_risk(context: SearchContext, paths: tuple[str, ...]) -> float:
     return max((context.risk.get(path, 0.0) for path in paths), default=0.0)
 
 
 def _cheaper_moves(
-    context: _Context, base: Mapping[str, str], base_seconds: float
+    context: SearchContext, base: Mapping[str, str], base_seconds: float
 ) -> list[Neighbour]:
     moves = []
     for group in context.groups:
@@ -127,7 +127,7 @@ def _cheaper_moves(
 
 
 def _repairs(
-    context: _Context, assignment: Mapping[str, str], base_seconds: float
+    context: SearchContext, assignment: Mapping[str, str], base_seconds: float
 ) -> list[Neighbour]:
     moves = []
     for group in context.groups:
@@ -151,7 +151,7 @@ def _repairs(
 
 
 def explorer(
-    context: _Context,
+    context: SearchContext,
 ) -> Callable[[optuna.Study, optuna.trial.FrozenTrial], None]:
     """Returns the Optuna callback that enqueues the next neighbour when the queue is empty.
 
@@ -184,7 +184,7 @@ def explorer(
             user_attrs={
                 "neighbour": chosen.move,
                 "assignment": chosen.assignment,
-                "assignment_key": _assignment_key(chosen.assignment),
+                "assignment_key": assignment_key(chosen.assignment),
             },
             skip_if_exists=False,
         )

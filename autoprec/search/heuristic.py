@@ -14,20 +14,20 @@ from ..layers import LayerInfo, describe_model
 from ..plan import PrecisionPlan
 from ..profiler import Profile
 from .space import (
-    _default_dtypes,
-    _plan_from_assignment,
     allowed_dtypes,
     compute_layers,
+    default_dtypes,
     float16_unsafe_layers,
     is_sensitive,
     matches_any,
     output_layers,
+    plan_from_assignment,
 )
 
 logger = logging.getLogger("autoprec")
 
 
-class _Costs:
+class PlanCosts:
     """Predicted step time and activation memory of plans, from a cost table or (missing) nothing.
 
     Without a table, a plan's step time is proxied by its parameter count (16-bit
@@ -123,14 +123,14 @@ def heuristic_plan(
     """
     infos = describe_model(model)
     hardware_profile = resolve_hardware(hardware)
-    dtypes = _default_dtypes(dtypes, hardware_profile, None)
+    dtypes = default_dtypes(dtypes, hardware_profile, None)
     compute = compute_layers(infos)
     unsafe = float16_unsafe_layers(profile)
     keep = list(keep_float32)
     allowed, _ = allowed_dtypes(compute, infos, dtypes, unsafe, keep)
     outputs = output_layers(model, infos)
     batch_size = (costs.batch_size if costs is not None else None) or 32
-    cost_view = _Costs(model, costs, batch_size)
+    cost_view = PlanCosts(model, costs, batch_size)
     candidates = []
     for path in compute:
         info = infos[path]
@@ -157,14 +157,14 @@ def heuristic_plan(
         demoted = _bisect_demotions(demoted, base, model, infos, check)
     assignment = dict(base)
     assignment.update(dict(demoted))
-    return _plan_from_assignment(model, infos, assignment)
+    return plan_from_assignment(model, infos, assignment)
 
 
 def _best_half(
     path: str,
     info: LayerInfo,
     allowed: Sequence[str],
-    costs: _Costs,
+    costs: PlanCosts,
     hardware_profile: HardwareProfile | None,
 ) -> tuple[str | None, float]:
     halves = [dtype for dtype in (BFLOAT16, FLOAT16) if dtype in allowed]
@@ -189,7 +189,7 @@ def _fastest_whole_plan(
     eligible: Sequence[str],
     allowed: Mapping[str, Sequence[str]],
     base: Mapping[str, str],
-    costs: _Costs,
+    costs: PlanCosts,
 ) -> list[tuple[str, str]]:
     """Returns the demotions of the fastest whole plan: per-layer choices, a uniform 16-bit dtype,
     or float32.
@@ -231,7 +231,7 @@ def _bisect_demotions(
     def passes(extra: list[tuple[str, str]]) -> bool:
         assignment = dict(base)
         assignment.update(dict(accepted + extra))
-        return bool(check(_plan_from_assignment(model, infos, assignment)))
+        return bool(check(plan_from_assignment(model, infos, assignment)))
 
     def visit(subset: list[tuple[str, str]]) -> None:
         if not subset:

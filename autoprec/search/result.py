@@ -109,7 +109,7 @@ class SearchResult:
             lines.append(
                 f"{point.trial:>5}  {point.predicted_seconds * 1e3:>9.3f}ms  {speedup:>6.2f}x  "
                 f"{point.metric:>14.6g}  {'yes' if point.feasible else 'no':>3}  "
-                f"{_counts_text(point.counts)}"
+                f"{short_counts_text(point.counts)}"
             )
         warm = [point for point in self.points if point.label]
         if warm:
@@ -121,11 +121,11 @@ class SearchResult:
                 lines.append(
                     f"{point.trial:>5}  {point.predicted_seconds * 1e3:>9.3f}ms  {speedup:>6.2f}x  "
                     f"{point.metric:>14.6g}  {'yes' if point.feasible else 'no':>3}  "
-                    f"{point.label}: {_counts_text(point.counts)}"
+                    f"{point.label}: {short_counts_text(point.counts)}"
                     + (f"; measured {timed * 1e3:.3f} ms" if isinstance(timed, float) else "")
                 )
         lines.append(
-            f"chosen: {_counts_text(self.plan.dtype_counts())}; metric "
+            f"chosen: {short_counts_text(self.plan.dtype_counts())}; metric "
             f"{_number_text(metadata.get('measured_metric'))}, predicted speedup "
             f"{_number_text(metadata.get('predicted_speedup'))}, measured speedup "
             f"{_number_text(metadata.get('measured_speedup'))}"
@@ -136,7 +136,7 @@ class SearchResult:
         return "\n".join(lines)
 
 
-def _counts_text(counts: Mapping[str, int]) -> str:
+def short_counts_text(counts: Mapping[str, int]) -> str:
     """Returns `"2 bf16 / 1 f32 / 0 f16"`: layer counts of bfloat16, float32 and float16."""
     return " / ".join(
         f"{counts.get(dtype, 0)} {_SHORT_NAMES[dtype]}" for dtype in (BFLOAT16, FLOAT32, FLOAT16)

@@ -312,7 +312,7 @@ def allowed_dtypes(
     return allowed, removed
 
 
-def _default_dtypes(
+def default_dtypes(
     dtypes: Sequence[str] | None, hardware_profile: HardwareProfile | None, table: CostTable | None
 ) -> tuple[str, ...]:
     """Returns the dtypes the search may use (level 1, hardware part); logs what it drops."""
@@ -368,7 +368,7 @@ def _pays_off(table: CostTable, dtype: str) -> bool:
     return False
 
 
-def _plan_from_assignment(
+def plan_from_assignment(
     model: keras.Model,
     infos: Mapping[str, LayerInfo],
     assignment: Mapping[str, str],

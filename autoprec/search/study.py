@@ -42,11 +42,11 @@ from .._core.dtypes import FLOAT32, count_dtypes, widen
 from ..errors import AutoprecError
 from ..layers import LayerInfo
 from ..plan import PrecisionPlan
-from .budget import _HUGE_VIOLATION, Budget
+from .budget import HUGE_VIOLATION, Budget
 from .evaluator import Evaluator
-from .heuristic import _Costs
-from .result import ParetoPoint, _counts_text
-from .space import Group, _plan_from_assignment
+from .heuristic import PlanCosts
+from .result import ParetoPoint, short_counts_text
+from .space import Group, plan_from_assignment
 
 logger = logging.getLogger("autoprec")
 
@@ -171,7 +171,7 @@ class _FidelityPruner(optuna.pruners.BasePruner):
         if step == _COST_STEP:
             if trial.user_attrs.get("warm_start"):
                 return False
-            best = _best_feasible(study)
+            best = best_feasible(study)
             value = trial.intermediate_values.get(_COST_STEP)
             return best is not None and value is not None and value >= best.value
         if step == _PROXY_STEP:
@@ -189,28 +189,28 @@ class _FidelityPruner(optuna.pruners.BasePruner):
                 other_score = other.user_attrs.get("proxy_score")
                 if other_score is None:
                     continue
-                (passed if _is_feasible(other) else failed).append(other_score)
+                (passed if is_feasible(other) else failed).append(other_score)
             worst_pass = max(passed, default=-math.inf)
             best_fail = min(failed, default=math.inf)
             return score >= best_fail and score > worst_pass
         return False
 
 
-def _is_feasible(trial: optuna.trial.FrozenTrial) -> bool:
+def is_feasible(trial: optuna.trial.FrozenTrial) -> bool:
     constraints = trial.constraints
     return bool(constraints) and all(value <= 0 for value in constraints.values())
 
 
-def _best_feasible(study: optuna.Study) -> optuna.trial.FrozenTrial | None:
+def best_feasible(study: optuna.Study) -> optuna.trial.FrozenTrial | None:
     feasible = [
         trial
         for trial in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
-        if _is_feasible(trial) and trial.value is not None
+        if is_feasible(trial) and trial.value is not None
     ]
     return min(feasible, key=lambda trial: (trial.value, trial.number), default=None)
 
 
-def _open_study(
+def open_study(
     storage: str | optuna.storages.BaseStorage | None,
     study_name: str | None,
     seed: int | None,
@@ -246,7 +246,7 @@ _SAME_ASSIGNMENT_MIN_WAIT_SECONDS = 120.0
 _EVALUATING = "evaluating"
 
 
-def _assignment_key(assignment: Mapping[str, str]) -> str:
+def assignment_key(assignment: Mapping[str, str]) -> str:
     """Returns a short stable digest of a per-layer assignment (equal assignments, equal keys)."""
     text = json.dumps(sorted(assignment.items()), separators=(",", ":"))
     return hashlib.sha1(text.encode()).hexdigest()[:20]
@@ -304,7 +304,7 @@ def release_study_lock(study: optuna.Study, name: str) -> None:
         pass
 
 
-def _enqueue_warm_starts(
+def enqueue_warm_starts(
     study: optuna.Study,
     warm: Sequence[tuple[str, Mapping[str, str], Mapping[str, str]]],
     created: bool,
@@ -348,7 +348,7 @@ def _enqueue_missing(
     ]
     added = 0
     for label, assignment, params in warm:
-        key = _assignment_key(assignment)
+        key = assignment_key(assignment)
         if key in keys or label in labels or (not keys - {None} and dict(params) in existing):
             continue
         study.enqueue_trial(
@@ -444,7 +444,7 @@ def _same_assignment_wait(study: optuna.Study) -> float:
 
 
 @dataclasses.dataclass
-class _Context:
+class SearchContext:
     """Everything a trial needs, built once per `search()` call."""
 
     model: keras.Model
@@ -453,7 +453,7 @@ class _Context:
     groups: list[Group]
     allowed: dict[str, tuple[str, ...]]
     evaluator: Evaluator
-    costs: _Costs
+    costs: PlanCosts
     budget: Budget
     reference: float
     float32_seconds: float
@@ -499,7 +499,7 @@ class _Context:
         return self.plan_for(self.assignment(params), **kwargs)
 
     def plan_for(self, assignment: Mapping[str, str], **kwargs: object) -> PrecisionPlan:
-        return _plan_from_assignment(self.model, self.infos, self.normalise(assignment), **kwargs)
+        return plan_from_assignment(self.model, self.infos, self.normalise(assignment), **kwargs)
 
     def trial_assignment(self, trial: optuna.trial.FrozenTrial) -> dict[str, str]:
         """Returns the per-layer assignment a trial evaluated (its user attr, else its params)."""
@@ -519,7 +519,7 @@ class _Context:
         }
 
 
-def _objective(context: _Context, trial: optuna.Trial) -> float:
+def trial_objective(context: SearchContext, trial: optuna.Trial) -> float:
     params = {
         group.name: trial.suggest_categorical(group.name, list(group.choices))
         for group in context.groups
@@ -527,7 +527,7 @@ def _objective(context: _Context, trial: optuna.Trial) -> float:
     }
     fixed = trial.user_attrs.get("assignment")
     assignment = context.normalise(fixed) if fixed else context.assignment(params)
-    key = _assignment_key(assignment)
+    key = assignment_key(assignment)
     trial.set_user_attr("assignment", assignment)
     trial.set_user_attr("assignment_key", key)
     trial.set_user_attr("train_steps", context.train_steps)
@@ -561,7 +561,7 @@ def _objective(context: _Context, trial: optuna.Trial) -> float:
         trial.report(value, _PROXY_STEP)
         if trial.should_prune():
             trial.set_user_attr("pruned_by", "proxy: loss/gradients too far from float32")
-            trial.set_constraint("budget", _HUGE_VIOLATION if not proxy.finite else 1.0)
+            trial.set_constraint("budget", HUGE_VIOLATION if not proxy.finite else 1.0)
             raise optuna.TrialPruned()
     else:
         trial.set_user_attr("proxy_skipped", "the numerical proxy needs the TensorFlow backend")
@@ -599,12 +599,12 @@ def _stored_outcome(study: optuna.Study, key: str, train_steps: int) -> dict[str
     return None
 
 
-def _max_activation(context: _Context) -> float:
+def _max_activation(context: SearchContext) -> float:
     _, float32_bytes = context.costs.step({path: FLOAT32 for path in context.compute})
     return max(float32_bytes, 1.0)
 
 
-def _reuse(context: _Context, trial: optuna.Trial, outcome: dict, value: float) -> float:
+def _reuse(context: SearchContext, trial: optuna.Trial, outcome: dict, value: float) -> float:
     """Records a stored outcome of the same assignment instead of training it again."""
     trial.set_user_attr("reused", True)
     trial.set_user_attr("reused_from", outcome.get("trial"))
@@ -617,7 +617,7 @@ def _reuse(context: _Context, trial: optuna.Trial, outcome: dict, value: float) 
 
 
 def _record_outcome(
-    context: _Context, trial: optuna.Trial, outcome: dict, value: float, levels: list[str]
+    context: SearchContext, trial: optuna.Trial, outcome: dict, value: float, levels: list[str]
 ) -> float:
     metric = outcome["metrics"].get(context.budget.log_name)
     violation = context.budget.violation(context.reference, metric)
@@ -635,7 +635,9 @@ def _json_safe(value: Any) -> Any:
     return value
 
 
-def _log_trial(context: _Context, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
+def _log_trial(
+    context: SearchContext, study: optuna.Study, trial: optuna.trial.FrozenTrial
+) -> None:
     if not context.verbose:
         return
     attrs = trial.user_attrs
@@ -644,14 +646,14 @@ def _log_trial(context: _Context, study: optuna.Study, trial: optuna.trial.Froze
     metric = attrs.get("metric")
     seconds = attrs.get("predicted_seconds")
     verdict = {
-        optuna.trial.TrialState.COMPLETE: "ok" if _is_feasible(trial) else "over budget",
+        optuna.trial.TrialState.COMPLETE: "ok" if is_feasible(trial) else "over budget",
         optuna.trial.TrialState.PRUNED: f"pruned ({attrs.get('pruned_by', '')})",
         optuna.trial.TrialState.FAIL: "failed",
     }.get(trial.state, str(trial.state))
     logger.info(
         "trial %d: %s | fidelity %s | %s %s | predicted %s%s | %s",
         trial.number,
-        _counts_text(counts),
+        short_counts_text(counts),
         fidelity,
         context.budget.metric,
         f"{metric:.6g}" if isinstance(metric, (int, float)) else "n/a",
@@ -661,8 +663,8 @@ def _log_trial(context: _Context, study: optuna.Study, trial: optuna.trial.Froze
     )
 
 
-def _plan_writer(
-    context: _Context, plan_path: str | os.PathLike | None, metadata: dict
+def plan_writer(
+    context: SearchContext, plan_path: str | os.PathLike | None, metadata: dict
 ) -> Callable[[optuna.Study, optuna.trial.FrozenTrial], None]:
     """Returns the Optuna callback that logs each trial and saves the best plan so far.
 
@@ -679,11 +681,13 @@ def _plan_writer(
         if plan_path is None:
             return
         while True:
-            best = _best_feasible(study)
+            best = best_feasible(study)
             if best is None or best.number == written["number"]:
                 return
             if plan_file_trial(plan_path, study.study_name) != best.number:
-                plan = context.trial_plan(best, metadata=_trial_metadata(context, best, metadata))
+                plan = context.trial_plan(
+                    best, metadata=trial_plan_metadata(context, best, metadata)
+                )
                 plan.save(plan_path)
                 logger.info(
                     "autoprec.search: best plan so far (trial %d) written to %s",
@@ -724,7 +728,9 @@ def plan_file_trial(plan_path: str | os.PathLike, study_name: str) -> int | None
     return number if isinstance(number, int) else None
 
 
-def _trial_metadata(context: _Context, trial: optuna.trial.FrozenTrial, base: dict) -> dict:
+def trial_plan_metadata(
+    context: SearchContext, trial: optuna.trial.FrozenTrial, base: dict
+) -> dict:
     seconds = trial.user_attrs.get("predicted_seconds")
     return {
         **base,
@@ -735,7 +741,7 @@ def _trial_metadata(context: _Context, trial: optuna.trial.FrozenTrial, base: di
     }
 
 
-def _points(context: _Context, study: optuna.Study) -> list[ParetoPoint]:
+def pareto_points(context: SearchContext, study: optuna.Study) -> list[ParetoPoint]:
     points = []
     for trial in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
         metric = trial.user_attrs.get("metric")
@@ -747,7 +753,7 @@ def _points(context: _Context, study: optuna.Study) -> list[ParetoPoint]:
                 trial=trial.number,
                 predicted_seconds=float(seconds),
                 metric=float(metric) if metric is not None else math.nan,
-                feasible=_is_feasible(trial),
+                feasible=is_feasible(trial),
                 counts=dict(trial.user_attrs.get("dtype_counts") or {}),
                 label=trial.user_attrs.get("warm_start"),
             )

@@ -24,8 +24,8 @@ from pg_server import postgres_server  # noqa: F401  (the session fixture `postg
 from autoprec.search import resolve_storage
 from autoprec.search.study import (
     WARM_STARTS_MARK,
-    _enqueue_warm_starts,
     claim_study_lock,
+    enqueue_warm_starts,
     plan_file_trial,
     release_study_lock,
     wait_for_same_assignment,
@@ -99,12 +99,12 @@ def test_warm_starts_are_enqueued_once_when_processes_race(postgres):
         for label, dtype in (("float32", "float32"), ("uniform bfloat16", "bfloat16"))
     ]
     studies = [optuna.load_study(study_name="s", storage=resolve_storage(url)) for _ in range(4)]
-    added = _in_threads(4, lambda index: _enqueue_warm_starts(studies[index], warm, index == 0))
+    added = _in_threads(4, lambda index: enqueue_warm_starts(studies[index], warm, index == 0))
     assert sorted(added) == [0, 0, 0, 2]
     study = optuna.load_study(study_name="s", storage=resolve_storage(url))
     assert [t.user_attrs["warm_start"] for t in study.trials] == ["float32", "uniform bfloat16"]
     assert study.user_attrs[WARM_STARTS_MARK] is True
-    assert _enqueue_warm_starts(study, warm, False) == 0  # a process resuming it later
+    assert enqueue_warm_starts(study, warm, False) == 0  # a process resuming it later
     assert len(study.trials) == 2
 
 
