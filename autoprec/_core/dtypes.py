@@ -138,3 +138,8 @@ def count_dtypes(dtypes: Iterable[str]) -> dict[str, int]:
 def counts_text(counts: dict[str, int]) -> str:
     """Returns `"3 float32, 5 bfloat16"`: the non-zero counts of `count_dtypes`, widest first."""
     return ", ".join(f"{count} {dtype}" for dtype, count in counts.items() if count)
+
+
+#: How search trials may train float16 layers (`SearchSettings.float16_trials`): decided per
+#: device, with float16 kernels, or emulated (float32 math, float16 rounding).
+FLOAT16_TRIALS = ("auto", "native", "emulated")

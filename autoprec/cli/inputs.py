@@ -286,6 +286,7 @@ def search_keyword_arguments(args: argparse.Namespace, budget, profile) -> dict[
             validation_steps=args.validation_steps,
             batch_size=args.batch_size,
             dtypes=parse_dtypes(args.dtypes),
+            float16_trials=args.float16_trials,
             profile=profile,
         ),
     }

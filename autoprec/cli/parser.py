@@ -6,6 +6,7 @@ import argparse
 import sys
 from typing import Any
 
+from .._core.dtypes import FLOAT16_TRIALS
 from .._version import __version__
 from . import commands
 from .inputs import EXIT_BAD_INPUT
@@ -123,6 +124,11 @@ def build_parser() -> argparse.ArgumentParser:
     search.add_argument(
         "--dtypes", default=None, help="dtypes to consider, e.g. float32,bfloat16 (default: auto)"
     )
+    search.add_argument(
+        "--float16-trials", choices=FLOAT16_TRIALS, default="auto",
+        help="train float16 natively or emulated (float32 math, float16 rounding); "
+        "default: emulated where float16 has no fast kernels here",
+    )  # fmt: skip
     search.add_argument(
         "--verbose", type=_verbose, default=1, metavar="{0,1,2}",
         help="0 silent, 1 one line per trial (default), 2 more detail",

@@ -9,15 +9,13 @@ from collections.abc import Callable
 import optuna
 
 from .._core.config import ConfigValue
-from .._core.dtypes import COMPUTE_DTYPES
+from .._core.dtypes import COMPUTE_DTYPES, FLOAT16_TRIALS
 from ..cost import CostTable
 from ..errors import AutoprecError
 from ..profiler import Profile
 
 #: An Optuna callback: called with the study and each finished trial.
 StudyCallback = Callable[[optuna.Study, optuna.trial.FrozenTrial], None]
-#: The values of `SearchSettings.float16_trials`.
-FLOAT16_TRIALS = ("auto", "native", "emulated")
 
 
 @dataclasses.dataclass(frozen=True)
