@@ -166,7 +166,21 @@ def test_search_command_writes_a_plan(model_and_data, tmp_path, capsys):
     assert main(arguments) == EXIT_OK
     plan = PrecisionPlan.load(output)
     assert set(plan.layers.values()) <= {"float32", "bfloat16"}
+    assert plan.metadata["search"]["float16_trials"] is None  # float16 was not asked for
     assert "plan written to" in capsys.readouterr().out
+
+
+def test_search_command_emulates_float16_when_asked(model_and_data, tmp_path):
+    model_path, data_path, _ = model_and_data
+    output = tmp_path / "plan.json"
+    arguments = [
+        "search", str(model_path), "--data", str(data_path),
+        "--budget", "val_accuracy:0.05", "--hardware", "rtx4090", "--n-trials", "2",
+        "--steps-per-trial", "2", "--dtypes", "float32,float16", "--float16-trials", "emulated",
+        "-o", str(output),
+    ]  # fmt: skip
+    assert main(arguments) == EXIT_OK
+    assert PrecisionPlan.load(output).metadata["search"]["float16_trials"] == "emulated"
 
 
 def test_search_with_workers_shares_one_journal_study(model_and_data, tmp_path, capsys):

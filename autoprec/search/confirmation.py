@@ -24,9 +24,6 @@ from .study import SearchContext
 
 logger = logging.getLogger("autoprec")
 
-#: A uniform plan replaces the searched plan only when measured this much faster (noise margin),
-#: in its fastest and in its median round.
-MEASURED_MARGIN = 0.03
 #: Interleaved timing rounds of that comparison.
 MEASURED_ROUNDS = 5
 #: Plans confirmed at the higher fidelity, down the ranking, before falling back to float32.
@@ -42,18 +39,25 @@ def say(verbose: int, text: str, *arguments: object) -> None:
 def order_by_measurement(
     context: SearchContext, ranked: list[optuna.trial.FrozenTrial]
 ) -> tuple[
-    list[optuna.trial.FrozenTrial], dict[str, float], dict[int, str], tuple[str, int] | None
+    list[optuna.trial.FrozenTrial],
+    dict[str, float],
+    dict[str, list[float]],
+    dict[int, str],
+    tuple[str, int] | None,
 ]:
     """Times the searched plan beside float32 and every warm start within budget, interleaved.
 
     Per-layer costs can rank a mixed plan ahead of a uniform one that the whole
-    step runs faster; the measured step has the last word. A warm start measured
-    more than `MEASURED_MARGIN` faster than the searched plan, in its fastest and in
-    its median round, goes first.
+    step runs faster; the measured step has the last word, and the searched plan has
+    to earn its place: it stays first only when it is faster than every other
+    candidate both in its fastest and in its median round. Otherwise the candidate
+    with the fastest median round goes first, so that a tie within noise goes to the
+    uniform (or heuristic) plan, never to a mixed plan that may be slower.
 
     Returns:
-        `(ranked trials, reordered; {name: seconds}; {trial number: name}; (label, trial
-        number) of the warm start that replaced the searched plan, or None)`.
+        `(ranked trials, reordered; {name: fastest round's seconds}; {name: every round's
+        seconds}; {trial number: name}; (label, trial number) of the warm start that
+        replaced the searched plan, or None)`.
     """
     best = ranked[0]
     float32_trial = next((trial for trial in ranked if is_float32(context, trial)), None)
@@ -69,28 +73,30 @@ def order_by_measurement(
     rounds = measure_step_rounds(
         context.evaluator, [candidates[name][0] for name in names], rounds=MEASURED_ROUNDS
     )
-    timed = {name: min(figures) for name, figures in zip(names, rounds)}
-    medians = {name: float(np.median(figures)) for name, figures in zip(names, rounds)}
+    by_name = {name: list(figures) for name, figures in zip(names, rounds)}
+    timed = {name: min(figures) for name, figures in by_name.items()}
+    medians = {name: float(np.median(figures)) for name, figures in by_name.items()}
     numbers = {trial.number: name for name, (_, trial) in candidates.items() if trial is not None}
-    fastest = min(names, key=timed.get)
-    # Replace the searched plan only on a win beyond noise: faster by the margin both in
-    # the fastest round and in the median round.
-    if fastest == "searched" or any(
-        figures[fastest] >= figures["searched"] * (1 - MEASURED_MARGIN)
-        for figures in (timed, medians)
+    others = [name for name in names if name != "searched"]
+    if all(
+        figures["searched"] < figures[other] for other in others for figures in (timed, medians)
     ):
-        return ranked, timed, numbers, None
+        return ranked, timed, by_name, numbers, None
+    fastest = min(others, key=lambda name: (medians[name], timed[name]))
     say(
         context.verbose,
-        "autoprec.search: %s measured %.1f%% faster than the searched plan; using it.",
+        "autoprec.search: the searched plan did not measure faster than %s (median %.4g ms "
+        "against %.4g ms); using %s.",
         fastest,
-        100 * (1 - timed[fastest] / timed["searched"]),
+        1e3 * medians["searched"],
+        1e3 * medians[fastest],
+        fastest,
     )
     trial = candidates[fastest][1]
     if trial is None:  # float32, not among the trials (a study resumed at another fidelity)
-        return [], timed, numbers, None
+        return [], timed, by_name, numbers, None
     reordered = [trial] + [other for other in ranked if other.number != trial.number]
-    return reordered, timed, numbers, (fastest, trial.number)
+    return reordered, timed, by_name, numbers, (fastest, trial.number)
 
 
 def measured_seconds_of(

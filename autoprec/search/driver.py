@@ -526,10 +526,11 @@ def _finish(
     local = settings.costs is None and is_local(request.hardware)
     measure = settings.measure_speedup if settings.measure_speedup is not None else local
     timed: dict[str, float] = {}
+    rounds: dict[str, list[float]] = {}
     names: dict[int, str] = {}
     replaced = None
     if measure and ranked:
-        ranked, timed, names, replaced = order_by_measurement(context, ranked)
+        ranked, timed, rounds, names, replaced = order_by_measurement(context, ranked)
     chosen, confirmation = confirm_plan(
         context, ranked, spread, request.train_data, settings.batch_size, settings.confirm_steps
     )
@@ -559,6 +560,7 @@ def _finish(
             "measured_float32_step_seconds": timed["float32"],
             "measured_plan_step_seconds": chosen_seconds,
             "measured_step_seconds": dict(timed),
+            "measured_step_rounds": rounds,
         }
     trial_metadata["measured_speedup"] = measured_speedup
     trial_metadata["evidence"] = _evidence(context, table, removed, unsafe)
