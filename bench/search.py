@@ -40,6 +40,7 @@ import os
 import platform
 import subprocess
 import sys
+import tempfile
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
@@ -318,14 +319,25 @@ def summarise(result, seconds: dict[str, float]) -> dict:
         `heuristic_gain` (whether the heuristic's per-layer plan was predicted cheaper
         than every uniform plan within budget).
     """
-    warm = result.plan.metadata["search"]["warm_starts"]
+    meta = result.plan.metadata["search"]
+    warm = meta["warm_starts"]
+    # A plan the search's longer confirmation found over budget is not within budget.
+    missed = {
+        attempt["trial"]
+        for attempt in (meta.get("confirmation") or {}).get("attempts") or []
+        if not attempt["held"]
+    }
     held = {
         label: seconds[label]
         for label in _uniform_labels(warm)
-        if warm[label]["within_budget"] and label in seconds
+        if warm[label]["within_budget"] and warm[label]["trial"] not in missed and label in seconds
     }
     best = min(held, key=held.get) if held else None
-    sixteen = {label: warm[label]["within_budget"] for label in warm if label.startswith("uniform")}
+    sixteen = {
+        label: warm[label]["within_budget"] and warm[label]["trial"] not in missed
+        for label in warm
+        if label.startswith("uniform")
+    }
     recovered = None
     timed16 = [label for label in sixteen if label in seconds]
     if sixteen and not any(sixteen.values()) and timed16:
@@ -362,6 +374,7 @@ def _search_columns(result) -> dict:
     else:
         words = "not run: " + (", ".join(confirmation.get("reasons") or []) or "decision clear")
     return {
+        "stage_seconds": meta.get("stage_seconds"),
         "train_steps": meta["fidelity_check"]["train_steps"],
         "requested_steps": meta["fidelity_check"]["requested_steps"],
         "budget_status": meta["fidelity_check"]["status"],
@@ -545,6 +558,27 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+STAGES = ("costs", "profile", "reference", "trials", "measurement", "confirmation")
+
+
+def stage_table(rows: list[dict]) -> str:
+    """Markdown table: where each search spent its wall time (`metadata["search"]["stage_seconds"]`)."""
+    lines = [
+        "| model | hardware | wall s | " + " | ".join(STAGES) + " | other |",
+        "|---|---|---|" + "---|" * (len(STAGES) + 1),
+    ]
+    for row in rows:
+        stages = row.get("stage_seconds")
+        if "error" in row or not stages:
+            continue
+        other = row["wall_s"] - sum(stages.values())
+        cells = " | ".join(f"{stages[name]:.0f}" if name in stages else "-" for name in STAGES)
+        lines.append(
+            f"| {row['model']} | {row['hardware']} | {row['wall_s']:.0f} | {cells} | {other:.0f} |"
+        )
+    return "\n".join(lines)
+
+
 def goals(rows: list[dict]) -> str:
     """Lines saying which goals the rows meet."""
     ok = [row for row in rows if "error" not in row]
@@ -602,7 +636,14 @@ def main() -> None:
     parser.add_argument(
         "--onednn", action="store_true", help="also time TF's automatic oneDNN bfloat16 rewrite"
     )
+    parser.add_argument(
+        "--keep-cache",
+        action="store_true",
+        help="reuse the layer-cost cache (default: a fresh one, so wall times include calibration)",
+    )
     arguments = parser.parse_args()
+    if not arguments.keep_cache:
+        os.environ["AUTOPREC_CACHE_DIR"] = tempfile.mkdtemp(prefix="autoprec-bench-cache-")
     print(host_line(), flush=True)
     rows = []
     for name in arguments.models.split(","):
@@ -617,6 +658,8 @@ def main() -> None:
     print(table(rows))
     print()
     print(ratio_table(rows))
+    print()
+    print(stage_table(rows))
     print()
     print(goals(rows))
 

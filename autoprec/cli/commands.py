@@ -61,18 +61,13 @@ def show(args: argparse.Namespace) -> int:
     if kind == "plan":
         from ..plan import PrecisionPlan
 
-        if data is not None:
-            plan = PrecisionPlan.from_dict(data, source=args.file)
-        if args.json:
-            print_json({"kind": "plan", "source": args.file, "plan": plan.to_dict()})
-        else:
-            print(plan.summary())
-        return EXIT_OK
-    from ..profiler import Profile
+        loaded = plan if data is None else PrecisionPlan.from_dict(data, source=args.file)
+    else:
+        from ..profiler import Profile
 
-    loaded = Profile.from_dict(data, source=args.file)
+        loaded = Profile.from_dict(data, source=args.file)
     if args.json:
-        print_json({"kind": "profile", "source": args.file, "profile": loaded.to_dict()})
+        print_json({"kind": kind, "source": args.file, kind: loaded.to_dict()})
     else:
         print(loaded.summary())
     return EXIT_OK

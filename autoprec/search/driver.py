@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
 import time
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import keras
@@ -80,6 +81,8 @@ class _Request:
     started: float
     train_data: Any
     max_train_steps: int
+    #: Seconds spent in each stage, filled in as the search goes (see `_stage`).
+    stage_seconds: dict[str, float] = dataclasses.field(default_factory=dict)
 
 
 def search(
@@ -225,6 +228,17 @@ def search(
         evaluator.close()
 
 
+@contextlib.contextmanager
+def _stage(request: _Request, name: str) -> Iterator[None]:
+    """Adds the seconds spent inside the block to `request.stage_seconds[name]`."""
+    started = time.perf_counter()
+    try:
+        yield
+    finally:
+        seconds = time.perf_counter() - started
+        request.stage_seconds[name] = request.stage_seconds.get(name, 0.0) + seconds
+
+
 def _check_metric(evaluator: Evaluator, budget: Budget) -> None:
     names = evaluator.metric_names()
     if budget.log_name not in names:
@@ -246,14 +260,15 @@ def _run_search(model: keras.Model, evaluator: Evaluator, request: _Request) -> 
     hardware_profile: HardwareProfile | None = None
     table = settings.costs
     if table is None:
-        hardware_profile, table = _load_costs(
-            evaluator.model,
-            request.hardware,
-            evaluator.train_batches[0],
-            settings.dtypes,
-            verbose,
-            settings.cost_batch_size or evaluator.batch_size,
-        )
+        with _stage(request, "costs"):
+            hardware_profile, table = _load_costs(
+                evaluator.model,
+                request.hardware,
+                evaluator.train_batches[0],
+                settings.dtypes,
+                verbose,
+                settings.cost_batch_size or evaluator.batch_size,
+            )
     elif not is_local(request.hardware):
         hardware_profile = resolve_hardware(request.hardware)
     dtypes = default_dtypes(settings.dtypes, hardware_profile, table)
@@ -262,28 +277,30 @@ def _run_search(model: keras.Model, evaluator: Evaluator, request: _Request) -> 
     float16_trials = _float16_trials(evaluator, settings.float16_trials, dtypes, verbose)
     profile = settings.profile
     if profile is None and FLOAT16 in dtypes:
-        profile = run_profiler(
-            evaluator.model,
-            (evaluator.train_x, evaluator.train_y),
-            settings.profile_steps,
-            evaluator.batch_size,
-        )
+        with _stage(request, "profile"):
+            profile = run_profiler(
+                evaluator.model,
+                (evaluator.train_x, evaluator.train_y),
+                settings.profile_steps,
+                evaluator.batch_size,
+            )
     unsafe = float16_unsafe_layers(profile)
     allowed, removed = allowed_dtypes(compute, infos, dtypes, unsafe, settings.keep_float32)
     outputs = output_layers(model, infos)
     grouped = group_layers(compute, settings.group_by, separate=outputs)
     groups = make_groups(grouped, allowed)
 
-    reference_metrics, fidelity = check_reference(
-        evaluator,
-        budget,
-        request.train_data,
-        settings.batch_size,
-        request.max_train_steps,
-        settings.baseline,
-    )
-    reference = fidelity.reference
-    spread = _reference_spread(evaluator, budget, reference, settings.reference_repeats)
+    with _stage(request, "reference"):
+        reference_metrics, fidelity = check_reference(
+            evaluator,
+            budget,
+            request.train_data,
+            settings.batch_size,
+            request.max_train_steps,
+            settings.baseline,
+        )
+        reference = fidelity.reference
+        spread = _reference_spread(evaluator, budget, reference, settings.reference_repeats)
     float32_seconds, _ = costs.step({path: FLOAT32 for path in compute})
     context = SearchContext(
         model=model,
@@ -383,14 +400,15 @@ def _run_search(model: keras.Model, evaluator: Evaluator, request: _Request) -> 
         say(verbose, "autoprec.search: nothing to choose (one dtype per layer); one trial only.")
         n_trials = min(n_trials or 1, 1)
     writer = plan_writer(context, settings.plan_path, base_metadata)
-    study.optimize(
-        lambda trial: trial_objective(context, trial),
-        n_trials=n_trials,
-        timeout=request.timeout,
-        catch=tuple(settings.catch),
-        callbacks=[writer, explorer(context), *settings.callbacks],
-        show_progress_bar=verbose >= 1,
-    )
+    with _stage(request, "trials"):
+        study.optimize(
+            lambda trial: trial_objective(context, trial),
+            n_trials=n_trials,
+            timeout=request.timeout,
+            catch=tuple(settings.catch),
+            callbacks=[writer, explorer(context), *settings.callbacks],
+            show_progress_bar=verbose >= 1,
+        )
     return _finish(context, study, base_metadata, spread, table, removed, unsafe, request)
 
 
@@ -530,10 +548,12 @@ def _finish(
     names: dict[int, str] = {}
     replaced = None
     if measure and ranked:
-        ranked, timed, rounds, names, replaced = order_by_measurement(context, ranked)
-    chosen, confirmation = confirm_plan(
-        context, ranked, spread, request.train_data, settings.batch_size, settings.confirm_steps
-    )
+        with _stage(request, "measurement"):
+            ranked, timed, rounds, names, replaced = order_by_measurement(context, ranked)
+    with _stage(request, "confirmation"):
+        chosen, confirmation = confirm_plan(
+            context, ranked, spread, request.train_data, settings.batch_size, settings.confirm_steps
+        )
     if chosen is None:
         params_plan = context.plan_for(context.uniform_assignment(FLOAT32))
         trial_metadata = {
@@ -553,7 +573,8 @@ def _finish(
         }
     measured_speedup = None
     if measure:
-        chosen_seconds = measured_seconds_of(context, chosen, plan, timed, names)
+        with _stage(request, "measurement"):
+            chosen_seconds = measured_seconds_of(context, chosen, plan, timed, names)
         measured_speedup = timed["float32"] / chosen_seconds
         trial_metadata["search"] = {
             **trial_metadata.get("search", {}),
@@ -572,6 +593,7 @@ def _finish(
         "failed": sum(t.state == optuna.trial.TrialState.FAIL for t in study.trials),
         "reused": sum(bool(t.user_attrs.get("reused")) for t in study.trials),
         "wall_seconds": time.perf_counter() - request.started,
+        "stage_seconds": {name: round(value, 3) for name, value in request.stage_seconds.items()},
         "fidelity": "train",
         "warm_starts": _warm_start_summary(study),
         "confirmation": confirmation,
