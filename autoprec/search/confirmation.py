@@ -48,11 +48,13 @@ def order_by_measurement(
     """Times the searched plan beside float32 and every warm start within budget, interleaved.
 
     Per-layer costs can rank a mixed plan ahead of a uniform one that the whole
-    step runs faster; the measured step has the last word, and the searched plan has
-    to earn its place: it stays first only when it is faster than every other
-    candidate both in its fastest and in its median round. Otherwise the candidate
-    with the fastest median round goes first, so that a tie within noise goes to the
-    uniform (or heuristic) plan, never to a mixed plan that may be slower.
+    step runs faster; the measured step has the last word. The timed plans are
+    ranked by their median round, except that a simpler plan (float32, then the
+    uniform 16-bit plans, then the heuristic's, then the searched one) whose fastest
+    round is at least as fast as the leader's goes first: a split decision is noise,
+    and noise goes to the simpler plan, never to a mixed plan that may be slower.
+    The confirmation falls back down this ranking; plans not timed follow, by
+    predicted cost.
 
     Returns:
         `(ranked trials, reordered; {name: fastest round's seconds}; {name: every round's
@@ -75,28 +77,78 @@ def order_by_measurement(
     )
     by_name = {name: list(figures) for name, figures in zip(names, rounds)}
     timed = {name: min(figures) for name, figures in by_name.items()}
-    medians = {name: float(np.median(figures)) for name, figures in by_name.items()}
     numbers = {trial.number: name for name, (_, trial) in candidates.items() if trial is not None}
-    others = [name for name in names if name != "searched"]
-    if all(
-        figures["searched"] < figures[other] for other in others for figures in (timed, medians)
-    ):
-        return ranked, timed, by_name, numbers, None
-    fastest = min(others, key=lambda name: (medians[name], timed[name]))
-    say(
-        context.verbose,
-        "autoprec.search: the searched plan did not measure faster than %s (median %.4g ms "
-        "against %.4g ms); using %s.",
-        fastest,
-        1e3 * medians["searched"],
-        1e3 * medians[fastest],
-        fastest,
-    )
-    trial = candidates[fastest][1]
-    if trial is None:  # float32, not among the trials (a study resumed at another fidelity)
+    order = measured_ranking(by_name)
+    if order[0] != "searched":
+        say(
+            context.verbose,
+            "autoprec.search: the searched plan did not measure faster than %s (median %.4g ms "
+            "against %.4g ms, fastest %.4g ms against %.4g ms); using %s.",
+            order[0],
+            1e3 * float(np.median(by_name["searched"])),
+            1e3 * float(np.median(by_name[order[0]])),
+            1e3 * timed["searched"],
+            1e3 * timed[order[0]],
+            order[0],
+        )
+    reordered: list[optuna.trial.FrozenTrial] = []
+    for name in order:
+        trial = candidates[name][1]
+        if trial is None:  # float32, not among the trials (a study resumed at another fidelity)
+            break
+        if all(trial.number != other.number for other in reordered):
+            reordered.append(trial)
+    if order[0] == "float32" and float32_trial is None:
         return [], timed, by_name, numbers, None
-    reordered = [trial] + [other for other in ranked if other.number != trial.number]
-    return reordered, timed, by_name, numbers, (fastest, trial.number)
+    timed_numbers = {trial.number for _, trial in candidates.values() if trial is not None}
+    reordered += [trial for trial in ranked if trial.number not in timed_numbers]
+    replaced = None
+    if order[0] != "searched" and reordered and reordered[0].number != best.number:
+        replaced = (order[0], reordered[0].number)
+    return reordered, timed, by_name, numbers, replaced
+
+
+#: Which timed plan is simpler, for `measured_ranking`'s ties (lower is simpler).
+_SIMPLICITY = {"float32": 0, "uniform bfloat16": 1, "uniform float16": 1, "heuristic": 2}
+
+
+def measured_ranking(rounds: Mapping[str, Sequence[float]]) -> list[str]:
+    """Ranks timed plans by their median round; a split decision goes to the simpler plan.
+
+    Args:
+        rounds: `{name: seconds of each round}`; names are `"float32"`, the uniform
+            labels, `"heuristic"`, `"searched"` or others (as complex as the searched plan).
+
+    Returns:
+        The names, fastest first. The leader by median gives way to the simplest plan
+        whose fastest round is at least as fast as the leader's.
+
+    Example:
+
+    ```python
+    measured_ranking({"searched": [0.90, 1.00, 1.20], "float32": [0.89, 1.05, 1.10]})
+    # ["float32", "searched"]: float32 wins the fastest round, the searched plan the median
+    ```
+    """
+    medians = {name: float(np.median(figures)) for name, figures in rounds.items()}
+    fastest = {name: float(min(figures)) for name, figures in rounds.items()}
+
+    def simplicity(name: str) -> int:
+        return _SIMPLICITY.get(name, 4 if name == "searched" else 3)
+
+    pool = list(rounds)
+    order: list[str] = []
+    while pool:
+        leader = min(pool, key=lambda name: (medians[name], simplicity(name)))
+        for name in sorted(pool, key=simplicity):
+            if simplicity(name) >= simplicity(leader):
+                break
+            if fastest[name] <= fastest[leader]:
+                leader = name
+                break
+        order.append(leader)
+        pool.remove(leader)
+    return order
 
 
 def measured_seconds_of(

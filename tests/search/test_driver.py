@@ -22,6 +22,7 @@ from search.search_models import (
 from autoprec.errors import AutoprecError
 from autoprec.hardware import resolve_hardware
 from autoprec.search import Budget, SearchSettings, heuristic_plan, search
+from autoprec.search.confirmation import measured_ranking
 from autoprec.search.evaluator import Evaluator
 
 
@@ -175,18 +176,12 @@ def test_measured_step_confirms_the_final_plan_against_uniform_plans():
     chosen = record["measured_plan_step_seconds"]
     rounds = record["measured_step_rounds"]
     assert set(rounds) == set(measured) and all(len(r) == 5 for r in rounds.values())
-    medians = {name: float(np.median(figures)) for name, figures in rounds.items()}
-    others = [name for name in measured if name != "searched"]
-    searched_wins = all(
-        figures["searched"] < figures[other] for other in others for figures in (measured, medians)
-    )
+    # The plan returned is the first of the measured ranking (confirmation not needed here).
+    first = measured_ranking(rounds)[0]
+    assert chosen == measured[first]
     replaced = record.get("replaced_by_measurement")
-    if searched_wins:  # kept only when faster than every candidate in its min and its median
-        assert not replaced and chosen == measured["searched"]
-    else:  # else the candidate with the fastest median round
-        fastest = min(others, key=lambda name: (medians[name], measured[name]))
-        assert chosen == measured[fastest]
-        assert replaced == fastest or (fastest == "float32" and replaced is None)
+    # Recorded when another trial's plan replaced the searched one (not when it is the same).
+    assert replaced is None if first == "searched" else replaced in (first, None)
     assert result.plan.metadata["measured_speedup"] == pytest.approx(measured["float32"] / chosen)
 
 
@@ -290,3 +285,29 @@ def test_tiny_model_stays_float32_and_named_hardware_costs_are_called_predicted(
     text = caplog.text
     assert "predicted for rtx4090" in text
     assert "on this device" not in text
+
+
+@pytest.mark.parametrize(
+    ("rounds", "expected"),
+    [
+        # A clear win in both the median and the fastest round: the searched plan leads.
+        ({"searched": [0.80, 0.81, 0.82], "float32": [0.90, 0.95, 0.97]}, ["searched", "float32"]),
+        # Split decision (the searched plan wins the median, float32 the fastest round): simpler.
+        ({"searched": [0.90, 1.00, 1.20], "float32": [0.89, 1.05, 1.10]}, ["float32", "searched"]),
+        # The fastest median leads even over a simpler plan that is slower in both.
+        (
+            {"heuristic": [0.50, 0.52, 0.60], "uniform bfloat16": [0.55, 0.56, 0.58],
+             "float32": [0.70, 0.71, 0.72]},
+            ["heuristic", "uniform bfloat16", "float32"],
+        ),
+        # The simplest of several tied plans goes first.
+        (
+            {"searched": [0.40, 0.41], "heuristic": [0.39, 0.43], "uniform bfloat16": [0.38, 0.44]},
+            ["uniform bfloat16", "heuristic", "searched"],
+        ),
+    ],
+)  # fmt: skip
+def test_measured_ranking_goes_by_median_and_gives_split_decisions_to_the_simpler_plan(
+    rounds, expected
+):
+    assert measured_ranking(rounds) == expected
