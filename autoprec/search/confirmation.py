@@ -49,12 +49,12 @@ def order_by_measurement(
 
     Per-layer costs can rank a mixed plan ahead of a uniform one that the whole
     step runs faster; the measured step has the last word. The timed plans are
-    ranked by their median round, except that a simpler plan (float32, then the
-    uniform 16-bit plans, then the heuristic's, then the searched one) whose fastest
-    round is at least as fast as the leader's goes first: a split decision is noise,
-    and noise goes to the simpler plan, never to a mixed plan that may be slower.
-    The confirmation falls back down this ranking; plans not timed follow, by
-    predicted cost.
+    ranked by `measured_ranking`: first the simplest plan (float32, then the uniform
+    16-bit plans, then the heuristic's, then the searched one) that no other plan
+    beats in both its median and its fastest round, so a split decision, which is
+    noise, goes to the simpler plan, never to a mixed plan that may be slower. The
+    confirmation falls back down this ranking; plans not timed follow, by predicted
+    cost.
 
     Returns:
         `(ranked trials, reordered; {name: fastest round's seconds}; {name: every round's
@@ -113,15 +113,20 @@ _SIMPLICITY = {"float32": 0, "uniform bfloat16": 1, "uniform float16": 1, "heuri
 
 
 def measured_ranking(rounds: Mapping[str, Sequence[float]]) -> list[str]:
-    """Ranks timed plans by their median round; a split decision goes to the simpler plan.
+    """Ranks timed plans: the simplest plan that no other beats in both its median and fastest round.
+
+    A plan clearly beats another when both its median and its fastest round are
+    faster. Among the plans no other clearly beats, the simplest goes first (float32,
+    then uniform 16-bit, then the heuristic's, then others, then the searched plan;
+    among equals the fastest median): a split decision is noise, and noise goes to
+    the simpler plan. The rest are ranked the same way.
 
     Args:
         rounds: `{name: seconds of each round}`; names are `"float32"`, the uniform
             labels, `"heuristic"`, `"searched"` or others (as complex as the searched plan).
 
     Returns:
-        The names, fastest first. The leader by median gives way to the simplest plan
-        whose fastest round is at least as fast as the leader's.
+        The names, first choice first.
 
     Example:
 
@@ -136,16 +141,14 @@ def measured_ranking(rounds: Mapping[str, Sequence[float]]) -> list[str]:
     def simplicity(name: str) -> int:
         return _SIMPLICITY.get(name, 4 if name == "searched" else 3)
 
+    def beats(first: str, second: str) -> bool:
+        return medians[first] < medians[second] and fastest[first] < fastest[second]
+
     pool = list(rounds)
     order: list[str] = []
     while pool:
-        leader = min(pool, key=lambda name: (medians[name], simplicity(name)))
-        for name in sorted(pool, key=simplicity):
-            if simplicity(name) >= simplicity(leader):
-                break
-            if fastest[name] <= fastest[leader]:
-                leader = name
-                break
+        unbeaten = [name for name in pool if not any(beats(other, name) for other in pool)]
+        leader = min(unbeaten, key=lambda name: (simplicity(name), medians[name]))
         order.append(leader)
         pool.remove(leader)
     return order

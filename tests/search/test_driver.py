@@ -294,6 +294,12 @@ def test_tiny_model_stays_float32_and_named_hardware_costs_are_called_predicted(
         ({"searched": [0.80, 0.81, 0.82], "float32": [0.90, 0.95, 0.97]}, ["searched", "float32"]),
         # Split decision (the searched plan wins the median, float32 the fastest round): simpler.
         ({"searched": [0.90, 1.00, 1.20], "float32": [0.89, 1.05, 1.10]}, ["float32", "searched"]),
+        # A plan beaten in both by the searched plan does not win a split decision with a third.
+        (
+            {"searched": [0.375, 0.46, 0.47], "float32": [0.437, 0.47, 0.48],
+             "uniform bfloat16": [0.44, 0.45, 0.46]},
+            ["uniform bfloat16", "searched", "float32"],
+        ),
         # The fastest median leads even over a simpler plan that is slower in both.
         (
             {"heuristic": [0.50, 0.52, 0.60], "uniform bfloat16": [0.55, 0.56, 0.58],
