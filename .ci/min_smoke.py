@@ -1,4 +1,4 @@
-"""Smoke test of the installed autoprec: a fit with a plan, plan files, a 2-trial search, the CLI.
+"""Smoke test of the installed autoprec: a fit with a plan, plan files, a 3-trial search, the CLI.
 
 .ci/min_versions.sh runs it against the lowest dependency versions pyproject.toml declares.
 It prints the versions it ran with and exits non-zero on the first failure.
@@ -76,14 +76,14 @@ def search_arguments() -> dict:
     """The fewest-steps search arguments, for the search API of this autoprec."""
     if hasattr(autoprec, "SearchSettings"):
         settings = autoprec.SearchSettings(
-            batch_size=32, steps_per_trial=2, dtypes=["float32", "bfloat16"], seed=0
+            batch_size=32, steps_per_trial=2, dtypes=["float32", "bfloat16", "float16"], seed=0
         )
         return {"settings": settings}
     return {"train_steps": 2, "batch_size": 32, "dtypes": ["float32", "bfloat16"], "seed": 0}
 
 
 def check_search() -> None:
-    """Runs a real 2-trial search on the MLP for a predicted GPU."""
+    """Runs a real 3-trial search on the MLP for a predicted GPU (float16 emulated on a CPU)."""
     x, y = data(192, seed=1)
     result = autoprec.search(
         build_mlp(),
@@ -91,7 +91,7 @@ def check_search() -> None:
         (x[128:], y[128:]),
         budget=autoprec.Budget("val_loss", max_relative_drop=0.05),
         hardware="rtx4090",
-        n_trials=2,
+        n_trials=3,  # float32, uniform bfloat16, uniform float16 (emulated on a CPU)
         verbose=0,
         **search_arguments(),
     )
@@ -99,7 +99,11 @@ def check_search() -> None:
     states = [trial.state.name for trial in result.study.trials]
     assert "FAIL" not in states, f"search trials failed: {states} (see the log above)"
     autoprec.PrecisionPlan.from_json(result.plan.to_json())
-    print(f"2-trial search: trials {states}, plan {result.plan.dtype_counts()}")
+    float16_trials = result.plan.metadata.get("search", {}).get("float16_trials")
+    print(
+        f"3-trial search: trials {states}, plan {result.plan.dtype_counts()}, "
+        f"float16 trials {float16_trials}"
+    )
 
 
 def check_cli() -> None:

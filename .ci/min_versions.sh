@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # CI: a second fresh virtual environment with the LOWEST dependency versions pyproject.toml declares
 # (pins generated from its '>=' floors by .ci/min_pins.py), autoprec installed without dependencies,
-# then .ci/min_smoke.py: a fit with a plan, plan files, a 2-trial search and the CLI.
+# then .ci/min_smoke.py: a fit with a plan, plan files, a 3-trial search (float16 emulated) and the CLI.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root="$PWD"
