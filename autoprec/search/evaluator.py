@@ -173,8 +173,7 @@ class Evaluator:
 
     def _scale_loss(self) -> None:
         """Wraps the optimizer in the default dynamic loss scale (emulated float16 needs it)."""
-        self.model.optimizer = FlooredLossScaleOptimizer(self.model.optimizer)
-        self.model.optimizer.build(self.model.trainable_variables)
+        _scale_loss(self.model)
 
     # ------------------------------------------------------------------ state
 
@@ -409,8 +408,7 @@ class Evaluator:
         handle = apply_plan(copy, plan)
         recompile(copy, self.compile_template)
         if handle.uses_float16:
-            copy.optimizer = FlooredLossScaleOptimizer(copy.optimizer)
-            copy.optimizer.build(copy.trainable_variables)
+            _scale_loss(copy)
         return copy
 
     def step_seconds(self, plan: PrecisionPlan, steps: int = 5, warmup: int = 2) -> float:
@@ -430,8 +428,7 @@ class Evaluator:
         handle = apply_plan(self.model, plan)
         recompile(self.model, self.compile_template)
         if handle.uses_float16:
-            self.model.optimizer = FlooredLossScaleOptimizer(self.model.optimizer)
-            self.model.optimizer.build(self.model.trainable_variables)
+            _scale_loss(self.model)
         x, y = self.train_batches[0]
 
         def train_step() -> None:
@@ -441,3 +438,9 @@ class Evaluator:
         timing = time_interleaved({"step": train_step}, rounds=steps, warmup=warmup)["step"]
         self._reset()
         return timing.median
+
+
+def _scale_loss(model: keras.Model) -> None:
+    """Wraps a compiled model's optimizer in the default dynamic loss scale, built."""
+    model.optimizer = FlooredLossScaleOptimizer(model.optimizer)
+    model.optimizer.build(model.trainable_variables)
