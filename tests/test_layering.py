@@ -48,8 +48,8 @@ LAZY_ENTRY_POINTS = ("cli", "__main__")
 BACKEND_MODULES = ("autoprec._backends.tensorflow", "autoprec._backends.jax")
 
 
-def _module_name(path: Path) -> str:
-    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+def _module_name(path: Path, root: Path = ROOT) -> str:
+    parts = list(path.relative_to(root).with_suffix("").parts)
     if parts[-1] == "__init__":
         parts = parts[:-1]
     return ".".join(parts)
@@ -59,8 +59,8 @@ def _is_package(path: Path) -> bool:
     return path.name == "__init__.py"
 
 
-def _modules() -> dict[str, Path]:
-    return {_module_name(path): path for path in sorted(PACKAGE.rglob("*.py"))}
+def _modules(package: Path = PACKAGE) -> dict[str, Path]:
+    return {_module_name(path, package.parent): path for path in sorted(package.rglob("*.py"))}
 
 
 def _resolve(module: str, path: Path, node: ast.ImportFrom) -> str:
@@ -145,20 +145,142 @@ def test_no_import_cycles():
     assert not cycles, "import cycles:\n" + "\n".join(cycles)
 
 
-def test_no_private_name_crosses_a_package_boundary():
-    crossing = []
-    for module, imports in _graph().items():
-        for target, name, line in imports:
-            if _part(module) == _part(target):
+#: Top-level private parts that the whole package imports: internal by design, not private names.
+INTERNAL_PARTS = ("_core", "_backends", "_version", "_auto")
+
+
+def _is_private(name: str) -> bool:
+    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+
+
+def _private_module_outside_its_package(module: str, target: str) -> bool:
+    """Whether `target` has a private segment (`a._b.c`) that `module` is not inside of."""
+    segments = target.split(".")
+    for index, segment in enumerate(segments[1:], start=1):
+        if _is_private(segment) and not (index == 1 and segment in INTERNAL_PARTS):
+            owner = ".".join(segments[:index])  # the package that holds the private module
+            if module != owner and not module.startswith(owner + "."):
+                return True
+    return False
+
+
+def _module_aliases(module: str, path: Path, known: set[str]) -> dict[str, str]:
+    """Returns `{local name: autoprec module}` for every name a module binds to a module."""
+    aliases = {}
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.split(".")[0] != "autoprec":
+                    continue
+                if alias.asname:
+                    aliases[alias.asname] = alias.name
+                else:
+                    aliases[alias.name.split(".")[0]] = "autoprec"
+        elif isinstance(node, ast.ImportFrom):
+            target = _resolve(module, path, node)
+            for alias in node.names:
+                if f"{target}.{alias.name}" in known:
+                    aliases[alias.asname or alias.name] = f"{target}.{alias.name}"
+    return aliases
+
+
+def _dotted(node: ast.expr) -> list[str] | None:
+    """Returns `["a", "b", "c"]` for the expression `a.b.c`, or None for anything else."""
+    names = []
+    while isinstance(node, ast.Attribute):
+        names.append(node.attr)
+        node = node.value
+    if not isinstance(node, ast.Name):
+        return None
+    return [node.id, *reversed(names)]
+
+
+def _private_attribute_uses(module: str, path: Path, known: set[str]) -> list[str]:
+    """Returns `module:line uses target._name` for each private attribute of another module."""
+    aliases = _module_aliases(module, path, known)
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if not isinstance(node, ast.Attribute) or not _is_private(node.attr):
+            continue
+        dotted = _dotted(node.value)
+        if not dotted or dotted[0] not in aliases:
+            continue
+        target = ".".join([aliases[dotted[0]], *dotted[1:]])
+        if target in known and target != module:
+            found.append(f"{module}:{node.lineno} uses {target}.{node.attr}")
+    return found
+
+
+def private_name_uses(package: Path = PACKAGE) -> list[str]:
+    """Every use in `autoprec/` of a private name or module of another module, siblings included.
+
+    Flags `from .x import _name`, `from autoprec.a.b import _name`, `x._name` where `x`
+    is another autoprec module, and imports of a private module (`a._b`) from outside
+    the package `a` that holds it. The internal parts (`_core`, `_backends`, ...) and
+    dunder names (`__version__`) are not private names.
+    """
+    modules = _modules(package)
+    known = set(modules)
+    uses = []
+    for module, path in modules.items():
+        for target, name, line in _imports(module, path, known):
+            if target == module:
                 continue
-            private_module = any(
-                segment.startswith("_") and segment != "__init__"
-                for segment in target.split(".")[1:]
-                if segment not in ("_core", "_backends", "_version", "_auto")
-            )
-            if name.startswith("_") and name != "__version__" or private_module:
-                crossing.append(f"{module}:{line} imports {target} {name}".rstrip())
-    assert not crossing, "private names used across packages:\n" + "\n".join(crossing)
+            if name and _is_private(name):
+                uses.append(f"{module}:{line} imports {target}.{name}")
+            elif _private_module_outside_its_package(module, target):
+                uses.append(f"{module}:{line} imports {target} {name}".rstrip())
+        uses.extend(_private_attribute_uses(module, path, known))
+    return uses
+
+
+def test_no_private_name_crosses_a_module_boundary():
+    uses = private_name_uses()
+    assert not uses, (
+        "private names used outside their module (make them public in the module that "
+        "defines them, or move them to the module that uses them):\n" + "\n".join(uses)
+    )
+
+
+def test_the_private_name_check_flags_every_form_and_only_those(tmp_path):
+    package = tmp_path / "autoprec"
+    files = {
+        "__init__.py": "from ._version import __version__\nfrom .errors import _hidden\n",
+        "_version.py": "__version__ = '0'\n",
+        "errors.py": "_hidden = 1\n",
+        "_core/__init__.py": "",
+        "_core/io.py": "from ..errors import _hidden\n",
+        "stage/__init__.py": "from .a import PUBLIC\n",
+        "stage/a.py": "PUBLIC = 1\n_OWN = 2\nprint(_OWN)\n",
+        "stage/_helpers.py": "VALUE = 1\n",
+        "stage/b.py": (
+            "from . import _helpers, a\n"
+            "from .a import _OWN\n"
+            "from autoprec.stage.a import _OWN as again\n"
+            "import autoprec.stage.a\n"
+            "import autoprec.stage.a as alias\n"
+            "print(a._OWN, alias._OWN, autoprec.stage.a._OWN, a.PUBLIC, a.__name__)\n"
+        ),
+        "other/__init__.py": "",
+        "other/c.py": "from ..stage import _helpers\nfrom ..stage._helpers import VALUE\n",
+    }
+    for name, text in files.items():
+        (package / name).parent.mkdir(parents=True, exist_ok=True)
+        (package / name).write_text(text)
+
+    assert sorted(private_name_uses(package)) == sorted(
+        [
+            "autoprec:2 imports autoprec.errors._hidden",
+            "autoprec._core.io:1 imports autoprec.errors._hidden",
+            "autoprec.stage.b:2 imports autoprec.stage.a._OWN",
+            "autoprec.stage.b:3 imports autoprec.stage.a._OWN",
+            "autoprec.stage.b:6 uses autoprec.stage.a._OWN",
+            "autoprec.stage.b:6 uses autoprec.stage.a._OWN",
+            "autoprec.stage.b:6 uses autoprec.stage.a._OWN",
+            "autoprec.other.c:1 imports autoprec.stage._helpers",
+            "autoprec.other.c:2 imports autoprec.stage._helpers VALUE",
+        ]
+    )
 
 
 @pytest.mark.parametrize("folder", ["bench", "examples"])

@@ -28,10 +28,10 @@ from ..layers import (
     observing_attention,
 )
 from .stats import (
-    _KINDS,
-    _ROOT_PATH,
     ATTENTION_LOGITS,
     OUTPUT_KEY,
+    ROOT_PATH,
+    TENSOR_KINDS,
     LayerProfile,
     Profile,
     TensorStats,
@@ -71,7 +71,7 @@ def _weight_owners(model: keras.Model) -> dict[int, tuple[str, str]]:
     """Maps `id(variable)` of each trainable weight to `(layer path, weight name)`."""
     owners: dict[int, tuple[str, str]] = {}
     for weight in model.trainable_weights:
-        owners[id(weight)] = (_ROOT_PATH, weight.name)
+        owners[id(weight)] = (ROOT_PATH, weight.name)
     for path, layer in layer_paths(model).items():  # parents first: the deepest owner wins
         for weight in layer.trainable_weights:
             owners[id(weight)] = (path, weight.name)
@@ -343,10 +343,10 @@ class ProbeSession:
             stats = TensorStats.from_raw(*accumulator.read())
             if stats.count == 0:
                 continue
-            groups.setdefault(path, {name: {} for name in _KINDS})[kind][key] = stats
+            groups.setdefault(path, {name: {} for name in TENSOR_KINDS})[kind][key] = stats
         all_paths = layer_paths(self.model)
         layers = {}
-        for path in [*all_paths, _ROOT_PATH]:
+        for path in [*all_paths, ROOT_PATH]:
             if path not in groups:
                 continue
             layer = all_paths.get(path, self.model)

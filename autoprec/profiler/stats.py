@@ -28,10 +28,10 @@ OUTPUT_KEY = "output"
 ATTENTION_LOGITS = "attention_logits"
 
 #: The recorded kinds of tensors, each a `{name: TensorStats}` field of `LayerProfile`.
-_KINDS = ("activations", "activation_gradients", "weights", "weight_gradients", "internals")
+TENSOR_KINDS = ("activations", "activation_gradients", "weights", "weight_gradients", "internals")
 
 #: Key in `Profile.layers` for the weights the model owns itself (held by no layer).
-_ROOT_PATH = "<model>"
+ROOT_PATH = "<model>"
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -328,7 +328,7 @@ class LayerProfile:
     internals: Mapping[str, TensorStats]
 
     def __post_init__(self):
-        for kind in _KINDS:
+        for kind in TENSOR_KINDS:
             object.__setattr__(self, kind, types.MappingProxyType(dict(getattr(self, kind))))
 
     @property
@@ -480,7 +480,7 @@ class LayerProfile:
     def to_dict(self) -> dict[str, Any]:
         """Returns a JSON-ready dict."""
         data: dict[str, Any] = {"class_name": self.class_name, "dtype": self.dtype}
-        for kind in _KINDS:
+        for kind in TENSOR_KINDS:
             data[kind] = {key: stats.to_dict() for key, stats in getattr(self, kind).items()}
         return data
 
@@ -489,7 +489,7 @@ class LayerProfile:
         """Builds a layer profile from `to_dict` output, raising `ProfileError` naming `where`."""
         mapping = _require_mapping(data, where)
         groups = {}
-        for kind in _KINDS:
+        for kind in TENSOR_KINDS:
             group = _require_mapping(mapping.get(kind, {}), f"{where}.{kind}")
             groups[kind] = {
                 key: TensorStats.from_dict(value, f"{where}.{kind}[{key!r}]")
@@ -683,7 +683,7 @@ class Profile:
     def _histogram_series(self) -> Iterator[tuple[str, np.ndarray, np.ndarray]]:
         exponents = numerics.bin_exponents()
         for path, layer in self.layers.items():
-            for kind in _KINDS:
+            for kind in TENSOR_KINDS:
                 for key, stats in getattr(layer, kind).items():
                     occupied = np.flatnonzero(stats.histogram)
                     if occupied.size == 0:
