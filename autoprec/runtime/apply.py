@@ -13,6 +13,7 @@ from .._core.dtypes import FLOAT16, POLICY_FOR_DTYPE
 from ..errors import PlanError
 from ..layers import LayerInfo, describe_model, is_fully_built, layer_paths, model_fingerprint
 from ..plan import PrecisionPlan
+from .composite import harmonize_outputs
 
 
 @dataclasses.dataclass
@@ -118,8 +119,11 @@ def apply_plan(model: keras.Model, plan: PrecisionPlan, strict: bool = True) -> 
     Compute dtypes map to Keras policies `float32`, `mixed_bfloat16` and
     `mixed_float16`. Policies are set on every layer, sub-layers included,
     because Keras' policy setter does not cascade into containers such as
-    `MultiHeadAttention`. Compiled functions are reset so the next
-    `fit`/`evaluate`/`predict` retraces.
+    `MultiHeadAttention`. A sub-layer whose dtype differs from its container's
+    (a layer whose own `call` combines its sub-layers' outputs, such as keras-hub's
+    `TransformerEncoder`) returns its outputs cast to the container's compute dtype,
+    so no plan can make that arithmetic mix dtypes (`runtime/composite.py`).
+    Compiled functions are reset so the next `fit`/`evaluate`/`predict` retraces.
 
     Args:
         model: a built Keras model (call it once or use `AutoPrecision`, which
@@ -184,6 +188,7 @@ def apply_plan(model: keras.Model, plan: PrecisionPlan, strict: bool = True) -> 
         original_policies[path] = layer.dtype_policy
         layer.dtype_policy = POLICY_FOR_DTYPE[dtypes[path]]
         applied[path] = dtypes[path]
+    harmonize_outputs(model)
     reset_compiled_functions(model)
     applied_plan = PrecisionPlan(
         applied,

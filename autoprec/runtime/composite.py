@@ -1,0 +1,223 @@
+"""Sub-layer outputs in their container's dtype, so no plan can crash a composite layer.
+
+Keras casts a layer's *inputs* to its compute dtype, never its outputs. A composite layer
+that combines its sub-layers' outputs with plain tensor arithmetic in its own `call`
+(`x = self.attention(x) + residual`, as keras-hub's `TransformerEncoder` and
+`TransformerDecoder` and many user layers do) therefore fails under a plan that gives the
+container and a sub-layer, or two sub-layers, different dtypes: TensorFlow's `AddV2` does
+not mix bfloat16 and float32.
+
+`harmonize_outputs` wraps, once per model, the `call` of every direct sub-layer of a
+layer whose `call` is its own code (not a Sequential or Functional graph, whose nodes
+Keras already casts). At trace time the wrapper compares the sub-layer's compute dtype
+with its container's: where they differ, the sub-layer's floating outputs are cast to the
+container's compute dtype, so the container's own arithmetic sees one dtype. Where they
+agree, nothing is added to the graph. Policies can change afterwards (a guard promotion):
+the wrappers read the dtypes at the next trace, as Keras reads policies.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import re
+import weakref
+from collections.abc import Callable
+
+import keras
+
+from .._core.models import swap_attribute
+from ..errors import PlanError
+from ..layers import is_graph_model, layer_paths
+
+# Layers whose `call` already carries the output cast (weakly held: a discarded clone
+# is not kept alive).
+_HARMONIZED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+@dataclasses.dataclass(frozen=True)
+class DtypeClash:
+    """Two dtypes meeting inside a composite layer.
+
+    Attributes:
+        container: the composite layer's path (`""` for the model itself).
+        container_dtype: the composite layer's compute dtype.
+        layer: the sub-layer's path.
+        layer_dtype: the sub-layer's compute dtype.
+    """
+
+    container: str
+    container_dtype: str
+    layer: str
+    layer_dtype: str
+
+    def describe(self) -> str:
+        """Returns one line naming both layers and their dtypes."""
+        where = repr(self.container) if self.container else "the model's own call"
+        return (
+            f"{self.layer!r} computes in {self.layer_dtype} inside {where}, "
+            f"which computes in {self.container_dtype}"
+        )
+
+
+def composite_children(model: keras.Model) -> list[tuple[str, keras.layers.Layer, str, object]]:
+    """Returns the sub-layers whose outputs reach their container's own `call` code.
+
+    Args:
+        model: a built Keras model.
+
+    Returns:
+        `(path, layer, container_path, container)` for every direct sub-layer of a layer
+        (or a subclassed model) that is not a Sequential or Functional graph.
+
+    Example:
+
+    ```python
+    [path for path, *_ in composite_children(model)]  # ["block/attention", "block/norm"]
+    ```
+    """
+    paths = layer_paths(model)
+    found = []
+    for path, layer in paths.items():
+        container_path = path.rsplit("/", 1)[0] if "/" in path else ""
+        container = paths.get(container_path) if container_path else model
+        if container is None or is_graph_model(container):
+            continue
+        found.append((path, layer, container_path, container))
+    return found
+
+
+def dtype_clashes(model: keras.Model) -> list[DtypeClash]:
+    """Returns each sub-layer whose compute dtype differs from its composite container's.
+
+    Args:
+        model: a built Keras model, with the policies a plan gave it.
+
+    Returns:
+        One `DtypeClash` per such sub-layer (outputs `harmonize_outputs` casts).
+
+    Example:
+
+    ```python
+    for clash in dtype_clashes(model):
+        print(clash.describe())
+    ```
+    """
+    clashes = []
+    for path, layer, container_path, container in composite_children(model):
+        layer_dtype, container_dtype = _compute_dtype(layer), _compute_dtype(container)
+        if layer_dtype and container_dtype and layer_dtype != container_dtype:
+            clashes.append(DtypeClash(container_path, container_dtype, path, layer_dtype))
+    return clashes
+
+
+def harmonize_outputs(model: keras.Model) -> int:
+    """Casts, from the next trace on, each composite layer's sub-layer outputs to its dtype.
+
+    Idempotent: a sub-layer is wrapped once, whatever plans are applied later; the
+    wrapper reads both dtypes at trace time, and adds no operation where they agree.
+
+    Args:
+        model: a built Keras model.
+
+    Returns:
+        How many sub-layers were wrapped by this call.
+
+    Example:
+
+    ```python
+    harmonize_outputs(model)
+    model.fit(x, y)  # a bfloat16 attention inside a float32 block returns float32
+    ```
+    """
+    wrapped = 0
+    for _, layer, _, container in composite_children(model):
+        if layer in _HARMONIZED:
+            continue
+        swap_attribute(layer, "call", _cast_outputs(layer, container, layer.call))
+        _HARMONIZED[layer] = True
+        wrapped += 1
+    return wrapped
+
+
+def _compute_dtype(layer: object) -> str | None:
+    policy = getattr(layer, "dtype_policy", None)
+    dtype = getattr(policy, "compute_dtype", None)
+    return keras.backend.standardize_dtype(dtype) if dtype else None
+
+
+def _cast_outputs(layer: keras.layers.Layer, container: object, original: Callable) -> Callable:
+    # The container is held weakly: a wrapper must not keep a discarded model alive.
+    container_ref = weakref.ref(container)
+
+    @functools.wraps(original)
+    def call(*args, **kwargs):
+        outputs = original(*args, **kwargs)
+        owner = container_ref()
+        target = _compute_dtype(owner) if owner is not None else None
+        if target is None or not keras.backend.is_float_dtype(target):
+            return outputs
+        if _compute_dtype(layer) == target:
+            return outputs
+        return keras.tree.map_structure(lambda value: _cast_float(value, target), outputs)
+
+    return call
+
+
+def _cast_float(value: object, dtype: str) -> object:
+    value_dtype = getattr(value, "dtype", None)
+    if value_dtype is None or not keras.ops.is_tensor(value):
+        return value
+    name = keras.backend.standardize_dtype(value_dtype)
+    if name == dtype or not keras.backend.is_float_dtype(name):
+        return value
+    return keras.ops.cast(value, dtype)
+
+
+def check_plan_runs(model: keras.Model, inputs: object) -> None:
+    """Runs `model` once on the first sample of `inputs`; a failure names the layers that clash.
+
+    Args:
+        model: a built Keras model with a plan applied.
+        inputs: one batch of model inputs (an array, or a dict, list or nested
+            structure of arrays), as `fit` would feed it.
+
+    Raises:
+        PlanError: if the model cannot run under its current policies; the message
+            lists the sub-layers whose dtype differs from their container's and the
+            error the call raised.
+
+    Example:
+
+    ```python
+    autoprec.apply_plan(model, plan)
+    check_plan_runs(model, x_train[:1])
+    ```
+    """
+    first = keras.tree.map_structure(lambda value: value[:1], inputs)
+    try:
+        model(first, training=False)
+    except Exception as error:  # noqa: BLE001 - any failure of the call is reported
+        clashes = dtype_clashes(model)
+        if clashes:
+            advice = (
+                "Layers whose dtype differs from their container's: "
+                + "; ".join(clash.describe() for clash in clashes[:8])
+                + ". Give them their container's dtype (plan.with_dtype(path, dtype))."
+            )
+        else:
+            advice = (
+                "No sub-layer's dtype differs from its container's, so the failing layer's "
+                "own arithmetic mixes dtypes: keep it in float32 "
+                "(plan.with_dtype(path, 'float32'))."
+            )
+        raise PlanError(
+            f"model {model.name!r} cannot run under this plan: calling it on one sample "
+            f"raised {type(error).__name__}: {_first_lines(error)} {advice}"
+        ) from error
+
+
+def _first_lines(error: Exception, count: int = 3) -> str:
+    text = re.sub(r"\x1b\[[0-9;]*m", "", str(error))
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return " ".join(lines[:count])

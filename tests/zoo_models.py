@@ -1,0 +1,119 @@
+"""Tiny keras-hub models of four families, random weights, with data made here (no downloads).
+
+Each builder returns a compiled model and `(x, y)` NumPy training data shaped as `fit`
+feeds it (dict inputs with dynamic sequence dimensions for the text models).
+"""
+
+from __future__ import annotations
+
+import keras
+import numpy as np
+
+SEQUENCE = 16
+VOCABULARY = 128
+SAMPLES = 64
+
+
+def _tokens(rng: np.random.Generator) -> dict[str, np.ndarray]:
+    return {
+        "token_ids": rng.integers(1, VOCABULARY, (SAMPLES, SEQUENCE)).astype("int32"),
+        "padding_mask": np.ones((SAMPLES, SEQUENCE), "int32"),
+    }
+
+
+def _compile(model: keras.Model) -> keras.Model:
+    model.compile(
+        optimizer=keras.optimizers.Adam(1e-3),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+    )
+    return model
+
+
+def bert_classifier(seed: int = 0):
+    """An encoder: keras-hub's BERT text classifier (2 blocks, width 32)."""
+    import keras_hub
+
+    keras.utils.set_random_seed(seed)
+    backbone = keras_hub.models.BertBackbone(
+        vocabulary_size=VOCABULARY,
+        num_layers=2,
+        num_heads=2,
+        hidden_dim=32,
+        intermediate_dim=64,
+        max_sequence_length=SEQUENCE,
+    )
+    model = keras_hub.models.BertTextClassifier(backbone=backbone, num_classes=3, preprocessor=None)
+    rng = np.random.default_rng(seed)
+    x = _tokens(rng)
+    x["segment_ids"] = np.zeros((SAMPLES, SEQUENCE), "int32")
+    y = (x["token_ids"][:, 0] % 3).astype("int32")
+    return _compile(model), (x, y)
+
+
+def gpt2_causal_lm(seed: int = 0):
+    """A decoder: keras-hub's GPT-2 causal language model (2 blocks, width 32)."""
+    import keras_hub
+
+    keras.utils.set_random_seed(seed)
+    backbone = keras_hub.models.GPT2Backbone(
+        vocabulary_size=VOCABULARY,
+        num_layers=2,
+        num_heads=2,
+        hidden_dim=32,
+        intermediate_dim=64,
+        max_sequence_length=SEQUENCE,
+    )
+    model = keras_hub.models.GPT2CausalLM(backbone=backbone, preprocessor=None)
+    rng = np.random.default_rng(seed)
+    x = _tokens(rng)
+    y = np.roll(x["token_ids"], -1, axis=1)
+    return _compile(model), (x, y)
+
+
+def vit_classifier(seed: int = 0):
+    """An image backbone: keras-hub's ViT (2 blocks, 8x8 patches of 32x32 images)."""
+    import keras_hub
+
+    keras.utils.set_random_seed(seed)
+    backbone = keras_hub.models.ViTBackbone(
+        image_shape=(32, 32, 3), patch_size=8, num_layers=2, num_heads=2, hidden_dim=32, mlp_dim=64
+    )
+    model = keras_hub.models.ViTImageClassifier(backbone=backbone, num_classes=3, preprocessor=None)
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(SAMPLES, 32, 32, 3)).astype("float32")
+    y = (x[:, :, :, 0].mean(axis=(1, 2)) > 0).astype("int32")
+    return _compile(model), (x, y)
+
+
+def bart_seq2seq(seed: int = 0):
+    """An encoder-decoder: keras-hub's BART sequence-to-sequence model (1 block each)."""
+    import keras_hub
+
+    keras.utils.set_random_seed(seed)
+    backbone = keras_hub.models.BartBackbone(
+        vocabulary_size=VOCABULARY,
+        num_layers=1,
+        num_heads=2,
+        hidden_dim=32,
+        intermediate_dim=64,
+        max_sequence_length=SEQUENCE,
+    )
+    model = keras_hub.models.BartSeq2SeqLM(backbone=backbone, preprocessor=None)
+    rng = np.random.default_rng(seed)
+    source, target = _tokens(rng), _tokens(rng)
+    x = {
+        "encoder_token_ids": source["token_ids"],
+        "encoder_padding_mask": source["padding_mask"],
+        "decoder_token_ids": target["token_ids"],
+        "decoder_padding_mask": target["padding_mask"],
+    }
+    y = np.roll(target["token_ids"], -1, axis=1)
+    return _compile(model), (x, y)
+
+
+ZOO = {
+    "bert": bert_classifier,
+    "gpt2": gpt2_causal_lm,
+    "vit": vit_classifier,
+    "bart": bart_seq2seq,
+}
