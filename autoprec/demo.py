@@ -14,6 +14,7 @@ that the choice of dtype per layer matters:
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import time
@@ -137,21 +138,58 @@ def _search_stage(model, train, val, settings, device, profile) -> SearchResult:
     )
 
 
-def _candidate_plans(model, plan) -> dict[str, PrecisionPlan]:
+def _candidate_plans(plan: PrecisionPlan) -> dict[str, PrecisionPlan | str]:
+    """The plan, and the baselines as Keras' own global policy names."""
     return {
-        "float32": PrecisionPlan.uniform(model, "float32"),
+        "float32": "float32",
         "plan": plan,
-        "mixed_bfloat16": PrecisionPlan.uniform(model, "bfloat16"),
-        "mixed_float16": PrecisionPlan.uniform(model, "float16"),
+        "mixed_bfloat16": "mixed_bfloat16",
+        "mixed_float16": "mixed_float16",
     }
 
 
+@contextlib.contextmanager
+def keras_global_policy(name: str):
+    """Builds models under Keras' global dtype policy `name`, restoring the previous one after.
+
+    A model built and compiled here runs exactly as Keras runs that policy: every
+    layer in it, and for `mixed_float16` the `LossScaleOptimizer` that `compile` adds.
+
+    Args:
+        name: a Keras dtype policy name (`"float32"`, `"mixed_bfloat16"`, `"mixed_float16"`).
+
+    Example:
+
+    ```python
+    with keras_global_policy("mixed_float16"):
+        model = build_model()
+    ```
+    """
+    previous = keras.config.dtype_policy()
+    keras.config.set_dtype_policy(name)
+    try:
+        yield
+    finally:
+        keras.config.set_dtype_policy(previous)
+
+
 def _train_all(plans: dict[str, Any], initial_weights, data, settings) -> dict[str, dict]:
-    """Trains a fresh copy of the model under each plan from the same weights."""
+    """Trains a fresh copy of the model under each plan or Keras policy from the same weights.
+
+    The plan trains through `AutoPrecision`; each baseline is a model built under Keras'
+    own global policy and trained as Keras trains it, without autoprec, so a baseline
+    reported as diverged diverged under plain Keras.
+    """
     (x, y), (x_val, y_val) = data
     models, results = {}, {}
     for name, plan in plans.items():
-        model = build_model()
+        if isinstance(plan, str):
+            with keras_global_policy(plan):
+                model = build_model()
+            callbacks = [keras.callbacks.TerminateOnNaN()]
+        else:
+            model = build_model()
+            callbacks = [AutoPrecision(plan, verbose=0), keras.callbacks.TerminateOnNaN()]
         model.set_weights(initial_weights)
         history = model.fit(
             x,
@@ -160,13 +198,14 @@ def _train_all(plans: dict[str, Any], initial_weights, data, settings) -> dict[s
             epochs=settings["epochs"],
             shuffle=False,
             verbose=0,
-            callbacks=[AutoPrecision(plan, verbose=0), keras.callbacks.TerminateOnNaN()],
+            callbacks=callbacks,
         )
         losses = history.history.get("loss", [math.nan])
         finite = bool(model.stop_training is False and all(map(math.isfinite, losses)))
         evaluation = model.evaluate(x_val, y_val, batch_size=512, verbose=0, return_dict=True)
         results[name] = {
-            "uniform_float32": set(plan.layers.values()) == {"float32"},
+            "uniform_float32": plan == "float32"
+            or (not isinstance(plan, str) and set(plan.layers.values()) == {"float32"}),
             "val_accuracy": float(evaluation["accuracy"]) if finite else math.nan,
             "loss": float(losses[-1]),
             "finite": finite,
@@ -358,7 +397,7 @@ def run_demo(
     )
     print(_layer_table(plan, profile, plan.metadata.get("evidence", {})))
 
-    trained = _train_all(_candidate_plans(model, plan), initial_weights, (train, val), settings)
+    trained = _train_all(_candidate_plans(plan), initial_weights, (train, val), settings)
     batch = (train[0][: settings["batch"]], train[1][: settings["batch"]])
     step_seconds = _time_steps(trained["models"], initial_weights, batch, settings["rounds"])
     print(
