@@ -19,26 +19,29 @@ Three steps, each usable alone:
 Both give a `CostTable`; `estimate(model, plan, hardware, costs=table)` sums it for a
 plan: step time, speedup over float32, memory and the largest batch that fits.
 
-Modules, in the order they build on each other: `trace` (shapes, edges and
-synthetic arguments), `counting` (`LayerCost`), `table` (`CostTable`), `timers`
-(one layer, cast or empty call timed on the backend), `roofline`
-(`predict_costs`), `cache`, `measure` (`calibrate`, whole training steps),
-`estimate`.
+Modules, in the order they build on each other: `trace` (shapes, edges, sample
+inputs and synthetic arguments), `counting` (`LayerCost`), `table`
+(`CostTable`), `timers` (one layer, cast or empty call timed on the backend),
+`roofline` (`predict_costs`), `cache`, `steps` (whole training steps and the
+correction they give), `measure` (`calibrate`), `estimate`.
 """
 
 from .cache import default_cache_dir
 from .counting import ACTIVATION_FLOPS, LayerCost, count_costs
 from .estimate import USABLE_MEMORY_FRACTION, Estimate, PlanLayers, estimate
-from .measure import calibrate, clone_with_uniform_policy, measure_train_step, measure_train_steps
+from .measure import calibrate
 from .roofline import MATMUL_EFFICIENCY, VECTOR_EFFICIENCY, predict_costs, predicted_layer_seconds
+from .steps import clone_with_uniform_policy, measure_train_step, measure_train_steps
 from .table import CostTable, LayerCostRecord
 from .timers import MEASURING_BACKENDS
 from .trace import (
     ArgumentValue,
     Edge,
     LayerCall,
+    MappingArgument,
     ModelTrace,
     TensorSpec,
+    random_inputs,
     sample_inputs,
     synthetic_arguments,
     synthetic_tensor,
@@ -58,6 +61,7 @@ __all__ = [
     "LayerCall",
     "LayerCost",
     "LayerCostRecord",
+    "MappingArgument",
     "ModelTrace",
     "PlanLayers",
     "TensorSpec",
@@ -70,6 +74,7 @@ __all__ = [
     "measure_train_steps",
     "predict_costs",
     "predicted_layer_seconds",
+    "random_inputs",
     "sample_inputs",
     "synthetic_arguments",
     "synthetic_tensor",

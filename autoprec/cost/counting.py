@@ -55,8 +55,10 @@ _DEFAULT_ACTIVATION_FLOPS = 4
 # counted by their own formulas; every other pass-through layer copies its
 # elements without arithmetic. tests/cost/test_counting.py checks that views and
 # dropouts are pass-through classes.
-_VIEW_CLASSES = frozenset({"Flatten", "Reshape", "InputLayer", "Identity"})
-_DROPOUT_CLASSES = frozenset(
+#: Pass-through layers that only view their input: no FLOPs, no copy.
+VIEW_CLASSES = frozenset({"Flatten", "Reshape", "InputLayer", "Identity"})
+#: Pass-through layers counted at two FLOPs per element.
+DROPOUT_CLASSES = frozenset(
     {
         "Dropout",
         "SpatialDropout1D",
@@ -67,12 +69,15 @@ _DROPOUT_CLASSES = frozenset(
         "AlphaDropout",
     }
 )
-_MERGE_CLASSES = frozenset({"Add", "Subtract", "Multiply", "Average", "Maximum", "Minimum"})
-_ACTIVATION_CLASSES = frozenset({"Activation", "ReLU", "Softmax", "LeakyReLU", "PReLU", "ELU"})
-_COPY_CLASSES = frozenset(
+#: Element-wise merges of their inputs.
+MERGE_CLASSES = frozenset({"Add", "Subtract", "Multiply", "Average", "Maximum", "Minimum"})
+#: Activation layers, counted by their activation's formula.
+ACTIVATION_CLASSES = frozenset({"Activation", "ReLU", "Softmax", "LeakyReLU", "PReLU", "ELU"})
+#: Every other pass-through layer: copies its elements without arithmetic.
+COPY_CLASSES = frozenset(
     name
-    for name in PASS_THROUGH_CLASSES - _VIEW_CLASSES - _DROPOUT_CLASSES
-    if name not in _MERGE_CLASSES and name not in _ACTIVATION_CLASSES and "Pooling" not in name
+    for name in PASS_THROUGH_CLASSES - VIEW_CLASSES - DROPOUT_CLASSES
+    if name not in MERGE_CLASSES and name not in ACTIVATION_CLASSES and "Pooling" not in name
 )
 _NORMALISATION_CLASSES = frozenset(
     {
@@ -413,7 +418,7 @@ def _count_call(call: LayerCall, layer, info: LayerInfo | None, parent_class: st
         return {"note": "counted in its recurrent layer"}
     if info is not None and info.is_container:
         return {}
-    if class_name in _VIEW_CLASSES:
+    if class_name in VIEW_CLASSES:
         return {}
     if class_name in ("Dense",):
         return _count_dense(call, layer)
@@ -429,13 +434,13 @@ def _count_call(call: LayerCall, layer, info: LayerInfo | None, parent_class: st
         return _count_normalisation(call, layer)
     if "Pooling" in class_name:
         return _count_pooling(call, layer)
-    if class_name in _MERGE_CLASSES:
+    if class_name in MERGE_CLASSES:
         return _count_elementwise(call, max(len(call.inputs) - 1, 1))
-    if class_name in _DROPOUT_CLASSES:
+    if class_name in DROPOUT_CLASSES:
         return _count_elementwise(call, 2)
-    if class_name in _COPY_CLASSES:
+    if class_name in COPY_CLASSES:
         return {"activation_elements": _io_elements(call), "kernels": 2}
-    if class_name in _ACTIVATION_CLASSES:
+    if class_name in ACTIVATION_CLASSES:
         return _count_activation_layer(call, layer)
     if class_name in ("Rescaling", "Normalization"):
         return _count_elementwise(call, 2)

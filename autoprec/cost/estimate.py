@@ -198,6 +198,36 @@ def _step_seconds(
     return total, layer_seconds, cast_seconds, infeasible
 
 
+def _memory_bytes(
+    model: keras.Model, table: CostTable, dtype_of: Callable[[str | None], str]
+) -> tuple[float, float, float]:
+    """Returns `(activation bytes per sample, parameter bytes, optimizer bytes)` under a plan.
+
+    Activations kept for backward are stored in each layer's dtype, model inputs
+    in float32; parameters are float32 master weights, their gradients and the
+    16-bit copies of the weights of 16-bit layers.
+    """
+    activation_bytes = sum(
+        record.saved_elements_per_sample * ITEMSIZE[dtype_of(path)]
+        for path, record in table.layers.items()
+    )
+    activation_bytes += sum(
+        elements * 4 for producer, _, elements in table.edges if producer is None
+    )
+    parameters = sum(int(np.prod(weight.shape)) for weight in model.weights)
+    trainable = sum(int(np.prod(weight.shape)) for weight in model.trainable_weights)
+    half_copies = sum(
+        record.weight_elements * ITEMSIZE[dtype_of(path)]
+        for path, record in table.layers.items()
+        if dtype_of(path) != FLOAT32
+    )
+    return (
+        float(activation_bytes),
+        float(parameters * 4 + trainable * 4 + half_copies),
+        float(trainable * 4 * _optimizer_slots(model)),
+    )
+
+
 def estimate(
     model: keras.Model,
     plan: PlanLayers | Mapping[str, str] | str,
@@ -229,7 +259,9 @@ def estimate(
             estimate with instead of a prediction.
         batch_size: samples per step; default the table's batch size (32 for a
             prediction).
-        x: model inputs for shape tracing (subclassed models).
+        x: a batch, inputs alone or `(x, y)`, whose shapes the prediction traces
+            when no `costs` are given (subclassed models, inputs with a dynamic
+            dimension); any nesting of arrays.
 
     Returns:
         An `Estimate`.
@@ -249,20 +281,7 @@ def estimate(
     step, layer_seconds, cast_seconds, infeasible = _step_seconds(table, dtype_of, batch)
     float32_step, _, _, _ = _step_seconds(table, lambda path: FLOAT32, batch)
 
-    activation_bytes = sum(
-        record.saved_elements_per_sample * ITEMSIZE[dtype_of(path)]
-        for path, record in table.layers.items()
-    )
-    activation_bytes += sum(
-        elements * 4 for producer, _, elements in table.edges if producer is None
-    )
-    parameters = sum(int(np.prod(weight.shape)) for weight in model.weights)
-    trainable = sum(int(np.prod(weight.shape)) for weight in model.trainable_weights)
-    half_copies = sum(
-        record.weight_elements * ITEMSIZE[dtype_of(path)]
-        for path, record in table.layers.items()
-        if dtype_of(path) != FLOAT32
-    )
+    activation_bytes, parameter_bytes, optimizer_bytes = _memory_bytes(model, table, dtype_of)
     return Estimate(
         step_seconds=step,
         float32_step_seconds=float32_step,
@@ -271,9 +290,9 @@ def estimate(
         layer_seconds=layer_seconds,
         cast_seconds=cast_seconds,
         overhead_seconds=table.step_overhead_seconds,
-        activation_bytes_per_sample=float(activation_bytes),
-        parameter_bytes=float(parameters * 4 + trainable * 4 + half_copies),
-        optimizer_bytes=float(trainable * 4 * _optimizer_slots(model)),
+        activation_bytes_per_sample=activation_bytes,
+        parameter_bytes=parameter_bytes,
+        optimizer_bytes=optimizer_bytes,
         memory_bytes=table.memory_bytes,
         infeasible_layers=infeasible,
         device=table.device,

@@ -7,12 +7,13 @@ from typing import Any
 
 import keras
 
+from .._core.data import input_part
 from .._core.dtypes import COMPUTE_DTYPES, FLOAT32, canonical_dtype
 from ..hardware import SLOW, UNSUPPORTED, HardwareProfile, resolve_hardware
 from ..layers import model_fingerprint
 from .counting import ITEMSIZE, LayerCost, count_costs
 from .table import CostTable, LayerCostRecord
-from .timers import _framework_versions
+from .timers import framework_versions
 from .trace import trace_model
 
 #: Fraction of peak FLOP/s a matmul/conv reaches in the roofline prediction.
@@ -83,6 +84,25 @@ def roofline_record(
     dtypes: Sequence[str],
     source: str,
 ) -> LayerCostRecord:
+    """Returns one layer's `LayerCostRecord`: `seconds` and the counts behind them at `batch_size`.
+
+    Args:
+        cost: the layer's counts.
+        seconds: `{dtype: seconds or None}`.
+        batch_size: samples per step the FLOPs and bytes are for.
+        dtypes: the dtypes whose bytes moved are recorded.
+        source: where the seconds come from (`"predicted"`, `"measured"`, ...).
+
+    Returns:
+        The record.
+
+    Example:
+
+    ```python
+    cost = autoprec.cost.count_costs(model)["dense"]
+    roofline_record(cost, {"float32": 1e-4}, 32, ["float32"], "measured").forward_flops
+    ```
+    """
     return LayerCostRecord(
         path=cost.path,
         class_name=cost.class_name,
@@ -112,7 +132,10 @@ def predict_costs(
         hardware: `"local"` (this device, detected), a profile name such as
             `"rtx4090"` or a `HardwareProfile`.
         batch_size: samples per training step.
-        x: model inputs for shape tracing (needed for subclassed models).
+        x: a batch, inputs alone or `(x, y)`, whose shapes are traced: an array,
+            a list, a dict or any nesting of them. Needed for subclassed models
+            and for inputs with a dynamic dimension (a sequence length), which
+            then take the batch's.
         dtypes: dtypes to predict.
 
     Returns:
@@ -126,7 +149,7 @@ def predict_costs(
     ```
     """
     profile = resolve_hardware(hardware)
-    trace = trace_model(model, x)
+    trace = trace_model(model, None if x is None else input_part(x))
     counts = count_costs(model, trace)
     dtypes = [canonical_dtype(dtype) for dtype in dtypes]
     layers = {
@@ -149,6 +172,6 @@ def predict_costs(
         layer_fixed_seconds=profile.op_overhead_seconds,
         memory_bytes=profile.memory_bytes,
         model_fingerprint=model_fingerprint(model),
-        versions=_framework_versions(),
+        versions=framework_versions(),
         stats={"predicted": len(layers)},
     )

@@ -22,21 +22,50 @@ from .trace import LayerCall, synthetic_arguments
 #: Keras backends `calibrate` and `measure_train_steps` can time on.
 MEASURING_BACKENDS = ("tensorflow", "jax")
 
-#: A timed function whose step takes over this many seconds is timed `_SLOW_ROUNDS` times.
-_SLOW_SECONDS = 0.5
-_SLOW_ROUNDS = 2
+#: A timed function whose step takes over this many seconds is timed `SLOW_ROUNDS` times.
+SLOW_SECONDS = 0.5
+#: Timed calls of a function slower than `SLOW_SECONDS`.
+SLOW_ROUNDS = 2
 
 
-def _timing_backend(what: str) -> ModuleType:
-    """Returns the active backend's timing module (see `autoprec._backends.timing_backend`)."""
+def measuring_backend(what: str) -> ModuleType:
+    """Returns the active backend's timing module, or raises naming `what` needs it.
+
+    Args:
+        what: the function that needs to time, named in the error.
+
+    Returns:
+        `autoprec._backends.tensorflow` or `autoprec._backends.jax`.
+
+    Raises:
+        BackendError: on a Keras backend other than TensorFlow or JAX.
+
+    Example:
+
+    ```python
+    backend = measuring_backend("calibrate()")
+    backend.versions()["tensorflow"]
+    ```
+    """
     return timing_backend(what, MEASURING_BACKENDS)
 
 
-def _framework_versions() -> dict[str, str]:
-    """Returns the Keras, backend and framework versions that key the cost cache."""
+def framework_versions() -> dict[str, str]:
+    """Returns the Keras, backend and framework versions that key the cost cache.
+
+    Returns:
+        `{"keras": ..., "backend": ...}`, plus the framework's own versions on a
+        backend that can time.
+
+    Example:
+
+    ```python
+    framework_versions()["backend"]  # "tensorflow"
+    ```
+    """
     versions = {"keras": keras.__version__, "backend": keras.backend.backend()}
     if keras.backend.backend() in MEASURING_BACKENDS:
-        versions.update(_timing_backend("autoprec.cost").versions())
+        versions.update(measuring_backend("autoprec.cost").versions())
     return versions
 
 
@@ -50,8 +79,8 @@ def _median_seconds(function: Callable[[], object], repeats: int) -> float:
         {"function": function},
         rounds=repeats,
         warmup=2,
-        slow_seconds=_SLOW_SECONDS,
-        slow_rounds=_SLOW_ROUNDS,
+        slow_seconds=SLOW_SECONDS,
+        slow_rounds=SLOW_ROUNDS,
     )
     return timings["function"].median
 
@@ -63,7 +92,7 @@ def _rebuild_layer(layer: keras.layers.Layer, dtype: str) -> keras.layers.Layer:
     return layer.__class__.from_config(config)
 
 
-def _time_layer(
+def time_layer(
     layer: keras.layers.Layer,
     call: LayerCall,
     dtype: str,
@@ -71,8 +100,34 @@ def _time_layer(
     repeats: int,
     jit_compile: bool,
 ) -> float:
-    """Times a standalone copy of `layer` forward+backward in `dtype` on random inputs."""
-    timing = _timing_backend("calibrate()")
+    """Times a standalone copy of `layer` forward+backward in `dtype` on random inputs.
+
+    The copy is rebuilt from the layer's config with the dtype's `mixed_*`
+    policy and called as `call` recorded, at `batch_size` samples.
+
+    Args:
+        layer: the layer to copy (left untouched).
+        call: one recorded call of it (`trace_model(model).calls[path][0]`).
+        dtype: the copy's compute dtype.
+        batch_size: the leading dimension of every argument.
+        repeats: timed calls (median), after two warm-up calls.
+        jit_compile: whether to compile the step with XLA.
+
+    Returns:
+        Median seconds of one compiled forward+backward call.
+
+    Raises:
+        BackendError: on a backend that cannot time; any error of rebuilding
+            or calling the copy is passed on.
+
+    Example:
+
+    ```python
+    call = autoprec.cost.trace_model(model).calls["dense"][0]
+    time_layer(layer_paths(model)["dense"], call, "float32", 32, 5, False)
+    ```
+    """
+    timing = measuring_backend("calibrate()")
     rng = np.random.default_rng(0)
     clone = _rebuild_layer(layer, dtype)
     compute = keras.backend.standardize_dtype(clone.compute_dtype)
@@ -82,13 +137,41 @@ def _time_layer(
     return _median_seconds(timing.layer_step(clone, args, kwargs, jit_compile), repeats)
 
 
-def _time_empty_function(repeats: int) -> float:
-    """Times a compiled function doing one trivial op: the per-call dispatch overhead."""
-    timing = _timing_backend("calibrate()")
+def time_empty_function(repeats: int) -> float:
+    """Times a compiled function doing one trivial op: the per-call dispatch overhead.
+
+    Args:
+        repeats: timed calls (median; at least 9).
+
+    Returns:
+        Median seconds of one call.
+
+    Example:
+
+    ```python
+    time_empty_function(9)  # a few microseconds
+    ```
+    """
+    timing = measuring_backend("calibrate()")
     return _median_seconds(timing.empty_step(), max(repeats, 9))
 
 
-def _time_cast(dtype: str, elements: int, repeats: int) -> float:
-    """Times one cast of `elements` values between float32 and `dtype` (half a round trip)."""
-    timing = _timing_backend("calibrate()")
+def time_cast(dtype: str, elements: int, repeats: int) -> float:
+    """Times one cast of `elements` values between float32 and `dtype` (half a round trip).
+
+    Args:
+        dtype: the 16-bit dtype cast to and from.
+        elements: values cast.
+        repeats: timed round trips (median).
+
+    Returns:
+        Seconds of one cast: half the median round trip.
+
+    Example:
+
+    ```python
+    time_cast("bfloat16", 1 << 20, 5)
+    ```
+    """
+    timing = measuring_backend("calibrate()")
     return _median_seconds(timing.cast_step(dtype, elements), repeats) / 2.0

@@ -23,17 +23,27 @@ from ..layers import layer_paths
 
 _CAPTURE_BATCH = 2
 
-#: What `LayerCall.arguments` holds for an argument it cannot describe (not a
-#: tensor, a list of tensors or a plain scalar); `synthetic_arguments` refuses it.
+#: What `LayerCall.arguments` holds for an argument it cannot describe (neither
+#: tensors, nested in lists and dicts, nor a plain scalar); `synthetic_arguments`
+#: refuses it.
 _UNSUPPORTED_ARGUMENT = "<unsupported argument>"
 
 
 @dataclasses.dataclass(frozen=True)
 class TensorSpec:
-    """Shape (batch dimension `None`) and dtype of one tensor a layer received or returned."""
+    """Shape (batch dimension `None`) and dtype of one tensor a layer received or returned.
+
+    Attributes:
+        shape: the dimensions, the batch first (`None`); another `None` is a
+            dimension only a real batch tells.
+        dtype: the dtype's name.
+        name: the model input's name, where the spec is of one (for messages;
+            not compared).
+    """
 
     shape: tuple[int | None, ...]
     dtype: str
+    name: str = dataclasses.field(default="", compare=False)
 
     def elements_per_sample(self) -> int:
         """Returns the number of elements per sample (batch dimension counted as 1)."""
@@ -51,8 +61,33 @@ class TensorSpec:
         return [list(self.shape), self.dtype]
 
 
-#: One recorded call argument: a tensor, a list of tensors, or a plain Python value.
-ArgumentValue: TypeAlias = TensorSpec | tuple[TensorSpec, ...] | bool | int | float | str | None
+@dataclasses.dataclass(frozen=True)
+class MappingArgument:
+    """A dict argument of a layer call: each key with its recorded value, in order.
+
+    Attributes:
+        items: `(key, value)` pairs; a value is any `ArgumentValue`.
+    """
+
+    items: tuple[tuple[str, ArgumentValue], ...]
+
+
+#: One recorded call argument: a tensor, a list (recorded as a tuple) or a dict of
+#: recorded values, nested in any way, or a plain Python value.
+ArgumentValue: TypeAlias = (
+    TensorSpec | tuple["ArgumentValue", ...] | MappingArgument | bool | int | float | str | None
+)
+
+
+def _tensor_specs(value: ArgumentValue) -> list[TensorSpec]:
+    """Returns every `TensorSpec` in a recorded value, in order."""
+    if isinstance(value, TensorSpec):
+        return [value]
+    if isinstance(value, MappingArgument):
+        return [spec for _, item in value.items for spec in _tensor_specs(item)]
+    if isinstance(value, tuple):
+        return [spec for item in value for spec in _tensor_specs(item)]
+    return []
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,13 +111,7 @@ class LayerCall:
     @property
     def inputs(self) -> tuple[TensorSpec, ...]:
         """Every tensor argument, flattened in argument order."""
-        flat: list[TensorSpec] = []
-        for _, value in self.arguments:
-            if isinstance(value, TensorSpec):
-                flat.append(value)
-            elif isinstance(value, tuple):
-                flat.extend(item for item in value if isinstance(item, TensorSpec))
-        return tuple(flat)
+        return tuple(spec for _, value in self.arguments for spec in _tensor_specs(value))
 
     def argument(self, *names: str) -> TensorSpec | None:
         """Returns the first tensor argument called one of `names`, or `None`."""
@@ -99,6 +128,8 @@ class LayerCall:
                 return {"tensor": value.to_json()}
             if isinstance(value, tuple):
                 return {"list": [encode(item) for item in value]}
+            if isinstance(value, MappingArgument):
+                return {"dict": [[key, encode(item)] for key, item in value.items]}
             return {"value": value}
 
         return [[name, encode(value)] for name, value in self.arguments]
@@ -132,7 +163,22 @@ def _dtype_name(value: Any) -> str:
     return keras.backend.standardize_dtype(value.dtype)
 
 
-def _spec_of(tensor: Any) -> TensorSpec:
+def spec_of(tensor: Any) -> TensorSpec:
+    """Returns the `TensorSpec` of an array, tensor or symbolic tensor (batch dimension `None`).
+
+    Args:
+        tensor: anything with a `shape` and a `dtype`; its unknown dimensions
+            stay `None`.
+
+    Returns:
+        The spec, with its leading (batch) dimension `None`.
+
+    Example:
+
+    ```python
+    spec_of(np.zeros((4, 32), "int32"))  # TensorSpec(shape=(None, 32), dtype='int32')
+    ```
+    """
     shape = tuple(int(dim) if dim is not None else None for dim in tensor.shape)
     if shape:
         shape = (None, *shape[1:])
@@ -141,17 +187,89 @@ def _spec_of(tensor: Any) -> TensorSpec:
 
 def _encode_argument(value: Any) -> ArgumentValue:
     if is_array(value):
-        return _spec_of(value)
-    if isinstance(value, (list, tuple)) and value and all(is_array(item) for item in value):
-        return tuple(_spec_of(item) for item in value)
+        return spec_of(value)
+    if isinstance(value, (list, tuple, Mapping)) and flat_arrays(value):
+        if isinstance(value, Mapping):
+            if not all(isinstance(key, str) for key in value):
+                return _UNSUPPORTED_ARGUMENT
+            items = tuple((key, _encode_argument(item)) for key, item in value.items())
+            encoded: ArgumentValue = MappingArgument(items)
+            values = [item for _, item in items]
+        else:
+            encoded = tuple(_encode_argument(item) for item in value)
+            values = list(encoded)
+        return _UNSUPPORTED_ARGUMENT if _UNSUPPORTED_ARGUMENT in values else encoded
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
     return _UNSUPPORTED_ARGUMENT
 
 
-def sample_inputs(
-    model: keras.Model, batch_size: int = _CAPTURE_BATCH
-) -> np.ndarray | list[np.ndarray]:
+def _path_name(path: tuple) -> str:
+    return "".join(f"[{key!r}]" for key in path)
+
+
+def random_inputs(specs: Any, batch_size: int, seed: int = 0) -> Any:
+    """Returns random NumPy arrays of `batch_size` samples in the structure of `specs`.
+
+    Float arrays hold standard-normal values, integer arrays zeros (valid
+    indices for an `Embedding`) and boolean arrays `True`, each in its spec's
+    dtype.
+
+    Args:
+        specs: a `TensorSpec`, or a dict, list or tuple of them nested in any way
+            (the structure a model takes its inputs in).
+        batch_size: the leading dimension of every array.
+        seed: the seed of the random values.
+
+    Returns:
+        Arrays in the structure of `specs`.
+
+    Raises:
+        PlanError: naming the input, when a dimension other than the batch is
+            unknown (`None`): only a real batch tells it.
+
+    Example:
+
+    ```python
+    specs = {"ids": TensorSpec((None, 16), "int32"), "x": [TensorSpec((None, 4), "float32")]}
+    random_inputs(specs, 8)["x"][0].shape  # (8, 4)
+    ```
+    """
+    rng = np.random.default_rng(seed)
+    arrays = []
+    for path, spec in keras.tree.flatten_with_path(specs):
+        if any(dim is None for dim in spec.shape[1:]):
+            name = spec.name or f"inputs{_path_name(path)}"
+            raise PlanError(
+                f"model input {name!r} has unknown dimensions {tuple(spec.shape)}; "
+                "pass a batch of inputs (`x=...`) as fit feeds them, whose shapes are timed."
+            )
+        shape = spec.concrete_shape(batch_size)
+        if spec.dtype == "bool":
+            arrays.append(np.ones(shape, dtype="bool"))
+        elif "float" not in spec.dtype:
+            arrays.append(np.zeros(shape, dtype=spec.dtype))
+        else:
+            arrays.append(rng.standard_normal(shape).astype(spec.dtype))
+    return keras.tree.pack_sequence_as(specs, arrays)
+
+
+def _symbolic_inputs(model: keras.Model) -> Any:
+    """Returns the model's symbolic inputs in the structure it takes them, or `None`."""
+    try:
+        return model.input
+    except (AttributeError, ValueError):
+        pass
+    try:
+        symbolic = model.inputs
+    except (AttributeError, ValueError):
+        return None
+    if not symbolic:
+        return None
+    return symbolic[0] if len(symbolic) == 1 else list(symbolic)
+
+
+def sample_inputs(model: keras.Model, batch_size: int = _CAPTURE_BATCH) -> Any:
     """Returns random inputs of `batch_size` samples matching a built model's inputs.
 
     Args:
@@ -160,10 +278,12 @@ def sample_inputs(
         batch_size: number of samples.
 
     Returns:
-        A NumPy array, or a list of arrays for a multi-input model.
+        NumPy arrays in the structure the model takes: one array, or a list, a
+        dict or a nested structure of them (`random_inputs`).
 
     Raises:
-        PlanError: if the model has no known input shape.
+        PlanError: if the model has no symbolic inputs, or an input has an unknown
+            dimension besides the batch (a sequence length): pass a batch then.
 
     Example:
 
@@ -172,31 +292,17 @@ def sample_inputs(
     model(x).shape[0]  # 4
     ```
     """
-    try:
-        symbolic = model.inputs
-    except (AttributeError, ValueError):
-        symbolic = None
-    if not symbolic:
+    symbolic = _symbolic_inputs(model)
+    if symbolic is None or not keras.tree.flatten(symbolic):
         raise PlanError(
             f"model {model.name!r} has no symbolic inputs (subclassed or unbuilt); "
             "pass a batch of inputs (`x=...`)."
         )
-    rng = np.random.default_rng(0)
-    arrays = []
-    for tensor in symbolic:
-        dims = list(tensor.shape)
-        if any(dim is None for dim in dims[1:]):
-            raise PlanError(
-                f"model input {tensor.name!r} has unknown dimensions {tuple(dims)}; "
-                "pass a batch of inputs (`x=...`)."
-            )
-        shape = (batch_size, *[int(dim) for dim in dims[1:]])
-        dtype = _dtype_name(tensor)
-        if "int" in dtype or dtype == "bool":
-            arrays.append(np.zeros(shape, dtype=dtype))
-        else:
-            arrays.append(rng.standard_normal(shape).astype(dtype))
-    return arrays[0] if len(arrays) == 1 else arrays
+    specs = keras.tree.map_structure(
+        lambda tensor: dataclasses.replace(spec_of(tensor), name=getattr(tensor, "name", "")),
+        symbolic,
+    )
+    return random_inputs(specs, batch_size)
 
 
 class _Recorder:
@@ -269,7 +375,7 @@ class _Recorder:
                 path=path,
                 class_name=type(layer).__name__,
                 arguments=tuple(arguments),
-                outputs=tuple(_spec_of(tensor) for tensor in output_tensors),
+                outputs=tuple(spec_of(tensor) for tensor in output_tensors),
             )
         )
         for tensor in flat_arrays((args, kwargs)):
@@ -278,7 +384,7 @@ class _Recorder:
                     id(tensor),
                     self.producer_of.get(id(tensor)),
                     path,
-                    _spec_of(tensor).elements_per_sample(),
+                    spec_of(tensor).elements_per_sample(),
                 )
             )
         for tensor in output_tensors:
@@ -316,8 +422,11 @@ def trace_model(model: keras.Model, sample: Any = None) -> ModelTrace:
 
     Args:
         model: a built Keras model.
-        sample: model inputs (a few samples suffice); by default random inputs
-            built from the model's symbolic inputs.
+        sample: model inputs as the model takes them: an array, or a list, a dict
+            or any nesting of them (a few samples suffice; their shapes besides
+            the batch are recorded as they are). By default random inputs built
+            from the model's symbolic inputs (`sample_inputs`), which needs every
+            dimension besides the batch to be known.
 
     Returns:
         A `ModelTrace`. The model is left exactly as it was (hooks removed,
@@ -411,8 +520,9 @@ def synthetic_arguments(
     """Returns `(args, kwargs)` that call a layer as `call` recorded, with random tensors.
 
     The first argument is passed by position, the others by name (`None` ones
-    left out); each tensor argument becomes a `synthetic_tensor`, each list of
-    tensors a list of them, and plain values are passed as recorded.
+    left out); each tensor argument becomes a `synthetic_tensor`, each list a
+    list and each dict a dict of them (nested as recorded), and plain values
+    are passed as recorded.
 
     Args:
         call: a recorded layer call, from `trace_model(model).calls[path]`.
@@ -426,7 +536,8 @@ def synthetic_arguments(
 
     Raises:
         BackendError: naming the argument and the layer, when the trace could not
-            describe an argument (neither a tensor, a list of tensors nor a plain value).
+            describe an argument (neither tensors, nested in lists and dicts, nor a
+            plain value).
 
     Example:
 
@@ -438,17 +549,22 @@ def synthetic_arguments(
     layer(*args, **kwargs)
     ```
     """
+
+    def build(value: ArgumentValue) -> Any:
+        if isinstance(value, TensorSpec):
+            return synthetic_tensor(value, batch_size, dtype, rng, value_range)
+        if isinstance(value, tuple):
+            return [build(item) for item in value]
+        if isinstance(value, MappingArgument):
+            return {key: build(item) for key, item in value.items}
+        return value
+
     args: list = []
     kwargs: dict = {}
     for index, (name, value) in enumerate(call.arguments):
         if value == _UNSUPPORTED_ARGUMENT:
             raise BackendError(f"argument {name!r} of {call.path} cannot be rebuilt")
-        if isinstance(value, TensorSpec):
-            built: Any = synthetic_tensor(value, batch_size, dtype, rng, value_range)
-        elif isinstance(value, tuple):
-            built = [synthetic_tensor(item, batch_size, dtype, rng, value_range) for item in value]
-        else:
-            built = value
+        built = build(value)
         if index == 0:
             args.append(built)
         elif value is not None:

@@ -136,17 +136,17 @@ _COPY_CLASSES_BEFORE = frozenset(
 
 
 def test_pass_through_categories_come_from_the_one_pass_through_list():
-    assert counting._VIEW_CLASSES <= PASS_THROUGH_CLASSES
-    assert counting._DROPOUT_CLASSES <= PASS_THROUGH_CLASSES
-    assert counting._COPY_CLASSES <= PASS_THROUGH_CLASSES
-    assert counting._COPY_CLASSES == _COPY_CLASSES_BEFORE
+    assert counting.VIEW_CLASSES <= PASS_THROUGH_CLASSES
+    assert counting.DROPOUT_CLASSES <= PASS_THROUGH_CLASSES
+    assert counting.COPY_CLASSES <= PASS_THROUGH_CLASSES
+    assert counting.COPY_CLASSES == _COPY_CLASSES_BEFORE
     # Every pass-through class falls in exactly one category that counting knows.
     categories = (
-        counting._VIEW_CLASSES,
-        counting._DROPOUT_CLASSES,
-        counting._COPY_CLASSES,
-        counting._MERGE_CLASSES,
-        counting._ACTIVATION_CLASSES,
+        counting.VIEW_CLASSES,
+        counting.DROPOUT_CLASSES,
+        counting.COPY_CLASSES,
+        counting.MERGE_CLASSES,
+        counting.ACTIVATION_CLASSES,
         frozenset(name for name in PASS_THROUGH_CLASSES if "Pooling" in name),
     )
     for name in PASS_THROUGH_CLASSES:

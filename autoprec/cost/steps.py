@@ -1,0 +1,376 @@
+"""Whole training steps: uniform-policy copies of a model timed, and what they correct in a table.
+
+`measure_train_steps` times copies of a model under uniform policies,
+interleaved; `measure_whole_steps` does so for `calibrate`, cached; and
+`attribute_step_overhead` turns what the summed layers of a `CostTable` miss of
+each measured step into a shared per-step overhead and a per-dtype scale.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import keras
+import numpy as np
+
+from .._core.data import batch_size_of, flat_arrays, input_part, slice_batch, target_part
+from .._core.dtypes import FLOAT32, POLICY_FOR_DTYPE, canonical_dtype
+from .._core.models import fresh_optimizer
+from .._core.timing import time_interleaved
+from ..errors import PlanError
+from ..hardware import FAST, HardwareProfile
+from ..layers import layer_paths
+from .cache import MeasurementCache, model_signature
+from .table import CostTable
+from .timers import SLOW_ROUNDS, SLOW_SECONDS, measuring_backend
+
+#: Smallest per-dtype layer-time scale (guards against a step measured absurdly fast).
+MIN_TIME_SCALE = 0.05
+
+
+def clone_with_uniform_policy(model: keras.Model, dtype: str) -> keras.Model:
+    """Returns a copy of `model` (fresh weights, same architecture) with every layer in `dtype`.
+
+    Each layer gets the `mixed_*` policy of `dtype` (`"float32"` for float32);
+    layers that refuse a policy keep theirs. `model` is left as it is. The copy
+    of a compiled model is compiled from its compile config (as
+    `keras.models.clone_model` does, with an optimizer of its own); compile it
+    again to train it another way (float16 wants a `LossScaleOptimizer`).
+
+    Args:
+        model: a Functional or Sequential model (`keras.models.clone_model`
+            cannot copy a subclassed one).
+        dtype: the compute dtype of every layer (any alias `canonical_dtype` accepts).
+
+    Returns:
+        The copy.
+
+    Example:
+
+    ```python
+    copy = autoprec.cost.clone_with_uniform_policy(model, "bfloat16")
+    copy.layers[-1].dtype_policy.name  # "mixed_bfloat16"
+    ```
+    """
+    policy = POLICY_FOR_DTYPE[canonical_dtype(dtype, "clone_with_uniform_policy")]
+    clone = keras.models.clone_model(model)
+    for layer in layer_paths(clone).values():
+        try:
+            layer.dtype_policy = policy
+        except Exception:  # noqa: BLE001 - a layer that refuses a policy keeps its own
+            pass
+    return clone
+
+
+def _random_targets(clone: keras.Model, inputs: Any) -> Any:
+    """Returns random float32 targets shaped like `clone`'s outputs on `inputs`' batch."""
+    outputs = clone(slice_batch(inputs, 1))
+    batch_size = batch_size_of(inputs, error_class=PlanError)
+    rng = np.random.default_rng(0)
+    return keras.tree.map_structure(
+        lambda t: rng.standard_normal((batch_size, *t.shape[1:])).astype("float32"), outputs
+    )
+
+
+def _step_function(
+    model: keras.Model, batch: Any, dtype: str, jit_compile: bool
+) -> Callable[[], Any]:
+    """Returns a zero-argument function running one training step of a uniform-`dtype` copy."""
+    inputs = input_part(batch)
+    targets = target_part(batch)
+    clone = clone_with_uniform_policy(model, dtype)
+    loss = getattr(model, "loss", None) if targets is not None else None
+    if targets is None or loss is None:
+        targets = _random_targets(clone, inputs)
+        loss = "mse"
+    optimizer = fresh_optimizer(getattr(model, "optimizer", None))
+    if dtype == "float16":
+        optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
+    clone.compile(optimizer=optimizer, loss=loss, jit_compile=jit_compile)
+    # On JAX the batch goes to the device once, as a prefetching input pipeline would.
+    inputs, targets = measuring_backend("measure_train_steps()").to_device((inputs, targets))
+    return lambda: clone.train_on_batch(inputs, targets)
+
+
+def measure_train_steps(
+    model: keras.Model,
+    batch: Any,
+    dtypes: Sequence[str] = (FLOAT32,),
+    repeats: int = 5,
+    jit_compile: bool = False,
+    warmup: int = 2,
+) -> dict[str, float]:
+    """Times whole training steps of copies of `model` under uniform policies, interleaved.
+
+    Each copy (fresh weights, same architecture, every layer under the dtype's
+    `mixed_*` policy) is compiled with the model's optimizer class (Adam if
+    none; float16 wrapped in `LossScaleOptimizer`) and loss (mean squared error
+    on random targets when the batch has no targets or the model is not
+    compiled), so the user's model, its weights and optimizer state are
+    untouched. The copies are timed in alternating rounds, so that their ratios
+    hold on a loaded machine. Works on the TensorFlow and JAX backends (Keras'
+    own `train_on_batch`; on JAX the batch is placed on the device once).
+
+    Args:
+        model: a Functional or Sequential model.
+        batch: `x` or `(x, y)`; `x` may be a dict, a list or a nested structure
+            of arrays, as the model takes it.
+        dtypes: uniform compute dtypes, one copy each.
+        repeats: timed rounds (median), after the warm-up steps; a copy whose
+            last warm-up step takes over half a second is timed twice, alone,
+            after the others.
+        jit_compile: whether to compile the steps with XLA.
+        warmup: steps of each copy before the timed ones (the first traces its
+            step; the last, timed apart, tells whether the copy is slow).
+
+    Returns:
+        `{dtype: median seconds of one train_on_batch step}`.
+
+    Raises:
+        BackendError: on a Keras backend other than TensorFlow or JAX.
+
+    Example:
+
+    ```python
+    steps = autoprec.cost.measure_train_steps(model, (x[:32], y[:32]), ["float32", "bfloat16"])
+    steps["bfloat16"] / steps["float32"]
+    ```
+    """
+    measuring_backend("measure_train_steps()")
+    names = [canonical_dtype(dtype) for dtype in dtypes]
+    functions = {dtype: _step_function(model, batch, dtype, jit_compile) for dtype in names}
+    timings = time_interleaved(
+        functions,
+        rounds=repeats,
+        warmup=warmup,
+        slow_seconds=SLOW_SECONDS,
+        slow_rounds=SLOW_ROUNDS,
+    )
+    return {dtype: timing.median for dtype, timing in timings.items()}
+
+
+def measure_train_step(
+    model: keras.Model,
+    batch: Any,
+    dtype: str = FLOAT32,
+    repeats: int = 5,
+    jit_compile: bool = False,
+    warmup: int = 2,
+) -> float:
+    """Times one whole training step of a copy of `model` under a uniform policy.
+
+    One dtype of `measure_train_steps`; see there for how the copy is made.
+
+    Args:
+        model: a Functional or Sequential model.
+        batch: `x` or `(x, y)`.
+        dtype: uniform compute dtype of the copy.
+        repeats: timed steps (median), after the warm-up steps; 2 when the
+            last warm-up step takes over half a second.
+        jit_compile: whether to compile the step with XLA.
+        warmup: steps before the timed ones (the first traces the step function;
+            the last tells whether the step is slow).
+
+    Returns:
+        Median seconds of one `train_on_batch` step.
+
+    Example:
+
+    ```python
+    seconds = autoprec.cost.measure_train_step(model, (x[:32], y[:32]), "bfloat16")
+    ```
+    """
+    dtype = canonical_dtype(dtype)
+    return measure_train_steps(model, batch, [dtype], repeats, jit_compile, warmup)[dtype]
+
+
+def whole_step_dtypes(
+    requested: bool | str | Sequence[str],
+    dtypes: Sequence[str],
+    profile: HardwareProfile,
+) -> list[str]:
+    """Returns the dtypes whose uniform whole step `calibrate` times, float32 first.
+
+    Args:
+        requested: `calibrate`'s `measure_model_step`: `True` or `"all"`,
+            `"fast"`, `False`, or dtype names.
+        dtypes: the dtypes `calibrate` times per layer.
+        profile: the device, for `"fast"`.
+
+    Returns:
+        The chosen dtypes in the order of `dtypes`.
+
+    Raises:
+        PlanError: if `requested` names a dtype not in `dtypes`.
+
+    Example:
+
+    ```python
+    whole_step_dtypes("fast", ["float32", "float16"], resolve_hardware("cpu"))  # ["float32"]
+    ```
+    """
+    if requested is False or requested is None:
+        return []
+    keyword = requested.strip().lower() if isinstance(requested, str) else None
+    if requested is True or keyword == "all":
+        return list(dtypes)
+    if keyword == "fast":
+        return [dtype for dtype in dtypes if profile.support(dtype) == FAST]
+    names = [requested] if isinstance(requested, str) else list(requested)
+    chosen = {canonical_dtype(name, "measure_model_step") for name in names}
+    missing = sorted(chosen - set(dtypes))
+    if missing:
+        raise PlanError(
+            f"measure_model_step names {', '.join(missing)}, which calibrate() does not time "
+            f"per layer (dtypes={list(dtypes)}); add it to dtypes, or pass True, 'fast' or False."
+        )
+    return [dtype for dtype in dtypes if dtype in chosen]
+
+
+@dataclasses.dataclass
+class StepTiming:
+    """Where and how `calibrate` times whole steps: cache, repeats, XLA, counters.
+
+    Attributes:
+        cache: the measurement cache.
+        repeats: timed rounds (at least 3 are run).
+        jit_compile: whether steps are compiled with XLA.
+        stats: counters `measure_whole_steps` updates (`"model_step"`,
+            `"model_steps_timed"`).
+    """
+
+    cache: MeasurementCache
+    repeats: int
+    jit_compile: bool
+    stats: dict[str, int]
+
+
+def measure_whole_steps(
+    model: keras.Model,
+    batch: Any,
+    dtypes: Sequence[str],
+    profile: HardwareProfile,
+    timing: StepTiming,
+) -> dict[str, float]:
+    """Returns `{dtype: measured whole-step seconds}`, cached; empty if the model cannot be copied.
+
+    The dtypes the device runs fast are timed together, interleaved (all again
+    when one is missing from the cache, so their ratios come from one run);
+    each slow one alone after two warm-up steps (twice when a step takes over
+    half a second).
+
+    Args:
+        model: the model whose uniform copies are timed.
+        batch: `x` or `(x, y)`, any nesting of arrays.
+        dtypes: the uniform dtypes to time (`whole_step_dtypes`).
+        profile: the device, which tells fast dtypes from slow ones.
+        timing: cache, repeats, XLA and the counters updated.
+
+    Returns:
+        The measured (or cached) seconds per dtype.
+
+    Example:
+
+    ```python
+    measure_whole_steps(model, (x, y), ["float32"], profile, StepTiming(cache, 3, False, {}))
+    ```
+    """
+    timing.stats.update({"model_step": 0, "model_steps_timed": 0})
+    keys = {dtype: _whole_step_key(model, batch, dtype, timing) for dtype in dtypes}
+    measured = {dtype: timing.cache.get(key) for dtype, key in keys.items()}
+    fast = [dtype for dtype in dtypes if profile.support(dtype) == FAST]
+    # The second warm-up step, past tracing, tells whether a step is slow.
+    groups = [fast] if any(measured[dtype] is None for dtype in fast) else []
+    groups += [[dtype] for dtype in dtypes if dtype not in fast and measured[dtype] is None]
+    repeats = max(timing.repeats, 3)
+    for group in groups:
+        try:
+            timed = measure_train_steps(model, batch, group, repeats, timing.jit_compile, 2)
+        except Exception:  # noqa: BLE001 - subclassed models cannot be cloned: no correction
+            return {}
+        for dtype, seconds in timed.items():
+            timing.cache.put(keys[dtype], seconds, f"whole {dtype} train step")
+            measured[dtype] = seconds
+            timing.stats["model_steps_timed"] += 1
+    result = {dtype: seconds for dtype, seconds in measured.items() if seconds is not None}
+    timing.stats["model_step"] = len(result)
+    return result
+
+
+def _whole_step_key(model: keras.Model, batch: Any, dtype: str, timing: StepTiming) -> str:
+    """Returns the cache key of one uniform-`dtype` whole step of `model` on `batch`'s shapes."""
+    shapes = [list(array.shape) for array in flat_arrays(batch)]
+    return timing.cache.key(
+        {
+            "model_step": model_signature(model),
+            "shapes": shapes,
+            "jit": timing.jit_compile,
+            "dtype": dtype,
+        }
+    )
+
+
+def _uniform_step_parts(table: CostTable, dtype: str) -> tuple[float, float]:
+    """Returns `(summed raw layer seconds, cast seconds)` of a uniform `dtype` plan.
+
+    Casts are those `estimate` counts for a uniform plan: model inputs arrive
+    in float32.
+    """
+    layers = 0.0
+    for record in table.layers.values():
+        seconds = record.seconds.get(dtype)
+        if seconds is None:
+            return math.inf, 0.0
+        layers += seconds
+    casts = 0.0
+    if dtype != FLOAT32:
+        casts = sum(
+            table.cast_cost(elements * table.batch_size, dtype)
+            for producer, _, elements in table.edges
+            if producer is None
+        )
+    return layers, casts
+
+
+def attribute_step_overhead(table: CostTable, measured: Mapping[str, float]) -> None:
+    """Makes each measured uniform step's estimate equal its measurement, in place.
+
+    The residual (measured step minus summed layers and casts) that every
+    measured dtype shows becomes the shared `step_overhead_seconds` (optimizer,
+    loss, framework); what remains of each dtype's step is spread over its layers
+    as `layer_time_scale_by_dtype[dtype]`. With float32 alone: overhead when the
+    residual is positive, else a scale.
+
+    Args:
+        table: a measured `CostTable`, corrected in place.
+        measured: `{dtype: measured whole-step seconds}`.
+
+    Example:
+
+    ```python
+    attribute_step_overhead(table, {"float32": 0.050, "bfloat16": 0.040})
+    table.time_scale("bfloat16")
+    ```
+    """
+    parts = {dtype: _uniform_step_parts(table, dtype) for dtype in measured}
+    parts = {dtype: part for dtype, part in parts.items() if math.isfinite(part[0])}
+    if not parts:
+        return
+    residuals = [measured[dtype] - layers - casts for dtype, (layers, casts) in parts.items()]
+    overhead = max(0.0, min(residuals))
+    scales = {
+        dtype: (
+            max((measured[dtype] - casts - overhead) / layers, MIN_TIME_SCALE)
+            if layers > 0
+            else 1.0
+        )
+        for dtype, (layers, casts) in parts.items()
+    }
+    table.step_overhead_seconds = overhead
+    table.layer_time_scale = scales.get(FLOAT32, 1.0)
+    table.layer_time_scale_by_dtype = scales
+    table.measured_step_seconds = measured.get(FLOAT32)
+    table.measured_step_seconds_by_dtype = {dtype: float(measured[dtype]) for dtype in parts}

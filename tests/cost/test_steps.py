@@ -1,0 +1,151 @@
+"""Tests for autoprec.cost.steps: uniform copies, whole training steps and the correction they give."""
+
+from __future__ import annotations
+
+import json
+
+import keras
+import numpy as np
+import pytest
+from conftest import build_mlp
+
+from autoprec import PrecisionPlan, cost
+from autoprec.cost import steps
+from autoprec.errors import BackendError, PlanError
+from autoprec.hardware import resolve_hardware
+from autoprec.layers import layer_paths
+
+
+def test_whole_steps_per_dtype_make_uniform_estimates_exact(tmp_path):
+    x = np.random.default_rng(1).normal(size=(16, 8)).astype("float32")
+    y = np.zeros((16,), dtype="int32")
+    model = build_mlp()
+    # On a CPU profile float16 is slow: "fast" times float32 and bfloat16 only.
+    fast = cost.calibrate(
+        model,
+        (x, y),
+        repeats=2,
+        cache_dir=tmp_path,
+        verbose=0,
+        hardware="cpu-avx512-bf16",
+        measure_model_step="fast",
+    )
+    assert set(fast.measured_step_seconds_by_dtype) == {"float32", "bfloat16"}
+    assert fast.time_scale("float16") == fast.layer_time_scale
+    # The default adds float16; layers and the two steps above come from the cache.
+    table = cost.calibrate(
+        model, (x, y), repeats=2, cache_dir=tmp_path, verbose=0, hardware="cpu-avx512-bf16"
+    )
+    assert table.stats["timed"] == 0 and table.stats["model_steps_timed"] == 1
+    measured = table.measured_step_seconds_by_dtype
+    assert set(measured) == {"float32", "bfloat16", "float16"}
+    assert measured["float32"] == table.measured_step_seconds
+    loaded = cost.CostTable.from_dict(json.loads(json.dumps(table.to_dict())))
+    assert loaded.measured_step_seconds_by_dtype == measured
+    assert loaded.layer_time_scale_by_dtype == table.layer_time_scale_by_dtype
+    for dtype, seconds in measured.items():
+        for costs in (table, loaded):
+            plan = PrecisionPlan.uniform(model, dtype)
+            assert cost.estimate(model, plan, costs=costs).step_seconds == pytest.approx(
+                seconds, rel=1e-6
+            )
+            assert cost.estimate(model, dtype, costs=costs).step_seconds == pytest.approx(
+                seconds, rel=1e-6
+            )
+    assert f"whole bfloat16 step measured {measured['bfloat16'] * 1e3:.2f} ms" in table.summary()
+    with pytest.raises(PlanError, match="float16"):
+        cost.calibrate(
+            model,
+            (x, y),
+            dtypes=("float32",),
+            cache_dir=tmp_path,
+            verbose=0,
+            measure_model_step=["float16"],
+        )
+
+
+def _measured_like(table: cost.CostTable, layer_seconds: dict[str, dict[str, float]]) -> None:
+    for path, record in table.layers.items():
+        record.seconds = dict(layer_seconds.get(path, {"float32": 0.0, "bfloat16": 0.0}))
+    table.cast_seconds = {"bfloat16": {"fixed": 0.0, "per_element": 0.0}}
+
+
+def test_step_correction_shares_overhead_and_scales_each_dtype(mlp):
+    table = cost.predict_costs(mlp, "rtx4090", batch_size=32, dtypes=("float32", "bfloat16"))
+    _measured_like(
+        table,
+        {
+            "dense": {"float32": 0.010, "bfloat16": 0.015},
+            "dense_1": {"float32": 0.010, "bfloat16": 0.015},
+            "dense_2": {"float32": 0.010, "bfloat16": 0.015},
+        },
+    )
+    # float32: layers 30 ms, step 50 ms; bfloat16: layers 45 ms, step 40 ms.
+    steps.attribute_step_overhead(table, {"float32": 0.050, "bfloat16": 0.040})
+    assert table.step_overhead_seconds == 0.0
+    assert table.time_scale("float32") == pytest.approx(50 / 30)
+    assert table.time_scale("bfloat16") == pytest.approx(40 / 45)
+    assert cost.estimate(mlp, "float32", costs=table).step_seconds == pytest.approx(0.050)
+    assert cost.estimate(mlp, "bfloat16", costs=table).step_seconds == pytest.approx(0.040)
+    # Mixed: each layer carries its own dtype's correction.
+    mixed = cost.estimate(
+        mlp, {"dense": "bfloat16", "dense_1": "float32", "dense_2": "float32"}, costs=table
+    )
+    assert mixed.layer_seconds["dense"] == pytest.approx(0.015 * 40 / 45)
+    assert mixed.step_seconds == pytest.approx(0.015 * 40 / 45 + 2 * 0.010 * 50 / 30)
+    # Both steps above their layers: the common part becomes a shared overhead.
+    steps.attribute_step_overhead(table, {"float32": 0.050, "bfloat16": 0.055})
+    assert table.step_overhead_seconds == pytest.approx(0.010)
+    assert table.time_scale("float32") == pytest.approx(40 / 30)
+    assert table.time_scale("bfloat16") == pytest.approx(1.0)
+
+
+def test_clone_with_uniform_policy_copies_the_model_and_leaves_it_alone(mlp):
+    assert not cost.clone_with_uniform_policy(mlp, "float16").compiled
+    mlp.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
+    copy = cost.clone_with_uniform_policy(mlp, "bf16")
+    # A compiled model's copy is compiled alike (keras.models.clone_model), with its own optimizer.
+    assert copy is not mlp and copy.compiled and copy.optimizer is not mlp.optimizer
+    assert [type(layer) for layer in copy.layers] == [type(layer) for layer in mlp.layers]
+    assert {layer.dtype_policy.name for layer in layer_paths(copy).values()} == {"mixed_bfloat16"}
+    assert {layer.dtype_policy.name for layer in layer_paths(mlp).values()} == {"float32"}
+    x = np.ones((2, 8), dtype="float32")
+    assert keras.backend.standardize_dtype(copy(x).dtype) == "bfloat16"
+    assert keras.backend.standardize_dtype(mlp(x).dtype) == "float32"
+    float32 = cost.clone_with_uniform_policy(mlp, "float32")
+    assert {layer.dtype_policy.name for layer in layer_paths(float32).values()} == {"float32"}
+    with pytest.raises(PlanError, match="float8"):
+        cost.clone_with_uniform_policy(mlp, "float8")
+
+
+def test_whole_step_dtypes_reads_true_fast_false_and_names():
+    profile = resolve_hardware("cpu-avx512-bf16")
+    dtypes = ["float32", "bfloat16", "float16"]
+    assert steps.whole_step_dtypes(True, dtypes, profile) == dtypes
+    assert steps.whole_step_dtypes("all", dtypes, profile) == dtypes
+    assert steps.whole_step_dtypes("fast", dtypes, profile) == ["float32", "bfloat16"]
+    assert steps.whole_step_dtypes(False, dtypes, profile) == []
+    assert steps.whole_step_dtypes(["fp16", "float32"], dtypes, profile) == ["float32", "float16"]
+    with pytest.raises(PlanError, match="measure_model_step names float16"):
+        steps.whole_step_dtypes("float16", ["float32"], profile)
+
+
+def test_measure_train_steps_times_a_list_and_a_dict_input_model():
+    first, second = keras.Input((4,), name="first"), keras.Input((6,), name="second")
+    joined = keras.layers.Concatenate()([first, second])
+    rng = np.random.default_rng(0)
+    arrays = [rng.normal(size=(8, 4)).astype("float32"), rng.normal(size=(8, 6)).astype("float32")]
+    listed = keras.Model([first, second], keras.layers.Dense(2)(joined))
+    timed = cost.measure_train_steps(listed, arrays, ["float32", "bfloat16"], repeats=2)
+    assert set(timed) == {"float32", "bfloat16"} and all(s > 0 for s in timed.values())
+    named = keras.Model({"first": first, "second": second}, keras.layers.Dense(2)(joined))
+    named.compile(optimizer="sgd", loss="mse")
+    batch = ({"first": arrays[0], "second": arrays[1]}, np.zeros((8, 2), "float32"))
+    assert cost.measure_train_step(named, batch, "float32", repeats=2) > 0
+
+
+def test_measure_train_steps_on_an_unsupported_backend_names_the_supported_ones(monkeypatch, mlp):
+    monkeypatch.setattr(keras.backend, "backend", lambda: "torch")
+    with pytest.raises(BackendError, match="tensorflow and jax") as raised:
+        cost.measure_train_steps(mlp, np.zeros((4, 8), dtype="float32"))
+    assert "'torch'" in str(raised.value)
