@@ -6,15 +6,6 @@ line naming the file, field or flag; add `--debug` for a traceback), 1 failure.
 """
 
 from .app import main
-from .inputs import EXIT_BAD_INPUT, EXIT_INTERNAL, EXIT_OK, UsageError, load_data
 from .parser import build_parser
 
-__all__ = [
-    "EXIT_BAD_INPUT",
-    "EXIT_INTERNAL",
-    "EXIT_OK",
-    "UsageError",
-    "build_parser",
-    "load_data",
-    "main",
-]
+__all__ = ["build_parser", "main"]

@@ -63,7 +63,7 @@ def show(args: argparse.Namespace) -> int:
 
         loaded = plan if data is None else PrecisionPlan.from_dict(data, source=args.file)
     else:
-        from ..profiler import Profile
+        from ..profiler.stats import Profile
 
         loaded = Profile.from_dict(data, source=args.file)
     if args.json:
@@ -89,16 +89,17 @@ def hardware(args: argparse.Namespace) -> int:
     """`autoprec hardware [NAME] [--detect]`: the built-in profiles, one of them, or this machine."""
     if args.detect and args.name:
         raise UsageError(f"hardware: give NAME ({args.name!r}) or --detect, not both.")
-    from .. import hardware as profiles
+    from ..hardware.detect import detect
+    from ..hardware.resolve import get, names
 
     if args.detect or args.name:
-        found = profiles.detect() if args.detect else profiles.get(args.name)
+        found = detect() if args.detect else get(args.name)
         if args.json:
             print_json({"profile": found.to_dict()})
         else:
             print(found.summary())
         return EXIT_OK
-    listed = [profiles.get(name) for name in profiles.names()]
+    listed = [get(name) for name in names()]
     if args.json:
         print_json({"profiles": [entry.to_dict() for entry in listed]})
         return EXIT_OK
@@ -112,7 +113,7 @@ def profile(args: argparse.Namespace) -> int:
     """`autoprec profile MODEL --data DATA`: per-layer ranges over a few training steps."""
     model = load_keras_model(args.model)
     data = load_data(args.data)
-    from ..profiler import profile as record_profile
+    from ..profiler.runner import profile as record_profile
 
     result = record_profile(model, data["train"], steps=args.steps, batch_size=args.batch_size)
     result.save(args.output)

@@ -208,7 +208,7 @@ def load_profile_for(path: str, model) -> Any:
         The `autoprec.Profile`.
     """
     from ..layers import model_fingerprint
-    from ..profiler import Profile
+    from ..profiler.stats import Profile
 
     kind, _ = read_json_kind(path)
     if kind != "profile":
@@ -226,7 +226,6 @@ def load_profile_for(path: str, model) -> Any:
 
 def parse_budget(text: str):
     """Parses `METRIC:MAX_DROP` or `METRIC:PERCENT%`, optionally `:min` or `:max`, into a Budget."""
-    from ..errors import AutoprecError
     from ..search import Budget
 
     metric, separator, amount = text.partition(":")

@@ -1,21 +1,13 @@
-"""The `autoprec` argument parser: commands, flags, one-line usage errors, deprecated aliases."""
+"""The `autoprec` argument parser: commands, flags and one-line usage errors."""
 
 from __future__ import annotations
 
 import argparse
-import sys
-from typing import Any
 
 from .._core.dtypes import FLOAT16_TRIALS
 from .._version import __version__
 from . import commands
 from .inputs import EXIT_BAD_INPUT
-
-#: Deprecated flags: `{command: {old flag: new flag}}`; each still works, with a warning.
-RENAMED_FLAGS: dict[str, dict[str, str]] = {
-    "demo": {"--trials": "--n-trials"},
-    "search": {"--trials": "--n-trials", "--train-steps": "--steps-per-trial"},
-}
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -26,30 +18,6 @@ class OneLineParser(argparse.ArgumentParser):
         command = self.prog.removeprefix("autoprec").strip()
         where = f"{command}: " if command else ""
         self.exit(EXIT_BAD_INPUT, f"autoprec: error: {where}{message} (see '{self.prog} --help')\n")
-
-
-class DeprecatedAlias(argparse.Action):
-    """A hidden flag kept for old scripts: stores into the new flag's field, with a warning."""
-
-    def __init__(self, option_strings, dest, replacement: str = "", **kwargs: Any) -> None:
-        self.replacement = replacement
-        super().__init__(option_strings, dest, help=argparse.SUPPRESS, **kwargs)
-
-    def __call__(self, parser, namespace, values, option_string=None) -> None:
-        print(
-            f"autoprec: warning: {option_string} is deprecated; use {self.replacement}",
-            file=sys.stderr,
-        )
-        setattr(namespace, self.dest, values)
-
-
-def _add_renamed(parser: argparse.ArgumentParser, command: str, dest: str, **kwargs: Any) -> None:
-    for old, new in RENAMED_FLAGS[command].items():
-        if new.lstrip("-").replace("-", "_") == dest:
-            parser.add_argument(
-                old, dest=dest, action=DeprecatedAlias, replacement=new,
-                default=argparse.SUPPRESS, **kwargs,
-            )  # fmt: skip
 
 
 def _verbose(text: str) -> int:
@@ -77,7 +45,6 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument(
         "--n-trials", type=int, default=None, metavar="N", help="search trials (default: auto)"
     )
-    _add_renamed(demo, "demo", "n_trials", type=int)
     demo.set_defaults(handler=commands.demo)
 
     profile = subcommands.add_parser("profile", help="record per-layer ranges during training")
@@ -98,7 +65,6 @@ def build_parser() -> argparse.ArgumentParser:
     )
     search.add_argument("--hardware", default="local", help="local, or a profile name (rtx4090)")
     search.add_argument("--n-trials", type=int, default=20, metavar="N", help="trials to run")
-    _add_renamed(search, "search", "n_trials", type=int)
     search.add_argument("--timeout", type=float, default=None, help="seconds")
     search.add_argument(
         "--profile", default=None, metavar="FILE", help="reuse a profile from 'autoprec profile'"
@@ -115,7 +81,6 @@ def build_parser() -> argparse.ArgumentParser:
     search.add_argument(
         "--steps-per-trial", type=int, default=20, metavar="S", help="training steps per trial"
     )
-    _add_renamed(search, "search", "steps_per_trial", type=int)
     search.add_argument(
         "--validation-steps", type=int, default=None, metavar="N",
         help="validation batches per evaluation (default: all)",

@@ -12,13 +12,10 @@ or refute layer by layer. Every profile says where its figures come from in
 """
 
 from .detect import cpu_flags, detect, detect_cpu, profile_for_gpu
-from .profile import FAST, SLOW, UNSUPPORTED, HardwareProfile, load_profile, profile_from_dict
+from .profile import HardwareProfile, load_profile, profile_from_dict
 from .resolve import get, is_local, names, resolve_hardware
 
 __all__ = [
-    "FAST",
-    "SLOW",
-    "UNSUPPORTED",
     "HardwareProfile",
     "cpu_flags",
     "detect",
@@ -31,3 +28,6 @@ __all__ = [
     "profile_from_dict",
     "resolve_hardware",
 ]
+
+# Not part of the surface: autoprec.cost still imports these from the package.
+from .profile import FAST, SLOW, UNSUPPORTED  # noqa: E402, F401

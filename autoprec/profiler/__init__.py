@@ -58,12 +58,9 @@ prof.save("profile.json")
 
 from .probes import ProbeSession
 from .runner import ProfileCallback, ProfileData, profile
-from .stats import ATTENTION_LOGITS, FORMAT_VERSION, OUTPUT_KEY, LayerProfile, Profile, TensorStats
+from .stats import LayerProfile, Profile, TensorStats
 
 __all__ = [
-    "ATTENTION_LOGITS",
-    "FORMAT_VERSION",
-    "OUTPUT_KEY",
     "LayerProfile",
     "ProbeSession",
     "Profile",

@@ -6,6 +6,7 @@ import pytest
 
 from autoprec import hardware
 from autoprec.errors import HardwareError
+from autoprec.hardware.profile import SLOW
 
 RTX_NAMES = [
     "rtx2060",
@@ -67,7 +68,7 @@ def test_turing_has_no_fast_bfloat16(name):
     profile = hardware.get(name)
     assert profile.is_fast("float16")
     assert not profile.is_fast("bfloat16")
-    assert profile.support("bfloat16") == hardware.SLOW
+    assert profile.support("bfloat16") == SLOW
     assert profile.bfloat16_flops is None
     assert profile.peak_flops("bfloat16") == profile.float32_flops
 

@@ -8,6 +8,7 @@ import keras
 import pytest
 
 from autoprec import hardware
+from autoprec.hardware.profile import SLOW
 
 GIB = 1024**3
 
@@ -33,7 +34,7 @@ def test_detect_is_consistent_with_proc_cpuinfo():
     assert "estimated" in profile.source
     if keras.backend.backend() == "tensorflow":
         # TensorFlow's CPU kernels run float16 on Eigen fallbacks, whatever the flags say.
-        assert profile.support("float16") == hardware.SLOW
+        assert profile.support("float16") == SLOW
         assert "TensorFlow" in profile.source
     assert profile.memory_bytes > 0 and profile.float32_flops > 0
     reported = hardware.cpu_flags()
@@ -78,14 +79,14 @@ def test_detect_cpu_reads_flags(tmp_path, flags, backend, bf16_fast, fp16_fast, 
 def test_cpu_float16_is_slow_under_tensorflow_whatever_the_flags(tmp_path):
     flags = "avx2 avx512f avx512_bf16 avx512_fp16 amx_bf16 amx_fp16 amx_tile"
     profile = hardware.detect_cpu(_fake_cpuinfo(tmp_path, flags), backend="tensorflow")
-    assert profile.support("float16") == hardware.SLOW
+    assert profile.support("float16") == SLOW
     assert profile.float16_flops is None
     assert profile.peak_flops("float16") == profile.float32_flops
     assert "float16 slow: TensorFlow's CPU kernels" in profile.source
     assert "Eigen" in profile.summary()
     for name in ("cpu-generic", "cpu-avx512-bf16", "cpu-amx"):
         builtin = hardware.get(name)
-        assert builtin.support("float16") == hardware.SLOW
+        assert builtin.support("float16") == SLOW
         assert "float16 slow" in builtin.source
 
 

@@ -8,6 +8,7 @@ import pytest
 
 from autoprec import hardware
 from autoprec.errors import HardwareError
+from autoprec.hardware.profile import UNSUPPORTED
 
 GIB = 1024**3
 
@@ -37,7 +38,7 @@ def test_minimal_user_profile_gets_defaults(tmp_path):
         )
     )
     profile = hardware.load_profile(path)
-    assert profile.is_fast("float16") and profile.support("bfloat16") == hardware.UNSUPPORTED
+    assert profile.is_fast("float16") and profile.support("bfloat16") == UNSUPPORTED
     assert profile.display_name == "lab-gpu"
 
 
