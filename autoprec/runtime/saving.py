@@ -26,9 +26,30 @@ from .loss_scale import FlooredLossScaleOptimizer, current_loss_scale
 PLAN_ENTRY = "autoprec_plan.json"
 
 
+#: Where the plan sits in a `.keras` archive that Keras itself wrote (`model.save`, as
+#: `ModelCheckpoint` and `BackupAndRestore` call it): the model's assets folder.
+PLAN_ASSET = "assets/" + PLAN_ENTRY
+
+
 def attach_plan(model: keras.Model, plan: PrecisionPlan) -> None:
-    """Records `plan` on `model` so `save_model` finds it without being told."""
+    """Records `plan` on `model` so that every save of it, autoprec's or Keras', keeps it.
+
+    Besides `save_model`, which finds the plan here, Keras' own `model.save` (and so
+    `ModelCheckpoint`) then writes the plan among the model's assets, and the compile
+    configuration it writes names the optimizer the model trains with now (a
+    `LossScaleOptimizer` wrapped after `compile` included), so that
+    `keras.models.load_model` restores the optimizer's state and the loss scale, and
+    `autoprec.load_model` the plan as well.
+
+    Args:
+        model: the model the plan was applied to.
+        plan: the plan as applied.
+    """
     object.__setattr__(model, "_autoprec_plan", plan)
+    if not getattr(model, "_autoprec_saves_whole", False):
+        object.__setattr__(model, "_autoprec_saves_whole", True)
+        object.__setattr__(model, "save_assets", _assets_with_plan(model))
+        object.__setattr__(model, "get_compile_config", _compile_config_now(model))
 
 
 def attached_plan(model: keras.Model) -> PrecisionPlan | None:
@@ -62,6 +83,7 @@ def save_model(
     if destination.suffix != ".keras":
         raise PlanError(f"save_model: {destination} must end in '.keras'.")
     plan = plan or attached_plan(model) or PrecisionPlan.from_model(model)
+    attach_plan(model, plan)  # Keras' own save then writes the optimizer as it trains
     optimizer = getattr(model, "optimizer", None)
     scale = current_loss_scale(optimizer)
     if scale is not None:
@@ -74,20 +96,13 @@ def save_model(
                 "dynamic_growth_steps": int(optimizer.dynamic_growth_steps),
             }
         )
-    unwrap = _wrapped_after_compile(model)
     destination.parent.mkdir(parents=True, exist_ok=True)
     handle, temp_name = tempfile.mkstemp(
         prefix=f".{destination.stem}.", suffix=".keras", dir=destination.parent
     )
     os.close(handle)
     try:
-        if unwrap:
-            object.__setattr__(model, "optimizer", optimizer.inner_optimizer)
-        try:
-            model.save(temp_name)
-        finally:
-            if unwrap:
-                object.__setattr__(model, "optimizer", optimizer)
+        model.save(temp_name)
         with zipfile.ZipFile(temp_name, "a") as archive:
             archive.writestr(PLAN_ENTRY, plan.to_json())
         with open(temp_name, "rb") as written:
@@ -101,15 +116,28 @@ def save_model(
 
 
 def load_plan_from_archive(path: str | os.PathLike) -> PrecisionPlan | None:
-    """Returns the plan stored in a `.keras` archive by `save_model`, or `None`."""
+    """Returns the plan stored in a `.keras` archive, or `None` where it holds none.
+
+    Args:
+        path: a `.keras` file written by `save_model`, or by Keras' `model.save` (a
+            `ModelCheckpoint`) for a model autoprec applied a plan to.
+
+    Returns:
+        The `PrecisionPlan`, or `None`.
+
+    Raises:
+        PlanError: if `path` is not a zip archive, or its plan is not valid.
+    """
     try:
         with zipfile.ZipFile(path) as archive:
-            if PLAN_ENTRY not in archive.namelist():
+            names = archive.namelist()
+            entry = next((name for name in (PLAN_ENTRY, PLAN_ASSET) if name in names), None)
+            if entry is None:
                 return None
-            text = archive.read(PLAN_ENTRY).decode("utf-8")
+            text = archive.read(entry).decode("utf-8")
     except zipfile.BadZipFile:
         raise PlanError(f"{path}: not a .keras archive (bad zip file).") from None
-    return PrecisionPlan.from_json(text, source=f"{path}:{PLAN_ENTRY}")
+    return PrecisionPlan.from_json(text, source=f"{path}:{entry}")
 
 
 def load_model(
@@ -154,10 +182,27 @@ def load_model(
     return model
 
 
-def _wrapped_after_compile(model: keras.Model) -> bool:
-    optimizer = getattr(model, "optimizer", None)
-    if not isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
-        return False
-    compile_config = getattr(model, "_compile_config", None)
-    compiled_optimizer = getattr(compile_config, "config", {}).get("optimizer")
-    return compiled_optimizer is not optimizer
+def _assets_with_plan(model: keras.Model):
+    own_save_assets = getattr(model, "save_assets", None)
+
+    def save_assets(dir_path):
+        plan = attached_plan(model)
+        if plan is not None:
+            Path(dir_path, PLAN_ENTRY).write_text(plan.to_json(), encoding="utf-8")
+        if own_save_assets is not None:
+            own_save_assets(dir_path)
+
+    return save_assets
+
+
+def _compile_config_now(model: keras.Model):
+    own_compile_config = model.get_compile_config
+
+    def get_compile_config():
+        config = own_compile_config()
+        optimizer = getattr(model, "optimizer", None)
+        if config and optimizer is not None:
+            config = {**config, "optimizer": keras.saving.serialize_keras_object(optimizer)}
+        return config
+
+    return get_compile_config

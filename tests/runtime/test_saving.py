@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import keras
@@ -59,14 +60,30 @@ def test_reload_keeps_nested_dtypes_weights_and_optimizer_state(tmp_path):
     restored.fit(x, y, epochs=1, verbose=0)  # training continues
 
 
-def test_plain_keras_reload_loses_nested_policies_and_optimizer_state(tmp_path):
-    """Why save_model exists: what Keras alone does with the same model."""
-    model, _, _ = _trained_attention_model()
+def test_keras_own_save_reloads_optimizer_state_and_the_plan(tmp_path):
+    """Keras' `model.save` (as `ModelCheckpoint` calls it) keeps what training needs."""
+    model, x, y = _trained_attention_model()
     model.save(tmp_path / "plain.keras")
-    with pytest.warns(UserWarning, match="Skipping variable loading for optimizer"):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)  # "Skipping variable loading" is a failure
         reloaded = keras.saving.load_model(tmp_path / "plain.keras")
+    assert isinstance(reloaded.optimizer, autoprec.FlooredLossScaleOptimizer)
+    assert float(reloaded.optimizer.dynamic_scale.numpy()) == float(
+        model.optimizer.dynamic_scale.numpy()
+    )
+    assert int(reloaded.optimizer.iterations.numpy()) == int(model.optimizer.iterations.numpy())
+    for expected, actual in zip(model.optimizer.variables, reloaded.optimizer.variables):
+        np.testing.assert_array_equal(
+            keras.ops.convert_to_numpy(expected), keras.ops.convert_to_numpy(actual)
+        )
+    # Keras alone rebuilds nested sub-layers with their container's policy ...
     assert layer_paths(model)["attention/softmax"].compute_dtype == "float32"
     assert layer_paths(reloaded)["attention/softmax"].compute_dtype == "float16"
+    # ... and the plan Keras wrote among the assets puts them back.
+    restored = autoprec.load_model(tmp_path / "plain.keras")
+    assert layer_paths(restored)["attention/softmax"].compute_dtype == "float32"
+    assert layer_paths(restored)["attention/query_dense"].compute_dtype == "float16"
+    restored.fit(x, y, epochs=1, verbose=0)
 
 
 def test_save_model_refuses_other_suffix(mlp, tmp_path):
