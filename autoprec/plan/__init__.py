@@ -7,7 +7,7 @@ turns into a Keras `DTypePolicyMap`, and `diff` says what two plans assign diffe
 
 from .diff import PlanDiff
 from .plan import METADATA_SLOTS, PrecisionPlan
-from .rule import PlanRule
+from .rules import PlanRule
 from .serialize import FORMAT_VERSION
 
 __all__ = ["FORMAT_VERSION", "METADATA_SLOTS", "PlanDiff", "PlanRule", "PrecisionPlan"]

@@ -1,11 +1,12 @@
-"""`PlanDiff`: what two plans decide differently: layers, rules and default."""
+"""Diff: what two plans decide differently (layers, rules, default), as a `PlanDiff`."""
 
 from __future__ import annotations
 
 import dataclasses
 import difflib
 
-from .rule import PlanRule
+from .rules import PlanRule
+from .view import PlanView
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,6 +63,38 @@ class PlanDiff:
         if self.rules_changed:
             lines.extend(_rule_lines(*self.rules_changed))
         return "\n".join(lines)
+
+
+def diff_plans(first: PlanView, second: PlanView) -> PlanDiff:
+    """Returns what `first` and `second` decide differently: layers, rules and default.
+
+    Args:
+        first: a plan (`self` of `PrecisionPlan.diff`).
+        second: the plan to compare it with.
+
+    Returns:
+        A `PlanDiff`, empty exactly when the two plans decide the same.
+
+    Example:
+
+    ```python
+    diff_plans(plan, plan.with_dtype("dense", "float32")).changed
+    ```
+    """
+    mine, theirs = first.layers, second.layers
+    changed = tuple(
+        (path, mine[path], theirs[path])
+        for path in mine
+        if path in theirs and mine[path] != theirs[path]
+    )
+    defaults = (first.default, second.default)
+    return PlanDiff(
+        changed=changed,
+        only_in_self=tuple(path for path in mine if path not in theirs),
+        only_in_other=tuple(path for path in theirs if path not in mine),
+        default_changed=defaults if defaults[0] != defaults[1] else None,
+        rules_changed=(first.rules, second.rules) if first.rules != second.rules else None,
+    )
 
 
 def _rule_lines(before: tuple[PlanRule, ...], after: tuple[PlanRule, ...]) -> list[str]:

@@ -1,16 +1,16 @@
-"""Reading a plan from its JSON form, with errors that name the file and the field."""
+"""JSON: a plan as its versioned JSON value, and back, with errors that name the file and the field."""
 
 from __future__ import annotations
 
+import copy
 from typing import Any, TypeVar
 
-from .._core.dtypes import (
-    FLOAT32,
-    canonical_dtype,
-)
+from .._core.dtypes import FLOAT32, canonical_dtype
 from ..errors import PlanError
 from ..layers import LayerInfo
-from .rule import coerce_rule
+from .lookup import every_layer
+from .rules import PlanRule, coerce_rule
+from .view import PlanView
 
 #: Version of the plan JSON format written by this release. Files with a higher
 #: version are refused with a message to upgrade autoprec.
@@ -20,6 +20,55 @@ FORMAT_VERSION = 1
 FORMAT_NAME = "autoprec.plan"
 
 _PlanT = TypeVar("_PlanT")
+
+
+def plan_to_dict(plan: PlanView) -> dict[str, Any]:
+    """Returns the plan as a JSON-ready dict (the format in `docs/plan-format.md`).
+
+    Followers are written too, with their derived dtype and `follows`, so the
+    file lists every layer; reading derives their dtype again.
+
+    Args:
+        plan: the plan.
+
+    Returns:
+        A dict of JSON types.
+
+    Example:
+
+    ```python
+    plan_to_dict(plan)["format_version"]  # 1
+    ```
+    """
+    layers = {}
+    for path, dtype in every_layer(plan).items():
+        info = plan.layer_info.get(path)
+        layers[path] = {"dtype": dtype, **(_layer_entry(info) if info is not None else {})}
+    return {
+        "format": FORMAT_NAME,
+        "format_version": FORMAT_VERSION,
+        "autoprec_version": plan.autoprec_version,
+        "created": plan.created,
+        "model": {"name": plan.model_name, "fingerprint": plan.fingerprint},
+        "default": plan.default,
+        "rules": [rule.to_dict() for rule in plan.rules],
+        "layers": layers,
+        "metadata": copy.deepcopy(dict(plan.metadata)),
+        "events": [copy.deepcopy(dict(event)) for event in plan.events],
+    }
+
+
+def _layer_entry(info: LayerInfo) -> dict[str, Any]:
+    """Returns the description of a layer written beside its dtype."""
+    return {
+        "class": info.class_name,
+        "keras_path": info.keras_path,
+        "parameters": info.parameters,
+        "weight_shapes": [list(shape) for shape in info.weight_shapes],
+        "container": info.is_container,
+        "pass_through": info.pass_through,
+        "follows": info.follows,
+    }
 
 
 def _expect(value: Any, types: type | tuple[type, ...], field: str, source: str) -> Any:
@@ -62,6 +111,21 @@ def plan_from_dict(cls: type[_PlanT], data: Any, source: str) -> _PlanT:
     ```
     """
     _expect(data, dict, "<top level>", source)
+    _check_format(data, source)
+    default = canonical_dtype(data.get("default", FLOAT32), f"{source}: default")
+    rules = _read_rules(data, source)
+    explicit, infos = _read_layers(_expect(data.get("layers", {}), dict, "layers", source), source)
+    return cls(
+        explicit,
+        rules=rules,
+        default=default,
+        layer_info=infos if len(infos) == len(explicit) else {},
+        **_read_record(data, source),
+    )
+
+
+def _check_format(data: dict, source: str) -> None:
+    """Refuses a file without a `format_version` this release reads, or of another format."""
     version = data.get("format_version")
     if version is None:
         raise PlanError(
@@ -81,10 +145,16 @@ def plan_from_dict(cls: type[_PlanT], data: Any, source: str) -> _PlanT:
             f"{source}: field 'format' is {data['format']!r}, expected {FORMAT_NAME!r}; "
             "is this a profile or another file?"
         )
-    default = canonical_dtype(data.get("default", FLOAT32), f"{source}: default")
+
+
+def _read_rules(data: dict, source: str) -> list[PlanRule]:
+    """Returns the validated rules of the `rules` field, in order."""
     rules_data = _expect(data.get("rules", []), list, "rules", source)
-    rules = [coerce_rule(rule, index, source) for index, rule in enumerate(rules_data)]
-    layers_data = _expect(data.get("layers", {}), dict, "layers", source)
+    return [coerce_rule(rule, index, source) for index, rule in enumerate(rules_data)]
+
+
+def _read_layers(layers_data: dict, source: str) -> tuple[dict[str, str], dict[str, LayerInfo]]:
+    """Returns `({path: dtype}, {path: LayerInfo})` of the `layers` field (infos where given)."""
     explicit: dict[str, str] = {}
     infos: dict[str, LayerInfo] = {}
     for path, entry in layers_data.items():
@@ -97,7 +167,12 @@ def plan_from_dict(cls: type[_PlanT], data: Any, source: str) -> _PlanT:
             raise PlanError(f'{source}: {field} has no \'dtype\'; add e.g. "dtype": "bfloat16".')
         explicit[path] = canonical_dtype(entry["dtype"], f"{source}: {field}.dtype")
         if "class" in entry:
-            infos[path] = _layer_info_from_entry(path, entry, f"{field}", source)
+            infos[path] = _layer_info_from_entry(path, entry, field, source)
+    return explicit, infos
+
+
+def _read_record(data: dict, source: str) -> dict[str, Any]:
+    """Returns the plan's record (model, metadata, events, creation) as constructor arguments."""
     model = _expect(data.get("model", {}) or {}, dict, "model", source)
     fingerprint = model.get("fingerprint")
     if fingerprint is not None:
@@ -111,18 +186,14 @@ def plan_from_dict(cls: type[_PlanT], data: Any, source: str) -> _PlanT:
     created = data.get("created")
     if created is not None:
         _expect(created, str, "created", source)
-    return cls(
-        explicit,
-        rules=rules,
-        default=default,
-        layer_info=infos if len(infos) == len(explicit) else {},
-        fingerprint=fingerprint,
-        model_name=model.get("name"),
-        metadata=metadata,
-        events=events,
-        created=created,
-        autoprec_version=data.get("autoprec_version"),
-    )
+    return {
+        "fingerprint": fingerprint,
+        "model_name": model.get("name"),
+        "metadata": metadata,
+        "events": events,
+        "created": created,
+        "autoprec_version": data.get("autoprec_version"),
+    }
 
 
 def _layer_info_from_entry(path: str, entry: dict, field: str, source: str) -> LayerInfo:

@@ -7,6 +7,7 @@ import itertools
 from conftest import build_attention_model, build_mlp
 
 from autoprec import PlanRule, PrecisionPlan
+from autoprec.plan.diff import diff_plans
 
 
 def test_diff_lists_changes():
@@ -57,3 +58,20 @@ def test_diff_is_empty_exactly_when_plans_are_equal(tmp_path):
         assert (str(first.diff(second)) == "plans are identical") == (first == second)
     assert ruled != plans[4] and ruled.diff(plans[4]).rules_changed is not None
     assert plans[0] == plans[1] and ruled == plans[3]
+
+
+def test_diff_plans_lists_layers_only_one_plan_names(mlp):
+    uniform = PrecisionPlan.uniform(mlp, "bfloat16")
+    hand = PrecisionPlan({"dense": "float16", "head": "float32"}, default="bfloat16")
+    diff = diff_plans(uniform, hand)
+    assert diff.changed == (("dense", "bfloat16", "float16"),)
+    assert diff.only_in_self == ("dense_1", "dense_2")
+    assert diff.only_in_other == ("head",)
+    assert diff.default_changed is None and diff.rules_changed is None
+    assert str(diff).splitlines() == [
+        "~ dense  bfloat16 -> float16",
+        "- dense_1",
+        "- dense_2",
+        "+ head",
+    ]
+    assert diff_plans(hand, uniform).only_in_self == ("head",)

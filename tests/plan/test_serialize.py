@@ -9,6 +9,7 @@ from conftest import build_cnn
 
 from autoprec import PlanError, PrecisionPlan
 from autoprec.plan import FORMAT_VERSION
+from autoprec.plan.serialize import FORMAT_NAME, plan_from_dict, plan_to_dict
 
 
 def test_json_round_trip_keeps_everything(attention_model, tmp_path):
@@ -103,3 +104,34 @@ def test_hand_written_layers_without_classes_are_all_decisions(tmp_path):
     plan = PrecisionPlan.load(path)
     assert dict(plan.layers) == {"dense": "bfloat16", "dropout": "float16"}
     assert not plan.followers
+
+
+def test_plan_to_dict_writes_every_field_of_the_format(cnn):
+    plan = (
+        PrecisionPlan.uniform(cnn, "float32", created="2024-05-01T00:00:00+00:00")
+        .with_rule(class_name="Dense", dtype="bfloat16")
+        .with_event({"step": 1, "layer": "dense"})
+    )
+    data = plan_to_dict(plan)
+    assert data["format"] == FORMAT_NAME and data["format_version"] == FORMAT_VERSION
+    assert data["created"] == "2024-05-01T00:00:00+00:00"
+    assert data["model"] == {"name": "cnn", "fingerprint": plan.fingerprint}
+    assert data["default"] == "float32"
+    assert data["rules"] == [{"class": "Dense", "dtype": "bfloat16"}]
+    assert data["layers"]["flatten"] == {
+        "dtype": "float32",
+        "class": "Flatten",
+        "keras_path": "cnn/flatten",
+        "parameters": 0,
+        "weight_shapes": [],
+        "container": False,
+        "pass_through": True,
+        "follows": "max_pooling2d",
+    }
+    assert data["layers"]["dense"]["dtype"] == "bfloat16"
+    assert data["layers"]["conv2d"]["weight_shapes"] == [[3, 3, 1, 4], [4]]
+    assert data["events"] == [{"step": 1, "layer": "dense"}]
+    assert json.loads(json.dumps(data)) == data  # JSON types only
+    data["metadata"]["hardware"] = "changed"
+    assert plan.metadata["hardware"] is None  # a copy
+    assert plan_from_dict(PrecisionPlan, data, "<dict>").metadata["hardware"] == "changed"

@@ -1,0 +1,100 @@
+"""Edits: the decided layers that `with_dtype` and `with_rule` produce, and their refusals."""
+
+from __future__ import annotations
+
+import fnmatch
+
+from .._core.dtypes import canonical_dtype
+from ..errors import PlanError
+from .hints import did_you_mean, follower_message
+from .rules import PlanRule, rule_targets
+from .view import PlanView
+
+
+def is_dtype(value: object) -> bool:
+    """Returns whether `value` is a dtype name autoprec accepts (aliases included).
+
+    Example:
+
+    ```python
+    is_dtype("bf16"), is_dtype("dense")  # (True, False)
+    ```
+    """
+    try:
+        canonical_dtype(value)
+    except PlanError:
+        return False
+    return True
+
+
+def layers_with_dtype(plan: PlanView, path_or_glob: str, dtype: str) -> dict[str, str]:
+    """Returns the plan's decided layers with those `path_or_glob` names set to `dtype`.
+
+    An exact path also names every layer under it (a container's sub-layers); a
+    glob (`fnmatch`, `*` crosses `/`) names every matching layer. Followers keep
+    following.
+
+    Args:
+        plan: the plan.
+        path_or_glob: a stable layer path or a glob over paths.
+        dtype: `"float32"`, `"bfloat16"` or `"float16"` (aliases accepted).
+
+    Returns:
+        `{path: dtype}` for the new plan's `layers`.
+
+    Raises:
+        PlanError: if the arguments come dtype first, the dtype is unknown, the
+            path or glob matches no layer (naming the closest), or only followers.
+
+    Example:
+
+    ```python
+    layers_with_dtype(plan, "attention/*", "float32")
+    ```
+    """
+    known = list(plan.layer_info) or list(plan.layers)
+    if path_or_glob not in known and is_dtype(path_or_glob) and not is_dtype(dtype):
+        raise PlanError(
+            f"with_dtype({path_or_glob!r}, {dtype!r}): the layer comes first, the dtype "
+            f"last; write with_dtype({dtype!r}, {path_or_glob!r})."
+        )
+    dtype = canonical_dtype(dtype)
+    if path_or_glob in known:
+        prefix = path_or_glob + "/"
+        matched = [path for path in known if path == path_or_glob or path.startswith(prefix)]
+    else:
+        matched = [path for path in known if fnmatch.fnmatchcase(path, path_or_glob)]
+    if not matched:
+        raise PlanError(
+            f"with_dtype: {path_or_glob!r} matches no layer of the plan"
+            f"{did_you_mean(path_or_glob, known)}. Paths look like "
+            f"{', '.join(repr(path) for path in known[:3])}; see plan.summary()."
+        )
+    decided = [path for path in matched if path not in plan.followers]
+    if not decided:
+        message = follower_message(matched[0], plan.followers, plan.layer_info)
+        raise PlanError(f"with_dtype: {message}")
+    return {**plan.layers, **dict.fromkeys(decided, dtype)}
+
+
+def layers_with_rule(plan: PlanView, rule: PlanRule) -> dict[str, str]:
+    """Returns the plan's decided layers with those `rule` matches set to its dtype.
+
+    Args:
+        plan: the plan.
+        rule: the rule `with_rule` appends.
+
+    Returns:
+        `{path: dtype}` for the new plan's `layers`.
+
+    Raises:
+        PlanError: if the rule cannot match a layer the plan decides (see `rule_targets`).
+
+    Example:
+
+    ```python
+    layers_with_rule(plan, PlanRule(class_name="Softmax", dtype="float32"))
+    ```
+    """
+    targets = rule_targets(rule, plan.layers, plan.followers, plan.layer_info)
+    return {**plan.layers, **dict.fromkeys(targets, rule.dtype)}

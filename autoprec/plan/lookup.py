@@ -1,0 +1,164 @@
+"""Lookup: which dtype each layer of a plan computes in, followers included."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from ..layers import LayerInfo
+from .rules import PlanRule, first_rule_dtype
+from .view import PlanView
+
+
+def decided_layers(
+    explicit: Mapping[str, str],
+    rules: tuple[PlanRule, ...],
+    default: str,
+    layer_info: Mapping[str, LayerInfo],
+    followers: Mapping[str, str],
+) -> dict[str, str]:
+    """Returns the layers a plan decides: explicit entries less followers, plus rule/default fill-ins.
+
+    Args:
+        explicit: `{path: dtype}` as given to the plan (canonical dtypes).
+        rules: the plan's ordered rules.
+        default: the plan's default dtype.
+        layer_info: the model's layers; empty for a hand-written plan, whose
+            explicit entries are then all decisions.
+        followers: `{follower: followed path}` from `layer_info`.
+
+    Returns:
+        `{path: dtype}` in the model's layer order, then explicit paths the model lacks.
+
+    Example:
+
+    ```python
+    decided_layers({"dense": "float16"}, (), "float32", {}, {})  # {"dense": "float16"}
+    ```
+    """
+    if not layer_info:
+        return dict(explicit)
+    own = {path: dtype for path, dtype in explicit.items() if path not in followers}
+    decided = {}
+    for path, info in layer_info.items():
+        if path in followers:
+            continue
+        if path in own:
+            decided[path] = own[path]
+        else:
+            decided[path] = first_rule_dtype(rules, path, info.class_name, default)
+    decided.update({path: dtype for path, dtype in own.items() if path not in decided})
+    return decided
+
+
+def dtype_for(plan: PlanView, path: str, class_name: str | None = None) -> str:
+    """Returns the compute dtype for a layer: exact path, then rules in order, then default.
+
+    Args:
+        plan: the plan.
+        path: stable layer path; a follower resolves to the layer it follows.
+        class_name: the layer's class name, used by class rules; looked up in
+            `plan.layer_info` when omitted.
+
+    Returns:
+        `"float32"`, `"bfloat16"` or `"float16"`.
+
+    Example:
+
+    ```python
+    dtype_for(plan, "dropout")  # the dtype of the layer the Dropout follows
+    ```
+    """
+    seen = set()
+    while path not in plan.layers and path in plan.followers and path not in seen:
+        seen.add(path)
+        path, class_name = plan.followers[path], None
+    if path in plan.layers:
+        return plan.layers[path]
+    if class_name is None and path in plan.layer_info:
+        class_name = plan.layer_info[path].class_name
+    return first_rule_dtype(plan.rules, path, class_name, plan.default)
+
+
+def resolve(plan: PlanView, infos: Mapping[str, LayerInfo] | None = None) -> dict[str, str]:
+    """Returns the dtype of every layer in `infos`, followers taking their source's dtype.
+
+    Args:
+        plan: the plan.
+        infos: the model's layers (`autoprec.layers.describe_model(model)`); by
+            default the layers the plan was made for.
+
+    Returns:
+        `{path: dtype}` for every path in `infos`.
+
+    Example:
+
+    ```python
+    resolve(plan)["dropout"]
+    ```
+    """
+    if infos is None:
+        infos = plan.layer_info
+    own = {
+        path: dtype_for(plan, path, info.class_name)
+        for path, info in infos.items()
+        if info.follows is None or (path in plan.layers and not info.pass_through)
+    }
+    return resolve_followers(own, infos, plan.default)
+
+
+def every_layer(plan: PlanView) -> dict[str, str]:
+    """Returns `{path: dtype}` of the decided layers and the followers, in the model's order.
+
+    Args:
+        plan: the plan.
+
+    Returns:
+        Every layer `plan.layer_info` describes, then decided paths it does not.
+
+    Example:
+
+    ```python
+    list(every_layer(plan))  # ["dense", "dropout", "dense_1", "dense_2"]
+    ```
+    """
+    if not plan.layer_info:
+        return dict(plan.layers)
+    resolved = resolve(plan)
+    resolved.update({path: dtype for path, dtype in plan.layers.items() if path not in resolved})
+    return resolved
+
+
+def resolve_followers(
+    own: Mapping[str, str], infos: Mapping[str, LayerInfo], default: str
+) -> dict[str, str]:
+    """Returns `own` completed with each follower's dtype: the dtype of the layer it follows.
+
+    Args:
+        own: `{path: dtype}` of the layers that decide their own dtype.
+        infos: the model's layers, with `follows` set on followers.
+        default: the dtype of a follower whose chain reaches no decided layer.
+
+    Returns:
+        `{path: dtype}` for the paths of `infos` that resolve, in their order.
+
+    Example:
+
+    ```python
+    resolve_followers({"dense": "bfloat16"}, describe_model(mlp), "float32")["dropout"]
+    ```
+    """
+    resolved = dict(own)
+
+    def lookup(path: str, depth: int = 0) -> str:
+        if path in resolved:
+            return resolved[path]
+        info = infos.get(path)
+        if info is None or info.follows is None or depth > len(infos):
+            return default
+        value = lookup(info.follows, depth + 1)
+        resolved[path] = value
+        return value
+
+    for path in infos:
+        lookup(path)
+    return {path: resolved[path] for path in infos if path in resolved}

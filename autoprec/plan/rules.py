@@ -1,0 +1,255 @@
+"""The rule engine: `PlanRule`, reading rules, and which layers a rule reaches."""
+
+from __future__ import annotations
+
+import dataclasses
+import fnmatch
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from .._core.dtypes import canonical_dtype
+from ..errors import PlanError
+from ..layers import LayerInfo
+from .hints import did_you_mean, follower_message
+
+
+@dataclasses.dataclass(frozen=True, init=False)
+class PlanRule:
+    """One ordered pattern rule: a glob on layer paths and/or a glob on layer class names.
+
+    Arguments are keyword-only and read in the order the plan reads everywhere:
+    where (path, class name), then the dtype.
+
+    Args:
+        path: glob on stable layer paths (`fnmatch` syntax, `*` also crosses `/`), or `None`.
+        class_name: glob on layer class names (e.g. `"Softmax"`, `"*Normalization"`), or `None`.
+        dtype: compute dtype given to matching layers.
+
+    Example:
+
+    ```python
+    rule = autoprec.PlanRule(class_name="Softmax", dtype="float32")
+    rule.matches("attention/softmax", "Softmax")  # True
+    ```
+    """
+
+    path: str | None
+    class_name: str | None
+    dtype: str
+
+    def __init__(
+        self, *, path: str | None = None, class_name: str | None = None, dtype: str | None = None
+    ) -> None:
+        if dtype is None:
+            raise PlanError(
+                "PlanRule: missing dtype; write e.g. PlanRule(class_name='Softmax', dtype='float32')."
+            )
+        object.__setattr__(self, "path", path)
+        object.__setattr__(self, "class_name", class_name)
+        object.__setattr__(self, "dtype", dtype)
+
+    def matches(self, path: str, class_name: str | None) -> bool:
+        """Returns whether the rule applies to a layer with this path and class name.
+
+        Args:
+            path: the layer's stable path.
+            class_name: the layer's class name, or `None` when unknown (a class
+                rule then does not match).
+
+        Returns:
+            `True` when every glob the rule has matches.
+        """
+        if self.path is not None and not fnmatch.fnmatchcase(path, self.path):
+            return False
+        if self.class_name is not None:
+            if class_name is None or not fnmatch.fnmatchcase(class_name, self.class_name):
+                return False
+        return True
+
+    def to_dict(self) -> dict[str, str]:
+        """Returns the rule as it is written in plan JSON: `path`, `class`, `dtype`."""
+        entry: dict[str, str] = {}
+        if self.path is not None:
+            entry["path"] = self.path
+        if self.class_name is not None:
+            entry["class"] = self.class_name
+        entry["dtype"] = self.dtype
+        return entry
+
+    def __str__(self) -> str:
+        where = ", ".join(
+            f"{key}={value!r}"
+            for key, value in (("path", self.path), ("class", self.class_name))
+            if value is not None
+        )
+        return f"rule {where} -> {self.dtype}"
+
+
+def coerce_rule(rule: PlanRule | Mapping[str, Any], index: int, source: str = "") -> PlanRule:
+    """Returns `rule` as a validated `PlanRule` (from a `PlanRule` or a JSON-style dict).
+
+    Args:
+        rule: a `PlanRule` or a dict like `{"class": "Softmax", "dtype": "float32"}`.
+        index: the rule's position, named in error messages (`rules[index]`).
+        source: what to call the input in error messages (a file name), if any.
+
+    Returns:
+        A `PlanRule` with a canonical dtype.
+
+    Raises:
+        PlanError: naming `rules[index]` and how to fix it.
+
+    Example:
+
+    ```python
+    coerce_rule({"class": "Softmax", "dtype": "fp32"}, 0).dtype  # "float32"
+    ```
+    """
+    where = f"{source}: rules[{index}]" if source else f"rules[{index}]"
+    if isinstance(rule, PlanRule):
+        return PlanRule(
+            path=rule.path, class_name=rule.class_name, dtype=canonical_dtype(rule.dtype, where)
+        )
+    if not isinstance(rule, Mapping):
+        raise PlanError(
+            f"{where}: expected an object like {{'class': 'Softmax', 'dtype': 'float32'}}, "
+            f"got {type(rule).__name__}."
+        )
+    unknown = set(rule) - {"path", "class", "dtype"}
+    if unknown:
+        raise PlanError(
+            f"{where}: unknown key(s) {sorted(unknown)}; a rule has 'path' and/or 'class', and 'dtype'."
+        )
+    if "dtype" not in rule:
+        raise PlanError(f'{where}: missing \'dtype\'; add e.g. "dtype": "float32".')
+    path, class_name = rule.get("path"), rule.get("class")
+    if path is None and class_name is None:
+        raise PlanError(f"{where}: give 'path' (a glob on layer paths) or 'class' (a class name).")
+    for key, value in (("path", path), ("class", class_name)):
+        if value is not None and not isinstance(value, str):
+            raise PlanError(f"{where}.{key}: expected a string, got {type(value).__name__}.")
+    return PlanRule(
+        path=path, class_name=class_name, dtype=canonical_dtype(rule["dtype"], f"{where}.dtype")
+    )
+
+
+def rule_from_arguments(
+    path: str | None, class_name: str | None, dtype: str | None, index: int
+) -> PlanRule:
+    """Returns the validated rule that `with_rule(path=..., class_name=..., dtype=...)` asks for.
+
+    Args:
+        path: glob on layer paths, or `None`.
+        class_name: glob on layer class names, or `None`.
+        dtype: the compute dtype (aliases accepted); `None` is refused.
+        index: the position the rule will take in the plan's `rules`.
+
+    Returns:
+        A `PlanRule` with a canonical dtype.
+
+    Raises:
+        PlanError: if `dtype` is missing, or neither glob is given.
+
+    Example:
+
+    ```python
+    rule_from_arguments(None, "Softmax", "fp32", 0)  # PlanRule(class_name="Softmax", dtype="float32")
+    ```
+    """
+    if dtype is None:
+        raise PlanError(
+            "with_rule: missing dtype; write e.g. with_rule(class_name='Softmax', dtype='float32')."
+        )
+    where = {"path": path, "class": class_name}
+    entry = {key: value for key, value in where.items() if value is not None}
+    return coerce_rule({**entry, "dtype": dtype}, index)
+
+
+def first_rule_dtype(
+    rules: Iterable[PlanRule], path: str, class_name: str | None, default: str
+) -> str:
+    """Returns the dtype of the first rule matching the layer, else `default`.
+
+    Args:
+        rules: the ordered rules.
+        path: the layer's stable path.
+        class_name: the layer's class name, or `None` when unknown.
+        default: the dtype when no rule matches.
+
+    Returns:
+        A dtype name.
+
+    Example:
+
+    ```python
+    first_rule_dtype([PlanRule(class_name="Softmax", dtype="float32")], "s", "Softmax", "bfloat16")
+    ```
+    """
+    for rule in rules:
+        if rule.matches(path, class_name):
+            return rule.dtype
+    return default
+
+
+def rule_targets(
+    rule: PlanRule,
+    layers: Mapping[str, str],
+    followers: Mapping[str, str],
+    layer_info: Mapping[str, LayerInfo],
+) -> list[str]:
+    """Returns the decided layers that `rule` matches; refuses a rule that can match none.
+
+    Args:
+        rule: the rule `with_rule` adds.
+        layers: the plan's decided layers (`PrecisionPlan.layers`).
+        followers: the plan's followers.
+        layer_info: the plan's layer descriptions; empty for a hand-written plan.
+
+    Returns:
+        The paths in `layers` that the rule matches (empty for a plan of rules only).
+
+    Raises:
+        PlanError: if the plan knows its layers and the rule matches none it decides
+            (naming the classes it has), if it matches only followers (naming the
+            layer to set), or if a class rule meets named layers without a class.
+
+    Example:
+
+    ```python
+    rule_targets(PlanRule(class_name="Softmax", dtype="float32"), plan.layers,
+                 plan.followers, plan.layer_info)  # ["attention/softmax"]
+    ```
+    """
+    if not layer_info:
+        return _hand_named_targets(rule, layers)
+
+    def class_of(target: str) -> str | None:
+        info = layer_info.get(target)
+        return info.class_name if info is not None else None
+
+    targets = [target for target in layers if rule.matches(target, class_of(target))]
+    if targets:
+        return targets
+    following = [target for target in followers if rule.matches(target, class_of(target))]
+    if following:
+        message = follower_message(following[0], followers, layer_info)
+        raise PlanError(f"with_rule: {rule} matches only followers: {message}")
+    classes = sorted({class_of(target) or "?" for target in layers})
+    hint = did_you_mean(rule.class_name, classes) if rule.class_name else ""
+    raise PlanError(
+        f"with_rule: {rule} matches no layer of the plan{hint}; its classes are "
+        f"{', '.join(classes[:8])}{'...' if len(classes) > 8 else ''} (see plan.summary())."
+    )
+
+
+def _hand_named_targets(rule: PlanRule, layers: Mapping[str, str]) -> list[str]:
+    """Returns the named layers a path rule matches in a plan that does not know their classes."""
+    if rule.class_name is not None and layers:
+        named = ", ".join(repr(path) for path in list(layers)[:3])
+        raise PlanError(
+            f"with_rule: the plan names layers ({named}...) without their class names, "
+            f"so class_name={rule.class_name!r} cannot be matched against them. Set "
+            "those with plan.with_dtype(path, dtype), or make the plan from the model "
+            "(PrecisionPlan.uniform / from_model) so it knows each layer's class."
+        )
+    return [target for target in layers if rule.matches(target, None)]

@@ -1,0 +1,73 @@
+"""Edits: what with_dtype and with_rule set, and their refusals (autoprec/plan/edits.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from autoprec import PlanError, PlanRule, PrecisionPlan
+from autoprec.plan.edits import is_dtype, layers_with_dtype, layers_with_rule
+
+
+def test_with_dtype_returns_new_plan_for_path_glob_and_container(attention_model):
+    plan = PrecisionPlan.uniform(attention_model, "bfloat16")
+    changed = plan.with_dtype("dense", "float32")
+    assert changed is not plan
+    assert plan.layers["dense"] == "bfloat16"
+    assert changed.layers["dense"] == "float32"
+    container = plan.with_dtype("attention", "float16")
+    assert all(
+        container.layers[path] == "float16"
+        for path in container.layers
+        if path.startswith("attention")
+    )
+    assert container.layers["dense"] == "bfloat16"
+    globbed = plan.with_dtype("attention/*_dense", "float32")
+    assert globbed.layers["attention/query_dense"] == "float32"
+    assert globbed.layers["attention/softmax"] == "bfloat16"
+
+
+def test_with_dtype_names_the_new_order_when_given_dtype_first(mlp):
+    plan = PrecisionPlan.uniform(mlp, "float32")
+    with pytest.raises(PlanError, match=r"layer comes first.*with_dtype\('dense', 'float16'\)"):
+        plan.with_dtype("float16", "dense")
+
+
+def test_with_dtype_unknown_path_or_empty_glob_names_closest(mlp):
+    plan = PrecisionPlan.uniform(mlp, "float32")
+    with pytest.raises(PlanError, match="'dense_9'.*did you mean"):
+        plan.with_dtype("dense_9", "float16")
+    with pytest.raises(PlanError, match="matches no layer"):
+        plan.with_dtype("encoder/*", "float16")
+    with pytest.raises(PlanError, match="unknown dtype 'float64'"):
+        plan.with_dtype("dense", "float64")
+
+
+def test_layers_with_dtype_keeps_the_order_and_leaves_followers_alone(mlp):
+    plan = PrecisionPlan.uniform(mlp, "bfloat16")
+    layers = layers_with_dtype(plan, "dense*", "fp16")
+    assert layers == {"dense": "float16", "dense_1": "float16", "dense_2": "float16"}
+    assert list(layers) == list(plan.layers)
+    assert "dropout" not in layers_with_dtype(plan, "d*", "float32")  # a glob reaching a follower
+    with pytest.raises(PlanError, match="'dropout' is a pass-through layer.*Set 'dense' instead"):
+        layers_with_dtype(plan, "drop*", "float32")
+    hand = PrecisionPlan({"head": "float32", "body": "bfloat16"})
+    assert layers_with_dtype(hand, "body", "float16") == {"head": "float32", "body": "float16"}
+
+
+def test_layers_with_rule_sets_only_what_the_rule_matches(attention_model):
+    plan = PrecisionPlan.uniform(attention_model, "bfloat16")
+    layers = layers_with_rule(plan, PlanRule(class_name="EinsumDense", dtype="float32"))
+    assert {path for path, dtype in layers.items() if dtype == "float32"} == {
+        "attention/query_dense",
+        "attention/key_dense",
+        "attention/value_dense",
+        "attention/output_dense",
+    }
+    assert list(layers) == list(plan.layers)
+    with pytest.raises(PlanError, match="matches no layer.*did you mean 'Dense'"):
+        layers_with_rule(plan, PlanRule(class_name="Dence", dtype="float32"))
+
+
+def test_is_dtype_accepts_names_and_aliases_only():
+    assert all(is_dtype(name) for name in ("float32", "bf16", "fp16", "mixed_bfloat16"))
+    assert not any(is_dtype(name) for name in ("dense", "float64", 16, None))
