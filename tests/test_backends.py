@@ -268,7 +268,7 @@ def _check_calibrate(work_dir: str) -> dict:
     from conftest import build_cnn, build_mlp, classification_data
 
     import autoprec
-    from autoprec._backends import jax as jax_timing
+    from autoprec._backends import jax_timing
 
     # The bfloat16 copy of a layer must compute in bfloat16 (autocast kernels), not float32.
     dense = keras.layers.Dense(4, dtype="mixed_bfloat16")

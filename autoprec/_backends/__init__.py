@@ -1,9 +1,16 @@
-"""Backend-specific parts of autoprec, one small module per Keras backend.
+"""Backend-specific parts of autoprec, one small module per Keras backend and job.
 
-Two things need one: the profiler's in-graph probes (custom-gradient identities
-and statistic variables, TensorFlow only) and the compiled functions that
-`autoprec.cost.calibrate` times (TensorFlow and JAX). Every other module uses
-Keras APIs and runs on any backend.
+Three things need one, each chosen here once for the active Keras backend:
+
+- the profiler's in-graph probes (custom-gradient identities and statistic
+  variables): `tensorflow`, TensorFlow only;
+- the compiled functions that `autoprec.cost.calibrate` times:
+  `tensorflow_timing` and `jax_timing`, with the same names;
+- the guard telemetry's state and step hooks: `tensorflow_telemetry` and
+  `jax_telemetry`, behind the one interface of `autoprec._backends.telemetry`
+  (the amax maths they share is `amax`, written with `keras.ops`).
+
+Every other module uses Keras APIs and runs on any backend.
 """
 
 from __future__ import annotations
@@ -41,26 +48,42 @@ def profiler_backend(feature: str = "autoprec.profile") -> ModuleType:
 
 
 def telemetry_backend(feature: str = "the autoprec guard's telemetry") -> ModuleType:
-    """Returns the module holding the guard telemetry's state on the active Keras backend.
+    """Returns the guard telemetry's backend module for the active Keras backend, imported lazily.
 
     TensorFlow keeps the telemetry in per-replica device variables; JAX, whose
-    train step is a pure function, sends each step's values to the host.
+    train step is a pure function, sends each step's values to the host. Both
+    modules provide `TelemetryHooks(history)` (the `autoprec._backends.telemetry.
+    TelemetryHooks` protocol) and `bitcast(tensor, dtype)`.
 
     Args:
         feature: what needs the backend, named in the error message.
 
     Returns:
-        The backend module (`replica_local_variable`, `replica_values`,
-        `assign_every_replica`, `integer_amax_is_fast`; JAX's also `host_callback`).
+        `autoprec._backends.tensorflow_telemetry` or `autoprec._backends.jax_telemetry`.
 
     Raises:
         BackendError: on a Keras backend other than TensorFlow and JAX.
-    """
-    if keras.backend.backend() == "jax":
-        from . import jax as jax_backend
 
-        return jax_backend
-    return profiler_backend(feature)
+    Example:
+
+    ```python
+    hooks = telemetry_backend().TelemetryHooks(np.full((16, 3, 4), -1.0, np.float32))
+    ```
+    """
+    name = keras.backend.backend()
+    if name == "tensorflow":
+        from . import tensorflow_telemetry
+
+        return tensorflow_telemetry
+    if name == "jax":
+        from . import jax_telemetry
+
+        return jax_telemetry
+    raise BackendError(
+        f"{feature} records inside the compiled train step on the TensorFlow and JAX "
+        f"Keras backends; the active Keras backend is {name!r}. Set KERAS_BACKEND=tensorflow "
+        "(or jax) before importing keras, or train with guard=None."
+    )
 
 
 def timing_backend(what: str, supported: tuple[str, ...] = ("tensorflow", "jax")) -> ModuleType:
@@ -79,13 +102,13 @@ def timing_backend(what: str, supported: tuple[str, ...] = ("tensorflow", "jax")
     """
     name = keras.backend.backend()
     if name == "tensorflow":
-        from . import tensorflow as tensorflow_backend
+        from . import tensorflow_timing
 
-        return tensorflow_backend
+        return tensorflow_timing
     if name == "jax":
-        from . import jax as jax_backend
+        from . import jax_timing
 
-        return jax_backend
+        return jax_timing
     raise BackendError(
         f"{what} measures on the {' and '.join(supported)} Keras backends; the "
         f"active Keras backend is {name!r}. Set KERAS_BACKEND=jax (or tensorflow) before "

@@ -1,8 +1,8 @@
 """TensorFlow side of the profiler: statistic variables, in-graph probes and TensorBoard output.
 
-All TensorFlow-specific code of autoprec lives here. The profiler (backend
-neutral) decides *what* to record; this module records it inside the compiled
-train step.
+The profiler (backend neutral) decides *what* to record; this module records
+it inside the compiled train step. The TensorFlow side of cost calibration is
+`tensorflow_timing`, that of the guard's telemetry `tensorflow_telemetry`.
 
 **How a tensor is measured** (a handful of passes over the data, no sorting):
 the float32 bit pattern of `|x|` is shifted right by 23 bits, which gives the
@@ -29,7 +29,6 @@ import functools
 import os
 import re
 from collections.abc import Callable, Iterable
-from typing import Any
 
 import numpy as np
 import tensorflow as tf
@@ -55,6 +54,25 @@ RAW_COUNT_SLOTS = _BIASED_EXPONENT_BINS + _SUBNORMAL_EXPONENTS + 1
 FLOAT_SLOTS = ("max_abs", "min_nonzero_abs", "sum_abs", "sum_squares")
 
 _NAME_UNSAFE = re.compile(r"[^A-Za-z0-9_.\-]")
+
+
+def variable_name(name: str, fallback: str) -> str:
+    """Returns `name` made safe for a `tf.Variable` (odd characters as `_`, 120 at most).
+
+    Args:
+        name: a readable name, e.g. a layer path.
+        fallback: the name used when nothing of `name` is left.
+
+    Returns:
+        The variable name.
+
+    Example:
+
+    ```python
+    variable_name("block/dense 1", "tensor")  # "block_dense_1"
+    ```
+    """
+    return _NAME_UNSAFE.sub("_", name)[:120] or fallback
 
 
 def _count_values(indices: tf.Tensor, slots: int, xla: bool) -> tf.Tensor:
@@ -280,7 +298,7 @@ class TensorAccumulator:
     """
 
     def __init__(self, name: str):
-        safe_name = _NAME_UNSAFE.sub("_", name)[:120] or "tensor"
+        safe_name = variable_name(name, "tensor")
         with tf.init_scope():
             self._strategy = tf.distribute.get_strategy()
             self.counts = _statistic_variable(
@@ -565,144 +583,3 @@ class SummaryWriter:
     def close(self) -> None:
         """Flushes and closes the event file."""
         self._writer.close()
-
-
-# ---------------------------------------------------------------------------- timing
-# The functions `autoprec.cost.calibrate` times on the TensorFlow backend; the JAX
-# backend module provides the same names. Each `*_step` returns a zero-argument
-# function that runs once and waits for the result.
-
-
-def versions() -> dict[str, str]:
-    """Framework versions that key the cost cache."""
-    return {"tensorflow": tf.__version__}
-
-
-def to_device(value: Any) -> Any:
-    """Returns `value` unchanged: `train_on_batch` converts NumPy batches each step."""
-    return value
-
-
-def random_tensor(shape: tuple[int, ...], dtype: str, rng: np.random.Generator) -> tf.Tensor:
-    """A standard-normal tensor of `shape`, drawn with `rng`, in `dtype`."""
-    values = rng.standard_normal(shape).astype("float32")
-    return tf.cast(tf.constant(values), dtype)
-
-
-def layer_step(layer, args: list, kwargs: dict, jit_compile: bool) -> Callable[[], Any]:
-    """A compiled forward and backward pass of `layer` on fixed inputs and upstream gradients."""
-    outputs = layer(*args, **kwargs)
-    float_outputs = [t for t in tf.nest.flatten(outputs) if t.dtype.is_floating]
-    upstream = [tf.cast(tf.random.normal(t.shape), t.dtype) for t in float_outputs]
-    float_inputs = [
-        t for t in tf.nest.flatten((args, kwargs)) if tf.is_tensor(t) and t.dtype.is_floating
-    ]
-    variables = list(layer.trainable_variables)
-
-    @tf.function(jit_compile=jit_compile, autograph=False)
-    def step():
-        with tf.GradientTape() as tape:
-            tape.watch(float_inputs)
-            results = layer(*args, **kwargs)
-            flat = [t for t in tf.nest.flatten(results) if t.dtype.is_floating]
-        gradients = tape.gradient(flat, float_inputs + variables, output_gradients=upstream)
-        touched = [tf.reshape(g, [-1])[:1] for g in gradients if g is not None]
-        touched += [tf.reshape(t, [-1])[:1] for t in flat]
-        return tf.add_n([tf.cast(tf.reduce_sum(t), tf.float32) for t in touched])
-
-    return lambda: step().numpy()
-
-
-def empty_step() -> Callable[[], Any]:
-    """The cheapest compiled call: what one dispatch costs."""
-    value = tf.constant([1.0])
-
-    @tf.function(autograph=False)
-    def step():
-        return tf.reduce_sum(value + 1.0)
-
-    return lambda: step().numpy()
-
-
-def cast_step(dtype: str, elements: int) -> Callable[[], Any]:
-    """A compiled float32 -> `dtype` -> float32 round trip over `elements` values."""
-    source = tf.random.normal([elements])
-    target_dtype = tf.as_dtype(dtype)
-
-    @tf.function(autograph=False)
-    def step():
-        there = tf.cast(source, target_dtype)
-        back = tf.cast(there, tf.float32)
-        return back[0]
-
-    return lambda: step().numpy()
-
-
-# ---------------------------------------------------------------------------- guard telemetry
-# The runtime guard's amax telemetry computes its values with `keras.ops`; only
-# its variables (one copy per replica) and reading them back are TensorFlow's.
-
-
-def replica_local_variable(initial_value: np.ndarray, name: str) -> tf.Variable:
-    """Returns a variable each replica updates on its own, created outside any trace.
-
-    Args:
-        initial_value: the variable's first value (its shape and dtype too).
-        name: the variable's name.
-
-    Returns:
-        A `tf.Variable` with `synchronization=ON_READ`, not tracked by Keras.
-    """
-    with tf.init_scope():
-        return tf.Variable(
-            initial_value,
-            trainable=False,
-            name=_NAME_UNSAFE.sub("_", name)[:120] or "telemetry",
-            synchronization=tf.VariableSynchronization.ON_READ,
-            aggregation=tf.VariableAggregation.SUM,
-        )
-
-
-def replica_values(variable: tf.Variable) -> list[np.ndarray]:
-    """Returns the value of every replica's copy of `variable`, as NumPy arrays."""
-    return [np.asarray(local.numpy()) for local in _local_copies(variable)]
-
-
-def assign_every_replica(variable: tf.Variable, value: np.ndarray) -> None:
-    """Sets every replica's copy of `variable` to `value` (from the host, between steps)."""
-    for local in _local_copies(variable):
-        local.assign(value)
-
-
-def _local_copies(variable: tf.Variable) -> tuple:
-    strategy = getattr(variable, "distribute_strategy", None) or tf.distribute.get_strategy()
-    return tuple(strategy.experimental_local_results(variable))
-
-
-def integer_amax_is_fast(xla: bool) -> bool:
-    """Returns whether the telemetry's amax may reduce bit patterns as 16/32-bit integers.
-
-    Under XLA, and on CPU, it can (and is faster than `max(abs(x))` for 16-bit
-    tensors). Outside XLA, TensorFlow has no GPU kernel for a 16-bit integer
-    maximum: the reduction would be placed on the CPU, copying every tensor.
-
-    Args:
-        xla: whether the train step is compiled with XLA.
-
-    Returns:
-        `True` under XLA or when TensorFlow sees no GPU.
-    """
-    return xla or not tf.config.list_logical_devices("GPU")
-
-
-def bitcast(tensor: Any, dtype: str) -> tf.Tensor:
-    """Returns `tensor`'s bits read as `dtype` of the same width (`tf.bitcast`), scalars included.
-
-    Args:
-        tensor: a tensor.
-        dtype: a dtype of the same item size, e.g. `"int16"` for float16.
-
-    Returns:
-        The tensor of `dtype`, same shape.
-    """
-    return tf.bitcast(tf.convert_to_tensor(tensor), tf.as_dtype(dtype))

@@ -1,0 +1,254 @@
+"""TensorFlow side of the guard's telemetry: per-replica variables updated inside the step.
+
+The values are computed with `keras.ops` by the telemetry (a `StepRecorder`);
+this module wraps `model.train_step` and `optimizer.apply_gradients`, and
+keeps the history, the step count and the status in variables created with
+`synchronization=ON_READ`, so that under a `tf.distribute` strategy every
+replica updates its own copy; the host reads the copies and combines them.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import keras
+import numpy as np
+import tensorflow as tf
+from keras import ops
+
+from .telemetry import Replace, StepRecorder
+from .tensorflow import variable_name
+
+
+def replica_local_variable(initial_value: np.ndarray, name: str) -> tf.Variable:
+    """Returns a variable each replica updates on its own, created outside any trace.
+
+    Args:
+        initial_value: the variable's first value (its shape and dtype too).
+        name: the variable's name.
+
+    Returns:
+        A `tf.Variable` with `synchronization=ON_READ`, not tracked by Keras.
+
+    Example:
+
+    ```python
+    count = replica_local_variable(np.int64(0), "autoprec_guard_steps")
+    ```
+    """
+    with tf.init_scope():
+        return tf.Variable(
+            initial_value,
+            trainable=False,
+            name=variable_name(name, "telemetry"),
+            synchronization=tf.VariableSynchronization.ON_READ,
+            aggregation=tf.VariableAggregation.SUM,
+        )
+
+
+def replica_values(variable: tf.Variable) -> list[np.ndarray]:
+    """Returns the value of every replica's copy of `variable`, as NumPy arrays.
+
+    Args:
+        variable: a variable from `replica_local_variable`.
+
+    Returns:
+        One array per replica (one without a distribution strategy).
+
+    Example:
+
+    ```python
+    replica_values(count)  # [array(3)]
+    ```
+    """
+    return [np.asarray(local.numpy()) for local in _local_copies(variable)]
+
+
+def assign_every_replica(variable: tf.Variable, value: np.ndarray) -> None:
+    """Sets every replica's copy of `variable` to `value` (from the host, between steps).
+
+    Args:
+        variable: a variable from `replica_local_variable`.
+        value: the new value, of the variable's shape.
+
+    Example:
+
+    ```python
+    assign_every_replica(count, np.int64(0))
+    ```
+    """
+    for local in _local_copies(variable):
+        local.assign(value)
+
+
+def _local_copies(variable: tf.Variable) -> tuple:
+    strategy = getattr(variable, "distribute_strategy", None) or tf.distribute.get_strategy()
+    return tuple(strategy.experimental_local_results(variable))
+
+
+def bitcast(tensor: Any, dtype: str) -> tf.Tensor:
+    """Returns `tensor`'s bits read as `dtype` of the same width (`tf.bitcast`), scalars included.
+
+    Args:
+        tensor: a tensor.
+        dtype: a dtype of the same item size, e.g. `"int16"` for float16.
+
+    Returns:
+        The tensor of `dtype`, same shape.
+
+    Example:
+
+    ```python
+    bitcast(tf.constant(1.0), "int32")  # 1065353216
+    ```
+    """
+    return tf.bitcast(tf.convert_to_tensor(tensor), tf.as_dtype(dtype))
+
+
+def loss_scale(model: keras.Model) -> tf.Tensor:
+    """Returns the loss scale the model's optimizer applies now, as a float32 scalar (1 without).
+
+    Call inside the traced train step, before the step updates the scale.
+
+    Args:
+        model: a compiled model.
+
+    Returns:
+        The scale's value (a read of the optimizer's `dynamic_scale` variable).
+
+    Example:
+
+    ```python
+    loss_scale(model)  # 32768.0 under a LossScaleOptimizer
+    ```
+    """
+    optimizer = model.optimizer
+    if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+        return ops.cast(ops.convert_to_tensor(optimizer.dynamic_scale), "float32")
+    return ops.convert_to_tensor(1.0, "float32")
+
+
+class TelemetryHooks:
+    """The telemetry's state and step wrappers on TensorFlow (see `autoprec._backends.telemetry`).
+
+    Args:
+        history: the history's first value, `[steps, rows, slots]` float32.
+
+    Example:
+
+    ```python
+    hooks = TelemetryHooks(np.full((16, 3, 4), -1.0, np.float32))
+    hooks.read_count()  # 0
+    ```
+    """
+
+    #: bfloat16 layers are measured in a conditional branch that only failing steps take.
+    measures_bfloat16_lazily = True
+
+    def __init__(self, history: np.ndarray) -> None:
+        self._history = replica_local_variable(history, "autoprec_guard_history")
+        self._count = replica_local_variable(np.int64(0), "autoprec_guard_steps")
+        self._status = replica_local_variable(np.zeros(2, np.int32), "autoprec_guard_status")
+
+    def integer_amax_is_fast(self, xla: bool) -> bool:
+        """Returns whether the amax may reduce bit patterns as 16/32-bit integers.
+
+        Under XLA, and on CPU, it can (and is faster than `max(abs(x))` for 16-bit
+        tensors). Outside XLA, TensorFlow has no GPU kernel for a 16-bit integer
+        maximum: the reduction would be placed on the CPU, copying every tensor.
+
+        Args:
+            xla: whether the train step is compiled with XLA.
+
+        Returns:
+            `True` under XLA or when TensorFlow sees no GPU.
+        """
+        return xla or not tf.config.list_logical_devices("GPU")
+
+    def install_step(
+        self,
+        model: keras.Model,
+        recorder: StepRecorder,
+        owners: Mapping[int, int],
+        replace: Replace,
+    ) -> None:
+        """Wraps `model.train_step` (frame written in the step) and `apply_gradients`.
+
+        Args:
+            model: the compiled model.
+            recorder: the telemetry.
+            owners: `{id(variable): recorded layer index}` of the trainable weights.
+            replace: sets a method for as long as the telemetry is installed.
+        """
+        optimizer = model.optimizer
+        replace(model, "train_step", self._wrap_train_step(model, recorder))
+        replace(
+            optimizer,
+            "apply_gradients",
+            _wrap_apply_gradients(optimizer.apply_gradients, recorder, owners),
+        )
+
+    def activation_gradient(
+        self, recorder: StepRecorder, trace: Any, index: int, bits: Any
+    ) -> None:
+        """Records the amax in the step's own trace (the gradient runs inside the step's graph)."""
+        recorder.record_activation_gradient(trace, index, bits)
+
+    def _wrap_train_step(self, model: keras.Model, recorder: StepRecorder) -> Callable:
+        original = model.train_step
+
+        @functools.wraps(original)
+        def train_step(data):
+            trace = recorder.begin_step(data)
+            try:
+                scale = loss_scale(model)
+                outputs = original(data)
+            finally:
+                recorder.end_step()
+            self._write(recorder, recorder.frame(trace, scale))
+            return outputs
+
+        return train_step
+
+    def _write(self, recorder: StepRecorder, frame: Any) -> None:
+        """Appends the step's frame to the history with one update; raises the status flags."""
+        history = ops.convert_to_tensor(self._history)
+        failed, near = recorder.status_flags(frame, history, ops)
+        self._history.assign(ops.concatenate([history[1:], frame[None]], axis=0))
+        self._count.assign_add(ops.convert_to_tensor(1, "int64"))
+        code = ops.cast(ops.stack([failed, near]), "int32")
+        self._status.assign(ops.maximum(ops.convert_to_tensor(self._status), code))
+
+    def read_history(self) -> np.ndarray:
+        """Returns the history, combined over replicas (the largest values)."""
+        return np.max(np.stack(replica_values(self._history)), axis=0)
+
+    def read_count(self) -> int:
+        """Returns how many steps were recorded (the largest replica count)."""
+        return int(max(int(value) for value in replica_values(self._count)))
+
+    def read_status(self) -> np.ndarray:
+        """Returns `[failed, near_range]` since the last clear, combined over replicas."""
+        return np.max(np.stack(replica_values(self._status)), axis=0)
+
+    def clear_status(self) -> None:
+        """Resets every replica's status."""
+        assign_every_replica(self._status, np.zeros(2, np.int32))
+
+
+def _wrap_apply_gradients(
+    original: Callable, recorder: StepRecorder, owners: Mapping[int, int]
+) -> Callable:
+    @functools.wraps(original)
+    def apply_gradients(grads_and_vars, *args, **kwargs):
+        pairs = list(grads_and_vars)
+        trace = recorder.active_step()
+        if trace is not None:
+            for gradient, variable in pairs:
+                if gradient is not None:
+                    recorder.record_weight_gradient(trace, owners.get(id(variable)), gradient)
+        return original(pairs, *args, **kwargs)
+
+    return apply_gradients
