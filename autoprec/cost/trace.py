@@ -205,7 +205,8 @@ def _encode_argument(value: Any) -> ArgumentValue:
 
 
 def _path_name(path: tuple) -> str:
-    return "".join(f"[{key!r}]" for key in path)
+    """Returns how a user reaches one array of `x`: `x["text"]["tokens"]`, `x[0]`."""
+    return "x" + "".join(f'["{key}"]' if isinstance(key, str) else f"[{key}]" for key in path)
 
 
 def random_inputs(specs: Any, batch_size: int, seed: int = 0) -> Any:
@@ -239,7 +240,7 @@ def random_inputs(specs: Any, batch_size: int, seed: int = 0) -> Any:
     arrays = []
     for path, spec in keras.tree.flatten_with_path(specs):
         if any(dim is None for dim in spec.shape[1:]):
-            name = spec.name or f"inputs{_path_name(path)}"
+            name = spec.name or _path_name(path)
             raise PlanError(
                 f"model input {name!r} has unknown dimensions {tuple(spec.shape)}; "
                 "pass a batch of inputs (`x=...`) as fit feeds them, whose shapes are timed."

@@ -84,3 +84,13 @@ def test_estimate_accepts_plans_dicts_and_counts_casts(mlp):
         cost.estimate(mlp, {"dense": "float8"}, costs=table)
     with pytest.raises(HardwareError):
         cost.estimate(mlp, "float32", "rtx9999")
+
+
+def test_estimate_of_a_dict_input_model_traces_the_batch_it_is_given(bert_classifier, bert_batch):
+    with pytest.raises(PlanError, match="unknown dimensions"):
+        cost.estimate(bert_classifier, "bfloat16", "rtx4090", batch_size=16)
+    est = cost.estimate(bert_classifier, "bfloat16", "rtx4090", batch_size=16, x=bert_batch)
+    assert est.step_seconds > 0 and est.float32_step_seconds > 0 and not est.infeasible_layers
+    assert est.layer_seconds["bert_backbone/token_embedding"] > 0
+    # Activations of 32-token sequences: more than the 3 x 32 input ids alone.
+    assert est.activation_bytes_per_sample > 3 * 32 * 4

@@ -8,7 +8,7 @@ import pytest
 from conftest import build_mlp
 
 from autoprec import cost
-from autoprec.errors import BackendError
+from autoprec.errors import BackendError, PlanError
 from autoprec.layers import layer_paths
 
 
@@ -111,3 +111,55 @@ def test_a_list_batch_is_the_inputs_of_a_multi_input_model(tmp_path):
     assert table.batch_size == 8 and table.stats["fallback"] == 0
     assert table.layers["dense"].seconds["float32"] > 0
     assert set(table.measured_step_seconds_by_dtype) == {"float32"}
+
+
+def test_calibrate_times_a_keras_hub_bert_at_the_shapes_of_its_dict_batch(
+    tmp_path, bert_classifier, bert_batch
+):
+    with pytest.raises(PlanError, match="unknown dimensions"):
+        cost.sample_inputs(bert_classifier)  # token_ids, padding_mask, ...: (None, None)
+    table = cost.calibrate(
+        bert_classifier,
+        bert_batch,
+        dtypes=("float32", "bfloat16"),
+        repeats=1,
+        cache_dir=tmp_path,
+        verbose=0,
+        measure_model_step=["float32"],
+    )
+    assert table.batch_size == 16 and table.stats["fallback"] == 0
+    assert table.stats["timed"] > 0 and table.stats["model_step"] == 1
+    embedding = table.layers["bert_backbone/token_embedding"]
+    dense = table.layers["bert_backbone/transformer_layer_0/feedforward_intermediate_dense"]
+    assert embedding.source == "measured" and dense.source == "measured"
+    assert all(dense.seconds[dtype] > 0 for dtype in ("float32", "bfloat16"))
+    # 16 sequences of 32 tokens, width 64 -> 128: the dense layer's FLOPs are at those shapes.
+    assert dense.forward_flops == pytest.approx(2 * 16 * 32 * 64 * 128, rel=0.05)
+    est = cost.estimate(bert_classifier, "float32", costs=table)
+    assert est.step_seconds == pytest.approx(table.measured_step_seconds, rel=1e-6)
+
+
+def test_calibrate_times_nested_dict_and_list_inputs_with_a_dynamic_sequence(
+    tmp_path, nested_model, nested_batch, list_model
+):
+    x, y = nested_batch
+    nested = cost.calibrate(
+        nested_model, (x, y), dtypes=("float32",), repeats=1, cache_dir=tmp_path, verbose=0
+    )
+    assert nested.batch_size == 8 and nested.stats["fallback"] == 0
+    assert nested.stats["model_step"] == 1
+    # The layer taking a dict is timed alone, on a dict of synthetic tensors.
+    assert nested.layers["pair_sum"].source == "measured"
+    assert nested.layers["embedding"].seconds["float32"] > 0
+    listed = cost.calibrate(
+        list_model,
+        ([x["text"]["tokens"], x["text"]["features"]], y),
+        dtypes=("float32",),
+        repeats=1,
+        cache_dir=tmp_path,
+        verbose=0,
+    )
+    assert listed.stats["fallback"] == 0 and listed.stats["model_step"] == 1
+    # The shared branch has the same signature in both models: its timings come from the cache.
+    assert listed.stats["cached"] > 0
+    assert listed.layers["embedding"].seconds == nested.layers["embedding"].seconds

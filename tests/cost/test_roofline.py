@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import keras
+import numpy as np
+import pytest
 
 from autoprec import cost, hardware
+from autoprec.errors import PlanError
 
 
 def _wide_mlp() -> keras.Model:
@@ -36,3 +39,18 @@ def test_unaligned_dimensions_lose_the_tensor_core_rate():
 
     assert fp16_over_fp32(1024) < 0.6
     assert fp16_over_fp32(1020) > 0.8
+
+
+def test_prediction_takes_dynamic_shapes_from_a_nested_batch(nested_model, nested_batch):
+    x, y = nested_batch
+    length = x["text"]["tokens"].shape[1]
+    with pytest.raises(PlanError, match="pass a batch of inputs"):
+        cost.predict_costs(nested_model, "rtx4090", batch_size=8)
+    table = cost.predict_costs(nested_model, "rtx4090", batch_size=8, x=(x, y))
+    assert table.source == "predicted" and table.stats["predicted"] == len(table.layers)
+    projection = table.layers["pair_sum/projection"]
+    assert projection.forward_flops == 8 * length * (2 * 4 * 6 + 6)  # (4 -> 6) matmul + bias
+    doubled = {"text": {key: np.concatenate([v, v], 1) for key, v in x["text"].items()}}
+    doubled["extra"] = x["extra"]
+    longer = cost.predict_costs(nested_model, "rtx4090", batch_size=8, x=doubled)
+    assert longer.layers["pair_sum/projection"].forward_flops == 2 * projection.forward_flops

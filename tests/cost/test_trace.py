@@ -1,4 +1,4 @@
-"""Tests for autoprec.cost.trace: recorded shapes and edges, synthetic arguments."""
+"""Tests for autoprec.cost.trace: recorded shapes and edges, sample inputs, synthetic arguments."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from autoprec import cost
-from autoprec.errors import BackendError
+from autoprec.errors import BackendError, PlanError
 from autoprec.layers import layer_paths
 
 
@@ -88,3 +88,86 @@ def test_synthetic_arguments_name_the_argument_that_cannot_be_rebuilt():
     path = next(path for path, calls in trace.calls.items() if calls and path != "input_layer")
     with pytest.raises(BackendError, match="'options'"):
         cost.synthetic_arguments(trace.calls[path][0], 2, "float32", np.random.default_rng(0))
+
+
+def test_sample_inputs_follow_the_structure_the_model_takes(mlp):
+    assert cost.sample_inputs(mlp, 4).shape == (4, 8)
+    tokens = keras.Input((5,), dtype="int32", name="tokens")
+    mask = keras.Input((5,), dtype="bool", name="mask")
+    features = keras.Input((5, 3), name="features")
+    pooled = keras.layers.GlobalAveragePooling1D()(features)
+    model = keras.Model({"text": {"tokens": tokens, "mask": mask}, "features": features}, pooled)
+    sample = cost.sample_inputs(model, 3)
+    assert set(sample) == {"text", "features"} and set(sample["text"]) == {"tokens", "mask"}
+    assert sample["text"]["tokens"].shape == (3, 5) and sample["text"]["tokens"].dtype == "int32"
+    assert not sample["text"]["tokens"].any() and sample["text"]["mask"].all()
+    assert sample["features"].shape == (3, 5, 3) and sample["features"].dtype == "float32"
+    assert tuple(model(sample).shape) == (3, 3)
+
+
+def test_unknown_dimensions_need_a_batch_and_say_so(nested_model, list_model, bert_classifier):
+    with pytest.raises(PlanError, match=r"'features' has unknown dimensions \(None, None, 4\)"):
+        cost.sample_inputs(nested_model)
+    with pytest.raises(PlanError, match=r"'tokens' has unknown dimensions \(None, None\)"):
+        cost.sample_inputs(list_model)
+    with pytest.raises(
+        PlanError, match=r"unknown dimensions .*pass a batch of inputs \(`x=\.\.\.`\)"
+    ):
+        cost.trace_model(bert_classifier)
+    specs = {"ids": [cost.TensorSpec((None, None), "int32")]}
+    with pytest.raises(PlanError, match=r"""'x\["ids"\]\[0\]' has unknown dimensions"""):
+        cost.random_inputs(specs, 2)
+
+
+def test_random_inputs_build_any_nest_of_specs():
+    specs = {
+        "ids": cost.TensorSpec((None, 16), "int32"),
+        "pair": [cost.TensorSpec((None, 4), "float16"), cost.TensorSpec((None,), "bool")],
+    }
+    arrays = cost.random_inputs(specs, 8)
+    assert arrays["ids"].shape == (8, 16) and not arrays["ids"].any()
+    assert arrays["pair"][0].shape == (8, 4) and arrays["pair"][0].dtype == np.float16
+    assert arrays["pair"][1].shape == (8,) and arrays["pair"][1].all()
+    np.testing.assert_array_equal(cost.random_inputs(specs, 8)["pair"][0], arrays["pair"][0])
+
+
+def test_a_batch_with_a_dynamic_sequence_is_traced_at_its_own_length(nested_model, nested_batch):
+    x, _ = nested_batch
+    SEQUENCE = x["text"]["tokens"].shape[1]  # noqa: N806 - the batch's sequence length
+    trace = cost.trace_model(nested_model, x)
+    assert trace.calls["embedding"][0].outputs[0].shape == (None, SEQUENCE, 6)
+    (call,) = trace.calls["pair_sum"]
+    # The dict argument is recorded as a mapping and rebuilt as one.
+    ((name, value),) = call.arguments
+    assert name == "inputs" and isinstance(value, cost.MappingArgument)
+    assert dict(value.items) == {
+        "left": cost.TensorSpec((None, SEQUENCE, 6), "float32"),
+        "right": cost.TensorSpec((None, SEQUENCE, 4), "float32"),
+    }
+    assert [spec.shape for spec in call.inputs] == [(None, SEQUENCE, 6), (None, SEQUENCE, 4)]
+    assert call.signature()[0][1] == {
+        "dict": [
+            ["left", {"tensor": [[None, SEQUENCE, 6], "float32"]}],
+            ["right", {"tensor": [[None, SEQUENCE, 4], "float32"]}],
+        ]
+    }
+    args, kwargs = cost.synthetic_arguments(call, 3, "float32", np.random.default_rng(0))
+    assert {key: tuple(tensor.shape) for key, tensor in args[0].items()} == {
+        "left": (3, SEQUENCE, 6),
+        "right": (3, SEQUENCE, 4),
+    }
+    layer = layer_paths(nested_model)["pair_sum"]
+    assert tuple(layer(*args, **kwargs).shape) == (3, SEQUENCE, 6)
+    # Edges from the model inputs: the tokens feed the embedding, the features the projection.
+    assert cost.Edge(None, "embedding", SEQUENCE) in trace.edges
+    assert cost.Edge(None, "pair_sum/projection", SEQUENCE * 4) in trace.edges
+
+
+def test_a_list_input_is_traced_at_each_batch_s_own_length(list_model):
+    rng = np.random.default_rng(0)
+    for length in (5, 9):
+        tokens = rng.integers(0, 50, (4, length)).astype("int32")
+        features = rng.normal(size=(4, length, 4)).astype("float32")
+        trace = cost.trace_model(list_model, [tokens, features])
+        assert trace.calls["embedding"][0].outputs[0].shape == (None, length, 6)
+        assert trace.calls["pool"][0].outputs[0].shape == (None, 6)
