@@ -67,21 +67,12 @@ class PrecisionPlan:
         autoprec_version: version that created the plan; this one if omitted.
 
     Attributes:
-        layers: read-only `{path: dtype}` of the layers the plan decides; each is a
-            valid `with_dtype` path. Followers are in `followers`; `resolve()`
-            gives every layer's dtype.
+        layers: read-only `{path: dtype}` of the layers the plan decides, each a valid
+            `with_dtype` path; `resolve()` gives every layer's dtype, followers included.
         followers: read-only `{path: followed_path}` of the layers that take another
-            layer's dtype (pass-through layers follow the layer that feeds them,
-            nested models their first computing layer); `with_dtype` refuses them alone.
-        rules: ordered pattern rules applied to layers not named in `layers`.
-        default: dtype of layers matched neither by path nor by a rule.
-        layer_info: read-only `{path: LayerInfo}` of the model the plan was made for.
-        fingerprint: fingerprint of that model, if known.
-        model_name: name of that model, if known.
-        metadata: read-only metadata slots (hardware, budget, metrics, evidence...).
-        events: automatic changes made while training with this plan (guard promotions).
-        created: ISO-8601 creation time.
-        autoprec_version: version of autoprec that created the plan.
+            layer's dtype (pass-through layers, nested models); `with_dtype` refuses them.
+        The other fields are the arguments, normalised: canonical dtypes, `PlanRule`s,
+        read-only mappings and metadata slots, `created` and `autoprec_version` filled in.
 
     Example:
 
@@ -147,8 +138,6 @@ class PrecisionPlan:
         }
         for name, value in values.items():
             object.__setattr__(self, name, value)
-
-    # ------------------------------------------------------------------ construction
 
     @classmethod
     def uniform(cls, model, dtype: str, **kwargs: Any) -> PrecisionPlan:
@@ -229,8 +218,6 @@ class PrecisionPlan:
             **kwargs,
         )
 
-    # ------------------------------------------------------------------ lookup
-
     def dtype_for(self, path: str, class_name: str | None = None) -> str:
         """Returns the compute dtype for a layer: exact path, then rules in order, then default.
 
@@ -271,8 +258,6 @@ class PrecisionPlan:
     def uses_float16(self) -> bool:
         """Whether any layer (or the default, or a rule) computes in float16."""
         return FLOAT16 in (*self.layers.values(), self.default, *(r.dtype for r in self.rules))
-
-    # ------------------------------------------------------------------ changes
 
     def with_dtype(self, path_or_glob: str, dtype: str) -> PrecisionPlan:
         """Returns a new plan in which the matching layers compute in `dtype`.
@@ -347,8 +332,6 @@ class PrecisionPlan:
         """Returns a new plan with an event (e.g. a guard promotion) appended."""
         return dataclasses.replace(self, events=(*self.events, event))
 
-    # ------------------------------------------------------------------ comparison
-
     def diff(self, other: PrecisionPlan) -> PlanDiff:
         """Returns what this plan and `other` decide differently: layers, rules and default.
 
@@ -386,8 +369,6 @@ class PrecisionPlan:
         counts = ", ".join(f"{dtype}={count}" for dtype, count in self.dtype_counts().items())
         name = f"{self.model_name!r}, " if self.model_name else ""
         return f"PrecisionPlan({name}{counts}, default={self.default!r})"
-
-    # ------------------------------------------------------------------ Keras, text, JSON
 
     def to_dtype_policy_map(self):
         """Returns a Keras `DTypePolicyMap` keyed by Keras layer paths.
