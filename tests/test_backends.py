@@ -263,18 +263,11 @@ def _check_cost_and_search() -> dict:
 
 def _check_calibrate(work_dir: str) -> dict:
     """`calibrate` on JAX: measured per-layer costs, whole steps, cache reuse, estimate, plan."""
-    import keras
     import numpy as np
     from conftest import build_cnn, build_mlp, classification_data
 
     import autoprec
-    from autoprec._backends import jax_timing
 
-    # The bfloat16 copy of a layer must compute in bfloat16 (autocast kernels), not float32.
-    dense = keras.layers.Dense(4, dtype="mixed_bfloat16")
-    outputs, gradients, _ = jax_timing.layer_step(
-        dense, [keras.ops.ones((2, 8), dtype="bfloat16")], {}
-    )()
     cache_dir = os.path.join(work_dir, "costs")
     settings = dict(
         dtypes=("float32", "bfloat16"), repeats=2, cache_dir=cache_dir, verbose=0,
@@ -294,8 +287,6 @@ def _check_calibrate(work_dir: str) -> dict:
         cnn, images, measure_model_step=False, **dict(settings, dtypes=("float32",))
     )
     return {
-        "layer_output_dtype": str(outputs[0].dtype),
-        "kernel_gradient_dtype": str(gradients[0][0].dtype),
         "source": first.source,
         "versions": first.versions,
         "first_stats": first.stats,
@@ -482,8 +473,6 @@ def test_cost_prediction_and_search_run_on_jax(jax_results):
 
 def test_calibrate_measures_on_jax_without_tensorflow_and_reuses_its_cache(jax_results):
     result = _value(jax_results, "calibrate")
-    assert result["layer_output_dtype"] == "bfloat16"
-    assert result["kernel_gradient_dtype"] == "float32"
     assert result["source"] == "measured"
     assert result["versions"]["backend"] == "jax" and "jax" in result["versions"]
     assert "tensorflow" not in result["versions"] and not result["tensorflow_imported"]

@@ -197,6 +197,7 @@ class GuardTelemetry:
     The backend's hooks (`autoprec._backends.telemetry_backend().TelemetryHooks`)
     keep the history and wrap the train step; they call this object back through
     the `StepRecorder` methods (`begin_step` to `merge_activation_gradients`).
+    They are the `hooks` attribute.
 
     Args:
         model: a compiled, built model.
@@ -236,7 +237,7 @@ class GuardTelemetry:
         self._read_count = 0
         self._integer = True
         rows = len(self.paths) + 1
-        self._hooks = backend.TelemetryHooks(
+        self.hooks = backend.TelemetryHooks(
             np.full((self.history_steps, rows, len(SLOTS)), NOT_RECORDED, np.float32)
         )
 
@@ -253,11 +254,11 @@ class GuardTelemetry:
         if previous is not None and previous.model is self.model and previous.installed:
             previous.remove()  # left installed by an earlier fit: its wrappers would nest
         _INSTALLED[id(self.model)] = self
-        self._integer = self._hooks.integer_amax_is_fast(
+        self._integer = self.hooks.integer_amax_is_fast(
             bool(getattr(self.model, "jit_compile", False))
         )
         paths = layer_paths(self.model)
-        self._hooks.install_step(self.model, self, self._weight_owners(paths), self._replace)
+        self.hooks.install_step(self.model, self, self._weight_owners(paths), self._replace)
         for path in self.paths:
             layer = paths[path]
             index = self._index[path]
@@ -429,7 +430,7 @@ class GuardTelemetry:
 
     def _gradient_identity(self, index: int, integer: bool) -> Callable[[Any], Any]:
         """An identity whose gradient function hands the incoming gradient's amax to the hooks."""
-        hooks = self._hooks
+        hooks = self.hooks
 
         @ops.custom_gradient
         def identity(value):
@@ -456,7 +457,7 @@ class GuardTelemetry:
         skip). JAX measures every step (XLA fuses the reductions into the layers'
         own loops).
         """
-        return self._hooks.measures_bfloat16_lazily and not self._float16[index]
+        return self.hooks.measures_bfloat16_lazily and not self._float16[index]
 
     def _attention_sink(self, index: int) -> Callable[[], Callable[[Any], None] | None]:
         def sink() -> Callable[[Any], None] | None:
@@ -471,16 +472,16 @@ class GuardTelemetry:
 
     def read_status(self) -> TelemetryStatus:
         """Returns the status flags set since the last `clear_status` (one small read)."""
-        flags = self._hooks.read_status()
+        flags = self.hooks.read_status()
         return TelemetryStatus(failed=bool(flags[0]), near_range=bool(flags[1]))
 
     def clear_status(self) -> None:
         """Resets the status flags (after the host has acted on them)."""
-        self._hooks.clear_status()
+        self.hooks.clear_status()
 
     def steps_recorded(self) -> int:
         """Returns how many train steps the telemetry has recorded."""
-        return self._hooks.read_count()
+        return self.hooks.read_count()
 
     def read_records(self, new_only: bool = False) -> list[StepRecord]:
         """Returns the recorded steps still in the history, oldest first.
@@ -498,7 +499,7 @@ class GuardTelemetry:
             self._read_count = count
         if available <= 0:
             return []
-        history = self._hooks.read_history()
+        history = self.hooks.read_history()
         return [
             step_record(history[-offset], count - offset + 1, self.paths)
             for offset in range(available, 0, -1)

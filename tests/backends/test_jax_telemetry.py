@@ -1,0 +1,103 @@
+"""Tests for autoprec._backends.jax_telemetry: the telemetry's host-side state and hooks on JAX.
+
+Keras fixes its backend at its first import and this process runs TensorFlow,
+so the checks run in one child process with `KERAS_BACKEND=jax` and
+TensorFlow made unimportable; it prints one JSON line the tests read.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("jax")
+
+ROOT = Path(__file__).resolve().parents[2]
+
+CHILD = textwrap.dedent(
+    """
+    import json, sys
+    sys.modules["tensorflow"] = None
+    import jax.numpy as jnp, keras, numpy as np
+    import autoprec
+    from autoprec._backends import jax_telemetry, telemetry_backend
+    from autoprec._backends.telemetry import TelemetryHooks
+    from autoprec.runtime import apply_plan
+    from autoprec.runtime.telemetry import GuardTelemetry
+
+    empty = jax_telemetry.TelemetryHooks(np.full((4, 2, 4), -1.0, np.float32))
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(8, name="wide"),
+                              keras.layers.Dense(1, name="out")])
+    model.compile(optimizer=keras.optimizers.SGD(0.0), loss="mse")
+    plan = autoprec.PrecisionPlan.uniform(model, "float16").with_dtype("out", "float32")
+    handle = apply_plan(model, plan)
+    model.optimizer = autoprec.FlooredLossScaleOptimizer(model.optimizer, initial_scale=8.0)
+    model.optimizer.build(model.trainable_variables)
+    telemetry = GuardTelemetry(model, handle.dtypes)
+    telemetry.install()
+    model.make_train_function(force=True)
+    x = np.ones((12, 4), "float32")
+    x[8:] = np.nan  # the third step's batch is non-finite
+    model.fit(x, np.zeros((12, 1), "float32"), batch_size=4, shuffle=False, verbose=0)
+    hooks = telemetry.hooks
+    history = hooks.read_history()
+    status = hooks.read_status().tolist()
+    hooks.clear_status()
+    print("RESULT " + json.dumps({
+        "dispatch": telemetry_backend() is jax_telemetry,
+        "protocol": isinstance(empty, TelemetryHooks),
+        "lazy": empty.measures_bfloat16_lazily,
+        "integer": empty.integer_amax_is_fast(False),
+        "empty": [empty.read_count(), empty.read_status().tolist()],
+        "bitcast": int(jax_telemetry.bitcast(jnp.float32(1.0), "int32")),
+        "count": hooks.read_count(),
+        "scale": float(history[-3, 0, 0]),
+        "batch": [float(history[-2, 0, 1]), bool(np.isnan(history[-1, 0, 1]))],
+        "wide": [float(value) for value in history[-2, 1]],
+        "status": [status, hooks.read_status().tolist()],
+    }))
+    """
+)
+
+
+@pytest.fixture(scope="module")
+def results():
+    environment = {**os.environ, "KERAS_BACKEND": "jax", "JAX_PLATFORMS": "cpu"}
+    completed = subprocess.run(
+        [sys.executable, "-c", CHILD], capture_output=True, text=True, timeout=300,
+        env=environment, cwd=ROOT,
+    )  # fmt: skip
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    line = next(x for x in completed.stdout.splitlines() if x.startswith("RESULT "))
+    return json.loads(line[len("RESULT ") :])
+
+
+def test_the_telemetry_backend_on_jax_is_this_module(results):
+    assert results["dispatch"] and results["protocol"]
+    assert results["lazy"] is False and results["integer"] is True
+    assert results["empty"] == [0, [0, 0]]
+    assert results["bitcast"] == 0x3F800000
+
+
+def test_every_step_reaches_the_host_history(results):
+    assert results["count"] == 3
+    assert results["scale"] == 8.0
+    assert results["batch"] == [1.0, True]
+
+
+def test_forward_values_and_activation_gradients_leave_the_pure_step(results):
+    output, inputs, internal, gradient = results["wide"]
+    assert output > 0 and inputs == 1.0  # forward values, through the loss function's outputs
+    assert internal == -1.0  # not an attention layer: nothing recorded
+    assert gradient > 0  # weight and activation gradients (host callbacks), under the scale
+
+
+def test_a_failed_step_raises_the_status_until_cleared(results):
+    assert results["status"] == [[1, 0], [0, 0]]
