@@ -56,7 +56,7 @@ from autoprec.runtime.emulation import (  # noqa: E402
     emulated_layers,
     without_float16,
 )
-from autoprec.search import Budget, SearchSettings, search  # noqa: E402
+from autoprec.search import Budget, SearchSettings, TrialRecord, search  # noqa: E402
 from autoprec.search.space import plan_from_assignment  # noqa: E402
 
 CLASSES = 10
@@ -191,7 +191,7 @@ def warm_start_plans(model: keras.Model, result) -> dict[str, autoprec.Precision
     """`{label: plan}` of the search's warm starts (the uniform plans as the search ran them)."""
     plans = {}
     for label, entry in result.plan.metadata["search"]["warm_starts"].items():
-        assignment = result.study.trials[entry["trial"]].user_attrs.get("assignment")
+        assignment = TrialRecord.from_trial(result.study.trials[entry["trial"]]).assignment
         if assignment:
             plans[label] = plan_from_assignment(model, describe_model(model), assignment)
     return plans

@@ -22,11 +22,18 @@ float32 reference must beat a trivial baseline (training is lengthened until it 
 and the chosen plan is confirmed with longer training when the decision was close or
 the fidelity low.
 
-Modules: `budget` (`Budget`), `space` (compute layers, groups, allowed dtypes, float16
-feasibility), `heuristic` (`heuristic_plan`), `evaluator` (proxy and short training),
-`study` (Optuna storage, study and trials), `explore` (neighbour moves), `fidelity`
-(trivial baseline, lengthened training, confirmation), `driver` (`search()` and the
-measured confirmation), `result` (`SearchResult`), `workers` (`search_in_processes`).
+Modules: `budget` (`Budget`), `settings` (`SearchSettings`), `space` (compute layers,
+groups, allowed dtypes, float16 feasibility), `heuristic` (`heuristic_plan`),
+`evaluator` (proxy and short training), `fidelity` (trivial baseline, lengthened
+training, confirmation reasons), `record` (`TrialRecord`: what a trial keeps in its
+`user_attrs`), `storage` (storages and study locks), `study` (opening the study, its
+pruner, reading its trials), `warm_start` (the plans every study starts with),
+`same_assignment` (an assignment trained once across processes), `context`
+(`SearchContext`), `objective` (the trial objective), `plan_writer` (the best plan
+so far on disk), `explore` (neighbour moves), `confirmation` (the measured ranking
+and the longer confirmation), the stages `request`, `preparation`, `trials` and
+`selection`, `driver` (`search()`), `result` (`SearchResult`), `workers`
+(`search_in_processes`).
 """
 
 from .budget import Budget
@@ -43,6 +50,7 @@ from .fidelity import (
     trivial_baseline,
 )
 from .heuristic import heuristic_plan
+from .record import TrialRecord
 from .result import ParetoPoint, SearchResult
 from .settings import SearchSettings, StudyCallback
 from .space import (
@@ -58,7 +66,7 @@ from .space import (
     output_layers,
     run_profiler,
 )
-from .study import resolve_storage
+from .storage import resolve_storage
 from .workers import search_in_processes
 
 __all__ = [
@@ -74,6 +82,7 @@ __all__ = [
     "ParetoPoint",
     "ProxyResult",
     "SearchResult",
+    "TrialRecord",
     "allowed_dtypes",
     "check_reference",
     "clone_for_search",

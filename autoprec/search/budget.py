@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
-import warnings
 
 from ..errors import AutoprecError
 
@@ -88,8 +87,6 @@ class Budget:
             better, like accuracy), as in `keras.callbacks.ModelCheckpoint`.
             `"auto"` (the default) reads it from the metric's name (`LOWER_IS_BETTER`,
             `HIGHER_IS_BETTER`) and refuses a name it does not know.
-        direction: the former name of `mode` (`"lower"`/`"higher"`); still
-            accepted with a `DeprecationWarning`.
 
     Raises:
         AutoprecError: when neither limit is given, a limit is negative, `mode`
@@ -116,8 +113,6 @@ class Budget:
         max_drop: float | None = None,
         max_relative_drop: float | None = None,
         mode: str = "auto",
-        *,
-        direction: str | None = None,
     ) -> None:
         if not isinstance(metric, str) or not metric:
             raise AutoprecError(f"Budget: metric must be a metric name, got {metric!r}.")
@@ -129,8 +124,6 @@ class Budget:
         for name, value in (("max_drop", max_drop), ("max_relative_drop", max_relative_drop)):
             if value is not None and (not math.isfinite(value) or value < 0):
                 raise AutoprecError(f"Budget: {name} must be a non-negative number, got {value}.")
-        if direction is not None:
-            mode = _mode_from_direction(metric, direction, mode)
         if mode not in _MODES:
             raise AutoprecError(
                 f"Budget({metric!r}): mode must be 'min' (lower is better), 'max' (higher is "
@@ -142,11 +135,6 @@ class Budget:
         object.__setattr__(self, "max_drop", max_drop)
         object.__setattr__(self, "max_relative_drop", max_relative_drop)
         object.__setattr__(self, "mode", mode)
-
-    @property
-    def direction(self) -> str:
-        """`"higher"` when `mode` is `"max"`, `"lower"` when it is `"min"` (the former name)."""
-        return "higher" if self.mode == "max" else "lower"
 
     @property
     def log_name(self) -> str:
@@ -228,25 +216,3 @@ def infer_mode(metric: str) -> str:
         f"{why}. Pass mode='min' (lower is better, like a loss) or mode='max' (higher is "
         "better, like accuracy), as keras.callbacks.ModelCheckpoint takes it."
     )
-
-
-def _mode_from_direction(metric: str, direction: str, mode: str) -> str:
-    """Maps the former `direction` argument onto `mode`, warning that it is deprecated."""
-    modes = {"lower": "min", "higher": "max"}
-    if direction not in modes:
-        raise AutoprecError(
-            f"Budget({metric!r}): direction must be 'higher' or 'lower', got {direction!r}; "
-            "it is now mode='max' or mode='min'."
-        )
-    if mode != "auto" and mode != modes[direction]:
-        raise AutoprecError(
-            f"Budget({metric!r}): direction={direction!r} contradicts mode={mode!r}; "
-            "give mode alone."
-        )
-    warnings.warn(
-        f"Budget(direction={direction!r}) is deprecated; write mode={modes[direction]!r} "
-        "(Keras' name, as in ModelCheckpoint).",
-        DeprecationWarning,
-        stacklevel=3,
-    )
-    return modes[direction]

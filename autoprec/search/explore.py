@@ -17,7 +17,9 @@ from collections.abc import Callable, Mapping
 import optuna
 
 from .._core.dtypes import FLOAT32, widen
-from .study import SearchContext, assignment_key, best_feasible, is_feasible
+from .context import SearchContext
+from .record import TrialRecord, assignment_key
+from .study import best_feasible, is_feasible
 
 logger = logging.getLogger("autoprec")
 
@@ -59,7 +61,8 @@ def neighbours(context: SearchContext, study: optuna.Study) -> list[Neighbour]:
         Neighbours not yet tried or queued, best first.
     """
     trials = study.get_trials(deepcopy=False)
-    tried = {trial.user_attrs.get("assignment_key") for trial in trials}
+    records = {trial.number: TrialRecord.from_trial(trial) for trial in trials}
+    tried = {record.assignment_key for record in records.values()}
     best = best_feasible(study)
     base = (
         context.trial_assignment(best) if best is not None else context.uniform_assignment(FLOAT32)
@@ -72,9 +75,9 @@ def neighbours(context: SearchContext, study: optuna.Study) -> list[Neighbour]:
             for trial in trials
             if trial.state == optuna.trial.TrialState.COMPLETE
             and not is_feasible(trial)
-            and (trial.user_attrs.get("predicted_seconds") or base_seconds) < base_seconds
+            and (records[trial.number].predicted_seconds or base_seconds) < base_seconds
         ),
-        key=lambda trial: trial.user_attrs["predicted_seconds"],
+        key=lambda trial: records[trial.number].predicted_seconds,
     )
     repairs: list[Neighbour] = []
     for trial in missed[:_REPAIRED_PLANS]:
@@ -172,20 +175,21 @@ def explorer(
         finished = [other for other in trials if other.state.is_finished()]
         recent = finished[-_NEIGHBOURS_IN_A_ROW:]
         if len(recent) == _NEIGHBOURS_IN_A_ROW and all(
-            other.user_attrs.get("neighbour") for other in recent
+            TrialRecord.from_trial(other).neighbour for other in recent
         ):
             return
         found = neighbours(context, study)
         if not found:
             return
         chosen = found[0]
+        record = TrialRecord(
+            neighbour=chosen.move,
+            assignment=chosen.assignment,
+            assignment_key=assignment_key(chosen.assignment),
+        )
         study.enqueue_trial(
             context.params_for(chosen.assignment),
-            user_attrs={
-                "neighbour": chosen.move,
-                "assignment": chosen.assignment,
-                "assignment_key": assignment_key(chosen.assignment),
-            },
+            user_attrs=record.to_user_attrs(),
             skip_if_exists=False,
         )
         if context.verbose:

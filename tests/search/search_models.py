@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import time
 
 import keras
 import numpy as np
 from conftest import build_mlp, classification_data
 
+from autoprec._core.data import take_batches
 from autoprec.search import SearchSettings
 
 #: Search settings that keep a test's search small: 2 train steps, float32 and bfloat16 only.
@@ -120,3 +123,69 @@ def far_targets(samples: int = 1024):
     y = (1000 + 3 * np.tanh(x @ weights / 4)).astype("float32")
     split = samples * 3 // 4
     return (x[:split], y[:split]), (x[split:], y[split:])
+
+
+@dataclasses.dataclass(frozen=True)
+class PreparedSearch:
+    """The first stages of a real search, run on a small model: what later stages read."""
+
+    model: keras.Model
+    evaluator: object
+    request: object
+    space: object
+    reference: object
+    context: object
+
+
+@contextlib.contextmanager
+def prepared_search(model=None, data=None, budget=None, **changes):
+    """Runs `search()`'s first stages (space, float32 reference, context) on a small model.
+
+    Args:
+        model: a compiled model; default `compiled_mlp()`.
+        data: `(train, validation)`; default `mlp_data()`.
+        budget: a `Budget`; default `val_accuracy` within 0.5.
+        **changes: `SearchSettings` fields to change from `FAST_SETTINGS` (`baseline`
+            default `None`: training is not lengthened), or `hardware`.
+
+    Yields:
+        A `PreparedSearch`; its evaluator is closed afterwards.
+    """
+    from autoprec.search import Budget, Evaluator
+    from autoprec.search.preparation import build_context, check_float32, prepare_space
+    from autoprec.search.request import SearchRequest
+
+    keywords = fast(**{"baseline": None, **changes})
+    settings = keywords["settings"]
+    model = compiled_mlp() if model is None else model
+    train, val = mlp_data() if data is None else data
+    evaluator = Evaluator(
+        model,
+        take_batches(train, settings.batch_size, settings.steps_per_trial, what="x"),
+        take_batches(val, settings.batch_size, settings.validation_steps, what="val"),
+        settings.proxy_batches,
+        0,
+    )
+    request = SearchRequest(
+        budget=budget or Budget("val_accuracy", max_drop=0.5),
+        hardware=keywords["hardware"],
+        n_trials=2,
+        timeout=None,
+        storage=None,
+        study_name=None,
+        study=None,
+        sampler=None,
+        pruner=None,
+        settings=settings,
+        verbose=0,
+        started=time.perf_counter(),
+        train_data=train,
+        max_train_steps=8 * settings.steps_per_trial,
+    )
+    try:
+        space = prepare_space(model, evaluator, request)
+        reference = check_float32(evaluator, request)
+        context = build_context(model, evaluator, request, space, reference)
+        yield PreparedSearch(model, evaluator, request, space, reference, context)
+    finally:
+        evaluator.close()

@@ -44,7 +44,7 @@ from autoprec.search.budget import HIGHER_IS_BETTER, LOWER_IS_BETTER, infer_mode
 def test_budget_reads_mode_from_known_metric_names(metric, mode):
     budget = Budget(metric, max_drop=0.1)
     assert budget.mode == mode
-    assert budget.direction == {"max": "higher", "min": "lower"}[mode]
+    assert not hasattr(budget, "direction")  # the former name is gone in 0.3
 
 
 @pytest.mark.parametrize("metric", ["val_score", "val_mean", "custom_metric", "accuracy_loss"])
@@ -86,12 +86,9 @@ def test_budget_is_a_frozen_value_that_round_trips_through_json():
         budget.mode = "max"
 
 
-def test_former_direction_argument_still_works_with_a_warning():
-    with pytest.warns(DeprecationWarning, match="mode='min'"):
-        budget = Budget("score", max_drop=1, direction="lower")
-    assert budget == Budget("score", max_drop=1, mode="min")
-    with pytest.raises(AutoprecError, match="contradicts"):
-        Budget("score", max_drop=1, mode="max", direction="lower")
+def test_the_former_direction_argument_is_refused():
+    with pytest.raises(TypeError, match="direction"):
+        Budget("score", max_drop=1, direction="lower")
 
 
 def test_budget_rejects_bad_arguments():
@@ -99,7 +96,5 @@ def test_budget_rejects_bad_arguments():
         Budget("val_accuracy")
     with pytest.raises(AutoprecError, match="mode must be 'min'.*'max'.*got 'up'"):
         Budget("val_accuracy", max_drop=0.1, mode="up")
-    with pytest.raises(AutoprecError, match="direction must be 'higher' or 'lower'"):
-        Budget("val_accuracy", max_drop=0.1, direction="up")
     with pytest.raises(AutoprecError, match="non-negative"):
         Budget("val_accuracy", max_drop=-1)

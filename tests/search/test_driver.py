@@ -21,7 +21,7 @@ from search.search_models import (
 
 from autoprec.errors import AutoprecError
 from autoprec.hardware import resolve_hardware
-from autoprec.search import Budget, SearchSettings, heuristic_plan, search
+from autoprec.search import Budget, SearchSettings, TrialRecord, heuristic_plan, search
 from autoprec.search.confirmation import measured_ranking
 from autoprec.search.evaluator import Evaluator
 
@@ -97,12 +97,12 @@ def test_search_finds_mixed_plan_where_uniform_policies_fail():
     assert half / sum(parameters.values()) > 0.9
     assert plan.layers["wide"] == "bfloat16"  # float16 overflows there
     assert plan.metadata["measured_metric"] <= result.budget.threshold(result.reference_metric)
-    warm = {t.user_attrs.get("warm_start"): t for t in result.study.trials}
+    warm = {TrialRecord.from_trial(t).warm_start: t for t in result.study.trials}
     for label in ("uniform bfloat16", "uniform float16"):
         assert warm[label].state != optuna.trial.TrialState.COMPLETE or (
-            warm[label].user_attrs["budget_violation"] > 0
+            TrialRecord.from_trial(warm[label]).budget_violation > 0
         )
-    assert all("fidelity" in t.user_attrs for t in result.study.trials)
+    assert all(TrialRecord.from_trial(t).fidelity for t in result.study.trials)
     # Float16 trials are emulated where this device has no fast float16 kernels.
     fast_here = resolve_hardware("local").is_fast("float16")
     expected = "native" if fast_here else "emulated"
@@ -155,7 +155,7 @@ def test_same_seed_same_trials():
             n_trials=5,
             **fast(),
         )
-        runs.append([(t.params, t.user_attrs.get("metric")) for t in result.study.trials])
+        runs.append([(t.params, TrialRecord.from_trial(t).metric) for t in result.study.trials])
     assert runs[0] == runs[1]
 
 
@@ -186,7 +186,7 @@ def test_measured_step_confirms_the_final_plan_against_uniform_plans():
 
 
 def _assignment_seconds(trial) -> float:
-    return trial.user_attrs["predicted_seconds"]
+    return TrialRecord.from_trial(trial).predicted_seconds
 
 
 @pytest.mark.parametrize("build", [wide_classifier, attention_classifier])
@@ -211,27 +211,28 @@ def test_the_plan_costs_no_more_than_any_uniform_or_heuristic_plan_within_budget
         ),
     )
     trials = result.study.trials
-    warm = [t for t in trials if t.user_attrs.get("warm_start")]
-    labels = [t.user_attrs["warm_start"] for t in warm]
+    records = [TrialRecord.from_trial(t) for t in trials]
+    warm = [t for t, r in zip(trials, records) if r.warm_start]
+    labels = [records[t.number].warm_start for t in warm]
     assert labels[0] == "float32" and "uniform bfloat16" in labels
     assert [t.number for t in warm] == list(range(len(warm)))  # evaluated first
     heuristic = heuristic_plan(model, hardware="rtx4090", dtypes=["float32", "bfloat16"])
     for trial in warm:  # ungrouped: each carries its whole per-layer assignment
         assert trial.state == optuna.trial.TrialState.COMPLETE
-        assert set(trial.user_attrs["assignment"]) == set(result.plan.metadata["evidence"])
+        assert set(records[trial.number].assignment) == set(result.plan.metadata["evidence"])
     if "heuristic" in labels:
-        stored = warm[labels.index("heuristic")].user_attrs["assignment"]
+        stored = records[warm[labels.index("heuristic")].number].assignment
         assert stored["norm"] == "float32"  # kept by the heuristic, though its group is 16-bit
         assert any(dtype == "bfloat16" for dtype in stored.values())
     assert heuristic.layers["head"] == "float32"
     chosen = result.plan.metadata["search"]["best_trial"]
     chosen_seconds = _assignment_seconds(trials[chosen])
     for trial in warm:
-        if trial.user_attrs["budget_violation"] <= 0:
+        if records[trial.number].budget_violation <= 0:
             assert chosen_seconds <= _assignment_seconds(trial) * (1 + 1e-9)
     uniform = warm[labels.index("uniform bfloat16")]
-    assert uniform.user_attrs["predicted_seconds"] < result.float32_predicted_seconds
-    assert dict(result.plan.layers).items() >= trials[chosen].user_attrs["assignment"].items()
+    assert records[uniform.number].predicted_seconds < result.float32_predicted_seconds
+    assert dict(result.plan.layers).items() >= records[chosen].assignment.items()
     report = result.report()
     assert "uniform bfloat16" in report and "float32:" in report
     assert result.plan.metadata["search"]["warm_starts"]["float32"]["within_budget"]
@@ -285,35 +286,3 @@ def test_tiny_model_stays_float32_and_named_hardware_costs_are_called_predicted(
     text = caplog.text
     assert "predicted for rtx4090" in text
     assert "on this device" not in text
-
-
-@pytest.mark.parametrize(
-    ("rounds", "expected"),
-    [
-        # A clear win in both the median and the fastest round: the searched plan leads.
-        ({"searched": [0.80, 0.81, 0.82], "float32": [0.90, 0.95, 0.97]}, ["searched", "float32"]),
-        # Split decision (the searched plan wins the median, float32 the fastest round): simpler.
-        ({"searched": [0.90, 1.00, 1.20], "float32": [0.89, 1.05, 1.10]}, ["float32", "searched"]),
-        # A plan beaten in both by the searched plan does not win a split decision with a third.
-        (
-            {"searched": [0.375, 0.46, 0.47], "float32": [0.437, 0.47, 0.48],
-             "uniform bfloat16": [0.44, 0.45, 0.46]},
-            ["uniform bfloat16", "searched", "float32"],
-        ),
-        # The fastest median leads even over a simpler plan that is slower in both.
-        (
-            {"heuristic": [0.50, 0.52, 0.60], "uniform bfloat16": [0.55, 0.56, 0.58],
-             "float32": [0.70, 0.71, 0.72]},
-            ["heuristic", "uniform bfloat16", "float32"],
-        ),
-        # The simplest of several tied plans goes first.
-        (
-            {"searched": [0.40, 0.41], "heuristic": [0.39, 0.43], "uniform bfloat16": [0.38, 0.44]},
-            ["uniform bfloat16", "heuristic", "searched"],
-        ),
-    ],
-)  # fmt: skip
-def test_measured_ranking_goes_by_median_and_gives_split_decisions_to_the_simpler_plan(
-    rounds, expected
-):
-    assert measured_ranking(rounds) == expected

@@ -5,7 +5,7 @@ from __future__ import annotations
 import keras
 from search.search_models import far_regression, far_targets
 
-from autoprec.search import Budget, SearchSettings, search
+from autoprec.search import Budget, SearchSettings, TrialRecord, search
 
 
 def test_after_the_warm_starts_a_neighbour_repairs_a_faster_plan_that_missed_the_budget():
@@ -27,15 +27,14 @@ def test_after_the_warm_starts_a_neighbour_repairs_a_faster_plan_that_missed_the
             confirm_steps=0,
         ),
     )
-    trials = result.study.trials
-    warm = [t for t in trials if t.user_attrs.get("warm_start")]
-    labels = {t.user_attrs["warm_start"]: t for t in warm}
-    uniform = labels["uniform bfloat16"]
-    assert uniform.user_attrs["budget_violation"] > 0  # the bfloat16 head misses the budget
-    neighbour = trials[len(warm)]
-    assert neighbour.user_attrs["neighbour"].endswith("-> float32")
-    before, after = uniform.user_attrs["assignment"], neighbour.user_attrs["assignment"]
+    records = [TrialRecord.from_trial(t) for t in result.study.trials]
+    warm = [r for r in records if r.warm_start]
+    uniform = {r.warm_start: r for r in warm}["uniform bfloat16"]
+    assert uniform.budget_violation > 0  # the bfloat16 head misses the budget
+    neighbour = records[len(warm)]
+    assert neighbour.neighbour.endswith("-> float32")
+    before, after = uniform.assignment, neighbour.assignment
     changed = [path for path in before if before[path] != after[path]]
     assert len(changed) == 1 and after[changed[0]] == "float32"
-    assert neighbour.user_attrs["predicted_seconds"] < result.float32_predicted_seconds
+    assert neighbour.predicted_seconds < result.float32_predicted_seconds
     assert result.plan.layers["head"] == "float32"

@@ -21,19 +21,20 @@ import optuna
 import pytest
 from pg_server import postgres_server  # noqa: F401  (the session fixture `postgres`)
 
-from autoprec.search import resolve_storage
-from autoprec.search.study import (
-    WARM_STARTS_MARK,
-    claim_study_lock,
-    enqueue_warm_starts,
-    plan_file_trial,
-    release_study_lock,
-    wait_for_same_assignment,
-)
+from autoprec.search import TrialRecord, resolve_storage
+from autoprec.search.plan_writer import plan_file_trial
+from autoprec.search.record import WARM_STARTS_MARK, write_record
+from autoprec.search.same_assignment import wait_for_same_assignment
+from autoprec.search.storage import claim_study_lock, release_study_lock
+from autoprec.search.warm_start import WarmStart, enqueue_warm_starts
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKER = ROOT / "bench" / "search_worker.py"
 STATES = optuna.trial.TrialState
+
+
+def _record(trial) -> TrialRecord:
+    return TrialRecord.from_trial(trial)
 
 
 def _in_threads(count: int, work) -> list:
@@ -95,16 +96,16 @@ def test_warm_starts_are_enqueued_once_when_processes_race(postgres):
     url = postgres.create_database("warm")
     optuna.create_study(storage=resolve_storage(url), study_name="s")
     warm = [
-        (label, {"dense": dtype, "head": "float32"}, {"dense": dtype})
+        WarmStart(label, {"dense": dtype, "head": "float32"}, {"dense": dtype})
         for label, dtype in (("float32", "float32"), ("uniform bfloat16", "bfloat16"))
     ]
     studies = [optuna.load_study(study_name="s", storage=resolve_storage(url)) for _ in range(4)]
-    added = _in_threads(4, lambda index: enqueue_warm_starts(studies[index], warm, index == 0))
+    added = _in_threads(4, lambda index: enqueue_warm_starts(studies[index], warm))
     assert sorted(added) == [0, 0, 0, 2]
     study = optuna.load_study(study_name="s", storage=resolve_storage(url))
-    assert [t.user_attrs["warm_start"] for t in study.trials] == ["float32", "uniform bfloat16"]
+    assert [_record(t).warm_start for t in study.trials] == ["float32", "uniform bfloat16"]
     assert study.user_attrs[WARM_STARTS_MARK] is True
-    assert enqueue_warm_starts(study, warm, False) == 0  # a process resuming it later
+    assert enqueue_warm_starts(study, warm) == 0  # a process resuming it later
     assert len(study.trials) == 2
 
 
@@ -114,14 +115,13 @@ def test_a_trial_waits_for_the_running_trial_of_its_assignment_and_reuses_its_ou
     study = optuna.create_study(storage=storage, study_name="s")
     first, second = study.ask(), study.ask()
     for trial in (first, second):
-        trial.set_user_attr("assignment_key", "k")
-        trial.set_user_attr("train_steps", 2)
-    first.set_user_attr("evaluating", first.number)
+        write_record(trial, TrialRecord(assignment_key="k", train_steps=2))
+    write_record(first, TrialRecord(evaluating=first.number))
     other = optuna.load_study(study_name="s", storage=resolve_storage(url, heartbeat_interval=None))
 
     def finish_first() -> None:
         time.sleep(1.0)
-        first.set_user_attr("metrics", {"val_accuracy": 0.75})
+        write_record(first, TrialRecord(metrics={"val_accuracy": 0.75}))
         study.tell(first, 1.0)
 
     finisher = threading.Thread(target=finish_first)
@@ -130,17 +130,14 @@ def test_a_trial_waits_for_the_running_trial_of_its_assignment_and_reuses_its_ou
     outcome = wait_for_same_assignment(other, second.number, "k", 2)
     finisher.join()
     assert time.monotonic() - started >= 0.9
-    assert outcome["trial"] == first.number and outcome["metrics"] == {"val_accuracy": 0.75}
+    assert outcome.trial == first.number and outcome.metrics == {"val_accuracy": 0.75}
     # the lower-numbered trial never waits for a higher one that is not evaluating yet
-    third = study.ask()
-    third.set_user_attr("assignment_key", "j")
-    third.set_user_attr("train_steps", 2)
-    fourth = study.ask()
-    fourth.set_user_attr("assignment_key", "j")
-    fourth.set_user_attr("train_steps", 2)
+    third, fourth = study.ask(), study.ask()
+    for trial in (third, fourth):
+        write_record(trial, TrialRecord(assignment_key="j", train_steps=2))
     assert wait_for_same_assignment(other, third.number, "j", 2, timeout=5) is None
     # and a trial whose evaluator failed evaluates the assignment itself
-    third.set_user_attr("evaluating", third.number)
+    write_record(third, TrialRecord(evaluating=third.number))
     study.tell(third, state=STATES.FAIL)
     assert wait_for_same_assignment(other, fourth.number, "j", 2, timeout=5) is None
 
@@ -171,7 +168,8 @@ def test_a_trial_of_a_killed_process_is_failed_and_enqueued_again_with_its_assig
     url = postgres.create_database("killed")
     storage = resolve_storage(url, heartbeat_interval=1, grace_period=2)
     study = optuna.create_study(storage=storage, study_name="s")
-    study.enqueue_trial({"dense": "bfloat16"}, user_attrs={"assignment": {"dense": "bfloat16"}})
+    record = TrialRecord(assignment={"dense": "bfloat16"})
+    study.enqueue_trial({"dense": "bfloat16"}, user_attrs=record.to_user_attrs())
     script = tmp_path / "sleeper.py"
     script.write_text(_SLEEPER)
     process = subprocess.Popen(
@@ -188,7 +186,7 @@ def test_a_trial_of_a_killed_process_is_failed_and_enqueued_again_with_its_assig
     assert killed.state == STATES.FAIL
     assert retried.state == STATES.WAITING and retried.system_attrs["failed_trial"] == 0
     assert retried.params == {"dense": "bfloat16"}
-    assert retried.user_attrs["assignment"] == {"dense": "bfloat16"}
+    assert _record(retried).assignment == {"dense": "bfloat16"}
     _fail_stale_trials(study)  # another process looking again adds nothing
     assert len(study.trials) == 2
 
@@ -216,9 +214,9 @@ def _finish(process: subprocess.Popen) -> None:
 
 def _assert_trained_once(trials: list[optuna.trial.FrozenTrial]) -> None:
     trained = [
-        t.user_attrs["assignment_key"]
+        _record(t).assignment_key
         for t in trials
-        if t.state == STATES.COMPLETE and t.user_attrs.get("reused_from") is None
+        if t.state == STATES.COMPLETE and _record(t).reused_from is None
     ]
     assert len(trained) == len(set(trained)), trained
 
@@ -253,7 +251,7 @@ def test_two_workers_finish_one_study_and_leave_the_best_plan(postgres, tmp_path
     assert not torn
     assert sum(t.state in (STATES.COMPLETE, STATES.PRUNED) for t in trials) == 6
     assert not [t for t in trials if t.state == STATES.RUNNING]
-    labels = [t.user_attrs["warm_start"] for t in trials if "warm_start" in t.user_attrs]
+    labels = [_record(t).warm_start for t in trials if _record(t).warm_start]
     assert "float32" in labels and len(labels) == len(set(labels))
     _assert_trained_once(trials)
     assert plan_file_trial(plan_path, "shared") == _best_feasible_number(trials)

@@ -12,8 +12,9 @@ import pytest
 from search.search_models import compiled_mlp, fast, mlp_data
 
 import autoprec
-from autoprec.search import Budget, resolve_storage, search
-from autoprec.search.study import plan_file_trial
+from autoprec.search import Budget, TrialRecord, resolve_storage, search
+from autoprec.search.plan_writer import plan_file_trial
+from autoprec.search.record import WARM_STARTS_MARK
 
 WORKER = Path(__file__).resolve().parents[2] / "bench" / "search_worker.py"
 
@@ -34,9 +35,7 @@ def test_resume_accumulates_without_duplicate_warm_starts(tmp_path):
         _search(Budget("val_accuracy", max_drop=0.2), 3, storage, "s")
     study = optuna.load_study(study_name="s", storage=resolve_storage(storage))
     assert len(study.trials) == 6
-    labels = [
-        t.user_attrs.get("warm_start") for t in study.trials if t.user_attrs.get("warm_start")
-    ]
+    labels = [r.warm_start for r in map(TrialRecord.from_trial, study.trials) if r.warm_start]
     assert len(labels) == len(set(labels))
 
 
@@ -94,26 +93,10 @@ def test_two_processes_share_one_study(tmp_path, kind):
     study = optuna.load_study(study_name="shared", storage=resolve_storage(storage))
     numbers = [t.number for t in study.trials if t.state.is_finished()]
     assert len(numbers) == 6 and len(set(numbers)) == 6
-    labels = [t.user_attrs["warm_start"] for t in study.trials if "warm_start" in t.user_attrs]
+    labels = [r.warm_start for r in map(TrialRecord.from_trial, study.trials) if r.warm_start]
     assert "float32" in labels and len(labels) == len(set(labels))
-    assert study.user_attrs["warm_starts_enqueued"] is True
+    assert study.user_attrs[WARM_STARTS_MARK] is True
     assert optuna.get_all_study_names(resolve_storage(storage)) == ["shared"]  # lock released
-
-
-def test_resolve_storage_opens_journal_files_and_passes_the_rest(tmp_path):
-    from optuna.storages import JournalStorage
-
-    assert resolve_storage(None) is None
-    assert isinstance(resolve_storage(str(tmp_path / "a.log")), JournalStorage)
-    assert isinstance(resolve_storage(tmp_path / "b.log"), JournalStorage)
-    assert isinstance(resolve_storage(f"journal://{tmp_path / 'c.journal'}"), JournalStorage)
-    url = f"sqlite:///{tmp_path / 'study.db'}"
-    database = resolve_storage(url)
-    assert isinstance(database, optuna.storages.RDBStorage) and database.url == url
-    assert (database.heartbeat_interval, database.grace_period) == (60, 120)
-    assert resolve_storage(url, heartbeat_interval=2).grace_period == 4
-    storage = optuna.storages.InMemoryStorage()
-    assert resolve_storage(storage) is storage
 
 
 def test_an_assignment_already_trained_is_reused_across_runs_of_one_study(tmp_path):
@@ -123,18 +106,16 @@ def test_an_assignment_already_trained_is_reused_across_runs_of_one_study(tmp_pa
         _search(budget, n_trials, storage, "reuse", group_by=1)
     study = optuna.load_study(study_name="reuse", storage=resolve_storage(storage))
     complete = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
+    records = {t.number: TrialRecord.from_trial(t) for t in study.trials}
     trained: dict[str, int] = {}
     for trial in complete:
-        key = trial.user_attrs["assignment_key"]
-        source = trial.user_attrs.get("reused_from")
+        record = records[trial.number]
+        key, source = record.assignment_key, record.reused_from
         if source is None:
             assert key not in trained, f"trial {trial.number} trained {key} again"
             trained[key] = trial.number
         elif source != "reference":
-            assert study.trials[source].user_attrs["assignment_key"] == key
-            assert study.trials[source].user_attrs["metric"] == trial.user_attrs["metric"]
-    reused = [t for t in complete if t.user_attrs.get("reused_from") is not None]
-    assert reused and any(
-        isinstance(t.user_attrs["reused_from"], int) and t.user_attrs["reused_from"] < 3
-        for t in reused
-    )
+            assert records[source].assignment_key == key
+            assert records[source].metric == record.metric
+    reused = [records[t.number] for t in complete if records[t.number].reused]
+    assert reused and any(isinstance(r.reused_from, int) and r.reused_from < 3 for r in reused)

@@ -7,7 +7,13 @@ import pytest
 from conftest import build_mlp, classification_data
 from pg_server import postgres_server  # noqa: F401  (the session fixture `postgres`)
 
-from autoprec.search import Budget, SearchSettings, resolve_storage, search_in_processes
+from autoprec.search import (
+    Budget,
+    SearchSettings,
+    TrialRecord,
+    resolve_storage,
+    search_in_processes,
+)
 
 
 @pytest.mark.parametrize("kind", ["journal", pytest.param("postgres", marks=pytest.mark.slow)])
@@ -35,7 +41,7 @@ def test_two_processes_search_one_study_and_the_caller_gets_its_best_plan(tmp_pa
     study = optuna.load_study(study_name="pool", storage=resolve_storage(str(storage)))
     assert len(study.trials) == 6 and len({t.number for t in study.trials}) == 6
     assert not [t for t in study.trials if t.state == optuna.trial.TrialState.RUNNING]
-    labels = [t.user_attrs["warm_start"] for t in study.trials if "warm_start" in t.user_attrs]
+    labels = [r.warm_start for r in map(TrialRecord.from_trial, study.trials) if r.warm_start]
     assert labels and len(labels) == len(set(labels))  # enqueued once across workers
     assert result.study.study_name == "pool" and len(result.study.trials) == 6
     assert result.plan.metadata["search"]["trials"] == 6

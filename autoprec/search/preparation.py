@@ -1,0 +1,412 @@
+"""The search's first stages: its space (costs, dtypes, profile, groups) and its float32 reference.
+
+`prepare_space` returns the `SearchSpace` (what each layer may be and what it costs),
+`check_float32` the `ReferenceCheck` (the float32 reference, lengthened until it
+learns, and its spread), and `build_context` the `SearchContext` every trial reads.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import warnings
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import keras
+import numpy as np
+import optuna
+
+from .._core.dtypes import COMPUTE_DTYPES, FLOAT16, FLOAT32
+from ..cost import CostTable, calibrate, predict_costs
+from ..hardware import HardwareProfile, is_local, resolve_hardware
+from ..layers import LayerInfo, describe_model
+from ..plan import PrecisionPlan
+from ..profiler import Profile
+from .budget import Budget
+from .confirmation import say
+from .context import SearchContext
+from .evaluator import Evaluator
+from .fidelity import FidelityCheck, check_reference
+from .heuristic import PlanCosts
+from .record import TrainedOutcome, assignment_key
+from .request import SearchRequest
+from .space import (
+    Group,
+    allowed_dtypes,
+    compute_layers,
+    default_dtypes,
+    float16_unsafe_layers,
+    group_layers,
+    is_sensitive,
+    make_groups,
+    output_layers,
+    run_profiler,
+)
+
+logger = logging.getLogger("autoprec")
+
+
+@dataclasses.dataclass(frozen=True)
+class SearchSpace:
+    """What each layer may be and what it costs: the first stage's value.
+
+    Attributes:
+        infos: `{path: LayerInfo}` of every layer.
+        compute: the compute layers' paths.
+        hardware: the hardware the costs are for (`None`: a local table given by the user).
+        table: the cost table, or `None`.
+        costs: the plans' step costs from `table`.
+        dtypes: the dtypes the search may use.
+        float16_trials: `"native"`, `"emulated"`, or `None` without float16.
+        profile: the profile read for float16 feasibility, or `None`.
+        unsafe: `{path: why}` of layers whose ranges float16 cannot hold.
+        allowed: `{compute path: dtypes it may take}`.
+        removed: `{path: {dtype: why}}` of dtypes taken out of a layer's choices.
+        outputs: the output layers' paths.
+        groups: the search space's groups.
+    """
+
+    infos: Mapping[str, LayerInfo]
+    compute: list[str]
+    hardware: HardwareProfile | None
+    table: CostTable | None
+    costs: PlanCosts
+    dtypes: tuple[str, ...]
+    float16_trials: str | None
+    profile: Profile | None
+    unsafe: Mapping[str, str]
+    allowed: dict[str, tuple[str, ...]]
+    removed: Mapping[str, Mapping[str, str]]
+    outputs: set[str]
+    groups: list[Group]
+
+
+def prepare_space(model: keras.Model, evaluator: Evaluator, request: SearchRequest) -> SearchSpace:
+    """Returns the search's space: costs (measured or predicted), dtypes, profile and groups.
+
+    Args:
+        model: the user's model.
+        evaluator: the trials' evaluator (its model is timed and profiled).
+        request: the search's arguments.
+
+    Returns:
+        The `SearchSpace`.
+    """
+    settings = request.settings
+    infos = describe_model(model)
+    compute = compute_layers(infos)
+    hardware_profile: HardwareProfile | None = None
+    table = settings.costs
+    cost_batch_size = settings.cost_batch_size or evaluator.batch_size
+    if table is None:
+        with request.clock.stage("costs"):
+            hardware_profile, table = load_costs(
+                evaluator.model,
+                request.hardware,
+                evaluator.train_batches[0],
+                settings.dtypes,
+                request.verbose,
+                cost_batch_size,
+            )
+    elif not is_local(request.hardware):
+        hardware_profile = resolve_hardware(request.hardware)
+    dtypes = tuple(default_dtypes(settings.dtypes, hardware_profile, table))
+    float16_trials = _float16_trials(evaluator, settings.float16_trials, dtypes, request.verbose)
+    profile = settings.profile
+    if profile is None and FLOAT16 in dtypes:
+        with request.clock.stage("profile"):
+            profile = run_profiler(
+                evaluator.model,
+                (evaluator.train_x, evaluator.train_y),
+                settings.profile_steps,
+                evaluator.batch_size,
+            )
+    unsafe = float16_unsafe_layers(profile)
+    allowed, removed = allowed_dtypes(compute, infos, dtypes, unsafe, settings.keep_float32)
+    outputs = output_layers(model, infos)
+    grouped = group_layers(compute, settings.group_by, separate=outputs)
+    return SearchSpace(
+        infos=infos,
+        compute=compute,
+        hardware=hardware_profile,
+        table=table,
+        costs=PlanCosts(evaluator.model, table, cost_batch_size),
+        dtypes=dtypes,
+        float16_trials=float16_trials,
+        profile=profile,
+        unsafe=unsafe,
+        allowed=allowed,
+        removed=removed,
+        outputs=outputs,
+        groups=make_groups(grouped, allowed),
+    )
+
+
+def _float16_trials(
+    evaluator: Evaluator, requested: str, dtypes: Sequence[str], verbose: int
+) -> str | None:
+    """Turns float16 emulation on where asked or needed; returns "native", "emulated" or None.
+
+    `"auto"` emulates where this device has no fast float16 kernels; `None` when float16
+    is not among the search's dtypes.
+    """
+    if FLOAT16 not in dtypes:
+        return None
+    emulate = requested == "emulated" or (
+        requested == "auto" and not resolve_hardware("local").is_fast(FLOAT16)
+    )
+    if emulate and evaluator.emulate_float16():
+        say(
+            verbose,
+            "autoprec.search: float16 has no fast kernels here; trials emulate it (float32 "
+            "math, float16 rounding at layer boundaries).",
+        )
+        return "emulated"
+    return "native"
+
+
+def load_costs(
+    model: keras.Model,
+    hardware: HardwareProfile | str | None,
+    batch: tuple,
+    dtypes: Sequence[str] | None,
+    verbose: int,
+    batch_size: int,
+) -> tuple[HardwareProfile, CostTable]:
+    """Returns `(hardware profile, cost table)`: measured here for a local `hardware`, else predicted.
+
+    Args:
+        model: the model to time or predict.
+        hardware: `"local"`, a profile name or a `HardwareProfile`.
+        batch: a training batch (timed on a local device).
+        dtypes: what the user asked for (`None`: what the hardware runs fast).
+        verbose: above 1 shows the calibration's progress.
+        batch_size: the batch the costs are predicted for.
+
+    Returns:
+        The hardware profile and the cost table.
+    """
+    profile = resolve_hardware(hardware)
+    if is_local(hardware):
+        # Time only what the search may use: float16 on a CPU costs minutes per model to time.
+        measured = default_dtypes(dtypes, profile, None)
+        table = calibrate(
+            model, batch, dtypes=list(measured), verbose=int(verbose > 1), hardware=profile
+        )
+    else:
+        table = predict_costs(
+            model, profile, batch_size=batch_size, dtypes=list(dtypes or COMPUTE_DTYPES)
+        )
+    return profile, table
+
+
+@dataclasses.dataclass(frozen=True)
+class ReferenceCheck:
+    """The float32 reference the budget is measured from: the second stage's value.
+
+    Attributes:
+        metrics: the float32 plan's validation metrics at the search's fidelity.
+        fidelity: the trivial-baseline check (how long trials train).
+        spread: the reference's seed-to-seed standard deviation, or `None`.
+    """
+
+    metrics: Mapping[str, float]
+    fidelity: FidelityCheck
+    spread: float | None
+
+    @property
+    def reference(self) -> float:
+        """The float32 reference's budget metric."""
+        return self.fidelity.reference
+
+
+def check_float32(evaluator: Evaluator, request: SearchRequest) -> ReferenceCheck:
+    """Trains the float32 reference, lengthened until it beats a trivial baseline.
+
+    Args:
+        evaluator: the trials' evaluator (its train batches may be lengthened).
+        request: the search's arguments.
+
+    Returns:
+        The `ReferenceCheck`.
+
+    Raises:
+        AutoprecError: the reference has not learned even at `max_steps_per_trial`.
+    """
+    settings = request.settings
+    metrics, fidelity = check_reference(
+        evaluator,
+        request.budget,
+        request.train_data,
+        settings.batch_size,
+        request.max_train_steps,
+        settings.baseline,
+    )
+    spread = _reference_spread(
+        evaluator, request.budget, fidelity.reference, settings.reference_repeats
+    )
+    return ReferenceCheck(metrics, fidelity, spread)
+
+
+def _reference_spread(
+    evaluator: Evaluator, budget: Budget, reference: float, repeats: int
+) -> float | None:
+    if repeats <= 0:
+        return None
+    values = [reference]
+    float32_plan = PrecisionPlan.uniform(evaluator.model, FLOAT32)
+    original_seed = evaluator.seed
+    try:
+        for repeat in range(repeats):
+            order = list(
+                np.random.default_rng(original_seed + repeat + 1).permutation(
+                    len(evaluator.train_batches)
+                )
+            )
+            evaluator.seed = original_seed + repeat + 1
+            metrics = evaluator.train_and_evaluate(float32_plan, batch_order=order)
+            values.append(metrics[budget.log_name])
+    finally:
+        evaluator.seed = original_seed
+    spread = float(np.std(values, ddof=1))
+    if budget.allowance(reference) < spread:
+        message = (
+            f"Budget on {budget.metric} allows {budget.allowance(reference):.3g}, less than "
+            f"the float32 reference's own seed-to-seed spread {spread:.3g} "
+            f"({repeats + 1} runs): plans are judged within noise."
+        )
+        warnings.warn(message, stacklevel=5)
+        logger.warning("autoprec.search: %s", message)
+    return spread
+
+
+def build_context(
+    model: keras.Model,
+    evaluator: Evaluator,
+    request: SearchRequest,
+    space: SearchSpace,
+    reference: ReferenceCheck,
+) -> SearchContext:
+    """Returns the context every trial reads, its cache holding the float32 reference.
+
+    Args:
+        model: the user's model.
+        evaluator: the trials' evaluator.
+        request: the search's arguments.
+        space: the `SearchSpace`.
+        reference: the `ReferenceCheck`.
+
+    Returns:
+        The `SearchContext`.
+    """
+    float32_seconds, _ = space.costs.step({path: FLOAT32 for path in space.compute})
+    context = SearchContext(
+        model=model,
+        infos=space.infos,
+        compute=space.compute,
+        groups=space.groups,
+        allowed=space.allowed,
+        evaluator=evaluator,
+        costs=space.costs,
+        budget=request.budget,
+        reference=reference.reference,
+        float32_seconds=float32_seconds,
+        verbose=request.verbose,
+        risk=_risk(space),
+    )
+    context.cache[assignment_key(context.uniform_assignment(FLOAT32))] = TrainedOutcome(
+        metrics=dict(reference.metrics),
+        proxy={"loss_relative_error": 0.0, "gradient_cosine": 1.0, "finite": True},
+        proxy_score=0.0,
+        trial="reference",
+    )
+    _announce(context, request, space, reference)
+    return context
+
+
+def _risk(space: SearchSpace) -> dict[str, float]:
+    """Returns `{path: risk}` of 16-bit per layer: output layers 2, softmax/normalisation 1,
+    and 1 more where the profile found ranges float16 cannot hold."""
+    risk = {}
+    for path in space.compute:
+        value = 0.0
+        if path in space.outputs:
+            value += 2.0
+        if is_sensitive(space.infos[path]):
+            value += 1.0
+        if path in space.unsafe:
+            value += 1.0
+        risk[path] = value
+    return risk
+
+
+def _announce(
+    context: SearchContext, request: SearchRequest, space: SearchSpace, reference: ReferenceCheck
+) -> None:
+    """Shows the search's one line about its space and reference."""
+    budget, fidelity = request.budget, reference.fidelity
+    named = request.settings.costs is None and space.hardware is not None
+    cost_words = (
+        f"predicted for {space.hardware.name}"
+        if named and not is_local(request.hardware)
+        else f"{getattr(space.table, 'source', 'no')} costs"
+    )
+    say(
+        request.verbose,
+        "autoprec.search: %d compute layers in %d groups; dtypes %s; float32 reference "
+        "%s = %.6g after %d train steps (budget %s %.6g; trivial baseline %s %s); "
+        "float32 step %.3f ms (%s)",
+        len(space.compute),
+        len(space.groups),
+        "/".join(space.dtypes),
+        budget.metric,
+        reference.reference,
+        fidelity.train_steps,
+        ">=" if budget.mode == "max" else "<=",
+        budget.threshold(reference.reference),
+        "n/a" if fidelity.baseline is None else f"{fidelity.baseline:.4g}",
+        fidelity.baseline_kind,
+        context.float32_seconds * 1e3,
+        cost_words,
+    )
+
+
+def search_metadata(
+    request: SearchRequest,
+    space: SearchSpace,
+    reference: ReferenceCheck,
+    study: optuna.Study,
+    train_steps: int,
+    batch_size: int,
+) -> dict[str, Any]:
+    """Returns the plan metadata every plan of the search carries (hardware, budget, settings).
+
+    Args:
+        request: the search's arguments.
+        space: the `SearchSpace`.
+        reference: the `ReferenceCheck`.
+        study: the study.
+        train_steps: training steps of each trial.
+        batch_size: the trials' batch size.
+
+    Returns:
+        `{"hardware", "budget", "search"}`, JSON-ready.
+    """
+    spread = reference.spread
+    return {
+        "hardware": getattr(space.hardware, "name", None) or str(request.hardware),
+        "budget": {**request.budget.to_dict(), "reference_spread": spread},
+        "search": {
+            "study_name": study.study_name,
+            "seed": request.settings.seed,
+            "train_steps": train_steps,
+            "batch_size": batch_size,
+            "dtypes": list(space.dtypes),
+            "groups": len(space.groups),
+            "cost_source": getattr(space.table, "source", None),
+            "float16_trials": space.float16_trials,
+            "reference_spread": spread,
+            "fidelity_check": reference.fidelity.to_dict(),
+        },
+    }

@@ -1,0 +1,229 @@
+"""The search's last stages: rank the trials within budget, confirm the choice, build the result.
+
+`rank_trials` orders the trials within budget by predicted cost and, where steps are
+timed here, by the measured step (`order_by_measurement`); `choose_plan` confirms the
+first at a higher fidelity when needed (`confirm_plan`) and times it; `build_result`
+writes the plan's metadata and returns the `SearchResult`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+
+import optuna
+
+from .._core.dtypes import COMPUTE_DTYPES
+from ..hardware import is_local
+from ..plan import PrecisionPlan
+from .confirmation import (
+    Confirmation,
+    MeasuredRanking,
+    StepTiming,
+    chosen_step_timing,
+    confirm_plan,
+    order_by_measurement,
+)
+from .context import SearchContext
+from .plan_writer import trial_plan_metadata
+from .preparation import ReferenceCheck, SearchSpace
+from .request import SearchRequest
+from .result import SearchResult
+from .study import pareto_points, ranked_feasible, trial_counts, warm_start_summary
+from .trials import TrialsRun
+
+logger = logging.getLogger("autoprec")
+
+
+@dataclasses.dataclass(frozen=True)
+class Ranking:
+    """The trials within budget, first choice first: the ranking stage's value.
+
+    Attributes:
+        trials: the trials, by measured step where measured, else by predicted cost.
+        measured: the `MeasuredRanking`, or `None` when no step was timed.
+        measure: whether the chosen plan's step is timed on this device.
+    """
+
+    trials: tuple[optuna.trial.FrozenTrial, ...]
+    measured: MeasuredRanking | None
+    measure: bool
+
+
+def rank_trials(context: SearchContext, study: optuna.Study, request: SearchRequest) -> Ranking:
+    """Ranks the study's trials within budget, timing the best plans here when asked.
+
+    Args:
+        context: the search's context.
+        study: the study after the trials.
+        request: the search's arguments (`settings.measure_speedup`, `hardware`).
+
+    Returns:
+        The `Ranking`.
+    """
+    ranked = ranked_feasible(context, study)
+    if not ranked:
+        logger.warning(
+            "autoprec.search: no plan met the budget in %d trial(s); returning float32.",
+            len(study.trials),
+        )
+    settings = request.settings
+    local = settings.costs is None and is_local(request.hardware)
+    measure = settings.measure_speedup if settings.measure_speedup is not None else local
+    if not (measure and ranked):
+        return Ranking(tuple(ranked), None, bool(measure))
+    with request.clock.stage("measurement"):
+        measured = order_by_measurement(context, ranked)
+    return Ranking(measured.trials, measured, True)
+
+
+@dataclasses.dataclass(frozen=True)
+class Choice:
+    """The plan the search returns, before its final metadata: the confirmation stage's value.
+
+    Attributes:
+        trial: the chosen trial, or `None` for float32.
+        plan: its plan.
+        confirmation: the `Confirmation`.
+        timing: its measured step beside float32's, or `None` when not timed.
+        replaced_by: the plan that replaced the searched plan by measurement, when the
+            chosen trial is that plan; else `None`.
+    """
+
+    trial: optuna.trial.FrozenTrial | None
+    plan: PrecisionPlan
+    confirmation: Confirmation
+    timing: StepTiming | None
+    replaced_by: str | None
+
+
+def choose_plan(
+    context: SearchContext, ranking: Ranking, reference: ReferenceCheck, request: SearchRequest
+) -> Choice:
+    """Confirms the ranking's first plan (falling back down it), then times the chosen one.
+
+    Args:
+        context: the search's context.
+        ranking: the `Ranking`.
+        reference: the `ReferenceCheck` (its spread decides whether to confirm).
+        request: the search's arguments.
+
+    Returns:
+        The `Choice`.
+    """
+    settings = request.settings
+    with request.clock.stage("confirmation"):
+        confirmation = confirm_plan(
+            context,
+            ranking.trials,
+            reference.spread,
+            request.train_data,
+            settings.batch_size,
+            settings.confirm_steps,
+        )
+    chosen = confirmation.chosen
+    plan = context.float32_plan() if chosen is None else context.trial_plan(chosen)
+    measured = ranking.measured
+    replaced_by = None
+    if measured is not None and chosen is not None and chosen.number == measured.replacing_trial:
+        replaced_by = measured.replaced_by
+    timing = None
+    if ranking.measure:
+        with request.clock.stage("measurement"):
+            timing = chosen_step_timing(context, chosen, plan, measured)
+    return Choice(chosen, plan, confirmation, timing, replaced_by)
+
+
+def build_result(
+    context: SearchContext,
+    space: SearchSpace,
+    reference: ReferenceCheck,
+    run: TrialsRun,
+    choice: Choice,
+    request: SearchRequest,
+) -> SearchResult:
+    """Returns the `SearchResult`: the chosen plan with its metadata (saved to `plan_path`).
+
+    Args:
+        context: the search's context.
+        space: the `SearchSpace` (the per-layer evidence).
+        reference: the `ReferenceCheck`.
+        run: the `TrialsRun`.
+        choice: the `Choice`.
+        request: the search's arguments.
+
+    Returns:
+        The `SearchResult`.
+    """
+    metadata = _chosen_metadata(context, run, choice)
+    search = dict(metadata.get("search", {}))
+    if choice.replaced_by is not None:
+        search["replaced_by_measurement"] = choice.replaced_by
+    timing = choice.timing
+    if timing is not None:
+        search.update(
+            measured_float32_step_seconds=timing.float32_seconds,
+            measured_plan_step_seconds=timing.plan_seconds,
+            measured_step_seconds=dict(timing.fastest),
+            measured_step_rounds={name: list(f) for name, f in timing.rounds.items()},
+        )
+    metadata["measured_speedup"] = timing.speedup if timing is not None else None
+    metadata["evidence"] = evidence(context, space)
+    search.update(
+        trial_counts(run.study),
+        wall_seconds=time.perf_counter() - request.started,
+        stage_seconds={name: round(value, 3) for name, value in request.clock.seconds.items()},
+        fidelity="train",
+        warm_starts=warm_start_summary(run.study),
+        confirmation=dict(choice.confirmation.record),
+    )
+    metadata["search"] = search
+    plan = choice.plan.with_metadata(**metadata)
+    if request.settings.plan_path is not None:
+        plan.save(request.settings.plan_path)
+    return SearchResult(
+        plan=plan,
+        study=run.study,
+        budget=context.budget,
+        reference_metric=context.reference,
+        reference_spread=reference.spread,
+        points=pareto_points(run.study),
+        float32_predicted_seconds=context.float32_seconds,
+    )
+
+
+def _chosen_metadata(context: SearchContext, run: TrialsRun, choice: Choice) -> dict:
+    if choice.trial is not None:
+        return trial_plan_metadata(context, choice.trial, dict(run.metadata))
+    return {
+        **run.metadata,
+        "reference_metric": context.reference,
+        "measured_metric": context.reference,
+        "predicted_speedup": 1.0,
+    }
+
+
+def evidence(context: SearchContext, space: SearchSpace) -> dict[str, dict]:
+    """Returns `{path: {"allowed", "removed", "seconds", "profile"}}`: why each layer could be what.
+
+    Args:
+        context: the search's context (allowed dtypes, costs).
+        space: the `SearchSpace` (removed dtypes, float16-unsafe layers).
+
+    Returns:
+        The per-layer evidence kept in `plan.metadata["evidence"]`.
+    """
+    result: dict[str, dict] = {}
+    for path in context.compute:
+        entry: dict[str, object] = {"allowed": list(context.allowed[path])}
+        if path in space.removed:
+            entry["removed"] = dict(space.removed[path])
+        seconds = {dtype: context.costs.layer_seconds(path, dtype) for dtype in COMPUTE_DTYPES}
+        seconds = {dtype: value for dtype, value in seconds.items() if value is not None}
+        if seconds:
+            entry["seconds"] = seconds
+        if path in space.unsafe:
+            entry["profile"] = space.unsafe[path]
+        result[path] = entry
+    return result

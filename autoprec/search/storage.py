@@ -1,0 +1,163 @@
+"""Where a study lives and how its processes take turns: storages and study locks.
+
+`resolve_storage` opens what a `storage=` argument names (journal files, database URLs
+with a heartbeat); `claim_study_lock` / `release_study_lock` give one process of a
+study, on any machine, a lock that every Optuna storage can hold.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import warnings
+
+import optuna
+from optuna.storages import JournalStorage, RDBStorage, RetryHeartbeatStaleTrialCallback
+from optuna.storages.journal import JournalFileBackend
+
+from ..errors import AutoprecError
+
+#: Database storages: seconds between two heartbeats of a running trial.
+HEARTBEAT_INTERVAL_SECONDS = 60
+#: Times a trial whose process died (stale heartbeat) is enqueued again.
+_STALE_TRIAL_RETRIES = 2
+#: Attempts at opening a database whose tables another process is creating at the same time.
+_SCHEMA_ATTEMPTS = 5
+
+
+def resolve_storage(
+    storage: str | os.PathLike | optuna.storages.BaseStorage | None,
+    *,
+    heartbeat_interval: int | None = HEARTBEAT_INTERVAL_SECONDS,
+    grace_period: int | None = None,
+) -> optuna.storages.BaseStorage | None:
+    """Returns the Optuna storage for a `storage=` argument: journal files and database URLs opened.
+
+    A database URL (`"postgresql://..."`, `"mysql://..."`, `"sqlite:///..."`) opens an
+    `RDBStorage` whose running trials record a heartbeat every `heartbeat_interval`
+    seconds: a trial whose process died (no heartbeat for `grace_period` seconds) is
+    marked failed by the next process that starts a trial, and enqueued again
+    (`RetryHeartbeatStaleTrialCallback`, twice at most). Processes that open the same
+    new database at once may race to create its tables; that is retried.
+
+    Args:
+        storage: a database URL, a journal file (`"journal:///path/file.log"` or any
+            path ending `.log`), a storage object (returned as is), or `None` (in memory).
+        heartbeat_interval: seconds between heartbeats of a database storage's running
+            trials; `None` records none (a dead process's trial then stays running).
+        grace_period: seconds without a heartbeat after which a trial is stale;
+            default twice `heartbeat_interval`.
+
+    Returns:
+        A `JournalStorage`, an `RDBStorage`, the storage object given, or `None`.
+
+    Raises:
+        AutoprecError: the database driver of the URL is not installed (the message
+            names the package to install).
+
+    Example:
+
+    ```python
+    study = optuna.load_study(study_name="mlp", storage=resolve_storage("search.log"))
+    ```
+    """
+    if storage is None or not isinstance(storage, (str, os.PathLike)):
+        return storage
+    text = os.fspath(storage)
+    if text.startswith("journal://"):
+        text = text[len("journal://") :]
+        if text.startswith("/") and text.startswith("//"):
+            text = text[1:]
+    elif not text.endswith(".log"):
+        return _database_storage(text, heartbeat_interval, grace_period)
+    return JournalStorage(JournalFileBackend(text))
+
+
+def _database_storage(
+    url: str, heartbeat_interval: int | None, grace_period: int | None
+) -> RDBStorage:
+    import sqlalchemy.exc
+
+    for attempt in range(_SCHEMA_ATTEMPTS):
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+                if heartbeat_interval is None:
+                    return RDBStorage(url)
+                return RDBStorage(
+                    url,
+                    heartbeat_interval=int(heartbeat_interval),
+                    grace_period=int(grace_period or 2 * heartbeat_interval),
+                    heartbeat_stale_trial_callback=RetryHeartbeatStaleTrialCallback(
+                        max_retry=_STALE_TRIAL_RETRIES
+                    ),
+                )
+        except ImportError as error:
+            driver = "psycopg[binary]" if url.startswith("postgresql") else "the database driver"
+            raise AutoprecError(
+                f"storage {_safe_url(url)!r}: {error.__cause__ or error}. Install {driver} "
+                "(pip install ...) in this environment, or use a journal file (search.log)."
+            ) from error
+        except (sqlalchemy.exc.IntegrityError, sqlalchemy.exc.ProgrammingError):
+            if attempt == _SCHEMA_ATTEMPTS - 1:
+                raise
+            time.sleep(0.2 * (attempt + 1))  # another process is creating the tables
+    raise AssertionError("unreachable")
+
+
+def _safe_url(url: str) -> str:
+    """Returns a database URL with its password left out, for messages."""
+    scheme, separator, rest = url.partition("://")
+    credentials, at, host = rest.rpartition("@")
+    if not separator or not at:
+        return url
+    user = credentials.split(":", 1)[0]
+    return f"{scheme}://{user}:***@{host}"
+
+
+def claim_study_lock(study: optuna.Study, what: str) -> str | None:
+    """Takes a lock shared by every process of a study: creates the study `"<name>:autoprec-<what>"`.
+
+    Creating a study is atomic in every Optuna storage (a unique name in a database,
+    the first record of a journal), so exactly one of the processes that try at once
+    gets the lock. `release_study_lock` deletes it; a process killed while holding it
+    leaves it held.
+
+    Args:
+        study: the study whose processes share the lock (its storage holds it).
+        what: what the lock guards, part of its name.
+
+    Returns:
+        The lock's name when this process got it, else `None`.
+
+    Example:
+
+    ```python
+    lock = claim_study_lock(study, "warm-starts")
+    if lock is not None:
+        try:
+            ...  # done by one process only
+        finally:
+            release_study_lock(study, lock)
+    ```
+    """
+    name = f"{study.study_name}:autoprec-{what}"
+    try:
+        study._storage.create_new_study([optuna.study.StudyDirection.MINIMIZE], name)
+    except optuna.exceptions.DuplicatedStudyError:
+        return None
+    return name
+
+
+def release_study_lock(study: optuna.Study, name: str) -> None:
+    """Releases a lock taken by `claim_study_lock` (deletes its study).
+
+    Args:
+        study: the study whose processes share the lock.
+        name: the lock's name, as `claim_study_lock` returned it.
+    """
+    storage = study._storage
+    try:
+        storage.delete_study(storage.get_study_id_from_name(name))
+    except KeyError:
+        pass
