@@ -13,6 +13,7 @@ from ._auto import (
     report_lines,
     search_plan,
 )
+from ._core.messages import show_message
 from .cost import Estimate
 from .errors import BackendError, PlanError
 from .hardware import HardwareProfile
@@ -20,7 +21,7 @@ from .plan import PrecisionPlan
 from .profiler import Profile, ProfileCallback
 from .runtime.guard import Guard
 from .runtime.loss_scale import LossScale
-from .runtime.training import DEFAULT_GUARD, PlanCallback, show_message
+from .runtime.training import DEFAULT_GUARD, PlanCallback
 from .search import SearchResult
 
 logger = logging.getLogger("autoprec")

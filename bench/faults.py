@@ -15,7 +15,8 @@ A second table covers the guard's recovery from three training faults:
   raise `autoprec.NonFiniteTrainingError`; with the default the step must be
   skipped and the weights stay finite;
 - gradients too large at the loss-scale floor: a loss weighted 1e6 under a
-  float16 plan, finite in float32, whose gradients overflow float16 at scale 1.
+  float16 plan, finite in float32, whose gradients overflow float16 at scale 1
+  (trained with `LossScale(floor=2**-10)`, so the guard may lower the scale below 1).
 
 For each: the step the fault first reaches (onset), the train steps lost
 (skipped, or applied with non-finite values) in all and from the onset on (a
@@ -93,9 +94,7 @@ def fault_overflow(onset: int) -> tuple[bool, bool]:
     keras.backend.clear_session()
     model = _three_layer_model(100.0)
     x = np.concatenate([np.ones((onset, 4)), np.full((120 - onset, 4), 1000.0)]).astype("float32")
-    callback = autoprec.AutoPrecision(
-        _float16_plan(model), guard=autoprec.Guard(threshold=3, check_every=2), verbose=0
-    )
+    callback = autoprec.AutoPrecision(_float16_plan(model), verbose=0)
     history = model.fit(
         x,
         np.zeros((120, 1), "float32"),
@@ -137,9 +136,7 @@ def fault_nan_input(first_bad: int) -> tuple[bool, bool]:
     model = _three_layer_model(0.1)
     x = np.ones((120, 4), "float32")
     x[first_bad : first_bad + 32] = np.nan
-    callback = autoprec.AutoPrecision(
-        _float16_plan(model), guard=autoprec.Guard(threshold=2, check_every=2), verbose=0
-    )
+    callback = autoprec.AutoPrecision(_float16_plan(model), verbose=0)
     model.fit(
         x,
         np.zeros((120, 1), "float32"),
@@ -149,7 +146,7 @@ def fault_nan_input(first_bad: int) -> tuple[bool, bool]:
         verbose=0,
         callbacks=[callback],
     )
-    promoted = any(event["kind"] == "promotion" for event in callback.events)
+    promoted = any(event["kind"] == "promotion" for event in callback.plan.events)
     return (not promoted) and _finite(model), not _finite(model)
 
 
@@ -537,7 +534,10 @@ def guard_gradient_overflow(samples: int = 256, batch_size: int = 16, epochs: in
     x = rng.normal(size=(samples, 8)).astype("float32")
     y = rng.normal(size=(samples, 1)).astype("float32")
     plan = autoprec.PrecisionPlan.uniform(model, "float16").with_dtype("head", "float32")
-    callback, ledger, history = _guarded_fit(model, plan, x, y, epochs, batch_size)
+    floor = autoprec.LossScale(floor=2.0**-10)  # lets the guard take the scale below 1
+    callback, ledger, history = _guarded_fit(
+        model, plan, x, y, epochs, batch_size, loss_scale=floor
+    )
     reference.fit(x, y, batch_size=batch_size, epochs=epochs, shuffle=False, verbose=0)
     return _recovery(
         "gradients too large at scale 1 (float16)",

@@ -401,16 +401,16 @@ def test_arguments_after_the_plan_are_keyword_only_and_few():
 
 
 def test_config_objects_print_validate_and_round_trip():
-    guard = Guard(on_nan="stop", threshold=3, check_kernels=False)
-    assert repr(guard).startswith("Guard(on_nan='stop', threshold=3, window=100")
+    guard = Guard(on_nan="stop", history_steps=8, check_kernels=False)
+    assert repr(guard).startswith("Guard(on_nan='stop', history_steps=8, near_binades=2.0")
     assert "check_kernels=False" in repr(guard) and "near_binades=2.0" in repr(guard)
     assert Guard.from_config(guard.get_config()) == guard
     with pytest.raises(AttributeError):
-        guard.threshold = 4  # frozen
+        guard.on_nan = "raise"  # frozen
     with pytest.raises(AutoprecError, match="on_nan='ignore' is not valid; use one of 'promote'"):
         Guard(on_nan="ignore")
-    with pytest.raises(AutoprecError, match="window must be an integer >= 1, got 0"):
-        Guard(window=0)
+    with pytest.raises(AutoprecError, match="history_steps must be an integer >= 1, got 0"):
+        Guard(history_steps=0)
     with pytest.raises(AutoprecError, match="check_kernels must be True or False"):
         Guard(check_kernels="yes")
     with pytest.raises(AutoprecError, match="unknown field.*'guard_window'"):

@@ -65,8 +65,7 @@ CHILD = textwrap.dedent(
     # overflowed is promoted.
     model = overflow_model()
     plan = autoprec.PrecisionPlan.uniform(model, "float16").with_dtype("out", "float32")
-    callback = autoprec.AutoPrecision(plan, guard=autoprec.Guard(threshold=3, check_every=2),
-                                      verbose=0)
+    callback = autoprec.AutoPrecision(plan, verbose=0)
     history = model.fit(x, y, batch_size=4, epochs=2,
                         shuffle=False, verbose=0, callbacks=[callback])
     results["guard"] = {

@@ -3,8 +3,11 @@
 - `apply`: `apply_plan` sets each layer's dtype policy, `PlanHandle.restore` undoes it.
 - `loss_scale`: `LossScale` (the settings) and `FlooredLossScaleOptimizer`, dynamic loss scaling
   with a floor.
-- `guard`: `Guard` (the settings), overflow detection during training and the promotion of the
-  layer where it starts.
+- `guard`: `Guard` (the settings), attribution of a failing step and the promotion targets.
+- `decision`: `decide`, the guard's pure step decision (`StepOutcome` in, `GuardDecision` out).
+- `watch`: `GuardWatch`, the guard's state between steps and its read of the telemetry.
+- `telemetry`: the in-step amax records the guard reads.
+- `applied`: what a model runs after a callback applied a plan (so a second fit retraces nothing).
 - `kernels`: 16-bit layers without a kernel on this device, and their fallback.
 - `saving`: `save_model` / `load_model` with the plan inside the `.keras` archive.
 - `tensorboard`: per-epoch loss scale, dtype counts and events for TensorBoard.
@@ -19,18 +22,7 @@ model.fit(x, y, callbacks=[autoprec.runtime.PlanCallback(plan)])
 """
 
 from .apply import PlanHandle, apply_plan, check_plan_fits, reset_compiled_functions
-from .guard import (
-    ON_NAN_MODES,
-    Guard,
-    GuardAction,
-    GuardPhase,
-    GuardState,
-    NonFiniteTrainingError,
-    enters_with_the_data,
-    find_culprit,
-    is_finite_number,
-    promotion_target,
-)
+from .guard import ON_NAN_MODES, Guard, NonFiniteTrainingError, promotion_target
 from .kernels import MissingKernel, fallback_plan, find_missing_kernels
 from .loss_scale import FlooredLossScaleOptimizer, LossScale, current_loss_scale
 from .saving import (
@@ -42,16 +34,13 @@ from .saving import (
     save_model,
 )
 from .tensorboard import TrainingLog, dtype_table, events_text, training_scalars
-from .training import PlanCallback, show_message
+from .training import PlanCallback
 
 __all__ = [
     "ON_NAN_MODES",
     "PLAN_ENTRY",
     "FlooredLossScaleOptimizer",
     "Guard",
-    "GuardAction",
-    "GuardPhase",
-    "GuardState",
     "LossScale",
     "MissingKernel",
     "NonFiniteTrainingError",
@@ -64,17 +53,13 @@ __all__ = [
     "check_plan_fits",
     "current_loss_scale",
     "dtype_table",
-    "enters_with_the_data",
     "events_text",
     "fallback_plan",
-    "find_culprit",
     "find_missing_kernels",
-    "is_finite_number",
     "load_model",
     "load_plan_from_archive",
     "promotion_target",
     "reset_compiled_functions",
     "save_model",
-    "show_message",
     "training_scalars",
 ]

@@ -1,48 +1,57 @@
-"""The runtime guard: detect overflow in training, find the layer where it starts, promote it.
+"""The runtime guard: detect overflow in training, find the layers where it starts, promote them.
 
-On TensorFlow, detection and attribution come from `autoprec.runtime.telemetry`:
-every step, inside the compiled train step, each 16-bit layer records the
-largest magnitude of its outputs, inputs, attention logits and gradients, and
-the host reads one status flag per step. When a step fails, `attribute_step`
-names the cause from that very step: the input batch (the data's fault,
-nothing promoted), the layers whose forward values left their format's range
-while their inputs were finite (all of them, promoted at once), or the
-backward pass (the loss scale is lowered first, below 1 if need be, and the
-layers are promoted only when no scale can help). `climbing_layers` finds
-float16 layers whose amax history climbs toward 65504, promoted before they
-overflow.
+Detection and attribution come from `autoprec.runtime.telemetry`: every step,
+inside the compiled train step, each 16-bit layer records the largest
+magnitude of its outputs, inputs, attention logits and gradients, and the host
+reads one status flag per step. When a step fails, `attribute_step` names the
+cause from that very step: the input batch (the data's fault, nothing
+promoted), the layers whose forward values left their format's range while
+their inputs were finite (all of them, promoted at once), or the backward pass
+(the dynamic loss scale is lowered first, down to its floor, and the layers are
+promoted only when no scale can help). `climbing_layers` finds float16 layers
+whose amax history climbs toward 65504, promoted before they overflow. What the
+guard does about a step is `autoprec.runtime.decision.decide`, a pure function.
 
-Where the telemetry cannot run (a backend other than TensorFlow and JAX), the
-`FlooredLossScaleOptimizer` counts steps with non-finite gradients (which it
-skips). Every `check_every` steps the guard reads those counters. When at least
-`threshold` bad steps happened within `window` steps, or the loss scale sits at
-its floor while steps keep overflowing (a collapsing scale), the guard profiles
-the next few steps with the profiler's in-graph probes and promotes the first
-16-bit layer, in model order, whose activations or activation gradients are
-non-finite or overflow float16: float16 goes to bfloat16 where the hardware runs
-it fast, else to float32; bfloat16 goes to float32. The loss scale is reset, the
-compiled functions are rebuilt, and the event is recorded in the plan. NaN in
-the first layer's forward values (before any layer could overflow, which gives
-infinities) means the data brought it: that is reported, and nothing is promoted.
+The telemetry runs on Keras' TensorFlow and JAX backends (`GUARD_BACKENDS`);
+elsewhere `check_guard_backend` refuses a `Guard` and says to pass `guard=None`.
+Float16 goes to bfloat16 where the device (`hardware=`) runs bfloat16 fast,
+else to float32; bfloat16 goes to float32.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import enum
 import logging
 import math
 from collections.abc import Mapping
+from typing import Any
 
 from .._core.config import ConfigValue
 from .._core.dtypes import BFLOAT16, FLOAT16, FLOAT32, widen, wider_dtypes
 from ..errors import AutoprecError
-from ..profiler import Profile, TensorStats
-from .telemetry import FORMAT_MAX, NOT_RECORDED, LayerAmax, StepRecord, is_out_of_range
+from .telemetry import NOT_RECORDED, LayerAmax, StepRecord, format_max, is_out_of_range
 
 logger = logging.getLogger("autoprec")
 
 ON_NAN_MODES = ("promote", "stop", "raise")
+
+#: Keras backends the guard's in-step telemetry runs on.
+GUARD_BACKENDS = ("tensorflow", "jax")
+
+#: `Guard` fields removed in 0.3, with what to write instead (for `Guard.from_config`).
+REMOVED_FIELDS = {
+    "threshold": "each failing step is attributed from the in-step telemetry; no count of "
+    "bad steps triggers the guard, so drop the key",
+    "window": "each failing step is attributed from the in-step telemetry; no window of "
+    "bad steps is counted, so drop the key",
+    "check_every": "the guard reads its telemetry after every step; drop the key",
+    "diagnose_steps": "the failing step's own record names the layers; no steps are "
+    "profiled, so drop the key",
+    "bfloat16_is_fast": "the device decides: pass hardware= to the callback (float16 goes to "
+    "bfloat16 where that device runs bfloat16 fast, else to float32)",
+    "min_loss_scale": "the guard lowers the loss scale down to the LossScale floor: pass "
+    "loss_scale=autoprec.LossScale(floor=...) to the callback",
+}
 
 
 class NonFiniteTrainingError(AutoprecError, RuntimeError):
@@ -51,29 +60,21 @@ class NonFiniteTrainingError(AutoprecError, RuntimeError):
 
 @dataclasses.dataclass(frozen=True)
 class Guard(ConfigValue):
-    """Settings of the runtime guard, which watches training for overflow and promotes the layer where it starts.
+    """Settings of the runtime guard, which watches training for overflow and promotes the layers where it starts.
 
     Pass one as `AutoPrecision(plan, guard=autoprec.Guard(...))`; `guard=None`
     turns the guard (and the kernel check) off. A `Guard` is a frozen value:
     build it once, print it, reuse it across callbacks; `get_config()` and
-    `Guard.from_config(config)` round-trip it through a plain dict.
+    `Guard.from_config(config)` round-trip it through a plain dict. The guard
+    runs on Keras' TensorFlow and JAX backends. Which dtype a layer is promoted
+    to follows the callback's `hardware=`, and how low the loss scale may go
+    follows its `loss_scale=` (`LossScale.floor`).
 
     Attributes:
-        on_nan: `"promote"` (find the layer and promote it), `"stop"` (stop
+        on_nan: `"promote"` (find the layers and promote them), `"stop"` (stop
             training with a report) or `"raise"` (raise `NonFiniteTrainingError`).
             A non-finite loss with every layer in float32 is reported as a real
             divergence and stops training.
-        threshold: bad steps within `window` steps that trigger the guard where
-            the in-step telemetry cannot run (backends other than TensorFlow and
-            JAX); a loss scale
-            at its floor that still overflows triggers it at once.
-        window: steps over which bad steps are counted.
-        check_every: steps between reads of the loss-scale optimizer's counters.
-        diagnose_steps: steps profiled to find the layer where overflow starts.
-        bfloat16_is_fast: whether float16 layers may be promoted to bfloat16
-            (where the hardware runs bfloat16 fast); `False` promotes to float32.
-        min_loss_scale: the lowest loss scale the guard sets for gradients that
-            overflow float16 even at the configured floor.
         history_steps: steps of per-layer amax history kept on the device.
         near_binades: a float16 layer whose amax climbs within this many binades
             of 65504 is promoted before it overflows.
@@ -82,9 +83,10 @@ class Guard(ConfigValue):
             bfloat16 -> float32), logged and recorded in `plan.events`.
 
     Raises:
-        AutoprecError: for an `on_nan` other than the three modes, a count below
-            1, a scale or binade count that is not positive, or a flag that is
-            not a bool; the message names the field and what it accepts.
+        AutoprecError: for an `on_nan` other than the three modes, a
+            `history_steps` below 1, a `near_binades` that is not positive, or a
+            `check_kernels` that is not a bool; the message names the field and
+            what it accepts.
 
     Example:
 
@@ -95,12 +97,6 @@ class Guard(ConfigValue):
     """
 
     on_nan: str = "promote"
-    threshold: int = 8
-    window: int = 100
-    check_every: int = 10
-    diagnose_steps: int = 3
-    bfloat16_is_fast: bool = True
-    min_loss_scale: float = 2.0**-10
     history_steps: int = 16
     near_binades: float = 2.0
     check_kernels: bool = True
@@ -111,19 +107,71 @@ class Guard(ConfigValue):
                 f"Guard: on_nan={self.on_nan!r} is not valid; use one of "
                 f"{', '.join(repr(mode) for mode in ON_NAN_MODES)}."
             )
-        for name in ("threshold", "window", "check_every", "diagnose_steps", "history_steps"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise AutoprecError(f"Guard: {name} must be an integer >= 1, got {value!r}.")
-        for name in ("min_loss_scale", "near_binades"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-                raise AutoprecError(f"Guard: {name} must be a positive number, got {value!r}.")
-        for name in ("bfloat16_is_fast", "check_kernels"):
-            if not isinstance(getattr(self, name), bool):
-                raise AutoprecError(
-                    f"Guard: {name} must be True or False, got {getattr(self, name)!r}."
-                )
+        steps = self.history_steps
+        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+            raise AutoprecError(f"Guard: history_steps must be an integer >= 1, got {steps!r}.")
+        binades = self.near_binades
+        if isinstance(binades, bool) or not isinstance(binades, (int, float)) or not binades > 0:
+            raise AutoprecError(f"Guard: near_binades must be a positive number, got {binades!r}.")
+        if not isinstance(self.check_kernels, bool):
+            raise AutoprecError(
+                f"Guard: check_kernels must be True or False, got {self.check_kernels!r}."
+            )
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any]) -> Guard:
+        """Returns the `Guard` that `get_config()` described; removed and unknown keys are refused.
+
+        Args:
+            config: a dict with some or all of the fields.
+
+        Returns:
+            The settings, the missing fields at their defaults.
+
+        Raises:
+            AutoprecError: for a field removed in 0.3 (the message says what to
+                write instead) or a key that is not a field.
+
+        Example:
+
+        ```python
+        Guard.from_config({"on_nan": "stop"})  # Guard(on_nan='stop', ...)
+        ```
+        """
+        removed = [name for name in config if name in REMOVED_FIELDS]
+        if removed:
+            reasons = "; ".join(f"{name!r}: {REMOVED_FIELDS[name]}" for name in removed)
+            raise AutoprecError(
+                f"Guard.from_config: field(s) {removed} were removed in autoprec 0.3 ({reasons}). "
+                f"The fields are {[field.name for field in dataclasses.fields(cls)]}."
+            )
+        return super().from_config(config)
+
+
+def check_guard_backend(backend: str, where: str) -> None:
+    """Refuses a guard on a Keras backend its in-step telemetry cannot run on.
+
+    Args:
+        backend: the Keras backend's name (`keras.backend.backend()`).
+        where: the caller's name, for the message.
+
+    Raises:
+        AutoprecError: for a backend other than TensorFlow and JAX; the message
+            names the backend and says to pass `guard=None`.
+
+    Example:
+
+    ```python
+    check_guard_backend(keras.backend.backend(), "AutoPrecision")
+    ```
+    """
+    if backend not in GUARD_BACKENDS:
+        raise AutoprecError(
+            f"{where}: the guard needs Keras' TensorFlow or JAX backend (its in-step telemetry "
+            f"runs there), and this Keras runs the {backend!r} backend. Pass guard=None to "
+            "train without it (no overflow watch, no kernel check), or set KERAS_BACKEND to "
+            "'tensorflow' or 'jax'."
+        )
 
 
 def promotion_target(dtype: str, bfloat16_is_fast: bool) -> str:
@@ -148,232 +196,6 @@ def promotion_target(dtype: str, bfloat16_is_fast: bool) -> str:
     allowed = (FLOAT32, BFLOAT16) if bfloat16_is_fast else (FLOAT32,)
     wider = wider_dtypes(dtype)
     return widen(wider[0], allowed) if wider else FLOAT32
-
-
-def find_culprit(profile: Profile, dtypes: Mapping[str, str]) -> tuple[str, str] | None:
-    """Returns `(path, evidence)` of the 16-bit layer where non-finite values or overflow start.
-
-    Forward values are searched first, in model order (an overflow propagates
-    forward to every later layer); then activation gradients in reverse model
-    order (the backward pass starts at the loss and propagates toward the inputs).
-
-    Args:
-        profile: an `autoprec.profiler.Profile` recorded while training with the plan.
-        dtypes: `{path: dtype}` the layers compute in, in model order.
-
-    Returns:
-        The layer where the problem starts, or `None` if no 16-bit layer shows one.
-
-    Example:
-
-    ```python
-    culprit = find_culprit(prof, {"dense": "float16", "head": "float32"})
-    ```
-    """
-    if enters_with_the_data(profile):
-        return None
-    candidates = [
-        path for path, dtype in dtypes.items() if dtype != FLOAT32 and path in profile.layers
-    ]
-    for path in candidates:
-        layer = profile.layers[path]
-        forward = {"activation": layer.activation, **dict(layer.internals)}
-        for name, stats in forward.items():
-            evidence = _problem(stats, dtypes[path], name.replace("_", " "))
-            if evidence:
-                return path, evidence
-    for path in reversed(candidates):
-        evidence = _problem(
-            profile.layers[path].activation_gradient, dtypes[path], "activation gradient"
-        )
-        if evidence:
-            return path, evidence
-    return None
-
-
-def enters_with_the_data(profile: Profile) -> bool:
-    """Returns whether the first recorded layer already sees NaN (not inf) in its forward values.
-
-    An overflow produces infinities where it happens; NaN in the very first
-    layer, before any layer could overflow, came in with the input batch.
-
-    Args:
-        profile: an `autoprec.profiler.Profile` recorded while training.
-
-    Returns:
-        `True` when every non-finite activation of the first layer is NaN.
-
-    Example:
-
-    ```python
-    enters_with_the_data(prof)  # True when the input batches held NaN
-    ```
-    """
-    first = next(iter(profile.layers.values()), None)
-    stats = first.activation if first is not None else None
-    return bool(stats is not None and stats.nonfinite and stats.nan == stats.nonfinite)
-
-
-def _problem(stats: TensorStats | None, dtype: str, what: str) -> str | None:
-    if stats is None:
-        return None
-    if stats.nonfinite:
-        return f"{stats.nonfinite} non-finite {what} value(s)"
-    if dtype == FLOAT16 and stats.float16_overflow_fraction > 0:
-        return f"{stats.float16_overflow_fraction:.2%} of {what} values above float16's max 65504"
-    return None
-
-
-class GuardPhase(enum.Enum):
-    """Where the guard is: watching the counters, diagnosing a trigger, or done."""
-
-    WATCHING = "watching"
-    DIAGNOSING = "diagnosing"
-    STOPPED = "stopped"
-
-
-class GuardAction(enum.Enum):
-    """What the guard does about a trigger (see `GuardState.action`)."""
-
-    DIAGNOSE = "diagnose"
-    STOP = "stop"
-    RAISE = "raise"
-    DIVERGED = "diverged"
-
-
-class GuardState:
-    """The guard's step logic between checks: plain values, no Keras objects.
-
-    The guard is `WATCHING` until a check finds a trigger; it then either stops
-    (`STOPPED`) or profiles a few steps (`DIAGNOSING`) and, once it has acted on
-    the diagnosis, watches again with its window counted afresh.
-
-    Args:
-        config: the guard's settings, a `Guard`.
-
-    Example:
-
-    ```python
-    state = GuardState(Guard(threshold=3))
-    state.observe(step=10, non_finite_total=3, scale=512.0, floor=1.0)  # True: 3 bad steps
-    ```
-    """
-
-    def __init__(self, config: Guard) -> None:
-        self.config = config
-        self.phase = GuardPhase.WATCHING
-        self.last_non_finite = 0
-        self.recent: list[tuple[int, int]] = []  # (step, new bad steps)
-        self.trigger = ""
-
-    @property
-    def bad_steps_in_window(self) -> int:
-        """Non-finite steps counted within the window at the last check."""
-        return sum(count for _, count in self.recent)
-
-    def is_check_due(self, step: int) -> bool:
-        """Returns whether the counters should be read after `step` (watching, every `check_every`)."""
-        return self.phase is GuardPhase.WATCHING and step % self.config.check_every == 0
-
-    def observe(self, step: int, non_finite_total: int, scale: float, floor: float | None) -> bool:
-        """Records the counters read at `step`; returns whether the guard should act."""
-        new = max(0, non_finite_total - self.last_non_finite)
-        self.last_non_finite = non_finite_total
-        if new:
-            self.recent.append((step, new))
-        self.recent = [(s, n) for s, n in self.recent if step - s < self.config.window]
-        collapsed = floor is not None and new > 0 and scale <= floor
-        return self.bad_steps_in_window >= self.config.threshold or collapsed
-
-    def check(
-        self,
-        step: int,
-        loss: object,
-        counters: tuple[int, float, float | None] | None,
-    ) -> str | None:
-        """Returns the trigger at `step` (also kept in `trigger`), or `None` if all is well.
-
-        Args:
-            step: train steps so far.
-            loss: the step's logged loss.
-            counters: `(non-finite steps in total, loss scale, floor)` read from a
-                `FlooredLossScaleOptimizer`, or `None` without one (the loss is
-                checked instead).
-
-        Returns:
-            Why the guard acts, for messages and events, or `None`.
-        """
-        if counters is not None:
-            non_finite_total, scale, floor = counters
-            if not self.observe(step, non_finite_total, scale, floor):
-                return None
-            self.trigger = (
-                f"{self.bad_steps_in_window} non-finite step(s) in the last "
-                f"{self.config.window} steps, loss scale {scale:g}"
-            )
-        elif is_finite_number(loss):
-            return None
-        else:
-            self.trigger = f"non-finite loss at step {step}"
-        return self.trigger
-
-    def action(self, has_16bit_layers: bool) -> GuardAction:
-        """Returns what to do about the current trigger, and moves to the matching phase.
-
-        Args:
-            has_16bit_layers: whether any layer computes in float16 or bfloat16.
-
-        Returns:
-            `DIVERGED` when every layer is float32 (not a precision problem), else
-            `RAISE`, `STOP` or `DIAGNOSE` as `config.on_nan` says.
-        """
-        if not has_16bit_layers:
-            choice = GuardAction.DIVERGED
-        elif self.config.on_nan == "raise":
-            choice = GuardAction.RAISE
-        elif self.config.on_nan == "stop":
-            choice = GuardAction.STOP
-        else:
-            choice = GuardAction.DIAGNOSE
-        self.phase = GuardPhase.DIAGNOSING if choice is GuardAction.DIAGNOSE else GuardPhase.STOPPED
-        return choice
-
-    def stop(self) -> None:
-        """Stops watching for the rest of this `fit` (a divergence was reported)."""
-        self.phase = GuardPhase.STOPPED
-
-    def restart(self) -> None:
-        """Watches again at the start of another `fit`; the window is kept, as the counters are."""
-        self.phase = GuardPhase.WATCHING
-
-    def resume(self) -> None:
-        """Watches again after a diagnosis or promotion, counting the window afresh."""
-        self.phase = GuardPhase.WATCHING
-        self.recent.clear()
-
-
-def is_finite_number(value: object) -> bool:
-    """Returns whether a logged value is a finite number (non-numbers count as finite).
-
-    Args:
-        value: a value from Keras' logs.
-
-    Returns:
-        `False` only for a number that is NaN or infinite.
-
-    Example:
-
-    ```python
-    is_finite_number(float("nan"))  # False
-    ```
-    """
-    try:
-        return math.isfinite(float(value))
-    except (TypeError, ValueError):
-        return True
-
-
-# ---------------------------------------------------------------------------- telemetry
 
 
 @dataclasses.dataclass(frozen=True)
@@ -406,7 +228,7 @@ def _forward_evidence(amax: LayerAmax, dtype: str) -> str:
     kind = "non-finite" if not math.isfinite(value) else "out-of-range"
     return (
         f"{kind} {dtype} {what} (amax {_figure(value)}; inputs amax {_figure(amax.input)}; "
-        f"{dtype}'s max is {FORMAT_MAX.get(dtype, FORMAT_MAX[FLOAT32]):.6g})"
+        f"{dtype}'s max is {format_max(dtype):.6g})"
     )
 
 
@@ -469,7 +291,7 @@ def attribute_step(record: StepRecord, dtypes: Mapping[str, str]) -> Attribution
         evidence = {
             path: f"{dtypes[path]} gradients amax {_figure(record.layers[path].gradient)} at "
             f"loss scale {record.loss_scale:g} ({dtypes[path]}'s max is "
-            f"{FORMAT_MAX.get(dtypes[path], FORMAT_MAX[FLOAT32]):.6g})"
+            f"{format_max(dtypes[path]):.6g})"
             for path in backward
         }
         return Attribution(
@@ -534,7 +356,7 @@ def climbing_layers(
     climbing_layers(telemetry.read_records(), handle.dtypes)  # {"dense_3": "amax ..."}
     ```
     """
-    threshold = FORMAT_MAX[FLOAT16] / 2.0**binades
+    threshold = format_max(FLOAT16) / 2.0**binades
     found: dict[str, str] = {}
     if not records:
         return found
@@ -557,7 +379,7 @@ def climbing_layers(
             continue
         found[path] = (
             f"float16 amax climbing toward 65504: {series[0]:.4g} -> {series[-1]:.4g} over "
-            f"{len(series)} steps ({math.log2(FORMAT_MAX[FLOAT16] / series[-1]):.2f} binades "
+            f"{len(series)} steps ({math.log2(format_max(FLOAT16) / series[-1]):.2f} binades "
             "of headroom left)"
         )
     return found

@@ -9,6 +9,7 @@ import keras
 from keras import ops
 
 from .._core.config import ConfigValue
+from .._core.models import strategy_scope
 from ..errors import PlanError
 
 
@@ -119,9 +120,9 @@ class FlooredLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
     and has no floor: after ~140 bad steps in a row it is 0.0 and the next step
     writes NaN into the weights. This optimizer halves down to `floor` and no
     further; the bad step is still skipped, so the weights never see a non-finite
-    update. It also counts non-finite steps, in total and in a row, so a guard can
-    tell a collapsing scale from a single overflow. All bookkeeping happens inside
-    the compiled step (no host synchronisation).
+    update. It also counts non-finite steps, in total (`non_finite_steps`) and in
+    a row (`consecutive_non_finite_steps`). All bookkeeping happens inside the
+    compiled step (no host synchronisation).
 
     Args:
         inner_optimizer: the `keras.optimizers.Optimizer` to wrap.
@@ -182,10 +183,7 @@ class FlooredLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         halved = ops.multiply(self.dynamic_scale, 0.5)
         if self.floor is None:
             return halved
-        # Never below the floor by halving, but a scale set below it (by the guard,
-        # for gradients too large even at the floor) is not raised back.
-        floor = ops.minimum(self.dynamic_scale, ops.cast(self.floor, "float32"))
-        return ops.maximum(halved, floor)
+        return ops.maximum(halved, ops.cast(self.floor, "float32"))
 
     def _stateful_handle_non_finite_grads(self) -> None:
         self.step_counter.assign(0)
@@ -297,3 +295,104 @@ def current_loss_scale(optimizer) -> float | None:
     if not optimizer.built:
         return float(optimizer.initial_scale)
     return float(ops.convert_to_numpy(optimizer.dynamic_scale))
+
+
+def add_loss_scaling(
+    model: keras.Model, settings: LossScale, where: str
+) -> keras.optimizers.Optimizer | None:
+    """Wraps `model.optimizer` in a `FlooredLossScaleOptimizer` built from `settings`.
+
+    An optimizer that already scales the loss is kept; a step-skipping wrapper
+    (`step_skipping_optimizer`) is replaced by a scaling one around the same
+    inner optimizer, whose state is kept.
+
+    Args:
+        model: a compiled Keras model.
+        settings: the `LossScale` to scale with.
+        where: the caller's name, for the error message.
+
+    Returns:
+        The optimizer that was replaced (to put back when undoing), or `None`
+        when the model's optimizer already scaled the loss.
+
+    Raises:
+        PlanError: when the model has no optimizer.
+
+    Example:
+
+    ```python
+    original = add_loss_scaling(model, LossScale(), "PlanCallback")
+    ```
+    """
+    optimizer = _compiled_optimizer(model, where)
+    if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+        if scales_loss(optimizer):
+            return None
+        optimizer = optimizer.inner_optimizer  # a step-skipping wrapper: scale it now
+        model.optimizer = optimizer
+    with strategy_scope(model):
+        wrapped = FlooredLossScaleOptimizer(
+            optimizer,
+            initial_scale=float(settings.initial),
+            dynamic_growth_steps=settings.growth_steps,
+            floor=settings.floor if settings.dynamic else None,
+            fixed=not settings.dynamic,
+        )
+        wrapped.build(model.trainable_variables)
+    model.optimizer = wrapped
+    return optimizer
+
+
+def add_step_skipping(model: keras.Model, where: str) -> keras.optimizers.Optimizer | None:
+    """Wraps `model.optimizer` in a `step_skipping_optimizer`, unless it is a loss-scale optimizer already.
+
+    Args:
+        model: a compiled Keras model.
+        where: the caller's name, for the error message.
+
+    Returns:
+        The optimizer that was replaced, or `None` when nothing was wrapped.
+
+    Raises:
+        PlanError: when the model has no optimizer.
+
+    Example:
+
+    ```python
+    original = add_step_skipping(model, "PlanCallback")
+    ```
+    """
+    optimizer = _compiled_optimizer(model, where)
+    if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+        return None
+    with strategy_scope(model):
+        wrapped = step_skipping_optimizer(optimizer)
+        wrapped.build(model.trainable_variables)
+    model.optimizer = wrapped
+    return optimizer
+
+
+def _compiled_optimizer(model: keras.Model, where: str) -> keras.optimizers.Optimizer:
+    optimizer = getattr(model, "optimizer", None)
+    if optimizer is None:
+        raise PlanError(f"{where}: the model has no optimizer; compile it before fit.")
+    return optimizer
+
+
+def is_dynamic_scale(optimizer) -> bool:
+    """Returns whether `optimizer` scales the loss with a dynamic scale that can be set now.
+
+    Args:
+        optimizer: a Keras optimizer.
+
+    Returns:
+        `True` for a built loss-scaling optimizer whose scale is not fixed.
+
+    Example:
+
+    ```python
+    if is_dynamic_scale(model.optimizer):
+        model.optimizer.dynamic_scale.assign(1024.0)
+    ```
+    """
+    return scales_loss(optimizer) and optimizer.built and not getattr(optimizer, "fixed", False)

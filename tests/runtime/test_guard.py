@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
+import os
+import subprocess
+import sys
+
 import keras
 import numpy as np
 import pytest
@@ -11,11 +16,11 @@ from autoprec.errors import AutoprecError
 from autoprec.layers import layer_paths
 from autoprec.runtime import PlanCallback
 from autoprec.runtime.guard import (
+    GUARD_BACKENDS,
+    REMOVED_FIELDS,
     Guard,
-    GuardAction,
-    GuardPhase,
-    GuardState,
     NonFiniteTrainingError,
+    check_guard_backend,
     promotion_target,
 )
 
@@ -53,12 +58,12 @@ def test_layer_forced_to_overflow_mid_training_is_promoted_and_training_survives
     model = _overflow_model()
     x, y = _data_that_starts_overflowing()
     plan = PrecisionPlan.uniform(model, "float16").with_dtype("out", "float32")
-    callback = AutoPrecision(plan, guard=Guard(threshold=3, check_every=2, window=20))
+    callback = AutoPrecision(plan)
     history = model.fit(
         x, y, batch_size=4, epochs=2, shuffle=False, verbose=0, callbacks=[callback]
     )
     promotions = [event for event in callback.plan.events if event["kind"] == "promotion"]
-    assert promotions, callback.events
+    assert promotions, callback.plan.events
     assert promotions[0]["layer"] == "big"  # where the overflow starts, not "first"
     assert promotions[0]["from"] == "float16"
     assert promotions[0]["to"] in ("bfloat16", "float32")
@@ -67,19 +72,23 @@ def test_layer_forced_to_overflow_mid_training_is_promoted_and_training_survives
     assert layer_paths(model)["first"].compute_dtype == "float16"
     assert np.isfinite(history.history["loss"][-1])
     assert all(np.isfinite(weight).all() for weight in model.get_weights())
-    assert "autoprec guard: step" in capsys.readouterr().out
+    output = capsys.readouterr()
+    assert "autoprec guard: step" in output.out
+    assert output.out.count("big float16 ->") == 1  # one line per promotion
 
 
-def test_divergence_in_float32_is_reported_as_such_and_stops():
+def test_divergence_in_float32_is_reported_as_such_and_stops(caplog):
     model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
     model.compile(optimizer=keras.optimizers.SGD(1e3), loss="mse")  # diverges
     x = np.full((64, 4), 10.0, "float32")
     y = np.zeros((64, 1), "float32")
-    callback = AutoPrecision(
-        PrecisionPlan.uniform(model, "float32"), guard=Guard(check_every=1), verbose=0
-    )
-    model.fit(x, y, batch_size=4, epochs=3, verbose=0, callbacks=[callback])
-    assert callback.events and callback.events[-1]["kind"] == "stopped"
+    callback = AutoPrecision(PrecisionPlan.uniform(model, "float32"), verbose=0)
+    with caplog.at_level("WARNING", logger="autoprec"):
+        model.fit(x, y, batch_size=4, epochs=3, verbose=0, callbacks=[callback])
+    events = callback.plan.events
+    assert events and events[-1]["kind"] == "stopped"
+    assert events[-1]["evidence"].startswith("non-finite loss at step")
+    assert "a training divergence, not a precision problem. Training stopped." in caplog.text
     assert model.stop_training
 
 
@@ -87,22 +96,9 @@ def test_on_nan_raise():
     model = _overflow_model()
     x, y = _data_that_starts_overflowing()
     plan = PrecisionPlan.uniform(model, "float16").with_dtype("out", "float32")
-    callback = AutoPrecision(
-        plan, guard=Guard(on_nan="raise", threshold=3, check_every=2), verbose=0
-    )
+    callback = AutoPrecision(plan, guard=Guard(on_nan="raise"), verbose=0)
     with pytest.raises(NonFiniteTrainingError, match="non-finite step"):
         model.fit(x, y, batch_size=4, epochs=1, shuffle=False, verbose=0, callbacks=[callback])
-
-
-def test_guard_state_counts_a_window_and_detects_collapse():
-    state = GuardState(Guard(threshold=3, window=10))
-    assert not state.observe(step=5, non_finite_total=2, scale=1024.0, floor=1.0)
-    assert state.observe(step=8, non_finite_total=3, scale=512.0, floor=1.0)
-    fresh = GuardState(Guard(threshold=100, window=10))
-    assert fresh.observe(step=5, non_finite_total=1, scale=1.0, floor=1.0)  # at the floor
-    old = GuardState(Guard(threshold=3, window=10))
-    old.observe(step=1, non_finite_total=2, scale=8.0, floor=1.0)
-    assert not old.observe(step=30, non_finite_total=3, scale=8.0, floor=1.0)  # outside window
 
 
 def test_bad_guard_settings_are_refused(mlp):
@@ -118,11 +114,11 @@ def test_nan_in_input_batches_is_reported_not_fixed_by_promotion(caplog):
     x[40:72] = np.nan  # a run of bad batches, then clean data again
     y = np.zeros((120, 1), "float32")
     plan = PrecisionPlan.uniform(model, "float16").with_dtype("out", "float32")
-    callback = AutoPrecision(plan, guard=Guard(threshold=2, check_every=2), verbose=0)
+    callback = AutoPrecision(plan, verbose=0)
     with caplog.at_level("WARNING", logger="autoprec"):
         model.fit(x, y, batch_size=4, epochs=1, shuffle=False, verbose=0, callbacks=[callback])
-    assert not [event for event in callback.events if event["kind"] == "promotion"]
-    assert [event for event in callback.events if event["kind"] == "not_precision"]
+    assert not [event for event in callback.plan.events if event["kind"] == "promotion"]
+    assert [event for event in callback.plan.events if event["kind"] == "not_precision"]
     assert "NaN entered with the input data" in caplog.text
     assert layer_paths(model)["big"].compute_dtype == "float16"
     assert all(np.isfinite(weight).all() for weight in model.get_weights())
@@ -135,62 +131,81 @@ def test_promotion_target_follows_the_widening_ladder():
     assert promotion_target("float32", bfloat16_is_fast=True) == "float32"
 
 
-def test_guard_state_checks_only_when_due_and_while_watching():
-    state = GuardState(Guard(check_every=5))
-    assert state.phase is GuardPhase.WATCHING
-    assert [step for step in range(1, 16) if state.is_check_due(step)] == [5, 10, 15]
-    state.phase = GuardPhase.DIAGNOSING
-    assert not state.is_check_due(10)
-
-
-def test_guard_state_check_names_the_trigger():
-    state = GuardState(Guard(threshold=2, window=10))
-    assert state.check(step=2, loss=0.5, counters=(1, 1024.0, 1.0)) is None
-    trigger = state.check(step=4, loss=0.5, counters=(2, 512.0, 1.0))
-    assert trigger == "2 non-finite step(s) in the last 10 steps, loss scale 512"
-    assert state.trigger == trigger
-    without_counters = GuardState(Guard())
-    assert without_counters.check(step=7, loss=1.0, counters=None) is None
-    assert without_counters.check(step=8, loss=float("nan"), counters=None) == (
-        "non-finite loss at step 8"
-    )
-
-
-@pytest.mark.parametrize(
-    ("on_nan", "has_16bit", "action", "phase"),
-    [
-        ("promote", True, GuardAction.DIAGNOSE, GuardPhase.DIAGNOSING),
-        ("stop", True, GuardAction.STOP, GuardPhase.STOPPED),
-        ("raise", True, GuardAction.RAISE, GuardPhase.STOPPED),
-        ("promote", False, GuardAction.DIVERGED, GuardPhase.STOPPED),
-    ],
-)
-def test_guard_state_action_and_phase(on_nan, has_16bit, action, phase):
-    state = GuardState(Guard(on_nan=on_nan))
-    assert state.action(has_16bit) is action
-    assert state.phase is phase
-
-
-def test_guard_state_resume_counts_afresh_and_restart_keeps_the_window():
-    state = GuardState(Guard(threshold=3, window=100))
-    state.observe(step=10, non_finite_total=2, scale=8.0, floor=1.0)
-    state.action(has_16bit_layers=True)
-    state.restart()
-    assert state.phase is GuardPhase.WATCHING and state.bad_steps_in_window == 2
-    state.action(has_16bit_layers=True)
-    state.resume()
-    assert state.phase is GuardPhase.WATCHING and state.bad_steps_in_window == 0
-    assert not state.observe(step=20, non_finite_total=4, scale=8.0, floor=1.0)  # 2 new only
-    state.stop()
-    assert state.phase is GuardPhase.STOPPED and not state.is_check_due(30)
-
-
 def test_plan_callback_guard_promotes_like_auto_precision():
     model = _overflow_model()
     x, y = _data_that_starts_overflowing()
     plan = PrecisionPlan.uniform(model, "float16").with_dtype("out", "float32")
-    callback = PlanCallback(plan, guard=Guard(threshold=3, check_every=2, window=20), verbose=0)
+    callback = PlanCallback(plan, verbose=0)
     model.fit(x, y, batch_size=4, epochs=2, shuffle=False, verbose=0, callbacks=[callback])
     promotions = [event for event in callback.plan.events if event["kind"] == "promotion"]
     assert promotions and promotions[0]["layer"] == "big"
     assert all(np.isfinite(weight).all() for weight in model.get_weights())
+
+
+def test_guard_keeps_only_the_fields_a_user_sets():
+    assert [field.name for field in dataclasses.fields(Guard)] == [
+        "on_nan",
+        "history_steps",
+        "near_binades",
+        "check_kernels",
+    ]
+    guard = Guard(on_nan="stop", history_steps=8)
+    assert Guard.from_config(guard.get_config()) == guard
+    with pytest.raises(AutoprecError, match="history_steps must be an integer >= 1, got 0"):
+        Guard(history_steps=0)
+    with pytest.raises(AutoprecError, match="near_binades must be a positive number"):
+        Guard(near_binades=0)
+
+
+@pytest.mark.parametrize("name", sorted(REMOVED_FIELDS))
+def test_removed_fields_fail_as_python_does_and_old_configs_say_what_to_write(name):
+    with pytest.raises(TypeError, match=name):
+        Guard(**{name: 3})
+    with pytest.raises(AutoprecError, match=rf"\['{name}'\] were removed in autoprec 0.3") as error:
+        Guard.from_config({"on_nan": "stop", name: 3})
+    assert REMOVED_FIELDS[name] in str(error.value)
+
+
+def test_old_configs_name_the_replacement():
+    with pytest.raises(AutoprecError, match=r"LossScale\(floor=\.\.\.\)"):
+        Guard.from_config({"min_loss_scale": 2.0**-10})
+    with pytest.raises(AutoprecError, match="hardware="):
+        Guard.from_config({"bfloat16_is_fast": False})
+    with pytest.raises(AutoprecError, match="unknown field.*'guard_window'"):
+        Guard.from_config({"guard_window": 3})
+
+
+def test_a_guard_on_another_backend_is_refused_naming_it_and_guard_none():
+    for backend in GUARD_BACKENDS:
+        check_guard_backend(backend, "AutoPrecision")
+    with pytest.raises(AutoprecError, match="'torch' backend. Pass guard=None"):
+        check_guard_backend("torch", "AutoPrecision")
+
+
+_OTHER_BACKEND = """
+import autoprec
+from autoprec.errors import AutoprecError
+try:
+    autoprec.AutoPrecision()
+except AutoprecError as error:
+    print("REFUSED", error)
+callback = autoprec.AutoPrecision(guard=None)
+print("GUARD", callback.guard)
+"""
+
+
+def test_asking_for_a_guard_on_keras_numpy_backend_is_a_clear_error():
+    environment = {**os.environ, "KERAS_BACKEND": "numpy", "TF_CPP_MIN_LOG_LEVEL": "3"}
+    completed = subprocess.run(
+        [sys.executable, "-c", _OTHER_BACKEND],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=environment,
+    )
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    assert "REFUSED AutoPrecision: the guard needs Keras' TensorFlow or JAX backend" in (
+        completed.stdout
+    )
+    assert "'numpy' backend. Pass guard=None" in completed.stdout
+    assert "GUARD None" in completed.stdout
