@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import keras
 
 from . import cost
 from ._core.config import ConfigValue
+from ._core.data import input_part
 from ._core.dtypes import BFLOAT16, FLOAT16, FLOAT32, count_dtypes, counts_text
 from ._core.models import strategy_scope, swap_attribute
 from .cost import CostTable, Estimate
@@ -40,6 +41,10 @@ logger = logging.getLogger("autoprec")
 
 #: The batch size costs are timed at when `fit` ran no step to read it from.
 FALLBACK_BATCH_SIZE = 32
+
+#: Input dimensions besides the batch that a traced TensorFlow step leaves unknown
+#: (a padded sequence length) and `FirstBatchSize` records when the step runs.
+RECORDED_DIMENSIONS = 63
 
 
 @dataclasses.dataclass(frozen=True)
@@ -146,8 +151,11 @@ class FirstBatchSize:
     read then; where it is not (TensorFlow, whose datasets have an unknown batch
     dimension) the traced step writes it into a variable, once, so the last
     partial batch of an epoch never replaces it. Under a `tf.distribute`
-    strategy it is the batch of one replica. `remove()` unwraps (the caller
-    rebuilds the train function).
+    strategy it is the batch of one replica. The inputs' structure, dtypes and
+    shapes are recorded alike (other dimensions the traced step leaves unknown,
+    such as a padded sequence length, are written once when it runs), so that
+    `read_inputs()` gives inputs shaped as `fit` feeds them, to time costs at.
+    `remove()` unwraps (the caller rebuilds the train function).
 
     Args:
         model: a compiled Keras model.
@@ -159,6 +167,7 @@ class FirstBatchSize:
     reader.install()
     model.fit(x, y, batch_size=64, epochs=1)
     reader.read()  # 64
+    reader.read_inputs()["token_ids"].shape  # (64, 32) for a dict of (n, 32) arrays
     reader.remove()
     ```
     """
@@ -167,6 +176,8 @@ class FirstBatchSize:
         self.model = model
         self._static: int | None = None
         self._variable: keras.Variable | None = None
+        self._inputs: Any = None  # the first batch's input specs; False: unreadable
+        self._dimensions: keras.Variable | None = None
         self._undo: Callable[[], None] | None = None
 
     def install(self) -> None:
@@ -179,6 +190,13 @@ class FirstBatchSize:
                     trainable=False,
                     aggregation="only_first_replica",
                     name="autoprec_first_batch_size",
+                )
+                self._dimensions = keras.Variable(
+                    keras.ops.zeros((RECORDED_DIMENSIONS + 1,), "int32"),
+                    dtype="int32",
+                    trainable=False,
+                    aggregation="only_first_replica",
+                    name="autoprec_first_batch_dimensions",
                 )
         original = self.model.train_step
         reader = self
@@ -205,12 +223,63 @@ class FirstBatchSize:
             return value or None
         return None
 
+    def read_inputs(self, batch_size: int | None = None) -> Any:
+        """Returns random inputs shaped as the first batch's (structure, dtypes, dimensions).
+
+        Args:
+            batch_size: samples; default the first batch's.
+
+        Returns:
+            NumPy arrays nested as the batch's inputs, or `None` when no step has
+            run or a dimension could not be recorded.
+        """
+        size = batch_size or self.read()
+        if self._inputs is None or self._inputs is False or size is None:
+            return None
+        specs = self._inputs
+        if self._dimensions is not None:
+            recorded = [int(v) for v in keras.ops.convert_to_numpy(self._dimensions.value)]
+            if recorded[0]:
+                specs = _with_dimensions(specs, iter(recorded[1:]))
+        try:
+            return cost.random_inputs(specs, size)
+        except PlanError as error:
+            logger.info("autoprec: the first batch's shapes are unknown (%s)", error)
+            return None
+
+    def _write_dimensions(self, inputs: Any) -> None:
+        """Has the traced step write, once, the dimensions the recorded specs leave unknown."""
+        specs, arrays = keras.tree.flatten(self._inputs), keras.tree.flatten(inputs)
+        if self._dimensions is None or len(specs) != len(arrays):
+            return
+        unknown = [
+            keras.ops.shape(array)[axis]
+            for spec, array in zip(specs, arrays)
+            for axis, dim in enumerate(spec.shape)
+            if axis > 0 and dim is None
+        ][:RECORDED_DIMENSIONS]
+        if unknown:
+            written = keras.ops.stack([keras.ops.cast(dim, "int32") for dim in [1, *unknown]])
+            written = keras.ops.pad(written, [[0, RECORDED_DIMENSIONS - len(unknown)]])
+            current = self._dimensions.value
+            first = keras.ops.equal(current[0], 0)
+            self._dimensions.assign(keras.ops.where(first, written, current))
+
     def _observe(self, data: Any) -> None:
         arrays = [
             value for value in keras.tree.flatten(data) if len(getattr(value, "shape", ())) > 0
         ]
         if not arrays:
             return
+        try:
+            # Every trace of the step writes the dimensions the first one left unknown.
+            if self._inputs is None:
+                self._inputs = keras.tree.map_structure(cost.spec_of, input_part(data))
+            if self._inputs is not False:
+                self._write_dimensions(input_part(data))
+        except Exception as error:  # noqa: BLE001 - reading shapes must never stop training
+            logger.info("autoprec: the first batch's shapes could not be read (%s)", error)
+            self._inputs = False
         size = arrays[0].shape[0]
         if isinstance(size, int):
             if self._static is None:
@@ -221,6 +290,16 @@ class FirstBatchSize:
             self._variable.assign(keras.ops.where(keras.ops.equal(current, 0), size, current))
 
 
+def _with_dimensions(specs: Any, dimensions: Iterator[int]) -> Any:
+    """Returns `specs` with their unknown dimensions (besides the batch) taken from `dimensions`."""
+
+    def filled(spec: cost.TensorSpec) -> cost.TensorSpec:
+        rest = [(next(dimensions, 0) or None) if dim is None else dim for dim in spec.shape[1:]]
+        return cost.TensorSpec((*spec.shape[:1], *rest), spec.dtype)
+
+    return keras.tree.map_structure(filled, specs)
+
+
 def decide_plan(
     model: keras.Model,
     profile: Profile | None,
@@ -228,6 +307,7 @@ def decide_plan(
     batch_size: int = FALLBACK_BATCH_SIZE,
     calibrate_costs: bool = True,
     verbose: int = 0,
+    sample: Any = None,
 ) -> tuple[PrecisionPlan, Estimate | None]:
     """Returns the heuristic plan for `model` and the estimate behind it.
 
@@ -243,6 +323,10 @@ def decide_plan(
         batch_size: batch size the costs are measured or predicted for.
         calibrate_costs: measure costs on this device when `hardware` means this device.
         verbose: 1 shows a progress bar while costs are measured, 0 none.
+        sample: inputs shaped as the batches `fit` feeds (an array, a list, a dict
+            or any nesting of them, `batch_size` samples), whose shapes costs are
+            timed or predicted at; `None` builds them from the model's inputs,
+            which needs every dimension besides the batch to be known.
 
     Returns:
         `(plan, estimate)`; `estimate` is `None` if no cost model could be built.
@@ -260,10 +344,11 @@ def decide_plan(
     costs = None
     try:
         if calibrate_costs and is_local(hardware):
-            sample = cost.sample_inputs(model, batch_size)
+            if sample is None:
+                sample = cost.sample_inputs(model, batch_size)
             costs = measure_costs(model, sample, allowed, hardware_profile, verbose)
         else:
-            costs = cost.predict_costs(model, hardware_profile, batch_size=batch_size)
+            costs = cost.predict_costs(model, hardware_profile, batch_size=batch_size, x=sample)
     except Exception as error:  # costs improve the plan; their absence must not stop training
         logger.warning("autoprec: cost model unavailable (%s); deciding from parameters", error)
     plan = heuristic_plan(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+from typing import Any
 
 from ._auto import (
     FALLBACK_BATCH_SIZE,
@@ -204,7 +205,7 @@ class AutoPrecision(PlanCallback):
                 self._profiler.remove_probes()
             self.profile = self._profiler.profile
             self._profiler = None
-        batch_size = self._batch_size()
+        batch_size, sample = self._first_batch()
         if self.auto.budget is not None:
             self.search_result = search_plan(
                 self.model, self.auto, self.profile, self.hardware, batch_size
@@ -217,17 +218,20 @@ class AutoPrecision(PlanCallback):
                 hardware=self.hardware,
                 batch_size=batch_size,
                 verbose=self.verbose,
+                sample=sample,
             )
         self._apply(quiet=True)
         for line in report_lines(self.plan, self.estimate, self.handle.dtypes):
             show_message(line, self.verbose)
 
-    def _batch_size(self) -> int:
-        """Returns the batch size to time costs at: `auto.batch_size`, else fit's first batch."""
+    def _first_batch(self) -> tuple[int, Any]:
+        """Returns the batch size to time costs at (`auto.batch_size`, else fit's first
+        batch's) and inputs shaped as fit's first batch (`None` when none was read)."""
         if self.auto.batch_size is not None:
-            return self.auto.batch_size
+            return self.auto.batch_size, None
         reader, self._batch_reader = self._batch_reader, None
         size = reader.read() if reader is not None else None
+        sample = reader.read_inputs() if reader is not None else None
         if reader is not None:
             reader.remove()
             self.model.make_train_function(force=True)  # traced lazily, without the reader
@@ -236,5 +240,5 @@ class AutoPrecision(PlanCallback):
                 "autoprec: no batch seen before deciding; costs timed at batch size %d",
                 FALLBACK_BATCH_SIZE,
             )
-            return FALLBACK_BATCH_SIZE
-        return size
+            return FALLBACK_BATCH_SIZE, None
+        return size, sample
