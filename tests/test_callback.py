@@ -252,7 +252,7 @@ def test_attention_model_with_float16_attention_trains(attention_model):
     y = np.zeros(32, "int32")
     _compiled(attention_model)
     plan = PrecisionPlan.uniform(attention_model, "float16").with_rule(
-        "float32", class_name="Softmax"
+        class_name="Softmax", dtype="float32"
     )
     history = attention_model.fit(
         x, y, epochs=1, verbose=0, callbacks=[AutoPrecision(plan, verbose=0)]

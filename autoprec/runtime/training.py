@@ -30,6 +30,7 @@ from .loss_scale import (
     resolve_loss_scale,
 )
 from .saving import attach_plan
+from .step_logs import SkippedStepLogs
 from .telemetry import GuardTelemetry
 from .tensorboard import TrainingLog
 from .watch import GuardWatch
@@ -132,6 +133,17 @@ class PlanCallback(keras.callbacks.Callback):
         self._step = 0
 
     # ------------------------------------------------------------------ Keras hooks
+
+    def set_model(self, model) -> None:
+        super().set_model(model)
+        # fit calls this before any callback's on_train_begin: an optimizer wrapped now is
+        # the one a BackupAndRestore placed before this callback restores into.
+        if self.plan is not None and is_fully_built(model) and model.optimizer is not None:
+            self._wrap_optimizer(self.plan.uses_float16, has_16bit=self._plan_has_16bit())
+
+    def on_epoch_begin(self, epoch, logs=None) -> None:
+        if self._watch is not None:
+            SkippedStepLogs.for_model(self.model).start_epoch()
 
     def on_train_begin(self, logs=None) -> None:
         if self._watch is not None:
@@ -241,7 +253,7 @@ class PlanCallback(keras.callbacks.Callback):
             self._fall_back_missing_kernels()
         requested, self.plan = self.plan, self.handle.plan
         has_16bit = any(dtype != FLOAT32 for dtype in self.handle.dtypes.values())
-        self._wrap_optimizer(has_16bit)
+        self._wrap_optimizer(self.handle.uses_float16, has_16bit)
         if self._keeps_compiled_functions(state, has_16bit) and compiled[0] is not None:
             # The policies are what they were: keep the traced functions.
             for name, function in zip(COMPILED_FUNCTIONS, compiled):
@@ -320,13 +332,16 @@ class PlanCallback(keras.callbacks.Callback):
             plan = fallback_plan(self.handle.plan, missing, step=self._step)
             self.handle = self._apply_plan(plan)
 
-    def _wrap_optimizer(self, has_16bit: bool) -> None:
+    def _plan_has_16bit(self) -> bool:
+        return any(dtype != FLOAT32 for dtype in self.plan.resolve().values())
+
+    def _wrap_optimizer(self, uses_float16: bool, has_16bit: bool) -> None:
         """Adds loss scaling where float16 runs, step skipping where only bfloat16 does (guarded)."""
         name = type(self).__name__
-        if self.handle.uses_float16:
+        if uses_float16:
             if self.loss_scale is None:
                 raise PlanError(
-                    f"{name}: loss_scale=None, but layers {_float16_layers(self.handle)[:3]} run "
+                    f"{name}: loss_scale=None, but layers {_float16_layers(self.plan.resolve())[:3]} run "
                     "in float16; use 'dynamic'."
                 )
             replaced = add_loss_scaling(self.model, self.loss_scale, name)
@@ -338,10 +353,15 @@ class PlanCallback(keras.callbacks.Callback):
             self._wrapped_optimizer = replaced
 
     def _install_telemetry(self, has_16bit: bool) -> None:
-        """Installs the guard's telemetry for the layers as applied (none without 16-bit layers)."""
+        """Installs the guard's telemetry for the layers as applied (none without 16-bit layers).
+
+        While it runs, a step the guard skipped leaves the logs finite (`SkippedStepLogs`);
+        without 16-bit layers the logs are Keras' own, so a real divergence shows as NaN.
+        """
         if self._watch is None:
             return
         self._watch.detach()
+        step_logs = SkippedStepLogs.for_model(self.model)  # below the telemetry's wrapper
         telemetry = None
         if has_16bit:
             with strategy_scope(self.model):
@@ -352,6 +372,9 @@ class PlanCallback(keras.callbacks.Callback):
                     near_binades=self.guard.near_binades,
                 )
             telemetry.install()
+            step_logs.activate()
+        else:
+            step_logs.deactivate()
         self._watch.attach(telemetry)
 
     def _rebuild_compiled_functions(self) -> None:
@@ -476,5 +499,5 @@ def _show_guard_line(line: str, verbose: int) -> None:
         logger.warning(line)
 
 
-def _float16_layers(handle: PlanHandle) -> list[str]:
-    return [path for path, dtype in handle.dtypes.items() if dtype == FLOAT16]
+def _float16_layers(dtypes: Mapping[str, str]) -> list[str]:
+    return [path for path, dtype in dtypes.items() if dtype == FLOAT16]
