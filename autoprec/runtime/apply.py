@@ -13,7 +13,7 @@ from .._core.dtypes import FLOAT16, POLICY_FOR_DTYPE
 from ..errors import PlanError
 from ..layers import LayerInfo, describe_model, is_fully_built, layer_paths, model_fingerprint
 from ..plan import PrecisionPlan
-from .composite import harmonize_outputs
+from .composite import check_plan_runs, harmonize_outputs
 
 
 @dataclasses.dataclass
@@ -113,7 +113,9 @@ def check_plan_fits(
     return problems
 
 
-def apply_plan(model: keras.Model, plan: PrecisionPlan, strict: bool = True) -> PlanHandle:
+def apply_plan(
+    model: keras.Model, plan: PrecisionPlan, strict: bool = True, *, x: object = None
+) -> PlanHandle:
     """Sets every layer's dtype policy from `plan`; variables stay float32 (the master copy).
 
     Compute dtypes map to Keras policies `float32`, `mixed_bfloat16` and
@@ -133,13 +135,16 @@ def apply_plan(model: keras.Model, plan: PrecisionPlan, strict: bool = True) -> 
             model with other classes or weight shapes, raises `PlanError` and
             nothing is changed. If `False`, what matches is applied and the rest
             is reported with a warning.
+        x: optionally, one batch of model inputs (any structure `fit` takes): the
+            model is then run once on its first sample under the plan, and a plan
+            that still cannot run is undone and refused with the layers that clash.
 
     Returns:
         A `PlanHandle`; `handle.restore()` puts the original policies back.
 
     Raises:
         PlanError: in strict mode, if the plan does not fit the model, or if the
-            model is not built.
+            model is not built; with `x`, if the model cannot run under the plan.
 
     Example:
 
@@ -202,13 +207,20 @@ def apply_plan(model: keras.Model, plan: PrecisionPlan, strict: bool = True) -> 
         created=plan.created,
         autoprec_version=plan.autoprec_version,
     )
-    return PlanHandle(
+    handle = PlanHandle(
         model=model,
         plan=applied_plan,
         dtypes=applied,
         original_policies=original_policies,
         skipped=skipped,
     )
+    if x is not None:
+        try:
+            check_plan_runs(model, x)
+        except PlanError:
+            handle.restore()
+            raise
+    return handle
 
 
 def _reason_to_skip(layer: keras.layers.Layer) -> str | None:

@@ -149,8 +149,12 @@ def test_check_plan_runs_names_the_clash_when_a_plan_still_cannot_run():
     autoprec.apply_plan(model, autoprec.PrecisionPlan.uniform(model, "float32"))
     check_plan_runs(model, x)
     autoprec.apply_plan(model, autoprec.PrecisionPlan.uniform(model, "bfloat16"))
-    with pytest.raises(PlanError, match="cannot run under this plan.*AddV2|cannot run.*adds"):
+    with pytest.raises(PlanError, match="cannot run under this plan.*AddsAFloat32Constant"):
         check_plan_runs(model, x)
+    # apply_plan with a batch checks the same, and leaves the model as it was.
+    with pytest.raises(PlanError, match="own arithmetic mixes dtypes"):
+        autoprec.apply_plan(model, autoprec.PrecisionPlan.uniform(model, "float16"), x=x)
+    assert model.get_layer("adds").compute_dtype == "bfloat16"
 
 
 @pytest.mark.parametrize("name", sorted(zoo_models.ZOO))
