@@ -195,8 +195,9 @@ def load_costs(
             model, batch, dtypes=list(measured), verbose=int(verbose > 1), hardware=profile
         )
     else:
+        # The batch gives the shapes of inputs with dynamic dimensions (sequence lengths).
         table = predict_costs(
-            model, profile, batch_size=batch_size, dtypes=list(dtypes or COMPUTE_DTYPES)
+            model, profile, batch_size=batch_size, x=batch, dtypes=list(dtypes or COMPUTE_DTYPES)
         )
     return profile, table
 
