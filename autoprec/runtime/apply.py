@@ -159,27 +159,7 @@ def apply_plan(
             f"apply_plan: expected a PrecisionPlan, got {type(plan).__name__}; "
             "load one with autoprec.PrecisionPlan.load(path)."
         )
-    if not is_fully_built(model):
-        message = (
-            f"model {model.name!r} is not built, so its sub-layers have no weights or paths "
-            "yet. Build it first (call it on one batch or model.build(input_shape)), or pass "
-            "the plan to autoprec.AutoPrecision, which applies it once fit has built the model."
-        )
-        if strict:
-            raise PlanError(message)
-        warnings.warn(message, stacklevel=2)
-    infos = describe_model(model)
-    problems = check_plan_fits(plan, infos, model.name)
-    if problems:
-        message = (
-            f"plan for model {plan.model_name!r} does not fit model {model.name!r}: "
-            + "; ".join(problems)
-            + ". Re-create the plan for this model, or pass strict=False to apply what matches."
-        )
-        if strict:
-            raise PlanError(message)
-        warnings.warn(message, stacklevel=2)
-
+    infos = _checked_layers(model, plan, strict)
     dtypes = plan.resolve(infos)
     paths = layer_paths(model)
     original_policies: dict[str, object] = {}
@@ -221,6 +201,32 @@ def apply_plan(
             handle.restore()
             raise
     return handle
+
+
+def _checked_layers(model: keras.Model, plan: PrecisionPlan, strict: bool) -> dict[str, LayerInfo]:
+    """The model's layers, once the model is built and the plan fits it (or `strict` is off)."""
+    if not is_fully_built(model):
+        message = (
+            f"model {model.name!r} is not built, so its sub-layers have no weights or paths "
+            "yet. Build it first (call it on one batch or model.build(input_shape)), or pass "
+            "the plan to autoprec.AutoPrecision, which applies it once fit has built the model."
+        )
+        if strict:
+            raise PlanError(message)
+        warnings.warn(message, stacklevel=3)
+    infos = describe_model(model)
+    problems = check_plan_fits(plan, infos, model.name)
+    if problems:
+        message = (
+            f"plan for model {plan.model_name!r} does not fit model {model.name!r}: "
+            + "; ".join(problems)
+            + ". Re-create the plan for this model, or pass strict=False to apply what matches."
+        )
+        if strict:
+            raise PlanError(message)
+        warnings.warn(message, stacklevel=3)
+
+    return infos
 
 
 def _reason_to_skip(layer: keras.layers.Layer) -> str | None:
