@@ -157,7 +157,13 @@ def test_check_plan_runs_names_the_clash_when_a_plan_still_cannot_run():
     assert model.get_layer("adds").compute_dtype == "bfloat16"
 
 
-@pytest.mark.parametrize("name", sorted(zoo_models.ZOO))
+@pytest.mark.parametrize(
+    "name",
+    [
+        name if name in ("bert", "gpt2") else pytest.param(name, marks=pytest.mark.slow)
+        for name in sorted(zoo_models.ZOO)
+    ],
+)
 def test_random_plans_train_keras_hub_models(name):
     model, (x, y) = zoo_models.ZOO[name]()
     first = {k: v[:2] for k, v in x.items()} if isinstance(x, dict) else x[:2]
