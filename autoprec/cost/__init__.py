@@ -14,7 +14,10 @@ Three steps, each usable alone:
   steps under uniform policies (float32 and each 16-bit dtype the device runs
   fast): what the summed layers miss becomes a fixed per-step overhead shared by
   all dtypes and a per-dtype scale of layer times, so that a uniform plan's
-  estimate equals its measured step.
+  estimate equals its measured step; and two mixed plans' whole steps, whose
+  difference from their prediction becomes a cost per dtype boundary (the
+  alternating plan) and the table's own prediction error, `relative_error`
+  (the half-and-half plan, held out of the fit).
 
 Both give a `CostTable`; `estimate(model, plan, hardware, costs=table)` sums it for a
 plan: step time, speedup over float32, memory and the largest batch that fits.
@@ -23,16 +26,30 @@ Modules, in the order they build on each other: `trace` (shapes, edges, sample
 inputs and synthetic arguments), `counting` (`LayerCost`), `table`
 (`CostTable`), `timers` (one layer, cast or empty call timed on the backend),
 `roofline` (`predict_costs`), `cache`, `steps` (whole training steps and the
-correction they give), `measure` (`calibrate`), `estimate`.
+correction they give), `estimate`, `boundaries` (the mixed plans timed whole, the
+boundary cost and the prediction error fitted from them), `measure` (`calibrate`).
 """
 
+from .boundaries import (
+    MIN_RELATIVE_ERROR,
+    MixedPlan,
+    fit_boundary_cost,
+    mixed_assignment,
+    mixed_plans,
+)
 from .cache import default_cache_dir
 from .counting import ACTIVATION_FLOPS, LayerCost, count_costs
 from .estimate import USABLE_MEMORY_FRACTION, Estimate, PlanLayers, estimate
 from .measure import calibrate
 from .roofline import MATMUL_EFFICIENCY, VECTOR_EFFICIENCY, predict_costs, predicted_layer_seconds
-from .steps import clone_with_uniform_policy, measure_train_step, measure_train_steps
-from .table import CostTable, LayerCostRecord
+from .steps import (
+    clone_with_policies,
+    clone_with_uniform_policy,
+    measure_train_step,
+    measure_train_steps,
+    time_train_steps,
+)
+from .table import DEFAULT_RELATIVE_ERROR, CostTable, LayerCostRecord
 from .timers import MEASURING_BACKENDS
 from .trace import (
     ArgumentValue,
@@ -51,8 +68,10 @@ from .trace import (
 
 __all__ = [
     "ACTIVATION_FLOPS",
+    "DEFAULT_RELATIVE_ERROR",
     "MATMUL_EFFICIENCY",
     "MEASURING_BACKENDS",
+    "MIN_RELATIVE_ERROR",
     "USABLE_MEMORY_FRACTION",
     "VECTOR_EFFICIENCY",
     "ArgumentValue",
@@ -63,16 +82,21 @@ __all__ = [
     "LayerCost",
     "LayerCostRecord",
     "MappingArgument",
+    "MixedPlan",
     "ModelTrace",
     "PlanLayers",
     "TensorSpec",
     "calibrate",
+    "clone_with_policies",
     "clone_with_uniform_policy",
     "count_costs",
     "default_cache_dir",
     "estimate",
+    "fit_boundary_cost",
     "measure_train_step",
     "measure_train_steps",
+    "mixed_assignment",
+    "mixed_plans",
     "predict_costs",
     "predicted_layer_seconds",
     "random_inputs",
@@ -80,5 +104,6 @@ __all__ = [
     "spec_of",
     "synthetic_arguments",
     "synthetic_tensor",
+    "time_train_steps",
     "trace_model",
 ]

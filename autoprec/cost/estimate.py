@@ -17,7 +17,7 @@ from ..hardware import HardwareProfile
 from ..layers import LayerInfo, describe_model
 from .counting import ITEMSIZE
 from .roofline import predict_costs
-from .table import CostTable
+from .table import DEFAULT_RELATIVE_ERROR, CostTable
 
 #: Fraction of device memory a step may fill (the rest: framework, workspaces).
 USABLE_MEMORY_FRACTION = 0.9
@@ -55,6 +55,12 @@ class Estimate:
         infeasible_layers: layers whose dtype the device cannot run.
         device: device name.
         source: `"measured"` or `"predicted"`.
+        boundary_seconds: what the whole step adds at the boundaries between
+            layers of different dtypes beyond the casts (`CostTable.boundary_cost`),
+            included in `step_seconds`.
+        relative_error: the table's whole-step prediction error
+            (`CostTable.relative_error`): `step_seconds` is within about this
+            fraction of the real step.
 
     Example:
 
@@ -78,6 +84,8 @@ class Estimate:
     infeasible_layers: tuple[str, ...]
     device: str
     source: str
+    boundary_seconds: float = 0.0
+    relative_error: float = DEFAULT_RELATIVE_ERROR
 
     @property
     def fixed_memory_bytes(self) -> float:
@@ -183,19 +191,40 @@ def _costs_for(
     return predict_costs(model, hardware, batch_size=batch_size or 32, x=x)
 
 
+@dataclasses.dataclass(frozen=True)
+class _Step:
+    """The parts of one predicted step."""
+
+    total: float
+    layer_seconds: dict[str, float]
+    cast_seconds: float
+    boundary_seconds: float
+    infeasible: tuple[str, ...]
+
+
 def _step_seconds(
     table: CostTable, dtype_of: Callable[[str | None], str], batch_size: int
-) -> tuple[float, dict[str, float], float, tuple[str, ...]]:
+) -> _Step:
+    """Sums layers, casts, boundaries and overhead of one plan.
+
+    The learned boundary cost applies between two layers only: a model input
+    cast to a 16-bit first layer is part of that dtype's uniform step, whose
+    measurement already holds it (`layer_time_scale_by_dtype`).
+    """
     layer_seconds = {path: table.seconds(path, dtype_of(path), batch_size) for path in table.layers}
     infeasible = tuple(path for path, value in layer_seconds.items() if math.isinf(value))
-    cast_seconds = 0.0
+    cast_seconds = boundary_seconds = 0.0
     for producer, consumer, elements in table.edges:
         source_dtype, target_dtype = dtype_of(producer), dtype_of(consumer)
         if source_dtype != target_dtype:
             cast_dtype = target_dtype if target_dtype != FLOAT32 else source_dtype
             cast_seconds += table.cast_cost(elements * batch_size, cast_dtype)
-    total = sum(layer_seconds.values()) + cast_seconds + table.step_overhead_seconds
-    return total, layer_seconds, cast_seconds, infeasible
+            if producer is not None:
+                boundary_seconds += table.boundary_cost(elements * batch_size, cast_dtype)
+    total = (
+        sum(layer_seconds.values()) + cast_seconds + boundary_seconds + table.step_overhead_seconds
+    )
+    return _Step(total, layer_seconds, cast_seconds, boundary_seconds, infeasible)
 
 
 def _memory_bytes(
@@ -241,10 +270,13 @@ def estimate(
 
     The step is the sum of each layer's cost in its assigned dtype (scaled by
     the table's correction for that dtype, `CostTable.time_scale`), casts where
-    neighbouring layers differ in dtype, and the table's fixed per-step
+    neighbouring layers differ in dtype, what the whole step adds at each such
+    boundary between two layers (`CostTable.boundary_cost`, learned by
+    `calibrate` from a measured mixed step), and the table's fixed per-step
     overhead. For a table from `calibrate`, a uniform plan in a dtype whose
     whole step was measured is estimated at that measured step; a mixed plan
-    weighs each dtype's correction by the layer time spent in it.
+    weighs each dtype's correction by the layer time spent in it. The
+    prediction is good to about `relative_error` (the table's).
 
     Args:
         model: the built Keras model the plan is for.
@@ -278,23 +310,25 @@ def estimate(
     mapping = _plan_mapping(plan)
     infos = describe_model(model)
     dtype_of = _dtype_resolver(mapping, infos)
-    step, layer_seconds, cast_seconds, infeasible = _step_seconds(table, dtype_of, batch)
-    float32_step, _, _, _ = _step_seconds(table, lambda path: FLOAT32, batch)
+    step = _step_seconds(table, dtype_of, batch)
+    float32_step = _step_seconds(table, lambda path: FLOAT32, batch).total
 
     activation_bytes, parameter_bytes, optimizer_bytes = _memory_bytes(model, table, dtype_of)
     return Estimate(
-        step_seconds=step,
+        step_seconds=step.total,
         float32_step_seconds=float32_step,
-        speedup=0.0 if math.isinf(step) or step <= 0 else float32_step / step,
+        speedup=0.0 if math.isinf(step.total) or step.total <= 0 else float32_step / step.total,
         batch_size=batch,
-        layer_seconds=layer_seconds,
-        cast_seconds=cast_seconds,
+        layer_seconds=step.layer_seconds,
+        cast_seconds=step.cast_seconds,
         overhead_seconds=table.step_overhead_seconds,
         activation_bytes_per_sample=activation_bytes,
         parameter_bytes=parameter_bytes,
         optimizer_bytes=optimizer_bytes,
         memory_bytes=table.memory_bytes,
-        infeasible_layers=infeasible,
+        infeasible_layers=step.infeasible,
         device=table.device,
         source=table.source,
+        boundary_seconds=step.boundary_seconds,
+        relative_error=float(table.relative_error),
     )

@@ -1,10 +1,12 @@
 """Calibration: every layer's forward+backward seconds per dtype measured on this device.
 
 `calibrate` times each computing layer alone (`timers`), casts between float32
-and each 16-bit dtype, and whole training steps of uniform-policy copies of the
-model (`steps`); what the summed layers miss of a whole step becomes a shared
-per-step overhead and a per-dtype scale of layer times. Every measurement is
-cached (`cache`).
+and each 16-bit dtype, whole training steps of uniform-policy copies of the
+model and of two mixed plans (`steps`, `boundaries`); what the summed layers miss
+of a uniform step becomes a shared per-step overhead and a per-dtype scale of
+layer times, what they miss of the mixed steps a cost per dtype boundary, and
+the mixed step left out of that fit tells how far the table's predictions can
+be trusted (`CostTable.relative_error`). Every measurement is cached (`cache`).
 
 A dtype the device runs slowly (float16 on a CPU under TensorFlow) has its
 whole step timed alone, after two warm-up steps: its layers can run slower
@@ -28,8 +30,9 @@ import keras
 from .._core.data import batch_size_of, input_part
 from .._core.dtypes import COMPUTE_DTYPES, FLOAT32, canonical_dtype
 from ..errors import PlanError
-from ..hardware import HardwareProfile, resolve_hardware
+from ..hardware import FAST, HardwareProfile, resolve_hardware
 from ..layers import layer_paths, model_fingerprint
+from .boundaries import MixedPlan, fit_boundary_cost, mixed_plans
 from .cache import MeasurementCache, default_cache_dir, layer_signature
 from .counting import LayerCost, count_costs
 from .roofline import predicted_layer_seconds, roofline_record
@@ -132,6 +135,7 @@ def calibrate(
     cache_dir: str | os.PathLike | None = None,
     use_cache: bool = True,
     verbose: int = 1,
+    measure_mixed_steps: bool = True,
 ) -> CostTable:
     """Measures every layer's forward+backward time in each dtype on this device.
 
@@ -143,8 +147,15 @@ def calibrate(
     Casts and whole training steps of uniform copies of the model
     (`measure_train_steps`) are timed too; what the summed layers miss of each
     step becomes `step_overhead_seconds` and `layer_time_scale_by_dtype`, so
-    that `estimate` of a measured uniform plan equals its step. Every
-    measurement is cached (device, versions, layer signature and shapes).
+    that `estimate` of a measured uniform plan equals its step. For each 16-bit
+    dtype the device runs fast whose uniform step is timed (float32's too), a
+    mixed plan alternating it with float32 among the layers with weights is
+    timed in the same rounds, and what its step shows beyond the prediction
+    becomes the cost of a dtype boundary (`boundary_seconds`); a second mixed
+    plan (the first half of those layers 16-bit), left out of that fit, checks
+    it: its error and the noise of the timed rounds are `relative_error`
+    (`boundaries.fit_boundary_cost`). Every measurement is cached (device,
+    versions, layer signature and shapes).
 
     Args:
         model: a built Keras model.
@@ -165,11 +176,16 @@ def calibrate(
         cache_dir: cache folder; default `$AUTOPREC_CACHE_DIR` or `~/.cache/autoprec`.
         use_cache: read and write the cache.
         verbose: 0 silent, 1 (default) a `keras.utils.Progbar` over the layers timed.
+        measure_mixed_steps: whether to time the two mixed plans (a few extra
+            steps and one compilation each, the first time) that learn the
+            boundary cost and `relative_error`; without them `relative_error` is
+            `DEFAULT_RELATIVE_ERROR` (or the noise of the uniform steps, if larger).
 
     Returns:
         A `CostTable` with `source="measured"`; `stats` counts `"timed"`,
-        `"cached"` and `"fallback"` layer measurements, and `"model_step"`
-        whole steps (`"model_steps_timed"` of them timed now).
+        `"cached"` and `"fallback"` layer measurements, `"model_step"` uniform
+        whole steps (`"model_steps_timed"` of them timed now) and `"mixed_step"`
+        mixed ones (`"mixed_steps_timed"`).
 
     Raises:
         PlanError: if `measure_model_step` names a dtype not in `dtypes`.
@@ -188,14 +204,40 @@ def calibrate(
     stats = {"timed": 0, "cached": 0, "fallback": 0}
     # Whole steps are timed first, in a process not yet crowded by per-layer functions.
     steps = whole_step_dtypes(measure_model_step, setting.dtypes, setting.profile)
+    plans = _mixed_plans(model, steps, setting.profile) if measure_mixed_steps else {}
     step_timing = StepTiming(setting.cache, repeats, setting.jit_compile, stats)
-    measured_steps = measure_whole_steps(model, x, steps, setting.profile, step_timing)
+    whole = measure_whole_steps(
+        model,
+        x,
+        steps,
+        setting.profile,
+        step_timing,
+        plans={name: plan.dtypes for name, plan in plans.items()},
+    )
     dispatch_seconds = _dispatch_seconds(setting.cache, repeats)
     timing = _LayerTiming(setting, repeats, stats, dispatch_seconds, None)
     table = _measured_table(model, setting, _measure_layers(model, timing, verbose), stats)
     table.cast_seconds = _measure_casts(setting.dtypes, setting.cache, repeats, dispatch_seconds)
-    attribute_step_overhead(table, measured_steps)
+    attribute_step_overhead(table, whole.uniform)
+    fit_boundary_cost(model, table, plans, whole.mixed, whole.noise)
     return table
+
+
+def _mixed_plans(
+    model: keras.Model, steps: Sequence[str], profile: HardwareProfile
+) -> dict[str, MixedPlan]:
+    """Returns the mixed plans to time: those of the fast 16-bit dtypes whose uniform step is timed.
+
+    Both uniform steps (float32 and the dtype) must be timed: the boundary cost is
+    what the mixed step shows beyond their corrections.
+    """
+    if FLOAT32 not in steps:
+        return {}
+    halves = [dtype for dtype in steps if dtype != FLOAT32 and profile.support(dtype) == FAST]
+    try:
+        return mixed_plans(model, halves)
+    except Exception:  # noqa: BLE001 - a model whose layers cannot be listed: no mixed steps
+        return {}
 
 
 def _measured_table(

@@ -1,15 +1,20 @@
-"""Whole training steps: uniform-policy copies of a model timed, and what they correct in a table.
+"""Whole training steps: copies of a model timed under uniform or mixed policies, and what
+they correct in a table.
 
-`measure_train_steps` times copies of a model under uniform policies,
-interleaved; `measure_whole_steps` does so for `calibrate`, cached; and
+`measure_train_steps` (and `time_train_steps`, which keeps every round) times
+copies of a model under uniform policies and named mixed plans, interleaved;
+`measure_whole_steps` does so for `calibrate`, cached; and
 `attribute_step_overhead` turns what the summed layers of a `CostTable` miss of
-each measured step into a shared per-step overhead and a per-dtype scale.
+each measured uniform step into a shared per-step overhead and a per-dtype
+scale (what the mixed steps show beyond that is `boundaries`' job).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
+import statistics
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -19,7 +24,7 @@ import numpy as np
 from .._core.data import batch_size_of, flat_arrays, input_part, slice_batch, target_part
 from .._core.dtypes import FLOAT32, POLICY_FOR_DTYPE, canonical_dtype
 from .._core.models import fresh_optimizer
-from .._core.timing import time_interleaved
+from .._core.timing import Timing, time_interleaved
 from ..errors import PlanError
 from ..hardware import FAST, HardwareProfile
 from ..layers import layer_paths
@@ -29,6 +34,12 @@ from .timers import SLOW_ROUNDS, SLOW_SECONDS, measuring_backend
 
 #: Smallest per-dtype layer-time scale (guards against a step measured absurdly fast).
 MIN_TIME_SCALE = 0.05
+
+#: Standard error of a median, in median absolute deviations times sqrt(rounds), for
+#: normal noise: sqrt(pi / 2) x 1.4826.
+_MEDIAN_ERROR_PER_MAD = 1.8582
+
+logger = logging.getLogger("autoprec")
 
 
 def clone_with_uniform_policy(model: keras.Model, dtype: str) -> keras.Model:
@@ -55,13 +66,58 @@ def clone_with_uniform_policy(model: keras.Model, dtype: str) -> keras.Model:
     copy.layers[-1].dtype_policy.name  # "mixed_bfloat16"
     ```
     """
-    policy = POLICY_FOR_DTYPE[canonical_dtype(dtype, "clone_with_uniform_policy")]
+    dtype = canonical_dtype(dtype, "clone_with_uniform_policy")
     clone = keras.models.clone_model(model)
     for layer in layer_paths(clone).values():
-        try:
-            layer.dtype_policy = policy
-        except Exception:  # noqa: BLE001 - a layer that refuses a policy keeps its own
-            pass
+        _set_policy(layer, dtype)
+    return clone
+
+
+def _set_policy(layer: keras.layers.Layer, dtype: str) -> None:
+    try:
+        layer.dtype_policy = POLICY_FOR_DTYPE[dtype]
+    except Exception:  # noqa: BLE001 - a layer that refuses a policy keeps its own
+        pass
+
+
+def clone_with_policies(model: keras.Model, dtypes: Mapping[str, str]) -> keras.Model:
+    """Returns a copy of `model` (fresh weights) with each named layer in its dtype.
+
+    As `clone_with_uniform_policy`, per layer: each layer named by its stable
+    path (`autoprec.layers.layer_paths`) gets the `mixed_*` policy of its dtype
+    (`"float32"` for float32); the others keep theirs. Policies are set on the
+    layers named only (they do not cascade): name the leaf layers.
+
+    Args:
+        model: a Functional or Sequential model.
+        dtypes: `{layer path: compute dtype}`.
+
+    Returns:
+        The copy.
+
+    Raises:
+        PlanError: if a path is not a layer of `model`, or a dtype is unknown.
+
+    Example:
+
+    ```python
+    copy = autoprec.cost.clone_with_policies(model, {"dense": "bfloat16"})
+    ```
+    """
+    names = {
+        path: canonical_dtype(dtype, f"clone_with_policies[{path!r}]")
+        for path, dtype in dtypes.items()
+    }
+    clone = keras.models.clone_model(model)
+    paths = layer_paths(clone)
+    missing = sorted(set(names) - set(paths))
+    if missing:
+        raise PlanError(
+            f"clone_with_policies: {', '.join(missing[:5])} is not a layer of model "
+            f"{model.name!r}; name layers by their autoprec.layers.layer_paths(model) paths."
+        )
+    for path, dtype in names.items():
+        _set_policy(paths[path], dtype)
     return clone
 
 
@@ -76,23 +132,88 @@ def _random_targets(clone: keras.Model, inputs: Any) -> Any:
 
 
 def _step_function(
-    model: keras.Model, batch: Any, dtype: str, jit_compile: bool
+    model: keras.Model, batch: Any, plan: str | Mapping[str, str], jit_compile: bool
 ) -> Callable[[], Any]:
-    """Returns a zero-argument function running one training step of a uniform-`dtype` copy."""
+    """Returns a zero-argument function running one training step of a copy of `model`.
+
+    `plan` is a dtype (every layer in it) or `{path: dtype}` (`clone_with_policies`).
+    """
     inputs = input_part(batch)
     targets = target_part(batch)
-    clone = clone_with_uniform_policy(model, dtype)
+    if isinstance(plan, str):
+        clone = clone_with_uniform_policy(model, plan)
+        uses_float16 = canonical_dtype(plan) == "float16"
+    else:
+        clone = clone_with_policies(model, plan)
+        uses_float16 = any(canonical_dtype(dtype) == "float16" for dtype in plan.values())
     loss = getattr(model, "loss", None) if targets is not None else None
     if targets is None or loss is None:
         targets = _random_targets(clone, inputs)
         loss = "mse"
     optimizer = fresh_optimizer(getattr(model, "optimizer", None))
-    if dtype == "float16":
+    if uses_float16:
         optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
     clone.compile(optimizer=optimizer, loss=loss, jit_compile=jit_compile)
     # On JAX the batch goes to the device once, as a prefetching input pipeline would.
     inputs, targets = measuring_backend("measure_train_steps()").to_device((inputs, targets))
     return lambda: clone.train_on_batch(inputs, targets)
+
+
+def time_train_steps(
+    model: keras.Model,
+    batch: Any,
+    dtypes: Sequence[str] = (FLOAT32,),
+    repeats: int = 5,
+    jit_compile: bool = False,
+    warmup: int = 2,
+    *,
+    plans: Mapping[str, Mapping[str, str]] | None = None,
+) -> dict[str, Timing]:
+    """Times whole training steps as `measure_train_steps` does, keeping every timed round.
+
+    Args:
+        model: a Functional or Sequential model.
+        batch: `x` or `(x, y)`, any nesting of arrays.
+        dtypes: uniform compute dtypes, one copy each.
+        repeats: timed rounds, after the warm-up steps.
+        jit_compile: whether to compile the steps with XLA.
+        warmup: steps of each copy before the timed ones.
+        plans: `{name: {layer path: dtype}}`: mixed plans timed in the same rounds
+            (`clone_with_policies`); a plan whose copy cannot be built or run one
+            step (a composite layer adding sub-layer outputs of different dtypes)
+            is left out, logged.
+
+    Returns:
+        `{dtype or plan name: Timing}` (`Timing.samples`: the timed rounds).
+
+    Raises:
+        BackendError: on a Keras backend other than TensorFlow or JAX.
+
+    Example:
+
+    ```python
+    timings = time_train_steps(model, (x, y), ["float32"], plans={"one": {"dense": "bf16"}})
+    timings["one"].median
+    ```
+    """
+    measuring_backend("measure_train_steps()")
+    names = [canonical_dtype(dtype) for dtype in dtypes]
+    functions = {dtype: _step_function(model, batch, dtype, jit_compile) for dtype in names}
+    for name, assignment in (plans or {}).items():
+        try:
+            function = _step_function(model, batch, assignment, jit_compile)
+            function()  # its first warm-up: a plan that cannot run fails here
+        except Exception as error:  # noqa: BLE001 - a plan that cannot run is not timed
+            logger.info("autoprec.cost: whole step of plan %r not timed (%s)", name, error)
+            continue
+        functions[name] = function
+    return time_interleaved(
+        functions,
+        rounds=repeats,
+        warmup=warmup,
+        slow_seconds=SLOW_SECONDS,
+        slow_rounds=SLOW_ROUNDS,
+    )
 
 
 def measure_train_steps(
@@ -102,6 +223,8 @@ def measure_train_steps(
     repeats: int = 5,
     jit_compile: bool = False,
     warmup: int = 2,
+    *,
+    plans: Mapping[str, Mapping[str, str]] | None = None,
 ) -> dict[str, float]:
     """Times whole training steps of copies of `model` under uniform policies, interleaved.
 
@@ -125,9 +248,12 @@ def measure_train_steps(
         jit_compile: whether to compile the steps with XLA.
         warmup: steps of each copy before the timed ones (the first traces its
             step; the last, timed apart, tells whether the copy is slow).
+        plans: `{name: {layer path: dtype}}`: mixed plans (per-layer `mixed_*`
+            policies on a copy, `clone_with_policies`) timed in the same rounds;
+            one that cannot run is left out (`time_train_steps`).
 
     Returns:
-        `{dtype: median seconds of one train_on_batch step}`.
+        `{dtype or plan name: median seconds of one train_on_batch step}`.
 
     Raises:
         BackendError: on a Keras backend other than TensorFlow or JAX.
@@ -139,17 +265,8 @@ def measure_train_steps(
     steps["bfloat16"] / steps["float32"]
     ```
     """
-    measuring_backend("measure_train_steps()")
-    names = [canonical_dtype(dtype) for dtype in dtypes]
-    functions = {dtype: _step_function(model, batch, dtype, jit_compile) for dtype in names}
-    timings = time_interleaved(
-        functions,
-        rounds=repeats,
-        warmup=warmup,
-        slow_seconds=SLOW_SECONDS,
-        slow_rounds=SLOW_ROUNDS,
-    )
-    return {dtype: timing.median for dtype, timing in timings.items()}
+    timings = time_train_steps(model, batch, dtypes, repeats, jit_compile, warmup, plans=plans)
+    return {name: timing.median for name, timing in timings.items()}
 
 
 def measure_train_step(
@@ -238,8 +355,9 @@ class StepTiming:
         cache: the measurement cache.
         repeats: timed rounds (at least 3 are run).
         jit_compile: whether steps are compiled with XLA.
-        stats: counters `measure_whole_steps` updates (`"model_step"`,
-            `"model_steps_timed"`).
+        stats: counters `measure_whole_steps` updates (`"model_step"` and
+            `"model_steps_timed"` for the uniform steps, `"mixed_step"` and
+            `"mixed_steps_timed"` for the mixed plans).
     """
 
     cache: MeasurementCache
@@ -248,67 +366,161 @@ class StepTiming:
     stats: dict[str, int]
 
 
+@dataclasses.dataclass(frozen=True)
+class WholeSteps:
+    """The whole steps `measure_whole_steps` measured (or read from the cache).
+
+    Attributes:
+        uniform: `{dtype: median seconds}` of the uniform steps.
+        mixed: `{plan name: median seconds}` of the mixed plans that ran.
+        noise: the largest relative standard error of those medians
+            (`median_error` over the median), `None` when no step has one.
+    """
+
+    uniform: dict[str, float]
+    mixed: dict[str, float]
+    noise: float | None
+
+
+def median_error(timing: Timing) -> float | None:
+    """Returns the standard error of a timing's median, in seconds (`None`: one round).
+
+    `sqrt(pi / 2) * 1.4826 * MAD / sqrt(rounds)`: the standard error of a median
+    of normal noise whose deviation the median absolute deviation (MAD) estimates.
+
+    Args:
+        timing: the timed rounds.
+
+    Returns:
+        Seconds, or `None` with fewer than two rounds.
+
+    Example:
+
+    ```python
+    median_error(Timing((0.010, 0.011, 0.012)))  # about 0.00107
+    ```
+    """
+    samples = timing.samples
+    if len(samples) < 2:
+        return None
+    middle = statistics.median(samples)
+    deviation = statistics.median(abs(value - middle) for value in samples)
+    return _MEDIAN_ERROR_PER_MAD * deviation / math.sqrt(len(samples))
+
+
 def measure_whole_steps(
     model: keras.Model,
     batch: Any,
     dtypes: Sequence[str],
     profile: HardwareProfile,
     timing: StepTiming,
-) -> dict[str, float]:
-    """Returns `{dtype: measured whole-step seconds}`, cached; empty if the model cannot be copied.
+    *,
+    plans: Mapping[str, Mapping[str, str]] | None = None,
+) -> WholeSteps:
+    """Returns the measured whole steps, uniform and mixed, cached; none if the model cannot be copied.
 
-    The dtypes the device runs fast are timed together, interleaved (all again
-    when one is missing from the cache, so their ratios come from one run);
-    each slow one alone after two warm-up steps (twice when a step takes over
-    half a second).
+    The uniform dtypes the device runs fast and the mixed plans of fast dtypes
+    only are timed together, interleaved (all again when one is missing from
+    the cache, so their ratios come from one run); each slow one alone after
+    two warm-up steps (twice when a step takes over half a second). Each step's
+    median and the standard error of that median (`median_error`) are cached; a
+    mixed plan that cannot run is cached as such and not tried again.
 
     Args:
-        model: the model whose uniform copies are timed.
+        model: the model whose copies are timed.
         batch: `x` or `(x, y)`, any nesting of arrays.
         dtypes: the uniform dtypes to time (`whole_step_dtypes`).
         profile: the device, which tells fast dtypes from slow ones.
         timing: cache, repeats, XLA and the counters updated.
+        plans: `{name: {layer path: dtype}}` of the mixed plans to time
+            (`boundaries.mixed_plans`).
 
     Returns:
-        The measured (or cached) seconds per dtype.
+        A `WholeSteps`.
 
     Example:
 
     ```python
-    measure_whole_steps(model, (x, y), ["float32"], profile, StepTiming(cache, 3, False, {}))
+    steps = measure_whole_steps(model, (x, y), ["float32"], profile, StepTiming(cache, 3, False, {}))
+    steps.uniform["float32"]
     ```
     """
-    timing.stats.update({"model_step": 0, "model_steps_timed": 0})
-    keys = {dtype: _whole_step_key(model, batch, dtype, timing) for dtype in dtypes}
-    measured = {dtype: timing.cache.get(key) for dtype, key in keys.items()}
+    timing.stats.update(
+        {"model_step": 0, "model_steps_timed": 0, "mixed_step": 0, "mixed_steps_timed": 0}
+    )
+    plans = dict(plans or {})
+    payloads: dict[str, dict[str, Any]] = {dtype: {"dtype": dtype} for dtype in dtypes}
+    for name, assignment in plans.items():
+        payloads[name] = {"plan": name, "dtypes": sorted(assignment.items())}
+    keys = {
+        name: _whole_step_key(model, batch, payload, timing) for name, payload in payloads.items()
+    }
+    error_keys = {
+        name: _whole_step_key(model, batch, {**payload, "median_error": True}, timing)
+        for name, payload in payloads.items()
+    }
+    measured = {name: timing.cache.get(key) for name, key in keys.items()}
+    errors = {name: timing.cache.get(key) for name, key in error_keys.items()}
     fast = [dtype for dtype in dtypes if profile.support(dtype) == FAST]
+    fast += [
+        name
+        for name, assignment in plans.items()
+        if all(profile.support(canonical_dtype(dtype)) == FAST for dtype in assignment.values())
+    ]
     # The second warm-up step, past tracing, tells whether a step is slow.
-    groups = [fast] if any(measured[dtype] is None for dtype in fast) else []
-    groups += [[dtype] for dtype in dtypes if dtype not in fast and measured[dtype] is None]
+    groups = [fast] if any(measured[name] is None for name in fast) else []
+    groups += [[name] for name in payloads if name not in fast and measured[name] is None]
     repeats = max(timing.repeats, 3)
     for group in groups:
+        uniform = [name for name in group if name in dtypes]
+        mixed = {name: plans[name] for name in group if name in plans}
         try:
-            timed = measure_train_steps(model, batch, group, repeats, timing.jit_compile, 2)
+            timed = time_train_steps(
+                model, batch, uniform, repeats, timing.jit_compile, 2, plans=mixed
+            )
         except Exception:  # noqa: BLE001 - subclassed models cannot be cloned: no correction
-            return {}
-        for dtype, seconds in timed.items():
-            timing.cache.put(keys[dtype], seconds, f"whole {dtype} train step")
-            measured[dtype] = seconds
-            timing.stats["model_steps_timed"] += 1
-    result = {dtype: seconds for dtype, seconds in measured.items() if seconds is not None}
-    timing.stats["model_step"] = len(result)
-    return result
+            return WholeSteps({}, {}, None)
+        for name in group:
+            kind = "mixed_steps_timed" if name in plans else "model_steps_timed"
+            if name not in timed:  # a mixed plan that cannot run
+                timing.cache.put(keys[name], 0.0, f"whole {name} train step: does not run")
+                measured[name] = 0.0
+                continue
+            measured[name] = timed[name].median
+            errors[name] = median_error(timed[name])
+            timing.cache.put(keys[name], measured[name], f"whole {name} train step")
+            if errors[name] is not None:
+                timing.cache.put(error_keys[name], errors[name], f"whole {name} step: median error")
+            timing.stats[kind] += 1
+    known = {name: seconds for name, seconds in measured.items() if seconds}
+    steps = WholeSteps(
+        uniform={name: seconds for name, seconds in known.items() if name in dtypes},
+        mixed={name: seconds for name, seconds in known.items() if name in plans},
+        noise=max(
+            (errors[name] / seconds for name, seconds in known.items() if errors[name] is not None),
+            default=None,
+        ),
+    )
+    timing.stats["model_step"] = len(steps.uniform)
+    timing.stats["mixed_step"] = len(steps.mixed)
+    return steps
 
 
-def _whole_step_key(model: keras.Model, batch: Any, dtype: str, timing: StepTiming) -> str:
-    """Returns the cache key of one uniform-`dtype` whole step of `model` on `batch`'s shapes."""
+def _whole_step_key(
+    model: keras.Model, batch: Any, payload: Mapping[str, Any], timing: StepTiming
+) -> str:
+    """Returns the cache key of one whole step of `model` on `batch`'s shapes.
+
+    `payload` says which: `{"dtype": dtype}` for a uniform step (the key of
+    earlier versions), `{"plan": name, "dtypes": [...]}` for a mixed plan.
+    """
     shapes = [list(array.shape) for array in flat_arrays(batch)]
     return timing.cache.key(
         {
             "model_step": model_signature(model),
             "shapes": shapes,
             "jit": timing.jit_compile,
-            "dtype": dtype,
+            **payload,
         }
     )
 

@@ -15,6 +15,10 @@ from ..errors import PlanError
 
 _TABLE_FORMAT = 1
 
+#: `CostTable.relative_error` of a table whose predictions no whole step checked (a
+#: roofline prediction for a hardware profile, or a calibration without mixed steps).
+DEFAULT_RELATIVE_ERROR = 0.10
+
 
 @dataclasses.dataclass
 class LayerCostRecord:
@@ -72,6 +76,25 @@ class CostTable:
         layer_time_scale_by_dtype: `{dtype: factor}` applied to that dtype's layer
             times; set for each dtype in `measured_step_seconds_by_dtype`, so that
             `estimate` of a uniform plan in that dtype equals its measured step.
+        boundary_seconds: per 16-bit dtype, `{"fixed": s, "per_element": s}`: what
+            a whole step adds at each boundary between two layers of different
+            dtypes beyond the cast timed alone (`cast_seconds`): lost fusion,
+            layout changes, the extra ops' dispatch. Learned by `calibrate` from a
+            measured mixed step (`cost.boundaries`); empty (nothing added) otherwise.
+        measured_plan_seconds: `{name: seconds}` of the mixed whole steps
+            `calibrate` measured (`cost.boundaries.MixedPlan` names).
+        relative_error: how wrong this table's whole-step predictions are on its
+            device, as a fraction of the step (0.05: within 5 %): for a calibration
+            with mixed steps, the largest of the measurement noise and the error of
+            each mixed step predicted with the boundary cost fitted from the
+            alternating plans only (`cost.boundaries.fit_boundary_cost` says
+            exactly how), never below `cost.boundaries.MIN_RELATIVE_ERROR`;
+            `DEFAULT_RELATIVE_ERROR` (or the noise, if larger) where no mixed step
+            was measured, and for predicted tables. A predicted gain smaller than
+            this is no gain (`heuristic_plan`).
+        prediction_errors: the signed relative errors `relative_error` was taken
+            from, `{what: predicted / measured - 1}` (and `"noise"`: the relative
+            standard error of the measured steps' medians).
         memory_bytes: memory of the device.
         model_fingerprint: `autoprec.layers.model_fingerprint` of the model.
         versions: framework versions the figures were taken with.
@@ -101,6 +124,10 @@ class CostTable:
     stats: dict[str, int] = dataclasses.field(default_factory=dict)
     measured_step_seconds_by_dtype: dict[str, float] = dataclasses.field(default_factory=dict)
     layer_time_scale_by_dtype: dict[str, float] = dataclasses.field(default_factory=dict)
+    boundary_seconds: dict[str, dict[str, float]] = dataclasses.field(default_factory=dict)
+    measured_plan_seconds: dict[str, float] = dataclasses.field(default_factory=dict)
+    relative_error: float = DEFAULT_RELATIVE_ERROR
+    prediction_errors: dict[str, float] = dataclasses.field(default_factory=dict)
 
     def time_scale(self, dtype: str) -> float:
         """Returns the factor applied to every layer time of `dtype`.
@@ -143,6 +170,29 @@ class CostTable:
         one_way = figures.get("fixed", 0.0) + figures.get("per_element", 0.0) * elements
         return 2.0 * one_way
 
+    def boundary_cost(self, elements: float, dtype: str) -> float:
+        """Returns the seconds a whole step adds at one boundary beyond its cast (fwd+bwd).
+
+        Args:
+            elements: values crossing the boundary (per step, the batch included).
+            dtype: the 16-bit dtype of the boundary (the one cast to or from).
+
+        Returns:
+            `fixed + per_element * elements` of `boundary_seconds[dtype]`; a dtype
+            without its own figures takes the mean of the others (0 when none
+            was learned).
+        """
+        figures = self.boundary_seconds.get(dtype)
+        if figures is None:
+            known = list(self.boundary_seconds.values())
+            if not known:
+                return 0.0
+            figures = {
+                field: sum(item.get(field, 0.0) for item in known) / len(known)
+                for field in ("fixed", "per_element")
+            }
+        return figures.get("fixed", 0.0) + figures.get("per_element", 0.0) * elements
+
     def to_dict(self) -> dict[str, Any]:
         """Returns the table as a JSON-serialisable dict."""
         return {
@@ -161,6 +211,10 @@ class CostTable:
             "measured_step_seconds_by_dtype": dict(self.measured_step_seconds_by_dtype),
             "layer_time_scale_by_dtype": dict(self.layer_time_scale_by_dtype),
             "cast_seconds": {key: dict(value) for key, value in self.cast_seconds.items()},
+            "boundary_seconds": {key: dict(value) for key, value in self.boundary_seconds.items()},
+            "measured_plan_seconds": dict(self.measured_plan_seconds),
+            "relative_error": self.relative_error,
+            "prediction_errors": dict(self.prediction_errors),
             "edges": [list(edge) for edge in self.edges],
             "layers": {path: dataclasses.asdict(record) for path, record in self.layers.items()},
         }
@@ -171,7 +225,9 @@ class CostTable:
 
         Tables written before per-dtype whole steps existed (scalar
         `step_overhead_seconds`, `layer_time_scale` and `measured_step_seconds`
-        only) read as tables whose corrections apply to every dtype alike.
+        only) read as tables whose corrections apply to every dtype alike; tables
+        written before boundary costs existed read with none learned and
+        `DEFAULT_RELATIVE_ERROR`.
 
         Raises:
             PlanError: naming `source` when a field is missing or malformed.
@@ -199,6 +255,13 @@ class CostTable:
                     data.get("measured_step_seconds_by_dtype")
                 ),
                 layer_time_scale_by_dtype=_float_mapping(data.get("layer_time_scale_by_dtype")),
+                boundary_seconds={
+                    str(key): _float_mapping(value)
+                    for key, value in dict(data.get("boundary_seconds") or {}).items()
+                },
+                measured_plan_seconds=_float_mapping(data.get("measured_plan_seconds")),
+                relative_error=float(data.get("relative_error", DEFAULT_RELATIVE_ERROR)),
+                prediction_errors=_float_mapping(data.get("prediction_errors")),
             )
         except (KeyError, TypeError, ValueError, IndexError) as error:
             raise PlanError(f"{source}: malformed cost table ({error!r}).") from None
@@ -238,6 +301,14 @@ class CostTable:
                 f"whole {dtype} step measured {measured * 1e3:.2f} ms; "
                 f"{dtype} layer times x {self.time_scale(dtype):.3f}"
             )
+        for name, measured in self.measured_plan_seconds.items():
+            lines.append(f"whole {name} step measured {measured * 1e3:.2f} ms")
+        for dtype, figures in self.boundary_seconds.items():
+            lines.append(
+                f"{dtype} boundary adds {figures.get('fixed', 0.0) * 1e6:.1f} us + "
+                f"{figures.get('per_element', 0.0) * 1e9:.3f} ns per element"
+            )
+        lines.append(f"whole-step prediction error +/-{self.relative_error:.1%}")
         return "\n".join(lines)
 
 

@@ -44,6 +44,13 @@ class PlanCosts:
     def available(self) -> bool:
         return self.table is not None
 
+    @property
+    def relative_error(self) -> float | None:
+        """The table's whole-step prediction error (`CostTable.relative_error`), `None` without one."""
+        if self.table is None:
+            return None
+        return float(self.table.relative_error)
+
     def layer_seconds(self, path: str, dtype: str) -> float | None:
         if self.table is None or path not in self.table.layers:
             return None
@@ -96,6 +103,15 @@ def heuristic_plan(
     onnxconverter-common's auto mixed precision does) until only the layers whose
     demotion breaks `check` stay float32.
 
+    With a cost table, a predicted gain inside the prediction's own error
+    (`CostTable.relative_error`, measured by `calibrate`, 10 % for a prediction)
+    is no gain: a layer is demoted only when its 16-bit time is predicted faster
+    than its float32 time by more than that fraction of it, and the whole plan is
+    float32 unless a uniform 16-bit plan, or then the per-layer plan, is predicted
+    faster than the simpler choice by more than that fraction of its step (casts
+    and boundary costs included). The decision and its reason are logged
+    (`"autoprec"` logger, INFO).
+
     Args:
         model: a built Keras model.
         profile: an `autoprec.profiler.Profile` (float16 feasibility), or `None`.
@@ -131,16 +147,26 @@ def heuristic_plan(
     outputs = output_layers(model, infos)
     batch_size = (costs.batch_size if costs is not None else None) or 32
     cost_view = PlanCosts(model, costs, batch_size)
+    margin = cost_view.relative_error
     candidates = []
+    within_error: list[tuple[str, float, float]] = []
     for path in compute:
         info = infos[path]
         if path in outputs or is_sensitive(info):
             continue
         if keep and matches_any(path, info, keep):
             continue
-        choice, benefit = _best_half(path, info, allowed[path], cost_view, hardware_profile)
-        if choice is not None and benefit > 0:
-            candidates.append((benefit, path, choice))
+        choice, benefit, reference = _best_half(
+            path, info, allowed[path], cost_view, hardware_profile
+        )
+        if choice is None or benefit <= 0:
+            continue
+        if margin is not None and benefit <= margin * reference:
+            within_error.append((path, benefit, reference))
+            continue
+        candidates.append((benefit, path, choice))
+    if within_error:
+        _log_within_error(within_error, margin)
     candidates.sort(key=lambda item: (-item[0], item[1]))
     base = {path: FLOAT32 for path in compute}
     demoted = [(path, choice) for _, path, choice in candidates]
@@ -152,7 +178,7 @@ def heuristic_plan(
             and not is_sensitive(infos[path])
             and not (keep and matches_any(path, infos[path], keep))
         ]
-        demoted = _fastest_whole_plan(demoted, eligible, allowed, base, cost_view)
+        demoted = _fastest_whole_plan(demoted, eligible, allowed, base, cost_view, margin or 0.0)
     if check is not None:
         demoted = _bisect_demotions(demoted, base, model, infos, check)
     assignment = dict(base)
@@ -166,22 +192,43 @@ def _best_half(
     allowed: Sequence[str],
     costs: PlanCosts,
     hardware_profile: HardwareProfile | None,
-) -> tuple[str | None, float]:
+) -> tuple[str | None, float, float]:
+    """Returns `(cheapest 16-bit dtype, its benefit, the float32 figure the benefit is of)`.
+
+    With a cost table, the benefit and the reference are seconds (float32 minus
+    16-bit, and float32); without one, both are the parameter count.
+    """
     halves = [dtype for dtype in (BFLOAT16, FLOAT16) if dtype in allowed]
     if not halves:
-        return None, 0.0
+        return None, 0.0, 0.0
     if costs.available:
         float32_seconds = costs.layer_seconds(path, FLOAT32)
         timed = [(costs.layer_seconds(path, dtype), dtype) for dtype in halves]
         timed = [(seconds, dtype) for seconds, dtype in timed if seconds is not None]
         if float32_seconds is None or not timed:
-            return None, 0.0
+            return None, 0.0, 0.0
         seconds, dtype = min(timed)
-        return dtype, float32_seconds - seconds
+        return dtype, float32_seconds - seconds, float32_seconds
     if hardware_profile is not None:
         fast = [dtype for dtype in halves if hardware_profile.is_fast(dtype)]
         halves = fast or halves
-    return halves[0], float(info.parameters + 1)
+    return halves[0], float(info.parameters + 1), float(info.parameters + 1)
+
+
+def _log_within_error(within_error: Sequence[tuple[str, float, float]], margin: float) -> None:
+    """Logs the layers kept in float32 because their predicted gain is inside the error."""
+    shown = sorted(within_error, key=lambda item: -item[1])[:8]
+    logger.info(
+        "autoprec.heuristic: %d layer(s) stay float32: each one's predicted 16-bit gain is "
+        "within the prediction's error (+/-%.1f%% of its float32 time): %s%s",
+        len(within_error),
+        margin * 100,
+        ", ".join(
+            f"{path} ({benefit * 1e3:.3f} of {reference * 1e3:.3f} ms)"
+            for path, benefit, reference in shown
+        ),
+        ", ..." if len(within_error) > len(shown) else "",
+    )
 
 
 def _fastest_whole_plan(
@@ -190,19 +237,25 @@ def _fastest_whole_plan(
     allowed: Mapping[str, Sequence[str]],
     base: Mapping[str, str],
     costs: PlanCosts,
+    margin: float = 0.0,
 ) -> list[tuple[str, str]]:
-    """Returns the demotions of the fastest whole plan: per-layer choices, a uniform 16-bit dtype,
-    or float32.
+    """Returns the demotions of the whole plan to use: float32, a uniform 16-bit dtype, or
+    the per-layer choices.
 
     Per-layer timings miss what only the whole step shows (casts between
-    neighbours, a dtype's fixed overhead), so the per-layer choice is compared
-    with the uniform alternatives on the predicted whole step.
+    neighbours, boundary costs, a dtype's fixed overhead), so the per-layer
+    choice is compared with the uniform alternatives on the predicted whole
+    step. The simpler plan wins unless a more complex one (in the order float32,
+    uniform bfloat16, uniform float16, per-layer) is predicted faster than it by
+    more than `margin` (the prediction's relative error) of its step.
     """
-    options: dict[str, list[tuple[str, str]]] = {"per-layer": per_layer, "float32": []}
+    options: dict[str, list[tuple[str, str]]] = {"float32": []}
     for dtype in (BFLOAT16, FLOAT16):
         uniform = [(path, dtype) for path in eligible if dtype in allowed.get(path, ())]
         if uniform:
             options[f"uniform {dtype}"] = uniform
+    if per_layer and all(dict(per_layer) != dict(other) for other in options.values()):
+        options["per-layer"] = per_layer
 
     def seconds(demotions: list[tuple[str, str]]) -> float:
         assignment = dict(base)
@@ -210,11 +263,29 @@ def _fastest_whole_plan(
         return costs.step(assignment)[0]
 
     timed = {name: seconds(demotions) for name, demotions in options.items()}
-    best = min(timed, key=lambda name: (timed[name], name != "per-layer"))
+    best = "float32"
+    for name in options:
+        if timed[name] < timed[best] * (1.0 - margin):
+            best = name
+    reference = timed["float32"] if timed["float32"] > 0 else 1.0
+    if best == "float32":
+        reason = (
+            f"no other plan is predicted faster than float32 by more than the prediction's "
+            f"error (+/-{margin:.1%})"
+        )
+    else:
+        reason = (
+            f"predicted {1.0 - timed[best] / reference:.1%} faster than float32, beyond the "
+            f"prediction's error (+/-{margin:.1%}), and no more complex plan beats it by more"
+        )
     logger.info(
-        "autoprec.heuristic: predicted step %s; using %s",
-        ", ".join(f"{name} {value * 1e3:.2f} ms" for name, value in timed.items()),
+        "autoprec.heuristic: predicted step %s; using %s: %s",
+        ", ".join(
+            f"{name} {value * 1e3:.2f} ms ({value / reference - 1.0:+.1%})"
+            for name, value in timed.items()
+        ),
         best,
+        reason,
     )
     return options[best]
 
