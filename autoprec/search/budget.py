@@ -98,6 +98,7 @@ class Budget:
     ```python
     budget = autoprec.Budget("val_accuracy", max_drop=0.005)
     budget.threshold(0.91)  # 0.905
+    budget.worse_by(0.91, 0.90)  # 0.01
     autoprec.Budget("val_score", max_drop=1.0, mode="max").mode  # "max"
     ```
     """
@@ -155,12 +156,15 @@ class Budget:
         sign = -1.0 if self.mode == "max" else 1.0
         return reference + sign * self.allowance(reference)
 
+    def worse_by(self, reference: float, value: float) -> float:
+        """Returns how much worse than `reference` `value` is (< 0: better), in the metric's units."""
+        return float(reference - value if self.mode == "max" else value - reference)
+
     def violation(self, reference: float, value: float | None) -> float:
         """Returns by how much `value` misses the budget: > 0 violated, <= 0 within budget."""
         if value is None or not math.isfinite(value):
             return HUGE_VIOLATION
-        worse_by = reference - value if self.mode == "max" else value - reference
-        return float(worse_by - self.allowance(reference))
+        return float(self.worse_by(reference, value) - self.allowance(reference))
 
     def to_dict(self) -> dict[str, str | float | None]:
         """Returns the budget as a JSON-ready dict: `metric`, `max_drop`, `max_relative_drop`, `mode`."""

@@ -3,19 +3,35 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
+import logging
 from collections.abc import Mapping
+from typing import Any
 
 import keras
 import optuna
 
 from .._core.dtypes import FLOAT32, widen
+from .._core.messages import show_message
 from ..layers import LayerInfo
 from ..plan import PrecisionPlan
 from .budget import Budget
 from .evaluator import Evaluator
+from .floor import (
+    OUTPUT_FLOOR_ATTR,
+    SIXTEEN_BIT,
+    FloorRule,
+    OutputFloor,
+    converged_outputs,
+    judge_floor,
+    measure_floor,
+    output_paths,
+)
 from .heuristic import PlanCosts
 from .record import TrainedOutcome, TrialRecord
 from .space import Group, plan_from_assignment
+
+logger = logging.getLogger("autoprec")
 
 
 @dataclasses.dataclass
@@ -36,6 +52,8 @@ class SearchContext:
         verbose: the search's verbosity.
         risk: `{compute path: risk of 16-bit}`, for the neighbour moves.
         cache: `{assignment key: TrainedOutcome}` trained by this process.
+        floor_rule: when an output rounding floor breaks the budget (`FloorRule`).
+        floors: `{16-bit outputs: OutputFloor or None}` measured by this process.
     """
 
     model: keras.Model
@@ -51,6 +69,10 @@ class SearchContext:
     verbose: int
     risk: dict[str, float] = dataclasses.field(default_factory=dict)
     cache: dict[str, TrainedOutcome] = dataclasses.field(default_factory=dict)
+    floor_rule: FloorRule = dataclasses.field(default_factory=FloorRule)
+    floors: dict[tuple[tuple[str, str], ...], OutputFloor | None] = dataclasses.field(
+        default_factory=dict
+    )
 
     @property
     def train_steps(self) -> int:
@@ -110,3 +132,142 @@ class SearchContext:
     def is_float32(self, trial: optuna.trial.FrozenTrial) -> bool:
         """Whether a trial evaluated the float32 plan."""
         return all(dtype == FLOAT32 for dtype in self.trial_assignment(trial).values())
+
+    # ------------------------------------------------------------------ output rounding floor
+
+    @functools.cached_property
+    def output_paths(self) -> tuple[str, ...]:
+        """The compute layer producing each of the model's outputs (`keras.tree.flatten` order)."""
+        return output_paths(self.model, self.infos)
+
+    def output_floor(self, assignment: Mapping[str, str]) -> OutputFloor | None:
+        """Returns the rounding floor a plan's 16-bit outputs put on the budget metric.
+
+        Measured once per set of 16-bit outputs (`autoprec.search.floor`) and judged
+        by `floor_rule` against the float32 reference; a refused set is shown once
+        (verbose searches).
+
+        Args:
+            assignment: `{compute path: dtype}` of the plan.
+
+        Returns:
+            The `OutputFloor`, or `None` when every output is float32 (or the floor
+            could not be measured: logged once).
+        """
+        normalised = self.normalise(assignment)
+        dtypes = {
+            path: normalised[path]
+            for path in dict.fromkeys(self.output_paths)
+            if normalised.get(path, FLOAT32) in SIXTEEN_BIT
+        }
+        if not dtypes:
+            return None
+        key = tuple(sorted(dtypes.items()))
+        if key not in self.floors:
+            floor = self._measured_floor(dtypes)
+            self.floors[key] = floor
+            if floor is not None and floor.refused and self.verbose:
+                show_message(f"autoprec.search: {floor.reason}: plans with them are refused.")
+        return self.floors[key]
+
+    def _measured_floor(self, dtypes: Mapping[str, str]) -> OutputFloor | None:
+        """Measures and judges the floor of the given 16-bit outputs; `None` when it cannot."""
+        try:
+            outputs, sources, metric_of = self._floor_inputs
+            indices = {
+                path: [i for i, p in enumerate(self._paths_per_output) if p == path]
+                for path in dtypes
+            }
+            floors = {
+                path: measure_floor(
+                    metric_of, outputs, {i: dtypes[path] for i in indices[path]}, self.budget
+                )
+                for path in dtypes
+            }
+            rounded = {i: dtypes[path] for path in dtypes for i in indices[path]}
+            together = (
+                next(iter(floors.values()))
+                if len(dtypes) == 1
+                else measure_floor(metric_of, outputs, rounded, self.budget)
+            )
+        except Exception as error:  # noqa: BLE001 - a floor that cannot be measured refuses nothing
+            logger.warning(
+                "autoprec.search: the output rounding floor of %s on %s could not be measured "
+                "(%s: %s); plans with 16-bit outputs are judged by their trials alone.",
+                ", ".join(f"{dtype} {path!r}" for path, dtype in dtypes.items()),
+                self.budget.metric,
+                type(error).__name__,
+                error,
+            )
+            return None
+        where = {path: sources[indices[path][0]] for path in dtypes if indices[path]}
+        return judge_floor(
+            self.budget, self.reference, dtypes, floors, where, together, self.floor_rule
+        )
+
+    @functools.cached_property
+    def _paths_per_output(self) -> tuple[str, ...]:
+        """The output layer of each converged output (the last compute layer for all, if unknown)."""
+        paths = self.output_paths
+        count = len(self._floor_inputs[0])
+        return paths if len(paths) == count else tuple(paths[-1:] * count)
+
+    @functools.cached_property
+    def _floor_inputs(self) -> tuple[list, tuple[str, ...], Any]:
+        """`(converged outputs, their sources, metric_of)` on the validation data."""
+        evaluator = self.evaluator
+        symbolic = keras.tree.flatten(getattr(evaluator.model, "outputs", None) or [])
+        if symbolic:
+            shapes = [tuple(tensor.shape[1:]) for tensor in symbolic]
+        else:
+            shapes = [None] * len(keras.tree.flatten(evaluator.float32_outputs()))
+        outputs, sources = converged_outputs(evaluator.val_y, shapes, evaluator.float32_outputs)
+        targets = evaluator.val_y
+        structure = (
+            targets
+            if len(keras.tree.flatten(targets)) == len(outputs)
+            else evaluator.float32_outputs()
+        )
+
+        def metric_of(arrays: list) -> dict[str, float]:
+            return evaluator.validation_metrics(keras.tree.pack_sequence_as(structure, arrays))
+
+        return outputs, sources, metric_of
+
+    def floor_evidence(self) -> dict[str, dict[str, dict[str, Any]]]:
+        """Returns `{output path: {16-bit dtype: floor record}}` for each dtype an output may take.
+
+        Returns:
+            JSON-ready `OutputFloor.to_dict()` records of each output alone in each
+            16-bit dtype it is allowed, for the plan's `metadata["evidence"]`.
+        """
+        evidence: dict[str, dict[str, dict[str, Any]]] = {}
+        for path in dict.fromkeys(self.output_paths):
+            for dtype in self.allowed.get(path, ()):
+                if dtype not in SIXTEEN_BIT:
+                    continue
+                floor = self.output_floor({path: dtype})
+                if floor is not None:
+                    evidence.setdefault(path, {})[dtype] = floor.to_dict()
+        return evidence
+
+    def floor_metadata(self, study: optuna.Study | None = None) -> dict[str, Any]:
+        """Returns the search's floor record: the rule, each output's floors, the trials refused.
+
+        Args:
+            study: the study, whose refused trials are listed; `None` lists none.
+
+        Returns:
+            `{"rule", "outputs", "refused_trials"}`, JSON-ready, for
+            `plan.metadata["search"]["output_floor"]`.
+        """
+        refused = {}
+        for trial in study.get_trials(deepcopy=False) if study is not None else ():
+            record = trial.user_attrs.get(OUTPUT_FLOOR_ATTR)
+            if isinstance(record, Mapping) and record.get("refused"):
+                refused[str(trial.number)] = record.get("reason")
+        return {
+            "rule": self.floor_rule.to_dict(),
+            "outputs": self.floor_evidence(),
+            "refused_trials": refused,
+        }

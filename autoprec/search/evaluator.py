@@ -129,6 +129,7 @@ class Evaluator:
         self.seed = seed
         self._float32_gradients: list | None = None
         self._emulation: Float16Emulation | None = None
+        self._float32_outputs: object | None = None
 
     # ------------------------------------------------------------------ float16 emulation
 
@@ -225,6 +226,7 @@ class Evaluator:
         """
         self.train_batches = list(train_batches)
         self.train_x, self.train_y = concatenate_batches(self.train_batches)
+        self._float32_outputs = None
 
     def untrained_metrics(self) -> dict[str, float]:
         """Returns the validation metrics of the initial weights in float32 (no training).
@@ -242,7 +244,10 @@ class Evaluator:
         return {name: float(value) for name, value in logs.items()}
 
     def train_and_evaluate(
-        self, plan: PrecisionPlan, batch_order: list[int] | None = None
+        self,
+        plan: PrecisionPlan,
+        batch_order: list[int] | None = None,
+        keep_outputs: bool = False,
     ) -> dict[str, float]:
         """Level 3: trains the plan for the given batches from the initial weights, then evaluates.
 
@@ -255,6 +260,8 @@ class Evaluator:
         Args:
             plan: the plan to train with.
             batch_order: optional permutation of the training batches (reference spread).
+            keep_outputs: also keep the trained model's validation outputs, for
+                `float32_outputs` (pass it for the float32 plan trained in order).
 
         Returns:
             `{metric: value}` from `evaluate` on the validation batches.
@@ -285,7 +292,49 @@ class Evaluator:
         logs = self.model.evaluate(
             self.val_x, self.val_y, batch_size=self.batch_size, verbose=0, return_dict=True
         )
+        if keep_outputs:
+            self._float32_outputs = self.model.predict(
+                self.val_x, batch_size=self.batch_size, verbose=0
+            )
         return {name: float(value) for name, value in logs.items()}
+
+    def float32_outputs(self) -> object:
+        """Returns the float32 plan's validation outputs after training on the current batches.
+
+        The outputs kept by the last `train_and_evaluate(..., keep_outputs=True)` at
+        these batches (the float32 reference's), else the float32 plan trained now.
+
+        Returns:
+            What `model.predict` returns on the validation inputs (an array, or a list
+            or dict of arrays).
+        """
+        if self._float32_outputs is None:
+            float32_plan = PrecisionPlan.uniform(self.model, FLOAT32)
+            self.train_and_evaluate(float32_plan, keep_outputs=True)
+        return self._float32_outputs
+
+    def validation_metrics(self, outputs: object) -> dict[str, float]:
+        """Returns the compiled loss and metrics of given outputs on the validation targets.
+
+        Nothing runs through the model: the outputs stand for its predictions, and the
+        loss (regularisation included, as `evaluate` reports it) and every compiled
+        metric are computed from them, under the names `evaluate` uses.
+
+        Args:
+            outputs: predictions for the validation inputs, in `model.predict`'s structure.
+
+        Returns:
+            `{metric: value}`, e.g. `{"loss": 1.3, "mae": 1.0}`.
+        """
+        if not getattr(self.model, "compiled", False):
+            recompile(self.model, self.compile_template)
+        self.model.reset_metrics()
+        loss = self.model.compute_loss(x=self.val_x, y=self.val_y, y_pred=outputs, training=False)
+        logs = self.model.compute_metrics(self.val_x, self.val_y, outputs)
+        values = {name: float(keras.ops.convert_to_numpy(value)) for name, value in logs.items()}
+        values["loss"] = float(keras.ops.convert_to_numpy(loss))
+        self.model.reset_metrics()
+        return values
 
     def proxy(self, plan: PrecisionPlan) -> ProxyResult:
         """Level 2: loss and gradients of the plan versus float32, same weights, same batches.

@@ -144,6 +144,9 @@ def check_reference(
 ) -> tuple[dict[str, float], FidelityCheck]:
     """Trains the float32 reference, lengthening training until it beats the trivial baseline.
 
+    The evaluator keeps the reference's validation outputs (`Evaluator.float32_outputs`):
+    the output rounding floor of a classifier is measured on them.
+
     Args:
         evaluator: the search's evaluator (its training batches are replaced when lengthened).
         budget: the `Budget`.
@@ -161,7 +164,7 @@ def check_reference(
     """
     requested = len(evaluator.train_batches)
     float32_plan = PrecisionPlan.uniform(evaluator.model, FLOAT32)
-    metrics = evaluator.train_and_evaluate(float32_plan)
+    metrics = evaluator.train_and_evaluate(float32_plan, keep_outputs=True)
     reference = _finite_reference(metrics, budget, requested)
     if baseline is None:
         return metrics, FidelityCheck(requested, requested, reference, None, "off", "off")
@@ -188,7 +191,7 @@ def check_reference(
         evaluator.set_train_batches(
             longer_batches(train_data, batch_size, steps, evaluator.train_batches)
         )
-        metrics = evaluator.train_and_evaluate(float32_plan)
+        metrics = evaluator.train_and_evaluate(float32_plan, keep_outputs=True)
         reference = _finite_reference(metrics, budget, steps)
     check = FidelityCheck(steps, requested, reference, value, kind, "meaningful")
     if budget.violation(reference, value) > 0:

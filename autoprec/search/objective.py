@@ -1,11 +1,14 @@
 """The objective of every trial: a plan's predicted cost, judged at rising fidelity.
 
-`trial_objective` records the trial's assignment (`TrialRecord`), reuses an outcome
-of the same assignment where one exists (this process's cache, a completed trial of
-the study, or the running trial evaluating it), else runs the cost step, the numerical
-proxy and short training, pruning between them. The objective's value is the predicted
-step time with activation memory as a tie-break; the budget violation is the trial's
-constraint.
+`trial_objective` records the trial's assignment (`TrialRecord`), refuses it when the
+rounding of its 16-bit outputs leaves a floor on the budget metric that no training
+removes (`autoprec.search.floor`: the trial completes untrained, its `output_floor`
+constraint > 0 and the floor's excess over its limit as its budget violation), reuses an
+outcome of the same assignment where one exists (this process's cache, a completed
+trial of the study, or the running trial evaluating it), else runs the cost step, the
+numerical proxy and short training, pruning between them. The objective's value is the
+predicted step time with activation memory as a tie-break; the budget violation is the
+trial's `budget` constraint.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from .._core.dtypes import FLOAT32, count_dtypes
 from .budget import HUGE_VIOLATION
 from .context import SearchContext
 from .evaluator import ProxyResult
+from .floor import OUTPUT_FLOOR_ATTR
 from .record import TrainedOutcome, TrialRecord, assignment_key, json_safe, write_record
 from .same_assignment import wait_for_same_assignment
 from .study import COST_STEP, PROXY_STEP
@@ -38,6 +42,12 @@ def trial_objective(context: SearchContext, trial: optuna.Trial) -> float:
 
     Returns:
         The objective: predicted step seconds, with activation memory as a tie-break.
+
+    A plan whose 16-bit outputs leave a floor that breaks the budget once trained to
+    convergence (`SearchContext.output_floor`) is not trained: the trial records the
+    floor under `OUTPUT_FLOOR_ATTR`, sets its `output_floor` constraint (> 0) and
+    completes, so it is never returned, ranked or confirmed. Any trial with a 16-bit
+    output records its floor and sets that constraint (<= 0 when within the limit).
 
     Raises:
         optuna.TrialPruned: the cost or the proxy rules the plan out.
@@ -70,6 +80,16 @@ def trial_objective(context: SearchContext, trial: optuna.Trial) -> float:
             fidelity=("profile",),
         ),
     )
+    floor = context.output_floor(assignment)
+    if floor is not None:
+        trial.set_user_attr(OUTPUT_FLOOR_ATTR, floor.to_dict())
+        trial.set_constraint(OUTPUT_FLOOR_ATTR, floor.violation)
+        if floor.refused:
+            write_record(
+                trial,
+                TrialRecord(fidelity=("profile", "floor"), budget_violation=floor.violation),
+            )
+            return value
     stored = context.cache.get(key) or wait_for_same_assignment(
         trial.study, trial.number, key, context.train_steps
     )

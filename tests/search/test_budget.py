@@ -72,6 +72,14 @@ def test_budget_threshold_and_violation():
     assert Budget("val_loss", max_drop=1, mode="max").threshold(3) == 2  # mode overrides the name
 
 
+def test_worse_by_is_the_worsening_in_the_metric_s_units_either_way():
+    assert Budget("val_accuracy", max_drop=0.01).worse_by(0.9, 0.88) == pytest.approx(0.02)
+    assert Budget("val_loss", max_drop=0.01).worse_by(1.0, 1.5) == pytest.approx(0.5)
+    assert Budget("val_loss", max_drop=0.01).worse_by(1.0, 0.5) == pytest.approx(-0.5)
+    loss = Budget("val_loss", max_relative_drop=0.1)
+    assert loss.violation(2.0, 2.3) == pytest.approx(loss.worse_by(2.0, 2.3) - 0.2)
+
+
 def test_budget_is_a_frozen_value_that_round_trips_through_json():
     budget = Budget("val_perplexity", max_relative_drop=0.02)
     assert json.loads(json.dumps(budget.to_dict())) == {

@@ -1,11 +1,15 @@
-"""Tests for `autoprec.search.context`: assignments, params and plans of a real search's context."""
+"""Tests for `autoprec.search.context`: assignments, params, plans and output floors of a real search's context."""
 
 from __future__ import annotations
 
-import optuna
-from search.search_models import prepared_search
+import logging
 
-from autoprec.search import TrialRecord
+import keras
+import optuna
+import pytest
+from search.search_models import far_regression, far_targets, prepared_search
+
+from autoprec.search import Budget, TrialRecord
 from autoprec.search.record import assignment_key
 
 
@@ -49,3 +53,30 @@ def test_a_trial_s_assignment_is_its_record_s_else_its_params():
         assert not context.is_float32(with_record)
         assert context.trial_assignment(with_params) == context.uniform_assignment("bfloat16")
         assert dict(context.trial_plan(with_record).layers)[first] == "bfloat16"
+
+
+def test_the_output_floor_is_measured_once_per_set_of_16_bit_outputs():
+    keras.utils.set_random_seed(0)
+    budget = Budget("val_loss", max_relative_drop=0.02)
+    with prepared_search(far_regression(), far_targets(), budget) as prepared:
+        context = prepared.context
+        assert context.output_paths == ("head",)
+        uniform = context.uniform_assignment("bfloat16")
+        floor = context.output_floor(uniform)
+        assert floor.refused and floor.value == pytest.approx(1.81, rel=0.05)  # these targets
+        assert floor.reference == context.reference
+        # Another plan with the same 16-bit head shares the measured floor.
+        assert context.output_floor({**uniform, "wide1": "float32"}) is floor
+        assert context.output_floor({**uniform, "head": "float32"}) is None
+        assert list(context.floors) == [(("head", "bfloat16"),)]
+        assert context.floor_evidence()["head"]["bfloat16"]["value"] == floor.value
+
+
+def test_a_floor_that_cannot_be_measured_refuses_nothing_and_says_so(caplog):
+    budget = Budget("val_loss", max_relative_drop=0.02)
+    with prepared_search(budget=budget) as prepared:
+        context = prepared.context
+        context.budget = Budget("val_not_a_metric", max_drop=0.1, mode="min")
+        with caplog.at_level(logging.WARNING, logger="autoprec"):
+            assert context.output_floor(context.uniform_assignment("bfloat16")) is None
+        assert "could not be measured" in caplog.text and "val_not_a_metric" in caplog.text

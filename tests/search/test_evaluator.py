@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import math
 
+import keras
 import numpy as np
+import pytest
 from conftest import build_mlp, classification_data
 
 from autoprec._core.data import take_batches
@@ -98,3 +100,44 @@ def test_step_rounds_time_every_plan_on_its_own_copy_in_rotating_rounds():
         np.array_equal(np.asarray(variable), value)
         for variable, value in zip(evaluator.model.variables, evaluator.initial_state["variables"])
     )
+
+
+def test_validation_metrics_of_given_outputs_are_what_evaluate_reports():
+    evaluator, model = _evaluator()
+    plan = PrecisionPlan.uniform(model, "float32")
+    logs = evaluator.train_and_evaluate(plan, keep_outputs=True)
+    outputs = evaluator.float32_outputs()
+    assert outputs.shape == (32, 3)
+    computed = evaluator.validation_metrics(outputs)
+    assert set(computed) == set(logs)
+    for name, value in logs.items():
+        assert computed[name] == pytest.approx(value, rel=1e-5)
+    assert evaluator.float32_outputs() is outputs  # kept, not trained again
+    evaluator.set_train_batches(evaluator.train_batches)  # another fidelity: trained again
+    again = evaluator.float32_outputs()
+    assert again is not outputs and np.allclose(again, outputs, atol=1e-6)
+    wrong = np.roll(outputs, 1, axis=1)
+    assert evaluator.validation_metrics(wrong)["loss"] > computed["loss"]
+
+
+def test_validation_metrics_name_each_output_as_evaluate_does():
+    inputs = keras.Input((4,))
+    hidden = keras.layers.Dense(8, activation="relu")(inputs)
+    value = keras.layers.Dense(1, name="value")(hidden)
+    kind = keras.layers.Dense(3, activation="softmax", name="kind")(hidden)
+    model = keras.Model(inputs, {"value": value, "kind": kind})
+    model.compile(
+        optimizer="adam",
+        loss={"value": "mse", "kind": "sparse_categorical_crossentropy"},
+        metrics={"value": ["mae"], "kind": ["accuracy"]},
+    )
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(64, 4)).astype("float32")
+    y = {"value": rng.normal(size=(64, 1)).astype("float32"), "kind": rng.integers(0, 3, 64)}
+    batches = take_batches((x, y), batch_size=32, steps=2, what="train")
+    evaluator = Evaluator(model, batches, batches, proxy_batches=1, seed=0)
+    logs = evaluator.train_and_evaluate(PrecisionPlan.uniform(model, "float32"), keep_outputs=True)
+    computed = evaluator.validation_metrics(evaluator.float32_outputs())
+    assert {"loss", "value_loss", "value_mae", "kind_loss", "kind_accuracy"} <= set(logs)
+    for name, figure in logs.items():
+        assert computed[name] == pytest.approx(figure, rel=1e-4)

@@ -11,8 +11,14 @@ from conftest import build_mlp
 
 from autoprec._core.data import take_batches
 from autoprec.errors import AutoprecError
+from autoprec.plan import PrecisionPlan
 from autoprec.search import Budget, Evaluator, SearchSettings, TrialRecord, search
-from autoprec.search.fidelity import confirmation_reasons, longer_batches, trivial_baseline
+from autoprec.search.fidelity import (
+    check_reference,
+    confirmation_reasons,
+    longer_batches,
+    trivial_baseline,
+)
 
 
 def binary_data(samples: int = 512):
@@ -129,3 +135,21 @@ def test_longer_batches_reads_arrays_again_and_repeats_an_iterator():
     taken = take_batches(iterator, 4, 2, what="train")
     repeated = longer_batches(iterator, 4, 5, taken)
     assert [float(batch[1][0]) for batch in repeated] == [0.0, 4.0, 0.0, 4.0, 0.0]
+
+
+def test_the_reference_s_validation_outputs_are_kept_at_its_final_fidelity():
+    train, val = binary_data()
+    model = binary_model()
+    evaluator = Evaluator(
+        model, take_batches(train, 32, 1, what="train"), take_batches(val, 32, None, what="val")
+    )
+    budget = Budget("val_accuracy", max_drop=0.1)
+    metrics, check = check_reference(evaluator, budget, train, 32, 16, "auto")
+    assert check.train_steps > check.requested_steps  # lengthened
+    outputs = evaluator.float32_outputs()
+    evaluator.train_and_evaluate(PrecisionPlan.uniform(model, "bfloat16"))
+    assert evaluator.float32_outputs() is outputs  # kept, not trained again
+    kept = evaluator.validation_metrics(outputs)
+    assert kept["accuracy"] == pytest.approx(metrics["accuracy"])
+    assert kept["loss"] == pytest.approx(metrics["loss"], rel=1e-5)
+    evaluator.close()
