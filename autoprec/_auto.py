@@ -4,6 +4,8 @@
 - `FirstBatchSize`: reads the batch size `fit` trains with from inside the train step.
 - `decide_plan`: the heuristic plan from the profile and the costs at that batch size.
 - `search_plan`: the short Optuna search run instead of the heuristic when a budget is given.
+- `race_candidates` / `race_lines`: the plans whose whole train step is timed inside `fit`
+  before one is kept, and the report of that timing.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from .errors import PlanError
 from .hardware import HardwareProfile, is_local, resolve_hardware
 from .plan import PrecisionPlan
 from .profiler import Profile
+from .runtime.step_race import RaceResult
 from .search import (
     Budget,
     SearchResult,
@@ -68,6 +71,16 @@ class AutoPlan(ConfigValue):
             `tf.data.Dataset`, a `PyDataset` or a generator of batches.
         validation_data: held-out batches the search judges candidate plans on.
         n_trials: trials of that search.
+        timing_rounds: where costs are measured here (`hardware="local"`) and no
+            budget is given, the heuristic plan is not kept on its prediction: the
+            next steps of `fit` run float32, each uniform 16-bit policy the device
+            runs fast and the profile allows (as Keras' global `mixed_*` policy sets
+            it: every layer) and the per-layer plan in turn, each traced once, then
+            in `timing_rounds` interleaved rounds of 2 timed steps each (more rounds,
+            up to 9, while the verdict is undecided); the fastest whole step is
+            kept, a difference inside the measured noise going to the simpler plan
+            (`plan.metadata["measured"]` records what was timed). These steps train
+            the model as usual. 0 keeps the predicted plan without timing.
 
     Raises:
         PlanError: for a `budget` without `x` and `validation_data` (or data
@@ -91,10 +104,13 @@ class AutoPlan(ConfigValue):
     x: Any = dataclasses.field(default=None, compare=False)
     validation_data: Any = dataclasses.field(default=None, compare=False)
     n_trials: int = 20
+    timing_rounds: int = 5
 
     def __post_init__(self) -> None:
         for name in ("profile_steps", "n_trials"):
             _require_count(name, getattr(self, name))
+        if self.timing_rounds != 0:
+            _require_count("timing_rounds", self.timing_rounds, "or 0 (no timing)")
         if self.batch_size is not None:
             _require_count("batch_size", self.batch_size, "or None (the batch size fit uses)")
         if self.budget is not None and not isinstance(self.budget, Budget):
@@ -121,7 +137,8 @@ class AutoPlan(ConfigValue):
             data = f", x={_describe_data(self.x)}, validation_data={_describe_data(self.validation_data)}"
         return (
             f"AutoPlan(profile_steps={self.profile_steps}, batch_size={self.batch_size}, "
-            f"budget={self.budget!r}{data}, n_trials={self.n_trials})"
+            f"budget={self.budget!r}{data}, n_trials={self.n_trials}, "
+            f"timing_rounds={self.timing_rounds})"
         )
 
 
@@ -525,3 +542,176 @@ def _float32_reason(entry: Mapping[str, Any]) -> str:
     if entry.get("profile"):
         return f"float16 unsafe: {entry['profile']}"
     return "16-bit did not pay or did not hold the budget in the search"
+
+
+#: The name of the per-layer plan among the plans timed inside `fit`.
+PER_LAYER = "per-layer"
+
+
+def race_candidates(
+    model: keras.Model,
+    plan: PrecisionPlan,
+    profile: Profile | None,
+    hardware: HardwareProfile,
+) -> dict[str, PrecisionPlan]:
+    """Returns the plans whose whole step the one-liner times, simplest first, each once.
+
+    They are float32, each uniform 16-bit policy the device runs fast (float16
+    only where the profile says every layer's ranges fit it), set on every layer
+    as Keras' global `mixed_*` policy does, and the per-layer plan. The uniform
+    plans keep the output layers in float32 unless the model is trained with a
+    classification loss (cross-entropy): a regression output rounded to 16 bits
+    puts an error floor on the loss that a few timed steps cannot show. A plan
+    that gives the layers the same dtypes as a simpler one is left out.
+
+    Args:
+        model: the built model.
+        plan: the per-layer plan `decide_plan` returned.
+        profile: the recorded profile, or `None`.
+        hardware: the device's profile.
+
+    Returns:
+        `{name: plan}`: `"float32"`, `"mixed_bfloat16"`, `"mixed_float16"`, `"per-layer"`.
+
+    Example:
+
+    ```python
+    candidates = race_candidates(model, plan, prof, resolve_hardware("local"))
+    list(candidates)  # ["float32", "mixed_bfloat16", "per-layer"]
+    ```
+    """
+    candidates = {FLOAT32: PrecisionPlan.uniform(model, FLOAT32)}
+    outputs = () if has_classification_loss(model) else output_layers(model, plan.layer_info)
+    for dtype in (BFLOAT16, FLOAT16):
+        if not hardware.is_fast(dtype):
+            continue
+        if dtype == FLOAT16 and (profile is None or float16_unsafe_layers(profile)):
+            continue
+        uniform = PrecisionPlan.uniform(model, dtype)
+        for path in sorted(outputs):
+            uniform = uniform.with_dtype(path, FLOAT32)
+        candidates[f"mixed_{dtype}"] = uniform
+    candidates[PER_LAYER] = plan
+    unique: dict[str, PrecisionPlan] = {}
+    seen: list[dict[str, str]] = []
+    for name, candidate in candidates.items():
+        dtypes = candidate.resolve()
+        if dtypes not in seen:
+            seen.append(dtypes)
+            unique[name] = candidate
+    return unique
+
+
+#: Words in a loss's name that make it a classification loss (outputs may round to 16 bits).
+CLASSIFICATION_LOSS_WORDS = ("crossentropy", "hinge")
+
+
+def has_classification_loss(model: keras.Model) -> bool:
+    """Returns whether every loss `model` is compiled with is a classification loss.
+
+    Args:
+        model: a compiled model.
+
+    Returns:
+        `True` for cross-entropy or hinge losses (strings, `keras.losses` objects or
+        functions, for each output); `False` for any other loss, or none.
+
+    Example:
+
+    ```python
+    model.compile("adam", "sparse_categorical_crossentropy")
+    has_classification_loss(model)  # True
+    ```
+    """
+    losses = [loss for loss in keras.tree.flatten(getattr(model, "loss", None)) if loss is not None]
+    if not losses:
+        return False
+
+    def name_of(loss: Any) -> str:
+        if isinstance(loss, str):
+            return loss
+        name = getattr(loss, "name", None) or type(loss).__name__
+        if type(loss).__name__ in ("function", "LossFunctionWrapper"):
+            name = getattr(loss, "__name__", None) or getattr(loss, "name", "")
+        return str(name)
+
+    return all(
+        any(word in name_of(loss).lower().replace("_", "") for word in CLASSIFICATION_LOSS_WORDS)
+        for loss in losses
+    )
+
+
+def race_lines(result: RaceResult, estimate: Estimate | None) -> list[str]:
+    """Returns the report of the whole steps timed inside `fit`: what was timed and what it chose.
+
+    Args:
+        result: what `StepRace` measured.
+        estimate: the per-layer plan's cost estimate, or `None`.
+
+    Returns:
+        One or two lines.
+
+    Example:
+
+    ```python
+    for line in race_lines(race.result(), estimate):
+        print(line)
+    ```
+    """
+    verdict = result.verdict
+    names = list(result.rounds)
+    timed = (
+        f"autoprec: timed the whole train step of {', '.join(names)} inside fit "
+        f"({result.rounds_run} interleaved round(s) of 2 steps; {result.steps} steps, "
+        f"+{result.added_seconds:.1f} s over the chosen plan's pace)"
+    )
+    if verdict is None:
+        return [timed, "  training ended before every plan was timed: keeping the per-layer plan"]
+    figures = ", ".join(f"{name} {1e3 * verdict.medians[name]:.2f} ms" for name in verdict.medians)
+    predicted = (
+        f"; predicted {estimate.speedup:.2f}x"
+        if estimate is not None and estimate.speedup and PER_LAYER in verdict.medians
+        else ""
+    )
+    chosen = f"keeping {verdict.winner}"
+    if verdict.winner != FLOAT32:
+        chosen += f" ({verdict.speedup(verdict.winner, FLOAT32):.2f}x float32)"
+    if verdict.tie:
+        chosen += (
+            f"; {verdict.fastest} was {verdict.speedup(verdict.fastest, verdict.winner):.2f}x "
+            f"faster, inside the measured noise ({100 * verdict.tolerance:.0f} %)"
+        )
+    return [timed, f"  median step: {figures}{predicted}; {chosen}"]
+
+
+def race_winner_plan(
+    candidates: Mapping[str, PrecisionPlan], result: RaceResult, per_layer: PrecisionPlan
+) -> PrecisionPlan:
+    """Returns the plan the timing chose, its measurement recorded in `metadata["measured"]`.
+
+    Args:
+        candidates: the plans timed, by name.
+        result: what was measured.
+        per_layer: the per-layer plan (kept when training ended before a verdict).
+
+    Returns:
+        The chosen plan; a uniform one keeps the per-layer plan's `hardware` metadata
+        (`metadata["measured"]` says why it was kept).
+
+    Example:
+
+    ```python
+    plan = race_winner_plan(candidates, race.result(), plan)
+    plan.metadata["measured"]["winner"]
+    ```
+    """
+    name = result.verdict.winner if result.verdict is not None else PER_LAYER
+    measured = result.to_dict()
+    if name == PER_LAYER:
+        return per_layer.with_metadata(measured=measured)
+    return candidates[name].with_metadata(
+        hardware=per_layer.metadata.get("hardware"),
+        predicted_speedup=None,
+        evidence={},
+        measured=measured,
+    )

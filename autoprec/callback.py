@@ -11,17 +11,22 @@ from ._auto import (
     AutoPlan,
     FirstBatchSize,
     decide_plan,
+    race_candidates,
+    race_lines,
+    race_winner_plan,
     report_lines,
     search_plan,
 )
 from ._core.messages import show_message
 from .cost import Estimate
 from .errors import BackendError, PlanError
-from .hardware import HardwareProfile
+from .hardware import HardwareProfile, is_local, resolve_hardware
 from .plan import PrecisionPlan
 from .profiler import Profile, ProfileCallback
 from .runtime.guard import Guard
+from .runtime.kernels import fallback_plan, missing_kernels_once
 from .runtime.loss_scale import LossScale
+from .runtime.step_race import StepRace
 from .runtime.training import DEFAULT_GUARD, PlanCallback
 from .search import SearchResult
 
@@ -55,7 +60,12 @@ class AutoPrecision(PlanCallback):
     model's own policies with profiler probes, then the heuristic plan is built
     from the recorded ranges and the layer costs at the batch size `fit` uses
     (read from its first batch, or `auto.batch_size`), measured on this device
-    (cached) or predicted for `hardware`; it is applied and training goes on.
+    (cached) or predicted for `hardware`. Where costs are measured here, the
+    next steps of `fit` then time the whole train step of float32, the uniform
+    16-bit policies the device runs fast and the per-layer plan, interleaved
+    (`auto.timing_rounds`), and the fastest is kept, a difference inside the
+    measured noise going to the simpler plan; these steps train the model as
+    any others. The plan is applied and training goes on.
     With `auto.budget` a short Optuna search on `auto.x` and
     `auto.validation_data` decides instead (`callback.search_result`). A
     compact report says how many layers got each dtype, the predicted speedup
@@ -144,10 +154,22 @@ class AutoPrecision(PlanCallback):
         self._profiler: ProfileCallback | None = None
         self._batch_reader: FirstBatchSize | None = None
         self._waiting_for_a_batch = False
+        self._race: StepRace | None = None
+        self._race_plans: dict[str, PrecisionPlan] = {}
+        self._per_layer_plan: PrecisionPlan | None = None
 
     # ------------------------------------------------------------------ Keras hooks
 
+    def on_train_batch_begin(self, batch, logs=None) -> None:
+        if self._race is not None:
+            self._race.begin_step()
+
     def on_train_batch_end(self, batch, logs=None) -> None:
+        if self._race is not None:
+            self._step += 1
+            if self._race.end_step():
+                self._finish_race()
+            return
         if self._profiler is None and not self._waiting_for_a_batch:
             super().on_train_batch_end(batch, logs)
             return
@@ -162,6 +184,8 @@ class AutoPrecision(PlanCallback):
     def on_train_end(self, logs=None) -> None:
         if self._profiler is not None or self._waiting_for_a_batch:
             self._decide_and_apply()  # training ended before the profile was complete
+        if self._race is not None:
+            self._finish_race()  # training ended while the candidate plans were timed
         super().on_train_end(logs)
 
     # ------------------------------------------------------------------ automatic mode
@@ -211,16 +235,63 @@ class AutoPrecision(PlanCallback):
                 self.model, self.auto, self.profile, self.hardware, batch_size
             )
             self.plan, self.estimate = self.search_result.plan, None
-        else:
-            self.plan, self.estimate = decide_plan(
-                self.model,
-                self.profile,
-                hardware=self.hardware,
-                batch_size=batch_size,
-                verbose=self.verbose,
-                sample=sample,
-            )
+            self._apply(quiet=True)
+            self._report()
+            return
+        plan, self.estimate = decide_plan(
+            self.model,
+            self.profile,
+            hardware=self.hardware,
+            batch_size=batch_size,
+            verbose=self.verbose,
+            sample=sample,
+        )
+        candidates = self._timed_candidates(plan)
+        if len(candidates) < 2:
+            self.plan = plan
+            self._apply(quiet=True)
+            self._report()
+            return
+        self._race_plans, self._per_layer_plan = candidates, plan
+        self._race = StepRace(self.model, candidates, rounds=self.auto.timing_rounds)
+        show_message(
+            f"autoprec: timing the whole train step of {', '.join(candidates)} "
+            "over the next steps of fit",
+            self.verbose,
+        )
+
+    def _timed_candidates(self, plan: PrecisionPlan) -> dict[str, PrecisionPlan]:
+        """The plans to time inside fit (none where costs are predicted, not measured here)."""
+        if self.auto.timing_rounds == 0 or not is_local(self.hardware):
+            return {}
+        candidates = race_candidates(
+            self.model, plan, self.profile, resolve_hardware(self.hardware)
+        )
+        if self.guard is not None and self.guard.check_kernels:
+            # A plan whose kernel is missing here would fail inside fit's step: fall back first.
+            for name, candidate in candidates.items():
+                missing = missing_kernels_once(self.model, candidate.resolve())
+                if missing:
+                    candidates[name] = fallback_plan(candidate, missing, step=self._step)
+        if any(candidate.uses_float16 for candidate in candidates.values()):
+            self._wrap_optimizer(uses_float16=True, has_16bit=True)  # float16 steps are scaled
+        return candidates
+
+    def _finish_race(self) -> None:
+        """Keeps the plan whose whole step measured fastest, applies it and reports."""
+        race, self._race = self._race, None
+        result = race.result()
+        race.close()
+        self.plan = race_winner_plan(self._race_plans, result, self._per_layer_plan)
+        lines = race_lines(result, self.estimate)
+        if self.plan.metadata.get("predicted_speedup") is None:
+            self.estimate = None  # a uniform plan won: the estimate was the per-layer plan's
         self._apply(quiet=True)
+        for line in lines:
+            show_message(line, self.verbose)
+        self._report()
+
+    def _report(self) -> None:
         for line in report_lines(self.plan, self.estimate, self.handle.dtypes):
             show_message(line, self.verbose)
 

@@ -8,9 +8,12 @@ import keras
 import numpy as np
 import pytest
 
-from autoprec import AutoPrecision, cost
-from autoprec._auto import FirstBatchSize, decide_plan
+from autoprec import AutoPrecision, PrecisionPlan, cost
+from autoprec._auto import FirstBatchSize, decide_plan, has_classification_loss, race_candidates
 from autoprec.callback import AutoPlan
+from autoprec.errors import PlanError
+from autoprec.hardware import resolve_hardware
+from autoprec.runtime.step_race import judge_rounds
 
 
 def _sequence_model() -> keras.Model:
@@ -144,3 +147,104 @@ def test_automatic_mode_gets_costs_for_a_keras_hub_bert_fed_dicts(caplog):
     assert callback.estimate is not None and callback.estimate.batch_size == 8
     assert callback.estimate.layer_seconds["bert_backbone/token_embedding"] > 0
     assert np.isfinite(history.history["loss"]).all()
+
+
+# ---------------------------------------------------------------- whole steps timed inside fit
+
+
+def _mlp(loss: str = "sparse_categorical_crossentropy") -> keras.Model:
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential(
+        [
+            keras.Input((64,)),
+            keras.layers.Dense(256, activation="relu", name="hidden"),
+            keras.layers.LayerNormalization(name="norm"),
+            keras.layers.Dense(256, activation="relu", name="hidden_2"),
+            keras.layers.Dense(4, name="head"),
+        ]
+    )
+    model.compile("adam", loss)
+    return model
+
+
+def _mlp_data(samples: int = 1024) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(0)
+    return rng.standard_normal((samples, 64)).astype("float32"), rng.integers(0, 4, samples)
+
+
+def test_has_classification_loss_reads_strings_objects_and_functions():
+    model = _mlp()
+    for loss, expected in [
+        ("sparse_categorical_crossentropy", True),
+        (keras.losses.SparseCategoricalCrossentropy(from_logits=True), True),
+        (keras.losses.binary_crossentropy, True),
+        ("mse", False),
+        (keras.losses.Huber(), False),
+    ]:
+        model.compile("adam", loss)
+        assert has_classification_loss(model) is expected, loss
+    model.compile("adam", None)
+    assert has_classification_loss(model) is False
+
+
+def test_race_candidates_are_uniform_as_keras_sets_them_and_the_per_layer_plan():
+    model = _mlp()
+    model(np.zeros((1, 64), "float32"))
+    plan = PrecisionPlan.uniform(model, "float32").with_dtype("hidden", "bfloat16")
+    cpu = resolve_hardware("cpu-avx512-bf16")
+    assert cpu.is_fast("bfloat16") and not cpu.is_fast("float16")
+    candidates = race_candidates(model, plan, None, cpu)
+    assert list(candidates) == ["float32", "mixed_bfloat16", "per-layer"]
+    # A classification loss: every layer as Keras' global mixed_bfloat16 sets it.
+    assert set(candidates["mixed_bfloat16"].resolve().values()) == {"bfloat16"}
+    assert candidates["per-layer"] is plan
+    # A regression loss: the output layer stays float32 in the uniform plan.
+    model.compile("adam", "mse")
+    uniform = race_candidates(model, plan, None, cpu)["mixed_bfloat16"].resolve()
+    assert uniform["head"] == "float32" and uniform["hidden"] == "bfloat16"
+    # A per-layer plan that is one of the uniform ones is timed once, under the simpler name.
+    assert list(race_candidates(model, PrecisionPlan.uniform(model, "float32"), None, cpu)) == [
+        "float32",
+        "mixed_bfloat16",
+    ]
+    # float16 only where it is fast and a profile shows every layer's ranges fit it.
+    assert "mixed_float16" not in race_candidates(model, plan, None, resolve_hardware("rtx4090"))
+
+
+def test_the_one_liner_keeps_the_plan_whose_whole_step_measured_fastest(capsys):
+    model = _mlp()
+    x, y = _mlp_data()
+    callback = AutoPrecision(auto=AutoPlan(profile_steps=2))
+    model.fit(x, y, batch_size=16, epochs=1, verbose=0, callbacks=[callback])
+    measured = callback.plan.metadata["measured"]
+    names = list(measured["rounds_ms"])
+    assert names[0] == "float32" and len(names) >= 2
+    assert measured["rounds"] >= 5
+    # The kept plan is the verdict on the recorded rounds, and it is what the model runs.
+    verdict = judge_rounds(measured["rounds_ms"], names)
+    assert measured["winner"] == verdict.winner
+    if verdict.winner == "float32":
+        assert set(callback.handle.dtypes.values()) == {"float32"}
+    elif verdict.winner == "mixed_bfloat16":
+        assert set(callback.handle.dtypes.values()) == {"bfloat16"}
+    assert all(np.isfinite(w).all() for w in model.get_weights())
+    printed = capsys.readouterr().out
+    assert "timed the whole train step of float32" in printed
+    assert f"keeping {verdict.winner}" in printed
+
+
+def test_the_one_liner_times_nothing_where_costs_are_predicted_or_timing_is_off():
+    x, y = _mlp_data(256)
+    for callback in (
+        AutoPrecision(hardware="rtx4090", auto=AutoPlan(profile_steps=2), verbose=0),
+        AutoPrecision(auto=AutoPlan(profile_steps=2, timing_rounds=0), verbose=0),
+    ):
+        model = _mlp()
+        model.fit(x, y, batch_size=16, epochs=1, verbose=0, callbacks=[callback])
+        assert "measured" not in callback.plan.metadata
+
+
+def test_timing_rounds_must_be_a_count_or_zero():
+    with pytest.raises(PlanError, match="timing_rounds must be an integer >= 1 or 0"):
+        AutoPlan(timing_rounds=-1)
+    assert "timing_rounds=3" in repr(AutoPlan(timing_rounds=3))

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import weakref
 from collections.abc import Mapping, Sequence
 
 import keras
@@ -25,6 +26,9 @@ from ..layers import describe_model, layer_paths
 from ..plan import PrecisionPlan
 
 logger = logging.getLogger("autoprec")
+
+#: `{model: {(path, dtype): MissingKernel or None}}`: the 16-bit kernels checked on each model.
+_CHECKED_KERNELS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -145,6 +149,63 @@ def find_missing_kernels(
             continue
         missing.append(MissingKernel(path, dtype, _fallback(paths[path], calls[0], dtype), error))
     return missing
+
+
+def unchecked_kernels(model: keras.Model, dtypes: Mapping[str, str]) -> dict[str, str]:
+    """Returns the 16-bit `{path: dtype}` of `dtypes` whose kernel was not checked on this model yet.
+
+    Args:
+        model: the model.
+        dtypes: `{path: dtype}` a plan gives each layer.
+
+    Returns:
+        The pairs `missing_kernels_once` would check now (empty: it answers from memory).
+
+    Example:
+
+    ```python
+    if unchecked_kernels(model, handle.dtypes):
+        handle.restore()  # the check runs with the model as it was
+    ```
+    """
+    checked = _CHECKED_KERNELS.get(model, {})
+    return {
+        path: dtype
+        for path, dtype in dtypes.items()
+        if dtype != FLOAT32 and (path, dtype) not in checked
+    }
+
+
+def missing_kernels_once(model: keras.Model, dtypes: Mapping[str, str]) -> list[MissingKernel]:
+    """Returns `find_missing_kernels` for `dtypes`, checking each (layer, dtype) of a model once.
+
+    Pairs already checked on this model are answered from memory; the others are
+    checked now, with the model in the policies it has (those before any plan).
+
+    Args:
+        model: a built model, with the policies it had before the plan.
+        dtypes: `{path: dtype}` the plan gives each layer.
+
+    Returns:
+        One `MissingKernel` per layer of `dtypes` whose dtype has no kernel here.
+
+    Example:
+
+    ```python
+    missing = missing_kernels_once(model, handle.dtypes)
+    ```
+    """
+    checked = _CHECKED_KERNELS.setdefault(model, {})
+    unchecked = unchecked_kernels(model, dtypes)
+    if unchecked:
+        found = {(item.path, item.dtype): item for item in find_missing_kernels(model, unchecked)}
+        for path, dtype in unchecked.items():
+            checked[(path, dtype)] = found.get((path, dtype))
+    return [
+        checked[(path, dtype)]
+        for path, dtype in dtypes.items()
+        if checked.get((path, dtype)) is not None
+    ]
 
 
 def _fallback(layer: keras.layers.Layer, call: LayerCall, dtype: str) -> str:

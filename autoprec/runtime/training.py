@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import os
-import weakref
 from collections.abc import Mapping
 
 import keras
@@ -20,7 +19,7 @@ from .applied import COMPILED_FUNCTIONS, AppliedState, applied_state, keep_appli
 from .apply import PlanHandle, apply_plan
 from .decision import GuardAction, GuardDecision, decide
 from .guard import Guard, NonFiniteTrainingError, check_guard_backend, promotion_target
-from .kernels import fallback_plan, find_missing_kernels
+from .kernels import fallback_plan, missing_kernels_once, unchecked_kernels
 from .loss_scale import (
     LossScale,
     add_loss_scaling,
@@ -39,9 +38,6 @@ logger = logging.getLogger("autoprec")
 
 #: The guard a callback gets unless told otherwise: `Guard()`, every setting at its default.
 DEFAULT_GUARD = Guard()
-
-#: `{model: {(path, dtype): MissingKernel or None}}`: the 16-bit kernels checked on each model.
-_CHECKED_KERNELS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 class PlanCallback(keras.callbacks.Callback):
@@ -308,29 +304,16 @@ class PlanCallback(keras.callbacks.Callback):
 
     def _fall_back_missing_kernels(self) -> None:
         """Moves 16-bit layers without a kernel here to a wider dtype; each (layer, dtype) once."""
-        model = self.model
-        checked = _CHECKED_KERNELS.setdefault(model, {})
-        unchecked = {
-            path: dtype
-            for path, dtype in self.handle.dtypes.items()
-            if dtype != FLOAT32 and (path, dtype) not in checked
-        }
-        if unchecked:
-            self.handle.restore()  # trace the model as it was, then check 16-bit layers alone
-            found = {
-                (item.path, item.dtype): item for item in find_missing_kernels(model, unchecked)
-            }
-            for path, dtype in unchecked.items():
-                checked[(path, dtype)] = found.get((path, dtype))
+        if unchecked_kernels(self.model, self.handle.dtypes):
+            self.handle.restore()  # check 16-bit layers alone, with the model as it was
+            missing = missing_kernels_once(self.model, self.handle.dtypes)
             self.handle = self._apply_plan(self.handle.plan)
-        missing = [
-            checked[(path, dtype)]
-            for path, dtype in self.handle.dtypes.items()
-            if checked.get((path, dtype)) is not None
-        ]
+        else:
+            missing = missing_kernels_once(self.model, self.handle.dtypes)
         if missing:
-            plan = fallback_plan(self.handle.plan, missing, step=self._step)
-            self.handle = self._apply_plan(plan)
+            self.handle = self._apply_plan(
+                fallback_plan(self.handle.plan, missing, step=self._step)
+            )
 
     def _plan_has_16bit(self) -> bool:
         return any(dtype != FLOAT32 for dtype in self.plan.resolve().values())
