@@ -113,8 +113,9 @@ def clone_with_policies(model: keras.Model, dtypes: Mapping[str, str]) -> keras.
     missing = sorted(set(names) - set(paths))
     if missing:
         raise PlanError(
-            f"clone_with_policies: {', '.join(missing[:5])} is not a layer of model "
-            f"{model.name!r}; name layers by their autoprec.layers.layer_paths(model) paths."
+            f"clone_with_policies: {', '.join(repr(path) for path in missing[:5])} is not a "
+            f"layer of model {model.name!r}; name layers by their "
+            "autoprec.layers.layer_paths(model) paths."
         )
     for path, dtype in names.items():
         _set_policy(paths[path], dtype)

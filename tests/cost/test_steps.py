@@ -149,3 +149,45 @@ def test_measure_train_steps_on_an_unsupported_backend_names_the_supported_ones(
     with pytest.raises(BackendError, match="tensorflow and jax") as raised:
         cost.measure_train_steps(mlp, np.zeros((4, 8), dtype="float32"))
     assert "'torch'" in str(raised.value)
+
+
+class _SumOfTwo(keras.layers.Layer):
+    """Adds two projections in its own `call`: sub-layers of different dtypes clash here."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.left = keras.layers.Dense(4)
+        self.right = keras.layers.Dense(4)
+
+    def build(self, input_shape):
+        self.left.build(input_shape)
+        self.right.build(input_shape)
+
+    def call(self, inputs):
+        return self.left(inputs) + self.right(inputs)
+
+
+def test_mixed_plans_are_timed_beside_uniform_steps_and_a_plan_that_cannot_run_is_left_out():
+    inputs = keras.Input((8,))
+    hidden = keras.layers.Dense(8, name="first")(inputs)
+    outputs = _SumOfTwo(name="pair")(hidden)
+    model = keras.Model(inputs, outputs)
+    model.compile(optimizer="sgd", loss="mse")
+    copy = cost.clone_with_policies(model, {"first": "bf16", "pair/left": "float16"})
+    assert copy.get_layer("first").dtype_policy.name == "mixed_bfloat16"
+    assert layer_paths(copy)["pair/left"].dtype_policy.name == "mixed_float16"
+    assert layer_paths(copy)["pair/right"].dtype_policy.name == "float32"
+    assert model.get_layer("first").dtype_policy.name == "float32"
+    with pytest.raises(PlanError, match="'missing' is not a layer"):
+        cost.clone_with_policies(model, {"missing": "bfloat16"})
+    batch = (np.ones((4, 8), "float32"), np.zeros((4, 4), "float32"))
+    plans = {
+        "fine": {"first": "bfloat16", "pair": "float32"},
+        "clash": {"pair/left": "bfloat16", "pair/right": "float32"},
+    }
+    timings = cost.time_train_steps(model, batch, ["float32"], repeats=2, plans=plans)
+    assert set(timings) == {"float32", "fine"}
+    assert len(timings["fine"].samples) == 2 and timings["fine"].median > 0
+    medians = cost.measure_train_steps(model, batch, [], repeats=1, plans={"fine": plans["fine"]})
+    assert set(medians) == {"fine"}
+    assert steps.median_error(timings["fine"]) >= 0
