@@ -254,7 +254,8 @@ def fit_boundary_cost(
             (`attribute_step_overhead`); updated in place.
         plans: the plans timed (`mixed_plans`).
         measured: `{plan name: measured whole-step seconds}` of those that ran.
-        noise: the relative standard error of the measured steps' medians, or
+        noise: the relative spread of the measured steps' timed rounds (the
+            largest over the steps, `steps.step_spread` over the median), or
             `None` when unknown.
 
     Example:

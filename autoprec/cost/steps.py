@@ -35,9 +35,8 @@ from .timers import SLOW_ROUNDS, SLOW_SECONDS, measuring_backend
 #: Smallest per-dtype layer-time scale (guards against a step measured absurdly fast).
 MIN_TIME_SCALE = 0.05
 
-#: Standard error of a median, in median absolute deviations times sqrt(rounds), for
-#: normal noise: sqrt(pi / 2) x 1.4826.
-_MEDIAN_ERROR_PER_MAD = 1.8582
+#: Standard deviation of normal noise per median absolute deviation.
+_DEVIATION_PER_MAD = 1.4826
 
 logger = logging.getLogger("autoprec")
 
@@ -374,8 +373,8 @@ class WholeSteps:
     Attributes:
         uniform: `{dtype: median seconds}` of the uniform steps.
         mixed: `{plan name: median seconds}` of the mixed plans that ran.
-        noise: the largest relative standard error of those medians
-            (`median_error` over the median), `None` when no step has one.
+        noise: the largest relative spread of their timed rounds (`step_spread`
+            over the median), `None` when no step has one.
     """
 
     uniform: dict[str, float]
@@ -383,11 +382,14 @@ class WholeSteps:
     noise: float | None
 
 
-def median_error(timing: Timing) -> float | None:
-    """Returns the standard error of a timing's median, in seconds (`None`: one round).
+def step_spread(timing: Timing) -> float | None:
+    """Returns the spread of a timing's rounds, in seconds (`None`: one round).
 
-    `sqrt(pi / 2) * 1.4826 * MAD / sqrt(rounds)`: the standard error of a median
-    of normal noise whose deviation the median absolute deviation (MAD) estimates.
+    `1.4826 * MAD`: the standard deviation of one step, for normal noise, from
+    the median absolute deviation of the rounds (robust to a round disturbed by
+    another process). It is the spread of one step, not the smaller standard
+    error of the median: two steps timed at another moment differ by about this
+    much.
 
     Args:
         timing: the timed rounds.
@@ -398,15 +400,14 @@ def median_error(timing: Timing) -> float | None:
     Example:
 
     ```python
-    median_error(Timing((0.010, 0.011, 0.012)))  # about 0.00107
+    step_spread(Timing((0.010, 0.011, 0.013)))  # 0.0014826
     ```
     """
     samples = timing.samples
     if len(samples) < 2:
         return None
     middle = statistics.median(samples)
-    deviation = statistics.median(abs(value - middle) for value in samples)
-    return _MEDIAN_ERROR_PER_MAD * deviation / math.sqrt(len(samples))
+    return _DEVIATION_PER_MAD * statistics.median(abs(value - middle) for value in samples)
 
 
 def measure_whole_steps(
@@ -424,7 +425,7 @@ def measure_whole_steps(
     only are timed together, interleaved (all again when one is missing from
     the cache, so their ratios come from one run); each slow one alone after
     two warm-up steps (twice when a step takes over half a second). Each step's
-    median and the standard error of that median (`median_error`) are cached; a
+    median and the spread of its rounds (`step_spread`) are cached; a
     mixed plan that cannot run is cached as such and not tried again.
 
     Args:
@@ -457,7 +458,7 @@ def measure_whole_steps(
         name: _whole_step_key(model, batch, payload, timing) for name, payload in payloads.items()
     }
     error_keys = {
-        name: _whole_step_key(model, batch, {**payload, "median_error": True}, timing)
+        name: _whole_step_key(model, batch, {**payload, "spread": True}, timing)
         for name, payload in payloads.items()
     }
     measured = {name: timing.cache.get(key) for name, key in keys.items()}
@@ -488,10 +489,12 @@ def measure_whole_steps(
                 measured[name] = 0.0
                 continue
             measured[name] = timed[name].median
-            errors[name] = median_error(timed[name])
+            errors[name] = step_spread(timed[name])
             timing.cache.put(keys[name], measured[name], f"whole {name} train step")
             if errors[name] is not None:
-                timing.cache.put(error_keys[name], errors[name], f"whole {name} step: median error")
+                timing.cache.put(
+                    error_keys[name], errors[name], f"whole {name} step: spread of its rounds"
+                )
             timing.stats[kind] += 1
     known = {name: seconds for name, seconds in measured.items() if seconds}
     steps = WholeSteps(
