@@ -1,8 +1,13 @@
-"""What the search does after its trials: time the best plans here, confirm the chosen one.
+"""What the search does after its trials: time the finalists here, confirm the chosen one.
 
-The measured step has the last word over predicted costs (`order_by_measurement`), and a
-plan chosen at a low fidelity or by a close margin is trained again for longer, against
-float32 trained as long, before it is returned (`confirm_plan`).
+The measured step has the last word over predicted costs (`order_by_measurement`):
+every finalist within budget (the best plan by predicted cost, float32, the uniform
+plans, the heuristic's, Keras' own global policies and the plans with a protection
+dropped) is timed in the same interleaved rounds, more rounds while the leader is
+within the noise of another plan, and a tie goes to the simpler plan (`rounds.py`). A
+plan chosen at a low fidelity or by a close margin is trained again for longer,
+against float32 trained as long, before it is returned (`confirm_plan`), falling back
+down the measured ranking.
 """
 
 from __future__ import annotations
@@ -10,23 +15,28 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import numpy as np
 import optuna
 
+from .._core.dtypes import FLOAT32
 from .._core.messages import show_message
 from ..plan import PrecisionPlan
+from .candidates import SEARCHED, finalist_plan
 from .context import SearchContext
 from .evaluator import Evaluator
 from .fidelity import confirmation_reasons, longer_batches
 from .record import TrialRecord
+from .rounds import MAX_ROUNDS, MIN_ROUNDS, RoundsVerdict, judge_rounds, wants_more_rounds
 
 logger = logging.getLogger("autoprec")
 
-#: Interleaved timing rounds of that comparison.
-MEASURED_ROUNDS = 5
+#: Seconds the measured ranking may spend adding rounds after its first `MIN_ROUNDS`.
+MEASUREMENT_SECONDS = 120.0
+#: Steps of one timed round (and of the warm-up before the rounds).
+ROUND_STEPS = 5
 #: Plans confirmed at the higher fidelity, down the ranking, before falling back to float32.
 CONFIRMATION_ATTEMPTS = 3
 
@@ -42,7 +52,8 @@ class TimedPlan:
     """One plan the measured comparison times.
 
     Attributes:
-        name: `"searched"`, `"float32"` or a warm start's label.
+        name: `"float32"`, a finalist's label (`"uniform bfloat16"`, `"keras
+            mixed_bfloat16"`, `"heuristic"`, `"no float32 softmax"`...) or `"searched"`.
         plan: the plan.
         trial: the trial that evaluated it, or `None` (float32 not among the trials).
     """
@@ -57,21 +68,22 @@ class MeasuredRanking:
     """The ranking of the trials within budget after their plans' steps were timed here.
 
     Attributes:
-        trials: the trials, first choice first: the timed ones in `measured_ranking`'s
-            order, then the others by predicted cost; empty when float32 (not among the
-            trials) measured first.
+        trials: the trials, first choice first: the timed ones in the verdict's order,
+            then the others by predicted cost; it stops where float32 ranks when
+            float32 is not among the trials (empty when float32 measured first).
         order: the timed plans' names, first choice first.
         rounds: `{name: seconds per step of each round}`.
         names: `{trial number: name}` of the timed trials.
-        replaced_by: the name of the plan that replaced the searched plan at the head
-            of the ranking, or `None`.
+        replaced_by: the name of the plan that replaced the best plan by predicted
+            cost at the head of the ranking, or `None`.
         replacing_trial: that plan's trial number, or `None`.
+        verdict: the `RoundsVerdict` (leader, tie or separation, noise).
 
     Example:
 
     ```python
     ranking = order_by_measurement(context, ranked)
-    ranking.trials[0], ranking.fastest["float32"]
+    ranking.trials[0], ranking.fastest["float32"], ranking.verdict.verdict
     ```
     """
 
@@ -81,35 +93,55 @@ class MeasuredRanking:
     names: Mapping[int, str]
     replaced_by: str | None = None
     replacing_trial: int | None = None
+    verdict: RoundsVerdict | None = None
 
     @property
     def fastest(self) -> dict[str, float]:
         """`{name: seconds of its fastest round}`."""
         return {name: min(figures) for name, figures in self.rounds.items()}
 
+    def to_dict(self) -> dict[str, Any]:
+        """Returns what `plan.metadata["search"]["measurement"]` keeps: rounds, noise, verdict."""
+        record: dict[str, Any] = {
+            "rounds": {name: list(figures) for name, figures in self.rounds.items()},
+            "trials": {name: number for number, name in self.names.items()},
+        }
+        if self.verdict is not None:
+            record.update(self.verdict.to_dict())
+        return record
+
+
+def finalist_name(context: SearchContext, trial: optuna.trial.FrozenTrial) -> str:
+    """Returns the name a trial is timed under: `"float32"`, its warm start's label or `"searched"`."""
+    if context.is_float32(trial):
+        return FLOAT32
+    return TrialRecord.from_trial(trial).warm_start or SEARCHED
+
 
 def measurement_candidates(
     context: SearchContext, ranked: Sequence[optuna.trial.FrozenTrial]
 ) -> list[TimedPlan]:
-    """Returns the plans to time: the searched plan, float32, each warm start within budget.
+    """Returns the plans to time: the best by predicted cost, float32, every finalist within budget.
 
     Args:
         context: the search's context.
-        ranked: the trials within budget, cheapest first (the first is the searched plan).
+        ranked: the trials within budget, cheapest first (the first is the best by
+            predicted cost, timed as `"searched"` unless it is a warm start).
 
     Returns:
-        The `TimedPlan`s, the searched plan first, float32 second.
+        The `TimedPlan`s, the best by predicted cost first, float32 second (first when
+        it is the best), then each warm start's label once (uniform plans, the
+        heuristic's, Keras' global policies, plans with a protection dropped).
     """
     best = ranked[0]
     float32_trial = next((trial for trial in ranked if context.is_float32(trial)), None)
-    candidates = [
-        TimedPlan("searched", context.trial_plan(best), best),
-        TimedPlan("float32", context.float32_plan(), float32_trial),
-    ]
+    candidates = [TimedPlan(finalist_name(context, best), finalist_plan(context, best), best)]
+    if candidates[0].name != FLOAT32:
+        candidates.append(TimedPlan(FLOAT32, context.float32_plan(), float32_trial))
     for trial in ranked[1:]:
         label = TrialRecord.from_trial(trial).warm_start or ""
-        if label and all(label != candidate.name for candidate in candidates):
-            candidates.append(TimedPlan(label, context.trial_plan(trial), trial))
+        if label and not context.is_float32(trial) and all(label != c.name for c in candidates):
+            candidates.append(TimedPlan(label, finalist_plan(context, trial), trial))
     return candidates
 
 
@@ -120,10 +152,15 @@ def rank_by_measurement(
 ) -> MeasuredRanking:
     """Reorders the ranking by measured rounds: the pure decision of `order_by_measurement`.
 
+    The timed plans are ordered by `judge_rounds` (the fastest beyond the noise, or the
+    simplest of a tie); the trials not timed follow by predicted cost. Where float32
+    is not among the trials (a study resumed at another fidelity), the ranking stops
+    at float32: nothing ranked below it is chosen over it.
+
     Args:
-        ranked: the trials within budget, cheapest first (the first is `"searched"`).
-        timed: `{name: trial or None}` of the timed plans (`"searched"`, `"float32"`,
-            warm start labels).
+        ranked: the trials within budget, cheapest first.
+        timed: `{name: trial or None}` of the timed plans (`"float32"`, warm start
+            labels, `"searched"`).
         rounds: `{name: seconds of each round}` of the same plans.
 
     Returns:
@@ -137,20 +174,24 @@ def rank_by_measurement(
     ranking.trials  # (): float32, not among the trials, measured faster
     ```
     """
-    order = measured_ranking(rounds)
-    names = {trial.number: name for name, trial in timed.items() if trial is not None}
+    verdict = judge_rounds(rounds)
+    order = verdict.order
+    names = {
+        trial.number: name for name, trial in timed.items() if trial is not None and name in rounds
+    }
     figures = {name: tuple(float(value) for value in rounds[name]) for name in rounds}
     reordered: list[optuna.trial.FrozenTrial] = []
+    stopped = False
     for name in order:
         trial = timed[name]
-        if trial is None:  # float32, not among the trials (a study resumed at another fidelity)
+        if trial is None:  # float32, not among the trials: nothing below it is chosen
+            stopped = True
             break
         if all(trial.number != other.number for other in reordered):
             reordered.append(trial)
-    if order[0] == "float32" and timed["float32"] is None:
-        return MeasuredRanking((), tuple(order), figures, names)
-    reordered += [trial for trial in ranked if trial.number not in names]
-    replaced = order[0] != "searched" and reordered and reordered[0].number != ranked[0].number
+    if not stopped:
+        reordered += [trial for trial in ranked if trial.number not in names]
+    replaced = bool(reordered) and reordered[0].number != ranked[0].number
     return MeasuredRanking(
         tuple(reordered),
         tuple(order),
@@ -158,22 +199,22 @@ def rank_by_measurement(
         names,
         replaced_by=order[0] if replaced else None,
         replacing_trial=reordered[0].number if replaced else None,
+        verdict=verdict,
     )
 
 
 def order_by_measurement(
     context: SearchContext, ranked: Sequence[optuna.trial.FrozenTrial]
 ) -> MeasuredRanking:
-    """Times the searched plan beside float32 and every warm start within budget, interleaved.
+    """Times every finalist within budget in the same interleaved rounds and ranks them.
 
     Per-layer costs can rank a mixed plan ahead of a uniform one that the whole
-    step runs faster; the measured step has the last word. The timed plans are
-    ranked by `measured_ranking`: first the simplest plan (float32, then the uniform
-    16-bit plans, then the heuristic's, then the searched one) that no other plan
-    beats in both its median and its fastest round, so a split decision, which is
-    noise, goes to the simpler plan, never to a mixed plan that may be slower. The
-    confirmation falls back down this ranking; plans not timed follow, by predicted
-    cost (`rank_by_measurement`).
+    step runs faster; the measured step has the last word. The finalists
+    (`measurement_candidates`) are timed at least `MIN_ROUNDS` rounds, and the plans
+    still within the noise of the fastest again, up to `MAX_ROUNDS` rounds and
+    `MEASUREMENT_SECONDS` (`measure_until_decided`); the fastest leads when it is
+    ahead of every other plan beyond the noise, else the simplest of the tie does
+    (`rank_by_measurement`). The confirmation falls back down this ranking.
 
     Args:
         context: the search's context (its evaluator times the plans).
@@ -185,79 +226,114 @@ def order_by_measurement(
     Example:
 
     ```python
-    ranking = order_by_measurement(context, ranked_feasible(context, study))
+    ranking = order_by_measurement(context, ranked_finalists(context, study))
     chosen = ranking.trials[0] if ranking.trials else None  # None: float32
     ```
     """
     candidates = measurement_candidates(context, ranked)
-    figures = measure_step_rounds(
-        context.evaluator, [candidate.plan for candidate in candidates], rounds=MEASURED_ROUNDS
+    rounds = measure_until_decided(
+        context.evaluator, {candidate.name: candidate.plan for candidate in candidates}
     )
-    rounds = {candidate.name: list(f) for candidate, f in zip(candidates, figures)}
     ranking = rank_by_measurement(
         ranked, {candidate.name: candidate.trial for candidate in candidates}, rounds
     )
-    first = ranking.order[0]
-    if first != "searched":
-        fastest = ranking.fastest
-        say(
-            context.verbose,
-            "autoprec.search: the searched plan did not measure faster than %s (median %.4g ms "
-            "against %.4g ms, fastest %.4g ms against %.4g ms); using %s.",
-            first,
-            1e3 * float(np.median(rounds["searched"])),
-            1e3 * float(np.median(rounds[first])),
-            1e3 * fastest["searched"],
-            1e3 * fastest[first],
-            first,
-        )
+    say(context.verbose, "%s", verdict_line(ranking))
     return ranking
 
 
-#: Which timed plan is simpler, for `measured_ranking`'s ties (lower is simpler).
-_SIMPLICITY = {"float32": 0, "uniform bfloat16": 1, "uniform float16": 1, "heuristic": 2}
-
-
-def measured_ranking(rounds: Mapping[str, Sequence[float]]) -> list[str]:
-    """Ranks timed plans: the simplest plan that no other beats in both its median and fastest round.
-
-    A plan clearly beats another when both its median and its fastest round are
-    faster. Among the plans no other clearly beats, the simplest goes first (float32,
-    then uniform 16-bit, then the heuristic's, then others, then the searched plan;
-    among equals the fastest median): a split decision is noise, and noise goes to
-    the simpler plan. The rest are ranked the same way.
+def verdict_line(ranking: MeasuredRanking) -> str:
+    """Returns the one line saying which plan the measured step chose, and by how much.
 
     Args:
-        rounds: `{name: seconds of each round}`; names are `"float32"`, the uniform
-            labels, `"heuristic"`, `"searched"` or others (as complex as the searched plan).
+        ranking: a `MeasuredRanking` with its verdict.
 
     Returns:
-        The names, first choice first.
+        `"autoprec.search: measured step (N interleaved rounds): ..."`: the leader, its
+        median against float32's, and whether it is ahead beyond the noise or won a tie.
+    """
+    verdict = ranking.verdict
+    if verdict is None:
+        return "autoprec.search: measured step: no verdict."
+    medians = verdict.medians
+    leader = verdict.leader
+    rounds = max(verdict.rounds.values())
+    head = f"autoprec.search: measured step ({rounds} interleaved rounds, {len(medians)} plans): "
+    against = ""
+    if leader != FLOAT32 and FLOAT32 in medians:
+        against = (
+            f" against float32's {1e3 * medians[FLOAT32]:.4g} ms "
+            f"({medians[FLOAT32] / medians[leader]:.3g}x)"
+        )
+    if verdict.decided:
+        others = sorted(verdict.comparisons.items(), key=lambda item: item[1].margin)
+        nearest = (
+            f"; next {others[0][0]}, slower by {1e3 * others[0][1].margin:.3g} ms "
+            f"(noise {1e3 * others[0][1].noise:.2g} ms)"
+            if others
+            else ""
+        )
+        return f"{head}{leader} leads, {1e3 * medians[leader]:.4g} ms median{against}{nearest}."
+    tied = ", ".join(f"{name} {1e3 * medians[name]:.4g} ms" for name in verdict.contenders)
+    return (
+        f"{head}a tie within the noise ({tied}); using the simpler {leader}, "
+        f"{1e3 * medians[leader]:.4g} ms median{against}."
+    )
+
+
+def measure_until_decided(
+    evaluator: Evaluator,
+    plans: Mapping[str, PrecisionPlan],
+    *,
+    min_rounds: int = MIN_ROUNDS,
+    max_rounds: int = MAX_ROUNDS,
+    max_seconds: float = MEASUREMENT_SECONDS,
+) -> dict[str, list[float]]:
+    """Times plans in interleaved rounds until the fastest is ahead beyond the noise, or a cap.
+
+    Every plan is timed `min_rounds` rounds (`measure_step_rounds`: one compiled copy
+    each, a warm-up of `ROUND_STEPS` steps, then rounds of `ROUND_STEPS` steps in a
+    rotating order). While `judge_rounds` finds the fastest within the noise of
+    another plan (`wants_more_rounds`), the contenders are timed again, in batches of
+    at most `min_rounds` rounds, until `max_rounds` rounds or until another batch
+    would end after `max_seconds`.
+
+    Args:
+        evaluator: the `Evaluator` whose model and first training batch are timed.
+        plans: `{name: plan}`.
+        min_rounds: rounds of every plan.
+        max_rounds: rounds of a contender at most.
+        max_seconds: seconds after which no batch of rounds is started.
+
+    Returns:
+        `{name: seconds per step of each round}`, in the order of `plans`.
 
     Example:
 
     ```python
-    measured_ranking({"searched": [0.90, 1.00, 1.20], "float32": [0.89, 1.05, 1.10]})
-    # ["float32", "searched"]: float32 wins the fastest round, the searched plan the median
+    rounds = measure_until_decided(evaluator, {"float32": float32_plan, "searched": plan})
+    judge_rounds(rounds).leader
     ```
     """
-    medians = {name: float(np.median(figures)) for name, figures in rounds.items()}
-    fastest = {name: float(min(figures)) for name, figures in rounds.items()}
-
-    def simplicity(name: str) -> int:
-        return _SIMPLICITY.get(name, 4 if name == "searched" else 3)
-
-    def beats(first: str, second: str) -> bool:
-        return medians[first] < medians[second] and fastest[first] < fastest[second]
-
-    pool = list(rounds)
-    order: list[str] = []
-    while pool:
-        unbeaten = [name for name in pool if not any(beats(other, name) for other in pool)]
-        leader = min(unbeaten, key=lambda name: (simplicity(name), medians[name]))
-        order.append(leader)
-        pool.remove(leader)
-    return order
+    started = time.perf_counter()
+    names = list(plans)
+    figures = measure_step_rounds(evaluator, [plans[name] for name in names], rounds=min_rounds)
+    rounds = {name: list(values) for name, values in zip(names, figures)}
+    batch_seconds, batch_plans = time.perf_counter() - started, len(names)
+    while True:
+        verdict = judge_rounds(rounds)
+        if not wants_more_rounds(verdict, max_rounds):
+            return rounds
+        contenders = list(verdict.contenders)
+        done = min(len(rounds[name]) for name in contenders)
+        batch = min(min_rounds, max_rounds - done)
+        estimate = batch_seconds * len(contenders) / max(batch_plans, 1)
+        if time.perf_counter() - started + estimate > max_seconds:
+            return rounds
+        batch_started = time.perf_counter()
+        more = measure_step_rounds(evaluator, [plans[name] for name in contenders], rounds=batch)
+        for name, values in zip(contenders, more):
+            rounds[name].extend(values)
+        batch_seconds, batch_plans = time.perf_counter() - batch_started, len(contenders)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -303,7 +379,7 @@ def chosen_step_timing(
     fastest = dict(ranking.fastest) if ranking is not None else {}
     rounds = dict(ranking.rounds) if ranking is not None else {}
     names = ranking.names if ranking is not None else {}
-    name = "float32" if chosen is None else names.get(chosen.number)
+    name = FLOAT32 if chosen is None else names.get(chosen.number)
     if name is not None and name in fastest:
         return StepTiming(fastest["float32"], fastest[name], fastest, rounds)
     float32_seconds, seconds = measure_step_seconds(
@@ -423,7 +499,8 @@ def _attempt(
 ) -> dict[str, Any]:
     """Trains one trial's plan at the confirmation's fidelity; returns its attempt record."""
     budget = context.budget
-    metric = context.evaluator.train_and_evaluate(context.trial_plan(trial)).get(budget.log_name)
+    plan = finalist_plan(context, trial)
+    metric = context.evaluator.train_and_evaluate(plan).get(budget.log_name)
     violation = budget.violation(reference, metric)
     held = violation <= 0
     say(
@@ -503,4 +580,4 @@ def measure_step_rounds(
     [min(f) for f in figures], [sorted(f)[2] for f in figures]  # fastest and median rounds
     ```
     """
-    return evaluator.step_rounds(list(plans), rounds=rounds, steps=5)
+    return evaluator.step_rounds(list(plans), rounds=rounds, steps=ROUND_STEPS)

@@ -1,8 +1,8 @@
 """`search()`: the stages of a search, each returning a typed value.
 
 `prepare_space` (`SearchSpace`) -> `check_float32` (`ReferenceCheck`) -> `build_context`
-(`SearchContext`) -> `run_trials` (`TrialsRun`) -> `rank_trials` (`Ranking`) ->
-`choose_plan` (`Choice`) -> `build_result` (`SearchResult`).
+(`SearchContext`) -> `run_trials` (`TrialsRun`) -> `add_finalists` (`Finalists`) ->
+`rank_trials` (`Ranking`) -> `choose_plan` (`Choice`) -> `build_result` (`SearchResult`).
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from ..errors import AutoprecError
 from ..hardware import HardwareProfile
 from .budget import Budget
 from .evaluator import Evaluator
+from .finalists import add_finalists
 from .preparation import build_context, check_float32, prepare_space
 from .request import SearchRequest
 from .result import SearchResult
@@ -51,8 +52,12 @@ def search(
     optimizer from its config and the same loss and metrics). Subclassed models
     need `get_config` to be cloned; without it the search works on the model itself
     and puts back its weights and policies at the end (its optimizer is never used).
-    Every uniform plan and the heuristic's per-layer plan are evaluated first, and the
-    returned plan costs no more than any of them that held the budget.
+    Every uniform plan and the heuristic's per-layer plan are evaluated first; after
+    the trials, Keras' own global policies (every layer, containers included) and the
+    best plan with each default float32 protection dropped where the profile allows
+    it are evaluated too. The returned plan costs no more than any of them that held
+    the budget, and where steps are timed here it is the fastest of them beyond the
+    measured noise (a tie goes to the simpler plan).
 
     Args:
         model: a built, compiled Keras model.
@@ -149,9 +154,11 @@ def run_search(model: keras.Model, evaluator: Evaluator, request: SearchRequest)
         reference = check_float32(evaluator, request)
     context = build_context(model, evaluator, request, space, reference)
     run = run_trials(model, context, request, space, reference)
+    with request.clock.stage("finalists"):
+        finalists = add_finalists(context, request, space, run)
     ranking = rank_trials(context, run.study, request)
     choice = choose_plan(context, ranking, reference, request)
-    return build_result(context, space, reference, run, choice, request)
+    return build_result(context, space, reference, run, choice, request, ranking, finalists)
 
 
 def _checked_settings(budget: Budget, settings: SearchSettings | None) -> SearchSettings:

@@ -24,7 +24,8 @@ ASSIGNMENT_ATTR = "assignment"
 ASSIGNMENT_KEY_ATTR = "assignment_key"
 #: Trial user attr: training steps of the trial (the fidelity it was trained at).
 TRAIN_STEPS_ATTR = "train_steps"
-#: Trial user attr: the warm start's label (`"float32"`, `"uniform bfloat16"`, `"heuristic"`).
+#: Trial user attr: the warm start's or finalist's label (`"float32"`, `"uniform bfloat16"`,
+#: `"heuristic"`, `"keras mixed_bfloat16"`, `"no float32 softmax"`).
 WARM_START_ATTR = "warm_start"
 #: Trial user attr: the move of a neighbour trial, e.g. `"dense+3 -> bfloat16"`.
 NEIGHBOUR_ATTR = "neighbour"

@@ -27,8 +27,9 @@ class ParetoPoint:
         metric: the budget metric after short training.
         feasible: whether the plan met the budget.
         counts: `{dtype: number of compute layers}`.
-        label: the warm start the trial evaluated (`"float32"`, `"uniform bfloat16"`,
-            `"heuristic"`...), or `None` for a searched plan.
+        label: the warm start or finalist the trial evaluated (`"float32"`, `"uniform
+            bfloat16"`, `"heuristic"`, `"keras mixed_bfloat16"`, `"no float32 softmax"`...),
+            or `None` for a searched plan.
     """
 
     trial: int
@@ -112,18 +113,22 @@ class SearchResult:
                 f"{short_counts_text(point.counts)}"
             )
         warm = [point for point in self.points if point.label]
+        search = metadata.get("search") or {}
+        measurement = search.get("measurement") or {}
+        medians = measurement.get("median_seconds") or {}
         if warm:
-            measured = (metadata.get("search") or {}).get("measured_step_seconds") or {}
-            lines.append("uniform and heuristic plans (evaluated first, ungrouped):")
+            fastest = search.get("measured_step_seconds") or {}
+            lines.append("finalists (warm starts and plans added after the trials, ungrouped):")
             for point in sorted(warm, key=lambda p: p.trial):
                 speedup = self.float32_predicted_seconds / max(point.predicted_seconds, 1e-12)
-                timed = measured.get(point.label)
                 lines.append(
                     f"{point.trial:>5}  {point.predicted_seconds * 1e3:>9.3f}ms  {speedup:>6.2f}x  "
                     f"{point.metric:>14.6g}  {'yes' if point.feasible else 'no':>3}  "
                     f"{point.label}: {short_counts_text(point.counts)}"
-                    + (f"; measured {timed * 1e3:.3f} ms" if isinstance(timed, float) else "")
+                    + _measured_text(medians.get(point.label), fastest.get(point.label))
                 )
+        if measurement.get("verdict"):
+            lines.append(measurement_text(measurement))
         lines.append(
             f"chosen: {short_counts_text(self.plan.dtype_counts())}; metric "
             f"{_number_text(metadata.get('measured_metric'))}, predicted speedup "
@@ -141,6 +146,48 @@ def short_counts_text(counts: Mapping[str, int]) -> str:
     return " / ".join(
         f"{counts.get(dtype, 0)} {_SHORT_NAMES[dtype]}" for dtype in (BFLOAT16, FLOAT32, FLOAT16)
     )
+
+
+def measurement_text(measurement: Mapping) -> str:
+    """Returns the report's line on the measured ranking: rounds, leader, margin or tie.
+
+    Args:
+        measurement: `plan.metadata["search"]["measurement"]`.
+
+    Returns:
+        One line, e.g. `"measured: 5 interleaved rounds of 4 plans; heuristic leads at
+        12.3 ms median (1.08x float32), ahead beyond the noise"`.
+
+    Example:
+
+    ```python
+    measurement_text(result.plan.metadata["search"]["measurement"])
+    ```
+    """
+    medians = measurement.get("median_seconds") or {}
+    count = max((measurement.get("rounds_timed") or {}).values(), default=0)
+    leader = measurement.get("leader")
+    head = f"measured: {count} interleaved round(s) of {len(medians)} plan(s); "
+    if leader not in medians:
+        return head + "no leader"
+    against = ""
+    if leader != FLOAT32 and _is_number(medians.get(FLOAT32)):
+        against = f" ({medians[FLOAT32] / medians[leader]:.3g}x float32)"
+    text = f"{leader} at {medians[leader] * 1e3:.4g} ms median{against}"
+    if measurement.get("verdict") == "separated":
+        return head + text + ", ahead of every other plan beyond the noise"
+    tied = ", ".join(str(name) for name in measurement.get("contenders") or ())
+    return head + f"a tie within the noise ({tied}): the simpler {text}"
+
+
+def _measured_text(median: object, fastest: object) -> str:
+    if _is_number(median):
+        return f"; measured {median * 1e3:.3f} ms median"
+    return f"; measured {fastest * 1e3:.3f} ms" if _is_number(fastest) else ""
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def _number_text(value: object) -> str:

@@ -1,9 +1,11 @@
 """The search's last stages: rank the trials within budget, confirm the choice, build the result.
 
-`rank_trials` orders the trials within budget by predicted cost and, where steps are
-timed here, by the measured step (`order_by_measurement`); `choose_plan` confirms the
-first at a higher fidelity when needed (`confirm_plan`) and times it; `build_result`
-writes the plan's metadata and returns the `SearchResult`.
+`rank_trials` orders the trials within budget by predicted cost (`ranked_finalists`:
+one per plan, Keras' global policies apart) and, where steps are timed here, by the
+measured step of every finalist (`order_by_measurement`); `choose_plan` confirms the
+first at a higher fidelity when needed (`confirm_plan`), falling back down that
+ranking, and times it; `build_result` writes the plan's metadata (the measured
+rounds, their noise and verdict, the finalists) and returns the `SearchResult`.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import optuna
 from .._core.dtypes import COMPUTE_DTYPES
 from ..hardware import is_local
 from ..plan import PrecisionPlan
+from .candidates import finalist_plan, ranked_finalists
 from .confirmation import (
     Confirmation,
     MeasuredRanking,
@@ -26,11 +29,12 @@ from .confirmation import (
     order_by_measurement,
 )
 from .context import SearchContext
+from .finalists import Finalists
 from .plan_writer import trial_plan_metadata
 from .preparation import ReferenceCheck, SearchSpace
 from .request import SearchRequest
 from .result import SearchResult
-from .study import pareto_points, ranked_feasible, trial_counts, warm_start_summary
+from .study import pareto_points, trial_counts, warm_start_summary
 from .trials import TrialsRun
 
 logger = logging.getLogger("autoprec")
@@ -62,7 +66,7 @@ def rank_trials(context: SearchContext, study: optuna.Study, request: SearchRequ
     Returns:
         The `Ranking`.
     """
-    ranked = ranked_feasible(context, study)
+    ranked = ranked_finalists(context, study)
     if not ranked:
         logger.warning(
             "autoprec.search: no plan met the budget in %d trial(s); returning float32.",
@@ -123,7 +127,7 @@ def choose_plan(
             settings.confirm_steps,
         )
     chosen = confirmation.chosen
-    plan = context.float32_plan() if chosen is None else context.trial_plan(chosen)
+    plan = context.float32_plan() if chosen is None else finalist_plan(context, chosen)
     measured = ranking.measured
     replaced_by = None
     if measured is not None and chosen is not None and chosen.number == measured.replacing_trial:
@@ -142,6 +146,8 @@ def build_result(
     run: TrialsRun,
     choice: Choice,
     request: SearchRequest,
+    ranking: Ranking | None = None,
+    finalists: Finalists | None = None,
 ) -> SearchResult:
     """Returns the `SearchResult`: the chosen plan with its metadata (saved to `plan_path`).
 
@@ -152,6 +158,9 @@ def build_result(
         run: the `TrialsRun`.
         choice: the `Choice`.
         request: the search's arguments.
+        ranking: the `Ranking`; its measured rounds, noise and verdict are kept in
+            `metadata["search"]["measurement"]`.
+        finalists: the `Finalists`, kept in `metadata["search"]["finalists"]`.
 
     Returns:
         The `SearchResult`.
@@ -160,6 +169,10 @@ def build_result(
     search = dict(metadata.get("search", {}))
     if choice.replaced_by is not None:
         search["replaced_by_measurement"] = choice.replaced_by
+    if ranking is not None and ranking.measured is not None:
+        search["measurement"] = ranking.measured.to_dict()
+    if finalists is not None:
+        search["finalists"] = finalists.to_dict()
     timing = choice.timing
     if timing is not None:
         search.update(

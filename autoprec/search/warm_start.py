@@ -3,7 +3,9 @@
 float32, each uniform 16-bit plan the search may use and the heuristic's per-layer
 plan are the first trials of every study (`warm_starts`), each carrying its whole
 per-layer assignment. Several processes may open one study: whichever takes the
-study's `"warm-starts"` lock first enqueues them (`enqueue_warm_starts`).
+study's `"warm-starts"` lock first enqueues them (`enqueue_warm_starts`). The
+finalists made after the trials (the best plan with a protection dropped) are
+enqueued the same way, once per assignment (`enqueue_candidates`).
 """
 
 from __future__ import annotations
@@ -29,7 +31,8 @@ class WarmStart:
     """One plan a study starts with.
 
     Attributes:
-        label: `"float32"`, `"uniform bfloat16"`, `"uniform float16"` or `"heuristic"`.
+        label: `"float32"`, `"uniform bfloat16"`, `"uniform float16"`, `"heuristic"`, or
+            a finalist's (`"no float32 softmax"`, `finalists.py`).
         assignment: its `{compute path: dtype}`.
         params: the group parameters closest to it (what Optuna's sampler sees).
     """
@@ -50,9 +53,13 @@ def warm_starts(
 ) -> list[WarmStart]:
     """Returns the plans every study starts with, equal assignments once.
 
-    float32, each uniform 16-bit dtype the search may use (with the float32 protections:
-    `keep_float32` and the profile's float16-unsafe layers) and the heuristic's own
-    per-layer plan, each evaluated ungrouped.
+    float32, each uniform 16-bit dtype the search may use on every compute layer
+    (except the user's `keep_float32` layers, and float16 where the profile finds a
+    layer's ranges do not fit it; containers such as `MultiHeadAttention` stay
+    float32, so that their own arithmetic does too) and the heuristic's own per-layer
+    plan (softmax, normalisation and output layers in float32), each evaluated
+    ungrouped. Keras' own global policies, containers included, are evaluated after
+    the trials (`finalists.add_finalists`): a trial can only carry compute layers.
 
     Args:
         context: the search's context.
@@ -158,4 +165,43 @@ def _enqueue_missing(study: optuna.Study, starts: Sequence[WarmStart]) -> int:
         keys.add(key)
         labels.add(start.label)
         added += 1
+    return added
+
+
+def enqueue_candidates(study: optuna.Study, starts: Sequence[WarmStart]) -> list[str]:
+    """Enqueues the plans whose assignment the study has not tried yet; returns their keys.
+
+    Unlike `enqueue_warm_starts`, a label may come again (the best plan, and so its
+    candidates, change as a study grows), and no lock is taken: an assignment two
+    processes enqueue at once is trained once (`same_assignment`).
+
+    Args:
+        study: the study.
+        starts: the plans, as `WarmStart`s.
+
+    Returns:
+        The `assignment_key` of each plan this call enqueued.
+
+    Example:
+
+    ```python
+    enqueue_candidates(study, [WarmStart("no float32 outputs", {"head": "bfloat16"}, {})])
+    ```
+    """
+    keys = {
+        TrialRecord.from_trial(trial).assignment_key for trial in study.get_trials(deepcopy=False)
+    }
+    added = []
+    for start in starts:
+        key = assignment_key(start.assignment)
+        if key in keys:
+            continue
+        record = TrialRecord(
+            warm_start=start.label, assignment=start.assignment, assignment_key=key
+        )
+        study.enqueue_trial(
+            dict(start.params), user_attrs=record.to_user_attrs(), skip_if_exists=False
+        )
+        keys.add(key)
+        added.append(key)
     return added

@@ -1,8 +1,10 @@
-"""Tests for `autoprec.search.confirmation`: the measured ranking and the longer confirmation.
+"""Tests for `autoprec.search.confirmation` and its verdict (`rounds`): the measured ranking
+and the longer confirmation.
 
-The ranking's decision (`measured_ranking`, `rank_by_measurement`) is fed measured rounds
-as plain values, so that its cases cannot flake on a loaded machine; `order_by_measurement`
-and `confirm_plan` run on real small models, asserting on structure and decisions.
+The ranking's decision (`judge_rounds`, `measured_ranking`, `rank_by_measurement`) is fed
+measured rounds as plain values, so that its cases cannot flake on a loaded machine;
+`order_by_measurement`, `measure_until_decided` and `confirm_plan` run on real small
+models, asserting on structure and decisions, never on timings.
 """
 
 from __future__ import annotations
@@ -14,13 +16,22 @@ from search.search_models import far_regression, far_targets, prepared_search
 
 from autoprec.search import Budget, TrialRecord
 from autoprec.search.confirmation import (
-    MEASURED_ROUNDS,
     MeasuredRanking,
     chosen_step_timing,
     confirm_plan,
-    measured_ranking,
+    measure_until_decided,
     order_by_measurement,
     rank_by_measurement,
+    verdict_line,
+)
+from autoprec.search.rounds import (
+    MAX_ROUNDS,
+    MIN_ROUNDS,
+    NOISE_FLOOR,
+    compare,
+    judge_rounds,
+    measured_ranking,
+    wants_more_rounds,
 )
 
 
@@ -109,11 +120,13 @@ def test_order_by_measurement_times_each_candidate_and_reorders_real_trials():
             )
         ranked = [study.trials[1], study.trials[0]]
         ranking = order_by_measurement(context, ranked)
-        assert set(ranking.order) == {"searched", "float32"}
-        assert all(len(figures) == MEASURED_ROUNDS for figures in ranking.rounds.values())
+        assert set(ranking.order) == {"uniform bfloat16", "float32"}  # a warm start: its label
+        assert all(MIN_ROUNDS <= len(f) <= MAX_ROUNDS for f in ranking.rounds.values())
         assert all(seconds > 0 for seconds in ranking.fastest.values())
         assert {t.number for t in ranking.trials} == {0, 1}
-        assert ranking.trials[0].number == {"searched": 1, "float32": 0}[ranking.order[0]]
+        assert ranking.trials[0].number == {"uniform bfloat16": 1, "float32": 0}[ranking.order[0]]
+        assert ranking.verdict.leader == ranking.order[0]
+        assert ranking.to_dict()["verdict"] in ("separated", "tie")
         chosen = ranking.trials[0]
         timing = chosen_step_timing(context, chosen, context.trial_plan(chosen), ranking)
         assert timing.plan_seconds == ranking.fastest[ranking.order[0]]  # not timed again
@@ -187,3 +200,107 @@ def test_measured_ranking_goes_by_median_and_gives_split_decisions_to_the_simple
     rounds, expected
 ):
     assert measured_ranking(rounds) == expected
+
+
+def test_a_leader_ahead_beyond_the_noise_is_separated_and_needs_no_more_rounds():
+    rounds = {
+        "searched": [0.100, 0.102, 0.099, 0.101, 0.100],
+        "float32": [0.120, 0.123, 0.118, 0.121, 0.122],
+        "uniform bfloat16": [0.110, 0.112, 0.109, 0.111, 0.113],
+    }
+    verdict = judge_rounds(rounds)
+    assert verdict.decided and verdict.verdict == "separated"
+    assert verdict.leader == verdict.fastest == "searched"
+    assert verdict.contenders == ("searched",)
+    assert verdict.order == ("searched", "uniform bfloat16", "float32")
+    assert verdict.comparisons["float32"].margin == pytest.approx(0.020)  # paired rounds
+    assert all(c.separated and c.rounds == 5 for c in verdict.comparisons.values())
+    assert not wants_more_rounds(verdict)
+
+
+def test_a_gain_inside_the_noise_is_a_tie_that_asks_for_rounds_then_goes_to_the_simpler_plan():
+    # The searched plan's median is 2 % faster, but its rounds swing by 10 %.
+    searched = [0.100, 0.112, 0.095, 0.108, 0.098]
+    rounds = {"searched": searched, "float32": [0.104, 0.100, 0.111, 0.098, 0.106]}
+    verdict = judge_rounds(rounds)
+    assert verdict.fastest == "searched" and not verdict.decided
+    assert verdict.verdict == "tie" and set(verdict.contenders) == {"searched", "float32"}
+    assert verdict.leader == "float32" and verdict.order == ("float32", "searched")
+    assert wants_more_rounds(verdict)  # undecided after the first 5 rounds
+    capped = {name: figures * 3 for name, figures in rounds.items()}  # MAX_ROUNDS rounds
+    assert len(capped["searched"]) == MAX_ROUNDS
+    final = judge_rounds(capped)
+    assert not final.decided and not wants_more_rounds(final)  # a tie at the cap
+    assert final.leader == "float32"
+
+
+def test_a_slower_mixed_plan_that_won_noisy_rounds_is_not_kept():
+    # DenseNet121's case: the searched plan measured 197.4 ms against float32's 186.5 ms.
+    rounds = {
+        "searched": [0.1974, 0.1890, 0.2050, 0.1801, 0.1985],
+        "float32": [0.1865, 0.1952, 0.1830, 0.1921, 0.1862],
+    }
+    assert measured_ranking(rounds) == ["float32", "searched"]
+    more = {
+        "searched": rounds["searched"] + [0.1972, 0.1969, 0.1980, 0.1975, 0.1971],
+        "float32": rounds["float32"] + [0.1866, 0.1861, 0.1870, 0.1864, 0.1868],
+    }
+    verdict = judge_rounds(more)
+    assert verdict.decided and verdict.leader == "float32"
+    assert verdict.comparisons["searched"].separated
+
+
+def test_plans_timed_in_more_rounds_are_compared_over_the_rounds_both_have():
+    comparison = compare([1.0, 1.0, 1.0, 0.5, 0.5], [1.2, 1.2, 1.2])
+    assert comparison.rounds == 3 and comparison.margin == pytest.approx(0.2)
+    floor = compare([1.0, 1.0, 1.0], [1.005, 1.005, 1.005])
+    assert floor.noise == pytest.approx(NOISE_FLOOR) and not floor.separated
+    with pytest.raises(ValueError, match="'float32' has none"):
+        judge_rounds({"searched": [1.0], "float32": []})
+
+
+def test_a_tie_of_every_finalist_goes_float32_keras_uniform_heuristic_dropped_searched():
+    same = [1.00, 1.01, 0.99, 1.00, 1.02]
+    names = ["searched", "no float32 softmax", "heuristic", "keras mixed_bfloat16", "float32"]
+    rounds = {name: [value + 0.001 * index for value in same] for index, name in enumerate(names)}
+    assert measured_ranking(rounds)[:2] == ["float32", "keras mixed_bfloat16"]
+    assert measured_ranking(rounds)[2:] == ["heuristic", "no float32 softmax", "searched"]
+    without = {name: figures for name, figures in rounds.items() if name != "float32"}
+    with_uniform = {**without, "uniform bfloat16": [v + 0.002 for v in same]}
+    # Keras' global policy and a uniform plan are as simple: the faster median goes first.
+    assert measured_ranking(with_uniform)[:2] == ["uniform bfloat16", "keras mixed_bfloat16"]
+
+
+def test_the_verdict_line_names_the_winner_and_its_margin_or_the_tie(ranked):
+    clear = {"searched": [0.50, 0.51, 0.50], "float32": [1.00, 1.01, 1.00]}
+    won = verdict_line(rank_by_measurement(ranked, _timed(ranked), clear))
+    assert "searched leads, 500 ms median against float32's 1000 ms (2x)" in won
+    assert "next float32, slower by 500 ms" in won and "3 interleaved rounds, 2 plans" in won
+    tied = {"searched": [0.99, 1.02, 0.98], "float32": [1.00, 0.99, 1.01]}
+    ranking = rank_by_measurement(ranked, _timed(ranked), tied)
+    line = verdict_line(ranking)
+    assert "a tie within the noise" in line and "using the simpler float32" in line
+    assert ranking.trials[0].number == 0 and ranking.replaced_by == "float32"
+    record = ranking.to_dict()
+    assert record["verdict"] == "tie" and record["leader"] == "float32"
+    assert record["rounds"]["searched"] == tied["searched"]
+    assert record["trials"] == {"searched": 5, "float32": 0}
+    assert set(record["against_fastest"]) == {"float32"}  # the fastest is the searched plan
+
+
+def test_measuring_adds_rounds_only_while_undecided_and_stops_at_the_time_cap():
+    with prepared_search(hardware="local") as prepared:
+        context = prepared.context
+        plans = {
+            "float32": context.float32_plan(),
+            "uniform bfloat16": context.plan_for(context.uniform_assignment("bfloat16")),
+        }
+        rounds = measure_until_decided(context.evaluator, plans, max_rounds=8)
+        assert set(rounds) == set(plans)
+        counts = sorted(len(figures) for figures in rounds.values())
+        assert counts[0] >= MIN_ROUNDS and counts[-1] <= 8
+        if counts[-1] > MIN_ROUNDS:  # more rounds were added: the first five were a tie
+            first = {name: figures[:MIN_ROUNDS] for name, figures in rounds.items()}
+            assert wants_more_rounds(judge_rounds(first), max_rounds=8)
+        capped = measure_until_decided(context.evaluator, plans, max_seconds=0.0)
+        assert [len(figures) for figures in capped.values()] == [MIN_ROUNDS, MIN_ROUNDS]

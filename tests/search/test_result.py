@@ -73,7 +73,48 @@ def test_report_lists_the_warm_starts_beside_the_chosen_plan(mlp):
     ]
     text = dataclasses.replace(result, points=[*result.points, *labelled]).report()
     lines = text.splitlines()
-    start = lines.index("uniform and heuristic plans (evaluated first, ungrouped):")
+    start = lines.index("finalists (warm starts and plans added after the trials, ungrouped):")
     assert "float32: 0 bf16 / 3 f32 / 0 f16" in lines[start + 1]
     assert "uniform bfloat16: 3 bf16 / 0 f32 / 0 f16" in lines[start + 2]
     assert lines[start + 3].startswith("chosen: ") and lines[-1] == lines[start + 3]
+
+
+def _measured(model, measurement, points):
+    result = _result(model)
+    plan = result.plan.with_metadata(
+        search={"measurement": measurement, "measured_step_seconds": {"float32": 4e-3}}
+    )
+    return dataclasses.replace(result, plan=plan, points=[*result.points, *points]).report()
+
+
+def test_report_says_which_plan_the_measured_step_chose_and_by_how_much(mlp):
+    counts = {"bfloat16": 3}
+    points = [
+        ParetoPoint(0, 4e-3, 0.90, True, {"float32": 3}, label="float32"),
+        ParetoPoint(4, 2e-3, 0.89, True, counts, label="keras mixed_bfloat16"),
+    ]
+    separated = {
+        "verdict": "separated",
+        "leader": "keras mixed_bfloat16",
+        "contenders": ["keras mixed_bfloat16"],
+        "median_seconds": {"float32": 4.0e-3, "keras mixed_bfloat16": 2.5e-3},
+        "rounds_timed": {"float32": 5, "keras mixed_bfloat16": 5},
+    }
+    lines = _measured(mlp, separated, points).splitlines()
+    assert "keras mixed_bfloat16: 3 bf16 / 0 f32 / 0 f16; measured 2.500 ms median" in lines[-3]
+    assert lines[-2] == (
+        "measured: 5 interleaved round(s) of 2 plan(s); keras mixed_bfloat16 at 2.5 ms median "
+        "(1.6x float32), ahead of every other plan beyond the noise"
+    )
+    tie = {
+        **separated,
+        "verdict": "tie",
+        "leader": "float32",
+        "contenders": ["keras mixed_bfloat16", "float32"],
+        "rounds_timed": {"float32": 15, "keras mixed_bfloat16": 15},
+    }
+    line = _measured(mlp, tie, points).splitlines()[-2]
+    assert line == (
+        "measured: 15 interleaved round(s) of 2 plan(s); a tie within the noise "
+        "(keras mixed_bfloat16, float32): the simpler float32 at 4 ms median"
+    )

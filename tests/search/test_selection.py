@@ -5,11 +5,17 @@ from __future__ import annotations
 import dataclasses
 
 import optuna
-from search.search_models import prepared_search
+from search.search_models import attention_classifier, labelled, prepared_search
 
+import autoprec
+from autoprec.plan import PrecisionPlan
 from autoprec.search import SearchResult, TrialRecord
+from autoprec.search.candidates import finalist_key, finalist_plan, ranked_finalists
+from autoprec.search.confirmation import measurement_candidates, rank_by_measurement
+from autoprec.search.finalists import Finalists, add_finalists
+from autoprec.search.record import assignment_key
 from autoprec.search.selection import Choice, Ranking, build_result, choose_plan, rank_trials
-from autoprec.search.trials import run_trials
+from autoprec.search.trials import TrialsRun, run_trials
 
 
 def _study(context, entries):
@@ -85,4 +91,119 @@ def test_a_measured_choice_records_its_step_times():
         search = result.plan.metadata["search"]
         assert search["measured_plan_step_seconds"] == choice.timing.plan_seconds
         assert set(search["measured_step_rounds"]) == set(ranking.measured.order)
+        measurement = search["measurement"] if "measurement" in search else None
+        assert measurement is None  # recorded when build_result is given the ranking
+        recorded = build_result(
+            context, prepared.space, prepared.reference, run, choice, request, ranking
+        ).plan.metadata["search"]["measurement"]
+        assert recorded["verdict"] in ("separated", "tie")
+        assert recorded["leader"] == ranking.measured.order[0]
+        assert set(recorded["median_seconds"]) == set(ranking.measured.order)
         assert result.plan.metadata["measured_speedup"] == choice.timing.speedup
+
+
+def _feasible(study, context, label, assignment, value):
+    record = TrialRecord(
+        warm_start=label,
+        assignment=context.normalise(assignment),
+        assignment_key=assignment_key(context.normalise(assignment)),
+        train_steps=context.train_steps,
+        predicted_seconds=value,
+        metrics={"accuracy": 1.0},
+        metric=1.0,
+        budget_violation=-1.0,
+    )
+    study.add_trial(
+        optuna.trial.create_trial(
+            value=value, user_attrs=record.to_user_attrs(), constraints={"budget": -1.0}
+        )
+    )
+    return study.trials[-1]
+
+
+def test_finalists_are_keras_global_policies_and_protections_the_profile_lets_go():
+    model = attention_classifier()
+    train, val = labelled(model, 256)
+    prof = autoprec.profile(model, train, steps=2, batch_size=32, verbose=0)
+    with prepared_search(model, (train, val), profile=prof, cost_batch_size=4096) as prepared:
+        context, space = prepared.context, prepared.space
+        protected = {
+            **context.uniform_assignment("bfloat16"),
+            "attention/softmax": "float32",
+            "norm": "float32",
+            "head": "float32",
+        }
+        study = optuna.create_study()
+        base = _feasible(study, context, "heuristic", protected, 1e-9)  # the cheapest plan
+        run = TrialsRun(study, {})
+        finalists = add_finalists(context, prepared.request, space, run)
+        assert isinstance(finalists, Finalists) and finalists.base_trial == base.number
+        labels = {"no float32 softmax", "no float32 normalisation", "no float32 outputs"}
+        assert {"keras mixed_bfloat16", *labels} <= set(finalists.trials)
+        trials = {label: study.trials[number] for label, number in finalists.trials.items()}
+        keras_trial = trials["keras mixed_bfloat16"]
+        record = TrialRecord.from_trial(keras_trial)
+        assert keras_trial.state == optuna.trial.TrialState.COMPLETE and record.fidelity
+        assert record.metric is not None and "budget" in keras_trial.constraints
+        exact = finalist_plan(context, keras_trial)
+        assert exact.layers == PrecisionPlan.uniform(model, "bfloat16").layers
+        assert set(exact.resolve().values()) == {"bfloat16"}
+        for kind, path in (("softmax", "attention/softmax"), ("normalisation", "norm")):
+            dropped = TrialRecord.from_trial(trials[f"no float32 {kind}"])
+            assert dropped.assignment == {**protected, path: "bfloat16"}
+            assert dropped.metrics is not None  # trained and held to the budget like any trial
+        again = add_finalists(context, prepared.request, space, run)  # a resumed study
+        assert again.trials == finalists.trials and len(study.trials) == len(trials) + 1
+        ranked = ranked_finalists(context, study)
+        plans = {finalist_key(context, trial) for trial in ranked}
+        assert len(plans) == len(ranked) and keras_trial.number in {t.number for t in ranked}
+
+
+def test_without_a_profile_no_protection_is_dropped_and_keras_is_a_trial_s_plan():
+    with prepared_search(cost_batch_size=4096) as prepared:  # bfloat16 only: no profile
+        context, space = prepared.context, prepared.space
+        assert space.profile is None
+        study = optuna.create_study()
+        uniform = _feasible(
+            study, context, "uniform bfloat16", context.uniform_assignment("bfloat16"), 1.0
+        )
+        finalists = add_finalists(context, prepared.request, space, TrialsRun(study, {}))
+        # The MLP has no container: Keras' mixed_bfloat16 is the uniform plan, not trained again.
+        assert finalists.trials == {"keras mixed_bfloat16": uniform.number}
+        assert finalists.same_as == {"keras mixed_bfloat16": "uniform bfloat16"}
+        assert len(study.trials) == 1
+        reasons = {finalists.skipped[f"no float32 {kind}"] for kind in ("normalisation", "outputs")}
+        assert reasons == {"no profile to show the ranges fit"}
+
+
+def test_a_search_returns_float32_when_float32_measures_fastest():
+    with prepared_search(hardware="local", confirm_steps=0) as prepared:
+        context, space, request = prepared.context, prepared.space, prepared.request
+        run = run_trials(prepared.model, context, request, space, prepared.reference)
+        finalists = add_finalists(context, request, space, run)
+        ranked = ranked_finalists(context, run.study)
+        candidates = measurement_candidates(context, ranked)
+        assert candidates[0].trial.number == ranked[0].number
+        assert {"float32", "keras mixed_bfloat16"} <= {c.name for c in candidates} | set(
+            finalists.same_as
+        )
+        rounds = {  # float32 fastest beyond the noise in every round
+            c.name: [0.5 + 0.001 * i if c.name == "float32" else 1.0 + 0.001 * i for i in range(5)]
+            for c in candidates
+        }
+        measured = rank_by_measurement(ranked, {c.name: c.trial for c in candidates}, rounds)
+        ranking = Ranking(measured.trials, measured, True)
+        choice = choose_plan(context, ranking, prepared.reference, request)
+        assert set(choice.plan.resolve().values()) == {"float32"}
+        result = build_result(
+            context, space, prepared.reference, run, choice, request, ranking, finalists
+        )
+        search = result.plan.metadata["search"]
+        assert search["measurement"]["leader"] == "float32"
+        assert search["measurement"]["verdict"] == "separated"
+        assert search["measurement"]["rounds"]["float32"] == rounds["float32"]
+        assert search["finalists"] == finalists.to_dict()
+        assert result.plan.metadata["measured_speedup"] == 1.0
+        assert "float32 at 502 ms median, ahead of every other plan beyond the noise" in (
+            result.report()
+        )

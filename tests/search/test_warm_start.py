@@ -1,14 +1,34 @@
-"""Tests for `autoprec.search.warm_start`: the plans every study starts with, enqueued once."""
+"""Tests for `autoprec.search.warm_start` and the finalists' plans (`candidates`): the plans
+every study starts with, enqueued once, Keras' global policies and the protections dropped."""
 
 from __future__ import annotations
 
+import keras
+import numpy as np
 import optuna
-from search.search_models import prepared_search
+from search.search_models import attention_classifier, labelled, prepared_search
 
-from autoprec.search import TrialRecord
+import autoprec
+from autoprec.layers import describe_model
+from autoprec.plan import PrecisionPlan
+from autoprec.search import TrialRecord, compute_layers, output_layers
+from autoprec.search.candidates import (
+    dropped_protection,
+    fits_profile,
+    keras_dtype,
+    keras_global_plan,
+    keras_label,
+    protections,
+)
 from autoprec.search.record import WARM_STARTS_MARK, assignment_key
 from autoprec.search.storage import claim_study_lock, resolve_storage
-from autoprec.search.warm_start import WarmStart, enqueue_warm_starts, has_warm_starts, warm_starts
+from autoprec.search.warm_start import (
+    WarmStart,
+    enqueue_candidates,
+    enqueue_warm_starts,
+    has_warm_starts,
+    warm_starts,
+)
 
 
 def test_every_study_starts_with_float32_the_uniform_plans_and_the_heuristic():
@@ -55,3 +75,81 @@ def test_a_process_that_finds_the_lock_taken_enqueues_nothing_and_does_not_wait(
     assert claim_study_lock(holder, "warm-starts") is not None
     assert enqueue_warm_starts(other, [WarmStart("float32", {"d": "float32"}, {})]) == 0
     assert not other.trials and not has_warm_starts(other)
+
+
+def test_keras_global_policy_is_every_layer_in_16_bit_containers_included():
+    model = attention_classifier()
+    with prepared_search(model, labelled(model, 256)) as prepared:
+        context = prepared.context
+        plan = keras_global_plan(context, "bfloat16")
+        uniform = PrecisionPlan.uniform(model, "bfloat16")
+        assert plan.layers == uniform.layers and plan.default == uniform.default == "bfloat16"
+        assert set(plan.resolve().values()) == {"bfloat16"}  # softmax, norm, head, container
+        # The search's own uniform plan keeps the container (its attention arithmetic) float32.
+        searched = context.plan_for(context.uniform_assignment("bfloat16")).resolve()
+        assert searched["attention"] == "float32" and searched["attention/softmax"] == "bfloat16"
+        kept = keras_global_plan(context, "bfloat16", keep_float32=("head",)).resolve()
+        assert kept["head"] == "float32" and kept["norm"] == kept["attention"] == "bfloat16"
+        assert keras_label("bfloat16") == "keras mixed_bfloat16"
+        assert keras_dtype("keras mixed_float16") == "float16" and keras_dtype("heuristic") is None
+
+
+def _far_head_model() -> keras.Model:
+    """A normalised hidden layer and a head whose outputs sit near 1e5 (above float16's 65504)."""
+    inputs = keras.Input((16,))
+    hidden = keras.layers.Dense(32, activation="relu", name="wide")(inputs)
+    hidden = keras.layers.LayerNormalization(name="norm")(hidden)
+    outputs = keras.layers.Dense(1, name="head", bias_initializer=keras.initializers.Constant(1e5))(
+        hidden
+    )
+    model = keras.Model(inputs, outputs, name="far_head")
+    model.compile(optimizer="adam", loss="mse", metrics=["mae"])
+    return model
+
+
+def test_a_protection_is_dropped_only_where_the_profile_shows_its_ranges_fit():
+    model = _far_head_model()
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(64, 16)).astype("float32")
+    y = (1e5 + rng.normal(size=(64, 1))).astype("float32")
+    prof = autoprec.profile(model, (x, y), steps=2, batch_size=32, verbose=0)
+    infos = describe_model(model)
+    compute = compute_layers(infos)
+    kinds = protections(compute, infos, sorted(output_layers(model, infos)))
+    assert kinds == {"softmax": (), "normalisation": ("norm",), "outputs": ("head",)}
+    allowed = {path: ("float32", "bfloat16", "float16") for path in compute}
+    for dtype in ("bfloat16", "float16"):
+        plan = {"wide": dtype, "norm": "float32", "head": "float32"}
+        plans, skipped = dropped_protection(plan, kinds, allowed, prof)
+        assert plans["no float32 normalisation"] == {**plan, "norm": dtype}
+        assert skipped["no float32 softmax"] == "no softmax layer kept in float32"
+        if dtype == "bfloat16":  # 1e5 is in bfloat16's range
+            assert plans["no float32 outputs"] == {**plan, "head": "bfloat16"}
+        else:
+            assert "no float32 outputs" not in plans
+            assert skipped["no float32 outputs"] == (
+                "the profile does not show the outputs ranges fit float16"
+            )
+    none, why = dropped_protection(plan, kinds, allowed, None)
+    assert none == {} and why["no float32 outputs"] == "no profile to show the ranges fit"
+    float32 = {path: "float32" for path in compute}
+    assert dropped_protection(float32, kinds, allowed, prof)[0] == {}
+    only_float32 = {**allowed, "head": ("float32",)}  # keep_float32: the head may not move
+    plans, _ = dropped_protection({**float32, "wide": "bfloat16"}, kinds, only_float32, prof)
+    assert "no float32 outputs" not in plans and "no float32 normalisation" in plans
+    assert fits_profile(prof, "norm/inner", "float16")  # judged by its recorded container
+    assert not fits_profile(prof, "missing", "bfloat16")
+
+
+def test_candidates_are_enqueued_once_per_assignment_and_labels_may_repeat():
+    study = optuna.create_study()
+    starts = [
+        WarmStart("no float32 outputs", {"dense": "bfloat16", "head": "bfloat16"}, {}),
+        WarmStart("no float32 outputs", {"dense": "float16", "head": "float16"}, {}),
+    ]
+    assert len(enqueue_candidates(study, starts)) == 2
+    assert enqueue_candidates(study, starts) == []
+    records = [TrialRecord.from_trial(trial) for trial in study.trials]
+    assert [r.warm_start for r in records] == ["no float32 outputs"] * 2
+    assert records[1].assignment_key == assignment_key(starts[1].assignment)
+    assert all(t.state == optuna.trial.TrialState.WAITING for t in study.trials)

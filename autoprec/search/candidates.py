@@ -1,0 +1,350 @@
+"""The plans the measured ranking compares beside the searched one, and how simple each is.
+
+Every finalist is a plan evaluated against the budget: float32, each uniform 16-bit
+plan and the heuristic's (the study's warm starts), Keras' own global policies as
+Keras applies them (`keras_global_plan`: every layer, containers included, in
+`mixed_bfloat16` or `mixed_float16`), and the best plan with one kind of default
+float32 protection dropped where the profile shows it unneeded (`dropped_protection`).
+`simplicity` orders them for ties: float32 < Keras global / uniform < heuristic <
+protection dropped < searched. `finalist_plan` gives the plan a finalist's trial
+evaluated, and `finalist_key` tells equal plans apart from plans equal only in their
+compute layers.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Mapping, Sequence
+
+import optuna
+
+from .._core.dtypes import BFLOAT16, FLOAT16, FLOAT32, POLICY_FOR_DTYPE
+from ..layers import LayerInfo, model_fingerprint
+from ..plan import PrecisionPlan
+from ..profiler import Profile
+from .context import SearchContext
+from .record import TrialRecord, assignment_key
+from .space import SENSITIVE_CLASS_PATTERNS, matches_any
+from .study import is_feasible
+
+#: The name of the best plan by predicted cost when it is no warm start.
+SEARCHED = "searched"
+#: Prefix of the labels of Keras' own global policies (`"keras mixed_bfloat16"`).
+KERAS_PREFIX = "keras "
+#: Prefix of the uniform warm starts' labels (`"uniform bfloat16"`).
+UNIFORM_PREFIX = "uniform "
+#: The heuristic's warm start label.
+HEURISTIC = "heuristic"
+#: Prefix of the labels of plans with one kind of float32 protection dropped.
+DROPPED_PREFIX = "no float32 "
+#: The kinds of default float32 protections, in the order their candidates are made.
+PROTECTION_KINDS = ("softmax", "normalisation", "outputs")
+
+
+def keras_label(dtype: str) -> str:
+    """Returns the label of Keras' global policy for `dtype`: `"keras mixed_bfloat16"`.
+
+    Args:
+        dtype: `"bfloat16"` or `"float16"`.
+
+    Returns:
+        The label.
+
+    Example:
+
+    ```python
+    keras_label("float16")  # "keras mixed_float16"
+    ```
+    """
+    return f"{KERAS_PREFIX}{POLICY_FOR_DTYPE[dtype]}"
+
+
+def keras_dtype(label: str | None) -> str | None:
+    """Returns the 16-bit dtype of a Keras global label, or `None` for any other label."""
+    for dtype in (BFLOAT16, FLOAT16):
+        if label == keras_label(dtype):
+            return dtype
+    return None
+
+
+def dropped_label(kind: str) -> str:
+    """Returns the label of the plan with one protection kind dropped: `"no float32 softmax"`."""
+    return f"{DROPPED_PREFIX}{kind}"
+
+
+def simplicity(name: str) -> int:
+    """Returns how simple a finalist is (lower is simpler): ties in the measured ranking go lower.
+
+    Args:
+        name: a finalist's name: `"float32"`, `"keras mixed_bfloat16"`, `"uniform
+            bfloat16"`, `"heuristic"`, `"no float32 softmax"`, `"searched"`; any other
+            name counts as a searched plan.
+
+    Returns:
+        0 for float32, 1 for Keras' global policies and the uniform plans, 2 for the
+        heuristic's plan, 3 for a plan with a protection dropped, 4 for the rest.
+
+    Example:
+
+    ```python
+    sorted(["searched", "heuristic", "float32"], key=simplicity)  # float32 first
+    ```
+    """
+    if name == FLOAT32:
+        return 0
+    if name.startswith((KERAS_PREFIX, UNIFORM_PREFIX)):
+        return 1
+    if name == HEURISTIC:
+        return 2
+    if name.startswith(DROPPED_PREFIX):
+        return 3
+    return 4
+
+
+def keras_global_plan(
+    context: SearchContext, dtype: str, keep_float32: Sequence[str] = ()
+) -> PrecisionPlan:
+    """Returns Keras' global policy as Keras applies it: every layer in `dtype`, containers too.
+
+    `PrecisionPlan.uniform(model, dtype)`, no default protection: softmax,
+    normalisation and output layers compute in `dtype`, and so do containers such as
+    `MultiHeadAttention` (whose own arithmetic, the attention scores, then runs in
+    16-bit too). Only the user's `keep_float32` layers stay float32.
+
+    Args:
+        context: the search's context (its model).
+        dtype: `"bfloat16"` (`mixed_bfloat16`) or `"float16"` (`mixed_float16`).
+        keep_float32: the user's float32 globs.
+
+    Returns:
+        The `PrecisionPlan`.
+
+    Example:
+
+    ```python
+    plan = keras_global_plan(context, "bfloat16")
+    plan.layers == PrecisionPlan.uniform(context.model, "bfloat16").layers  # True
+    ```
+    """
+    plan = PrecisionPlan.uniform(context.model, dtype)
+    if not keep_float32:
+        return plan
+    layers = dict(plan.layers)
+    for path in layers:
+        info = context.infos.get(path)
+        if info is not None and matches_any(path, info, keep_float32):
+            layers[path] = FLOAT32
+    return exact_plan(context, layers, dtype)
+
+
+def exact_plan(context: SearchContext, layers: Mapping[str, str], default: str) -> PrecisionPlan:
+    """Returns the plan naming `layers` (containers included) with `default` elsewhere."""
+    return PrecisionPlan(
+        dict(layers),
+        default=default,
+        layer_info=context.infos,
+        fingerprint=model_fingerprint(dict(context.infos)),
+        model_name=context.model.name,
+    )
+
+
+def finalist_plan(context: SearchContext, trial: optuna.trial.FrozenTrial) -> PrecisionPlan:
+    """Returns the plan a trial evaluated: a Keras global policy exactly, else its assignment's.
+
+    Args:
+        context: the search's context.
+        trial: a trial of the study.
+
+    Returns:
+        The `PrecisionPlan`.
+
+    Example:
+
+    ```python
+    plan = finalist_plan(context, ranking.trials[0])
+    ```
+    """
+    record = TrialRecord.from_trial(trial)
+    dtype = keras_dtype(record.warm_start)
+    if dtype is None or not record.assignment:
+        return context.trial_plan(trial)
+    return exact_plan(context, record.assignment, dtype)
+
+
+def finalist_key(context: SearchContext, trial: optuna.trial.FrozenTrial) -> str:
+    """Returns a key equal for trials that evaluated the same plan (containers counted)."""
+    record = TrialRecord.from_trial(trial)
+    if keras_dtype(record.warm_start) is not None and record.assignment_key:
+        return record.assignment_key
+    return assignment_key(context.trial_assignment(trial))
+
+
+def ranked_finalists(context: SearchContext, study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
+    """Returns the completed trials within budget, cheapest first, one per plan.
+
+    As `study.ranked_feasible`, except that a Keras global policy is kept apart from a
+    plan equal to it in the compute layers only (its containers differ).
+
+    Args:
+        context: the search's context.
+        study: the study.
+
+    Returns:
+        The trials, by predicted cost (the objective), lowest number among equals.
+
+    Example:
+
+    ```python
+    ranked = ranked_finalists(context, study)
+    ```
+    """
+    feasible = [
+        trial
+        for trial in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+        if is_feasible(trial) and trial.value is not None
+    ]
+    ranked, seen = [], set()
+    for trial in sorted(feasible, key=lambda t: (t.value, t.number)):
+        key = finalist_key(context, trial)
+        if key not in seen:
+            seen.add(key)
+            ranked.append(trial)
+    return ranked
+
+
+def protections(
+    compute: Sequence[str], infos: Mapping[str, LayerInfo], outputs: Sequence[str]
+) -> dict[str, tuple[str, ...]]:
+    """Returns `{kind: compute paths}` of the default float32 protections, one entry per kind.
+
+    The kinds are `"softmax"` (`Softmax` layers), `"normalisation"` (the other
+    `SENSITIVE_CLASS_PATTERNS`: `*Normalization`, `LayerNorm*`, `RMSNorm*`) and
+    `"outputs"` (the layers producing the model's outputs).
+
+    Args:
+        compute: the compute layers' paths, in model order.
+        infos: `{path: LayerInfo}`.
+        outputs: the output layers' paths.
+
+    Returns:
+        `{kind: paths}` for every kind in `PROTECTION_KINDS` (empty where none).
+
+    Example:
+
+    ```python
+    protections(context.compute, context.infos, {"head"})
+    # {"softmax": ("attention/softmax",), "normalisation": ("norm",), "outputs": ("head",)}
+    ```
+    """
+    softmax = tuple(pattern for pattern in SENSITIVE_CLASS_PATTERNS if "Softmax" in pattern)
+    normalisation = tuple(pattern for pattern in SENSITIVE_CLASS_PATTERNS if pattern not in softmax)
+
+    def of_class(patterns: Sequence[str]) -> tuple[str, ...]:
+        return tuple(
+            path
+            for path in compute
+            if any(fnmatch.fnmatchcase(infos[path].class_name, pattern) for pattern in patterns)
+        )
+
+    return {
+        "softmax": of_class(softmax),
+        "normalisation": of_class(normalisation),
+        "outputs": tuple(path for path in compute if path in set(outputs)),
+    }
+
+
+def sixteen_bit_dtype(assignment: Mapping[str, str]) -> str | None:
+    """Returns the 16-bit dtype most layers of `assignment` take (bfloat16 among equals), or `None`."""
+    counts = {
+        dtype: sum(value == dtype for value in assignment.values()) for dtype in (BFLOAT16, FLOAT16)
+    }
+    best = max(counts, key=lambda dtype: (counts[dtype], dtype == BFLOAT16))
+    return best if counts[best] else None
+
+
+def fits_profile(profile: Profile | None, path: str, dtype: str) -> bool:
+    """Whether the profile shows a layer's forward values and gradients fit `dtype`.
+
+    A sub-layer the profiler does not record (the softmax inside
+    `MultiHeadAttention`) is judged by its nearest recorded container, whose record
+    holds the values around it (the attention logits the softmax reads).
+
+    Args:
+        profile: the search's profile, or `None` (then nothing is shown to fit).
+        path: the layer's path.
+        dtype: `"bfloat16"` (`LayerProfile.bfloat16_safe`) or `"float16"`
+            (`LayerProfile.float16_safe`).
+
+    Returns:
+        `False` without a profile, or without a record of the layer or a container of it.
+
+    Example:
+
+    ```python
+    fits_profile(autoprec.profile(model, (x, y), steps=4), "norm", "float16")
+    ```
+    """
+    if profile is None:
+        return False
+    layer, parts = None, path.split("/")
+    while parts and layer is None:
+        layer = profile.layers.get("/".join(parts))
+        parts = parts[:-1]
+    if layer is None:
+        return False
+    return layer.float16_safe if dtype == FLOAT16 else layer.bfloat16_safe
+
+
+def dropped_protection(
+    assignment: Mapping[str, str],
+    kinds: Mapping[str, Sequence[str]],
+    allowed: Mapping[str, Sequence[str]],
+    profile: Profile | None,
+) -> tuple[dict[str, dict[str, str]], dict[str, str]]:
+    """Returns the plans with one protection kind moved to the plan's 16-bit dtype, and why not.
+
+    For each kind (softmax, normalisation, output layers) the layers of that kind
+    that are float32 in `assignment` move to its 16-bit dtype (`sixteen_bit_dtype`)
+    where the layer may take it (`allowed`) and the profile shows its ranges fit it
+    (`fits_profile`). A kind with no such layer gives no plan.
+
+    Args:
+        assignment: `{compute path: dtype}` of the plan (the best within budget).
+        kinds: `{kind: paths}`, as `protections` returns it.
+        allowed: `{compute path: dtypes it may take}`.
+        profile: the search's profile, or `None`.
+
+    Returns:
+        `({label: assignment}, {label: why no plan})`, labels as `dropped_label(kind)`.
+
+    Example:
+
+    ```python
+    plans, skipped = dropped_protection({"dense": "bfloat16", "head": "float32"},
+                                        {"outputs": ("head",)}, allowed, profile)
+    plans  # {"no float32 outputs": {"dense": "bfloat16", "head": "bfloat16"}} if head fits
+    ```
+    """
+    dtype = sixteen_bit_dtype(assignment)
+    plans: dict[str, dict[str, str]] = {}
+    skipped: dict[str, str] = {}
+    for kind, paths in kinds.items():
+        label = dropped_label(kind)
+        kept = [path for path in paths if assignment.get(path) == FLOAT32]
+        if dtype is None:
+            skipped[label] = "the plan has no 16-bit layer"
+        elif profile is None:
+            skipped[label] = "no profile to show the ranges fit"
+        elif not kept:
+            skipped[label] = f"no {kind} layer kept in float32"
+        else:
+            moved = [
+                path
+                for path in kept
+                if dtype in allowed.get(path, ()) and fits_profile(profile, path, dtype)
+            ]
+            if moved:
+                plans[label] = {**assignment, **dict.fromkeys(moved, dtype)}
+            else:
+                skipped[label] = f"the profile does not show the {kind} ranges fit {dtype}"
+    return plans, skipped

@@ -1,0 +1,262 @@
+"""The finalists stage: after the trials, evaluate the plans the measured ranking must also weigh.
+
+Two kinds of plans are added to the study once its trials ran, each trained and held
+to the budget as every trial is, so that only plans within budget reach the measured
+ranking:
+
+- Keras' own global policies exactly as Keras applies them (`keras_global_plan`):
+  every layer, containers included, in `mixed_bfloat16`, and in `mixed_float16`
+  where float16 is among the search's dtypes. A trial carries compute layers only,
+  so these are trained here and added to the study as completed trials; where the
+  plan is the same as a trial's already (a model without containers), that trial
+  stands for it.
+- The best plan within budget with one kind of default float32 protection
+  (softmax, normalisation, output layers) moved to its 16-bit dtype, where the
+  profile shows those layers' ranges fit it (`dropped_protection`): enqueued and run
+  through the trial objective.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+import optuna
+
+from .._core.dtypes import BFLOAT16, FLOAT16, count_dtypes
+from .candidates import (
+    dropped_protection,
+    keras_global_plan,
+    keras_label,
+    protections,
+    ranked_finalists,
+)
+from .confirmation import say
+from .context import SearchContext
+from .objective import trial_objective
+from .plan_writer import plan_writer
+from .preparation import SearchSpace
+from .record import TrialRecord, assignment_key, json_safe
+from .request import SearchRequest
+from .study import COST_STEP
+from .trials import TrialsRun
+from .warm_start import WarmStart, enqueue_candidates
+
+logger = logging.getLogger("autoprec")
+
+
+@dataclasses.dataclass(frozen=True)
+class Finalists:
+    """What the finalists stage added: the finalists' trials and why others are not.
+
+    Attributes:
+        trials: `{label: trial number}` of the finalists this stage evaluated, enqueued
+            or found in the study (a Keras global policy equal to a trial's plan names
+            that trial).
+        same_as: `{label: the label or "trial N" of the trial whose plan it is}` for
+            Keras global policies equal to another trial's plan.
+        skipped: `{label: why no plan}`.
+        base_trial: the trial whose plan the protections were dropped from, or `None`.
+    """
+
+    trials: Mapping[str, int]
+    same_as: Mapping[str, str]
+    skipped: Mapping[str, str]
+    base_trial: int | None
+
+    def to_dict(self) -> dict[str, Any]:
+        """Returns the record kept in `plan.metadata["search"]["finalists"]`."""
+        return {
+            "trials": dict(self.trials),
+            "same_as": dict(self.same_as),
+            "skipped": dict(self.skipped),
+            "base_trial": self.base_trial,
+        }
+
+
+def add_finalists(
+    context: SearchContext, request: SearchRequest, space: SearchSpace, run: TrialsRun
+) -> Finalists:
+    """Evaluates Keras' global policies and the best plan with each protection dropped.
+
+    Args:
+        context: the search's context.
+        request: the search's arguments (`settings.keep_float32`, `catch`, callbacks).
+        space: the `SearchSpace` (dtypes, profile, output layers).
+        run: the `TrialsRun` (its study gets the finalists).
+
+    Returns:
+        The `Finalists`.
+
+    Example:
+
+    ```python
+    finalists = add_finalists(context, request, space, run)
+    finalists.trials  # {"keras mixed_bfloat16": 7, "no float32 softmax": 8}
+    ```
+    """
+    study = run.study
+    trials: dict[str, int] = {}
+    same_as: dict[str, str] = {}
+    skipped: dict[str, str] = {}
+    for dtype in (BFLOAT16, FLOAT16):
+        if dtype in space.dtypes:
+            _keras_global(context, request, study, dtype, trials, same_as, skipped)
+    ranked = ranked_finalists(context, study)
+    base = ranked[0] if ranked else None
+    if base is None:
+        skipped["protections"] = "no plan within budget"
+    else:
+        kinds = protections(context.compute, context.infos, sorted(space.outputs))
+        plans, why = dropped_protection(
+            context.trial_assignment(base), kinds, context.allowed, space.profile
+        )
+        skipped.update(why)
+        trials.update(_run_candidates(context, request, run, plans))
+    finalists = Finalists(trials, same_as, skipped, None if base is None else base.number)
+    say(
+        request.verbose,
+        "autoprec.search: finalists %s%s",
+        ", ".join(f"{label} (trial {number})" for label, number in trials.items()) or "none",
+        "".join(f"; {label} = {other}" for label, other in same_as.items()),
+    )
+    return finalists
+
+
+def _keras_global(
+    context: SearchContext,
+    request: SearchRequest,
+    study: optuna.Study,
+    dtype: str,
+    trials: dict[str, int],
+    same_as: dict[str, str],
+    skipped: dict[str, str],
+) -> None:
+    """Finds, or trains and adds, the trial of Keras' global policy for `dtype`."""
+    label = keras_label(dtype)
+    plan = keras_global_plan(context, dtype, request.settings.keep_float32)
+    compute = {path: plan.dtype_for(path) for path in context.compute}
+    key = assignment_key(plan.layers)
+    completed = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+    for trial in completed:
+        record = TrialRecord.from_trial(trial)
+        steps = record.train_steps
+        if (
+            record.warm_start == label
+            and record.assignment_key == key
+            and steps == context.train_steps
+        ):
+            trials[label] = trial.number  # a resumed study trained it already
+            return
+    if context.plan_for(compute).resolve() == plan.resolve():  # no container: a trial's plan
+        for trial in completed:
+            record = TrialRecord.from_trial(trial)
+            if record.train_steps == context.train_steps and (
+                context.trial_assignment(trial) == compute
+            ):
+                trials[label] = trial.number
+                same_as[label] = record.warm_start or f"trial {trial.number}"
+                return
+    try:
+        metrics = context.evaluator.train_and_evaluate(plan)
+    except tuple(request.settings.catch) as error:
+        skipped[label] = f"training failed: {type(error).__name__}: {error}"
+        logger.warning("autoprec.search: %s could not be trained (%s).", label, error)
+        return
+    trials[label] = _add_trial(context, study, label, plan.layers, key, compute, metrics)
+
+
+def _add_trial(
+    context: SearchContext,
+    study: optuna.Study,
+    label: str,
+    layers: Mapping[str, str],
+    key: str,
+    compute: Mapping[str, str],
+    metrics: Mapping[str, float],
+) -> int:
+    """Adds a trained plan to the study as a completed trial, as the objective records one."""
+    seconds, activation_bytes = context.costs.step(dict(compute))
+    metric = metrics.get(context.budget.log_name)
+    violation = context.budget.violation(context.reference, metric)
+    record = TrialRecord(
+        assignment=dict(layers),
+        assignment_key=key,
+        train_steps=context.train_steps,
+        warm_start=label,
+        dtype_counts=count_dtypes(compute.values()),
+        predicted_seconds=seconds,
+        activation_bytes_per_sample=activation_bytes,
+        fidelity=("profile", "train"),
+        metrics={name: json_safe(value) for name, value in metrics.items()},
+        metric=json_safe(metric),
+        budget_violation=violation,
+    )
+    study.add_trial(
+        optuna.trial.create_trial(
+            value=_objective_value(context, study, compute, seconds),
+            user_attrs=record.to_user_attrs(with_none=("metric",)),
+            constraints={"budget": violation},
+        )
+    )
+    added = [
+        trial.number
+        for trial in study.get_trials(deepcopy=False)
+        if TrialRecord.from_trial(trial).assignment_key == key
+    ]
+    return added[-1]
+
+
+def _objective_value(
+    context: SearchContext, study: optuna.Study, compute: Mapping[str, str], seconds: float
+) -> float:
+    """The objective value of a trial of `compute`'s assignment (its memory tie-break included),
+    else the predicted seconds: a Keras global policy ranks by predicted cost as its trial would."""
+    key = assignment_key(context.normalise(compute))
+    for trial in study.get_trials(deepcopy=False):
+        if TrialRecord.from_trial(trial).assignment_key != key:
+            continue
+        value = trial.value if trial.value is not None else trial.intermediate_values.get(COST_STEP)
+        if value is not None:
+            return float(value)
+    return float(seconds)
+
+
+def _run_candidates(
+    context: SearchContext,
+    request: SearchRequest,
+    run: TrialsRun,
+    plans: Mapping[str, Mapping[str, str]],
+) -> dict[str, int]:
+    """Enqueues the protection-dropped plans and runs the trials up to them; returns their trials."""
+    study = run.study
+    starts = [
+        WarmStart(label, context.normalise(assignment), context.params_for(assignment))
+        for label, assignment in plans.items()
+    ]
+    keys = set(enqueue_candidates(study, starts))
+    waiting = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,))
+    mine = [t.number for t in waiting if TrialRecord.from_trial(t).assignment_key in keys]
+    if mine:  # the trials queued before them run first (Optuna's queue is first in, first out)
+        ahead = sum(trial.number <= max(mine) for trial in waiting)
+        settings = request.settings
+        study.optimize(
+            lambda trial: trial_objective(context, trial),
+            n_trials=ahead,
+            catch=tuple(settings.catch),
+            callbacks=[
+                plan_writer(context, settings.plan_path, dict(run.metadata)),
+                *settings.callbacks,
+            ],
+            show_progress_bar=False,
+        )
+    wanted = {assignment_key(start.assignment): start.label for start in starts}
+    found: dict[str, int] = {}
+    for trial in study.get_trials(deepcopy=False):
+        record = TrialRecord.from_trial(trial)
+        label = wanted.get(record.assignment_key or "")
+        if label is not None and label not in found and trial.state.is_finished():
+            found[label] = trial.number
+    return found
