@@ -42,7 +42,8 @@ Usage:
 
 ```
 python bench/cost_accuracy.py              # the four default models
-python bench/cost_accuracy.py --quick      # the 4x Dense(2048) MLP and MobileNetV3Small, no float16
+python bench/cost_accuracy.py --quick      # the 4x Dense(2048) MLP and the Transformer, no float16
+python bench/cost_accuracy.py --models mobilenetv3small --dtypes float32,bfloat16
 python bench/cost_accuracy.py --models mobilenetv2,transformer --image-size 32
 python bench/cost_accuracy.py --models densenet121,mlp --dtypes float32,bfloat16
 python bench/cost_accuracy.py --skip-float16-measure resnet50,efficientnetb0
@@ -279,23 +280,31 @@ class Calibration:
     demoted: dict[str, int]
 
 
-def predict_steps(name: str, batch, repeats: int, cache_dir: str, dtypes: tuple) -> Calibration:
+def predict_steps(
+    name: str, batch, repeats: int, cache_dir: str, dtypes: tuple, time_mixed: bool
+) -> Calibration:
     """Predicted seconds per step for each row, with and without boundary cost and per-dtype steps.
 
-    The calibration without mixed steps runs first (its time is the calibration's
-    before them); the default one then reads every layer from the cache and
-    times the whole steps again with its two mixed plans: the second time bounds
-    what the mixed steps add.
+    `calibration_seconds` is the default calibration's time, mixed steps
+    included; with `time_mixed`, `mixed_seconds` is the time of its two mixed
+    plans built, traced and timed alone (what they add to it), else `nan`.
     """
     keras.backend.clear_session()
     model = build_compiled(name, "float32")
     settings = dict(dtypes=dtypes, repeats=repeats, cache_dir=cache_dir, verbose=0)
     start = time.perf_counter()
-    cost.calibrate(model, batch, measure_mixed_steps=False, **settings)
-    calibration_seconds = time.perf_counter() - start
-    start = time.perf_counter()
     table = cost.calibrate(model, batch, **settings)
-    mixed_seconds = time.perf_counter() - start
+    calibration_seconds = time.perf_counter() - start
+    mixed_seconds = math.nan
+    if time_mixed:
+        own = {
+            key: plan.dtypes
+            for key, plan in cost.mixed_plans(model, dtypes).items()
+            if key in table.measured_plan_seconds
+        }
+        start = time.perf_counter()
+        cost.time_train_steps(model, batch, [], max(repeats, 3), plans=own)
+        mixed_seconds = time.perf_counter() - start
     old_table = cost.calibrate(model, batch, measure_model_step=["float32"], **settings)
     no_boundary = dataclasses.replace(table, boundary_seconds={}, relative_error=0.0)
     halves = [dtype for dtype in dtypes if dtype != "float32"]
@@ -372,13 +381,19 @@ def same_ranking(measured: dict, predicted: dict) -> bool:
 
 
 def run(
-    models, batch_size: int, repeats: int, float16_repeats: dict, cache_dir: str, dtypes: tuple
+    models,
+    batch_size: int,
+    repeats: int,
+    float16_repeats: dict,
+    cache_dir: str,
+    dtypes: tuple,
+    time_mixed: bool,
 ) -> list:
     rows = []
     for name in models:
         batch = make_batch(name, batch_size)
         # Calibrated first: the heuristic rows are plans made from its table.
-        calibration = predict_steps(name, batch, 3, cache_dir, dtypes)
+        calibration = predict_steps(name, batch, 3, cache_dir, dtypes, time_mixed)
         measured = measure_steps(name, batch, repeats, float16_repeats[name], calibration.plans)
         rows.append({"model": name, "measured": measured, **dataclasses.asdict(calibration)})
         print_row(rows[-1])
@@ -401,7 +416,7 @@ def _error(row: dict, key: str, name: str) -> float | None:
 
 
 def _cell(value: float | None, pattern: str, width: int) -> str:
-    if value is None or (isinstance(value, float) and math.isinf(value)):
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
         return f"{'-':>{width}}"
     return f"{format(value, pattern):>{width}}"
 
@@ -416,9 +431,9 @@ def print_row(row: dict) -> None:
     measured, predicted, old = row["measured"], row["predicted"], row["old"]
     own = ", ".join(f"{what} {error:+.1%}" for what, error in row["prediction_errors"].items())
     print(
-        f"\n{row['model']} (calibration {row['calibration_seconds']:.0f} s; whole steps "
-        f"calibrated: {', '.join(row['whole_steps'])}; again with its mixed steps "
-        f"{row['mixed_seconds']:.0f} s, layers cached)\n"
+        f"\n{row['model']} (calibration {row['calibration_seconds']:.0f} s, of which its "
+        f"mixed steps {_cell(row['mixed_seconds'], '.0f', 0).strip()} s timed alone; whole "
+        f"steps calibrated: {', '.join(row['whole_steps'])})\n"
         f"  table's relative_error +/-{row['relative_error']:.1%} ({own or 'no mixed step'}); "
         f"heuristic demotes {row['demoted']['heur']} layers ({row['demoted']['heur-0']} with "
         f"no boundary cost and no margin)\n"
@@ -520,7 +535,7 @@ def main() -> None:
     parser.add_argument(
         "--quick",
         action="store_true",
-        help="the 4x Dense(2048) MLP and MobileNetV3Small, no float16, fewer repeats",
+        help="the 4x Dense(2048) MLP and the Transformer, no float16, fewer repeats",
     )
     parser.add_argument(
         "--models", default=None, help=f"comma-separated subset of {MODELS + EXTRA_MODELS}"
@@ -542,12 +557,19 @@ def main() -> None:
         help="comma-separated models whose real float16 step is not measured ('all': every one)",
     )
     parser.add_argument("--cache-dir", default=None, help="cost cache (default: a temp folder)")
+    parser.add_argument(
+        "--time-mixed-steps",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="time calibrate's mixed steps alone, for their share of its time (default: "
+        "not with --quick)",
+    )
     args = parser.parse_args()
     IMAGE_SIZE = args.image_size
     models = (
         args.models.split(",")
         if args.models
-        else (["mlp", "mobilenetv3small"] if args.quick else list(MODELS))
+        else (["mlp", "transformer"] if args.quick else list(MODELS))
     )
     default_dtypes = "float32,bfloat16" if args.quick else "float32,bfloat16,float16"
     dtypes = tuple(dtype.strip() for dtype in (args.dtypes or default_dtypes).split(","))
@@ -565,7 +587,8 @@ def main() -> None:
         f"(float16: {args.float16_repeats}), cache {cache_dir}"
     )
     start = time.perf_counter()
-    rows = run(models, args.batch_size, repeats, float16_repeats, cache_dir, dtypes)
+    time_mixed = (not args.quick) if args.time_mixed_steps is None else args.time_mixed_steps
+    rows = run(models, args.batch_size, repeats, float16_repeats, cache_dir, dtypes, time_mixed)
     print("\n" + summarise(rows))
     print(f"total {time.perf_counter() - start:.0f} s")
 

@@ -238,8 +238,10 @@ def fit_boundary_cost(
     estimate equals its measurement. `k` is at least -1 (a boundary whose casts
     cost less inside the step than alone costs at least nothing: it never makes
     a step faster); when no cast was timed, a positive residual is spread evenly
-    over the boundaries. A dtype with no alternating step takes the mean of the
-    others' (`CostTable.boundary_cost`).
+    over the boundaries. A residual smaller than `noise` (as a fraction of the
+    step) is not fitted: the spread of the rounds explains it as well. A dtype
+    with no alternating step of its own takes the mean of the others'
+    (`CostTable.boundary_cost`).
 
     `table.relative_error` is then the largest of `noise`, `MIN_RELATIVE_ERROR`
     and `|predicted / measured - 1|` of every measured mixed step after the fit;
@@ -254,9 +256,8 @@ def fit_boundary_cost(
             (`attribute_step_overhead`); updated in place.
         plans: the plans timed (`mixed_plans`).
         measured: `{plan name: measured whole-step seconds}` of those that ran.
-        noise: the relative spread of the measured steps' timed rounds (the
-            largest over the steps, `steps.step_spread` over the median), or
-            `None` when unknown.
+        noise: the relative spread of the measured steps' timed rounds
+            (`steps.WholeSteps.noise`), or `None` when unknown.
 
     Example:
 
@@ -277,10 +278,12 @@ def fit_boundary_cost(
     before = {name: predicted(plan) for name, plan in runs.items()}
     for name in runs:
         errors[f"{name}, no boundary cost"] = before[name] / measured[name] - 1.0
+    # A residual inside the noise of the rounds is noise: it teaches nothing about boundaries.
     fitted = {
         plan.dtype: _fit_one(table, plan, measured[name] - before[name])
         for name, plan in runs.items()
         if plan.pattern == "alternating"
+        and (noise is None or abs(before[name] / measured[name] - 1.0) > noise)
     }
     table.boundary_seconds = fitted
     for name, plan in runs.items():

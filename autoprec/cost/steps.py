@@ -373,8 +373,9 @@ class WholeSteps:
     Attributes:
         uniform: `{dtype: median seconds}` of the uniform steps.
         mixed: `{plan name: median seconds}` of the mixed plans that ran.
-        noise: the largest relative spread of their timed rounds (`step_spread`
-            over the median), `None` when no step has one.
+        noise: the relative spread of their timed rounds (`step_spread` over the
+            median), the median over the steps (one step disturbed by another
+            process does not set it alone); `None` when no step has one.
     """
 
     uniform: dict[str, float]
@@ -497,13 +498,13 @@ def measure_whole_steps(
                 )
             timing.stats[kind] += 1
     known = {name: seconds for name, seconds in measured.items() if seconds}
+    spreads = [
+        errors[name] / seconds for name, seconds in known.items() if errors[name] is not None
+    ]
     steps = WholeSteps(
         uniform={name: seconds for name, seconds in known.items() if name in dtypes},
         mixed={name: seconds for name, seconds in known.items() if name in plans},
-        noise=max(
-            (errors[name] / seconds for name, seconds in known.items() if errors[name] is not None),
-            default=None,
-        ),
+        noise=statistics.median(spreads) if spreads else None,
     )
     timing.stats["model_step"] = len(steps.uniform)
     timing.stats["mixed_step"] = len(steps.mixed)

@@ -93,9 +93,10 @@ class CostTable:
             was measured, and for predicted tables. A predicted gain smaller than
             this is no gain (`heuristic_plan`).
         prediction_errors: the signed relative errors `relative_error` was taken
-            from, `{what: predicted / measured - 1}` (and `"noise"`: the largest
-            relative spread of the measured whole steps' timed rounds, 1.4826 x
-            their median absolute deviation over their median).
+            from, `{what: predicted / measured - 1}` (and `"noise"`: the relative
+            spread of the measured whole steps' timed rounds, 1.4826 x their
+            median absolute deviation over their median, the median over the
+            steps).
         memory_bytes: memory of the device.
         model_fingerprint: `autoprec.layers.model_fingerprint` of the model.
         versions: framework versions the figures were taken with.
