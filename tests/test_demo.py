@@ -1,29 +1,261 @@
-"""`autoprec demo`: the built-in end-to-end run, as a function and as a command."""
+"""`autoprec demo`: the built-in end-to-end run, as a function and as a command.
+
+The verdicts are checked twice: the logic that turns figures into sentences with
+hand-made figures (every relation the sentences may claim), and one real quick run
+whose printed sentences must be the ones its own figures JSON gives.
+"""
 
 from __future__ import annotations
 
+import json
 import math
+import re
+import statistics
+
+import ml_dtypes
+import numpy as np
+import pytest
 
 import autoprec
 from autoprec import cli, demo
 
+# ---------------------------------------------------------------------- hand-made figures
 
-def test_run_demo_quick_writes_a_plan_and_returns_figures(tmp_path, capsys):
+
+def figures(
+    median: dict[str, float],
+    minimum: dict[str, float] | None = None,
+    metrics: dict[str, float] | None = None,
+    predicted: dict[str, float] | None = None,
+) -> dict:
+    """Figures as `run_demo` returns them, from step milliseconds and validation losses."""
+    minimum = minimum or median
+    metrics = metrics or {"float32": 0.40, "plan": 0.42, "mixed_bfloat16": 1.7}
+    metrics = {"mixed_float16": math.nan, **metrics}
+    reference = metrics["float32"]
+    result = {
+        "metric": "val_loss",
+        "mode": "min",
+        "float32_metric": reference,
+        "plan_metric": metrics["plan"],
+        "metrics": metrics,
+        "finite": {name: math.isfinite(value) for name, value in metrics.items()},
+        "losses": dict(metrics),
+        "budget": {"metric": "val_loss", "max_relative_drop": 0.5, "threshold": 1.5 * reference},
+        "step_seconds": {name: value / 1e3 for name, value in median.items()},
+        "step_seconds_min": {name: value / 1e3 for name, value in minimum.items()},
+        "speedup_over": {n: median[n] / median["plan"] for n in median if n != "plan"},
+        "plan_uniform_float32": False,
+        "host": {"cpu": "Test CPU", "cores": 2, "flags": {"avx512_bf16": True}},
+        "device": {"name": "Test CPU", "kind": "cpu"},
+        "predicted": None,
+    }
+    if predicted:
+        result["predicted"] = {
+            "hardware": "rtx4090",
+            "device": "NVIDIA GeForce RTX 4090",
+            "batch_size": 1024,
+            "step_seconds": predicted,
+            "speedup_over": {n: predicted[n] / predicted["plan"] for n in predicted if n != "plan"},
+        }
+    return result
+
+
+def line_of(lines: list[str], start: str) -> str:
+    (found,) = [line for line in lines if line.startswith(start)]
+    return found
+
+
+STEPS = {"float32": 30.0, "plan": 20.0, "mixed_bfloat16": 19.6, "mixed_float16": 300.0}
+
+
+@pytest.mark.parametrize(
+    "median_ratio, minimum_ratio, expected",
+    [
+        (1.30, 1.25, "faster"),
+        (1.06, 1.06, "faster"),
+        (1.04, 1.30, "tie"),  # the median does not support it
+        (1.30, 1.01, "tie"),  # the fastest steps do not
+        (1.00, 1.00, "tie"),
+        (0.90, 0.93, "slower"),
+        (0.90, 1.10, "tie"),  # disagreeing
+        (math.nan, 1.5, "tie"),
+    ],
+)
+def test_speed_relation_claims_a_difference_only_beyond_noise_at_both(
+    median_ratio, minimum_ratio, expected
+):
+    assert demo.speed_relation(median_ratio, minimum_ratio) == expected
+
+
+def test_verdicts_plan_faster_than_float32_while_each_16bit_policy_loses_something():
+    lines = demo.verdicts(figures(STEPS))
+
+    assert line_of(lines, "float32:").startswith("float32: within the budget (val_loss 0.4);")
+    assert "the plan is faster" in line_of(lines, "float32:")
+    assert "1.50x median step" in line_of(lines, "float32:")
+    bfloat16 = line_of(lines, "mixed_bfloat16:")
+    assert "misses the budget (val_loss 1.7, allowed <= 0.6)" in bfloat16
+    assert "same speed as the plan within noise" in bfloat16  # 0.98x: a tie
+    float16 = line_of(lines, "mixed_float16:")
+    assert "training diverged" in float16 and "the plan is faster" in float16
+    assert "within the budget" in line_of(lines, "plan:")
+    assert line_of(lines, "verdict") == (
+        "verdict on this CPU (Test CPU): the plan is 1.50x faster than float32 at the median "
+        "step (1.50x at the fastest), float32 being the fastest uniform policy within budget."
+    )
+
+
+def test_verdicts_say_the_plan_ties_float32_within_noise():
+    steps = {**STEPS, "float32": 20.6}  # 1.03x: noise
+    lines = demo.verdicts(figures(steps))
+
+    verdict = line_of(lines, "verdict")
+    assert verdict.startswith("verdict on this CPU (Test CPU): the plan ties float32")
+    assert "did not pay in this run" in verdict
+    assert "faster" not in line_of(lines, "float32:")
+    assert not any("the plan is" in line and "faster than float32" in line for line in lines)
+
+
+def test_verdicts_tie_when_median_and_fastest_step_disagree():
+    median = {**STEPS, "float32": 26.0}
+    minimum = {**STEPS, "float32": 20.2}  # the fastest float32 step matches the plan's
+    lines = demo.verdicts(figures(median, minimum))
+
+    assert "the plan ties float32" in line_of(lines, "verdict")
+    assert "1.30x median step, 1.01x fastest step" in line_of(lines, "float32:")
+
+
+def test_verdicts_say_float32_is_faster_when_the_figures_show_it():
+    steps = {**STEPS, "float32": 18.0}
+    lines = demo.verdicts(figures(steps))
+
+    assert "it is faster than the plan" in line_of(lines, "float32:")
+    assert line_of(lines, "verdict") == (
+        "verdict on this CPU (Test CPU): float32 is 1.11x faster than the plan at the median "
+        "step (1.11x at the fastest); use float32 here."
+    )
+
+
+def test_verdicts_compare_with_the_fastest_uniform_policy_within_budget():
+    metrics = {"float32": 0.40, "plan": 0.42, "mixed_bfloat16": 0.45}  # within budget
+    steps = {**STEPS, "mixed_bfloat16": 15.0}
+    lines = demo.verdicts(figures(steps, metrics=metrics))
+
+    assert "within the budget" in line_of(lines, "mixed_bfloat16:")
+    assert "mixed_bfloat16 is 1.33x faster than the plan" in line_of(lines, "verdict")
+
+
+def test_verdicts_report_a_plan_over_budget_and_recommend_a_uniform_policy():
+    metrics = {"float32": 0.40, "plan": 0.9, "mixed_bfloat16": 1.7}
+    lines = demo.verdicts(figures(STEPS, metrics=metrics))
+
+    assert line_of(lines, "plan:").startswith("plan: misses the budget in this run")
+    verdict = line_of(lines, "verdict")
+    assert "use float32" in verdict and "did not keep the budget" in verdict
+    assert "the plan is" not in verdict
+
+
+def test_verdicts_read_the_card_prediction_and_name_broken_faster_policies():
+    predicted = {"float32": 0.9e-3, "plan": 0.75e-3, "mixed_bfloat16": 0.6e-3}
+    predicted["mixed_float16"] = 0.6e-3
+    lines = demo.verdicts(figures(STEPS, predicted=predicted))
+
+    prediction = line_of(lines, "predicted for NVIDIA GeForce RTX 4090 at batch 1024")
+    assert "not measured" in prediction
+    assert "the plan 1.20x float32's speed, mixed_bfloat16 1.50x, mixed_float16 1.50x" in (
+        prediction
+    )
+    assert "mixed_bfloat16 and mixed_float16 predicted faster than the plan there" in prediction
+
+
+def test_a_uniform_float32_plan_is_said_so_with_the_costs_source():
+    result = {**figures({**STEPS, "float32": 20.0}), "plan_uniform_float32": True}
+    result["layer_costs"] = "predicted"
+    lines = demo.verdicts(result)
+
+    assert lines[0] == "the plan is uniform float32: no layer predicted faster in 16-bit here."
+    assert "the plan ties float32" in line_of(lines, "verdict")
+
+
+def test_host_text_names_the_cpu_and_its_16bit_flags():
+    host = {"cpu": "Intel(R) Xeon(R)", "cores": 2, "flags": {"avx512_fp16": True, "amx_bf16": True}}
+    assert demo.host_text(host) == (
+        "Intel(R) Xeon(R), 2 cores, amx_bf16, avx512_fp16 (no avx512_bf16, amx_fp16)"
+    )
+    assert demo.host_text({"cpu": "CPU", "cores": 1, "flags": {}}) == (
+        "CPU, 1 cores, no 16-bit flags"
+    )
+    assert set(demo.describe_host()["flags"]) == {
+        "avx512_bf16",
+        "amx_bf16",
+        "avx512_fp16",
+        "amx_fp16",
+    }
+
+
+# ---------------------------------------------------------------------- model and data
+
+
+def test_pressure_data_needs_float32_at_the_head_and_overflows_float16_at_the_input():
+    x, y = demo.make_pressure_data(256)
+    assert x.shape == (256, 64, 16) and y.shape == (256, 1)
+    assert np.abs(x).max() > np.finfo(np.float16).max  # raw counts: inf in float16
+    assert 1000 < y.mean() < 1030 and 1.0 < y.std() < 6.0
+    # bfloat16 spaces its values 4 hPa (8 above 1024) apart here: the signal is lost.
+    rounded = y.astype(ml_dtypes.bfloat16).astype("float32")
+    assert np.mean((rounded - y) ** 2) > 0.5
+
+
+# ---------------------------------------------------------------------- real runs
+
+
+def test_run_demo_quick_prints_the_verdicts_its_figures_support(tmp_path, capsys):
     output = tmp_path / "plan.json"
-    figures = demo.run_demo(output=str(output), quick=True, n_trials=2)
+    figures_path = tmp_path / "figures.json"
+    result = demo.run_demo(output=str(output), quick=True, n_trials=1, figures_path=figures_path)
+    printed = capsys.readouterr().out
 
     plan = autoprec.PrecisionPlan.load(output)
-    assert set(plan.layers) >= {"sensor_proj", "wide_1", "wide_2", "narrow", "head"}
-    assert math.isfinite(figures["float32_metric"])
-    assert math.isfinite(figures["plan_metric"])
-    assert figures["finite"]["plan"]
-    assert not figures["finite"]["mixed_float16"]  # sensor_proj overflows float16
+    assert set(plan.layers) >= {"sensor_proj", "smooth", "wide_1", "wide_3", "narrow", "head"}
     assert plan.layers["sensor_proj"] != "float16"
-    assert set(figures["speedup_over"]) == {"float32", "mixed_bfloat16", "mixed_float16"}
-    assert all(value > 0 for value in figures["speedup_over"].values())
-    printed = capsys.readouterr().out
-    assert "mixed_float16" in printed and "diverged" in printed
+    assert math.isfinite(result["float32_metric"]) and math.isfinite(result["plan_metric"])
+    assert result["finite"]["plan"]
+    assert not result["finite"]["mixed_float16"]  # raw counts overflow float16
+    assert set(result["speedup_over"]) == {"float32", "mixed_bfloat16", "mixed_float16"}
     assert str(output) in printed
+
+    saved = json.loads(figures_path.read_text())
+    for key in ("metric", "float32_metric", "plan_metric", "metrics", "finite", "step_seconds"):
+        assert key in saved
+    for key in ("speedup_over", "plan_path", "trials", "wall_seconds", "host", "predicted"):
+        assert key in saved
+    assert saved["metrics"]["mixed_float16"] is None  # NaN is written as null
+    # The timings the sentences read are the samples' own minimum and median.
+    for name, samples in saved["step_samples"].items():
+        assert saved["step_seconds"][name] == pytest.approx(statistics.median(samples))
+        assert saved["step_seconds_min"][name] == pytest.approx(min(samples))
+    # Every printed sentence is the one the saved figures give, and each claim holds.
+    assert demo.verdicts(saved) == saved["verdicts"] == result["verdicts"]
+    for line in saved["verdicts"]:
+        assert "  " + line in printed
+    for name, comparison in demo.compare(saved).items():
+        median = saved["step_seconds"][name] / saved["step_seconds"]["plan"]
+        fastest = saved["step_seconds_min"][name] / saved["step_seconds_min"]["plan"]
+        sentence = line_of(saved["verdicts"], f"{name}:")
+        if comparison.speed == "faster":
+            assert median > 1.05 and fastest > 1.05 and "the plan is faster" in sentence
+        elif comparison.speed == "slower":
+            assert median < 1 / 1.05 and fastest < 1 / 1.05
+            assert "it is faster than the plan" in sentence
+        else:
+            assert "same speed as the plan within noise" in sentence
+        assert f"{median:.2f}x median step, {fastest:.2f}x fastest step" in sentence
+    # The host and the card prediction are printed beside the timings.
+    assert f"host: {demo.host_text(saved['host'])}" in printed
+    assert saved["predicted"]["hardware"] == "rtx4090"
+    assert "rtx4090 pred. ms" in printed
+    assert re.search(r"verdict on this CPU \(.+\): ", printed)
 
 
 def test_cli_demo_quick_exits_zero(tmp_path):
