@@ -1,17 +1,34 @@
-"""JAX side of the guard's telemetry: values leave the pure train step through host callbacks.
+"""JAX side of the guard's telemetry: the whole frame is built inside the pure train step.
 
 A JAX train step is a pure function: it cannot assign to a variable from
-inside. The values the telemetry (a `StepRecorder`) records in the forward
-pass leave the differentiated loss function as one extra entry of its
-auxiliary outputs; the activation-gradient maxima (a gradient function is
-traced on its own) and the step's frame leave the compiled step through
-ordered host callbacks; the history, count and status live on the host, and
-reading them waits for the callbacks (`jax.effects_barrier`).
+inside. Everything the telemetry (a `StepRecorder`) records is reduced to the
+step's frame inside the compiled step, and the frame leaves it through one
+unordered host callback per step:
+
+- the forward values leave the differentiated loss function as one extra
+  entry of its auxiliary outputs;
+- the activation-gradient maxima (a gradient function is traced on its own)
+  leave as a gradient: the step differentiates one more input, a *carrier*
+  vector with one slot per recorded layer, threaded through the forward pass
+  by each float16 layer's observing identity, whose backward function writes
+  the layer's amax into its slot (integer maximum of the bits, so no NaN is
+  lost). The carrier's gradient reaches the optimizer beside the weights',
+  and is taken off there. Keras' float8 layers carry their gradient amax out
+  the same way.
+
+Under `jax.jit` with Keras' distribution API (`keras.distribution.DataParallel`,
+`ModelParallel`) the step has global semantics: each amax is a reduction over
+the whole global batch (XLA adds the cross-device maximum), and an unordered
+`jax.debug.callback` runs once per step, on one device, with the global frame.
+No ordered effect is involved, so several devices are fine. The history, count
+and status live on the host; reading them waits for the callbacks still to run
+(`jax.effects_barrier`).
 """
 
 from __future__ import annotations
 
 import functools
+import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -43,11 +60,30 @@ def bitcast(tensor: Any, dtype: str) -> jax.Array:
     return jax.lax.bitcast_convert_type(jnp.asarray(tensor), jnp.dtype(dtype))
 
 
-def host_callback(function: Callable[..., None], *values: Any) -> None:
-    """Calls `function` on the host with `values` as NumPy arrays, from inside a compiled step.
+def every_replica(flag: Any) -> Any:
+    """Returns `flag` itself: a JAX step computes on the global batch, so a flag is already global.
 
-    The calls are ordered: they run in program order, the backward pass's
-    before the end of the step's.
+    Args:
+        flag: a boolean scalar computed inside the train step.
+
+    Returns:
+        The same flag.
+
+    Example:
+
+    ```python
+    every_replica(jnp.all(jnp.isfinite(loss)))
+    ```
+    """
+    return flag
+
+
+def host_callback(function: Callable[..., None], *values: Any) -> None:
+    """Calls `function` once on the host with `values` as NumPy arrays, from inside a compiled step.
+
+    The call is unordered (an ordered effect cannot run on several devices):
+    under `jax.jit` with sharded values it runs once, on one device, with the
+    global values. `jax.effects_barrier()` waits for it.
 
     Args:
         function: the host function.
@@ -56,17 +92,63 @@ def host_callback(function: Callable[..., None], *values: Any) -> None:
     Example:
 
     ```python
-    host_callback(print, amax_bits(gradient))
+    host_callback(print, frame)
     ```
     """
-    jax.debug.callback(function, *values, ordered=True)
+    jax.debug.callback(function, *values, ordered=False)
 
 
-def _nan_max(first: np.floating | None, second: np.floating) -> np.float32:
-    """The larger of two amax values, NaN when either is (`None` counts as absent)."""
-    if first is None:
-        return np.float32(second)
-    return np.float32(np.maximum(np.float32(first), np.float32(second)))
+def carrier_identity(
+    index: int, measure: Callable[[Any], Any]
+) -> Callable[[Any, Any], tuple[Any, Any]]:
+    """Returns an identity of `(value, carrier)` whose gradient records the amax of `value`'s.
+
+    The backward function puts the amax bits of the gradient flowing back into
+    `value` into slot `index` of the carrier's gradient (the larger of those
+    bits and the ones already there, as int32: NaN above inf, none lost). A
+    carrier threaded through every call has one reader each time, so its
+    gradient is never a sum.
+
+    Args:
+        index: the recorded layer's slot in the carrier.
+        measure: returns a tensor's amax as the int32 bits of a float32.
+
+    Returns:
+        A function `(value, carrier) -> (value, carrier)`.
+
+    Example:
+
+    ```python
+    identity = carrier_identity(0, lambda x: bitcast(jnp.max(jnp.abs(x)).astype("float32"), "int32"))
+    value, carrier = identity(value, jnp.zeros((3,), jnp.float32))
+    ```
+    """
+
+    @jax.custom_vjp
+    def identity(value, carrier):
+        return value, carrier
+
+    def forward(value, carrier):
+        return (value, carrier), None
+
+    def backward(_, cotangents):
+        upstream, carried = cotangents
+        bits = bitcast(carried, "int32").at[index].max(measure(upstream))
+        return upstream, bitcast(bits, "float32")
+
+    identity.defvjp(forward, backward)
+    return identity
+
+
+class _StepState:
+    """What the hooks carry while one train step is traced (the carrier and what it reached)."""
+
+    def __init__(self, trace: Any, carrier: Any) -> None:
+        self.trace = trace
+        self.carrier = carrier
+        self.watched: set[int] = set()
+        self.forward: list[int] | None = None  # the frame segments of the forward values
+        self.in_loss = False
 
 
 class TelemetryHooks:
@@ -88,12 +170,11 @@ class TelemetryHooks:
 
     def __init__(self, history: np.ndarray) -> None:
         self._history = np.array(history, np.float32)
+        self._layers = int(self._history.shape[1]) - 1
         self._count = 0
         self._status = np.zeros(2, np.int32)
-        # Activation-gradient maxima by recorded layer, until their step's frame arrives.
-        self._pending: dict[int, np.float32] = {}
-        # The frame segments of the values the loss function passes out, per traced step.
-        self._segments: list[int] = []
+        self._lock = threading.Lock()
+        self._step: _StepState | None = None  # the train step being traced
 
     def integer_amax_is_fast(self, xla: bool) -> bool:
         """Returns `True`: JAX compiles with XLA, which reduces 16-bit integers on every device."""
@@ -133,15 +214,28 @@ class TelemetryHooks:
         replace(
             optimizer,
             "stateless_apply",
-            _wrap_stateless_apply(optimizer.stateless_apply, recorder, positions),
+            self._wrap_stateless_apply(optimizer.stateless_apply, recorder, positions),
         )
 
-    def activation_gradient(
-        self, recorder: StepRecorder, trace: Any, index: int, bits: Any
-    ) -> None:
-        """Sends the amax to the host: a JAX gradient function is traced apart from the step."""
-        del recorder, trace
-        host_callback(functools.partial(self._host_gradient, index), bits)
+    def watch_gradient(self, recorder: StepRecorder, trace: Any, index: int, value: Any) -> Any:
+        """Returns `value` through the carrier's identity (as is outside the loss function).
+
+        Args:
+            recorder: the telemetry.
+            trace: the step's trace.
+            index: the recorded layer's index.
+            value: a float output of the layer.
+
+        Returns:
+            The value to pass on.
+        """
+        step = self._step
+        if step is None or step.trace is not trace or not step.in_loss:
+            return value  # not differentiated through this step's carrier
+        identity = carrier_identity(index, functools.partial(recorder.measure, trace))
+        value, step.carrier = identity(value, step.carrier)
+        step.watched.add(index)
+        return value
 
     def _wrap_train_step(
         self, model: keras.Model, recorder: StepRecorder, scale_position: int | None
@@ -151,82 +245,109 @@ class TelemetryHooks:
         @functools.wraps(original)
         def train_step(state, data):
             trace = recorder.begin_step(data)
+            trainable, non_trainable, optimizer_state, metrics = state
+            step = _StepState(trace, jnp.zeros((self._layers,), jnp.float32))
+            self._step = step
             try:
                 scale = (
-                    ops.cast(state[2][scale_position], "float32")
+                    ops.cast(optimizer_state[scale_position], "float32")
                     if scale_position is not None
                     else ops.convert_to_tensor(1.0, "float32")
                 )
-                logs, state = original(state, data)
+                carried = ([*trainable, step.carrier], non_trainable, optimizer_state, metrics)
+                logs, state = original(carried, data)
             finally:
+                self._step = None
                 recorder.end_step()
-            trainable, non_trainable, optimizer_state, metrics = state
-            frame = recorder.frame(trace, scale, (non_trainable[-1], self._segments))
+            extra = None
+            if step.forward is not None:  # the loss function passed the forward values out
+                trainable, non_trainable, optimizer_state, metrics = state
+                extra = (non_trainable[-1], step.forward)
+                state = (trainable, list(non_trainable[:-1]), optimizer_state, metrics)
+            frame = recorder.frame(trace, scale, extra)
             host_callback(functools.partial(self._host_write, recorder), frame)
-            return logs, (trainable, list(non_trainable[:-1]), optimizer_state, metrics)
+            return logs, state
 
         return train_step
 
     def _wrap_loss(self, model: keras.Model, recorder: StepRecorder) -> Callable:
-        """The loss function passes the forward values out as one more non-trainable value."""
+        """The loss function takes the carrier off its inputs and passes the forward values out."""
         original = model.compute_loss_and_updates
+        hooks = self
 
         @functools.wraps(original)
-        def compute_loss_and_updates(*args, **kwargs):
-            trace = recorder.active_step()
-            if trace is None:  # not this telemetry's train step
-                return original(*args, **kwargs)
-            loss, (unscaled, y_pred, non_trainable, metrics) = original(*args, **kwargs)
-            packed, self._segments = recorder.take_forward_values(trace)
+        def compute_loss_and_updates(trainable_variables, *args, **kwargs):
+            step = hooks._step
+            if step is None or step.trace is not recorder.active_step() or step.in_loss:
+                return original(trainable_variables, *args, **kwargs)
+            *trainable, step.carrier = trainable_variables
+            step.in_loss = True
+            try:
+                loss, (unscaled, y_pred, non_trainable, metrics) = original(
+                    trainable, *args, **kwargs
+                )
+            finally:
+                step.in_loss = False
+            packed, segments = recorder.take_forward_values(step.trace)
+            step.forward = segments
             return loss, (unscaled, y_pred, [*non_trainable, packed], metrics)
 
         return compute_loss_and_updates
 
-    def _host_gradient(self, index: int, bits: np.ndarray) -> None:
-        """Keeps a float16 layer's activation-gradient amax until its step's frame arrives."""
-        value = np.asarray(bits, np.int32).view(np.float32)
-        self._pending[index] = _nan_max(self._pending.get(index), value)
+    def _wrap_stateless_apply(
+        self, original: Callable, recorder: StepRecorder, positions: Mapping[int, int]
+    ) -> Callable:
+        """Takes the carrier's gradient off, records it and the weight gradients, then applies."""
+        hooks = self
+
+        @functools.wraps(original)
+        def stateless_apply(optimizer_variables, grads, trainable_variables):
+            step = hooks._step
+            trace = recorder.active_step()
+            if step is None or step.trace is not trace:
+                return original(optimizer_variables, grads, trainable_variables)
+            *grads, carried = grads
+            *trainable_variables, _ = trainable_variables
+            if step.watched:
+                bits = bitcast(carried, "int32")
+                for index in sorted(step.watched):
+                    recorder.record_activation_gradient(trace, index, bits[index])
+            for position, gradient in enumerate(grads):
+                if gradient is not None:
+                    recorder.record_weight_gradient(trace, positions.get(position), gradient)
+            return original(optimizer_variables, grads, trainable_variables)
+
+        return stateless_apply
 
     def _host_write(self, recorder: StepRecorder, frame: np.ndarray) -> None:
         """The host side of one step: the same history and status updates as TensorFlow's."""
-        frame = recorder.merge_activation_gradients(np.array(frame, np.float32), self._pending)
-        self._pending = {}
-        failed, near = recorder.status_flags(frame, self._history, np)
-        self._history = np.concatenate([self._history[1:], frame[None]], axis=0)
-        self._count += 1
-        self._status = np.maximum(self._status, np.array([failed, near], np.int32))
+        frame = np.array(frame, np.float32)
+        with self._lock:
+            failed, near = recorder.status_flags(frame, self._history, np)
+            self._history = np.concatenate([self._history[1:], frame[None]], axis=0)
+            self._count += 1
+            self._status = np.maximum(self._status, np.array([failed, near], np.int32))
 
     def read_history(self) -> np.ndarray:
         """Returns the history once every host callback of the steps run so far has run."""
         jax.effects_barrier()
-        return np.array(self._history)
+        with self._lock:
+            return np.array(self._history)
 
     def read_count(self) -> int:
         """Returns how many steps were recorded."""
         jax.effects_barrier()
-        return int(self._count)
+        with self._lock:
+            return int(self._count)
 
     def read_status(self) -> np.ndarray:
         """Returns `[failed, near_range]` since the last clear."""
         jax.effects_barrier()
-        return np.array(self._status)
+        with self._lock:
+            return np.array(self._status)
 
     def clear_status(self) -> None:
         """Resets the status (waiting for the callbacks still to run)."""
         jax.effects_barrier()
-        self._status = np.zeros(2, np.int32)
-
-
-def _wrap_stateless_apply(
-    original: Callable, recorder: StepRecorder, positions: Mapping[int, int]
-) -> Callable:
-    @functools.wraps(original)
-    def stateless_apply(optimizer_variables, grads, trainable_variables):
-        trace = recorder.active_step()
-        if trace is not None:
-            for position, gradient in enumerate(grads):
-                if gradient is not None:
-                    recorder.record_weight_gradient(trace, positions.get(position), gradient)
-        return original(optimizer_variables, grads, trainable_variables)
-
-    return stateless_apply
+        with self._lock:
+            self._status = np.zeros(2, np.int32)

@@ -7,16 +7,20 @@ live and how they leave the compiled step, and that is all a backend module
 provides, under the same names:
 
 - `tensorflow_telemetry`: the history, count and status are variables (one
-  copy per replica under a `tf.distribute` strategy) updated inside the step;
-- `jax_telemetry`: the train step is a pure function, so the forward values
-  leave the differentiated loss function as one extra auxiliary output, the
-  activation-gradient maxima (a gradient function is traced on its own) and
-  the step's frame reach the host through ordered host callbacks, and the
-  history is kept on the host.
+  copy per replica under a `tf.distribute` strategy, combined on reading)
+  updated inside the step; a step whose gradients are non-finite on any
+  replica is skipped on every replica;
+- `jax_telemetry`: the train step is a pure function with global semantics
+  (under `keras.distribution` too), so the step's frame is built inside it
+  (the forward values leave the differentiated loss function as an
+  auxiliary output, the activation-gradient maxima as the gradient of one
+  more input) and reaches the host through one unordered host callback per
+  step; the history is kept on the host.
 
 Each module has a `TelemetryHooks` class (the `TelemetryHooks` protocol below,
-built with `TelemetryHooks(history)` from the history's first value) and a
-`bitcast(tensor, dtype)` function; `autoprec._backends.telemetry_backend()`
+built with `TelemetryHooks(history)` from the history's first value), a
+`bitcast(tensor, dtype)` function and `every_replica(flag)` (a flag computed
+inside the step, made to hold on every replica); `autoprec._backends.telemetry_backend()`
 picks the module once for the active backend. The hooks call back into the
 telemetry through the `StepRecorder` protocol.
 """
@@ -53,6 +57,12 @@ class StepRecorder(Protocol):
     def record_weight_gradient(self, trace: Any, owner: int | None, gradient: Any) -> None:
         """Records one gradient the optimizer received (`owner`: the recorded layer's index)."""
 
+    def measure(self, trace: Any, tensor: Any) -> Any:
+        """Returns the amax bits (int32) of `tensor`, measured as the step measures (not kept)."""
+
+    def gradients_finite(self, trace: Any) -> Any:
+        """Returns whether every gradient recorded so far in the step is finite (a traced boolean)."""
+
     def record_activation_gradient(self, trace: Any, index: int, bits: Any) -> None:
         """Records the amax bits of the gradient flowing into recorded layer `index`."""
 
@@ -64,11 +74,6 @@ class StepRecorder(Protocol):
 
     def status_flags(self, frame: Any, history: Any, xp: Any) -> tuple[Any, Any]:
         """Returns `(failed, near_range)` of a frame after `history`, with `xp` (NumPy or ops)."""
-
-    def merge_activation_gradients(
-        self, frame: np.ndarray, pending: Mapping[int, np.floating]
-    ) -> np.ndarray:
-        """Returns a host frame with activation-gradient maxima sent apart merged in."""
 
 
 @runtime_checkable
@@ -93,10 +98,12 @@ class TelemetryHooks(Protocol):
         `owners` maps `id(variable)` of a trainable weight to its recorded layer's index.
         """
 
-    def activation_gradient(
-        self, recorder: StepRecorder, trace: Any, index: int, bits: Any
-    ) -> None:
-        """Records a float16 layer's activation-gradient amax from inside its gradient function."""
+    def watch_gradient(self, recorder: StepRecorder, trace: Any, index: int, value: Any) -> Any:
+        """Returns `value` through an identity whose gradient's amax is recorded for layer `index`.
+
+        Called on each float output of a float16 layer while the step is traced;
+        the amax reaches the frame of that same step.
+        """
 
     def read_history(self) -> np.ndarray:
         """Returns the history `[steps, rows, slots]`, combined over replicas (largest values)."""

@@ -4,7 +4,18 @@ The values are computed with `keras.ops` by the telemetry (a `StepRecorder`);
 this module wraps `model.train_step` and `optimizer.apply_gradients`, and
 keeps the history, the step count and the status in variables created with
 `synchronization=ON_READ`, so that under a `tf.distribute` strategy every
-replica updates its own copy; the host reads the copies and combines them.
+replica updates its own copy from its part of the global batch; the host reads
+the copies and combines them (the largest values: the amax over the whole
+global batch).
+
+Under a strategy with several replicas, Keras' `LossScaleOptimizer` decides
+whether to skip a step from the first replica's gradients alone (the
+gradients are summed across replicas later, inside the inner optimizer's
+update): an overflow on another replica's part of the batch would reach every
+replica's weights as NaN. While the telemetry is installed, a step whose
+gradients are non-finite on any replica has them non-finite on every replica
+(one all-reduced flag; the smallest gradient is made NaN where another
+replica's was not finite), so the step is skipped everywhere.
 """
 
 from __future__ import annotations
@@ -107,6 +118,47 @@ def bitcast(tensor: Any, dtype: str) -> tf.Tensor:
     return tf.bitcast(tf.convert_to_tensor(tensor), tf.as_dtype(dtype))
 
 
+def replicas_in_sync() -> int:
+    """Returns how many replicas run the step being traced (1 outside a strategy).
+
+    Returns:
+        The replica context's `num_replicas_in_sync` (1 in a cross-replica context).
+
+    Example:
+
+    ```python
+    replicas_in_sync()  # 2 inside MirroredStrategy.run on two devices
+    ```
+    """
+    context = tf.distribute.get_replica_context()
+    return 1 if context is None else int(context.num_replicas_in_sync)
+
+
+def every_replica(flag: Any) -> tf.Tensor:
+    """Returns whether `flag` holds on every replica (one all-reduce; `flag` itself on one replica).
+
+    Call inside the replica function of the train step.
+
+    Args:
+        flag: a boolean scalar computed from this replica's part of the batch.
+
+    Returns:
+        A boolean scalar, the same on every replica.
+
+    Example:
+
+    ```python
+    finite = every_replica(tf.reduce_all(tf.math.is_finite(loss)))
+    ```
+    """
+    flag = tf.convert_to_tensor(flag, tf.bool)
+    if replicas_in_sync() == 1:
+        return flag
+    failing = tf.cast(tf.logical_not(flag), tf.int32)
+    context = tf.distribute.get_replica_context()
+    return tf.equal(context.all_reduce(tf.distribute.ReduceOp.SUM, failing), 0)
+
+
 def loss_scale(model: keras.Model) -> tf.Tensor:
     """Returns the loss scale the model's optimizer applies now, as a float32 scalar (1 without).
 
@@ -190,11 +242,36 @@ class TelemetryHooks:
             _wrap_apply_gradients(optimizer.apply_gradients, recorder, owners),
         )
 
-    def activation_gradient(
-        self, recorder: StepRecorder, trace: Any, index: int, bits: Any
-    ) -> None:
-        """Records the amax in the step's own trace (the gradient runs inside the step's graph)."""
-        recorder.record_activation_gradient(trace, index, bits)
+    def watch_gradient(self, recorder: StepRecorder, trace: Any, index: int, value: Any) -> Any:
+        """Returns `value` through an identity whose gradient function records the gradient's amax.
+
+        The gradient runs inside the step's own graph: the amax goes into the
+        step's trace.
+
+        Args:
+            recorder: the telemetry.
+            trace: the step's trace.
+            index: the recorded layer's index.
+            value: a float output of the layer.
+
+        Returns:
+            The value to pass on.
+        """
+
+        @ops.custom_gradient
+        def identity(value):
+            def gradient(*args, upstream=None):
+                if upstream is None:
+                    (upstream,) = args
+                current = recorder.active_step()
+                if current is not None:
+                    bits = recorder.measure(current, upstream)
+                    recorder.record_activation_gradient(current, index, bits)
+                return upstream
+
+            return ops.copy(value), gradient
+
+        return identity(value)
 
     def _wrap_train_step(self, model: keras.Model, recorder: StepRecorder) -> Callable:
         original = model.train_step
@@ -249,6 +326,27 @@ def _wrap_apply_gradients(
             for gradient, variable in pairs:
                 if gradient is not None:
                     recorder.record_weight_gradient(trace, owners.get(id(variable)), gradient)
+            if replicas_in_sync() > 1:
+                pairs = _skipped_on_every_replica(pairs, recorder.gradients_finite(trace))
         return original(pairs, *args, **kwargs)
 
     return apply_gradients
+
+
+def _skipped_on_every_replica(pairs: list, finite: Any) -> list:
+    """Makes the smallest dense gradient NaN on every replica when one replica's are not finite."""
+    dense = [
+        (index, gradient)
+        for index, (gradient, _) in enumerate(pairs)
+        if isinstance(gradient, tf.Tensor) and gradient.dtype.is_floating
+    ]
+    if not dense:
+        return pairs
+    index, gradient = min(dense, key=lambda item: item[1].shape.num_elements() or 0)
+    globally = every_replica(finite)
+    poison = tf.where(
+        globally, tf.constant(0.0, gradient.dtype), tf.constant(np.nan, gradient.dtype)
+    )
+    pairs = list(pairs)
+    pairs[index] = (gradient + poison, pairs[index][1])
+    return pairs

@@ -6,7 +6,9 @@ running means, so the whole epoch reports `loss: nan` and `TerminateOnNaN` ends 
 guard rescued. `SkippedStepLogs` wraps the train step once: where the step's loss is not
 finite, every metric variable goes back to its value before the step (inside the compiled
 step, no host synchronisation), and the logs gain `skipped_steps`, the steps the optimizer
-skipped in the current epoch. A real divergence is the guard's to report: it stops
+skipped in the current epoch. Under a `tf.distribute` strategy the step counts as skipped
+on every replica when its loss is not finite on one (one all-reduced flag), as the
+guard's telemetry makes the optimizer skip it on every replica. A real divergence is the guard's to report: it stops
 training, or raises, as `Guard.on_nan` says.
 """
 
@@ -18,6 +20,7 @@ from collections.abc import Callable
 
 import keras
 
+from .._backends import telemetry_backend
 from .._core.models import swap_attribute
 
 #: The key `fit`'s logs gain while the guard is on.
@@ -109,6 +112,7 @@ class SkippedStepLogs:
         if not isinstance(logs, dict) or "loss" not in logs:
             return logs
         finite = keras.ops.all(keras.ops.isfinite(keras.ops.convert_to_tensor(logs["loss"])))
+        finite = telemetry_backend().every_replica(finite)
         for variable, value in zip(variables, before):
             variable.assign(keras.ops.where(finite, variable.value, value))
         logs = dict(self.model.get_metrics_result())

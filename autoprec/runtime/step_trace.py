@@ -119,6 +119,13 @@ class StepTrace:
             self.remember(tensor, bits)
         return bits
 
+    def gradients_finite(self) -> Any:
+        """Whether every gradient recorded so far in this step is finite (a traced boolean scalar)."""
+        if not self.all_gradients:
+            return ops.convert_to_tensor(True)
+        infinity = ops.convert_to_tensor(FLOAT32_INFINITY_BITS, "int32")
+        return ops.all(ops.less(ops.stack(self.all_gradients), infinity))
+
     def take_values(self) -> tuple[Any, list[int]]:
         """Returns `(stacked bits, frame segments)` of the slots recorded so far, and drops them.
 

@@ -44,7 +44,10 @@ What it costs is kept to about one pass over each 16-bit layer's outputs:
 The values are computed with `keras.ops`, the same on every backend; where
 they live and how they leave the compiled step is the backend's, behind one
 interface (`autoprec._backends.telemetry`): per-replica variables updated
-inside the step on TensorFlow, host callbacks and a host-side history on JAX.
+inside the step on TensorFlow (combined over replicas when read), one host
+callback per step and a host-side history on JAX. Under a `tf.distribute`
+strategy or `keras.distribution` the records are global: each amax is the
+largest over the whole global batch, every replica's part, one frame per step.
 On any other backend `GuardTelemetry` raises `BackendError`. The record types
 and the frame layout are in `telemetry_records`, a step's trace and its frame
 in `step_trace`.
@@ -100,7 +103,6 @@ from .telemetry_records import (
     TelemetryStatus,
     format_max,
     is_out_of_range,
-    merge_activation_gradients,
     status_flags,
     step_record,
 )
@@ -196,7 +198,7 @@ class GuardTelemetry:
 
     The backend's hooks (`autoprec._backends.telemetry_backend().TelemetryHooks`)
     keep the history and wrap the train step; they call this object back through
-    the `StepRecorder` methods (`begin_step` to `merge_activation_gradients`).
+    the `StepRecorder` methods (`begin_step` to `status_flags`).
     They are the `hooks` attribute.
 
     Args:
@@ -327,6 +329,14 @@ class GuardTelemetry:
         if owner is not None:
             trace.add(owner, GRADIENT, value)
 
+    def measure(self, trace: StepTrace, tensor: Any) -> Any:
+        """Returns the amax bits of `tensor` as the step measures them (not kept for reuse)."""
+        return amax_bits(tensor, trace.integer)
+
+    def gradients_finite(self, trace: StepTrace) -> Any:
+        """Returns whether every gradient the optimizer received in the step is finite (traced)."""
+        return trace.gradients_finite()
+
     def record_activation_gradient(self, trace: StepTrace, index: int, bits: Any) -> None:
         """Records the amax bits of the gradient flowing into recorded layer `index`."""
         trace.add(index, GRADIENT, bits)
@@ -342,12 +352,6 @@ class GuardTelemetry:
     def status_flags(self, frame: Any, history: Any, xp: Any) -> tuple[Any, Any]:
         """Returns `(failed, near_range)` of a frame after `history` (see `status_flags`)."""
         return status_flags(frame, history, self._float16, self.near_threshold, xp)
-
-    def merge_activation_gradients(
-        self, frame: np.ndarray, pending: Mapping[int, np.floating]
-    ) -> np.ndarray:
-        """Returns a host frame with activation-gradient maxima sent apart merged in."""
-        return merge_activation_gradients(frame, pending)
 
     # ------------------------------------------------------------------ recording (traced)
 
@@ -414,37 +418,18 @@ class GuardTelemetry:
                 else:
                     trace.add(index, OUTPUT, trace.amax(value))
             return outputs
-        identity = self._gradient_identity(index, trace.integer)
         observed = []
         for value in flat:
             if not is_float_tensor(value):
                 observed.append(value)
                 continue
-            result = identity(value)
+            result = self.hooks.watch_gradient(self, trace, index, value)
             trace.add(index, OUTPUT, trace.amax(result))
             _copy_keras_attributes(value, result)
             observed.append(result)
         if len(flat) == 1 and not isinstance(outputs, (list, tuple, dict)):
             return observed[0]
         return keras.tree.pack_sequence_as(outputs, observed)
-
-    def _gradient_identity(self, index: int, integer: bool) -> Callable[[Any], Any]:
-        """An identity whose gradient function hands the incoming gradient's amax to the hooks."""
-        hooks = self.hooks
-
-        @ops.custom_gradient
-        def identity(value):
-            def gradient(*args, upstream=None):
-                if upstream is None:
-                    (upstream,) = args
-                current = active_trace()
-                if current is not None:
-                    hooks.activation_gradient(self, current, index, amax_bits(upstream, integer))
-                return upstream
-
-            return ops.copy(value), gradient
-
-        return identity
 
     def _lazy(self, index: int) -> bool:
         """Whether a layer's values are measured only in failing steps (bfloat16, if the hooks do).

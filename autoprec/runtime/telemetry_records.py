@@ -204,33 +204,6 @@ def step_record(frame: np.ndarray, index: int, paths: Sequence[str]) -> StepReco
     )
 
 
-def merge_activation_gradients(frame: np.ndarray, pending: Mapping[int, np.floating]) -> np.ndarray:
-    """Returns a host frame with activation-gradient maxima that reached the host apart merged in.
-
-    A gradient slot becomes the larger of the two values (NaN when either is);
-    a non-finite one marks the step's gradients as non-finite.
-
-    Args:
-        frame: the step's frame (changed in place and returned).
-        pending: `{recorded layer index: amax}`.
-
-    Returns:
-        The frame.
-
-    Example:
-
-    ```python
-    merge_activation_gradients(frame, {0: np.float32(np.inf)})[0, HEADER_GRADIENTS_BAD]  # 1.0
-    ```
-    """
-    for index, value in pending.items():
-        current = np.float32(frame[index + 1, GRADIENT])
-        frame[index + 1, GRADIENT] = np.maximum(current, np.float32(value))
-        if not np.isfinite(value):
-            frame[0, HEADER_GRADIENTS_BAD] = 1.0
-    return frame
-
-
 def status_flags(
     frame: Any, history: Any, float16: np.ndarray, near_threshold: float, xp: Any
 ) -> tuple[Any, Any]:

@@ -23,7 +23,6 @@ from autoprec.runtime.telemetry_records import (
     format_max,
     frame_segment,
     is_out_of_range,
-    merge_activation_gradients,
     status_flags,
     step_record,
 )
@@ -71,12 +70,3 @@ def test_status_flags_agree_in_graph_and_on_the_host():
     failed, near = status_flags(frame, history, np.array([False, False]), 65504 / 4, np)
     assert bool(failed) and not bool(near)
     assert not TelemetryStatus() and TelemetryStatus(near_range=True)
-
-
-def test_activation_gradients_merged_on_the_host():
-    frame = np.full((3, 4), NOT_RECORDED, np.float32)
-    frame[0, HEADER_GRADIENTS_BAD] = 0.0
-    frame[1, GRADIENT] = 5.0
-    merged = merge_activation_gradients(frame, {0: np.float32(2.0), 1: np.float32(np.inf)})
-    assert merged[1, GRADIENT] == 5.0 and merged[2, GRADIENT] == np.inf
-    assert merged[0, HEADER_GRADIENTS_BAD] == 1.0
