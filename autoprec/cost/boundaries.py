@@ -278,13 +278,16 @@ def fit_boundary_cost(
     before = {name: predicted(plan) for name, plan in runs.items()}
     for name in runs:
         errors[f"{name}, no boundary cost"] = before[name] / measured[name] - 1.0
-    # A residual inside the noise of the rounds is noise: it teaches nothing about boundaries.
-    fitted = {
-        plan.dtype: _fit_one(table, plan, measured[name] - before[name])
-        for name, plan in runs.items()
-        if plan.pattern == "alternating"
-        and (noise is None or abs(before[name] / measured[name] - 1.0) > noise)
-    }
+    fitted = {}
+    for name, plan in runs.items():
+        if plan.pattern != "alternating":
+            continue
+        # A residual inside the noise of the rounds teaches nothing about boundaries: the
+        # dtype's boundaries then cost nothing beyond their casts (not the other dtypes' figures).
+        residual = measured[name] - before[name]
+        if noise is not None and abs(before[name] / measured[name] - 1.0) <= noise:
+            residual = 0.0
+        fitted[plan.dtype] = _fit_one(table, plan, residual)
     table.boundary_seconds = fitted
     for name, plan in runs.items():
         errors[name] = predicted(plan) / measured[name] - 1.0

@@ -145,7 +145,8 @@ def test_boundary_cost_is_learned_from_a_step_that_pays_for_its_casts(tmp_path):
     assert table.relative_error == cost.MIN_RELATIVE_ERROR
     # A residual inside the noise of the rounds is not fitted.
     _fitted(model, table, factor=3.0, noise=10.0)
-    assert table.boundary_seconds == {} and table.relative_error == 10.0
+    assert table.boundary_seconds == {"bfloat16": {"fixed": 0.0, "per_element": 0.0}}
+    assert table.relative_error == 10.0
     # Casts that cost less inside the step than alone: at most the casts come off (k >= -1).
     # (The casts of the alternating plan's boundaries: 4 % of its step, so that steps five
     # times cheaper stay positive, 20 % off: beyond the 3 % noise.)
