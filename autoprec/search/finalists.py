@@ -7,9 +7,10 @@ ranking:
 - Keras' own global policies exactly as Keras applies them (`keras_global_plan`):
   every layer, containers included, in `mixed_bfloat16`, and in `mixed_float16`
   where float16 is among the search's dtypes. A trial carries compute layers only,
-  so these are trained here and added to the study as completed trials; where the
-  plan is the same as a trial's already (a model without containers), that trial
-  stands for it.
+  so these are trained here and added to the study as completed trials, judged as
+  the objective judges a trial (the output rounding floor first: a refused plan is
+  not trained; then the budget); where the plan is the same as a trial's already (a
+  model without containers), that trial stands for it.
 - The best plan within budget with one kind of default float32 protection
   (softmax, normalisation, output layers) moved to its 16-bit dtype, where the
   profile shows those layers' ranges fit it (`dropped_protection`): enqueued and run
@@ -35,6 +36,7 @@ from .candidates import (
 )
 from .confirmation import say
 from .context import SearchContext
+from .floor import OUTPUT_FLOOR_ATTR, OutputFloor
 from .objective import trial_objective
 from .plan_writer import plan_writer
 from .preparation import SearchSpace
@@ -159,13 +161,16 @@ def _keras_global(
                 trials[label] = trial.number
                 same_as[label] = record.warm_start or f"trial {trial.number}"
                 return
-    try:
-        metrics = context.evaluator.train_and_evaluate(plan)
-    except tuple(request.settings.catch) as error:
-        skipped[label] = f"training failed: {type(error).__name__}: {error}"
-        logger.warning("autoprec.search: %s could not be trained (%s).", label, error)
-        return
-    trials[label] = _add_trial(context, study, label, plan.layers, key, compute, metrics)
+    floor = context.output_floor(compute)
+    metrics = None
+    if floor is None or not floor.refused:
+        try:
+            metrics = context.evaluator.train_and_evaluate(plan)
+        except tuple(request.settings.catch) as error:
+            skipped[label] = f"training failed: {type(error).__name__}: {error}"
+            logger.warning("autoprec.search: %s could not be trained (%s).", label, error)
+            return
+    trials[label] = _add_trial(context, study, label, plan.layers, key, compute, metrics, floor)
 
 
 def _add_trial(
@@ -175,12 +180,14 @@ def _add_trial(
     layers: Mapping[str, str],
     key: str,
     compute: Mapping[str, str],
-    metrics: Mapping[str, float],
+    metrics: Mapping[str, float] | None,
+    floor: OutputFloor | None,
 ) -> int:
-    """Adds a trained plan to the study as a completed trial, as the objective records one."""
+    """Adds a judged plan to the study as a completed trial, as the objective records one.
+
+    `metrics` is `None` for a plan its output rounding floor refused (not trained).
+    """
     seconds, activation_bytes = context.costs.step(dict(compute))
-    metric = metrics.get(context.budget.log_name)
-    violation = context.budget.violation(context.reference, metric)
     record = TrialRecord(
         assignment=dict(layers),
         assignment_key=key,
@@ -189,16 +196,33 @@ def _add_trial(
         dtype_counts=count_dtypes(compute.values()),
         predicted_seconds=seconds,
         activation_bytes_per_sample=activation_bytes,
-        fidelity=("profile", "train"),
-        metrics={name: json_safe(value) for name, value in metrics.items()},
-        metric=json_safe(metric),
-        budget_violation=violation,
     )
+    attrs: dict[str, Any] = {}
+    constraints: dict[str, float] = {}
+    if floor is not None:
+        attrs[OUTPUT_FLOOR_ATTR] = floor.to_dict()
+        constraints[OUTPUT_FLOOR_ATTR] = floor.violation
+    if metrics is None:
+        record = dataclasses.replace(
+            record, fidelity=("profile", "floor"), budget_violation=floor.violation
+        )
+    else:
+        metric = metrics.get(context.budget.log_name)
+        violation = context.budget.violation(context.reference, metric)
+        record = dataclasses.replace(
+            record,
+            fidelity=("profile", "train"),
+            metrics={name: json_safe(value) for name, value in metrics.items()},
+            metric=json_safe(metric),
+            budget_violation=violation,
+        )
+        constraints["budget"] = violation
+    attrs.update(record.to_user_attrs(with_none=() if metrics is None else ("metric",)))
     study.add_trial(
         optuna.trial.create_trial(
             value=_objective_value(context, study, compute, seconds),
-            user_attrs=record.to_user_attrs(with_none=("metric",)),
-            constraints={"budget": violation},
+            user_attrs=attrs,
+            constraints=constraints,
         )
     )
     added = [

@@ -5,14 +5,21 @@ from __future__ import annotations
 import dataclasses
 
 import optuna
-from search.search_models import attention_classifier, labelled, prepared_search
+from search.search_models import (
+    attention_classifier,
+    far_regression,
+    far_targets,
+    labelled,
+    prepared_search,
+)
 
 import autoprec
 from autoprec.plan import PrecisionPlan
-from autoprec.search import SearchResult, TrialRecord
+from autoprec.search import Budget, SearchResult, TrialRecord
 from autoprec.search.candidates import finalist_key, finalist_plan, ranked_finalists
 from autoprec.search.confirmation import measurement_candidates, rank_by_measurement
 from autoprec.search.finalists import Finalists, add_finalists
+from autoprec.search.floor import OUTPUT_FLOOR_ATTR
 from autoprec.search.record import assignment_key
 from autoprec.search.selection import Choice, Ranking, build_result, choose_plan, rank_trials
 from autoprec.search.trials import TrialsRun, run_trials
@@ -207,3 +214,18 @@ def test_a_search_returns_float32_when_float32_measures_fastest():
         assert "float32 at 502 ms median, ahead of every other plan beyond the noise" in (
             result.report()
         )
+
+
+def test_a_keras_global_policy_its_output_floor_refuses_is_recorded_untrained():
+    budget = Budget("val_mae", max_relative_drop=0.1)  # a bfloat16 head cannot resolve 1000
+    with prepared_search(far_regression(), far_targets(), budget, proxy_batches=1) as prepared:
+        context = prepared.context
+        study = optuna.create_study()
+        finalists = add_finalists(context, prepared.request, prepared.space, TrialsRun(study, {}))
+        trial = study.trials[finalists.trials["keras mixed_bfloat16"]]
+        record = TrialRecord.from_trial(trial)
+        assert trial.state == optuna.trial.TrialState.COMPLETE
+        assert record.fidelity == ("profile", "floor") and record.metrics is None
+        assert trial.constraints[OUTPUT_FLOOR_ATTR] > 0 and "budget" not in trial.constraints
+        assert trial.user_attrs[OUTPUT_FLOOR_ATTR]["refused"]
+        assert ranked_finalists(context, study) == []  # never timed, ranked or returned
