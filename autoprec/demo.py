@@ -268,14 +268,21 @@ def _profile_stage(model, train, settings) -> Profile:
     )
 
 
-def _search_stage(model, train, val, settings, device, profile) -> SearchResult:
+def _search_stage(model, train, val, settings, device, profile) -> tuple[SearchResult, str]:
+    """Searches a plan; returns it with a line saying where the per-layer costs came from."""
     dtypes = _search_dtypes(device)
     batch = (train[0][: settings["batch"]], train[1][: settings["batch"]])
     if settings["measure"]:
         costs = calibrate(model, batch, dtypes=dtypes, repeats=5, verbose=0)
+        stats = costs.stats
+        source = (
+            f"per-layer costs measured on this device by calibrate ({stats.get('timed', 0)} "
+            f"timed now, {stats.get('cached', 0)} from its cache)"
+        )
     else:
         costs = predict_costs(model, device, batch_size=settings["batch"], dtypes=dtypes)
-    return search(
+        source = f"per-layer costs predicted from the {device.display_name} profile (--quick)"
+    result = search(
         model,
         train,
         val,
@@ -293,6 +300,7 @@ def _search_stage(model, train, val, settings, device, profile) -> SearchResult:
             seed=0,
         ),
     )
+    return result, source
 
 
 def _candidate_plans(plan: PrecisionPlan) -> dict[str, PrecisionPlan | str]:
@@ -420,11 +428,14 @@ class Comparison:
 
     Attributes:
         policy: the uniform policy (`"float32"`, `"mixed_bfloat16"`, `"mixed_float16"`).
-        speed: `"faster"` (the plan is faster by more than the noise at both the
-            minimum and the median step), `"slower"` (the policy is, likewise) or `"tie"`.
+        speed: `"faster"` (the plan is faster: see `speed_relation`), `"slower"` (the
+            policy is) or `"tie"`.
         median_ratio: the policy's median step over the plan's (> 1: the plan is faster).
         minimum_ratio: the policy's fastest step over the plan's.
         budget: `"within"`, `"missed"` (finite, but over the budget) or `"diverged"`.
+        rounds_won: interleaved rounds in which the plan's step was the faster of the two,
+            or `None` when the two were not timed in the same rounds.
+        rounds: interleaved rounds both were timed in (`None` likewise).
     """
 
     policy: str
@@ -432,19 +443,64 @@ class Comparison:
     median_ratio: float
     minimum_ratio: float
     budget: str
+    rounds_won: int | None = None
+    rounds: int | None = None
 
 
-def speed_relation(median_ratio: float, minimum_ratio: float, noise: float = NOISE) -> str:
-    """Returns `"faster"`, `"slower"` or `"tie"`: what two step-time ratios support.
+#: One-sided significance of the sign test over paired interleaved rounds.
+SIGNIFICANCE = 0.05
+
+
+def rounds_needed(rounds: int, significance: float = SIGNIFICANCE) -> int | None:
+    """Returns the fewest rounds out of `rounds` one policy must win to be called faster.
+
+    A sign test: under "no difference" each interleaved round is a coin toss, and `k`
+    wins is enough when at least `k` heads in `rounds` tosses has a probability below
+    `significance`.
+
+    Args:
+        rounds: paired rounds.
+        significance: the one-sided probability allowed.
+
+    Returns:
+        The wins needed, or `None` when even winning every round is not enough (too few
+        rounds: 4 or fewer at 0.05).
+
+    Example:
+
+    ```python
+    rounds_needed(20)  # 15
+    rounds_needed(3)  # None
+    ```
+    """
+    for wins in range(rounds + 1):
+        tail = sum(math.comb(rounds, k) for k in range(wins, rounds + 1)) / 2**rounds
+        if tail < significance:
+            return wins
+    return None
+
+
+def speed_relation(
+    median_ratio: float,
+    minimum_ratio: float,
+    noise: float = NOISE,
+    rounds_won: int | None = None,
+    rounds: int | None = None,
+) -> str:
+    """Returns `"faster"`, `"slower"` or `"tie"`: what the step timings support.
 
     A ratio is another policy's step time over the plan's. The plan is called faster
-    only when both the median and the minimum step say so by more than `noise`; slower
-    likewise; anything else, including the two disagreeing, is a tie.
+    only when both the median and the fastest step say so by more than `noise` and,
+    when the two were timed in the same interleaved rounds, the plan won enough of
+    them (`rounds_needed`); slower likewise; anything else, including the figures
+    disagreeing, is a tie.
 
     Args:
         median_ratio: the other policy's median step over the plan's.
         minimum_ratio: the other policy's fastest step over the plan's.
         noise: the fraction either side of 1 that is a tie.
+        rounds_won: rounds in which the plan's step was faster, or `None` (not paired).
+        rounds: paired rounds, or `None`.
 
     Returns:
         `"faster"`, `"slower"` or `"tie"`.
@@ -454,15 +510,41 @@ def speed_relation(median_ratio: float, minimum_ratio: float, noise: float = NOI
     ```python
     speed_relation(1.30, 1.25)  # "faster"
     speed_relation(1.10, 1.01)  # "tie": the fastest steps do not support it
+    speed_relation(1.30, 1.25, rounds_won=12, rounds=20)  # "tie": 12 of 20 is chance
     ```
     """
     if not (math.isfinite(median_ratio) and math.isfinite(minimum_ratio)):
         return "tie"
+    needed = rounds_needed(rounds) if rounds else None
+    paired = rounds_won is not None and bool(rounds)
     if median_ratio > 1 + noise and minimum_ratio > 1 + noise:
-        return "faster"
+        if not paired or (needed is not None and rounds_won >= needed):
+            return "faster"
     if median_ratio < 1 / (1 + noise) and minimum_ratio < 1 / (1 + noise):
-        return "slower"
+        if not paired or (needed is not None and rounds - rounds_won >= needed):
+            return "slower"
     return "tie"
+
+
+def paired_rounds(figures: Mapping[str, Any], name: str) -> tuple[int | None, int | None]:
+    """Returns `(rounds the plan won, rounds)` against policy `name`, from the step samples.
+
+    The interleaved timer runs every policy once per round, so sample `i` of each policy
+    is from round `i`; a policy timed apart (over 10x slower) is not paired.
+
+    Args:
+        figures: a run's figures (`step_samples`, `timing["timed_apart"]`).
+        name: a policy of `UNIFORM_POLICIES`.
+
+    Returns:
+        `(wins, rounds)`, or `(None, None)` when the two were not timed in the same rounds.
+    """
+    samples = figures.get("step_samples") or {}
+    apart = set((figures.get("timing") or {}).get("timed_apart", ()))
+    plan, other = samples.get("plan"), samples.get(name)
+    if not plan or not other or len(plan) != len(other) or apart & {"plan", name}:
+        return None, None
+    return sum(mine < theirs for mine, theirs in zip(plan, other)), len(plan)
 
 
 def budget_status(figures: Mapping[str, Any], name: str) -> str:
@@ -489,7 +571,8 @@ def compare(figures: Mapping[str, Any], noise: float = NOISE) -> dict[str, Compa
 
     Args:
         figures: a run's figures: `step_seconds` (medians), `step_seconds_min`,
-            `finite`, `metrics`, `budget`, `mode`.
+            `step_samples` and `timing` (for the paired rounds, optional), `finite`,
+            `metrics`, `budget`, `mode`.
         noise: the step-time fraction that is a tie.
 
     Returns:
@@ -500,12 +583,15 @@ def compare(figures: Mapping[str, Any], noise: float = NOISE) -> dict[str, Compa
     for name in UNIFORM_POLICIES:
         median_ratio = median[name] / median["plan"]
         minimum_ratio = minimum[name] / minimum["plan"]
+        won, rounds = paired_rounds(figures, name)
         comparisons[name] = Comparison(
             policy=name,
-            speed=speed_relation(median_ratio, minimum_ratio, noise),
+            speed=speed_relation(median_ratio, minimum_ratio, noise, won, rounds),
             median_ratio=median_ratio,
             minimum_ratio=minimum_ratio,
             budget=budget_status(figures, name),
+            rounds_won=won,
+            rounds=rounds,
         )
     return comparisons
 
@@ -517,7 +603,8 @@ def verdicts(figures: Mapping[str, Any], noise: float = NOISE) -> list[str]:
     the budget), one on the plan's own metric, a conclusion against the fastest uniform
     policy within budget, and the prediction for a card when the figures have one. No
     sentence claims a speed difference that the minimum and median steps do not both
-    show by more than `noise`.
+    show by more than `noise`, nor one that the paired interleaved rounds do not show
+    (`speed_relation`).
 
     Args:
         figures: as `run_demo` returns them.
@@ -579,14 +666,21 @@ def _speed_text(comparison: Comparison, noise: float) -> str:
         f"the plan's speedup over it: {comparison.median_ratio:.2f}x median step, "
         f"{comparison.minimum_ratio:.2f}x fastest step"
     )
+    if comparison.rounds:
+        ratios += f", the plan faster in {comparison.rounds_won} of {comparison.rounds} rounds"
     if comparison.speed == "faster":
         return f"the plan is faster ({ratios})"
     if comparison.speed == "slower":
         return f"it is faster than the plan ({ratios})"
-    return (
-        f"same speed as the plan within noise (a difference must exceed {noise:.0%} at both "
-        f"the median and the fastest step; {ratios})"
-    )
+    needed = rounds_needed(comparison.rounds) if comparison.rounds else None
+    rule = f"a difference must exceed {noise:.0%} at both the median and the fastest step"
+    if comparison.rounds:
+        rule += (
+            f" and win at least {needed} of {comparison.rounds} rounds"
+            if needed is not None
+            else f", and {comparison.rounds} rounds cannot show one"
+        )
+    return f"same speed as the plan within noise ({rule}; {ratios})"
 
 
 def _conclusion(figures, comparisons: dict[str, Comparison], plan_budget: str, noise) -> str:
@@ -620,7 +714,7 @@ def _conclusion(figures, comparisons: dict[str, Comparison], plan_budget: str, n
     return (
         f"verdict {where}: the plan ties {best}, the fastest uniform policy within budget "
         f"(speedup {comparison.median_ratio:.2f}x median step, {comparison.minimum_ratio:.2f}x "
-        f"fastest step: not beyond {noise:.0%} at both); the per-layer choice did not pay "
+        "fastest step: not a difference beyond the noise); the per-layer choice did not pay "
         "in this run."
     )
 
@@ -722,7 +816,7 @@ def results_table(figures: Mapping[str, Any]) -> str:
     """
     predicted = figures.get("predicted")
     headers = ["policy", figures["metric"], "budget", "final loss", "step ms min", "median"]
-    headers.append("median vs plan")
+    headers += ["median vs plan", "plan faster in"]
     if predicted:
         headers.append(f"{predicted['hardware']} pred. ms (batch {predicted['batch_size']})")
     rows = []
@@ -736,11 +830,19 @@ def results_table(figures: Mapping[str, Any]) -> str:
             f"{figures['step_seconds_min'][name] * 1e3:.1f}",
             f"{figures['step_seconds'][name] * 1e3:.1f}",
             "-" if name == "plan" else f"{figures['speedup_over'][name]:.2f}x",
+            _rounds_text(figures, name),
         ]
         if predicted:
             row.append(f"{predicted['step_seconds'][name] * 1e3:.3f}")
         rows.append(tuple(row))
     return _table(tuple(headers), rows)
+
+
+def _rounds_text(figures: Mapping[str, Any], name: str) -> str:
+    if name == "plan":
+        return "-"
+    won, rounds = paired_rounds(figures, name)
+    return "timed apart" if rounds is None else f"{won}/{rounds} rounds"
 
 
 # ---------------------------------------------------------------------- figures
@@ -871,7 +973,7 @@ def run_demo(
     print(f"[1/3] profiled {settings['profile_steps']} steps; float16 does not fit: {unsafe}")
 
     with _quiet_optuna():
-        result = _search_stage(model, train, val, settings, device, profile_)
+        result, costs_source = _search_stage(model, train, val, settings, device, profile_)
     plan = result.plan
     plan.save(output)
     print(
@@ -879,6 +981,7 @@ def run_demo(
         f"{'/'.join(_search_dtypes(device))} (budget: {BUDGET.metric} at most "
         f"{BUDGET.max_relative_drop:.0%} above float32's); plan written to {output}"
     )
+    print(f"      {costs_source}:")
     print(_layer_table(plan, profile_, plan.metadata.get("evidence", {})))
 
     trained = _train_all(_candidate_plans(plan), initial_weights, (train, val), settings)

@@ -88,6 +88,56 @@ def test_speed_relation_claims_a_difference_only_beyond_noise_at_both(
     assert demo.speed_relation(median_ratio, minimum_ratio) == expected
 
 
+def test_rounds_needed_is_a_one_sided_sign_test_at_five_percent():
+    assert demo.rounds_needed(20) == 15  # P(>= 15 of 20) = 0.021, P(>= 14) = 0.058
+    assert demo.rounds_needed(5) == 5  # 1/32
+    assert demo.rounds_needed(4) is None  # 1/16: four rounds cannot show a difference
+    assert demo.rounds_needed(3) is None
+
+
+def paired_figures(plan_ms: list[float], float32_ms: list[float]) -> dict:
+    """Figures whose plan and float32 steps were timed in the same interleaved rounds."""
+    samples = {
+        "plan": plan_ms,
+        "float32": float32_ms,
+        "mixed_bfloat16": [value * 0.99 for value in plan_ms],
+        "mixed_float16": [300.0, 310.0, 305.0],
+    }
+    result = figures(
+        {name: statistics.median(values) for name, values in samples.items()},
+        {name: min(values) for name, values in samples.items()},
+    )
+    result["step_samples"] = {name: [v / 1e3 for v in values] for name, values in samples.items()}
+    result["timing"] = {"rounds": len(plan_ms), "timed_apart": ["mixed_float16"]}
+    return result
+
+
+def test_verdicts_need_the_plan_to_win_enough_interleaved_rounds():
+    # float32's median and fastest step are 1.3x and 1.25x the plan's, yet it won 8 of 20
+    # rounds: the load drifted, and the paired rounds say so.
+    plan, float32 = [20.0] * 12 + [30.0] * 8, [26.0] * 12 + [25.0] * 8
+    lines = demo.verdicts(paired_figures(plan, float32))
+    sentence = line_of(lines, "float32:")
+    assert "same speed as the plan within noise" in sentence
+    assert "win at least 15 of 20 rounds" in sentence
+    assert "the plan faster in 12 of 20 rounds" in sentence
+    assert "the plan ties float32" in line_of(lines, "verdict")
+
+    plan, float32 = [20.0] * 17 + [30.0] * 3, [26.0] * 17 + [25.0] * 3
+    lines = demo.verdicts(paired_figures(plan, float32))
+    assert "the plan is faster" in line_of(lines, "float32:")
+    assert "the plan faster in 17 of 20 rounds" in line_of(lines, "float32:")
+    assert "the plan is 1.30x faster than float32" in line_of(lines, "verdict")
+    # A policy timed apart is not paired: its sentence reads the ratios alone.
+    assert "rounds" not in line_of(lines, "mixed_float16:")
+
+
+def test_three_rounds_cannot_show_a_difference():
+    lines = demo.verdicts(paired_figures([20.0, 20.5, 21.0], [40.0, 41.0, 42.0]))
+    assert "3 rounds cannot show one" in line_of(lines, "float32:")
+    assert "the plan ties float32" in line_of(lines, "verdict")
+
+
 def test_verdicts_plan_faster_than_float32_while_each_16bit_policy_loses_something():
     lines = demo.verdicts(figures(STEPS))
 
@@ -239,14 +289,21 @@ def test_run_demo_quick_prints_the_verdicts_its_figures_support(tmp_path, capsys
     assert demo.verdicts(saved) == saved["verdicts"] == result["verdicts"]
     for line in saved["verdicts"]:
         assert "  " + line in printed
+    apart = saved["timing"]["timed_apart"]
     for name, comparison in demo.compare(saved).items():
         median = saved["step_seconds"][name] / saved["step_seconds"]["plan"]
         fastest = saved["step_seconds_min"][name] / saved["step_seconds_min"]["plan"]
+        samples = saved["step_samples"]
+        won = sum(a < b for a, b in zip(samples["plan"], samples[name]))
+        needed = demo.rounds_needed(len(samples["plan"])) or math.inf
+        paired = name not in apart and "plan" not in apart
         sentence = line_of(saved["verdicts"], f"{name}:")
         if comparison.speed == "faster":
             assert median > 1.05 and fastest > 1.05 and "the plan is faster" in sentence
+            assert not paired or won >= needed
         elif comparison.speed == "slower":
             assert median < 1 / 1.05 and fastest < 1 / 1.05
+            assert not paired or len(samples["plan"]) - won >= needed
             assert "it is faster than the plan" in sentence
         else:
             assert "same speed as the plan within noise" in sentence
