@@ -62,7 +62,9 @@ def _measure_casts(
             key = cache.key({"cast": dtype, "elements": elements})
             seconds = cache.get(key)
             if seconds is None:
-                seconds = time_cast(dtype, elements, repeats)
+                # At least 9 rounds: a 1024-value cast takes microseconds, and one round
+                # disturbed by another process would set its fixed cost alone.
+                seconds = time_cast(dtype, elements, max(repeats, 9))
                 cache.put(key, seconds, f"cast float32<->{dtype}, {elements} elements")
             timings.append(seconds)
         per_element = max((timings[1] - timings[0]) / (large - small), 0.0)
