@@ -2,8 +2,10 @@
 
 Three things need one, each chosen here once for the active Keras backend:
 
-- the profiler's in-graph probes (custom-gradient identities and statistic
-  variables): `tensorflow`, TensorFlow only;
+- the profiler's in-step probes, behind the one interface of
+  `autoprec._backends.probe_hooks`: `tensorflow` (custom-gradient identities
+  and statistic variables) and `jax_probes` (statistics returned with each
+  pure train step's logs);
 - the compiled functions that `autoprec.cost.calibrate` times:
   `tensorflow_timing` and `jax_timing`, with the same names;
 - the guard telemetry's state and step hooks: `tensorflow_telemetry` and
@@ -25,26 +27,40 @@ from ..errors import BackendError
 def profiler_backend(feature: str = "autoprec.profile") -> ModuleType:
     """Returns the profiler backend module for the active Keras backend, imported lazily.
 
+    Both modules provide `ProbeHooks(xla)` (the `autoprec._backends.probe_hooks.
+    ProbeHooks` protocol), `is_float_tensor`, `xla_can_host_probes` and
+    `write_histograms`.
+
     Args:
         feature: what needs the backend, named in the error message.
 
     Returns:
-        The backend module (`autoprec._backends.tensorflow`).
+        `autoprec._backends.tensorflow` or `autoprec._backends.jax_probes`.
 
     Raises:
-        BackendError: if the active Keras backend has no profiler backend.
+        BackendError: on a Keras backend other than TensorFlow and JAX.
+
+    Example:
+
+    ```python
+    hooks = profiler_backend().ProbeHooks(xla=False)
+    ```
     """
     name = keras.backend.backend()
-    if name != "tensorflow":
-        raise BackendError(
-            f"{feature} records statistics with in-graph probes that exist only for the "
-            f"TensorFlow backend; the active Keras backend is {name!r}. Set "
-            "KERAS_BACKEND=tensorflow before importing keras, or profile the model in a "
-            "TensorFlow process and load the saved profile with autoprec.Profile.load(path)."
-        )
-    from . import tensorflow as tensorflow_backend
+    if name == "tensorflow":
+        from . import tensorflow as tensorflow_backend
 
-    return tensorflow_backend
+        return tensorflow_backend
+    if name == "jax":
+        from . import jax_probes
+
+        return jax_probes
+    raise BackendError(
+        f"{feature} records statistics with probes inside the train step, which exist for "
+        f"the TensorFlow and JAX Keras backends; the active Keras backend is {name!r}. Set "
+        "KERAS_BACKEND=tensorflow (or jax) before importing keras, or profile the model in "
+        "such a process and load the saved profile with autoprec.Profile.load(path)."
+    )
 
 
 def telemetry_backend(feature: str = "the autoprec guard's telemetry") -> ModuleType:

@@ -1,7 +1,8 @@
 """TensorFlow side of the profiler: statistic variables, in-graph probes and TensorBoard output.
 
 The profiler (backend neutral) decides *what* to record; this module records
-it inside the compiled train step. The TensorFlow side of cost calibration is
+it inside the compiled train step (`ProbeHooks`, the interface of
+`probe_hooks`; `jax_probes` is the JAX side). The TensorFlow side of cost calibration is
 `tensorflow_timing`, that of the guard's telemetry `tensorflow_telemetry`.
 
 **How a tensor is measured** (a handful of passes over the data, no sorting):
@@ -464,6 +465,128 @@ def inverse_loss_scale(optimizer: object) -> tf.Tensor | None:
         return None
     scale = tf.cast(scales(tf.constant(1.0, tf.float32)), tf.float32)
     return tf.math.reciprocal(scale)
+
+
+class ProbeHooks:
+    """The profiler's step hooks on TensorFlow: statistic variables updated inside the traced step.
+
+    The `autoprec._backends.probe_hooks.ProbeHooks` interface. The wrapped
+    train step counts the step, reads the inverse loss scale and opens a
+    `StatisticsCache` for its trace; layer outputs pass through `probe`, and
+    the wrapped `apply_gradients` records each weight and its gradient. The
+    accumulators (`TensorAccumulator`) are created the first time a slot is
+    traced.
+
+    Args:
+        xla: whether the train step is compiled with XLA (selects XLA-friendly ops).
+
+    Example:
+
+    ```python
+    hooks = ProbeHooks(xla=False)
+    hooks.install_step(model, {id(model.layers[0].kernel): ("dense", "kernel")}, replace)
+    ```
+    """
+
+    def __init__(self, xla: bool = False) -> None:
+        self._xla = xla
+        self._accumulators: dict[tuple[str, str, str], TensorAccumulator] = {}
+        self._recording = False
+        self._multiplier: tf.Tensor | None = None
+        self._cache: StatisticsCache | None = None
+        self._counter: StepCounter | None = None
+
+    @property
+    def recording(self) -> bool:
+        """Whether the wrapped train step is being traced now."""
+        return self._recording
+
+    @property
+    def tensor_count(self) -> int:
+        """Number of accumulators created so far."""
+        return len(self._accumulators)
+
+    def install_step(self, model, owners, replace) -> None:
+        """Wraps `model.train_step` and its optimizer's `apply_gradients` on the instances."""
+        replace(model, "train_step", self._wrap_train_step(model, model.train_step))
+        optimizer = model.optimizer
+        replace(optimizer, "apply_gradients", self._wrap_apply(optimizer.apply_gradients, owners))
+
+    def rebuild_train_function(self, model) -> None:
+        """Rebuilds the model's train function (`make_train_function(force=True)`)."""
+        model.make_train_function(force=True)
+
+    def _wrap_train_step(self, model, original: Callable) -> Callable:
+        hooks = self
+
+        @functools.wraps(original)
+        def train_step(data):
+            hooks._recording = True
+            try:
+                if hooks._counter is None:
+                    hooks._counter = StepCounter()
+                hooks._counter.increment(data)
+                hooks._multiplier = inverse_loss_scale(model.optimizer)
+                hooks._cache = StatisticsCache()
+                return original(data)
+            finally:
+                hooks._recording = False
+                hooks._multiplier = None
+                hooks._cache = None
+
+        return train_step
+
+    def _wrap_apply(self, original: Callable, owners) -> Callable:
+        hooks = self
+
+        @functools.wraps(original)
+        def apply_gradients(grads_and_vars):
+            pairs = list(grads_and_vars)
+            if hooks._recording:
+                for gradient, variable in pairs:
+                    owner = owners.get(id(variable))
+                    if owner is None or gradient is None:
+                        continue
+                    path, name = owner
+                    record(
+                        hooks._accumulator((path, "weight_gradients", name)),
+                        gradient,
+                        hooks._xla,
+                        hooks._multiplier,
+                        hooks._cache,
+                    )
+                    record(hooks._accumulator((path, "weights", name)), variable.value, hooks._xla)
+            return original(pairs)
+
+        return apply_gradients
+
+    def _accumulator(self, slot: tuple[str, str, str]) -> TensorAccumulator:
+        if slot not in self._accumulators:
+            self._accumulators[slot] = TensorAccumulator("/".join(slot))
+        return self._accumulators[slot]
+
+    def probe(self, tensor: tf.Tensor, forward, backward) -> tf.Tensor:
+        """Returns `tensor` through `probe`, recording it and its gradient in the slots' accumulators."""
+        return probe(
+            tensor,
+            self._accumulator(forward),
+            self._accumulator(backward),
+            self._xla,
+            self._multiplier,
+            self._cache,
+        )
+
+    def record(self, slot, tensor: tf.Tensor) -> None:
+        """Records a forward value that needs no gradient into its slot's accumulator."""
+        record(self._accumulator(slot), tensor, self._xla)
+
+    def read(self) -> dict[tuple[str, str, str], tuple[np.ndarray, np.ndarray]]:
+        """Returns `{slot: (counts, floats)}`, each combined over replicas."""
+        return {slot: accumulator.read() for slot, accumulator in self._accumulators.items()}
+
+    def steps_recorded(self) -> int:
+        """Returns the number of train steps run with the probes so far."""
+        return 0 if self._counter is None else self._counter.read()
 
 
 _XLA_SUPPORT: dict[str, bool] = {}

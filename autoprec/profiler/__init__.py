@@ -16,11 +16,13 @@ The profiler records, for every layer (by its stable autoprec path, see
   layer output. Covered: the attention logits of `MultiHeadAttention` (and
   subclasses) as they are computed in the compute dtype of the query/key
   projections. On the fused path Keras 3 takes by default (no dropout, no
-  returned scores) the TensorFlow backend computes `einsum(query, key)`
-  *before* scaling by `1/sqrt(key_dim)`, so the unscaled product is what must
-  fit; with attention dropout or returned scores Keras scales the query
-  first and the scaled scores are recorded. The logits are recomputed in
-  float32 beside the layer's own computation (one extra einsum, forward only).
+  returned scores) TensorFlow and JAX compute `einsum(query, key)` *before*
+  scaling by `1/sqrt(key_dim)`, so the unscaled product is what must fit;
+  with attention dropout or returned scores Keras scales the query first and
+  the scaled scores are recorded. The logits are recomputed in float32 beside
+  the layer's own computation (one extra einsum, forward only), the same on
+  every backend (JAX's fused kernel accumulates that product in float32
+  itself, so there the recorded logits are a bound it does not have to meet).
 
 Every tensor is summarised by a `TensorStats`: element count, zeros,
 non-finite values, largest and smallest non-zero magnitude, mean magnitude,
@@ -28,12 +30,18 @@ RMS and an exponent histogram (see `autoprec.numerics`). Statistics are
 summed over the recorded steps (and replicas).
 
 The probes run inside the compiled train step of `model.fit` (the model's
-own `tf.function`, with or without XLA): each probed layer's `call` is
+own `tf.function` or jitted JAX step): each probed layer's `call` is
 replaced, on the instance, by a wrapper that passes its outputs through a
-custom-gradient identity updating statistic variables in the forward and the
-backward pass; the optimizer's `apply_gradients` is wrapped the same way for
-weight gradients. Removing the probes restores the original methods and
-rebuilds the train function, so nothing of the profiler remains in the graph.
+recording identity (forward values and the gradient flowing back), and the
+backend's step hooks (`autoprec._backends.probe_hooks`) wrap the train step
+and the optimizer for weights and weight gradients. On TensorFlow the
+statistics accumulate in variables inside the graph; on JAX, whose train step
+is pure, each step returns its statistics with its logs (no host callback, so
+a `keras.distribution` over several devices profiles the whole batch) and the
+host adds them up. Both give the same `Profile`, histograms and JSON for the
+same model, weights and batches. Removing the probes restores the original
+methods and rebuilds the train function, so nothing of the profiler remains
+in the compiled step.
 
 The package has one module per job: `stats` (the statistics model and its
 JSON), `probes` (which layers are probed; `ProbeSession` installs, reads and

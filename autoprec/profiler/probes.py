@@ -1,10 +1,12 @@
 """In-step probes: which layers are probed, and the session that installs, reads and removes them.
 
 A `ProbeSession` replaces, on the instances, each probed layer's `call` by a
-wrapper that passes its outputs through a custom-gradient identity recording
-statistics in the forward and the backward pass, and wraps the optimizer's
-`apply_gradients` for weights and weight gradients. `remove()` restores the
-original methods and rebuilds the train function.
+wrapper that passes its outputs through the backend's recording identity
+(forward values and the gradient flowing back into them), and lets the
+backend's step hooks wrap the train step and the optimizer for weights and
+weight gradients (`autoprec._backends.probe_hooks`: statistic variables on
+TensorFlow, statistics returned with each step's logs on JAX). `remove()`
+restores the original methods and rebuilds the train function.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typing import Any
 import keras
 
 from .._backends import profiler_backend
+from .._backends.probe_hooks import ProbeHooks, Slot
 from .._core.models import swap_attribute
 from ..errors import ProfileError
 from ..layers import (
@@ -46,10 +49,10 @@ def _probe_targets(model: keras.Model, include_pass_through: bool) -> dict[str, 
     """Layers whose outputs are probed, by stable path.
 
     Layers a recurrent layer runs once per time step inside its loop (its cell
-    and everything under it) are left out: a probe's gradient inside a
-    TensorFlow while loop cannot update statistic variables. The recurrent
-    layer's own outputs are probed, and the cell's weights and weight
-    gradients are recorded as for any layer.
+    and everything under it) are left out: a value measured inside a loop
+    (a TensorFlow while loop, a JAX scan) cannot leave it as the step's
+    statistics. The recurrent layer's own outputs are probed, and the cell's
+    weights and weight gradients are recorded as for any layer.
     """
     paths = layer_paths(model)
     loop_prefixes = tuple(
@@ -105,22 +108,22 @@ def _copy_keras_attributes(source: object, target: object) -> None:
 class ProbeSession:
     """Probes on a compiled model: they record statistics in every train step until removed.
 
-    `install()` wraps the train step, the probed layers' `call` and the
-    optimizer's `apply_gradients` (on the instances) and rebuilds the train
+    `install()` lets the backend wrap the train step and the optimizer, wraps
+    the probed layers' `call` (on the instances) and rebuilds the train
     function; from then on every `model.fit` step records. `collect()` reads
     what was recorded into a `Profile`; `remove()` restores every method and
     rebuilds the train function, so nothing of the probes stays in the graph.
     As a context manager it installs on entry and removes on exit.
     `ProfileCallback` and `autoprec.profile` are built on it; use it directly to
     keep probes on across several `fit` calls (as the overhead benchmark does).
-    TensorFlow backend only.
+    TensorFlow and JAX backends.
 
     Args:
         model: a compiled Keras model.
         include_pass_through: also probe pass-through layers (Dropout, Flatten, ...).
 
     Raises:
-        BackendError: if the Keras backend is not TensorFlow.
+        BackendError: if the Keras backend is neither TensorFlow nor JAX.
 
     Example:
 
@@ -137,13 +140,9 @@ class ProbeSession:
         self.model = model
         self._targets = _probe_targets(model, include_pass_through)
         self._weight_owners = _weight_owners(model)
-        self._accumulators: dict[tuple[str, str, str], Any] = {}
-        self._recording = False
+        self._hooks: ProbeHooks | None = None
         self._installed = False
         self._xla = False
-        self._gradient_multiplier = None
-        self._statistics_cache = None
-        self._step_counter = None
         self._undo: list[Callable[[], None]] = []
         self._original_jit_compile: bool | None = None
 
@@ -165,17 +164,17 @@ class ProbeSession:
 
     @property
     def probed_tensor_count(self) -> int:
-        """Number of tensors recorded, each with its own statistic variables.
+        """Number of tensors recorded, each under its own slot.
 
-        The variables are created when the train step is traced, so this is 0
-        until the first `fit` step after `install()`.
+        The slots are made when the train step is traced, so this is 0 until
+        the first `fit` step after `install()`.
         """
-        return len(self._accumulators)
+        return 0 if self._hooks is None else self._hooks.tensor_count
 
     # -- installing
 
     def install(self) -> None:
-        """Wraps the train step, layer calls and `apply_gradients`, then rebuilds the train function.
+        """Wraps the train step, the optimizer and the layer calls, then rebuilds the train function.
 
         Raises:
             ProfileError: if the model is already being profiled.
@@ -186,22 +185,22 @@ class ProbeSession:
                 "(or remove its ProfileCallback) first."
             )
         self._choose_xla()
+        hooks = self._backend.ProbeHooks(self._xla)
+        self._hooks = hooks
         self._replace(self.model, "_autoprec_probe_session", self)
-        self._replace(self.model, "train_step", self._wrap_train_step(self.model.train_step))
-        optimizer = self.model.optimizer
-        self._replace(optimizer, "apply_gradients", self._wrap_apply(optimizer.apply_gradients))
+        hooks.install_step(self.model, self._weight_owners, self._replace)
         for path, layer in self._targets.items():
-            self._replace(layer, "call", self._wrap_call(path, layer.call))
+            self._replace(layer, "call", self._wrap_call(hooks, path, layer.call))
             if _is_multi_head_attention(layer):
                 self._replace(
                     layer,
                     "_compute_attention",
                     observing_attention(
-                        layer, layer._compute_attention, self._attention_sink(path)
+                        layer, layer._compute_attention, self._attention_sink(hooks, path)
                     ),
                 )
         self._installed = True
-        self.model.make_train_function(force=True)
+        hooks.rebuild_train_function(self.model)
 
     def _choose_xla(self) -> None:
         self._xla = bool(getattr(self.model, "jit_compile", False))
@@ -219,70 +218,33 @@ class ProbeSession:
     def _replace(self, owner: object, name: str, value: object) -> None:
         self._undo.append(swap_attribute(owner, name, value))
 
-    def _wrap_train_step(self, original: Callable) -> Callable:
-        session = self
-
-        @functools.wraps(original)
-        def train_step(data):
-            session._recording = True
-            try:
-                if session._step_counter is None:
-                    session._step_counter = session._backend.StepCounter()
-                session._step_counter.increment(data)
-                session._gradient_multiplier = session._backend.inverse_loss_scale(
-                    session.model.optimizer
-                )
-                session._statistics_cache = session._backend.StatisticsCache()
-                return original(data)
-            finally:
-                session._recording = False
-                session._gradient_multiplier = None
-                session._statistics_cache = None
-
-        return train_step
-
-    def _wrap_call(self, path: str, original: Callable) -> Callable:
+    def _wrap_call(self, hooks: ProbeHooks, path: str, original: Callable) -> Callable:
         session = self
 
         @functools.wraps(original)
         def call(*args, **kwargs):
             outputs = original(*args, **kwargs)
-            if not session._recording:
+            if not hooks.recording:
                 return outputs
-            return session._probe_outputs(path, outputs)
+            return session._probe_outputs(hooks, path, outputs)
 
         return call
 
-    def _attention_sink(self, path: str) -> Callable[[], Callable[[Any], None] | None]:
+    def _attention_sink(
+        self, hooks: ProbeHooks, path: str
+    ) -> Callable[[], Callable[[Any], None] | None]:
+        slot: Slot = (path, "internals", ATTENTION_LOGITS)
+
         def sink() -> Callable[[Any], None] | None:
-            if not self._recording:
+            if not hooks.recording:
                 return None
-            accumulator = self._accumulator(path, "internals", ATTENTION_LOGITS)
-            return lambda logits: self._backend.record(accumulator, logits, self._xla)
+            return lambda logits: hooks.record(slot, logits)
 
         return sink
 
-    def _wrap_apply(self, original: Callable) -> Callable:
-        session = self
-
-        @functools.wraps(original)
-        def apply_gradients(grads_and_vars):
-            pairs = list(grads_and_vars)
-            if session._recording:
-                session._record_weights(pairs)
-            return original(pairs)
-
-        return apply_gradients
-
     # -- recording (at trace time, inside the train step)
 
-    def _accumulator(self, path: str, kind: str, key: str):
-        slot = (path, kind, key)
-        if slot not in self._accumulators:
-            self._accumulators[slot] = self._backend.TensorAccumulator(f"{path}/{kind}/{key}")
-        return self._accumulators[slot]
-
-    def _probe_outputs(self, path: str, outputs: Any) -> Any:
+    def _probe_outputs(self, hooks: ProbeHooks, path: str, outputs: Any) -> Any:
         flat = keras.tree.flatten_with_path(outputs)
         if not any(self._backend.is_float_tensor(value) for _, value in flat):
             return outputs
@@ -292,13 +254,8 @@ class ProbeSession:
                 probed.append(value)
                 continue
             key = _output_key(tree_path)
-            observed = self._backend.probe(
-                value,
-                self._accumulator(path, "activations", key),
-                self._accumulator(path, "activation_gradients", key),
-                self._xla,
-                self._gradient_multiplier,
-                self._statistics_cache,
+            observed = hooks.probe(
+                value, (path, "activations", key), (path, "activation_gradients", key)
             )
             _copy_keras_attributes(value, observed)
             probed.append(observed)
@@ -306,41 +263,25 @@ class ProbeSession:
             return probed[0]
         return keras.tree.pack_sequence_as(outputs, probed)
 
-    def _record_weights(self, pairs: list) -> None:
-        for gradient, variable in pairs:
-            owner = self._weight_owners.get(id(variable))
-            if owner is None or gradient is None:
-                continue
-            path, name = owner
-            self._backend.record(
-                self._accumulator(path, "weight_gradients", name),
-                gradient,
-                self._xla,
-                self._gradient_multiplier,
-                self._statistics_cache,
-            )
-            self._backend.record(
-                self._accumulator(path, "weights", name), variable.value, self._xla
-            )
-
     # -- collecting and removing
 
     def steps_recorded(self) -> int:
         """Returns the number of train steps run with probes so far."""
-        return 0 if self._step_counter is None else self._step_counter.read()
+        return 0 if self._hooks is None else self._hooks.steps_recorded()
+
+    def _read(self) -> dict[Slot, TensorStats]:
+        if self._hooks is None:
+            return {}
+        return {slot: TensorStats.from_raw(*raw) for slot, raw in self._hooks.read().items()}
 
     def values_recorded(self) -> int:
         """Returns the number of tensor elements measured so far, over every probe and step."""
-        return sum(
-            TensorStats.from_raw(*accumulator.read()).count
-            for accumulator in self._accumulators.values()
-        )
+        return sum(stats.count for stats in self._read().values())
 
     def collect(self) -> Profile:
         """Returns what the probes recorded so far as a `Profile` (the probes stay installed)."""
         groups: dict[str, dict[str, dict[str, TensorStats]]] = {}
-        for (path, kind, key), accumulator in self._accumulators.items():
-            stats = TensorStats.from_raw(*accumulator.read())
+        for (path, kind, key), stats in self._read().items():
             if stats.count == 0:
                 continue
             groups.setdefault(path, {name: {} for name in TENSOR_KINDS})[kind][key] = stats
@@ -373,4 +314,4 @@ class ProbeSession:
             self._original_jit_compile = None
         if self._installed:
             self._installed = False
-            self.model.make_train_function(force=True)
+            self._hooks.rebuild_train_function(self.model)

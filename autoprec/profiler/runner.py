@@ -115,7 +115,7 @@ def profile(
     unbuilt optimizer is built (with its initial state) so it can be restored.
 
     Args:
-        model: a compiled Keras model (TensorFlow backend).
+        model: a compiled Keras model (TensorFlow or JAX backend).
         x: the training data, as `model.fit` takes it in one argument: an `(x, y)`
             or `(x, y, sample_weight)` tuple of arrays, a `tf.data.Dataset` of
             batches, or a Python generator or `keras.utils.PyDataset` yielding
@@ -130,7 +130,7 @@ def profile(
 
     Raises:
         ProfileError: if the model is not compiled or `data` is unusable.
-        BackendError: if the Keras backend is not TensorFlow.
+        BackendError: if the Keras backend is neither TensorFlow nor JAX.
 
     Example:
 

@@ -672,7 +672,8 @@ class Profile:
 
         Tags are `<layer path>/<kind>[/<name>]`; the x axis is the binary
         exponent `floor(log2|x|)` (zeros and non-finite values are left out).
-        Needs the TensorFlow backend (TensorBoard itself is not needed to write).
+        Needs TensorFlow installed, whichever the Keras backend (TensorBoard
+        itself is not needed to write).
 
         Args:
             logdir: TensorBoard log directory.

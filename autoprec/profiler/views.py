@@ -159,7 +159,7 @@ def write_tensorboard(
     series: Iterable[tuple[str, np.ndarray, np.ndarray]],
     step: int = 0,
 ) -> None:
-    """Writes exponent histograms as TensorBoard histograms (TensorFlow backend).
+    """Writes exponent histograms as TensorBoard histograms (with TensorFlow's summary writer).
 
     Args:
         logdir: TensorBoard log directory.
@@ -167,7 +167,8 @@ def write_tensorboard(
         step: the summary step to write at.
 
     Raises:
-        BackendError: if the Keras backend is not TensorFlow.
+        BackendError: on a Keras backend without profiler probes, or on JAX where
+            TensorFlow cannot be imported.
 
     Example:
 

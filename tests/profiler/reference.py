@@ -87,3 +87,24 @@ def synthetic_profile() -> Profile:
         internals={"attention_logits": stats([1e5, -3.0, 2.0])},
     )
     return Profile({"encoder/dense": safe, "attention": risky}, steps=4, model_name="demo")
+
+
+def cross_backend_model():
+    """Dense, MultiHeadAttention, Add, LayerNormalization, pooling and a linear head (no softmax).
+
+    Built the same under every Keras backend; the head has no softmax, so the
+    loss reads the outputs on every backend (TensorFlow alone would read a
+    softmax's logits).
+    """
+    import keras
+
+    inputs = keras.Input((6, 8))
+    hidden = keras.layers.Dense(8, name="proj")(inputs)
+    attended = keras.layers.MultiHeadAttention(
+        num_heads=2, key_dim=4, use_bias=False, name="attention"
+    )(hidden, hidden)
+    hidden = keras.layers.Add(name="residual")([hidden, attended])
+    hidden = keras.layers.LayerNormalization(name="norm")(hidden)
+    pooled = keras.layers.GlobalAveragePooling1D(name="pool")(hidden)
+    outputs = keras.layers.Dense(2, name="head")(pooled)
+    return keras.Model(inputs, outputs, name="cross_backend")

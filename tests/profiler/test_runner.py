@@ -129,11 +129,11 @@ def test_profile_accepts_generators_and_needs_compiled_model():
         profile(model, "not data")
 
 
-def test_non_tensorflow_backend_is_refused(monkeypatch):
-    monkeypatch.setattr(keras.backend, "backend", lambda: "jax")
+def test_a_backend_without_probes_is_refused(monkeypatch):
+    monkeypatch.setattr(keras.backend, "backend", lambda: "torch")
     model = build_mlp()
     model.compile(optimizer="sgd", loss="mse")
-    with pytest.raises(BackendError, match="TensorFlow"):
+    with pytest.raises(BackendError, match="TensorFlow and JAX Keras backends.*'torch'"):
         profile(model, classification_data())
 
 

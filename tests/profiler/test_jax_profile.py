@@ -1,0 +1,340 @@
+"""The profiler on Keras' JAX backend records the same `Profile` as on TensorFlow.
+
+This process runs TensorFlow; every JAX check runs in one child process started
+with `KERAS_BACKEND=jax` and TensorFlow made unimportable (as on a GPU machine
+with JAX and no TensorFlow), on two forced CPU devices. Both sides profile the
+same model (Dense, MultiHeadAttention, Add, LayerNormalization, pooling, a
+linear head) from the same initial weights on the same batches; the child
+writes its profiles as JSON and the tests below compare them slot by slot.
+
+Tolerances, from float32 rounding (two backends' kernels sum in different
+orders, and three SGD steps carry the differences on):
+
+- counts, zeros, non-finite and NaN counts: exact;
+- largest magnitude, sum of magnitudes, sum of squares: relative 1e-3
+  (measured here: at most 5e-4, on the near-zero gradients behind a saturated
+  softmax; 3e-7 elsewhere);
+- smallest non-zero magnitude: within one binade (it is set by cancellation;
+  measured: relative 3e-3 at most);
+- exponent histograms: at most 0.5% of the elements (at least one) in another
+  bin (a value next to a power of two may round to either side).
+
+The child's XLA compiles its CPU code at LLVM optimisation level 0, which keeps
+the child's compile time (most of its run time) down and changes no semantics.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import keras
+import numpy as np
+import pytest
+from profiler.reference import assert_matches_reference, cross_backend_model
+
+from autoprec.profiler import Profile, TensorStats, profile
+from autoprec.profiler.stats import TENSOR_KINDS
+
+pytest.importorskip("jax")
+
+_TESTS_DIR = Path(__file__).resolve().parents[1]
+_STEPS = 3
+_BATCH = 8
+_MAGNITUDE_RTOL = 1e-3
+_MOVED_FRACTION = 0.005
+
+#: Tensors whose statistics the JAX measurement must give exactly as NumPy does.
+_SPECIAL_TENSORS = {
+    "normal": np.random.default_rng(1).normal(scale=3.0, size=(5, 7, 11)).astype(np.float32),
+    "special": np.array(
+        [0.0, -0.0, np.inf, -np.inf, np.nan, 1.0, 0.99999994, -(2.0**-14), 6.0e-8, 1e-40]
+        + [-1.4e-45, 3e30, 65504.0, 70000.0, 3e38, -3e38],
+        np.float32,
+    ),
+    "zeros": np.zeros((4, 3), np.float32),
+    "subnormal": np.array([1e-41, 0.0, 2e-39, -1.4e-45], np.float32),
+}
+
+CHILD = textwrap.dedent(
+    """
+    import contextlib, io, json, sys
+    from pathlib import Path
+    sys.modules["tensorflow"] = None  # as on a machine with JAX and no TensorFlow
+    import jax, keras, numpy as np
+    import autoprec
+    from autoprec._backends import jax_probes
+    from autoprec.layers import layer_paths
+    from autoprec.profiler import ProbeSession, ProfileCallback, TensorStats, profile
+    from profiler.reference import cross_backend_model
+
+    folder = Path(sys.argv[1])
+    steps, batch = int(sys.argv[2]), int(sys.argv[3])
+    arrays = np.load(folder / "arrays.npz")
+    x, y = arrays["x"], arrays["y"]
+    results = {"devices": len(jax.devices())}
+
+    # The measurement itself, on tensors with every special value.
+    special = np.load(folder / "special.npz")
+    measure = jax.jit(jax_probes.tensor_statistics)
+    results["special"] = {}
+    for name in special.files:
+        counts, floats = jax.device_get(measure(special[name]))
+        raw = jax_probes.host_statistics(counts[None], floats[None])
+        results["special"][name] = TensorStats.from_raw(*raw).to_dict()
+
+    def model_with_weights(optimizer=None):
+        model = cross_backend_model()
+        model.set_weights([arrays[f"w{i}"] for i in range(len(model.weights))])
+        model.compile(optimizer=optimizer or keras.optimizers.SGD(0.01), loss="mse")
+        return model
+
+    def instance_overrides(model):
+        found = [name for name in ("train_step", "compute_loss_and_updates",
+                                   "make_train_function", "_autoprec_probe_session")
+                 if name in vars(model)]
+        found += ["stateless_apply"] if "stateless_apply" in vars(model.optimizer) else []
+        found += [path for path, layer in layer_paths(model).items() if "call" in vars(layer)]
+        return found
+
+    # The same model, weights and batches as the TensorFlow side.
+    model = model_with_weights()
+    before = [w.numpy().copy() for w in model.weights + model.optimizer.variables]
+    prof = profile(model, (x, y), steps=steps, batch_size=batch, verbose=0)
+    prof.save(folder / "jax.json")
+    after = [w.numpy() for w in model.weights + model.optimizer.variables]
+    results["unchanged"] = all(np.array_equal(b, a) for b, a in zip(before, after))
+    results["overrides_after_profile"] = instance_overrides(model)
+    results["train_function_probed"] = bool(
+        getattr(model.train_function, "_autoprec_probed", False))
+
+    # Two devices, the batch sharded (keras.distribution), gradients loss-scaled.
+    keras.distribution.set_distribution(keras.distribution.DataParallel(devices=jax.devices()))
+    scaled = keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(0.01), initial_scale=1024.0)
+    model = model_with_weights(scaled)
+    profile(model, (x, y), steps=steps, batch_size=batch, verbose=0).save(
+        folder / "jax_data_parallel.json")
+    keras.distribution.set_distribution(None)
+
+    # ProfileCallback inside a real fit with steps_per_execution=2; fit runs on after it.
+    small = keras.Sequential([keras.Input((6, 8)), keras.layers.Dense(4, name="dense")])
+    small.compile(optimizer="sgd", loss="mse", steps_per_execution=2)
+    callback = ProfileCallback(steps=3)
+    history = small.fit(x, np.zeros((24, 6, 4), "float32"), batch_size=4, epochs=2,
+                        verbose=0, callbacks=[callback])
+    results["callback"] = {
+        "steps": callback.profile.steps,
+        "count": callback.profile.layers["dense"].activations["output"].count,
+        "epochs": len(history.history["loss"]),
+        "overrides": instance_overrides(small),
+    }
+    with ProbeSession(small) as session:
+        small.fit(x, np.zeros((24, 6, 4), "float32"), batch_size=8, epochs=1, verbose=0)
+        small.fit(x, np.zeros((24, 6, 4), "float32"), batch_size=8, epochs=1, verbose=0)
+        across = session.collect()
+    results["session"] = {
+        "steps": session.steps_recorded(),
+        "count": across.layers["dense"].activations["output"].count,
+        "tensors": session.probed_tensor_count,
+    }
+
+    # The automatic mode profiles its first steps on JAX too, then decides.
+    rng = np.random.default_rng(0)
+    features = rng.normal(size=(64, 8)).astype("float32")
+    labels = (features[:, 0] > 0).astype("int32")
+    mlp = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="relu"),
+                            keras.layers.Dense(2)])
+    mlp.compile(optimizer="sgd",
+                loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    auto = autoprec.AutoPrecision(auto=autoprec.AutoPlan(profile_steps=2, timing_rounds=1))
+    shown = io.StringIO()
+    with contextlib.redirect_stdout(shown):
+        mlp.fit(features, labels, batch_size=8, epochs=2, verbose=0, callbacks=[auto])
+    results["auto"] = {
+        "messages": shown.getvalue().splitlines(),
+        "profile_steps": None if auto.profile is None else auto.profile.steps,
+        "profiled_layers": [] if auto.profile is None else list(auto.profile.layers),
+        "plan": None if auto.plan is None else auto.plan.resolve(),
+    }
+    print("RESULT " + json.dumps(results))
+    """
+)
+
+
+def _model_and_data() -> tuple[keras.Model, np.ndarray, np.ndarray]:
+    """The model with query and key weights large enough that its logits overflow float16."""
+    keras.utils.set_random_seed(0)
+    model = cross_backend_model()
+    attention = model.get_layer("attention")
+    for dense in (attention._query_dense, attention._key_dense):
+        dense.kernel.assign(dense.kernel.numpy() * 80.0)
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(_STEPS * _BATCH, 6, 8)).astype("float32")
+    y = rng.normal(size=(_STEPS * _BATCH, 2)).astype("float32")
+    return model, x, y
+
+
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory) -> dict:
+    folder = tmp_path_factory.mktemp("jax_profile")
+    model, x, y = _model_and_data()
+    weights = {f"w{i}": weight for i, weight in enumerate(model.get_weights())}
+    np.savez(folder / "arrays.npz", x=x, y=y, **weights)
+    np.savez(folder / "special.npz", **_SPECIAL_TENSORS)
+    model.compile(optimizer=keras.optimizers.SGD(0.01), loss="mse")
+    tensorflow_profile = profile(model, (x, y), steps=_STEPS, batch_size=_BATCH, verbose=0)
+
+    environment = {**os.environ, "KERAS_BACKEND": "jax", "JAX_PLATFORMS": "cpu"}
+    environment["XLA_FLAGS"] = (
+        "--xla_force_host_platform_device_count=2 --xla_backend_optimization_level=0 "
+        "--xla_llvm_disable_expensive_passes=true"
+    )
+    environment["PYTHONPATH"] = os.pathsep.join(
+        [str(_TESTS_DIR), environment.get("PYTHONPATH", "")]
+    )
+    completed = subprocess.run(
+        [sys.executable, "-c", CHILD, str(folder), str(_STEPS), str(_BATCH)],
+        capture_output=True, text=True, timeout=300, env=environment, cwd=folder,
+    )  # fmt: skip
+    assert completed.returncode == 0, completed.stderr[-4000:]
+    line = next(x for x in completed.stdout.splitlines() if x.startswith("RESULT "))
+    return {
+        "tensorflow": tensorflow_profile,
+        "jax": Profile.load(folder / "jax.json"),
+        "jax_data_parallel": Profile.load(folder / "jax_data_parallel.json"),
+        "child": json.loads(line[len("RESULT ") :]),
+    }
+
+
+def _slots(prof: Profile) -> dict[tuple[str, str, str], TensorStats]:
+    return {
+        (path, kind, key): stats
+        for path, layer in prof.layers.items()
+        for kind in TENSOR_KINDS
+        for key, stats in getattr(layer, kind).items()
+    }
+
+
+def _relative(first: float, second: float) -> float:
+    return abs(first - second) / max(abs(first), abs(second), 1e-300)
+
+
+def _moved(first: TensorStats, second: TensorStats) -> int:
+    """How many elements sit in another exponent bin (half the histograms' L1 distance)."""
+    return int(np.abs(first.histogram - second.histogram).sum()) // 2
+
+
+def _differences(expected: Profile, actual: Profile) -> list[str]:
+    """Every slot where `actual` is outside the tolerances (module docstring) of `expected`."""
+    wrong = []
+    expected_slots, actual_slots = _slots(expected), _slots(actual)
+    if set(expected_slots) != set(actual_slots):
+        return [f"slots differ: {sorted(set(expected_slots) ^ set(actual_slots))}"]
+    for slot, first in expected_slots.items():
+        second = actual_slots[slot]
+        for field in ("count", "zeros", "nonfinite", "nan"):
+            if getattr(first, field) != getattr(second, field):
+                wrong.append(f"{slot} {field}: {getattr(first, field)} != {getattr(second, field)}")
+        for field in ("max_abs", "sum_abs", "sum_squares"):
+            error = _relative(getattr(first, field), getattr(second, field))
+            if error > _MAGNITUDE_RTOL:
+                wrong.append(f"{slot} {field}: relative difference {error:.2e}")
+        smallest = (first.min_nonzero_abs, second.min_nonzero_abs)
+        if (None in smallest and smallest != (None, None)) or (
+            None not in smallest and abs(math.log2(smallest[0] / smallest[1])) >= 1.0
+        ):
+            wrong.append(f"{slot} min_nonzero_abs: {smallest}")
+        if _moved(first, second) > max(1, _MOVED_FRACTION * first.count):
+            wrong.append(f"{slot} histogram: {_moved(first, second)} of {first.count} moved")
+    return wrong
+
+
+def _comparison_table(tensorflow_profile: Profile, jax_profile: Profile) -> str:
+    """Per layer: largest forward and gradient magnitude on both backends, elements moved."""
+    lines = [
+        f"{'layer':24s} {'max|x| TF':>11s} {'max|x| JAX':>11s} {'max|g| TF':>11s} "
+        f"{'max|g| JAX':>11s} {'moved':>9s}"
+    ]
+    for path, first in tensorflow_profile.layers.items():
+        second = jax_profile.layers[path]
+        pairs = [(first.forward, second.forward), (first.gradient, second.gradient)]
+        moved = sum(_moved(a, b) for a, b in pairs if a is not None)
+        count = sum(a.count for a, _ in pairs if a is not None)
+        values = [
+            f"{stats.max_abs:11.6g}" if stats else f"{'-':>11s}" for pair in pairs for stats in pair
+        ]
+        lines.append(f"{path:24s} {' '.join(values)} {moved:4d}/{count:<4d}")
+    return "\n".join(lines)
+
+
+def test_jax_records_what_tensorflow_records_for_every_layer(recorded):
+    tensorflow_profile, jax_profile = recorded["tensorflow"], recorded["jax"]
+    print("\n" + _comparison_table(tensorflow_profile, jax_profile))
+    assert jax_profile.steps == tensorflow_profile.steps == _STEPS
+    assert list(jax_profile.layers) == list(tensorflow_profile.layers)
+    assert _differences(tensorflow_profile, jax_profile) == []
+    logits = [p.layers["attention"].internals["attention_logits"] for p in recorded.values()
+              if isinstance(p, Profile)]  # fmt: skip
+    assert all(stats.count == _STEPS * _BATCH * 2 * 6 * 6 for stats in logits)
+    assert all(stats.max_abs > 65504 for stats in logits)  # above float16's largest
+
+
+def test_jax_profile_has_the_same_json_and_verdicts(recorded):
+    tensorflow_profile, jax_profile = recorded["tensorflow"], recorded["jax"]
+    expected, actual = tensorflow_profile.to_dict(), jax_profile.to_dict()
+    assert actual.keys() == expected.keys()
+    assert actual["fingerprint"] == expected["fingerprint"] is not None
+    for path, layer in expected["layers"].items():
+        assert actual["layers"][path]["class_name"] == layer["class_name"]
+        for kind in TENSOR_KINDS:
+            assert actual["layers"][path][kind].keys() == layer[kind].keys(), (path, kind)
+    assert jax_profile.float16_unsafe_layers == tensorflow_profile.float16_unsafe_layers
+    assert "attention" in jax_profile.float16_unsafe_layers  # its logits overflow float16
+    assert jax_profile.suggested_loss_scale == tensorflow_profile.suggested_loss_scale
+    assert jax_profile.summary().splitlines()[3:] == tensorflow_profile.summary().splitlines()[3:]
+
+
+def test_jax_measurement_matches_numpy_on_special_values(recorded):
+    measured = recorded["child"]["special"]
+    assert measured.keys() == _SPECIAL_TENSORS.keys()
+    for name, values in _SPECIAL_TENSORS.items():
+        stats = TensorStats.from_dict(measured[name], name)
+        assert_matches_reference(stats, values)
+
+
+def test_two_devices_and_a_loss_scale_record_the_single_device_profile(recorded):
+    assert recorded["child"]["devices"] == 2
+    single, sharded = recorded["jax"], recorded["jax_data_parallel"]
+    assert sharded.steps == single.steps
+    # Loss-scaled gradients are recorded divided by the scale; the sharded batch is
+    # measured whole (every count is the single device's).
+    assert _differences(single, sharded) == []
+
+
+def test_profiling_on_jax_leaves_the_model_as_it_was(recorded):
+    child = recorded["child"]
+    assert child["unchanged"]
+    assert child["overrides_after_profile"] == [] and not child["train_function_probed"]
+
+
+def test_profile_callback_and_probe_session_record_every_step_on_jax(recorded):
+    callback, session = recorded["child"]["callback"], recorded["child"]["session"]
+    # steps_per_execution=2: the callback sees every second step, each step is recorded.
+    assert callback["steps"] == 4 and callback["count"] == 4 * 4 * 6 * 4
+    assert callback["epochs"] == 2 and callback["overrides"] == []
+    assert session["steps"] == 6 and session["count"] == 6 * 8 * 6 * 4
+    assert session["tensors"] == 6  # output, its gradient, kernel, bias and their gradients
+
+
+def test_auto_precision_decides_from_a_profile_on_jax(recorded):
+    auto = recorded["child"]["auto"]
+    assert "autoprec: profiling the first 2 steps in float32" in auto["messages"], auto
+    assert not any("no profile on this backend" in line for line in auto["messages"])
+    assert auto["profile_steps"] == 2
+    assert auto["profiled_layers"] == ["dense", "dense_1"]
+    assert auto["plan"] and set(auto["plan"]) == {"dense", "dense_1"}
