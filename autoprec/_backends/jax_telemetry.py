@@ -119,8 +119,8 @@ def carrier_identity(
     Example:
 
     ```python
-    identity = carrier_identity(0, lambda x: bitcast(jnp.max(jnp.abs(x)).astype("float32"), "int32"))
-    value, carrier = identity(value, jnp.zeros((3,), jnp.float32))
+    identity = carrier_identity(0, lambda x: bitcast(jnp.max(jnp.abs(x)), "int32"))
+    value, carrier = identity(value, jnp.zeros((3,), jnp.float32))  # float32 value
     ```
     """
 

@@ -50,7 +50,38 @@ CHILD = textwrap.dedent(
     history = hooks.read_history()
     status = hooks.read_status().tolist()
     hooks.clear_status()
+    # Activation gradients through the carrier: a layer called twice gets the larger of its
+    # two incoming gradients' amax (not their sum), checked against jax.grad in float32.
+    import jax
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((4,))
+    shared = keras.layers.Dense(4, use_bias=False, name="shared")
+    outputs = keras.layers.Dense(1, name="out")(shared(shared(inputs)))
+    twice = keras.Model(inputs, outputs)
+    twice.compile(optimizer=keras.optimizers.SGD(0.0), loss="mse")
+    twice.get_layer("shared").set_weights([np.full((4, 4), 0.5, "float32")])
+    twice.get_layer("out").set_weights([np.ones((4, 1), "float32"), np.zeros(1, "float32")])
+    handle = apply_plan(twice, autoprec.PrecisionPlan.uniform(twice, "float16")
+                        .with_dtype("out", "float32"))
+    twice.optimizer = autoprec.FlooredLossScaleOptimizer(twice.optimizer, initial_scale=8.0)
+    twice.optimizer.build(twice.trainable_variables)
+    carried = GuardTelemetry(twice, handle.dtypes)
+    carried.install()
+    twice.make_train_function(force=True)
+    x_small, y_one = np.full((4, 4), 1e-3, "float32"), np.ones((4, 1), "float32")
+    twice.fit(x_small, y_one, batch_size=4, verbose=0)
+    kernel = np.full((4, 4), 0.5, "float32")
+    first_call = x_small @ kernel
+    def scaled_loss(h1, h2):
+        return 8.0 * jnp.mean(((h2 @ np.ones((4, 1), "float32")) - y_one) ** 2)
+    def from_first(h1):
+        return scaled_loss(h1, h1 @ kernel)
+    upstream = [float(jnp.abs(jax.grad(from_first)(first_call)).max()),
+                float(jnp.abs(jax.grad(lambda h2: scaled_loss(None, h2))(first_call @ kernel)).max())]
+    shared_record = carried.read_records()[-1].layers["shared"]
+
     print("RESULT " + json.dumps({
+        "carrier": [shared_record.gradient, upstream],
         "dispatch": telemetry_backend() is jax_telemetry,
         "protocol": isinstance(empty, TelemetryHooks),
         "lazy": empty.measures_bfloat16_lazily,
@@ -96,7 +127,14 @@ def test_forward_values_and_activation_gradients_leave_the_pure_step(results):
     output, inputs, internal, gradient = results["wide"]
     assert output > 0 and inputs == 1.0  # forward values, through the loss function's outputs
     assert internal == -1.0  # not an attention layer: nothing recorded
-    assert gradient > 0  # weight and activation gradients (host callbacks), under the scale
+    assert gradient > 0  # weight and activation gradients (the carrier's), under the scale
+
+
+def test_activation_gradients_of_a_layer_called_twice_are_their_largest(results):
+    recorded, (into_first_call, into_second_call) = results["carrier"]
+    assert into_first_call > into_second_call > 1.0  # the weight gradient is ~0.06, far below
+    assert recorded == pytest.approx(into_first_call, rel=2e-3)  # float16 rounding
+    assert recorded < into_first_call + into_second_call - 1.0  # a maximum, not a sum
 
 
 def test_a_failed_step_raises_the_status_until_cleared(results):

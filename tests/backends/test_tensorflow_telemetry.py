@@ -32,6 +32,12 @@ def test_replica_variables_are_set_and_read_on_every_replica():
     ]
 
 
+def test_a_flag_on_one_replica_is_its_own_every_replica_value():
+    assert tensorflow_telemetry.replicas_in_sync() == 1
+    for flag in (True, False):
+        assert bool(tensorflow_telemetry.every_replica(tf.constant(flag))) is flag
+
+
 def test_bitcast_takes_scalars():
     assert int(tensorflow_telemetry.bitcast(tf.constant(1.0), "int32")) == 0x3F800000
     half = tensorflow_telemetry.bitcast(np.float16(1.0), "int16")

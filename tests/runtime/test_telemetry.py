@@ -327,3 +327,21 @@ def test_bfloat16_layers_are_measured_in_the_failing_step_only():
     promotions = _promotions(callback)
     assert [(event["layer"], event["step"]) for event in promotions] == [("b", 2)], promotions
     assert "non-finite bfloat16 outputs" in promotions[0]["evidence"]
+
+
+def test_the_step_knows_whether_every_gradient_so_far_is_finite():
+    model = _dense_model()
+    telemetry = GuardTelemetry(model, {path: "float16" for path in layer_paths(model)})
+    trace = telemetry.begin_step(np.ones((2, 8), "float32"))
+    telemetry.end_step()
+
+    def finite() -> bool:
+        return bool(keras.ops.convert_to_numpy(telemetry.gradients_finite(trace)))
+
+    assert finite()  # no gradient yet
+    telemetry.record_weight_gradient(trace, 0, keras.ops.convert_to_tensor([3.0, -65504.0]))
+    assert finite()
+    telemetry.record_weight_gradient(trace, None, keras.ops.convert_to_tensor([1.0, np.nan]))
+    assert not finite()
+    bits = telemetry.measure(trace, keras.ops.convert_to_tensor([-2.0, 1.0], "float16"))
+    assert int(keras.ops.convert_to_numpy(bits)) == 0x40000000  # 2.0 as float32 bits
