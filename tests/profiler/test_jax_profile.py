@@ -112,6 +112,11 @@ CHILD = textwrap.dedent(
     results["overrides_after_profile"] = instance_overrides(model)
     results["train_function_probed"] = bool(
         getattr(model.train_function, "_autoprec_probed", False))
+    try:
+        prof.to_tensorboard(folder / "logs")
+        results["tensorboard"] = "written"
+    except autoprec.BackendError as error:
+        results["tensorboard"] = str(error)
 
     # Two devices, the batch sharded (keras.distribution), gradients loss-scaled.
     keras.distribution.set_distribution(keras.distribution.DataParallel(devices=jax.devices()))
@@ -320,6 +325,11 @@ def test_profiling_on_jax_leaves_the_model_as_it_was(recorded):
     child = recorded["child"]
     assert child["unchanged"]
     assert child["overrides_after_profile"] == [] and not child["train_function_probed"]
+
+
+def test_tensorboard_output_without_tensorflow_says_how_to_get_it(recorded):
+    message = recorded["child"]["tensorboard"]
+    assert "TensorFlow cannot be imported" in message and "Profile.save(path)" in message
 
 
 def test_profile_callback_and_probe_session_record_every_step_on_jax(recorded):
