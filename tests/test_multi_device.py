@@ -101,6 +101,13 @@ JAX_CHILD = COMMON + textwrap.dedent(
     keras.distribution.set_distribution(keras.distribution.DataParallel(devices=devices))
     model = build(keras)
     x, y = data()
+    # Where the third global batch's rows go: the largest value on each device.
+    layout = keras.distribution.distribution().get_data_layout((8, 4)).backend_layout
+    placed = jax.device_put(x[16:24], layout)
+    results["placement"] = sorted(
+        [shard.device.id, float(np.max(np.asarray(shard.data)))]
+        for shard in placed.addressable_shards
+    )
     _, history, run = train(autoprec, model, x, y)
     run["agreement"] = agreement(shards(model))
     run["copies"] = {p: len(c) for p, c in shards(model).items()}
@@ -140,7 +147,11 @@ TF_CHILD = COMMON + textwrap.dedent(
     with strategy.scope():
         model = build(keras)
     x, y = data()
+    batches = strategy.experimental_distribute_dataset(tf.data.Dataset.from_tensor_slices(x).batch(8))
+    third = list(batches)[2]
+    placement = [float(np.max(v)) for v in strategy.experimental_local_results(third)]
     _, history, run = train(autoprec, model, x, y)
+    run["placement"] = placement
     copies = {v.path: [np.asarray(c) for c in strategy.experimental_local_results(v.value)]
               for v in model.weights}
     run["replicas"] = strategy.num_replicas_in_sync
@@ -221,6 +232,7 @@ def jax_results(results) -> dict:
 def test_jax_data_parallel_promotes_a_layer_that_overflows_on_one_replica(jax_results):
     run = jax_results["data_parallel"]
     assert jax_results["devices"] == 2
+    assert jax_results["placement"] == [[0, 1.0], [1, 1000.0]]  # the huge rows: device 1 only
     _check_promoted_once(run)
     _check_steps(run)
 
@@ -243,6 +255,7 @@ def test_jax_model_parallel_sees_an_overflow_in_one_devices_shard(jax_results):
 def test_mirrored_strategy_promotes_a_layer_that_overflows_on_one_replica(results):
     run = results["mirrored"]
     assert run["replicas"] == 2
+    assert run["placement"] == [1.0, 1000.0]  # the huge rows: the second replica only
     _check_promoted_once(run)
     _check_steps(run)
 
