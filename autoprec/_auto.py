@@ -667,19 +667,22 @@ def race_lines(result: RaceResult, estimate: Estimate | None) -> list[str]:
     )
     if verdict is None:
         return [timed, "  training ended before every plan was timed: keeping the per-layer plan"]
-    figures = ", ".join(f"{name} {1e3 * verdict.medians[name]:.2f} ms" for name in verdict.medians)
+    medians = verdict.medians
+    figures = ", ".join(f"{name} {1e3 * medians[name]:.2f} ms" for name in medians)
     predicted = (
         f"; predicted {estimate.speedup:.2f}x"
-        if estimate is not None and estimate.speedup and PER_LAYER in verdict.medians
+        if estimate is not None and estimate.speedup and PER_LAYER in medians
         else ""
     )
-    chosen = f"keeping {verdict.winner}"
-    if verdict.winner != FLOAT32:
-        chosen += f" ({verdict.speedup(verdict.winner, FLOAT32):.2f}x float32)"
-    if verdict.tie:
+    leader = verdict.leader
+    chosen = f"keeping {leader}"
+    if leader != FLOAT32:
+        chosen += f" ({medians[FLOAT32] / medians[leader]:.2f}x float32)"
+    if verdict.fastest != leader:
+        noise = verdict.comparisons[leader].noise
         chosen += (
-            f"; {verdict.fastest} was {verdict.speedup(verdict.fastest, verdict.winner):.2f}x "
-            f"faster, inside the measured noise ({100 * verdict.tolerance:.0f} %)"
+            f"; {verdict.fastest} was {medians[leader] / medians[verdict.fastest]:.2f}x "
+            f"faster, inside the measured noise ({1e3 * noise:.2f} ms)"
         )
     return [timed, f"  median step: {figures}{predicted}; {chosen}"]
 
@@ -705,7 +708,7 @@ def race_winner_plan(
     plan.metadata["measured"]["winner"]
     ```
     """
-    name = result.verdict.winner if result.verdict is not None else PER_LAYER
+    name = result.winner or PER_LAYER
     measured = result.to_dict()
     if name == PER_LAYER:
         return per_layer.with_metadata(measured=measured)

@@ -10,10 +10,10 @@ import pytest
 
 from autoprec import AutoPrecision, PrecisionPlan, cost
 from autoprec._auto import FirstBatchSize, decide_plan, has_classification_loss, race_candidates
+from autoprec._core.rounds import judge_rounds
 from autoprec.callback import AutoPlan
 from autoprec.errors import PlanError
 from autoprec.hardware import resolve_hardware
-from autoprec.runtime.step_race import judge_rounds
 
 
 def _sequence_model() -> keras.Model:
@@ -221,16 +221,16 @@ def test_the_one_liner_keeps_the_plan_whose_whole_step_measured_fastest(capsys):
     assert names[0] == "float32" and len(names) >= 2
     assert measured["rounds"] >= 5
     # The kept plan is the verdict on the recorded rounds, and it is what the model runs.
-    verdict = judge_rounds(measured["rounds_ms"], names)
-    assert measured["winner"] == verdict.winner
-    if verdict.winner == "float32":
+    verdict = judge_rounds(measured["rounds_ms"], names.index)
+    assert measured["winner"] == verdict.leader
+    if verdict.leader == "float32":
         assert set(callback.handle.dtypes.values()) == {"float32"}
-    elif verdict.winner == "mixed_bfloat16":
+    elif verdict.leader == "mixed_bfloat16":
         assert set(callback.handle.dtypes.values()) == {"bfloat16"}
     assert all(np.isfinite(w).all() for w in model.get_weights())
     printed = capsys.readouterr().out
     assert "timed the whole train step of float32" in printed
-    assert f"keeping {verdict.winner}" in printed
+    assert f"keeping {verdict.leader}" in printed
 
 
 def test_the_one_liner_times_nothing_where_costs_are_predicted_or_timing_is_off():

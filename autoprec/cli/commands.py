@@ -185,5 +185,12 @@ def demo(args: argparse.Namespace) -> int:
     """`autoprec demo`: profile, search, train and time the built-in model."""
     from ..demo import run_demo
 
-    run_demo(output=args.output, quick=args.quick, n_trials=args.n_trials)
+    predict_for = None if str(args.predict_for).lower() == "none" else args.predict_for
+    run_demo(
+        output=args.output,
+        quick=args.quick,
+        n_trials=args.n_trials,
+        predict_for=predict_for,
+        figures_path=args.figures,
+    )
     return EXIT_OK

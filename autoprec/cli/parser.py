@@ -45,6 +45,16 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument(
         "--n-trials", type=int, default=None, metavar="N", help="search trials (default: auto)"
     )
+    demo.add_argument(
+        "--predict-for",
+        default="rtx4090",
+        metavar="NAME",
+        help="hardware profile whose step time is predicted beside the measured one "
+        "(default rtx4090; 'none' for none)",
+    )
+    demo.add_argument(
+        "--figures", default=None, metavar="PATH", help="also write the figures as JSON here"
+    )
     demo.set_defaults(handler=commands.demo)
 
     profile = subcommands.add_parser("profile", help="record per-layer ranges during training")

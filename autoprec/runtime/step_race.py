@@ -8,156 +8,25 @@ before it is kept:
   (each traced once, then interleaved rounds whose order rotates) and times them;
   the steps train the model as usual, so only the slower candidates' extra time
   and their traces are added to the first epoch.
-- `judge_rounds`: the pure verdict on the timed rounds; a difference inside the
-  measured noise goes to the simpler plan.
+The verdict on the timed rounds is `autoprec._core.rounds.judge_rounds`, the rule the
+search's measured ranking uses: a difference inside the rounds' own noise goes to the
+simpler plan (the earlier candidate).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import statistics
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import keras
 
 from .._core.dtypes import POLICY_FOR_DTYPE
+from .._core.rounds import RoundsVerdict, judge_rounds, wants_more_rounds
 from ..layers import layer_paths
 from ..plan import PrecisionPlan
 from .apply import apply_plan
-
-#: Smallest relative difference between two medians read as real, whatever the rounds' spread.
-MIN_TOLERANCE = 0.03
-#: Largest tolerance: a spread wider than this still lets a 2x faster plan win.
-MAX_TOLERANCE = 0.25
-
-
-@dataclasses.dataclass(frozen=True)
-class StepVerdict:
-    """What the timed rounds say: the plan to keep, and how sure that is.
-
-    Attributes:
-        winner: the name of the plan to keep.
-        fastest: the name of the plan with the lowest median.
-        medians: `{name: median seconds per step}`.
-        minimums: `{name: fastest round's seconds per step}`.
-        tolerance: the relative difference read as noise (from the rounds' spread).
-        tie: whether a faster, less simple plan lost to `winner` only by noise.
-        decided: whether more rounds could not change `winner` (every other plan
-            is either clearly slower, or the winner is clearly not beaten).
-
-    Example:
-
-    ```python
-    verdict = judge_rounds({"float32": [1.0, 1.02, 0.99], "per-layer": [0.8, 0.82, 0.79]},
-                           ["float32", "per-layer"])
-    verdict.winner  # "per-layer"
-    ```
-    """
-
-    winner: str
-    fastest: str
-    medians: Mapping[str, float]
-    minimums: Mapping[str, float]
-    tolerance: float
-    tie: bool
-    decided: bool
-
-    def speedup(self, name: str, over: str) -> float:
-        """Returns `over`'s median step over `name`'s (above 1: `name` is faster)."""
-        return self.medians[over] / self.medians[name]
-
-
-def rounds_tolerance(rounds: Mapping[str, Sequence[float]]) -> float:
-    """Returns the relative difference the rounds' own spread cannot tell from noise.
-
-    The spread of one plan's rounds is its median's distance from its fastest round,
-    relative to the median; the tolerance is the median spread over the plans, kept
-    between `MIN_TOLERANCE` and `MAX_TOLERANCE`.
-
-    Args:
-        rounds: `{name: seconds per step of each round}`.
-
-    Returns:
-        The tolerance, a fraction of a median.
-
-    Example:
-
-    ```python
-    rounds_tolerance({"a": [1.0, 1.1, 1.2], "b": [2.0, 2.0, 2.1]})  # 0.05
-    ```
-    """
-    spreads = []
-    for figures in rounds.values():
-        if figures:
-            median = statistics.median(figures)
-            spreads.append((median - min(figures)) / median if median > 0 else 0.0)
-    spread = statistics.median(spreads) if spreads else 0.0
-    return min(max(spread, MIN_TOLERANCE), MAX_TOLERANCE)
-
-
-def judge_rounds(
-    rounds: Mapping[str, Sequence[float]], simplest_first: Sequence[str]
-) -> StepVerdict:
-    """Returns the verdict on timed rounds: the simplest plan that no plan beats beyond noise.
-
-    A plan beats a simpler one when its median is lower by more than the
-    tolerance (`rounds_tolerance`) and its fastest round is lower too. The winner
-    is the simplest plan that no other beats, so a difference inside the noise,
-    or a split between median and fastest round, goes to the simpler plan.
-
-    Args:
-        rounds: `{name: seconds per step of each round}`; plans without rounds are left out.
-        simplest_first: the plans' names, simplest first (e.g. float32, a uniform
-            policy, then the per-layer plan); names missing from it rank last.
-
-    Returns:
-        The `StepVerdict`.
-
-    Raises:
-        ValueError: when no plan has a timed round.
-
-    Example:
-
-    ```python
-    judge_rounds({"float32": [1.0, 1.01], "per-layer": [0.99, 1.0]}, ["float32", "per-layer"])
-    # StepVerdict(winner="float32", tie=True, ...): 1 % is noise
-    ```
-    """
-    timed = {name: list(figures) for name, figures in rounds.items() if figures}
-    if not timed:
-        raise ValueError("judge_rounds: no plan has a timed round.")
-    order = [name for name in simplest_first if name in timed]
-    order += [name for name in timed if name not in order]
-    medians = {name: float(statistics.median(timed[name])) for name in order}
-    minimums = {name: float(min(timed[name])) for name in order}
-    tolerance = rounds_tolerance(timed)
-
-    def beats(first: str, second: str, margin: float) -> bool:
-        return (
-            medians[first] < medians[second] * (1.0 - margin) and minimums[first] < minimums[second]
-        )
-
-    def winner_at(margin: float) -> str:
-        return next(
-            name for name in order if not any(beats(other, name, margin) for other in order)
-        )
-
-    winner = winner_at(tolerance)
-    fastest = min(order, key=lambda name: (medians[name], order.index(name)))
-    # More rounds narrow the spread; the verdict holds if it is the same at half and
-    # twice the tolerance.
-    decided = winner_at(tolerance / 2) == winner == winner_at(min(2 * tolerance, 1.0))
-    return StepVerdict(
-        winner=winner,
-        fastest=fastest,
-        medians=medians,
-        minimums=minimums,
-        tolerance=tolerance,
-        tie=fastest != winner,
-        decided=decided,
-    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -165,8 +34,9 @@ class RaceResult:
     """What the timed steps inside `fit` measured, and the plan they chose.
 
     Attributes:
-        verdict: the `StepVerdict` on the timed rounds, or `None` when training
-            ended before every plan had a timed round.
+        verdict: the `autoprec._core.rounds.RoundsVerdict` on the timed rounds (its
+            `leader` is the plan kept), or `None` when training ended before every
+            plan had a timed round.
         rounds: `{name: seconds per step of each timed round}`.
         steps: training steps run while timing (traces and warm-up included).
         rounds_run: interleaved rounds timed.
@@ -175,7 +45,7 @@ class RaceResult:
             number of steps at the winner's median step (and its own first step).
     """
 
-    verdict: StepVerdict | None
+    verdict: RoundsVerdict | None
     rounds: Mapping[str, tuple[float, ...]]
     steps: int
     rounds_run: int
@@ -197,15 +67,22 @@ class RaceResult:
         }
         if self.verdict is not None:
             record.update(
-                winner=self.verdict.winner,
+                winner=self.verdict.leader,
                 fastest=self.verdict.fastest,
-                tie=self.verdict.tie,
-                decided=self.verdict.decided,
-                tolerance=round(self.verdict.tolerance, 4),
+                verdict=self.verdict.verdict,
                 median_ms={k: round(1e3 * v, 4) for k, v in self.verdict.medians.items()},
-                min_ms={k: round(1e3 * v, 4) for k, v in self.verdict.minimums.items()},
+                min_ms={k: round(1e3 * min(v), 4) for k, v in self.rounds.items()},
+                noise_ms={
+                    name: round(1e3 * comparison.noise, 4)
+                    for name, comparison in self.verdict.comparisons.items()
+                },
             )
         return record
+
+    @property
+    def winner(self) -> str | None:
+        """The plan the rounds chose, or `None` without a verdict."""
+        return self.verdict.leader if self.verdict is not None else None
 
 
 @dataclasses.dataclass
@@ -224,8 +101,8 @@ class StepRace:
     (its trace is the candidate's first, untimed, step); `warmup_steps` more steps
     are run untimed. Then come interleaved rounds in rotating order, each running
     `steps_per_round` timed steps of every candidate (a round's figure is their
-    mean). After `rounds` rounds, rounds are added while the verdict is not
-    decided, up to `max_rounds`. Switching candidates sets the policies and puts
+    mean). After `rounds` rounds, rounds are added while the fastest plan is
+    within the noise of another (`wants_more_rounds`), up to `max_rounds`. Switching candidates sets the policies and puts
     back the candidate's traced train function: nothing is traced twice.
     `close()` puts back every layer's policy as it was before the race (the caller
     then applies the winner as it would any plan).
@@ -322,7 +199,7 @@ class StepRace:
         self._position += 1
         if self._position == len(self._schedule):
             verdict = self._verdict()
-            if verdict is not None and not verdict.decided and self._rounds_run < self.max_rounds:
+            if verdict is not None and wants_more_rounds(verdict, self.max_rounds):
                 self._schedule += self._round(self._rounds_run)
             else:
                 self._finished = True
@@ -336,9 +213,9 @@ class StepRace:
             seconds = self._last_end - self._first_begin
         added = 0.0
         if verdict is not None:
-            winner = next(c for c in self.candidates if c.name == verdict.winner)
+            winner = next(c for c in self.candidates if c.name == verdict.leader)
             own_first = winner.first_step or 0.0
-            added = seconds - (self._steps - 1) * verdict.medians[verdict.winner] - own_first
+            added = seconds - (self._steps - 1) * verdict.medians[verdict.leader] - own_first
         return RaceResult(
             verdict=verdict,
             rounds={
@@ -367,11 +244,12 @@ class StepRace:
         order = list(range(count))[shift:] + list(range(count))[:shift]
         return [(index, True) for index in order for _ in range(self.steps_per_round)]
 
-    def _verdict(self) -> StepVerdict | None:
+    def _verdict(self) -> RoundsVerdict | None:
         if any(not figures for figures in self._timed):
             return None
         rounds = {c.name: figures for c, figures in zip(self.candidates, self._timed)}
-        return judge_rounds(rounds, [candidate.name for candidate in self.candidates])
+        order = [candidate.name for candidate in self.candidates]
+        return judge_rounds(rounds, order.index)
 
     def _use(self, index: int) -> None:
         """Runs the candidate's plan from the next step: its own traced train function."""

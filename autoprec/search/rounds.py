@@ -1,169 +1,50 @@
-"""The measured ranking's decision: which timed plan leads, beyond the noise of its rounds.
+"""The measured ranking's decision: `_core.rounds` with the search's finalists' simplicity.
 
-Pure functions of interleaved timing rounds (`{name: seconds per step of each round}`),
-so that every case can be checked with plain numbers. The plan with the fastest
-median leads when each other plan is slower beyond the measured noise
-(`compare`: the median of the round-by-round differences, against `SEPARATION`
-standard errors of those differences and at least `NOISE_FLOOR` of the step). Plans
-within the noise of the fastest are a tie, and a tie goes to the simplest of them
-(`candidates.simplicity`): a mixed plan is never kept on a gain its rounds cannot
-show. While undecided, the timer adds rounds (`wants_more_rounds`) up to `MAX_ROUNDS`.
+Ties go to the simpler finalist (`candidates.simplicity`: float32, then Keras' global
+policies and the uniform plans, the heuristic's, a plan with a protection dropped,
+the searched plan). The rule itself (round-by-round differences against their own
+noise) is `autoprec._core.rounds`, which the one-liner's timing inside `fit` shares.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import math
 from collections.abc import Mapping, Sequence
-from typing import Any
 
-import numpy as np
-
+from .._core import rounds as core_rounds
+from .._core.rounds import (
+    MAX_ROUNDS,
+    MIN_ROUNDS,
+    NOISE_FLOOR,
+    SEPARATION,
+    Comparison,
+    RoundsVerdict,
+    compare,
+    wants_more_rounds,
+)
 from .candidates import simplicity
 
-#: Interleaved rounds every finalist is timed at least (after a warm-up as long as a round).
-MIN_ROUNDS = 5
-#: Rounds at most: undecided plans are timed again in batches until then, then called a tie.
-MAX_ROUNDS = 15
-#: Standard errors of the round differences a plan must be slower by to count as slower.
-SEPARATION = 2.5
-#: The smallest difference that counts, as a fraction of the faster plan's median step.
-NOISE_FLOOR = 0.01
-#: Scale of the median absolute deviation to a normal standard deviation.
-_MAD_SCALE = 1.4826
-
-
-@dataclasses.dataclass(frozen=True)
-class Comparison:
-    """One timed plan against the fastest, over the rounds both were timed in.
-
-    Attributes:
-        margin: the median over those rounds of (this plan's seconds - the fastest's):
-            > 0 when this plan is slower.
-        noise: the margin it must exceed to count as slower: `SEPARATION` standard
-            errors of the round differences, at least `NOISE_FLOOR` of the fastest's
-            median step.
-        rounds: the rounds both plans were timed in.
-    """
-
-    margin: float
-    noise: float
-    rounds: int
-
-    @property
-    def separated(self) -> bool:
-        """Whether this plan is slower than the fastest beyond the noise."""
-        return self.margin > self.noise
-
-    def to_dict(self) -> dict[str, Any]:
-        """Returns the comparison as a JSON-ready dict."""
-        return {
-            "margin_seconds": self.margin,
-            "noise_seconds": self.noise,
-            "rounds": self.rounds,
-            "separated": self.separated,
-        }
-
-
-def compare(fastest: Sequence[float], other: Sequence[float]) -> Comparison:
-    """Compares one plan's rounds with the fastest plan's, round by round.
-
-    The rounds are interleaved, so a round of one plan and the same round of the
-    other ran under the same load: their differences cancel the load's drift. The
-    noise is `SEPARATION` standard errors of the differences (their median absolute
-    deviation, scaled to a standard deviation, over the square root of the rounds),
-    and never less than `NOISE_FLOOR` of the fastest plan's median.
-
-    Args:
-        fastest: the fastest plan's seconds per round.
-        other: the other plan's seconds per round (the rounds both have are compared).
-
-    Returns:
-        The `Comparison`.
-
-    Example:
-
-    ```python
-    compare([1.00, 1.01, 0.99], [1.10, 1.12, 1.09]).separated  # True
-    ```
-    """
-    count = min(len(fastest), len(other))
-    if count == 0:
-        return Comparison(0.0, math.inf, 0)
-    base = np.asarray(fastest[:count], dtype=float)
-    differences = np.asarray(other[:count], dtype=float) - base
-    margin = float(np.median(differences))
-    spread = _MAD_SCALE * float(np.median(np.abs(differences - margin)))
-    noise = max(SEPARATION * spread / math.sqrt(count), NOISE_FLOOR * float(np.median(base)))
-    return Comparison(margin, noise, count)
-
-
-@dataclasses.dataclass(frozen=True)
-class RoundsVerdict:
-    """What the timed rounds decide.
-
-    Attributes:
-        order: the plans' names, first choice first (the leader, then the others
-            ranked the same way among themselves).
-        leader: the first choice: the fastest when it is separated from every other
-            plan, else the simplest of the plans tied with it.
-        fastest: the plan with the fastest median.
-        contenders: the fastest and every plan within its noise, fastest first.
-        comparisons: `{name: Comparison}` of every other plan against the fastest.
-        medians: `{name: median seconds per step}`.
-        rounds: `{name: rounds timed}`.
-    """
-
-    order: tuple[str, ...]
-    leader: str
-    fastest: str
-    contenders: tuple[str, ...]
-    comparisons: Mapping[str, Comparison]
-    medians: Mapping[str, float]
-    rounds: Mapping[str, int]
-
-    @property
-    def decided(self) -> bool:
-        """Whether the fastest is slower-than-noise ahead of every other plan (no tie)."""
-        return len(self.contenders) == 1
-
-    @property
-    def verdict(self) -> str:
-        """`"separated"` when decided, else `"tie"`."""
-        return "separated" if self.decided else "tie"
-
-    def to_dict(self) -> dict[str, Any]:
-        """Returns the verdict as a JSON-ready dict (what `plan.metadata["search"]` keeps)."""
-        return {
-            "verdict": self.verdict,
-            "leader": self.leader,
-            "fastest": self.fastest,
-            "contenders": list(self.contenders),
-            "order": list(self.order),
-            "median_seconds": dict(self.medians),
-            "rounds_timed": dict(self.rounds),
-            "against_fastest": {name: c.to_dict() for name, c in self.comparisons.items()},
-            "separation": SEPARATION,
-            "noise_floor": NOISE_FLOOR,
-        }
+__all__ = [
+    "MAX_ROUNDS",
+    "MIN_ROUNDS",
+    "NOISE_FLOOR",
+    "SEPARATION",
+    "Comparison",
+    "RoundsVerdict",
+    "compare",
+    "judge_rounds",
+    "measured_ranking",
+    "wants_more_rounds",
+]
 
 
 def judge_rounds(rounds: Mapping[str, Sequence[float]]) -> RoundsVerdict:
     """Decides the measured ranking from the rounds: the fastest beyond noise, or a tie to the simplest.
 
-    The plan with the fastest median (the simpler among equal medians) is compared
-    with each other plan (`compare`). The plans not separated from it are its
-    contenders; the simplest of them leads (`candidates.simplicity`: float32, then
-    Keras' global policies and the uniform plans, the heuristic's, a plan with a
-    protection dropped, the searched plan; among equals the fastest median). The
-    rest are ranked the same way among themselves.
-
     Args:
-        rounds: `{name: seconds per step of each round}`, interleaved; a plan timed in
-            more rounds than another is compared over the rounds both have.
+        rounds: `{name: seconds per step of each round}` of the timed finalists.
 
     Returns:
-        The `RoundsVerdict`.
+        The `RoundsVerdict` (`autoprec._core.rounds.judge_rounds` with `candidates.simplicity`).
 
     Raises:
         ValueError: `rounds` is empty or a plan has no round.
@@ -175,41 +56,7 @@ def judge_rounds(rounds: Mapping[str, Sequence[float]]) -> RoundsVerdict:
     verdict.leader, verdict.verdict  # ("float32", "tie")
     ```
     """
-    empty = [name for name, figures in rounds.items() if len(figures) == 0]
-    if not rounds or empty:
-        raise ValueError(
-            "judge_rounds needs at least one round of every plan; "
-            f"{'no plan was timed' if not rounds else f'{empty[0]!r} has none'}."
-        )
-    medians = {name: float(np.median(figures)) for name, figures in rounds.items()}
-    fastest, contenders, comparisons = _contenders(rounds, medians, list(rounds))
-    leader = min(contenders, key=lambda name: (simplicity(name), medians[name]))
-    order = [leader]
-    pool = [name for name in rounds if name != leader]
-    while pool:
-        _, tied, _ = _contenders(rounds, medians, pool)
-        chosen = min(tied, key=lambda name: (simplicity(name), medians[name]))
-        order.append(chosen)
-        pool.remove(chosen)
-    return RoundsVerdict(
-        order=tuple(order),
-        leader=leader,
-        fastest=fastest,
-        contenders=tuple(contenders),
-        comparisons=comparisons,
-        medians=medians,
-        rounds={name: len(figures) for name, figures in rounds.items()},
-    )
-
-
-def _contenders(
-    rounds: Mapping[str, Sequence[float]], medians: Mapping[str, float], pool: Sequence[str]
-) -> tuple[str, list[str], dict[str, Comparison]]:
-    """Returns `(fastest, contenders, comparisons)` among the plans of `pool`."""
-    fastest = min(pool, key=lambda name: (medians[name], simplicity(name)))
-    comparisons = {name: compare(rounds[fastest], rounds[name]) for name in pool if name != fastest}
-    tied = [name for name, comparison in comparisons.items() if not comparison.separated]
-    return fastest, [fastest, *tied], comparisons
+    return core_rounds.judge_rounds(rounds, simplicity)
 
 
 def measured_ranking(rounds: Mapping[str, Sequence[float]]) -> list[str]:
@@ -229,25 +76,3 @@ def measured_ranking(rounds: Mapping[str, Sequence[float]]) -> list[str]:
     ```
     """
     return list(judge_rounds(rounds).order)
-
-
-def wants_more_rounds(verdict: RoundsVerdict, max_rounds: int = MAX_ROUNDS) -> bool:
-    """Whether the contenders should be timed in more rounds: undecided, and under `max_rounds`.
-
-    Args:
-        verdict: the verdict of the rounds so far.
-        max_rounds: the most rounds a plan is timed.
-
-    Returns:
-        `True` while the fastest is within the noise of another plan and the
-        contenders have been timed in fewer than `max_rounds` rounds.
-
-    Example:
-
-    ```python
-    wants_more_rounds(judge_rounds({"a": [1.0, 1.1], "b": [1.05, 1.0]}))  # True: a tie so far
-    ```
-    """
-    if verdict.decided:
-        return False
-    return min(verdict.rounds[name] for name in verdict.contenders) < max_rounds

@@ -183,6 +183,7 @@ def build_result(
         )
     metadata["measured_speedup"] = timing.speedup if timing is not None else None
     metadata["evidence"] = evidence(context, space)
+    search["output_floor"] = context.floor_metadata(run.study)
     search.update(
         trial_counts(run.study),
         wall_seconds=time.perf_counter() - request.started,
@@ -218,7 +219,7 @@ def _chosen_metadata(context: SearchContext, run: TrialsRun, choice: Choice) -> 
 
 
 def evidence(context: SearchContext, space: SearchSpace) -> dict[str, dict]:
-    """Returns `{path: {"allowed", "removed", "seconds", "profile"}}`: why each layer could be what.
+    """Returns `{path: {"allowed", "removed", "seconds", "profile", "output_floor"}}`: why each layer could be what.
 
     Args:
         context: the search's context (allowed dtypes, costs).
@@ -228,6 +229,7 @@ def evidence(context: SearchContext, space: SearchSpace) -> dict[str, dict]:
         The per-layer evidence kept in `plan.metadata["evidence"]`.
     """
     result: dict[str, dict] = {}
+    floors = context.floor_evidence()
     for path in context.compute:
         entry: dict[str, object] = {"allowed": list(context.allowed[path])}
         if path in space.removed:
@@ -238,5 +240,7 @@ def evidence(context: SearchContext, space: SearchSpace) -> dict[str, dict]:
             entry["seconds"] = seconds
         if path in space.unsafe:
             entry["profile"] = space.unsafe[path]
+        if path in floors:
+            entry["output_floor"] = floors[path]
         result[path] = entry
     return result

@@ -368,15 +368,53 @@ def _pays_off(table: CostTable, dtype: str) -> bool:
     return False
 
 
+def with_container_dtypes(
+    infos: Mapping[str, LayerInfo], assignment: Mapping[str, str]
+) -> dict[str, str]:
+    """Returns `assignment` with each unnamed container given its sub-layers' shared dtype.
+
+    Args:
+        infos: the model's layers (`describe_model`).
+        assignment: `{compute layer path: dtype}`; layers it does not name are float32.
+
+    Returns:
+        A new dict: `assignment`, plus `{container path: dtype}` for each container
+        whose compute sub-layers all have one 16-bit dtype.
+
+    Example:
+
+    ```python
+    with_container_dtypes(infos, {"mha/query": "bfloat16", "mha/key": "bfloat16", ...})["mha"]
+    # "bfloat16" when every compute layer under "mha/" is bfloat16
+    ```
+    """
+    result = dict(assignment)
+    compute = compute_layers(infos)
+    for path, info in infos.items():
+        if path in result or not info.is_container or info.follows is not None:
+            continue
+        inside = {result.get(child, FLOAT32) for child in compute if child.startswith(path + "/")}
+        if len(inside) == 1 and FLOAT32 not in inside:
+            result[path] = inside.pop()
+    return result
+
+
 def plan_from_assignment(
     model: keras.Model,
     infos: Mapping[str, LayerInfo],
     assignment: Mapping[str, str],
     **kwargs: object,
 ) -> PrecisionPlan:
-    """Returns the plan giving each path of `assignment` its dtype (float32 elsewhere)."""
+    """Returns the plan giving each path of `assignment` its dtype (float32 elsewhere).
+
+    A container the assignment does not name (`MultiHeadAttention`, a keras-hub
+    `TransformerEncoder`) gets the dtype its compute sub-layers share when they all
+    agree, as a Keras global policy would set it, so its own arithmetic (attention
+    scores, residual additions) runs in that dtype without casts around it; it stays
+    float32 when they differ.
+    """
     return PrecisionPlan(
-        dict(assignment),
+        with_container_dtypes(infos, assignment),
         default=FLOAT32,
         layer_info=infos,
         fingerprint=model_fingerprint(dict(infos)),

@@ -55,6 +55,9 @@ def test_search_flags_and_their_defaults():
     given = build_parser().parse_args([*SEARCH, "--n-trials", "3", "--steps-per-trial", "5"])
     assert (given.n_trials, given.steps_per_trial) == (3, 5)
     assert build_parser().parse_args(["demo", "--n-trials", "2"]).n_trials == 2
+    demo = build_parser().parse_args(["demo", "--predict-for", "rtx3060", "--figures", "f.json"])
+    assert (demo.predict_for, demo.figures) == ("rtx3060", "f.json")
+    assert build_parser().parse_args(["demo"]).predict_for == "rtx4090"
     search_help = _subparser("search").format_help()
     assert "--n-trials" in search_help and "--trials" not in search_help
 

@@ -142,6 +142,10 @@ def test_search_on_a_far_regression_never_returns_a_16_bit_head_and_says_why_onc
     assert refused and all(t.user_attrs[OUTPUT_FLOOR_ATTR]["refused"] for t in refused)
     assert all(not is_feasible(t) for t in refused)
     assert capsys.readouterr().out.count("no training removes") == 1
+    # The plan says why its head stayed float32, and which trials the floor refused.
+    recorded = result.plan.metadata["search"]["output_floor"]
+    assert recorded["refused_trials"]
+    assert result.plan.metadata["evidence"]["head"]["output_floor"]["bfloat16"]["refused"]
 
 
 def test_search_on_a_classifier_may_still_return_a_16_bit_head():

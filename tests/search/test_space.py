@@ -6,9 +6,10 @@ import keras
 import numpy as np
 
 from autoprec import numerics
-from autoprec.layers import LayerInfo
+from autoprec.layers import LayerInfo, describe_model
 from autoprec.profiler import LayerProfile, Profile, TensorStats
 from autoprec.search import allowed_dtypes, float16_unsafe_layers, group_layers, run_profiler
+from autoprec.search.space import compute_layers, plan_from_assignment, with_container_dtypes
 
 
 def test_group_layers_by_block_and_count():
@@ -120,3 +121,24 @@ def test_a_profiled_overflow_rules_out_float16_for_that_layer_only():
     unsafe = float16_unsafe_layers(prof)
     assert "wide" in unsafe and "65504" in unsafe["wide"]
     assert "head" not in unsafe or "65504" not in unsafe["head"]
+
+
+def test_a_container_gets_the_dtype_its_sub_layers_share():
+    inputs = keras.Input((8, 16))
+    hidden = keras.layers.MultiHeadAttention(2, 8, name="mha")(inputs, inputs)
+    pooled = keras.layers.GlobalAveragePooling1D()(hidden)
+    model = keras.Model(inputs, keras.layers.Dense(3, name="head")(pooled))
+    model(np.zeros((1, 8, 16), "float32"))
+    infos = describe_model(model)
+    compute = compute_layers(infos)
+    uniform = plan_from_assignment(model, infos, dict.fromkeys(compute, "bfloat16")).resolve()
+    assert uniform["mha"] == "bfloat16"  # as Keras' global mixed_bfloat16 sets it
+    mixed = {path: "float32" if path.endswith("softmax") else "bfloat16" for path in compute}
+    assert plan_from_assignment(model, infos, mixed).resolve()["mha"] == "float32"
+    assert with_container_dtypes(infos, {"head": "bfloat16"}) == {"head": "bfloat16"}
+    assert (
+        with_container_dtypes(infos, {"mha": "float32", **dict.fromkeys(compute, "bfloat16")})[
+            "mha"
+        ]
+        == "float32"
+    )  # a container the assignment names keeps its dtype
