@@ -20,12 +20,16 @@ below is then over the whole batch):
   `optimizer.stateless_apply`, outside the differentiated function.
 
 The sinks travel as extra entries of the trainable list the train step
-differentiates; the wrapped `compute_loss_and_updates` and `stateless_apply`
-take them off before Keras sees them, so the model, the optimizer and any
-other wrapper see the usual lists. How many sinks a step needs is known only
-once its forward pass is traced, so each trace of the train step first runs
-an abstract pass (`jax.eval_shape`, nothing is computed or emitted) that
-lists the probes in call order, then the real one with one sink per probe.
+differentiates, right after the model's own values (so the guard telemetry's
+carrier, which another wrapper appends last, stays last whichever wraps the
+other); the wrapped `compute_loss_and_updates` and `stateless_apply` take
+exactly those entries off before Keras sees them. How many sinks a step needs
+is known only once its forward pass is traced, so before the first step of
+each batch signature the wrapped train function runs the model's forward
+pass abstractly (`jax.eval_shape` of `model.stateless_call`: nothing is
+computed or emitted, and no train step is active, so no other wrapper records
+anything), which lists the probes in call order; the traced step then has one
+sink per probe.
 The step's statistics come back in its logs under one key that the wrapped
 train function takes out before `fit` sees the logs; that wrapper feeds the
 train step one batch at a time, so with `steps_per_execution > 1` every
@@ -45,6 +49,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import inspect
 import os
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -300,6 +305,26 @@ class _StepTrace:
         return sinks[used]
 
 
+def _signature(data: Any) -> Any:
+    """The structure, shapes and dtypes of a batch: what a traced step depends on."""
+    leaves, structure = jax.tree_util.tree_flatten(data)
+    return structure, tuple(
+        (tuple(getattr(leaf, "shape", ())), str(getattr(leaf, "dtype", type(leaf).__name__)))
+        for leaf in leaves
+    )
+
+
+def _takes_training(model: keras.Model) -> bool:
+    """Whether the model's `call` takes `training` (the loss function passes it then)."""
+    try:
+        parameters = inspect.signature(model.call).parameters
+    except (TypeError, ValueError):
+        return False
+    return "training" in parameters or any(
+        parameter.kind is inspect.Parameter.VAR_KEYWORD for parameter in parameters.values()
+    )
+
+
 def _inverse_loss_scale(optimizer: Any, optimizer_variables: list) -> jax.Array | None:
     """`1 / loss scale` the step uses, read from the step's own optimizer state, or `None`."""
     is_loss_scale_optimizer = hasattr(optimizer, "inner_optimizer")
@@ -338,6 +363,7 @@ class ProbeHooks:
         self._totals: dict[Slot, tuple[np.ndarray, np.ndarray]] = {}
         self._steps = 0
         self._trainable_count = 0
+        self._layouts: dict[Any, tuple[list[Slot], list[Slot]]] = {}
 
     @property
     def recording(self) -> bool:
@@ -361,7 +387,7 @@ class ProbeHooks:
             if id(variable) in owners
         }
         optimizer = model.optimizer
-        replace(model, "train_step", self._wrap_train_step(optimizer, model.train_step))
+        replace(model, "train_step", self._wrap_train_step(model, optimizer, model.train_step))
         replace(model, "compute_loss_and_updates", self._wrap_loss(model.compute_loss_and_updates))
         replace(model, "make_train_function", self._wrap_make(model, model.make_train_function))
         replace(
@@ -396,16 +422,19 @@ class ProbeHooks:
         """Feeds Keras' step function one batch at a time and takes each step's statistics out."""
         steps_per_execution = max(1, int(getattr(model, "steps_per_execution", 1) or 1))
 
+        def step(state, batch):
+            self._ensure_layout(model, state, batch)
+            logs, state = original(state, iter((batch,)))
+            return self._take(logs), state
+
         def train_function(state, iterator):
-            logs, state = original(state, iter((next(iterator),)))
-            logs = self._take(logs)
+            logs, state = step(state, next(iterator))
             for _ in range(steps_per_execution - 1):
                 try:
                     batch = next(iterator)
                 except StopIteration:
                     break
-                logs, state = original(state, iter((batch,)))
-                logs = self._take(logs)
+                logs, state = step(state, batch)
             return logs, state
 
         train_function._autoprec_probed = True
@@ -421,7 +450,7 @@ class ProbeHooks:
             self._fold()
         return logs
 
-    def _wrap_train_step(self, optimizer: Any, original: Callable) -> Callable:
+    def _wrap_train_step(self, model: keras.Model, optimizer: Any, original: Callable) -> Callable:
         hooks = self
 
         @functools.wraps(original)
@@ -429,30 +458,67 @@ class ProbeHooks:
             if hooks._trace is not None:  # a nested call: record once, in the outer step
                 return original(state, data)
             trainable, non_trainable, optimizer_variables, metrics = state
-            multiplier = _inverse_loss_scale(optimizer, optimizer_variables)
-            discovery = _StepTrace(discovering=True, multiplier=multiplier)
-            hooks._trace = discovery
-            try:
-                jax.eval_shape(original, state, data)
-            finally:
-                hooks._trace = None
+            forward_sites, backward_sites = hooks._ensure_layout(model, state, data)
             trace = _StepTrace(
                 discovering=False,
-                multiplier=multiplier,
-                forward_sites=discovery.forward_sites,
-                backward_sites=discovery.backward_sites,
+                multiplier=_inverse_loss_scale(optimizer, optimizer_variables),
+                forward_sites=forward_sites,
+                backward_sites=backward_sites,
             )
             sinks = [jnp.zeros((SINK_SIZE,), jnp.float32) for _ in range(trace.sink_count)]
+            # Right after the model's own values: another wrapper's extra entries stay last.
+            count = hooks._trainable_count
+            trainable = [*trainable[:count], *sinks, *trainable[count:]]
             hooks._trace = trace
             try:
                 logs, state = original(
-                    ([*trainable, *sinks], non_trainable, optimizer_variables, metrics), data
+                    (trainable, non_trainable, optimizer_variables, metrics), data
                 )
             finally:
                 hooks._trace = None
             return {**logs, LOGS_KEY: hooks._step_statistics(trace)}, state
 
         return train_step
+
+    def _ensure_layout(
+        self, model: keras.Model, state: Any, data: Any
+    ) -> tuple[list[Slot], list[Slot]]:
+        """The probes of the forward pass for batches like `data`, in call order.
+
+        Found by running the model's forward pass abstractly (`jax.eval_shape`
+        of `model.stateless_call`, as the loss function calls it: nothing is
+        computed or emitted), once per batch signature. The wrapped train
+        function asks before each jitted step, while no train step is active,
+        so no other wrapper of the train step, the optimizer or the layers
+        records anything in this pass; the traced step finds the answer here.
+        """
+        key = _signature(data)
+        if key in self._layouts:
+            return self._layouts[key]
+        trainable, non_trainable = list(state[0]), list(state[1])
+        inputs, _, _ = keras.utils.unpack_x_y_sample_weight(data)
+        kwargs = {"training": True} if _takes_training(model) else {}
+
+        def forward(trainable_values, non_trainable_values, inputs):
+            outputs, _ = model.stateless_call(
+                trainable_values, non_trainable_values, inputs, **kwargs
+            )
+            return outputs
+
+        outer, self._trace = self._trace, _StepTrace(discovering=True, multiplier=None)
+        self._trace.in_loss = True
+        try:
+            jax.eval_shape(
+                forward,
+                trainable[: self._trainable_count],
+                non_trainable[: len(model.non_trainable_variables)],
+                inputs,
+            )
+            discovery = self._trace
+        finally:
+            self._trace = outer
+        self._layouts[key] = (discovery.forward_sites, discovery.backward_sites)
+        return self._layouts[key]
 
     def _wrap_loss(self, original: Callable) -> Callable:
         hooks = self
@@ -464,17 +530,17 @@ class ProbeHooks:
                 return original(trainable_variables, *args, **kwargs)
             trainable = list(trainable_variables)
             if not trace.discovering:
-                expected = hooks._trainable_count + trace.sink_count
-                if len(trainable) != expected:
+                count, end = hooks._trainable_count, hooks._trainable_count + trace.sink_count
+                if len(trainable) < end:
                     raise ProfileError(
                         "autoprec profiling on JAX: compute_loss_and_updates received "
-                        f"{len(trainable)} trainable values, not the {expected} the probed train "
-                        "step passed; a custom train_step must differentiate "
+                        f"{len(trainable)} trainable values, fewer than the {end} the probed "
+                        "train step passed; a custom train_step must differentiate "
                         "compute_loss_and_updates with respect to the trainable values it is "
                         "given, as Keras' own does."
                     )
-                sinks = trainable[hooks._trainable_count :]
-                trainable = trainable[: hooks._trainable_count]
+                sinks = trainable[count:end]
+                trainable = [*trainable[:count], *trainable[end:]]
                 trace.forward_sinks = sinks[: len(trace.forward_sites)]
                 trace.backward_sinks = sinks[len(trace.forward_sites) :]
             trace.in_loss = True
@@ -498,10 +564,11 @@ class ProbeHooks:
             if trace is None:
                 return original(optimizer_variables, grads, trainable_variables)
             grads, trainable = list(grads), list(trainable_variables)
-            count = hooks._trainable_count
-            if len(grads) > count:
-                trace.sink_gradients = grads[count:]
-                grads, trainable = grads[:count], trainable[:count]
+            count, end = hooks._trainable_count, hooks._trainable_count + trace.sink_count
+            if trace.sink_count and len(grads) >= end:
+                trace.sink_gradients = grads[count:end]
+                grads = [*grads[:count], *grads[end:]]
+                trainable = [*trainable[:count], *trainable[end:]]
             for position, (path, name) in positions.items():
                 if grads[position] is None:
                     continue

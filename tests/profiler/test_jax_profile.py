@@ -148,6 +148,34 @@ CHILD = textwrap.dedent(
         "tensors": session.probed_tensor_count,
     }
 
+    # Profiled while the guard's telemetry records the same steps, installed either way round.
+    from autoprec.runtime import apply_plan
+    from autoprec.runtime.telemetry import GuardTelemetry
+    results["with_guard"] = {}
+    for order in ("guard_first", "profiler_first"):
+        keras.utils.set_random_seed(0)
+        guarded = keras.Sequential([keras.Input((8,)), keras.layers.Dense(8, name="first"),
+                                    keras.layers.Dense(2, name="out")])
+        guarded.compile(optimizer=keras.optimizers.SGD(0.01), loss="mse")
+        plan = autoprec.PrecisionPlan.uniform(guarded, "float16").with_dtype("out", "float32")
+        handle = apply_plan(guarded, plan)
+        guarded.optimizer = autoprec.FlooredLossScaleOptimizer(guarded.optimizer, 1024.0)
+        guarded.optimizer.build(guarded.trainable_variables)
+        telemetry, session = GuardTelemetry(guarded, handle.dtypes), ProbeSession(guarded)
+        for part in ((telemetry, session) if order == "guard_first" else (session, telemetry)):
+            part.install()
+        guarded.make_train_function(force=True)
+        guarded.fit(x[:, 0], y, batch_size=8, epochs=1, verbose=0, shuffle=False)
+        first = session.collect().layers["first"]
+        results["with_guard"][order] = {
+            "profile_steps": session.steps_recorded(),
+            "telemetry_steps": telemetry.steps_recorded(),
+            "stats": {kind: getattr(first, kind).to_dict()
+                      for kind in ("activation", "activation_gradient", "weight_gradient")},
+        }
+        session.remove()
+        telemetry.remove()
+
     # The automatic mode profiles its first steps on JAX too, then decides.
     rng = np.random.default_rng(0)
     features = rng.normal(size=(64, 8)).astype("float32")
@@ -339,6 +367,14 @@ def test_profile_callback_and_probe_session_record_every_step_on_jax(recorded):
     assert callback["epochs"] == 2 and callback["overrides"] == []
     assert session["steps"] == 6 and session["count"] == 6 * 8 * 6 * 4
     assert session["tensors"] == 6  # output, its gradient, kernel, bias and their gradients
+
+
+def test_profiling_beside_the_guard_telemetry_records_both_in_either_order(recorded):
+    runs = recorded["child"]["with_guard"]
+    for order, run in runs.items():
+        assert run["profile_steps"] == run["telemetry_steps"] == _STEPS, order
+        assert run["stats"]["activation"]["count"] == _STEPS * _BATCH * 8, order
+    assert runs["guard_first"]["stats"] == runs["profiler_first"]["stats"]
 
 
 def test_auto_precision_decides_from_a_profile_on_jax(recorded):
