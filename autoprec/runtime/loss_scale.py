@@ -8,6 +8,7 @@ import math
 import keras
 from keras import ops
 
+from .._backends import telemetry_backend
 from .._core.config import ConfigValue
 from .._core.models import strategy_scope
 from ..errors import PlanError
@@ -176,6 +177,15 @@ class FlooredLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
             aggregation="none",
             name="consecutive_non_finite_steps",
         )
+
+    def check_finite(self, grads):
+        # Keras decides from this replica's gradients alone, before the all-reduce:
+        # under MirroredStrategy an overflow on one replica would reach every replica's
+        # weights. Every replica skips when any one's gradients are not finite.
+        finite = super().check_finite(grads)
+        if keras.backend.backend() != "tensorflow":
+            return finite
+        return telemetry_backend().every_replica(finite)
 
     def _lowered_scale(self):
         if self.fixed:
