@@ -15,8 +15,9 @@ import keras
 import optuna
 
 from .._core.data import take_batches
-from ..errors import AutoprecError
+from ..errors import AutoprecError, BackendError
 from ..hardware import HardwareProfile
+from ..runtime.guard import GUARD_BACKENDS
 from .budget import Budget
 from .evaluator import Evaluator
 from .finalists import add_finalists
@@ -97,6 +98,8 @@ def search(
     (this docstring is what makes the function long).
 
     Raises:
+        BackendError: on a Keras backend other than TensorFlow or JAX (trials train
+            with the guard, whose in-step telemetry runs there).
         AutoprecError: the budget metric is not reported by the model (the message
             lists those that are), the model is not compiled, or the float32
             reference has not learned at the search's fidelity (the message names the
@@ -113,6 +116,14 @@ def search(
     ```
     """
     started = time.perf_counter()
+    backend = keras.backend.backend()
+    if backend not in GUARD_BACKENDS:
+        raise BackendError(
+            f"autoprec.search runs on Keras' TensorFlow and JAX backends (its trials train "
+            f"with the guard and time costs there); this Keras runs {backend!r}. Set "
+            "KERAS_BACKEND=tensorflow or jax before importing keras, or predict a plan "
+            "without training with autoprec.heuristic_plan(model, hardware=...)."
+        )
     settings = _checked_settings(budget, settings)
     _check_study(study, storage, study_name, sampler, pruner)
     train_batches = take_batches(

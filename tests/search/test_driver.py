@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import logging
+import os
+import subprocess
+import sys
 
 import keras
 import numpy as np
@@ -315,3 +318,31 @@ def test_tiny_model_stays_float32_and_named_hardware_costs_are_called_predicted(
     text = caplog.text
     assert "predicted for rtx4090" in text
     assert "on this device" not in text
+
+
+_SEARCH_ON_ANOTHER_BACKEND = """
+import keras, numpy as np
+import autoprec
+from autoprec.errors import BackendError
+model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
+model.compile("adam", "mse")
+data = (np.zeros((8, 4), "float32"), np.zeros((8, 2), "float32"))
+try:
+    autoprec.search(model, data, data, budget=autoprec.Budget("val_loss", max_relative_drop=0.1))
+except BackendError as error:
+    print("REFUSED", error)
+"""
+
+
+def test_search_on_a_backend_without_the_guard_is_refused_naming_the_supported_ones():
+    environment = {**os.environ, "KERAS_BACKEND": "numpy", "TF_CPP_MIN_LOG_LEVEL": "3"}
+    completed = subprocess.run(
+        [sys.executable, "-c", _SEARCH_ON_ANOTHER_BACKEND],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=environment,
+    )
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    assert "REFUSED autoprec.search runs on Keras' TensorFlow and JAX backends" in completed.stdout
+    assert "this Keras runs 'numpy'" in completed.stdout
