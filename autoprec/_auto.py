@@ -21,7 +21,7 @@ from . import cost
 from ._core.config import ConfigValue
 from ._core.data import input_part
 from ._core.dtypes import BFLOAT16, FLOAT16, FLOAT32, count_dtypes, counts_text
-from ._core.models import strategy_scope, swap_attribute
+from ._core.models import rebuild_train_function, strategy_scope, swap_attribute
 from .cost import CostTable, Estimate
 from .errors import PlanError
 from .hardware import HardwareProfile, is_local, resolve_hardware
@@ -223,7 +223,7 @@ class FirstBatchSize:
             return original(*args)
 
         self._undo = swap_attribute(self.model, "train_step", train_step)
-        self.model.make_train_function(force=True)
+        rebuild_train_function(self.model)
 
     def remove(self) -> None:
         """Puts the model's own train step back; the train function must be rebuilt after."""

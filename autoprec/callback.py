@@ -18,6 +18,7 @@ from ._auto import (
     search_plan,
 )
 from ._core.messages import show_message
+from ._core.models import rebuild_train_function
 from .cost import Estimate
 from .errors import BackendError, PlanError
 from .hardware import HardwareProfile, is_local, resolve_hardware
@@ -305,7 +306,7 @@ class AutoPrecision(PlanCallback):
         sample = reader.read_inputs() if reader is not None else None
         if reader is not None:
             reader.remove()
-            self.model.make_train_function(force=True)  # traced lazily, without the reader
+            rebuild_train_function(self.model)  # traced lazily, without the reader
         if size is None:
             logger.info(
                 "autoprec: no batch seen before deciding; costs timed at batch size %d",

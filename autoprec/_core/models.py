@@ -163,3 +163,46 @@ def swap_attribute(owner: object, name: str, value: object) -> Callable[[], None
             object.__delattr__(owner, name)
 
     return undo
+
+
+def rebuild_train_function(model: keras.Model) -> None:
+    """Rebuilds `model`'s train function from inside `fit`, so new policies take effect.
+
+    `fit` built its train function before `on_train_begin`; setting it to `None`
+    there would break `fit`, so it is rebuilt instead. On JAX the variables `fit`
+    holds in its own state are written back first (`jax_state_sync`): under a
+    `keras.distribution` building the function reads each variable's sharding.
+
+    Args:
+        model: the model `fit` trains.
+
+    Example:
+
+    ```python
+    rebuild_train_function(self.model)  # in a callback, after changing policies
+    ```
+    """
+    sync_fit_state(model)
+    model.make_train_function(force=True)
+
+
+def sync_fit_state(model: keras.Model) -> None:
+    """Writes the variables JAX's `fit` holds in its own state back to the model, mid-`fit`.
+
+    Call it before swapping the optimizer or rebuilding the train function inside
+    `fit`: the next step then reads its state from the model's variables (the new
+    optimizer's included). A no-op on other backends and outside `fit`.
+
+    Args:
+        model: the model `fit` trains.
+
+    Example:
+
+    ```python
+    sync_fit_state(model)
+    model.optimizer = wrapped_optimizer
+    ```
+    """
+    sync = getattr(model, "jax_state_sync", None)
+    if callable(sync):
+        sync()

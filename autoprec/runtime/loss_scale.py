@@ -10,7 +10,7 @@ from keras import ops
 
 from .._backends import telemetry_backend
 from .._core.config import ConfigValue
-from .._core.models import strategy_scope
+from .._core.models import strategy_scope, sync_fit_state
 from ..errors import PlanError
 
 
@@ -335,9 +335,10 @@ def add_loss_scaling(
     ```
     """
     optimizer = _compiled_optimizer(model, where)
+    if isinstance(optimizer, keras.optimizers.LossScaleOptimizer) and scales_loss(optimizer):
+        return None
+    sync_fit_state(model)  # JAX's fit holds the old optimizer's state: write it back first
     if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
-        if scales_loss(optimizer):
-            return None
         optimizer = optimizer.inner_optimizer  # a step-skipping wrapper: scale it now
         model.optimizer = optimizer
     with strategy_scope(model):
@@ -375,6 +376,7 @@ def add_step_skipping(model: keras.Model, where: str) -> keras.optimizers.Optimi
     optimizer = _compiled_optimizer(model, where)
     if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
         return None
+    sync_fit_state(model)  # JAX's fit holds the old optimizer's state: write it back first
     with strategy_scope(model):
         wrapped = step_skipping_optimizer(optimizer)
         wrapped.build(model.trainable_variables)

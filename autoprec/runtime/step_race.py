@@ -23,6 +23,7 @@ from typing import Any
 import keras
 
 from .._core.dtypes import POLICY_FOR_DTYPE
+from .._core.models import rebuild_train_function
 from .._core.rounds import RoundsVerdict, judge_rounds, wants_more_rounds
 from ..layers import layer_paths
 from ..plan import PrecisionPlan
@@ -257,7 +258,7 @@ class StepRace:
         if candidate.train_function is None:
             handle = apply_plan(self.model, candidate.plan, strict=True)
             candidate.dtypes = dict(handle.dtypes)
-            self.model.make_train_function(force=True)
+            rebuild_train_function(self.model)
             candidate.train_function = self.model.train_function
             return
         for path, dtype in candidate.dtypes.items():

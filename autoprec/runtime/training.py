@@ -10,7 +10,7 @@ import keras
 
 from .._core.dtypes import BFLOAT16, FLOAT16, FLOAT32, count_dtypes, counts_text
 from .._core.messages import show_message
-from .._core.models import strategy_scope
+from .._core.models import rebuild_train_function, strategy_scope
 from ..errors import PlanError
 from ..hardware import HardwareProfile, resolve_hardware
 from ..layers import is_fully_built
@@ -361,9 +361,7 @@ class PlanCallback(keras.callbacks.Callback):
         self._watch.attach(telemetry)
 
     def _rebuild_compiled_functions(self) -> None:
-        # fit built its train function before on_train_begin; setting it to None
-        # here would break fit, so force a rebuild instead.
-        self.model.make_train_function(force=True)
+        rebuild_train_function(self.model)
         self.model.test_function = None
         self.model.predict_function = None
 
