@@ -78,8 +78,9 @@ CHILD = textwrap.dedent(
     rng = np.random.default_rng(0)
     x = rng.normal(size=(256, 16)).astype("float32")
     y = (x[:, 0] > 0).astype("int32")
-    model = keras.Sequential([keras.Input((16,)), keras.layers.Dense(64, activation="relu"),
-                              keras.layers.Dense(64, activation="relu"),
+    # Wide enough that 16-bit is predicted to pay on the card, so a 16-bit plan is confirmed.
+    model = keras.Sequential([keras.Input((16,)), keras.layers.Dense(1024, activation="relu"),
+                              keras.layers.Dense(1024, activation="relu"),
                               keras.layers.Dense(2, activation="softmax")])
     model.compile("adam", "sparse_categorical_crossentropy", metrics=["accuracy"])
     result = autoprec.search(model, (x[:192], y[:192]), (x[192:], y[192:]),
@@ -94,6 +95,20 @@ CHILD = textwrap.dedent(
             sorted(set(t.params.values())) for t in result.study.trials
             if t.state.name == "COMPLETE" and set(t.params.values()) != {"float32"}
         ],
+        "confirmation": result.plan.metadata["search"]["confirmation"],
+    }
+    # Measured here: the finalists' whole steps timed in interleaved rounds on JAX.
+    local = autoprec.search(model, (x[:192], y[:192]), (x[192:], y[192:]),
+                            budget=autoprec.Budget("val_accuracy", max_drop=0.5),
+                            hardware="local", n_trials=3, verbose=0,
+                            settings=autoprec.SearchSettings(steps_per_trial=3))
+    measurement = local.plan.metadata["search"].get("measurement") or {}
+    results["local_search"] = {
+        "verdict": measurement.get("verdict"),
+        "timed": sorted(measurement.get("rounds_timed", {})),
+        "leader": measurement.get("leader"),
+        "confirmation": local.plan.metadata["search"]["confirmation"],
+        "layers": sorted(set(local.plan.resolve().values())),
     }
     print("RESULT " + json.dumps(results))
     """
@@ -132,3 +147,14 @@ def test_guard_and_search_on_jax(tmp_path):
     assert "FAIL" not in search["states"]
     assert any(search["skipped"])
     assert search["completed_16_bit"]  # 16-bit plans are trained and judged, not failed
+    # The longer confirmation of a plan chosen at this low fidelity ran on JAX too.
+    assert search["confirmation"]["run"] is True, search["confirmation"]
+    assert search["confirmation"]["result"] in ("held", "fell back", "fell back to float32"), search[
+        "confirmation"
+    ]
+
+    local = results["local_search"]
+    # Every finalist was timed in interleaved rounds, float32 among them, and a verdict given.
+    assert "float32" in local["timed"] and len(local["timed"]) >= 2, local
+    assert local["verdict"] in ("separated", "tie") and local["leader"] in local["timed"]
+    assert "run" in local["confirmation"]

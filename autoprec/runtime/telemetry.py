@@ -193,6 +193,28 @@ def telemetry_paths(model: keras.Model, dtypes: Mapping[str, str]) -> list[str]:
     return chosen
 
 
+def remove_installed_telemetry(model: keras.Model) -> None:
+    """Removes the telemetry an earlier `fit` left installed on `model`, if any.
+
+    A plan without 16-bit layers trains without telemetry: wrappers an earlier
+    plan installed (on JAX, a carrier among the trainable values) must not stay in
+    its train step. The caller rebuilds the train function.
+
+    Args:
+        model: the model.
+
+    Example:
+
+    ```python
+    remove_installed_telemetry(model)
+    model.make_train_function(force=True)
+    ```
+    """
+    previous = _INSTALLED.get(id(model))
+    if previous is not None and previous.model is model and previous.installed:
+        previous.remove()
+
+
 class GuardTelemetry:
     """Records every 16-bit layer's amax inside the compiled train step, with a short history.
 

@@ -30,7 +30,7 @@ from .loss_scale import (
 )
 from .saving import attach_plan
 from .step_logs import SkippedStepLogs
-from .telemetry import GuardTelemetry
+from .telemetry import GuardTelemetry, remove_installed_telemetry
 from .tensorboard import TrainingLog
 from .watch import GuardWatch
 
@@ -342,8 +342,10 @@ class PlanCallback(keras.callbacks.Callback):
         without 16-bit layers the logs are Keras' own, so a real divergence shows as NaN.
         """
         if self._watch is None:
+            remove_installed_telemetry(self.model)
             return
         self._watch.detach()
+        remove_installed_telemetry(self.model)  # one an earlier fit left on the model
         step_logs = SkippedStepLogs.for_model(self.model)  # below the telemetry's wrapper
         telemetry = None
         if has_16bit:
