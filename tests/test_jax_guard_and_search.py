@@ -149,9 +149,9 @@ def test_guard_and_search_on_jax(tmp_path):
     assert search["completed_16_bit"]  # 16-bit plans are trained and judged, not failed
     # The longer confirmation of a plan chosen at this low fidelity ran on JAX too.
     assert search["confirmation"]["run"] is True, search["confirmation"]
-    assert search["confirmation"]["result"] in ("held", "fell back", "fell back to float32"), search[
-        "confirmation"
-    ]
+    assert search["confirmation"]["result"] in ("held", "fell back", "fell back to float32"), (
+        search["confirmation"]
+    )
 
     local = results["local_search"]
     # Every finalist was timed in interleaved rounds, float32 among them, and a verdict given.
