@@ -66,13 +66,14 @@ attention model here sets it.
 
 Each stage (build, one-liner, search, candidates, timing; the overflow check; the
 memory process) is recorded with its seconds; one that fails is recorded with its
-error and traceback tail, and the run goes on. Time: `--budget-seconds` (420 by
-default) is shared out, 145 s kept for the overflow check and the memory process and
+error and traceback tail, and the run goes on. Time: `--budget-seconds` (400 by
+default) is shared out, 130 s kept for the overflow check and the memory process and
 each model getting an equal share of the rest; the search gets a `timeout` of 45 %
 of what is left of its model's share, a stage that would start after its model's
 share is skipped (recorded), the largest-batch probes share the memory process's
-time (`"time"` where they ran out), and the memory process is stopped 60 s after the
-budget (what it wrote is kept). JAX's persistent compilation cache is on (a fresh
+time (`"time"` where they ran out), and the memory process is stopped 50 s after the
+budget (what it wrote is kept): about 8 minutes with the install, within the run's
+540 s. JAX's persistent compilation cache is on (a fresh
 folder unless `JAX_COMPILATION_CACHE_DIR` is set): the same programs, compiled again
 for each copy, compile once. Results go to `results.json` under `--out` (default
 `$OUT`), rewritten atomically after every stage of the run; the table is printed last.
@@ -124,18 +125,22 @@ import sys
 import tempfile
 import time
 import traceback
+import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 os.environ.setdefault("KERAS_BACKEND", "jax")
-# Memory on demand: the memory process of each model shares the device with this one.
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # XLA's info lines would fill the output
+# Memory on demand: the memory process shares the device with this one.
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 if "--smoke" in sys.argv or "--smoke-child" in sys.argv:
     # Tiny models on a CPU: compile fast rather than run fast.
     os.environ.setdefault("XLA_FLAGS", "--xla_backend_optimization_level=0")
 if os.environ.get("BENCH_GPU_BLOCK_TENSORFLOW") == "1":
     sys.modules["tensorflow"] = None  # as on the GPU machine: TensorFlow cannot be imported
+
+warnings.filterwarnings("ignore", message="Explicitly requested dtype int64")
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
@@ -153,10 +158,10 @@ FLOAT16_MAX = 65504.0
 REPORT_WORDS = ("measur", "predict", "candidate", "timing", "timed", "chose", "winner")
 #: Seconds kept aside for the attention-overflow check and for the memory process
 #: (by smoke run or not); the models share the rest.
-OVERFLOW_RESERVE = {True: 10.0, False: 35.0}
-MEMORY_RESERVE = {True: 15.0, False: 110.0}
+OVERFLOW_RESERVE = {True: 10.0, False: 30.0}
+MEMORY_RESERVE = {True: 15.0, False: 100.0}
 #: Seconds past the budget after which the memory process is stopped.
-HARD_END_SECONDS = 60.0
+HARD_END_SECONDS = 50.0
 
 # ---------------------------------------------------------------------- settings
 
@@ -555,10 +560,11 @@ def stage(record: dict[str, Any], name: str) -> Iterator[None]:
         yield
     except Exception as error:  # noqa: BLE001 - one failed stage must not stop the run
         entry.update(failure(error))
-        print(f"  {name}: FAILED {entry['error'][:300]}", flush=True)
     finally:
         entry["seconds"] = round(time.perf_counter() - started, 3)
         entry["cpu_seconds"] = round(time.process_time() - cpu, 3)
+        outcome = f"FAILED {entry['error'][:300]}" if "error" in entry else "done"
+        print(f"  {name}: {outcome} ({entry['seconds']:.1f} s)", flush=True)
 
 
 # ---------------------------------------------------------------------- timing
@@ -669,6 +675,7 @@ def out_of_time(record: dict[str, Any], name: str, end: float) -> bool:
         "error": "skipped: this model's share of the time budget was spent",
         "seconds": 0.0,
     }
+    print(f"  {name}: skipped (time budget)", flush=True)
     return True
 
 
@@ -1394,7 +1401,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         "--budget-seconds",
         type=float,
         default=None,
-        help="end the run within this many seconds (default 420; smoke 240, a cap)",
+        help="end the run within this many seconds (default 400; smoke 240, a cap)",
     )
     parser.add_argument("--memory-child", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--smoke-child", action="store_true", help=argparse.SUPPRESS)
@@ -1424,7 +1431,7 @@ def run(args: argparse.Namespace, folder: Path) -> dict[str, Any]:
     settings = settings_for(args.smoke)
     if args.measure_here:
         settings = dataclasses.replace(settings, measured_models=None)
-    budget = args.budget_seconds or (240.0 if args.smoke else 420.0)
+    budget = args.budget_seconds or (240.0 if args.smoke else 400.0)
     reserve = MEMORY_RESERVE[args.smoke] + (
         0.0 if args.no_overflow else OVERFLOW_RESERVE[args.smoke]
     )
@@ -1479,6 +1486,7 @@ def run(args: argparse.Namespace, folder: Path) -> dict[str, Any]:
     if args.smoke:
         seconds = min(seconds, MEMORY_RESERVE[True])  # a probe or two is enough to check it
     process = run_memory_process(settings, plan_paths, seconds, clock.hard_end, folder)
+    print(f"  memory process: status {process['status']} ({process['seconds']:.0f} s)", flush=True)
     results["memory_process"] = {
         key: value for key, value in process.items() if key != "results"
     } | {"timing_process_memory": memory_stats()}
