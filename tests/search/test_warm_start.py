@@ -85,9 +85,9 @@ def test_keras_global_policy_is_every_layer_in_16_bit_containers_included():
         uniform = PrecisionPlan.uniform(model, "bfloat16")
         assert plan.layers == uniform.layers and plan.default == uniform.default == "bfloat16"
         assert set(plan.resolve().values()) == {"bfloat16"}  # softmax, norm, head, container
-        # The search's own uniform plan keeps the container (its attention arithmetic) float32.
+        # The search's own uniform plan gives the container its sub-layers' dtype, as Keras does.
         searched = context.plan_for(context.uniform_assignment("bfloat16")).resolve()
-        assert searched["attention"] == "float32" and searched["attention/softmax"] == "bfloat16"
+        assert searched["attention"] == "bfloat16" and searched["attention/softmax"] == "bfloat16"
         kept = keras_global_plan(context, "bfloat16", keep_float32=("head",)).resolve()
         assert kept["head"] == "float32" and kept["norm"] == kept["attention"] == "bfloat16"
         assert keras_label("bfloat16") == "keras mixed_bfloat16"

@@ -39,9 +39,11 @@ def test_two_processes_search_one_study_and_the_caller_gets_its_best_plan(tmp_pa
         settings=SearchSettings(dtypes=["float32", "bfloat16"], steps_per_trial=2),
     )
     study = optuna.load_study(study_name="pool", storage=resolve_storage(str(storage)))
-    assert len(study.trials) == 6 and len({t.number for t in study.trials}) == 6
+    # 2 workers x 3 trials, and the finalists the caller's measured ranking added.
+    count = len(study.trials)
+    assert count >= 6 and len({t.number for t in study.trials}) == count
     assert not [t for t in study.trials if t.state == optuna.trial.TrialState.RUNNING]
     labels = [r.warm_start for r in map(TrialRecord.from_trial, study.trials) if r.warm_start]
     assert labels and len(labels) == len(set(labels))  # enqueued once across workers
-    assert result.study.study_name == "pool" and len(result.study.trials) == 6
-    assert result.plan.metadata["search"]["trials"] == 6
+    assert result.study.study_name == "pool" and len(result.study.trials) == count
+    assert result.plan.metadata["search"]["trials"] == count
