@@ -77,7 +77,8 @@ class AutoPlan(ConfigValue):
             runs fast and the profile allows (as Keras' global `mixed_*` policy sets
             it: every layer) and the per-layer plan in turn, each traced once, then
             in `timing_rounds` interleaved rounds of 2 timed steps each (more rounds,
-            up to 9, while the verdict is undecided); the fastest whole step is
+            up to 9, while the verdict is undecided; all inside the first epoch,
+            judged on the rounds timed when it ends); the fastest whole step is
             kept, a difference inside the measured noise going to the simpler plan
             (`plan.metadata["measured"]` records what was timed). These steps train
             the model as usual. 0 keeps the predicted plan without timing.
@@ -666,7 +667,10 @@ def race_lines(result: RaceResult, estimate: Estimate | None) -> list[str]:
         f"+{result.added_seconds:.1f} s over the chosen plan's pace)"
     )
     if verdict is None:
-        return [timed, "  training ended before every plan was timed: keeping the per-layer plan"]
+        return [
+            timed,
+            "  the first epoch ended before every plan was timed: keeping the per-layer plan",
+        ]
     medians = verdict.medians
     figures = ", ".join(f"{name} {1e3 * medians[name]:.2f} ms" for name in medians)
     predicted = (

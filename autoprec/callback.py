@@ -168,7 +168,11 @@ class AutoPrecision(PlanCallback):
     def on_train_batch_end(self, batch, logs=None) -> None:
         if self._race is not None:
             self._step += 1
-            if self._race.end_step():
+            steps = (self.params or {}).get("steps")
+            last_of_epoch = steps is not None and batch + 1 >= steps
+            # The timing stays inside the first epoch: a checkpoint written at its end
+            # saves the plan kept, never a candidate still being timed.
+            if self._race.end_step() or last_of_epoch:
                 self._finish_race()
             return
         if self._profiler is None and not self._waiting_for_a_batch:
@@ -181,6 +185,11 @@ class AutoPrecision(PlanCallback):
                 self._decide_and_apply()
         else:
             self._decide_and_apply()
+
+    def on_epoch_end(self, epoch, logs=None) -> None:
+        if self._race is not None:
+            self._finish_race()  # an epoch of unknown length ended while plans were timed
+        super().on_epoch_end(epoch, logs)
 
     def on_train_end(self, logs=None) -> None:
         if self._profiler is not None or self._waiting_for_a_batch:

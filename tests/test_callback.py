@@ -313,8 +313,9 @@ def test_one_liner_profiles_decides_applies_and_reports(classification, capsys, 
     # The plan kept is the one whose whole step measured fastest (a tie: the simpler one).
     measured = plan.metadata["measured"]
     assert "timed the whole train step of float32" in output
-    assert f"keeping {measured['winner']}" in output
-    if measured["winner"] == "per-layer":
+    winner = measured.get("winner")  # None: an 8-step epoch ended before every plan was timed
+    assert f"keeping {winner or 'the per-layer plan'}" in output
+    if winner in (None, "per-layer"):
         assert "dense_2: model output" in output
         assert plan.layers["dense_2"] == "float32"
         assert plan.metadata["evidence"]["dense_2"]["reason"].startswith("model output")
