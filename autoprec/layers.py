@@ -161,11 +161,59 @@ def is_graph_model(layer: keras.layers.Layer) -> bool:
     )
 
 
+#: Variables Keras' float8 path adds to Dense/EinsumDense: scaling state, not the layer's
+#: weights, so a plan made before float8 still fits the model after it (and the reverse).
+FLOAT8_SCALING_VARIABLES = frozenset(
+    {
+        "inputs_scale",
+        "inputs_amax_history",
+        "kernel_scale",
+        "kernel_amax_history",
+        "outputs_grad_scale",
+        "outputs_grad_amax_history",
+    }
+)
+
+
+def layer_policy(layer: keras.layers.Layer) -> keras.dtype_policies.DTypePolicy:
+    """Returns the dtype policy a layer computes with, looked up when it holds a `DTypePolicyMap`.
+
+    A layer built from a container's `DTypePolicyMap` (a float8 sub-layer of a
+    reloaded `MultiHeadAttention`) holds the whole map; its own policy is the map's
+    entry for its path.
+
+    Args:
+        layer: any Keras layer.
+
+    Returns:
+        The layer's own `DTypePolicy`.
+
+    Example:
+
+    ```python
+    layer_policy(model.get_layer("mha")._query_dense).name  # "float8_from_mixed_bfloat16"
+    ```
+    """
+    policy = layer.dtype_policy
+    if isinstance(policy, keras.dtype_policies.DTypePolicyMap):
+        return policy[layer.path] if layer.path else policy.default_policy
+    return policy
+
+
 def _own_weights(layer: keras.layers.Layer) -> list:
     child_weight_ids = set()
     for child in _tracked_children(layer):
         child_weight_ids.update(id(weight) for weight in child.weights)
-    return [weight for weight in layer.weights if id(weight) not in child_weight_ids]
+    scaling_ids = {
+        id(getattr(layer, name))
+        for name in FLOAT8_SCALING_VARIABLES
+        if isinstance(getattr(layer, name, None), keras.Variable)
+    }
+    return [
+        weight
+        for weight in layer.weights
+        if id(weight) not in child_weight_ids and id(weight) not in scaling_ids
+    ]
 
 
 def _tracked_children(layer: keras.layers.Layer) -> list[keras.layers.Layer]:

@@ -158,8 +158,11 @@ def test_every_plan_the_docs_show_matches_the_schema_and_loads(validator, where,
 
 
 def test_every_dtype_the_schema_names_is_one_the_reader_accepts(validator):
-    for dtype in validator.schema["$defs"]["dtype"]["enum"]:
+    for dtype in validator.schema["$defs"]["compute_dtype"]["enum"]:
         PrecisionPlan.from_dict({"format_version": 1, "default": dtype}, "plan.json")
+    for dtype in validator.schema["$defs"]["dtype"]["enum"]:
+        PrecisionPlan.from_dict({"format_version": 1, "layers": {"dense": dtype}}, "plan.json")
+        PrecisionPlan.from_dict({"format_version": 1, "layers": {"d": {"class": "Dense", "dtype": dtype}}}, "plan.json")
 
 
 @pytest.mark.parametrize(
@@ -176,6 +179,8 @@ def test_every_dtype_the_schema_names_is_one_the_reader_accepts(validator):
         {"format_version": 1, "rules": [{"class": "Softmax", "dtype": "float32", "x": 1}]},
         {"format_version": 1, "layers": []},
         {"format_version": 1, "events": [3]},
+        {"format_version": 1, "default": "float8"},  # float8 only for Dense/EinsumDense
+        {"format_version": 1, "metadata": {"float8_source": "float8"}},
     ],
     ids=lambda data: json.dumps(data)[:48],
 )

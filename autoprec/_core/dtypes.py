@@ -1,4 +1,12 @@
-"""Compute dtypes a plan may assign, the Keras policies that realise them, and the one widening ladder."""
+"""Compute dtypes a plan may assign, the Keras policies that realise them, and the one widening ladder.
+
+float8 is the fourth dtype, for the layers Keras has a float8 path for (`Dense`,
+`EinsumDense`): their matrix products quantize inputs and kernel to E4M3 and output
+gradients to E5M2 with delayed per-tensor scaling, and the rest of the layer computes
+in the float8 layer's *source* dtype (bfloat16 unless a plan says otherwise, as
+`float8_from_mixed_bfloat16`). Every other layer that a float8 decision reaches
+(a follower, a rule's class glob) computes in that source dtype.
+"""
 
 from __future__ import annotations
 
@@ -9,9 +17,19 @@ from ..errors import PlanError
 FLOAT32 = "float32"
 BFLOAT16 = "bfloat16"
 FLOAT16 = "float16"
+FLOAT8 = "float8"
 
-#: Compute dtypes a plan may assign, widest first.
+#: The 16/32-bit compute dtypes every floating-point layer may take, widest first.
 COMPUTE_DTYPES: tuple[str, ...] = (FLOAT32, BFLOAT16, FLOAT16)
+
+#: Every dtype a plan may name: the compute dtypes and float8 (Dense/EinsumDense only).
+PLAN_DTYPES: tuple[str, ...] = (*COMPUTE_DTYPES, FLOAT8)
+
+#: Layer classes with a float8 training path in Keras (`float8_from_*` policies).
+FLOAT8_CLASSES: tuple[str, ...] = ("Dense", "EinsumDense")
+
+#: The dtypes a float8 layer's non-matmul work may compute in (its policy's source).
+FLOAT8_SOURCES: tuple[str, ...] = (BFLOAT16, FLOAT16, FLOAT32)
 
 #: Keras policy applied for each compute dtype. Variables always stay float32
 #: (the master copy); plain "float16" set after build would silently compute
@@ -34,6 +52,10 @@ _ALIASES = {
     "half": FLOAT16,
     "float16": FLOAT16,
     "mixed_float16": FLOAT16,
+    "fp8": FLOAT8,
+    "f8": FLOAT8,
+    "float8": FLOAT8,
+    "float8_from_mixed_bfloat16": FLOAT8,
 }
 
 
@@ -45,26 +67,89 @@ def canonical_dtype(value: object, where: str = "dtype") -> str:
         where: what is being parsed, named in the error message.
 
     Returns:
-        One of `"float32"`, `"bfloat16"`, `"float16"`.
+        One of `"float32"`, `"bfloat16"`, `"float16"`, `"float8"`.
 
     Raises:
-        PlanError: if `value` is not a known compute dtype.
+        PlanError: if `value` is not a known dtype.
     """
     if isinstance(value, str) and value.strip().lower() in _ALIASES:
         return _ALIASES[value.strip().lower()]
     raise PlanError(
-        f"{where}: unknown dtype {value!r}; use one of {', '.join(COMPUTE_DTYPES)} "
-        "(aliases: fp32, bf16, fp16, mixed_bfloat16, mixed_float16)."
+        f"{where}: unknown dtype {value!r}; use one of {', '.join(PLAN_DTYPES)} "
+        "(aliases: fp32, bf16, fp16, fp8, mixed_bfloat16, mixed_float16)."
     )
 
 
+def canonical_float8_source(value: object, where: str = "float8_source") -> str:
+    """Returns the dtype a float8 layer's non-matmul work computes in.
+
+    Args:
+        value: `None` (bfloat16) or a compute dtype name.
+        where: what is being parsed, named in the error message.
+
+    Returns:
+        One of `"bfloat16"`, `"float16"`, `"float32"`.
+
+    Raises:
+        PlanError: if `value` is not one of them.
+
+    Example:
+
+    ```python
+    canonical_float8_source("fp16")  # "float16"
+    ```
+    """
+    if value is None:
+        return BFLOAT16
+    dtype = canonical_dtype(value, where)
+    if dtype not in FLOAT8_SOURCES:
+        raise PlanError(
+            f"{where}: {value!r} cannot be a float8 source; use one of {', '.join(FLOAT8_SOURCES)}."
+        )
+    return dtype
+
+
+def policy_name(dtype: str, float8_source: str = BFLOAT16) -> str:
+    """Returns the Keras dtype policy name that realises a plan dtype.
+
+    Args:
+        dtype: a plan dtype (aliases accepted).
+        float8_source: for float8, the dtype of the layer's non-matmul work.
+
+    Returns:
+        `"float32"`, `"mixed_bfloat16"`, `"mixed_float16"` or `"float8_from_<source policy>"`.
+
+    Example:
+
+    ```python
+    policy_name("float8")  # "float8_from_mixed_bfloat16"
+    ```
+    """
+    name = canonical_dtype(dtype)
+    if name == FLOAT8:
+        return f"float8_from_{POLICY_FOR_DTYPE[canonical_float8_source(float8_source)]}"
+    return POLICY_FOR_DTYPE[name]
+
+
+def is_float8_policy(policy: object) -> bool:
+    """Returns whether a Keras dtype policy trains its layer's matrix products in float8."""
+    return getattr(policy, "quantization_mode", None) == "float8"
+
+
 def dtype_of_policy(policy: object) -> str:
-    """Returns the compute dtype of a Keras dtype policy (or policy name)."""
+    """Returns the plan dtype of a Keras dtype policy (or policy name)."""
+    if is_float8_policy(policy) or policy == "float8" or str(policy).startswith("float8_from_"):
+        return FLOAT8
     compute_dtype = getattr(policy, "compute_dtype", policy)
     name = str(compute_dtype)
     if name in COMPUTE_DTYPES:
         return name
     return FLOAT32
+
+
+def float8_eligible(class_name: str | None) -> bool:
+    """Returns whether a layer class has a float8 training path in Keras (`FLOAT8_CLASSES`)."""
+    return class_name in FLOAT8_CLASSES
 
 
 #: The one widening ladder: a dtype that cannot run a layer falls back to the next.
@@ -73,14 +158,18 @@ def dtype_of_policy(policy: object) -> str:
 WIDENING_LADDER: tuple[str, ...] = (FLOAT16, BFLOAT16, FLOAT32)
 
 
-def wider_dtypes(dtype: str) -> tuple[str, ...]:
+def wider_dtypes(dtype: str, float8_source: str = BFLOAT16) -> tuple[str, ...]:
     """Returns the dtypes wider than `dtype` on the widening ladder, nearest first.
 
+    float8 widens to its source dtype first (bfloat16 by default), then on from there.
+
     Args:
-        dtype: a compute dtype (any alias `canonical_dtype` accepts).
+        dtype: a plan dtype (any alias `canonical_dtype` accepts).
+        float8_source: the source dtype of float8 layers.
 
     Returns:
-        `("bfloat16", "float32")` for float16, `("float32",)` for bfloat16, `()` for float32.
+        `("bfloat16", "float32")` for float16 and for float8, `("float32",)` for
+        bfloat16, `()` for float32.
 
     Example:
 
@@ -89,10 +178,13 @@ def wider_dtypes(dtype: str) -> tuple[str, ...]:
     ```
     """
     name = canonical_dtype(dtype)
+    if name == FLOAT8:
+        source = canonical_float8_source(float8_source)
+        return (source, *wider_dtypes(source))
     return WIDENING_LADDER[WIDENING_LADDER.index(name) + 1 :]
 
 
-def widen(dtype: str, allowed: tuple[str, ...] | list[str] = COMPUTE_DTYPES) -> str:
+def widen(dtype: str, allowed: tuple[str, ...] | list[str] = PLAN_DTYPES) -> str:
     """Returns `dtype` if allowed, else the nearest wider dtype in `allowed` (float32 at the end).
 
     Args:
@@ -121,7 +213,7 @@ def count_dtypes(dtypes: Iterable[str]) -> dict[str, int]:
         dtypes: compute dtype names, e.g. the values of a `{path: dtype}` mapping.
 
     Returns:
-        `{"float32": n, "bfloat16": n, "float16": n}`.
+        `{"float32": n, "bfloat16": n, "float16": n}`, and `"float8": n` when any is float8.
 
     Example:
 
@@ -129,9 +221,11 @@ def count_dtypes(dtypes: Iterable[str]) -> dict[str, int]:
     count_dtypes(["float16", "float32", "float16"])  # {"float32": 1, "bfloat16": 0, "float16": 2}
     ```
     """
-    counts = dict.fromkeys(COMPUTE_DTYPES, 0)
+    counts = dict.fromkeys(PLAN_DTYPES, 0)
     for dtype in dtypes:
         counts[canonical_dtype(dtype)] += 1
+    if not counts[FLOAT8]:
+        del counts[FLOAT8]
     return counts
 
 

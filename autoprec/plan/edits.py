@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import fnmatch
 
-from .._core.dtypes import canonical_dtype
+from .._core.dtypes import FLOAT8, canonical_dtype, float8_eligible
 from ..errors import PlanError
 from .hints import did_you_mean, follower_message
 from .rules import PlanRule, rule_targets
@@ -74,7 +74,22 @@ def layers_with_dtype(plan: PlanView, path_or_glob: str, dtype: str) -> dict[str
     if not decided:
         message = follower_message(matched[0], plan.followers, plan.layer_info)
         raise PlanError(f"with_dtype: {message}")
+    if dtype == FLOAT8 and plan.layer_info:
+        decided = _float8_targets(plan, path_or_glob, decided)
     return {**plan.layers, **dict.fromkeys(decided, dtype)}
+
+
+def _float8_targets(plan: PlanView, path_or_glob: str, decided: list[str]) -> list[str]:
+    """The decided layers float8 may go to: Dense and EinsumDense; refuses a name with none."""
+    classes = {path: plan.layer_info[path].class_name for path in decided if path in plan.layer_info}
+    eligible = [path for path in decided if float8_eligible(classes.get(path))]
+    if eligible:
+        return eligible
+    named = ", ".join(f"{path!r} ({classes.get(path, '?')})" for path in decided[:3])
+    raise PlanError(
+        f"with_dtype({path_or_glob!r}, 'float8'): float8 is only for Dense and EinsumDense "
+        f"layers (Keras has no float8 path for {named}); give it bfloat16, float16 or float32."
+    )
 
 
 def layers_with_rule(plan: PlanView, rule: PlanRule) -> dict[str, str]:

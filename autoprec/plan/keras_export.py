@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from .._core.dtypes import POLICY_FOR_DTYPE, dtype_of_policy
+from .._core.dtypes import POLICY_FOR_DTYPE, dtype_of_policy, policy_name
 from ..layers import LayerInfo
 from .lookup import resolve
 from .view import PlanView
@@ -41,7 +41,7 @@ def to_dtype_policy_map(plan: PlanView) -> Any:
         key = info.keras_path if info is not None and info.keras_path else path
         if key in policy_map:
             continue
-        policy_map[key] = keras.dtype_policies.get(POLICY_FOR_DTYPE[dtype])
+        policy_map[key] = keras.dtype_policies.get(policy_name(dtype, plan.metadata.get("float8_source") or "bfloat16"))
     return policy_map
 
 

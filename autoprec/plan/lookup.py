@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from .._core.dtypes import BFLOAT16, FLOAT8, canonical_float8_source
 from ..layers import LayerInfo
 from .rules import PlanRule, first_rule_dtype
 from .view import PlanView
@@ -73,10 +74,12 @@ def dtype_for(plan: PlanView, path: str, class_name: str | None = None) -> str:
         seen.add(path)
         path, class_name = plan.followers[path], None
     if path in plan.layers:
-        return plan.layers[path]
-    if class_name is None and path in plan.layer_info:
-        class_name = plan.layer_info[path].class_name
-    return first_rule_dtype(plan.rules, path, class_name, plan.default)
+        dtype = plan.layers[path]
+    else:
+        if class_name is None and path in plan.layer_info:
+            class_name = plan.layer_info[path].class_name
+        dtype = first_rule_dtype(plan.rules, path, class_name, plan.default)
+    return _float8_source(plan) if seen and dtype == FLOAT8 else dtype
 
 
 def resolve(plan: PlanView, infos: Mapping[str, LayerInfo] | None = None) -> dict[str, str]:
@@ -103,7 +106,7 @@ def resolve(plan: PlanView, infos: Mapping[str, LayerInfo] | None = None) -> dic
         for path, info in infos.items()
         if info.follows is None or (path in plan.layers and not info.pass_through)
     }
-    return resolve_followers(own, infos, plan.default)
+    return resolve_followers(own, infos, plan.default, _float8_source(plan))
 
 
 def every_layer(plan: PlanView) -> dict[str, str]:
@@ -129,14 +132,21 @@ def every_layer(plan: PlanView) -> dict[str, str]:
 
 
 def resolve_followers(
-    own: Mapping[str, str], infos: Mapping[str, LayerInfo], default: str
+    own: Mapping[str, str],
+    infos: Mapping[str, LayerInfo],
+    default: str,
+    float8_source: str = BFLOAT16,
 ) -> dict[str, str]:
     """Returns `own` completed with each follower's dtype: the dtype of the layer it follows.
+
+    A follower of a float8 layer computes in the float8 source dtype: no follower
+    (a pass-through layer, a nested model) has a float8 path of its own.
 
     Args:
         own: `{path: dtype}` of the layers that decide their own dtype.
         infos: the model's layers, with `follows` set on followers.
         default: the dtype of a follower whose chain reaches no decided layer.
+        float8_source: the dtype a follower of a float8 layer takes.
 
     Returns:
         `{path: dtype}` for the paths of `infos` that resolve, in their order.
@@ -156,9 +166,15 @@ def resolve_followers(
         if info is None or info.follows is None or depth > len(infos):
             return default
         value = lookup(info.follows, depth + 1)
+        value = float8_source if value == FLOAT8 else value
         resolved[path] = value
         return value
 
     for path in infos:
         lookup(path)
     return {path: resolved[path] for path in infos if path in resolved}
+
+
+def _float8_source(plan: PlanView) -> str:
+    """The dtype of float8 layers' non-matmul work, from the plan's metadata (bfloat16 by default)."""
+    return canonical_float8_source(plan.metadata.get("float8_source"))

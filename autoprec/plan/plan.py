@@ -16,11 +16,20 @@ from collections.abc import Iterable, Mapping
 from types import MappingProxyType
 from typing import Any
 
-from .._core.dtypes import FLOAT16, FLOAT32, canonical_dtype, count_dtypes, dtype_of_policy
+from .._core.dtypes import (
+    FLOAT8,
+    FLOAT16,
+    FLOAT32,
+    canonical_dtype,
+    canonical_float8_source,
+    count_dtypes,
+    dtype_of_policy,
+    float8_eligible,
+)
 from .._core.io import atomic_write_json, parse_json_text, read_json_file
 from .._version import __version__
 from ..errors import PlanError
-from ..layers import LayerInfo, describe_model, layer_paths, model_fingerprint
+from ..layers import LayerInfo, describe_model, layer_paths, layer_policy, model_fingerprint
 from . import edits, keras_export, lookup, serialize
 from .diff import PlanDiff, diff_plans
 from .rules import PlanRule, coerce_rule, rule_from_arguments
@@ -37,6 +46,7 @@ METADATA_SLOTS: tuple[str, ...] = (
     "loss_scale",
     "evidence",
     "search",
+    "float8_source",
 )
 
 
@@ -45,7 +55,10 @@ class PrecisionPlan:
     """The compute dtype of every layer of a model, plus the evidence behind the choice.
 
     A plan maps stable layer paths (see `autoprec.layers`) to `"float32"`,
-    `"bfloat16"` or `"float16"`: `plan.layers` holds the layers it decides, and
+    `"bfloat16"`, `"float16"` or, for `Dense` and `EinsumDense` layers, `"float8"`
+    (their matrix products in E4M3/E5M2 with delayed scaling, the rest of the layer in
+    `float8_source`, bfloat16 unless `metadata["float8_source"]` says otherwise):
+    `plan.layers` holds the layers it decides, and
     every one of them can be changed with `with_dtype`. Layers that follow
     another (pass-through layers such as Flatten, Dropout, MaxPooling, and nested
     models) are not decided: they always take the dtype of the layer they follow,
@@ -111,6 +124,12 @@ class PrecisionPlan:
         autoprec_version: str | None = None,
     ) -> None:
         default = canonical_dtype(default, "default")
+        if default == FLOAT8:
+            raise PlanError(
+                "default: float8 cannot be a plan's default, because only Dense and "
+                "EinsumDense layers have a float8 path; use PrecisionPlan.uniform(model, "
+                "'float8') or a rule such as {'class': '*Dense', 'dtype': 'float8'}."
+            )
         rules = tuple(coerce_rule(rule, index) for index, rule in enumerate(rules))
         infos = dict(layer_info or {})
         followers = {path: info.follows for path, info in infos.items() if info.follows}
@@ -118,10 +137,15 @@ class PrecisionPlan:
             str(path): canonical_dtype(dtype, f"layers[{path!r}]")
             for path, dtype in (layers or {}).items()
         }
+        _check_float8_layers(explicit, infos)
         decided = lookup.decided_layers(explicit, rules, default, infos, followers)
         full_metadata: dict[str, Any] = {slot: None for slot in METADATA_SLOTS}
         full_metadata["evidence"] = {}
         full_metadata.update(copy.deepcopy(dict(metadata or {})))
+        if full_metadata["float8_source"] is not None:
+            full_metadata["float8_source"] = canonical_float8_source(
+                full_metadata["float8_source"], "metadata['float8_source']"
+            )
         now = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
         values = {
             "layers": MappingProxyType(decided),
@@ -143,9 +167,13 @@ class PrecisionPlan:
     def uniform(cls, model, dtype: str, **kwargs: Any) -> PrecisionPlan:
         """Returns a plan giving every layer of `model` the same compute dtype.
 
+        `"float8"` means float8 wherever Keras allows it: every `Dense` and
+        `EinsumDense` layer in float8, every other layer in the float8 source dtype
+        (bfloat16, or `metadata={"float8_source": "float16"}`).
+
         Args:
             model: a built Keras model.
-            dtype: `"float32"`, `"bfloat16"` or `"float16"`.
+            dtype: `"float32"`, `"bfloat16"`, `"float16"` or `"float8"`.
             **kwargs: passed to the constructor (e.g. `metadata`).
 
         Returns:
@@ -159,7 +187,14 @@ class PrecisionPlan:
         """
         dtype = canonical_dtype(dtype)
         infos = describe_model(model)
-        return cls._for_model(model, infos, dict.fromkeys(infos, dtype), dtype, **kwargs)
+        if dtype != FLOAT8:
+            return cls._for_model(model, infos, dict.fromkeys(infos, dtype), dtype, **kwargs)
+        source = canonical_float8_source((kwargs.get("metadata") or {}).get("float8_source"))
+        layers = {
+            path: FLOAT8 if float8_eligible(info.class_name) else source
+            for path, info in infos.items()
+        }
+        return cls._for_model(model, infos, layers, source, **kwargs)
 
     @classmethod
     def from_model(cls, model, **kwargs: Any) -> PrecisionPlan:
@@ -184,7 +219,7 @@ class PrecisionPlan:
         ```
         """
         explicit = {
-            path: dtype_of_policy(layer.dtype_policy) for path, layer in layer_paths(model).items()
+            path: dtype_of_policy(layer_policy(layer)) for path, layer in layer_paths(model).items()
         }
         default = dtype_of_policy(model.dtype_policy)
         return cls._for_model(model, describe_model(model), explicit, default, **kwargs)
@@ -255,9 +290,20 @@ class PrecisionPlan:
         return count_dtypes(self.layers.values())
 
     @property
+    def float8_source(self) -> str:
+        """The dtype of float8 layers' non-matmul work: `metadata["float8_source"]`, else bfloat16."""
+        return canonical_float8_source(self.metadata.get("float8_source"))
+
+    @property
+    def uses_float8(self) -> bool:
+        """Whether any layer (or a rule) trains its matrix products in float8."""
+        return FLOAT8 in (*self.layers.values(), *(r.dtype for r in self.rules))
+
+    @property
     def uses_float16(self) -> bool:
-        """Whether any layer (or the default, or a rule) computes in float16."""
-        return FLOAT16 in (*self.layers.values(), self.default, *(r.dtype for r in self.rules))
+        """Whether any layer (or the default, or a rule) computes in float16, float8 sources included."""
+        dtypes = {*self.layers.values(), self.default, *(r.dtype for r in self.rules)}
+        return FLOAT16 in dtypes or (FLOAT8 in dtypes and self.float8_source == FLOAT16)
 
     def with_dtype(self, path_or_glob: str, dtype: str) -> PrecisionPlan:
         """Returns a new plan in which the matching layers compute in `dtype`.
@@ -269,14 +315,16 @@ class PrecisionPlan:
 
         Args:
             path_or_glob: a stable layer path or a glob over paths.
-            dtype: `"float32"`, `"bfloat16"` or `"float16"`.
+            dtype: `"float32"`, `"bfloat16"`, `"float16"` or `"float8"` (a glob then
+                sets the matching `Dense`/`EinsumDense` layers only).
 
         Returns:
             A new `PrecisionPlan`.
 
         Raises:
             PlanError: if the path is unknown, the glob matches no layer, or it
-                matches only followers (the message names the layer to set instead).
+                matches only followers (the message names the layer to set instead);
+                for float8, if it names a layer without a float8 path.
 
         Example:
 
@@ -446,3 +494,19 @@ class PrecisionPlan:
                 has a wrong field; the message names the file and the field.
         """
         return cls.from_dict(read_json_file(path, PlanError, "precision plan"), str(path))
+
+
+def _check_float8_layers(explicit: Mapping[str, str], infos: Mapping[str, LayerInfo]) -> None:
+    """Refuses float8 on a layer whose class has no float8 path, naming the layer."""
+    refused = [
+        f"{path!r} ({infos[path].class_name})"
+        for path, dtype in explicit.items()
+        if dtype == FLOAT8 and path in infos and not float8_eligible(infos[path].class_name)
+    ]
+    if refused:
+        raise PlanError(
+            f"layers: float8 is only for Dense and EinsumDense layers (Keras has no float8 "
+            f"path elsewhere), but it is set on {', '.join(refused[:5])}"
+            + (f" and {len(refused) - 5} more" if len(refused) > 5 else "")
+            + "; give those layers bfloat16, float16 or float32."
+        )

@@ -7,7 +7,7 @@ import fnmatch
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from .._core.dtypes import canonical_dtype
+from .._core.dtypes import FLOAT8, canonical_dtype, float8_eligible
 from ..errors import PlanError
 from ..layers import LayerInfo
 from .hints import did_you_mean, follower_message
@@ -186,6 +186,8 @@ def first_rule_dtype(
     ```
     """
     for rule in rules:
+        if rule.dtype == FLOAT8 and not float8_eligible(class_name):
+            continue  # a float8 rule reaches only the layers with a float8 path
         if rule.matches(path, class_name):
             return rule.dtype
     return default
@@ -228,6 +230,15 @@ def rule_targets(
         return info.class_name if info is not None else None
 
     targets = [target for target in layers if rule.matches(target, class_of(target))]
+    if rule.dtype == FLOAT8 and targets:
+        eligible = [target for target in targets if float8_eligible(class_of(target))]
+        if not eligible:
+            classes = sorted({class_of(target) or "?" for target in targets})
+            raise PlanError(
+                f"with_rule: {rule} matches only layers without a float8 path "
+                f"({', '.join(classes[:8])}); float8 is for Dense and EinsumDense layers."
+            )
+        return eligible
     if targets:
         return targets
     following = [target for target in followers if rule.matches(target, class_of(target))]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .._core.dtypes import COMPUTE_DTYPES
+from .._core.dtypes import COMPUTE_DTYPES, FLOAT8
 from .lookup import every_layer
 from .view import PlanView
 
@@ -84,7 +84,8 @@ def _total_lines(decided: list[Row]) -> list[str]:
     """Returns one line per compute dtype: layers and parameters of the decided rows."""
     total_parameters = sum(row[3] for row in decided) or 1
     lines = []
-    for dtype in COMPUTE_DTYPES:
+    has_float8 = any(row[2] == FLOAT8 for row in decided)
+    for dtype in (*COMPUTE_DTYPES, FLOAT8) if has_float8 else COMPUTE_DTYPES:
         count = sum(1 for row in decided if row[2] == dtype)
         parameters = sum(row[3] for row in decided if row[2] == dtype)
         lines.append(

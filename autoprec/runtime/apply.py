@@ -9,11 +9,20 @@ from collections.abc import Mapping
 
 import keras
 
-from .._core.dtypes import FLOAT16, POLICY_FOR_DTYPE
+from .._core.dtypes import FLOAT8, FLOAT16, canonical_float8_source, policy_name
+from .._core.models import strategy_scope
 from ..errors import PlanError
-from ..layers import LayerInfo, describe_model, is_fully_built, layer_paths, model_fingerprint
+from ..layers import (
+    LayerInfo,
+    describe_model,
+    is_fully_built,
+    layer_paths,
+    layer_policy,
+    model_fingerprint,
+)
 from ..plan import PrecisionPlan
 from .composite import check_plan_runs, harmonize_outputs
+from .float8 import has_float8_path, keep_nested_float8_policies, sync_float8_variables
 
 
 @dataclasses.dataclass
@@ -36,16 +45,27 @@ class PlanHandle:
 
     @property
     def uses_float16(self) -> bool:
-        """Whether any layer now computes in float16 (loss scaling is then needed)."""
-        return FLOAT16 in self.dtypes.values()
+        """Whether any layer now computes in float16, float8 sources included (loss scaling is then needed)."""
+        dtypes = set(self.dtypes.values())
+        return FLOAT16 in dtypes or (FLOAT8 in dtypes and self.plan.float8_source == FLOAT16)
+
+    @property
+    def uses_float8(self) -> bool:
+        """Whether any layer now trains its matrix products in float8."""
+        return FLOAT8 in self.dtypes.values()
 
     def restore(self) -> None:
         """Puts back every layer's original dtype policy and marks compiled functions stale."""
         paths = layer_paths(self.model)
-        for path, policy in self.original_policies.items():
-            layer = paths.get(path)
-            if layer is not None:
-                layer.dtype_policy = policy
+        restored = []
+        with strategy_scope(self.model):
+            for path, policy in self.original_policies.items():
+                layer = paths.get(path)
+                if layer is not None:
+                    layer.dtype_policy = policy
+                    restored.append(layer)
+        sync_float8_variables(restored)
+        keep_nested_float8_policies(self.model)
         reset_compiled_functions(self.model)
 
 
@@ -119,7 +139,12 @@ def apply_plan(
     """Sets every layer's dtype policy from `plan`; variables stay float32 (the master copy).
 
     Compute dtypes map to Keras policies `float32`, `mixed_bfloat16` and
-    `mixed_float16`. Policies are set on every layer, sub-layers included,
+    `mixed_float16`; float8 to `float8_from_<source policy>` (bfloat16 unless the
+    plan's `metadata["float8_source"]` says otherwise), which makes Keras add a
+    float8 layer's six scaling variables the first time. A compiled optimizer does
+    not know those: `AutoPrecision` rebuilds it with its state kept
+    (`runtime/float8.extend_optimizer`); call that yourself between `apply_plan`
+    and a `fit` without the callback. Policies are set on every layer, sub-layers included,
     because Keras' policy setter does not cascade into containers such as
     `MultiHeadAttention`. A sub-layer whose dtype differs from its container's
     (a layer whose own `call` combines its sub-layers' outputs, such as keras-hub's
@@ -162,17 +187,33 @@ def apply_plan(
     infos = _checked_layers(model, plan, strict)
     dtypes = plan.resolve(infos)
     paths = layer_paths(model)
+    source = canonical_float8_source(plan.metadata.get("float8_source"))
+    no_float8 = [
+        f"{path!r} ({type(layer).__name__})"
+        for path, layer in paths.items()
+        if dtypes.get(path) == FLOAT8 and not has_float8_path(layer)
+    ]
+    if no_float8:
+        raise PlanError(
+            f"apply_plan: {', '.join(no_float8[:3])} ha{'s' if len(no_float8) == 1 else 've'} "
+            "no float8 path in Keras (only Dense and EinsumDense do); give "
+            f"{'it' if len(no_float8) == 1 else 'them'} bfloat16, float16 or float32 in the plan."
+        )
     original_policies: dict[str, object] = {}
     skipped: dict[str, str] = {}
     applied: dict[str, str] = {}
-    for path, layer in paths.items():
-        reason = _reason_to_skip(layer)
-        if reason:
-            skipped[path] = reason
-            continue
-        original_policies[path] = layer.dtype_policy
-        layer.dtype_policy = POLICY_FOR_DTYPE[dtypes[path]]
-        applied[path] = dtypes[path]
+    with strategy_scope(model):  # float8 scaling variables are created here
+        for path, layer in paths.items():
+            reason = _reason_to_skip(layer)
+            if reason:
+                skipped[path] = reason
+                continue
+            dtype = dtypes[path]
+            original_policies[path] = layer_policy(layer)
+            layer.dtype_policy = policy_name(dtype, source)
+            applied[path] = dtype
+    sync_float8_variables(paths[path] for path in original_policies)
+    keep_nested_float8_policies(model)
     harmonize_outputs(model)
     reset_compiled_functions(model)
     applied_plan = PrecisionPlan(
@@ -230,8 +271,8 @@ def _checked_layers(model: keras.Model, plan: PrecisionPlan, strict: bool) -> di
 
 
 def _reason_to_skip(layer: keras.layers.Layer) -> str | None:
-    policy = layer.dtype_policy
-    if getattr(policy, "quantization_mode", None):
+    policy = layer_policy(layer)
+    if getattr(policy, "quantization_mode", None) not in (None, "float8"):
         return f"quantized ({policy.quantization_mode}); its policy is left as it is"
     compute_dtype = str(getattr(policy, "compute_dtype", ""))
     if compute_dtype and not keras.backend.is_float_dtype(compute_dtype):

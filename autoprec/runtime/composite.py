@@ -141,8 +141,7 @@ def harmonize_outputs(model: keras.Model) -> int:
 
 
 def _compute_dtype(layer: object) -> str | None:
-    policy = getattr(layer, "dtype_policy", None)
-    dtype = getattr(policy, "compute_dtype", None)
+    dtype = getattr(layer, "compute_dtype", None)
     return keras.backend.standardize_dtype(dtype) if dtype else None
 
 

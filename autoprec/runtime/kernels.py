@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 import keras
 import numpy as np
 
-from .._core.dtypes import FLOAT32, POLICY_FOR_DTYPE, wider_dtypes
+from .._core.dtypes import FLOAT8, FLOAT32, POLICY_FOR_DTYPE, wider_dtypes
 from ..cost import LayerCall, ModelTrace, synthetic_arguments, trace_model
 from ..errors import AutoprecError, BackendError
 from ..layers import describe_model, layer_paths
@@ -94,7 +94,7 @@ def _fails(layer: keras.layers.Layer, call: LayerCall, dtype: str) -> str | None
         arguments = synthetic_arguments(call, 2, dtype, rng, value_range=(0.5, 1.5))
     except BackendError:  # an argument that cannot be rebuilt: nothing to check
         return None
-    original = layer.dtype_policy
+    original = layer_policy(layer)
     layer.dtype_policy = POLICY_FOR_DTYPE[dtype]
     try:
         _run_once(layer, *arguments)
@@ -172,7 +172,7 @@ def unchecked_kernels(model: keras.Model, dtypes: Mapping[str, str]) -> dict[str
     return {
         path: dtype
         for path, dtype in dtypes.items()
-        if dtype != FLOAT32 and (path, dtype) not in checked
+        if dtype not in (FLOAT32, FLOAT8) and (path, dtype) not in checked
     }
 
 

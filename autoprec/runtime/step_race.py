@@ -22,12 +22,13 @@ from typing import Any
 
 import keras
 
-from .._core.dtypes import POLICY_FOR_DTYPE
+from .._core.dtypes import policy_name
 from .._core.models import rebuild_train_function
 from .._core.rounds import RoundsVerdict, judge_rounds, wants_more_rounds
-from ..layers import layer_paths
+from ..layers import layer_paths, layer_policy
 from ..plan import PrecisionPlan
 from .apply import apply_plan
+from .float8 import extend_optimizer, float8_variables, sync_float8_variables
 
 
 @dataclasses.dataclass(frozen=True)
@@ -142,7 +143,8 @@ class StepRace:
         self.steps_per_round = steps_per_round
         self.max_rounds = max(max_rounds, rounds)
         self._paths = layer_paths(model)
-        self._original = {path: layer.dtype_policy for path, layer in self._paths.items()}
+        self._original = {path: layer_policy(layer) for path, layer in self._paths.items()}
+        self._prepare_float8()
         self._schedule: list[tuple[int, bool]] = []
         for index in range(len(self.candidates)):
             self._schedule += [(index, False)] * (1 + steps_per_round)
@@ -231,10 +233,7 @@ class StepRace:
 
     def close(self) -> None:
         """Puts back the policies every layer had before the race; the train function is stale."""
-        for path, policy in self._original.items():
-            layer = self._paths.get(path)
-            if layer is not None:
-                layer.dtype_policy = policy
+        self._restore_policies()
         self._finished = True
 
     # ------------------------------------------------------------------ internals
@@ -252,17 +251,50 @@ class StepRace:
         order = [candidate.name for candidate in self.candidates]
         return judge_rounds(rounds, order.index)
 
+    def _prepare_float8(self) -> None:
+        """Creates every float8 candidate's scaling variables and an optimizer that knows them, up front.
+
+        Extending the optimizer later would leave the candidates traced before it
+        training with the old one's state.
+        """
+        float8_plans = [c.plan for c in self.candidates if c.plan.uses_float8]
+        if not float8_plans:
+            return
+        for plan in float8_plans:
+            apply_plan(self.model, plan, strict=True)
+        for variable_layer in self._paths.values():
+            for variable in float8_variables(variable_layer):
+                variable.trainable = True
+        extend_optimizer(self.model)
+        self._restore_policies()
+
+    def _restore_policies(self) -> None:
+        for path, policy in self._original.items():
+            layer = self._paths.get(path)
+            if layer is not None:
+                layer.dtype_policy = policy
+        sync_float8_variables(self._paths.values())
+
     def _use(self, index: int) -> None:
         """Runs the candidate's plan from the next step: its own traced train function."""
         candidate = self.candidates[index]
         if candidate.train_function is None:
             handle = apply_plan(self.model, candidate.plan, strict=True)
+            if extend_optimizer(self.model):
+                # New float8 variables, a new optimizer: the functions traced with the old
+                # one would train with stale state, so every other candidate traces again.
+                for other in self.candidates:
+                    other.train_function = None
             candidate.dtypes = dict(handle.dtypes)
             rebuild_train_function(self.model)
             candidate.train_function = self.model.train_function
             return
+        source = candidate.plan.float8_source
+        layers = []
         for path, dtype in candidate.dtypes.items():
             layer = self._paths.get(path)
             if layer is not None:
-                layer.dtype_policy = POLICY_FOR_DTYPE[dtype]
+                layer.dtype_policy = policy_name(dtype, source)
+                layers.append(layer)
+        sync_float8_variables(layers)
         self.model.train_function = candidate.train_function

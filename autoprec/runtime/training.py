@@ -10,13 +10,14 @@ import keras
 
 from .._core.dtypes import BFLOAT16, FLOAT16, FLOAT32, count_dtypes, counts_text
 from .._core.messages import show_message
-from .._core.models import rebuild_train_function, strategy_scope
+from .._core.models import inner_optimizer, rebuild_train_function, strategy_scope
 from ..errors import PlanError
 from ..hardware import HardwareProfile, resolve_hardware
 from ..layers import is_fully_built
 from ..plan import PrecisionPlan
 from .applied import COMPILED_FUNCTIONS, AppliedState, applied_state, keep_applied_state
 from .apply import PlanHandle, apply_plan
+from .float8 import extend_optimizer
 from .decision import GuardAction, GuardDecision, decide
 from .guard import Guard, NonFiniteTrainingError, check_guard_backend, promotion_target
 from .kernels import fallback_plan, missing_kernels_once, unchecked_kernels
@@ -249,6 +250,7 @@ class PlanCallback(keras.callbacks.Callback):
             self._fall_back_missing_kernels()
         requested, self.plan = self.plan, self.handle.plan
         has_16bit = any(dtype != FLOAT32 for dtype in self.handle.dtypes.values())
+        self._extend_optimizer(state)
         self._wrap_optimizer(self.handle.uses_float16, has_16bit)
         if self._keeps_compiled_functions(state, has_16bit) and compiled[0] is not None:
             # The policies are what they were: keep the traced functions.
@@ -314,6 +316,17 @@ class PlanCallback(keras.callbacks.Callback):
             self.handle = self._apply_plan(
                 fallback_plan(self.handle.plan, missing, step=self._step)
             )
+
+    def _extend_optimizer(self, state: AppliedState | None) -> None:
+        """Rebuilds the optimizer for new float8 variables, state kept; `restore` then puts back the new one."""
+        before = inner_optimizer(self.model.optimizer)
+        if not extend_optimizer(self.model):
+            return
+        after = inner_optimizer(self.model.optimizer)
+        if self._wrapped_optimizer is before or (
+            state is not None and state.unwrapped_optimizer is before
+        ):
+            self._wrapped_optimizer = after
 
     def _plan_has_16bit(self) -> bool:
         return any(dtype != FLOAT32 for dtype in self.plan.resolve().values())

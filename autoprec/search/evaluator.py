@@ -24,10 +24,11 @@ from .._core.dtypes import FLOAT32
 from .._core.models import compile_arguments, recompile
 from .._core.timing import time_interleaved
 from ..errors import BackendError
-from ..layers import describe_model, layer_paths
+from ..layers import describe_model, layer_paths, layer_policy
 from ..plan import PrecisionPlan
 from ..runtime import FlooredLossScaleOptimizer, PlanCallback, apply_plan, reset_compiled_functions
 from ..runtime.emulation import Float16Emulation, emulated_layers, without_float16
+from ..runtime.float8 import keep_nested_float8_policies, restore_variables, sync_float8_variables
 
 logger = logging.getLogger("autoprec")
 
@@ -181,14 +182,16 @@ class Evaluator:
     @staticmethod
     def _snapshot(model: keras.Model) -> dict[str, list | dict]:
         return {
-            "variables": [keras.ops.convert_to_numpy(variable) for variable in model.variables],
-            "policies": {path: layer.dtype_policy for path, layer in layer_paths(model).items()},
+            "variables": {
+                id(variable): (variable, keras.ops.convert_to_numpy(variable))
+                for variable in model.variables
+            },
+            "policies": {path: layer_policy(layer) for path, layer in layer_paths(model).items()},
         }
 
     def _reset(self) -> None:
         keras.utils.set_random_seed(self.seed)
-        for variable, value in zip(self.model.variables, self.initial_state["variables"]):
-            variable.assign(value)
+        restore_variables(self.model, self.initial_state["variables"])
 
     def close(self) -> None:
         """Puts back the user's model when the evaluator worked on it directly."""
@@ -201,8 +204,9 @@ class Evaluator:
         for path, policy in self.user_state["policies"].items():
             if path in paths:
                 paths[path].dtype_policy = policy
-        for variable, value in zip(self.user_model.variables, self.user_state["variables"]):
-            variable.assign(value)
+        sync_float8_variables(paths.values())
+        keep_nested_float8_policies(self.user_model)
+        restore_variables(self.user_model, self.user_state["variables"])
         reset_compiled_functions(self.user_model)
 
     # ------------------------------------------------------------------ metrics

@@ -1,0 +1,232 @@
+"""Float8 layers at run time: their scaling variables, and an optimizer that knows them.
+
+Setting a built `Dense` or `EinsumDense` layer's policy to `float8_from_*` makes
+Keras quantize it: six "overwrite with gradient" variables appear (a scale and an
+amax history for inputs, kernel and output gradients). An optimizer built before
+does not know them, and a layer taken back out of float8 keeps them without a
+gradient. This module keeps both straight: the float8 variables are trainable
+exactly while their layer trains in float8, and `extend_optimizer` rebuilds a built
+optimizer for new variables with its state (iterations, moments, loss scale) kept.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+import keras
+
+from .._core.dtypes import is_float8_policy
+from .._core.models import inner_optimizer, strategy_scope, sync_fit_state
+from ..layers import FLOAT8_SCALING_VARIABLES, layer_paths, layer_policy
+
+#: Names of the variables Keras' float8 path adds to a Dense/EinsumDense layer.
+FLOAT8_VARIABLES: tuple[str, ...] = tuple(sorted(FLOAT8_SCALING_VARIABLES))
+
+
+def has_float8_path(layer: object) -> bool:
+    """Returns whether Keras can train `layer` in float8 (a `Dense` or `EinsumDense`).
+
+    Example:
+
+    ```python
+    has_float8_path(keras.layers.Dense(8))  # True
+    ```
+    """
+    return isinstance(layer, (keras.layers.Dense, keras.layers.EinsumDense))
+
+
+def float8_variables(layer: keras.layers.Layer) -> list[keras.Variable]:
+    """Returns the float8 scaling variables a layer has (none before it was first quantized).
+
+    Args:
+        layer: any Keras layer.
+
+    Returns:
+        The layer's `inputs_scale`, `inputs_amax_history`, ... variables, in that order.
+
+    Example:
+
+    ```python
+    [v.name for v in float8_variables(model.get_layer("dense"))]
+    ```
+    """
+    found = []
+    for name in FLOAT8_VARIABLES:
+        variable = getattr(layer, name, None)
+        if isinstance(variable, keras.Variable):
+            found.append(variable)
+    return found
+
+
+def sync_float8_variables(layers: Iterable[keras.layers.Layer]) -> None:
+    """Makes each layer's float8 variables trainable exactly while it trains in float8.
+
+    A layer taken out of float8 keeps its scaling variables (Keras cannot remove
+    them), but they get no gradient then; out of the trainable set, no optimizer
+    warns about them or keeps moments for them.
+
+    Args:
+        layers: the layers whose policies were just set.
+
+    Example:
+
+    ```python
+    sync_float8_variables(layer_paths(model).values())
+    ```
+    """
+    for layer in layers:
+        active = is_float8_policy(layer_policy(layer))
+        for variable in float8_variables(layer):
+            if variable.trainable != active:
+                variable.trainable = active
+
+
+def extend_optimizer(model: keras.Model) -> bool:
+    """Rebuilds `model.optimizer` for trainable variables it was not built with, keeping its state.
+
+    A built Keras optimizer refuses variables it was not built with ("Unknown
+    variable"), and float8 layers add some. The optimizer (and a loss-scale
+    wrapper around it) is re-created from its config, built for the model's
+    trainable variables, and every state variable it had (iterations, moments,
+    the loss scale and its counters) is copied across by name.
+
+    Args:
+        model: a compiled model.
+
+    Returns:
+        Whether the optimizer was replaced.
+
+    Example:
+
+    ```python
+    layer.dtype_policy = "float8_from_mixed_bfloat16"
+    extend_optimizer(model)
+    ```
+    """
+    optimizer = getattr(model, "optimizer", None)
+    inner = inner_optimizer(optimizer)
+    if optimizer is None or not getattr(inner, "built", False):
+        return False
+    known = {id(variable) for variable in getattr(inner, "_trainable_variables", [])}
+    if all(id(variable) in known for variable in model.trainable_variables):
+        return False
+    sync_fit_state(model)  # JAX's fit holds the optimizer's state: write it back first
+    with strategy_scope(model):
+        replacement = type(optimizer).from_config(optimizer.get_config())
+        replacement.build(model.trainable_variables)
+    pairs = [(inner, inner_optimizer(replacement))]
+    if replacement is not inner_optimizer(replacement):
+        pairs.append((optimizer, replacement))
+    for old, new in pairs:
+        _copy_state(old, new)
+    model.optimizer = replacement
+    return True
+
+
+def _copy_state(old: keras.optimizers.Optimizer, new: keras.optimizers.Optimizer) -> None:
+    """Copies each of `old`'s own state variables to `new`'s variable of the same name and shape."""
+    inner_ids = set()
+    if inner_optimizer(old) is not old:
+        inner_ids = {id(variable) for variable in inner_optimizer(old).variables}
+    targets = {
+        variable.name: variable
+        for variable in new.variables
+        if inner_optimizer(new) is new
+        or id(variable) not in {id(v) for v in inner_optimizer(new).variables}
+    }
+    for variable in old.variables:
+        if id(variable) in inner_ids:
+            continue
+        target = targets.get(variable.name)
+        if target is not None and tuple(target.shape) == tuple(variable.shape):
+            target.assign(variable.value)
+
+
+def keep_nested_float8_policies(model: keras.Model) -> int:
+    """Records float8 sub-layer policies in their container's config, so `.keras` files reload them.
+
+    Keras saves the policy of each layer in a model's config, but a layer that
+    builds its own sub-layers (`MultiHeadAttention`, keras-hub's
+    `TransformerEncoder`) saves only its own: reloaded, its float8 `EinsumDense`
+    layers would be built without their scaling variables, and loading fails. Such
+    a container passes its policy to the sub-layers it builds, so it is given a
+    `keras.dtype_policies.DTypePolicyMap` keyed by their paths. A container that
+    holds one already has every entry brought up to date, float8 or not.
+
+    Args:
+        model: the model whose policies were just set.
+
+    Returns:
+        How many containers hold a policy map now.
+
+    Example:
+
+    ```python
+    keep_nested_float8_policies(model)
+    model.save("model.keras")  # keras.models.load_model restores the float8 sub-layers
+    ```
+    """
+    paths = layer_paths(model)
+    containers = [path for path, layer in paths.items() if _builds_sub_layers(layer, path, paths)]
+    outermost = [
+        path for path in containers if not any(path.startswith(other + "/") for other in containers)
+    ]
+    kept = 0
+    for container_path in outermost:
+        container = paths[container_path]
+        inside = [layer for path, layer in paths.items() if path.startswith(container_path + "/")]
+        if not _holds_map(container):
+            if not any(is_float8_policy(layer_policy(layer)) for layer in inside):
+                continue
+            own = container.dtype_policy
+            container.dtype_policy = keras.dtype_policies.DTypePolicyMap(default_policy=own)
+            if container.path:
+                container.dtype_policy[container.path] = own
+        policy_map = container.dtype_policy
+        for layer in inside:
+            # A sub-layer holding the map (one built from it) keeps its entry current itself.
+            if layer.path and not _holds_map(layer):
+                if layer.path in policy_map:
+                    del policy_map[layer.path]
+                policy_map[layer.path] = layer.dtype_policy
+        kept += 1
+    return kept
+
+
+def _holds_map(layer: keras.layers.Layer) -> bool:
+    return isinstance(layer.dtype_policy, keras.dtype_policies.DTypePolicyMap)
+
+
+def _builds_sub_layers(layer: keras.layers.Layer, path: str, paths: dict) -> bool:
+    """Whether a layer owns sub-layers that its own config does not describe (not a Model)."""
+    if isinstance(layer, keras.Model):
+        return False
+    return any(other.startswith(path + "/") for other in paths)
+
+
+def restore_variables(model: keras.Model, saved: Mapping[int, tuple[keras.Variable, object]]) -> None:
+    """Puts back saved variable values; float8 scaling variables made since start afresh.
+
+    A model's variable list grows when a layer first trains in float8, so values
+    are saved per variable (`{id(variable): (variable, value)}`), not by position.
+    A scaling variable that did not exist when the values were saved gets Keras'
+    initial value (scales 1, amax histories 0), as a freshly quantized layer has.
+
+    Args:
+        model: the model.
+        saved: `{id(variable): (variable, value)}` taken from `model.variables` earlier.
+
+    Example:
+
+    ```python
+    saved = {id(v): (v, keras.ops.convert_to_numpy(v)) for v in model.variables}
+    restore_variables(model, saved)
+    ```
+    """
+    for variable in model.variables:
+        entry = saved.get(id(variable))
+        if entry is not None:
+            variable.assign(entry[1])
+        elif variable.name in FLOAT8_SCALING_VARIABLES:
+            initial = 1.0 if variable.name.endswith("_scale") else 0.0
+            variable.assign(keras.ops.full(variable.shape, initial, dtype=variable.dtype))
