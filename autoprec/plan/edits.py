@@ -81,7 +81,9 @@ def layers_with_dtype(plan: PlanView, path_or_glob: str, dtype: str) -> dict[str
 
 def _float8_targets(plan: PlanView, path_or_glob: str, decided: list[str]) -> list[str]:
     """The decided layers float8 may go to: Dense and EinsumDense; refuses a name with none."""
-    classes = {path: plan.layer_info[path].class_name for path in decided if path in plan.layer_info}
+    classes = {
+        path: plan.layer_info[path].class_name for path in decided if path in plan.layer_info
+    }
     eligible = [path for path in decided if float8_eligible(classes.get(path))]
     if eligible:
         return eligible

@@ -41,7 +41,9 @@ def to_dtype_policy_map(plan: PlanView) -> Any:
         key = info.keras_path if info is not None and info.keras_path else path
         if key in policy_map:
             continue
-        policy_map[key] = keras.dtype_policies.get(policy_name(dtype, plan.metadata.get("float8_source") or "bfloat16"))
+        policy_map[key] = keras.dtype_policies.get(
+            policy_name(dtype, plan.metadata.get("float8_source") or "bfloat16")
+        )
     return policy_map
 
 

@@ -204,7 +204,9 @@ def _builds_sub_layers(layer: keras.layers.Layer, path: str, paths: dict) -> boo
     return any(other.startswith(path + "/") for other in paths)
 
 
-def restore_variables(model: keras.Model, saved: Mapping[int, tuple[keras.Variable, object]]) -> None:
+def restore_variables(
+    model: keras.Model, saved: Mapping[int, tuple[keras.Variable, object]]
+) -> None:
     """Puts back saved variable values; float8 scaling variables made since start afresh.
 
     A model's variable list grows when a layer first trains in float8, so values

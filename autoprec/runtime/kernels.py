@@ -22,7 +22,7 @@ import numpy as np
 from .._core.dtypes import FLOAT8, FLOAT32, POLICY_FOR_DTYPE, wider_dtypes
 from ..cost import LayerCall, ModelTrace, synthetic_arguments, trace_model
 from ..errors import AutoprecError, BackendError
-from ..layers import describe_model, layer_paths
+from ..layers import describe_model, layer_paths, layer_policy
 from ..plan import PrecisionPlan
 
 logger = logging.getLogger("autoprec")

@@ -17,8 +17,8 @@ from ..layers import is_fully_built
 from ..plan import PrecisionPlan
 from .applied import COMPILED_FUNCTIONS, AppliedState, applied_state, keep_applied_state
 from .apply import PlanHandle, apply_plan
-from .float8 import extend_optimizer
 from .decision import GuardAction, GuardDecision, decide
+from .float8 import extend_optimizer
 from .guard import Guard, NonFiniteTrainingError, check_guard_backend, promotion_target
 from .kernels import fallback_plan, missing_kernels_once, unchecked_kernels
 from .loss_scale import (
