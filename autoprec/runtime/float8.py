@@ -11,6 +11,8 @@ optimizer for new variables with its state (iterations, moments, loss scale) kep
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from collections.abc import Iterable, Mapping
 
 import keras
@@ -232,3 +234,88 @@ def restore_variables(
         elif variable.name in FLOAT8_SCALING_VARIABLES:
             initial = 1.0 if variable.name.endswith("_scale") else 0.0
             variable.assign(keras.ops.full(variable.shape, initial, dtype=variable.dtype))
+
+
+#: The 8-bit format each float8 tensor is quantized to, and its largest finite value.
+FLOAT8_TENSORS: tuple[tuple[str, str, float], ...] = (
+    ("inputs", "float8_e4m3fn", 448.0),
+    ("kernel", "float8_e4m3fn", 448.0),
+    ("outputs_grad", "float8_e5m2", 57344.0),
+)
+
+
+#: How far an amax may exceed what its scale covers before it counts as saturating: the
+#: top E4M3 step is 448 -> 416 (7 %), so clipping the largest values by less than a quarter
+#: is within the rounding float8 adds anyway (a kernel's amax creeps up by a little each step).
+SATURATION_RATIO = 1.25
+
+
+@dataclasses.dataclass(frozen=True)
+class LaggingScale:
+    """A float8 tensor whose delayed scale no longer covers its amax: values saturate.
+
+    Attributes:
+        tensor: `"inputs"`, `"kernel"` or `"outputs_grad"`.
+        format_name: the 8-bit format it is quantized to.
+        amax: the tensor's latest amax.
+        covered_amax: the largest amax the scale in use represents (format max x scale;
+            Keras keeps the scale as `amax / format max`).
+    """
+
+    tensor: str
+    format_name: str
+    amax: float
+    covered_amax: float
+
+    @property
+    def ratio(self) -> float:
+        """How many times the amax exceeds what the scale covers (> 1 saturates)."""
+        return self.amax / self.covered_amax if self.covered_amax > 0 else float("inf")
+
+    def describe(self) -> str:
+        """Returns the reason in words, e.g. for a guard promotion."""
+        return (
+            f"{self.tensor} amax {self.amax:.3g} is {self.ratio:.2g}x what its delayed "
+            f"{self.format_name} scale covers ({self.covered_amax:.3g}): the scale lags a "
+            "growing amax and values saturate"
+        )
+
+
+def lagging_scales(layers: Mapping[str, keras.layers.Layer]) -> dict[str, LaggingScale]:
+    """Returns the float8 layers whose scale in use does not cover the latest amax, worst tensor each.
+
+    Keras divides each float8 tensor by a scale of `max(amax history) / format max`
+    computed on an earlier step; when the amax grows faster than the history follows, the
+    largest values saturate at the format's maximum. This reads each float8 layer's
+    scales and the newest entry of its amax histories (a few scalars, on the host).
+
+    Args:
+        layers: `{path: layer}` of the layers to check; those not in float8 are skipped.
+
+    Returns:
+        `{path: LaggingScale}` for the layers with a tensor whose amax exceeds its cover
+        by more than `SATURATION_RATIO`.
+
+    Example:
+
+    ```python
+    lagging_scales({"dense": model.get_layer("dense")})  # {} while the scales keep up
+    ```
+    """
+    found = {}
+    for path, layer in layers.items():
+        if not is_float8_policy(layer_policy(layer)) or not float8_variables(layer):
+            continue
+        worst = None
+        for tensor, format_name, largest in FLOAT8_TENSORS:
+            scale = float(keras.ops.convert_to_numpy(getattr(layer, f"{tensor}_scale")))
+            history = getattr(layer, f"{tensor}_amax_history")
+            amax = float(keras.ops.convert_to_numpy(history[0]))
+            covered = largest * scale  # Keras keeps the scale as amax / format max
+            if amax > SATURATION_RATIO * covered and math.isfinite(amax):
+                candidate = LaggingScale(tensor, format_name, amax, covered)
+                if worst is None or candidate.ratio > worst.ratio:
+                    worst = candidate
+        if worst is not None:
+            found[path] = worst
+    return found

@@ -27,7 +27,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from .._core.config import ConfigValue
-from .._core.dtypes import BFLOAT16, FLOAT16, FLOAT32, widen, wider_dtypes
+from .._core.dtypes import BFLOAT16, FLOAT8, FLOAT16, FLOAT32, widen, wider_dtypes
 from ..errors import AutoprecError
 from .telemetry import NOT_RECORDED, LayerAmax, StepRecord, format_max, is_out_of_range
 
@@ -81,6 +81,11 @@ class Guard(ConfigValue):
         check_kernels: before training, run each 16-bit layer once alone; a layer
             whose dtype has no kernel on this device falls back (float16 ->
             bfloat16 -> float32), logged and recorded in `plan.events`.
+        float8_check_every: every this many steps, read each float8 layer's scales
+            and newest amax (a few scalars on the host); a tensor whose amax has
+            outgrown its delayed scale saturates.
+        float8_patience: a float8 layer saturating on this many checks in a row is
+            promoted (float8 -> its source dtype, bfloat16 by default).
 
     Raises:
         AutoprecError: for an `on_nan` other than the three modes, a
@@ -100,8 +105,14 @@ class Guard(ConfigValue):
     history_steps: int = 16
     near_binades: float = 2.0
     check_kernels: bool = True
+    float8_check_every: int = 10
+    float8_patience: int = 2
 
     def __post_init__(self) -> None:
+        for name in ("float8_check_every", "float8_patience"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise AutoprecError(f"Guard: {name} must be an integer >= 1, got {value!r}.")
         if self.on_nan not in ON_NAN_MODES:
             raise AutoprecError(
                 f"Guard: on_nan={self.on_nan!r} is not valid; use one of "
@@ -174,18 +185,20 @@ def check_guard_backend(backend: str, where: str) -> None:
         )
 
 
-def promotion_target(dtype: str, bfloat16_is_fast: bool) -> str:
+def promotion_target(dtype: str, bfloat16_is_fast: bool, float8_source: str = BFLOAT16) -> str:
     """Returns the dtype a layer that overflows in `dtype` is promoted to.
 
-    The next wider dtype on the widening ladder (float16 -> bfloat16 -> float32),
-    skipping bfloat16 where it does not run fast; float32 stays float32.
+    The next wider dtype on the widening ladder (float16 -> bfloat16 -> float32;
+    float8 -> its source dtype -> float32), skipping bfloat16 where it does not run
+    fast; float32 stays float32.
 
     Args:
-        dtype: the layer's current compute dtype.
+        dtype: the layer's current dtype.
         bfloat16_is_fast: whether the device runs bfloat16 fast.
+        float8_source: the dtype of the plan's float8 layers' other work.
 
     Returns:
-        `"bfloat16"` or `"float32"`.
+        `"float16"` (from float8 with a float16 source), `"bfloat16"` or `"float32"`.
 
     Example:
 
@@ -194,7 +207,9 @@ def promotion_target(dtype: str, bfloat16_is_fast: bool) -> str:
     ```
     """
     allowed = (FLOAT32, BFLOAT16) if bfloat16_is_fast else (FLOAT32,)
-    wider = wider_dtypes(dtype)
+    if dtype == FLOAT8 and float8_source == FLOAT16:
+        allowed = (*allowed, FLOAT16)
+    wider = wider_dtypes(dtype, float8_source)
     return widen(wider[0], allowed) if wider else FLOAT32
 
 

@@ -8,17 +8,17 @@ from collections.abc import Mapping
 
 import keras
 
-from .._core.dtypes import BFLOAT16, FLOAT16, FLOAT32, count_dtypes, counts_text
+from .._core.dtypes import BFLOAT16, FLOAT8, FLOAT16, FLOAT32, count_dtypes, counts_text
 from .._core.messages import show_message
-from .._core.models import inner_optimizer, rebuild_train_function, strategy_scope
+from .._core.models import inner_optimizer, rebuild_train_function, strategy_scope, sync_fit_state
 from ..errors import PlanError
 from ..hardware import HardwareProfile, resolve_hardware
-from ..layers import is_fully_built
+from ..layers import is_fully_built, layer_paths
 from ..plan import PrecisionPlan
 from .applied import COMPILED_FUNCTIONS, AppliedState, applied_state, keep_applied_state
 from .apply import PlanHandle, apply_plan
 from .decision import GuardAction, GuardDecision, decide
-from .float8 import extend_optimizer
+from .float8 import extend_optimizer, lagging_scales
 from .guard import Guard, NonFiniteTrainingError, check_guard_backend, promotion_target
 from .kernels import fallback_plan, missing_kernels_once, unchecked_kernels
 from .loss_scale import (
@@ -128,6 +128,7 @@ class PlanCallback(keras.callbacks.Callback):
         self._training_log: TrainingLog | None = None
         self._pending = False
         self._step = 0
+        self._float8_streaks: dict[str, int] = {}
 
     # ------------------------------------------------------------------ Keras hooks
 
@@ -392,6 +393,7 @@ class PlanCallback(keras.callbacks.Callback):
         """Reads what the step did, decides (`decide`, a pure function) and carries it out."""
         outcome = self._watch.observe(self._step, logs, self.handle.dtypes, self.guard.near_binades)
         if outcome is None:
+            self._check_float8_scales()
             return
         decision = decide(
             outcome,
@@ -402,6 +404,33 @@ class PlanCallback(keras.callbacks.Callback):
         )
         self._watch.failures_in_a_row = decision.failures_in_a_row
         self._carry_out(decision, outcome.step)
+
+    def _check_float8_scales(self) -> None:
+        """Every `float8_check_every` steps, promotes float8 layers whose scale lags their amax."""
+        if not self.handle.uses_float8 or self._step % self.guard.float8_check_every:
+            return
+        sync_fit_state(self.model)  # JAX's fit holds the newest scales in its own state
+        paths = layer_paths(self.model)
+        float8 = {
+            path: paths[path] for path, dtype in self.handle.dtypes.items() if dtype == FLOAT8
+        }
+        lagging = lagging_scales(float8)
+        streaks = self._float8_streaks
+        for path in list(streaks):
+            if path not in lagging:
+                del streaks[path]
+        for path in lagging:
+            streaks[path] = streaks.get(path, 0) + 1
+        due = {
+            path: lagging[path].describe()
+            + f" on {streaks[path]} check(s) in a row, every {self.guard.float8_check_every} steps"
+            for path in lagging
+            if streaks[path] >= self.guard.float8_patience
+        }
+        if due:
+            for path in due:
+                del streaks[path]
+            self._promote(due, "float8_saturation", self._step)
 
     def _carry_out(self, decision: GuardDecision, step: int) -> None:
         """Records the decision's events in the plan, sets the loss scale, then acts."""
@@ -433,7 +462,7 @@ class PlanCallback(keras.callbacks.Callback):
         plan = self.plan
         for path, why in evidence.items():
             before = self.handle.dtypes[path]
-            target = promotion_target(before, bfloat16_fast)
+            target = promotion_target(before, bfloat16_fast, self.plan.float8_source)
             event = {
                 "step": step,
                 "kind": "promotion",
