@@ -7,7 +7,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 import keras
 
-from .._core.dtypes import BFLOAT16, FLOAT16, FLOAT32
+from .._core.dtypes import BFLOAT16, FLOAT8, FLOAT16, FLOAT32
 from ..cost import CostTable, estimate
 from ..hardware import HardwareProfile, resolve_hardware
 from ..layers import LayerInfo, describe_model
@@ -17,6 +17,7 @@ from .space import (
     allowed_dtypes,
     compute_layers,
     default_dtypes,
+    float8_unsafe_layers,
     float16_unsafe_layers,
     is_sensitive,
     matches_any,
@@ -74,7 +75,7 @@ class PlanCosts:
 
     def _parameter_proxy(self, dtypes: Mapping[str, str]) -> tuple[float, float]:
         infos = describe_model(self.model)
-        factor = {FLOAT32: 1.0, BFLOAT16: 0.5, FLOAT16: 0.5}
+        factor = {FLOAT32: 1.0, BFLOAT16: 0.5, FLOAT16: 0.5, FLOAT8: 0.25}
         total = sum(
             (infos[path].parameters + 1) * factor[dtype]
             for path, dtype in dtypes.items()
@@ -95,9 +96,14 @@ def heuristic_plan(
 ) -> PrecisionPlan:
     """Returns a plan that puts layers in 16-bit where it pays and is safe, without Optuna.
 
-    Each compute layer gets its cheapest allowed 16-bit dtype (from the cost table, else
+    Each compute layer gets its cheapest allowed reduced dtype (from the cost table, else
     bfloat16 where the hardware runs it fast, else float16) when that is faster than
     float32; float16 is never used where the profile says the layer's ranges do not fit.
+    On hardware with FP8 tensor cores, a Dense/EinsumDense layer gets float8 when the
+    cost table predicts its three matrix products plus the quantize work faster than
+    its best 16-bit dtype, and the profile's float8 ranges (flush-to-zero and
+    saturation after per-tensor scaling, amax growth) fit; narrow and launch-bound
+    layers stay 16-bit because float8 is predicted slower there.
     Softmax, normalisation and the model's output layers stay float32. With `check`, the
     demotions are tried greedily by benefit, and a failing set is bisected (as
     onnxconverter-common's auto mixed precision does) until only the layers whose
@@ -143,8 +149,17 @@ def heuristic_plan(
     compute = compute_layers(infos)
     unsafe = float16_unsafe_layers(profile)
     keep = list(keep_float32)
-    allowed, _ = allowed_dtypes(compute, infos, dtypes, unsafe, keep)
     outputs = output_layers(model, infos)
+    allowed, removed = allowed_dtypes(
+        compute,
+        infos,
+        dtypes,
+        unsafe,
+        keep,
+        float8_unsafe=float8_unsafe_layers(profile),
+        outputs=outputs,
+    )
+    _log_float8_refusals(removed)
     batch_size = (costs.batch_size if costs is not None else None) or 32
     cost_view = PlanCosts(model, costs, batch_size)
     margin = cost_view.relative_error
@@ -199,6 +214,8 @@ def _best_half(
     16-bit, and float32); without one, both are the parameter count.
     """
     halves = [dtype for dtype in (BFLOAT16, FLOAT16) if dtype in allowed]
+    if costs.available and FLOAT8 in allowed:
+        halves.append(FLOAT8)  # float8 only where its cost is known: shapes decide whether it pays
     if not halves:
         return None, 0.0, 0.0
     if costs.available:
@@ -213,6 +230,13 @@ def _best_half(
         fast = [dtype for dtype in halves if hardware_profile.is_fast(dtype)]
         halves = fast or halves
     return halves[0], float(info.parameters + 1), float(info.parameters + 1)
+
+
+def _log_float8_refusals(removed: Mapping[str, Mapping[str, str]]) -> None:
+    """Logs the Dense/EinsumDense layers that float8 is refused for, and why."""
+    refused = {path: why[FLOAT8] for path, why in removed.items() if FLOAT8 in why}
+    for path, reason in list(refused.items())[:8]:
+        logger.info("autoprec.heuristic: %s gets no float8: %s", path, reason)
 
 
 def _log_within_error(within_error: Sequence[tuple[str, float, float]], margin: float) -> None:
@@ -246,14 +270,22 @@ def _fastest_whole_plan(
     neighbours, boundary costs, a dtype's fixed overhead), so the per-layer
     choice is compared with the uniform alternatives on the predicted whole
     step. The simpler plan wins unless a more complex one (in the order float32,
-    uniform bfloat16, uniform float16, per-layer) is predicted faster than it by
-    more than `margin` (the prediction's relative error) of its step.
+    uniform bfloat16, uniform float16, float8 wherever allowed with bfloat16 elsewhere,
+    per-layer) is predicted faster than it by more than `margin` (the prediction's
+    relative error) of its step.
     """
     options: dict[str, list[tuple[str, str]]] = {"float32": []}
     for dtype in (BFLOAT16, FLOAT16):
         uniform = [(path, dtype) for path in eligible if dtype in allowed.get(path, ())]
         if uniform:
             options[f"uniform {dtype}"] = uniform
+    float8 = [
+        (path, FLOAT8 if FLOAT8 in allowed.get(path, ()) else BFLOAT16)
+        for path in eligible
+        if FLOAT8 in allowed.get(path, ()) or BFLOAT16 in allowed.get(path, ())
+    ]
+    if any(dtype == FLOAT8 for _, dtype in float8):
+        options["float8 where allowed"] = float8  # the rest bfloat16, as float8_from_mixed_bfloat16
     if per_layer and all(dict(per_layer) != dict(other) for other in options.values()):
         options["per-layer"] = per_layer
 

@@ -17,7 +17,7 @@ import keras
 import numpy as np
 import optuna
 
-from .._core.dtypes import COMPUTE_DTYPES, FLOAT16, FLOAT32
+from .._core.dtypes import COMPUTE_DTYPES, FLOAT8, FLOAT16, FLOAT32
 from ..cost import CostTable, calibrate, predict_costs
 from ..hardware import HardwareProfile, is_local, resolve_hardware
 from ..layers import LayerInfo, describe_model
@@ -36,6 +36,7 @@ from .space import (
     allowed_dtypes,
     compute_layers,
     default_dtypes,
+    float8_unsafe_layers,
     float16_unsafe_layers,
     group_layers,
     is_sensitive,
@@ -114,7 +115,7 @@ def prepare_space(model: keras.Model, evaluator: Evaluator, request: SearchReque
     dtypes = tuple(default_dtypes(settings.dtypes, hardware_profile, table))
     float16_trials = _float16_trials(evaluator, settings.float16_trials, dtypes, request.verbose)
     profile = settings.profile
-    if profile is None and FLOAT16 in dtypes:
+    if profile is None and (FLOAT16 in dtypes or FLOAT8 in dtypes):
         with request.clock.stage("profile"):
             profile = run_profiler(
                 evaluator.model,
@@ -123,8 +124,16 @@ def prepare_space(model: keras.Model, evaluator: Evaluator, request: SearchReque
                 evaluator.batch_size,
             )
     unsafe = float16_unsafe_layers(profile)
-    allowed, removed = allowed_dtypes(compute, infos, dtypes, unsafe, settings.keep_float32)
     outputs = output_layers(model, infos)
+    allowed, removed = allowed_dtypes(
+        compute,
+        infos,
+        dtypes,
+        unsafe,
+        settings.keep_float32,
+        float8_unsafe=float8_unsafe_layers(profile),
+        outputs=outputs,
+    )
     grouped = group_layers(compute, settings.group_by, separate=outputs)
     return SearchSpace(
         infos=infos,
@@ -197,9 +206,18 @@ def load_costs(
     else:
         # The batch gives the shapes of inputs with dynamic dimensions (sequence lengths).
         table = predict_costs(
-            model, profile, batch_size=batch_size, x=batch, dtypes=list(dtypes or COMPUTE_DTYPES)
+            model,
+            profile,
+            batch_size=batch_size,
+            x=batch,
+            dtypes=list(dtypes or _predicted_dtypes(profile)),
         )
     return profile, table
+
+
+def _predicted_dtypes(profile: HardwareProfile) -> list[str]:
+    """Every compute dtype, and float8 where the device has FP8 tensor cores."""
+    return [*COMPUTE_DTYPES, FLOAT8] if profile.is_fast(FLOAT8) else list(COMPUTE_DTYPES)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -16,7 +16,7 @@ import time
 
 import optuna
 
-from .._core.dtypes import COMPUTE_DTYPES
+from .._core.dtypes import PLAN_DTYPES
 from ..hardware import is_local
 from ..plan import PrecisionPlan
 from .candidates import finalist_plan, ranked_finalists
@@ -234,7 +234,7 @@ def evidence(context: SearchContext, space: SearchSpace) -> dict[str, dict]:
         entry: dict[str, object] = {"allowed": list(context.allowed[path])}
         if path in space.removed:
             entry["removed"] = dict(space.removed[path])
-        seconds = {dtype: context.costs.layer_seconds(path, dtype) for dtype in COMPUTE_DTYPES}
+        seconds = {dtype: context.costs.layer_seconds(path, dtype) for dtype in PLAN_DTYPES}
         seconds = {dtype: value for dtype, value in seconds.items() if value is not None}
         if seconds:
             entry["seconds"] = seconds

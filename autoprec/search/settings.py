@@ -9,7 +9,7 @@ from collections.abc import Callable
 import optuna
 
 from .._core.config import ConfigValue
-from .._core.dtypes import COMPUTE_DTYPES, FLOAT16_TRIALS
+from .._core.dtypes import FLOAT16_TRIALS, PLAN_DTYPES
 from ..cost import CostTable
 from ..errors import AutoprecError
 from ..profiler import Profile
@@ -125,11 +125,11 @@ class SearchSettings(ConfigValue):
                     f"SearchSettings.{name} must be an integer >= 0, got {value!r}."
                 )
         if self.dtypes is not None:
-            unknown = [dtype for dtype in self.dtypes if dtype not in COMPUTE_DTYPES]
+            unknown = [dtype for dtype in self.dtypes if dtype not in PLAN_DTYPES]
             if unknown or not self.dtypes:
                 raise AutoprecError(
                     f"SearchSettings.dtypes={list(self.dtypes)!r}: each must be one of "
-                    f"{', '.join(COMPUTE_DTYPES)}, and at least one is needed."
+                    f"{', '.join(PLAN_DTYPES)}, and at least one is needed."
                 )
         if isinstance(self.group_by, str) and self.group_by not in ("layer", "block", "auto"):
             raise AutoprecError(

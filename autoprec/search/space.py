@@ -16,7 +16,15 @@ from collections.abc import Iterable, Mapping, Sequence
 
 import keras
 
-from .._core.dtypes import BFLOAT16, COMPUTE_DTYPES, FLOAT16, FLOAT32, canonical_dtype
+from .._core.dtypes import (
+    BFLOAT16,
+    FLOAT8,
+    FLOAT16,
+    FLOAT32,
+    PLAN_DTYPES,
+    canonical_dtype,
+    float8_eligible,
+)
 from ..cost import CostTable
 from ..hardware import HardwareProfile
 from ..layers import LayerInfo, layer_paths, model_fingerprint
@@ -192,7 +200,7 @@ def make_groups(
     """Builds `Group`s whose choices are the union of their members' allowed dtypes."""
     groups = []
     for members in grouped_paths:
-        union = [dtype for dtype in COMPUTE_DTYPES if any(dtype in allowed[p] for p in members)]
+        union = [dtype for dtype in PLAN_DTYPES if any(dtype in allowed[p] for p in members)]
         name = f"dtype:{members[0]}" + (f"+{len(members) - 1}" if len(members) > 1 else "")
         groups.append(Group(name=name, paths=tuple(members), choices=tuple(union)))
     return groups
@@ -253,6 +261,38 @@ def _unsafe_reason(layer: LayerProfile) -> str:
     )
 
 
+def float8_unsafe_layers(profile: Profile | None) -> dict[str, str]:
+    """Returns `{path: reason}` for the layers a profile says cannot train in float8.
+
+    A Dense/EinsumDense layer is unsafe when, after per-tensor scaling, too many of its
+    inputs, kernel values or output gradients flush to zero or saturate in E4M3/E5M2,
+    or its amax grows faster than a delayed scale follows (`LayerProfile.float8_safe`).
+
+    Args:
+        profile: an `autoprec.profiler.Profile`, or `None`.
+
+    Returns:
+        `{path: reason}`; empty when `profile` is `None`.
+
+    Example:
+
+    ```python
+    float8_unsafe_layers(prof)  # {"embed": "profile: inputs: 31% of values flush to zero in E4M3 ..."}
+    ```
+    """
+    if profile is None:
+        return {}
+    reasons = getattr(profile, "float8_unsafe_reasons", None) or {}
+    return {path: f"profile: {reason}" for path, reason in dict(reasons).items()}
+
+
+#: Why an output layer gets no float8 in the search space or the heuristic.
+OUTPUT_FLOAT8_REASON = (
+    "output layer: float8 rounding (3 mantissa bits in E4M3) would reach the predictions "
+    "and the loss directly"
+)
+
+
 def run_profiler(
     model: keras.Model, data: tuple, steps: int, batch_size: int = 32
 ) -> Profile | None:
@@ -291,19 +331,42 @@ def allowed_dtypes(
     dtypes: Sequence[str],
     unsafe: Mapping[str, str],
     keep_float32: Sequence[str],
+    float8_unsafe: Mapping[str, str] | None = None,
+    outputs: Iterable[str] = (),
 ) -> tuple[dict[str, tuple[str, ...]], dict[str, dict[str, str]]]:
-    """Returns `({path: allowed dtypes}, {path: {dtype: why removed}})` for the compute layers."""
+    """Returns `({path: allowed dtypes}, {path: {dtype: why removed}})` for the compute layers.
+
+    float8 (where `dtypes` has it) is allowed only on Dense/EinsumDense layers, not on
+    the model's output layers and not where the profile's float8 ranges say no.
+    """
     dtypes = [canonical_dtype(dtype) for dtype in dtypes]
+    float8_unsafe = float8_unsafe or {}
+    outputs = set(outputs)
     allowed: dict[str, tuple[str, ...]] = {}
     removed: dict[str, dict[str, str]] = {}
     for path in compute:
         reasons: dict[str, str] = {}
+        eligible = float8_eligible(infos[path].class_name)
         if matches_any(path, infos[path], keep_float32):
-            reasons.update({dtype: "keep_float32" for dtype in dtypes if dtype != FLOAT32})
-        elif path in unsafe and FLOAT16 in dtypes:
-            reasons[FLOAT16] = unsafe[path]
+            reasons.update(
+                {
+                    dtype: "keep_float32"
+                    for dtype in dtypes
+                    if dtype != FLOAT32 and (dtype != FLOAT8 or eligible)
+                }
+            )
+        else:
+            if path in unsafe and FLOAT16 in dtypes:
+                reasons[FLOAT16] = unsafe[path]
+            if FLOAT8 in dtypes and eligible:
+                if path in outputs:
+                    reasons[FLOAT8] = OUTPUT_FLOAT8_REASON
+                elif path in float8_unsafe:
+                    reasons[FLOAT8] = float8_unsafe[path]
         allowed[path] = tuple(
-            dtype for dtype in COMPUTE_DTYPES if dtype in dtypes and dtype not in reasons
+            dtype
+            for dtype in PLAN_DTYPES
+            if dtype in dtypes and dtype not in reasons and (dtype != FLOAT8 or eligible)
         ) or (FLOAT32,)
         if FLOAT32 not in allowed[path]:
             allowed[path] = (FLOAT32, *allowed[path])
@@ -327,11 +390,13 @@ def default_dtypes(
                         dtype,
                         hardware_profile.name,
                     )
-        return tuple(dtype for dtype in COMPUTE_DTYPES if dtype in chosen)
+        return tuple(dtype for dtype in PLAN_DTYPES if dtype in chosen)
     if hardware_profile is None:
         return (FLOAT32, BFLOAT16)
     chosen = [FLOAT32]
-    for dtype in (BFLOAT16, FLOAT16):
+    for dtype in (BFLOAT16, FLOAT16, FLOAT8):
+        if dtype == FLOAT8 and not hardware_profile.is_fast(FLOAT8):
+            continue  # no FP8 tensor cores: float8 is emulated, never a gain (not logged)
         if not hardware_profile.is_fast(dtype):
             logger.info(
                 "autoprec.search: %s left out: not fast on %s (pass dtypes=[...] to force it).",
@@ -362,6 +427,8 @@ def _pays_off(table: CostTable, dtype: str) -> bool:
         try:
             half, full = table.seconds(path, dtype), table.seconds(path, FLOAT32)
         except Exception:  # noqa: BLE001 - a dtype the table did not time
+            if dtype == FLOAT8:
+                continue  # float8 is timed only for the layers that have it
             return True
         if half < 0.95 * full:
             return True
@@ -379,7 +446,8 @@ def with_container_dtypes(
 
     Returns:
         A new dict: `assignment`, plus `{container path: dtype}` for each container
-        whose compute sub-layers all have one 16-bit dtype.
+        whose compute sub-layers all have one 16-bit dtype (float8 layers count as
+        their bfloat16 source: a container itself has no float8 path).
 
     Example:
 
@@ -393,7 +461,11 @@ def with_container_dtypes(
     for path, info in infos.items():
         if path in result or not info.is_container or info.follows is not None:
             continue
-        inside = {result.get(child, FLOAT32) for child in compute if child.startswith(path + "/")}
+        inside = {
+            BFLOAT16 if result.get(child) == FLOAT8 else result.get(child, FLOAT32)
+            for child in compute
+            if child.startswith(path + "/")
+        }
         if len(inside) == 1 and FLOAT32 not in inside:
             result[path] = inside.pop()
     return result

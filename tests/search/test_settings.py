@@ -31,7 +31,7 @@ def test_settings_are_frozen_printable_and_round_trip():
         ({"steps_per_trial": True}, "steps_per_trial must be a positive integer"),
         ({"validation_steps": -1}, "validation_steps must be a positive integer"),
         ({"confirm_steps": -2}, "confirm_steps must be an integer >= 0"),
-        ({"dtypes": ["float8"]}, "each must be one of float32"),
+        ({"dtypes": ["float64"]}, "each must be one of float32"),
         ({"group_by": "module"}, "use 'layer', 'block', 'auto'"),
         ({"baseline": "chance"}, "use 'auto', a number, or None"),
         ({"float16_trials": "fast"}, "float16_trials='fast': use 'auto', 'native', 'emulated'"),
