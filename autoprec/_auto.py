@@ -20,7 +20,7 @@ import keras
 from . import cost
 from ._core.config import ConfigValue
 from ._core.data import input_part
-from ._core.dtypes import BFLOAT16, FLOAT16, FLOAT32, count_dtypes, counts_text
+from ._core.dtypes import BFLOAT16, FLOAT8, FLOAT16, FLOAT32, count_dtypes, counts_text
 from ._core.models import rebuild_train_function, strategy_scope, swap_attribute
 from .cost import CostTable, Estimate
 from .errors import PlanError
@@ -33,6 +33,7 @@ from .search import (
     SearchResult,
     SearchSettings,
     compute_layers,
+    float8_unsafe_layers,
     float16_unsafe_layers,
     heuristic_plan,
     is_sensitive,
@@ -559,7 +560,9 @@ def race_candidates(
 
     They are float32, each uniform 16-bit policy the device runs fast (float16
     only where the profile says every layer's ranges fit it), set on every layer
-    as Keras' global `mixed_*` policy does, and the per-layer plan. The uniform
+    as Keras' global `mixed_*` policy does, on a device with FP8 tensor cores float8
+    on every Dense/EinsumDense layer but the output layers and those whose float8
+    ranges do not fit (bfloat16 elsewhere), and the per-layer plan. The uniform
     plans keep the output layers in float32 unless the model is trained with a
     classification loss (cross-entropy): a regression output rounded to 16 bits
     puts an error floor on the loss that a few timed steps cannot show. A plan
@@ -572,7 +575,8 @@ def race_candidates(
         hardware: the device's profile.
 
     Returns:
-        `{name: plan}`: `"float32"`, `"mixed_bfloat16"`, `"mixed_float16"`, `"per-layer"`.
+        `{name: plan}`: `"float32"`, `"mixed_bfloat16"`, `"mixed_float16"`, `"float8"`,
+        `"per-layer"`.
 
     Example:
 
@@ -592,6 +596,14 @@ def race_candidates(
         for path in sorted(outputs):
             uniform = uniform.with_dtype(path, FLOAT32)
         candidates[f"mixed_{dtype}"] = uniform
+    if hardware.is_fast(FLOAT8) and hardware.is_fast(BFLOAT16):
+        # Float8 wherever Keras allows it, output layers and float8-unsafe layers excepted.
+        uniform = PrecisionPlan.uniform(model, FLOAT8)
+        refused = {*output_layers(model, plan.layer_info), *float8_unsafe_layers(profile)}
+        for path in sorted(refused & set(uniform.layers)):
+            if uniform.layers[path] == FLOAT8:
+                uniform = uniform.with_dtype(path, BFLOAT16)
+        candidates["float8"] = uniform
     candidates[PER_LAYER] = plan
     unique: dict[str, PrecisionPlan] = {}
     seen: list[dict[str, str]] = []

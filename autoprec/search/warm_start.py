@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 import keras
 import optuna
 
-from .._core.dtypes import BFLOAT16, FLOAT16, FLOAT32
+from .._core.dtypes import BFLOAT16, FLOAT8, FLOAT16, FLOAT32
 from ..cost import CostTable
 from ..hardware import HardwareProfile
 from ..profiler import Profile
@@ -54,6 +54,8 @@ def warm_starts(
     """Returns the plans every study starts with, equal assignments once.
 
     float32, each uniform 16-bit dtype the search may use on every compute layer
+    (and, where the hardware has FP8, float8 on every Dense/EinsumDense layer that
+    allows it, the rest as `uniform_assignment` widens it, bfloat16 where allowed)
     (except the user's `keep_float32` layers, and float16 where the profile finds a
     layer's ranges do not fit it; containers such as `MultiHeadAttention` stay
     float32, so that their own arithmetic does too) and the heuristic's own per-layer
@@ -80,8 +82,9 @@ def warm_starts(
     ```
     """
     plans = [("float32", context.uniform_assignment(FLOAT32))]
-    for dtype in (BFLOAT16, FLOAT16):
+    for dtype in (BFLOAT16, FLOAT16, FLOAT8):
         if dtype in dtypes:
+            # float8: every Dense/EinsumDense layer that allows it, bfloat16 elsewhere.
             plans.append((f"uniform {dtype}", context.uniform_assignment(dtype)))
     heuristic = heuristic_plan(
         model,

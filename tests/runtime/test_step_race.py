@@ -96,3 +96,26 @@ def test_training_that_ends_early_leaves_no_verdict():
     assert result.verdict is None
     assert result.to_dict()["steps"] == 4
     race.close()
+
+
+def test_a_float8_candidate_races_with_one_optimizer_that_knows_its_scales():
+    model = _model()
+    x = np.random.default_rng(0).standard_normal((64 * 16, 32)).astype("float32")
+    y = np.random.default_rng(1).standard_normal((64 * 16, 4)).astype("float32")
+    model.fit(x[:32], y[:32], batch_size=16, epochs=1, verbose=0)  # the optimizer is built
+    float8 = autoprec.PrecisionPlan.uniform(model, "float8")
+    float8 = float8.with_dtype(list(float8.layers)[-1], "float32")
+    candidates = {
+        "mixed_bfloat16": autoprec.PrecisionPlan.uniform(model, "bfloat16"),
+        "float8": float8,
+    }
+    race = StepRace(model, candidates, rounds=3, steps_per_round=2, max_rounds=3)
+    model.fit(x, y, batch_size=16, epochs=1, verbose=0, callbacks=[_Racing(race)])
+    result = race.result()
+    assert result.verdict is not None and set(result.rounds) == {"mixed_bfloat16", "float8"}
+    first = model.layers[0]
+    assert first.quantization_mode is None  # the race put the policies back
+    assert all(not variable.trainable for variable in first.weights[2:])
+    scale = float(keras.ops.convert_to_numpy(first.inputs_scale))
+    assert scale != 1.0  # the float8 candidate's steps updated its scales
+    assert all(np.isfinite(w).all() for w in model.get_weights())
