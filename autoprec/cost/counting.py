@@ -2,7 +2,9 @@
 
 `count_costs` turns a `ModelTrace` into one `LayerCost` per layer: forward and
 backward FLOPs (matmul and vector), elements read, written and kept for the
-backward pass, and weight elements, by a formula per layer class.
+backward pass, and weight elements, by a formula per layer class. `Dense` and
+`EinsumDense` layers also count what their float8 path quantizes: inputs, kernel
+and output gradients, each scaled from its amax history.
 """
 
 from __future__ import annotations
@@ -14,12 +16,29 @@ from typing import Any
 
 import keras
 
-from .._core.dtypes import FLOAT32
+from .._core.dtypes import BFLOAT16, FLOAT8, FLOAT32, float8_eligible
 from ..layers import PASS_THROUGH_CLASSES, LayerInfo, describe_model, layer_paths
 from .trace import LayerCall, ModelTrace, TensorSpec, element_count, trace_model
 
 #: Bytes per element of each compute dtype.
 ITEMSIZE = {"float32": 4, "bfloat16": 2, "float16": 2}
+#: Bytes per element of a float8 tensor (E4M3 or E5M2).
+FLOAT8_ITEMSIZE = 1
+#: Tensors a float8 matrix product quantizes each step: its inputs, its kernel (E4M3) and
+#: its output gradients (E5M2), each with its own scale and amax history (Keras'
+#: `Dense._float8_call`).
+FLOAT8_QUANTIZED_TENSORS = 3
+#: Kernel launches a float8 matrix product adds per step beyond its 16-bit version: for each
+#: of its three quantized tensors, one quantize pass (read in the source dtype, scale,
+#: clip, write 8 bits), one amax reduction over the tensor and one update of its amax
+#: history and scale, each a kernel of its own (Keras' `quantize_and_dequantize`,
+#: `compute_float8_amax_history`, `compute_float8_scale`: 3 x 3 = 9; compilers that fuse
+#: the amax into the quantize pass launch about 6).
+FLOAT8_EXTRA_KERNELS = 3 * FLOAT8_QUANTIZED_TENSORS
+#: Length of each amax history (`QuantizedFloat8DTypePolicy.default_amax_history_length`).
+FLOAT8_AMAX_HISTORY = 1024
+#: Vector FLOPs per quantized element: divide by the scale, clip (2), and the amax's abs and max.
+FLOAT8_QUANTIZE_FLOPS = 5
 
 #: FLOPs per element of common activations (forward).
 ACTIVATION_FLOPS: dict[str, int] = {
@@ -110,6 +129,14 @@ class LayerCost:
         matmul_dims: matmul/conv dimensions that 16-bit tensor cores want aligned.
         kernels: approximate number of kernels launched forward+backward.
         note: how the count was made when not from an exact formula.
+        float8_matmuls: matrix products with a Keras float8 path (calls of a `Dense`
+            or `EinsumDense` layer); 0 for every other layer.
+        float8_dims: the GEMM dimensions of those products, contraction and output
+            features of each (an `EinsumDense` kernel's axes grouped as its einsum
+            groups them), which FP8 kernels want multiples of 16.
+        float8_quantized_elements: elements of inputs and output gradients the float8
+            path quantizes, per sample.
+        float8_kernel_elements: kernel elements it quantizes per step (every call).
     """
 
     path: str
@@ -124,6 +151,10 @@ class LayerCost:
     matmul_dims: tuple[int, ...] = ()
     kernels: int = 0
     note: str = ""
+    float8_matmuls: int = 0
+    float8_dims: tuple[int, ...] = ()
+    float8_quantized_elements: float = 0.0
+    float8_kernel_elements: int = 0
 
     @property
     def forward_flops(self) -> float:
@@ -140,21 +171,63 @@ class LayerCost:
         """Whether the layer does no work of its own (views, containers)."""
         return self.forward_flops == 0 and self.activation_elements == 0
 
-    def bytes_moved(self, dtype: str, batch_size: int) -> float:
+    @property
+    def has_float8_path(self) -> bool:
+        """Whether the layer's matrix products can run in float8 (`Dense`, `EinsumDense`)."""
+        return self.float8_matmuls > 0
+
+    def bytes_moved(self, dtype: str, batch_size: int, float8_source: str = BFLOAT16) -> float:
         """Returns bytes read and written forward+backward for a batch in `dtype`.
 
         Activations move in the compute dtype (backward ~2x forward traffic);
-        float32 master weights are read, cast to 16-bit and read again.
+        float32 master weights are read, cast to 16-bit and read again. A float8
+        layer moves what it moves in `float8_source` plus its quantize passes
+        (`float8_quantize_bytes`).
+
+        Args:
+            dtype: a plan dtype.
+            batch_size: samples per step.
+            float8_source: the dtype of a float8 layer's non-matmul work.
+
+        Returns:
+            Bytes.
         """
+        if dtype == FLOAT8:
+            return self.bytes_moved(float8_source, batch_size) + self.float8_quantize_bytes(
+                batch_size, float8_source
+            )
         itemsize = ITEMSIZE[dtype]
         activation_bytes = 3 * self.activation_elements * batch_size * itemsize
         weight_cast = 0 if dtype == FLOAT32 else 2 * itemsize
         weight_bytes = self.weight_elements * (4 + itemsize + weight_cast + 4)
         return activation_bytes + weight_bytes
 
+    def float8_quantized_values(self, batch_size: int) -> float:
+        """Returns the values the float8 path quantizes in one step of `batch_size` samples."""
+        return self.float8_quantized_elements * batch_size + self.float8_kernel_elements
+
+    def float8_quantize_bytes(self, batch_size: int, float8_source: str = BFLOAT16) -> float:
+        """Returns the bytes the float8 path's quantize work moves in one step.
+
+        Each quantized value is read in `float8_source` by its quantize pass and
+        written in 8 bits, and read again by its amax reduction; each amax history
+        is rolled (read and written) and reduced (read) once per product.
+
+        Args:
+            batch_size: samples per step.
+            float8_source: the dtype the quantized tensors arrive in.
+
+        Returns:
+            Bytes (0 for a layer without a float8 path).
+        """
+        per_value = 2 * ITEMSIZE[float8_source] + FLOAT8_ITEMSIZE
+        histories = self.float8_matmuls * FLOAT8_QUANTIZED_TENSORS * FLOAT8_AMAX_HISTORY * 4 * 3
+        return self.float8_quantized_values(batch_size) * per_value + histories
+
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
         data["matmul_dims"] = list(self.matmul_dims)
+        data["float8_dims"] = list(self.float8_dims)
         return data
 
 
@@ -209,15 +282,31 @@ def _weights(layer) -> int:
     )
 
 
+def _float8_counts(
+    call: LayerCall, layer, contraction: int, features: int, output: float
+) -> dict[str, Any]:
+    """Returns what the float8 path of one `Dense`/`EinsumDense` call quantizes."""
+    if not float8_eligible(type(layer).__name__):
+        return {}
+    return {
+        "float8_matmuls": 1,
+        "float8_dims": (int(contraction), int(features)),
+        "float8_quantized_elements": float(call.inputs[0].elements_per_sample()) + output,
+        "float8_kernel_elements": element_count(layer.kernel.shape),
+    }
+
+
 def _count_dense(call: LayerCall, layer) -> dict[str, Any]:
     inputs = call.inputs[0]
     rows = inputs.elements_per_sample() // int(inputs.shape[-1])
     features_in = int(inputs.shape[-1])
     units = int(layer.units)
     output = rows * units
-    return _matmul_layer(
+    counts = _matmul_layer(
         call, layer, 2.0 * rows * features_in * units, (features_in, units), _weights(layer), output
     )
+    counts.update(_float8_counts(call, layer, features_in, units, output))
+    return counts
 
 
 def _einsum_flops(equation: str, shape_a: Sequence[int], shape_b: Sequence[int]) -> float:
@@ -241,12 +330,33 @@ def _einsum_flops(equation: str, shape_a: Sequence[int], shape_b: Sequence[int])
     return 2.0 * element_count(sizes.values())
 
 
+def _einsum_gemm_dims(equation: str, kernel_shape: Sequence[int]) -> tuple[int, int]:
+    """Returns `(contraction, output features)` of an input-kernel einsum seen as one GEMM.
+
+    The contraction is the product of the kernel axes the output drops, the
+    output features that of the kernel axes it keeps (batch-like axes shared by
+    input, kernel and output count in neither).
+    """
+    operands, _, output = equation.replace(" ", "").partition("->")
+    inputs_term, _, kernel_term = operands.partition(",")
+    contraction = features = 1
+    for letter, dim in zip(kernel_term, kernel_shape):
+        if letter not in output:
+            contraction *= int(dim)
+        elif letter not in inputs_term:
+            features *= int(dim)
+    return contraction, features
+
+
 def _count_einsum_dense(call: LayerCall, layer) -> dict[str, Any]:
     inputs = call.inputs[0].concrete_shape(1)
     kernel_shape = tuple(int(dim) for dim in layer.kernel.shape)
     matmul = _einsum_flops(layer.equation, inputs, kernel_shape)
     output = _elements(call.outputs)
-    return _matmul_layer(call, layer, matmul, kernel_shape, _weights(layer), output)
+    counts = _matmul_layer(call, layer, matmul, kernel_shape, _weights(layer), output)
+    contraction, features = _einsum_gemm_dims(layer.equation, kernel_shape)
+    counts.update(_float8_counts(call, layer, contraction, features, output))
+    return counts
 
 
 def _conv_kind(class_name: str) -> str:
@@ -455,7 +565,7 @@ def _merge_counts(path: str, class_name: str, counts: list[dict]) -> LayerCost:
             if key == "note":
                 if value:
                     notes.append(value)
-            elif key == "matmul_dims":
+            elif key in ("matmul_dims", "float8_dims"):
                 totals[key] = tuple(totals.get(key, ())) + tuple(value)
             elif key == "weight_elements":
                 totals[key] = max(totals.get(key, 0), int(value))

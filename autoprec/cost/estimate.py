@@ -10,13 +10,20 @@ from typing import Any, Protocol
 import keras
 import numpy as np
 
-from .._core.dtypes import FLOAT32, canonical_dtype
+from .._core.dtypes import (
+    COMPUTE_DTYPES,
+    FLOAT8,
+    FLOAT32,
+    canonical_dtype,
+    canonical_float8_source,
+    float8_eligible,
+)
 from .._core.models import inner_optimizer
 from ..errors import HardwareError, PlanError
 from ..hardware import HardwareProfile
 from ..layers import LayerInfo, describe_model
-from .counting import ITEMSIZE
-from .roofline import predict_costs
+from .counting import FLOAT8_ITEMSIZE, ITEMSIZE
+from .roofline import predict_costs, predict_plan_costs
 from .table import DEFAULT_RELATIVE_ERROR, CostTable
 
 #: Fraction of device memory a step may fill (the rest: framework, workspaces).
@@ -27,7 +34,8 @@ class PlanLayers(Protocol):
     """What `estimate` reads of a plan: `layers`, `{path: dtype}` (an `autoprec.PrecisionPlan`).
 
     Any object with a `layers` mapping qualifies; the cost stage does not
-    import the plan stage.
+    import the plan stage. A `float8_source` attribute, where the plan has one,
+    names the dtype of its float8 layers' non-matmul work (bfloat16 otherwise).
     """
 
     @property
@@ -130,6 +138,36 @@ def _plan_mapping(plan: PlanLayers | Mapping[str, str] | str) -> dict[str, str]:
     return {str(path): canonical_dtype(dtype, f"plan[{path!r}]") for path, dtype in layers.items()}
 
 
+def _plan_float8_source(plan: object) -> str:
+    """Returns the dtype of a plan's float8 layers' non-matmul work (bfloat16 by default)."""
+    return canonical_float8_source(getattr(plan, "float8_source", None))
+
+
+@dataclasses.dataclass(frozen=True)
+class _PlanDtypes:
+    """What each layer of a plan computes in, for its own time and for the tensors it passes.
+
+    `layer(path)` is the dtype of the layer's time: float8 only for a layer with
+    a float8 path, which every other layer a float8 decision reaches runs in the
+    source dtype instead; `activation(path)` is the dtype of the tensors the
+    layer reads and writes: a float8 layer's are in its source dtype.
+    """
+
+    resolve: Callable[..., str]
+    class_names: Mapping[str, str]
+    float8_source: str
+
+    def layer(self, path: str | None) -> str:
+        dtype = self.resolve(path)
+        if dtype == FLOAT8 and not float8_eligible(self.class_names.get(path or "")):
+            return self.float8_source
+        return dtype
+
+    def activation(self, path: str | None) -> str:
+        dtype = self.layer(path)
+        return self.float8_source if dtype == FLOAT8 else dtype
+
+
 def _dtype_resolver(plan: Mapping[str, str], infos: Mapping[str, LayerInfo]) -> Callable[..., str]:
     """Returns `dtype_of(path)`: the plan's dtype, or the followed layer's, descendant's, parent's."""
     uniform = plan.get("*")
@@ -176,7 +214,9 @@ def _costs_for(
     costs: CostTable | None,
     batch_size: int | None,
     x: Any,
+    float8_source: str | None = None,
 ) -> CostTable:
+    """Returns `costs`, or a prediction for `hardware` (with float8 when `float8_source` is set)."""
     if isinstance(hardware, CostTable):
         raise PlanError(
             "estimate: pass a cost table as costs=table; hardware= names a device "
@@ -188,7 +228,16 @@ def _costs_for(
                 f"estimate: costs must be an autoprec.CostTable, got {type(costs).__name__}."
             )
         return costs
-    return predict_costs(model, hardware, batch_size=batch_size or 32, x=x)
+    if float8_source is None:
+        return predict_costs(model, hardware, batch_size=batch_size or 32, x=x)
+    return predict_plan_costs(
+        model,
+        hardware,
+        batch_size=batch_size or 32,
+        x=x,
+        dtypes=(*COMPUTE_DTYPES, FLOAT8),
+        float8_source=float8_source,
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -203,19 +252,26 @@ class _Step:
 
 
 def _step_seconds(
-    table: CostTable, dtype_of: Callable[[str | None], str], batch_size: int
+    table: CostTable,
+    dtype_of: Callable[[str | None], str],
+    batch_size: int,
+    activation_dtype_of: Callable[[str | None], str] | None = None,
 ) -> _Step:
     """Sums layers, casts, boundaries and overhead of one plan.
 
-    The learned boundary cost applies between two layers only: a model input
-    cast to a 16-bit first layer is part of that dtype's uniform step, whose
-    measurement already holds it (`layer_time_scale_by_dtype`).
+    Each layer costs its time in `dtype_of(path)`; casts and boundaries sit
+    where `activation_dtype_of` (default `dtype_of`) differs between a producer
+    and its consumer. The learned boundary cost applies between two layers only:
+    a model input cast to a 16-bit first layer is part of that dtype's uniform
+    step, whose measurement already holds it (`layer_time_scale_by_dtype`).
     """
+    activation_dtype_of = activation_dtype_of or dtype_of
     layer_seconds = {path: table.seconds(path, dtype_of(path), batch_size) for path in table.layers}
     infeasible = tuple(path for path, value in layer_seconds.items() if math.isinf(value))
     cast_seconds = boundary_seconds = 0.0
     for producer, consumer, elements in table.edges:
-        source_dtype, target_dtype = dtype_of(producer), dtype_of(consumer)
+        source_dtype = activation_dtype_of(producer)
+        target_dtype = activation_dtype_of(consumer)
         if source_dtype != target_dtype:
             cast_dtype = target_dtype if target_dtype != FLOAT32 else source_dtype
             cast_seconds += table.cast_cost(elements * batch_size, cast_dtype)
@@ -228,16 +284,18 @@ def _step_seconds(
 
 
 def _memory_bytes(
-    model: keras.Model, table: CostTable, dtype_of: Callable[[str | None], str]
+    model: keras.Model, table: CostTable, dtypes: _PlanDtypes
 ) -> tuple[float, float, float]:
     """Returns `(activation bytes per sample, parameter bytes, optimizer bytes)` under a plan.
 
-    Activations kept for backward are stored in each layer's dtype, model inputs
-    in float32; parameters are float32 master weights, their gradients and the
-    16-bit copies of the weights of 16-bit layers.
+    Activations kept for backward are stored in each layer's activation dtype
+    (a float8 layer's source dtype: Keras keeps its dequantized inputs), model
+    inputs in float32; parameters are float32 master weights, their gradients,
+    the 16-bit copies of the weights of 16-bit and float8 layers and the 8-bit
+    copies of float8 layers' weights.
     """
     activation_bytes = sum(
-        record.saved_elements_per_sample * ITEMSIZE[dtype_of(path)]
+        record.saved_elements_per_sample * ITEMSIZE[dtypes.activation(path)]
         for path, record in table.layers.items()
     )
     activation_bytes += sum(
@@ -246,9 +304,10 @@ def _memory_bytes(
     parameters = sum(int(np.prod(weight.shape)) for weight in model.weights)
     trainable = sum(int(np.prod(weight.shape)) for weight in model.trainable_weights)
     half_copies = sum(
-        record.weight_elements * ITEMSIZE[dtype_of(path)]
+        record.weight_elements * ITEMSIZE[dtypes.activation(path)]
+        + (record.weight_elements * FLOAT8_ITEMSIZE if dtypes.layer(path) == FLOAT8 else 0)
         for path, record in table.layers.items()
-        if dtype_of(path) != FLOAT32
+        if dtypes.activation(path) != FLOAT32
     )
     return (
         float(activation_bytes),
@@ -270,7 +329,8 @@ def estimate(
 
     The step is the sum of each layer's cost in its assigned dtype (scaled by
     the table's correction for that dtype, `CostTable.time_scale`), casts where
-    neighbouring layers differ in dtype, what the whole step adds at each such
+    neighbouring layers differ in dtype (a float8 layer passes tensors in its
+    source dtype), what the whole step adds at each such
     boundary between two layers (`CostTable.boundary_cost`, learned by
     `calibrate` from a measured mixed step), and the table's fixed per-step
     overhead. For a table from `calibrate`, a uniform plan in a dtype whose
@@ -284,6 +344,11 @@ def estimate(
             a `{path: dtype}` dict, or one dtype name for a uniform plan. Layers the
             plan does not name take the dtype of the layer they follow, of their
             first named descendant or of their nearest named parent, else float32.
+            float8 reaches only `Dense` and `EinsumDense` layers: any other layer
+            it reaches (a follower, a container, `"float8"` as a uniform plan)
+            computes in the plan's `float8_source` (bfloat16 by default). A
+            float8 layer is infeasible where the table has no float8 time for
+            it (a device without FP8 tensor cores).
         hardware: the device the costs are predicted for when no `costs` are given:
             `"local"` (this device, detected), a profile name such as `"rtx4090"` or a
             `HardwareProfile`.
@@ -303,17 +368,24 @@ def estimate(
     ```python
     est = autoprec.estimate(model, {"dense": "bfloat16"}, "rtx4090", batch_size=64)
     print(est.speedup, est.max_batch_size())
+    autoprec.estimate(model, autoprec.PrecisionPlan.uniform(model, "float8"), "rtx4090")
     ```
     """
-    table = _costs_for(model, hardware, costs, batch_size, x)
-    batch = int(batch_size or table.batch_size)
     mapping = _plan_mapping(plan)
+    float8_source = _plan_float8_source(plan)
+    uses_float8 = FLOAT8 in mapping.values()
+    table = _costs_for(
+        model, hardware, costs, batch_size, x, float8_source if uses_float8 else None
+    )
+    batch = int(batch_size or table.batch_size)
     infos = describe_model(model)
-    dtype_of = _dtype_resolver(mapping, infos)
-    step = _step_seconds(table, dtype_of, batch)
+    class_names = {path: info.class_name for path, info in infos.items()}
+    class_names.update({path: record.class_name for path, record in table.layers.items()})
+    dtypes = _PlanDtypes(_dtype_resolver(mapping, infos), class_names, float8_source)
+    step = _step_seconds(table, dtypes.layer, batch, dtypes.activation)
     float32_step = _step_seconds(table, lambda path: FLOAT32, batch).total
 
-    activation_bytes, parameter_bytes, optimizer_bytes = _memory_bytes(model, table, dtype_of)
+    activation_bytes, parameter_bytes, optimizer_bytes = _memory_bytes(model, table, dtypes)
     return Estimate(
         step_seconds=step.total,
         float32_step_seconds=float32_step,

@@ -8,6 +8,12 @@ layer times, what they miss of the mixed steps a cost per dtype boundary, and
 the mixed step left out of that fit tells how far the table's predictions can
 be trusted (`CostTable.relative_error`). Every measurement is cached (`cache`).
 
+float8 is timed only on a device with FP8 tensor cores (the local device and the
+profile it is described by must both have them: never on a CPU, where Keras'
+float8 path is emulated), and only for `Dense` and `EinsumDense` layers, the
+ones with a float8 path; its whole step is not timed (its layer times take the
+table's `layer_time_scale`).
+
 A dtype the device runs slowly (float16 on a CPU under TensorFlow) has its
 whole step timed alone, after two warm-up steps: its layers can run slower
 inside the whole step than alone (ResNet50 in float16 on a CPU: 1.4x; float16
@@ -19,6 +25,7 @@ would predict it badly.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 import os
 from collections.abc import Mapping, Sequence
@@ -28,9 +35,9 @@ from typing import Any
 import keras
 
 from .._core.data import batch_size_of, input_part
-from .._core.dtypes import COMPUTE_DTYPES, FLOAT32, canonical_dtype
+from .._core.dtypes import COMPUTE_DTYPES, FLOAT8, FLOAT32, canonical_dtype
 from ..errors import PlanError
-from ..hardware import FAST, HardwareProfile, resolve_hardware
+from ..hardware import FAST, HardwareProfile, detect, resolve_hardware
 from ..layers import layer_paths, model_fingerprint
 from .boundaries import MixedPlan, fit_boundary_cost, mixed_plans
 from .cache import MeasurementCache, default_cache_dir, layer_signature
@@ -46,6 +53,8 @@ from .timers import (
     time_layer,
 )
 from .trace import LayerCall, ModelTrace, trace_model
+
+logger = logging.getLogger("autoprec")
 
 
 def _measure_casts(
@@ -77,6 +86,35 @@ def _measurable(cost: LayerCost) -> bool:
     return not cost.is_free and "counted in" not in cost.note
 
 
+def float8_timeable(profile: HardwareProfile) -> bool:
+    """Returns whether `calibrate` may time float8 on this device described by `profile`.
+
+    Both `profile` and the detected local device must have FP8 tensor cores:
+    float8 on a device without them (every CPU) is emulated, slower than the
+    16-bit dtypes, and timing it would only spend time.
+
+    Args:
+        profile: what `calibrate` was told this device is.
+
+    Returns:
+        Whether float8 is timed.
+
+    Example:
+
+    ```python
+    float8_timeable(autoprec.hardware.get("cpu-generic"))  # False
+    ```
+    """
+    if not profile.supports_float8:
+        return False
+    return profile.detected or detect().supports_float8
+
+
+def _layer_dtypes(cost: LayerCost, dtypes: Sequence[str]) -> tuple[str, ...]:
+    """Returns the dtypes one layer is timed in: float8 only for a layer with a float8 path."""
+    return tuple(dtype for dtype in dtypes if dtype != FLOAT8 or cost.has_float8_path)
+
+
 @dataclasses.dataclass(frozen=True)
 class _Setting:
     """What one `calibrate` call measures: the model's trace, its dtypes, device and cache."""
@@ -105,6 +143,13 @@ def _setting(
     if FLOAT32 not in names:
         names = [FLOAT32, *names]
     profile = resolve_hardware(hardware)
+    if FLOAT8 in names and not float8_timeable(profile):
+        logger.info(
+            "autoprec.calibrate: float8 not timed: %s has no FP8 tensor cores "
+            "(float8 there is emulated, slower than bfloat16).",
+            profile.display_name,
+        )
+        names = [name for name in names if name != FLOAT8]
     inputs = input_part(batch)
     trace = trace_model(model, inputs)
     device = profile.display_name
@@ -205,7 +250,7 @@ def calibrate(
     setting = _setting(model, x, dtypes, hardware, cache_dir, use_cache)
     stats = {"timed": 0, "cached": 0, "fallback": 0}
     # Whole steps are timed first, in a process not yet crowded by per-layer functions.
-    steps = whole_step_dtypes(measure_model_step, setting.dtypes, setting.profile)
+    steps = _whole_steps(measure_model_step, setting)
     plans = _mixed_plans(model, steps, setting.profile) if measure_mixed_steps else {}
     step_timing = StepTiming(setting.cache, repeats, setting.jit_compile, stats)
     whole = measure_whole_steps(
@@ -223,6 +268,17 @@ def calibrate(
     attribute_step_overhead(table, whole.uniform)
     fit_boundary_cost(model, table, plans, whole.mixed, whole.noise)
     return table
+
+
+def _whole_steps(requested: bool | str | Sequence[str], setting: _Setting) -> list[str]:
+    """Returns the dtypes whose uniform whole step is timed: float8's never (`whole_step_dtypes`)."""
+    if isinstance(requested, (list, tuple)) or (
+        isinstance(requested, str) and requested.strip().lower() not in ("all", "fast")
+    ):
+        names = [requested] if isinstance(requested, str) else list(requested)
+        requested = [name for name in names if canonical_dtype(name) != FLOAT8]
+    steps = [dtype for dtype in setting.dtypes if dtype != FLOAT8]
+    return whole_step_dtypes(requested, steps, setting.profile)
 
 
 def _mixed_plans(
@@ -295,16 +351,18 @@ def _measure_layers(
     dtypes, batch_size = setting.dtypes, setting.batch_size
     work = [path for path, cost in setting.counts.items() if _measurable(cost)]
     if verbose and work:
-        bar = keras.utils.Progbar(len(work) * len(dtypes), unit_name="timing")
+        total = sum(len(_layer_dtypes(setting.counts[path], dtypes)) for path in work)
+        bar = keras.utils.Progbar(total, unit_name="timing")
         timing = dataclasses.replace(timing, bar=bar)
     paths = layer_paths(model)
     layers: dict[str, LayerCostRecord] = {}
     for path, cost in setting.counts.items():
+        layer_dtypes = _layer_dtypes(cost, dtypes)
         if path not in work:
-            seconds, source = dict.fromkeys(dtypes, 0.0), "measured"
+            seconds, source = dict.fromkeys(layer_dtypes, 0.0), "measured"
         else:
             seconds, source = _measure_layer(paths[path], setting.trace.calls[path], cost, timing)
-        layers[path] = roofline_record(cost, seconds, batch_size, dtypes, source)
+        layers[path] = roofline_record(cost, seconds, batch_size, layer_dtypes, source)
     _subtract_children(layers, setting.counts)
     return layers
 
@@ -335,7 +393,7 @@ def _measure_layer(
     setting = timing.setting
     seconds: dict[str, float | None] = {}
     sources = set()
-    for dtype in setting.dtypes:
+    for dtype in _layer_dtypes(cost, setting.dtypes):
         total = 0.0
         for call in calls:
             try:

@@ -8,10 +8,17 @@ from typing import Any
 import keras
 
 from .._core.data import input_part
-from .._core.dtypes import COMPUTE_DTYPES, FLOAT32, canonical_dtype
+from .._core.dtypes import (
+    BFLOAT16,
+    COMPUTE_DTYPES,
+    FLOAT8,
+    FLOAT32,
+    canonical_dtype,
+    canonical_float8_source,
+)
 from ..hardware import SLOW, UNSUPPORTED, HardwareProfile, resolve_hardware
 from ..layers import model_fingerprint
-from .counting import ITEMSIZE, LayerCost, count_costs
+from .counting import FLOAT8_EXTRA_KERNELS, FLOAT8_QUANTIZE_FLOPS, ITEMSIZE, LayerCost, count_costs
 from .table import CostTable, LayerCostRecord
 from .timers import framework_versions
 from .trace import trace_model
@@ -23,7 +30,11 @@ VECTOR_EFFICIENCY = 0.25
 
 
 def predicted_layer_seconds(
-    cost: LayerCost, hardware: HardwareProfile, dtype: str, batch_size: int
+    cost: LayerCost,
+    hardware: HardwareProfile,
+    dtype: str,
+    batch_size: int,
+    float8_source: str = BFLOAT16,
 ) -> float | None:
     """Returns roofline forward+backward seconds of one layer in `dtype` (`None`: infeasible).
 
@@ -31,15 +42,18 @@ def predicted_layer_seconds(
     run at the dtype's peak (float32 peak when 16-bit dimensions are not
     multiples of `hardware.alignment`), vector FLOPs at the float32 vector rate,
     and a dtype without native kernels is multiplied by `hardware.slow_penalty`.
+    float8 is `predicted_float8_seconds`.
 
     Args:
         cost: the layer's `LayerCost`.
         hardware: the device profile.
-        dtype: compute dtype.
+        dtype: plan dtype.
         batch_size: samples per step.
+        float8_source: for float8, the dtype of the layer's non-matmul work.
 
     Returns:
-        Seconds, or `None` where the device cannot run `dtype`.
+        Seconds, or `None` where the device cannot run `dtype` (float8: also a
+        layer without a float8 path).
 
     Example:
 
@@ -48,6 +62,8 @@ def predicted_layer_seconds(
     autoprec.cost.predicted_layer_seconds(cost, autoprec.hardware.get("rtx4090"), "float16", 64)
     ```
     """
+    if dtype == FLOAT8:
+        return predicted_float8_seconds(cost, hardware, batch_size, float8_source)
     support = hardware.support(dtype)
     if support == UNSUPPORTED:
         return None
@@ -55,15 +71,128 @@ def predicted_layer_seconds(
         return 0.0
     aligned = all(dim % max(hardware.alignment, 1) == 0 for dim in cost.matmul_dims)
     matmul_rate = hardware.peak_flops(dtype if aligned else FLOAT32) * MATMUL_EFFICIENCY
+    return (
+        _work_seconds(
+            cost, hardware, matmul_rate, cost.bytes_moved(dtype, batch_size), batch_size, support
+        )
+        + max(cost.kernels, 1) * hardware.op_overhead_seconds
+    )
+
+
+def _work_seconds(
+    cost: LayerCost,
+    hardware: HardwareProfile,
+    matmul_rate: float,
+    bytes_moved: float,
+    batch_size: int,
+    support: str,
+) -> float:
+    """Returns `max(compute, memory)` seconds, times `slow_penalty` for a slow dtype."""
     vector_rate = hardware.float32_flops * VECTOR_EFFICIENCY
     matmul_flops = (cost.matmul_flops + cost.backward_matmul_flops) * batch_size
     vector_flops = (cost.vector_flops + cost.backward_vector_flops) * batch_size
     compute_seconds = matmul_flops / matmul_rate + vector_flops / vector_rate
-    memory_seconds = cost.bytes_moved(dtype, batch_size) / hardware.memory_bandwidth
-    work_seconds = max(compute_seconds, memory_seconds)
+    work_seconds = max(compute_seconds, bytes_moved / hardware.memory_bandwidth)
     if support == SLOW:
         work_seconds *= hardware.slow_penalty
-    return work_seconds + max(cost.kernels, 1) * hardware.op_overhead_seconds
+    return work_seconds
+
+
+def float8_matmul_rate(cost: LayerCost, hardware: HardwareProfile, float8_source: str) -> float:
+    """Returns the FLOP/s a float8 layer's matrix products reach (roofline, before efficiency).
+
+    The FP8 tensor-core rate when every GEMM dimension (`LayerCost.float8_dims`)
+    is a multiple of `hardware.float8_alignment`; else the products run
+    unquantized in the source dtype (its rate when aligned to
+    `hardware.alignment`, else float32's).
+
+    Args:
+        cost: a layer with a float8 path.
+        hardware: a device with FP8 tensor cores.
+        float8_source: the dtype of the layer's non-matmul work.
+
+    Returns:
+        Peak FLOP/s.
+    """
+    if all(dim % max(hardware.float8_alignment, 1) == 0 for dim in cost.float8_dims):
+        return hardware.peak_flops(FLOAT8)
+    aligned = all(dim % max(hardware.alignment, 1) == 0 for dim in cost.matmul_dims)
+    return hardware.peak_flops(float8_source if aligned else FLOAT32)
+
+
+def float8_quantize_seconds(
+    cost: LayerCost, hardware: HardwareProfile, batch_size: int, float8_source: str = BFLOAT16
+) -> float:
+    """Returns the seconds a float8 layer's scaling work adds to one step.
+
+    Its memory passes (`LayerCost.float8_quantize_bytes`: inputs, kernel and
+    output gradients read in the source dtype and written in 8 bits, their amax
+    reductions and history updates) run as separate kernels after one another,
+    `FLOAT8_EXTRA_KERNELS` launches per product, not overlapped with the matrix
+    products.
+
+    Args:
+        cost: a layer with a float8 path.
+        hardware: the device profile.
+        batch_size: samples per step.
+        float8_source: the dtype the quantized tensors arrive in.
+
+    Returns:
+        Seconds.
+
+    Example:
+
+    ```python
+    cost = autoprec.cost.count_costs(model)["dense"]
+    float8_quantize_seconds(cost, autoprec.hardware.get("rtx4090"), 64)
+    ```
+    """
+    vector_rate = hardware.float32_flops * VECTOR_EFFICIENCY
+    flops = cost.float8_quantized_values(batch_size) * FLOAT8_QUANTIZE_FLOPS
+    bytes_moved = cost.float8_quantize_bytes(batch_size, float8_source)
+    passes = max(flops / vector_rate, bytes_moved / hardware.memory_bandwidth)
+    return passes + cost.float8_matmuls * FLOAT8_EXTRA_KERNELS * hardware.op_overhead_seconds
+
+
+def predicted_float8_seconds(
+    cost: LayerCost, hardware: HardwareProfile, batch_size: int, float8_source: str = BFLOAT16
+) -> float | None:
+    """Returns roofline forward+backward seconds of a float8 layer (`None`: no float8 here).
+
+    The layer's three matrix products (forward, input gradient, weight gradient)
+    run at the FP8 rate (`float8_matmul_rate`: the source dtype's when a GEMM
+    dimension is not a multiple of 16), the rest of the layer as in its source
+    dtype, plus the quantize and scaling work (`float8_quantize_seconds`). A
+    layer whose products are small or memory-bound comes out slower than in
+    its source dtype: the scaling work costs more than the products gain.
+
+    Args:
+        cost: the layer's `LayerCost`.
+        hardware: the device profile.
+        batch_size: samples per step.
+        float8_source: the dtype of the layer's non-matmul work (bfloat16 by default).
+
+    Returns:
+        Seconds, or `None` for a layer without a float8 path (`LayerCost.has_float8_path`)
+        or a device without FP8 tensor cores (`HardwareProfile.supports_float8`).
+
+    Example:
+
+    ```python
+    cost = autoprec.cost.count_costs(model)["dense"]
+    predicted_float8_seconds(cost, autoprec.hardware.get("rtx4090"), 64)
+    ```
+    """
+    source = canonical_float8_source(float8_source)
+    support = hardware.support(source)
+    if not (cost.has_float8_path and hardware.supports_float8) or support == UNSUPPORTED:
+        return None
+    matmul_rate = float8_matmul_rate(cost, hardware, source) * MATMUL_EFFICIENCY
+    work = _work_seconds(
+        cost, hardware, matmul_rate, cost.bytes_moved(source, batch_size), batch_size, support
+    )
+    launches = max(cost.kernels, 1) * hardware.op_overhead_seconds
+    return work + launches + float8_quantize_seconds(cost, hardware, batch_size, source)
 
 
 def _predicted_cast_seconds(hardware: HardwareProfile) -> dict[str, dict]:
@@ -83,6 +212,7 @@ def roofline_record(
     batch_size: int,
     dtypes: Sequence[str],
     source: str,
+    float8_source: str = BFLOAT16,
 ) -> LayerCostRecord:
     """Returns one layer's `LayerCostRecord`: `seconds` and the counts behind them at `batch_size`.
 
@@ -90,8 +220,10 @@ def roofline_record(
         cost: the layer's counts.
         seconds: `{dtype: seconds or None}`.
         batch_size: samples per step the FLOPs and bytes are for.
-        dtypes: the dtypes whose bytes moved are recorded.
+        dtypes: the dtypes whose bytes moved are recorded (float8 only where
+            `seconds` has it).
         source: where the seconds come from (`"predicted"`, `"measured"`, ...).
+        float8_source: the dtype of a float8 layer's non-matmul work.
 
     Returns:
         The record.
@@ -109,12 +241,33 @@ def roofline_record(
         seconds=seconds,
         forward_flops=cost.forward_flops * batch_size,
         backward_flops=cost.backward_flops * batch_size,
-        bytes_moved={dtype: cost.bytes_moved(dtype, batch_size) for dtype in dtypes},
+        bytes_moved={
+            dtype: cost.bytes_moved(dtype, batch_size, float8_source)
+            for dtype in dtypes
+            if dtype != FLOAT8 or dtype in seconds
+        },
         saved_elements_per_sample=cost.saved_elements,
         weight_elements=cost.weight_elements,
         source=source,
         note=cost.note,
     )
+
+
+def _predicted_seconds(
+    cost: LayerCost,
+    profile: HardwareProfile,
+    dtypes: Sequence[str],
+    batch_size: int,
+    float8_source: str,
+) -> dict[str, float | None]:
+    """Returns `{dtype: seconds}` of one layer; float8 only where it has a prediction."""
+    seconds = {
+        dtype: predicted_layer_seconds(cost, profile, dtype, batch_size, float8_source)
+        for dtype in dtypes
+    }
+    if seconds.get(FLOAT8, 0.0) is None:
+        del seconds[FLOAT8]
+    return seconds
 
 
 def predict_costs(
@@ -127,6 +280,11 @@ def predict_costs(
 ) -> CostTable:
     """Predicts every layer's forward+backward seconds per dtype with a roofline model.
 
+    Asked for `"float8"`, the table gets a float8 entry for each `Dense` and
+    `EinsumDense` layer, and only on a device with FP8 tensor cores
+    (`predicted_float8_seconds`, their non-matmul work in bfloat16); other
+    layers and devices have none.
+
     Args:
         model: a built Keras model.
         hardware: `"local"` (this device, detected), a profile name such as
@@ -136,7 +294,7 @@ def predict_costs(
             a list, a dict or any nesting of them. Needed for subclassed models
             and for inputs with a dynamic dimension (a sequence length), which
             then take the batch's.
-        dtypes: dtypes to predict.
+        dtypes: dtypes to predict (`"float8"` included: see above).
 
     Returns:
         A `CostTable` with `source="predicted"`.
@@ -146,19 +304,57 @@ def predict_costs(
     ```python
     table = autoprec.cost.predict_costs(model, "rtx2080ti", batch_size=64)
     table.seconds("dense", "bfloat16")  # slower than float16: no bf16 tensor cores
+    table = autoprec.cost.predict_costs(model, "rtx4090", dtypes=["float32", "float8"])
+    table.layer_seconds("dense", "float8")
+    ```
+    """
+    return predict_plan_costs(model, hardware, batch_size=batch_size, x=x, dtypes=dtypes)
+
+
+def predict_plan_costs(
+    model: keras.Model,
+    hardware: HardwareProfile | str = "local",
+    *,
+    batch_size: int = 32,
+    x: Any = None,
+    dtypes: Sequence[str] = COMPUTE_DTYPES,
+    float8_source: str = BFLOAT16,
+) -> CostTable:
+    """Predicts costs as `predict_costs` does, float8 layers' non-matmul work in `float8_source`.
+
+    What `estimate` predicts a plan with: a plan's float8 layers compute
+    everything but their matrix products in its `float8_source`.
+
+    Args:
+        model: a built Keras model.
+        hardware: `"local"`, a profile name or a `HardwareProfile`.
+        batch_size: samples per training step.
+        x: a batch whose shapes are traced (see `predict_costs`).
+        dtypes: dtypes to predict.
+        float8_source: `"bfloat16"`, `"float16"` or `"float32"`.
+
+    Returns:
+        A `CostTable` with `source="predicted"`.
+
+    Example:
+
+    ```python
+    table = predict_plan_costs(model, "h100", dtypes=["float32", "float8"], float8_source="float16")
     ```
     """
     profile = resolve_hardware(hardware)
     trace = trace_model(model, None if x is None else input_part(x))
     counts = count_costs(model, trace)
     dtypes = [canonical_dtype(dtype) for dtype in dtypes]
+    source = canonical_float8_source(float8_source)
     layers = {
         path: roofline_record(
             cost,
-            {dtype: predicted_layer_seconds(cost, profile, dtype, batch_size) for dtype in dtypes},
+            _predicted_seconds(cost, profile, dtypes, batch_size, source),
             batch_size,
             dtypes,
             "predicted",
+            source,
         )
         for path, cost in counts.items()
     }

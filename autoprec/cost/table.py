@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from .._core.dtypes import COMPUTE_DTYPES, FLOAT32
+from .._core.dtypes import FLOAT32, PLAN_DTYPES
 from .._core.io import atomic_write_json, read_json_file
 from ..errors import PlanError
 
@@ -28,7 +28,8 @@ class LayerCostRecord:
         path: stable path.
         class_name: layer class.
         seconds: forward+backward seconds per dtype for the table's batch size
-            (`None`: infeasible on the device).
+            (`None`: infeasible on the device). `"float8"` is there only for a
+            `Dense` or `EinsumDense` layer on a device with FP8 tensor cores.
         forward_flops: forward FLOPs for the batch.
         backward_flops: backward FLOPs for the batch.
         bytes_moved: bytes moved forward+backward per dtype for the batch.
@@ -160,6 +161,33 @@ class CostTable:
             return math.inf
         return self.time_scale(dtype) * self._scale(value, batch_size)
 
+    def layer_seconds(self, path: str, dtype: str, batch_size: int | None = None) -> float | None:
+        """Returns a layer's forward+backward seconds in `dtype`, or `None` where it has none.
+
+        As `seconds`, but `None` (not `inf`) for a dtype the table holds no time
+        for: float8 for a layer without a float8 path or on a device without FP8
+        tensor cores, a dtype the device cannot run, or a layer not in the table.
+
+        Args:
+            path: stable layer path.
+            dtype: plan dtype (`"float8"` included).
+            batch_size: batch to scale to (linear above `layer_fixed_seconds`).
+
+        Returns:
+            Seconds, scaled by `time_scale(dtype)`, or `None`.
+
+        Example:
+
+        ```python
+        table = autoprec.cost.predict_costs(model, "rtx4090", dtypes=["float32", "float8"])
+        table.layer_seconds("dense", "float8")  # None where "dense" has no float8 path
+        ```
+        """
+        record = self.layers.get(path)
+        if record is None or record.seconds.get(dtype) is None:
+            return None
+        return self.seconds(path, dtype, batch_size)
+
     def _scale(self, seconds: float, batch_size: int | None) -> float:
         if batch_size is None or batch_size == self.batch_size or seconds == 0:
             return seconds
@@ -281,7 +309,7 @@ class CostTable:
         """Returns a table of the most expensive layers' milliseconds per dtype."""
         dtypes = [
             dtype
-            for dtype in COMPUTE_DTYPES
+            for dtype in PLAN_DTYPES
             if any(dtype in record.seconds for record in self.layers.values())
         ]
         rows = sorted(

@@ -15,7 +15,7 @@ import keras
 import numpy as np
 
 from .._backends import timing_backend
-from .._core.dtypes import POLICY_FOR_DTYPE
+from .._core.dtypes import policy_name
 from .._core.timing import time_interleaved
 from .trace import LayerCall, synthetic_arguments
 
@@ -85,9 +85,26 @@ def _median_seconds(function: Callable[[], object], repeats: int) -> float:
     return timings["function"].median
 
 
-def _rebuild_layer(layer: keras.layers.Layer, dtype: str) -> keras.layers.Layer:
+def rebuild_layer(layer: keras.layers.Layer, dtype: str) -> keras.layers.Layer:
+    """Returns an unbuilt copy of `layer` from its config, with the Keras policy of `dtype`.
+
+    Args:
+        layer: the layer to copy (left untouched).
+        dtype: a plan dtype; float8 gives `float8_from_mixed_bfloat16` (a `Dense`
+            or `EinsumDense` with its scales and amax histories).
+
+    Returns:
+        The copy, named by Keras.
+
+    Example:
+
+    ```python
+    rebuild_layer(keras.layers.Dense(16), "float8").dtype_policy.name
+    # "float8_from_mixed_bfloat16"
+    ```
+    """
     config = layer.get_config()
-    config["dtype"] = POLICY_FOR_DTYPE[dtype]
+    config["dtype"] = policy_name(dtype)
     config.pop("name", None)
     return layer.__class__.from_config(config)
 
@@ -102,13 +119,15 @@ def time_layer(
 ) -> float:
     """Times a standalone copy of `layer` forward+backward in `dtype` on random inputs.
 
-    The copy is rebuilt from the layer's config with the dtype's `mixed_*`
-    policy and called as `call` recorded, at `batch_size` samples.
+    The copy is rebuilt from the layer's config with the dtype's policy
+    (`policy_name`: `mixed_*`, or `float8_from_mixed_bfloat16` for float8,
+    whose step includes the scale and amax-history updates) and called as
+    `call` recorded, at `batch_size` samples.
 
     Args:
         layer: the layer to copy (left untouched).
         call: one recorded call of it (`trace_model(model).calls[path][0]`).
-        dtype: the copy's compute dtype.
+        dtype: the copy's plan dtype (float8 only for `Dense` and `EinsumDense`).
         batch_size: the leading dimension of every argument.
         repeats: timed calls (median), after two warm-up calls.
         jit_compile: whether to compile the step with XLA.
@@ -129,7 +148,7 @@ def time_layer(
     """
     timing = measuring_backend("calibrate()")
     rng = np.random.default_rng(0)
-    clone = _rebuild_layer(layer, dtype)
+    clone = rebuild_layer(layer, dtype)
     compute = keras.backend.standardize_dtype(clone.compute_dtype)
     args, kwargs = synthetic_arguments(call, batch_size, compute, rng)
     if "training" in inspect.signature(clone.call).parameters:

@@ -1,10 +1,10 @@
-"""Built-in profiles: consumer NVIDIA RTX cards (whitepaper figures) and nominal CPU classes."""
+"""Built-in profiles: NVIDIA RTX cards and Hopper GPUs (whitepaper figures), nominal CPU classes."""
 
 from __future__ import annotations
 
 import re
 
-from .._core.dtypes import BFLOAT16, FLOAT16
+from .._core.dtypes import BFLOAT16, FLOAT8, FLOAT16
 from .profile import GIB, GIGA, TERA, HardwareProfile
 
 # --------------------------------------------------------------------------- built-ins
@@ -26,8 +26,66 @@ _RTX_TABLE: tuple[tuple[str, str, str, float, float, float, float, float | None]
     ("rtx5090", "NVIDIA GeForce RTX 5090", "12.0", 32, 1792, 104.8, 209.5, 209.5),
 )
 
+#: Where the FP8 rate of each GPU architecture with FP8 tensor cores comes from, by compute
+#: capability. GeForce Ada and Blackwell run FP8 with float32 accumulate at 2x their
+#: FP16/BF16-with-float32-accumulate rate (the table's BF16 TC column): RTX 4090 330.4,
+#: RTX 5090 419.0 dense TFLOPS. Turing (7.5) and Ampere (8.6) have no FP8 tensor cores.
+FLOAT8_RATE_SOURCES: dict[str, str] = {
+    "8.9": (
+        "NVIDIA Ada GPU Architecture whitepaper: dense FP8 Tensor TFLOPS with FP32 "
+        "accumulate = 2x FP16/BF16 Tensor with FP32 accumulate"
+    ),
+    "12.0": (
+        "NVIDIA RTX Blackwell GPU Architecture whitepaper: dense FP8 Tensor TFLOPS with "
+        "FP32 accumulate = 2x FP16/BF16 Tensor with FP32 accumulate"
+    ),
+    "9.0": (
+        "NVIDIA H100 Tensor Core GPU Architecture whitepaper: H100 SXM5 dense FP8 Tensor "
+        "TFLOPS with FP32 accumulate 1978.9"
+    ),
+}
+
+# Hopper (CC 9.0): name, display name, VRAM GB, GB/s, FP32, FP16/BF16 TC, FP8 TC (dense
+# TFLOPS, float32 accumulate; datacenter parts run FP16 with float32 accumulate at full
+# rate), source of the figures, source of the FP8 rate.
+_HOPPER_TABLE: tuple[tuple[str, str, float, float, float, float, float, str, str], ...] = (
+    (
+        "h100",
+        "NVIDIA H100 SXM5 80GB",
+        80,
+        3350,
+        66.9,
+        989.4,
+        1978.9,
+        "built-in table (NVIDIA H100 Tensor Core GPU Architecture whitepaper, H100 SXM5: "
+        "66.9 FP32, 989.4 dense FP16/BF16, 1978.9 dense FP8 TFLOPS, 80 GB HBM3 at 3.35 TB/s)",
+        FLOAT8_RATE_SOURCES["9.0"],
+    ),
+    (
+        "h200",
+        "NVIDIA H200 SXM 141GB",
+        141,
+        4800,
+        66.9,
+        989.4,
+        1978.9,
+        "built-in table (NVIDIA H200 Tensor Core GPU datasheet: 141 GB HBM3e at 4.8 TB/s; "
+        "compute of the H100 SXM5 in the NVIDIA H100 Tensor Core GPU Architecture whitepaper)",
+        "NVIDIA H200 Tensor Core GPU datasheet: FP8 Tensor 3958 TFLOPS with sparsity, 1978.9 "
+        "dense, the H100 SXM5's (NVIDIA H100 Tensor Core GPU Architecture whitepaper)",
+    ),
+)
+
 #: Extra spellings that map to a built-in profile (normalised form).
-_ALIASES = {"rtx4060ti": "rtx4060ti-8gb"}
+_ALIASES = {
+    "rtx4060ti": "rtx4060ti-8gb",
+    "h100 sxm": "h100",
+    "h100 sxm5": "h100",
+    # The name the driver reports for an H100 SXM5.
+    "h100 80gb hbm3": "h100",
+    "h200 sxm": "h200",
+    "h200 141gb": "h200",
+}
 
 # Nominal CPU: 8 cores at 3 GHz, 2 FMA units. float32 FLOP/cycle/core: AVX-512 64,
 # AVX2 32; AVX512-BF16 dot products double it; AMX tiles give ~16x for bf16.
@@ -42,6 +100,10 @@ def _gpu_profile(row: tuple) -> HardwareProfile:
     name, display, capability, vram_gb, bandwidth_gbs, fp32, fp16, bf16 = row
     fast = (FLOAT16, BFLOAT16) if bf16 is not None else (FLOAT16,)
     slow = () if bf16 is not None else (BFLOAT16,)
+    float8_source = FLOAT8_RATE_SOURCES.get(capability)
+    float8 = None if float8_source is None or bf16 is None else 2 * bf16
+    if float8 is not None:
+        fast = (*fast, FLOAT8)
     return HardwareProfile(
         name=name,
         display_name=display,
@@ -58,6 +120,30 @@ def _gpu_profile(row: tuple) -> HardwareProfile:
         op_overhead_seconds=5e-6,
         slow_penalty=8.0,
         source="built-in table",
+        float8_flops=None if float8 is None else float8 * TERA,
+        float8_flops_source=float8_source,
+    )
+
+
+def _hopper_profile(row: tuple) -> HardwareProfile:
+    name, display, vram_gb, bandwidth_gbs, fp32, half, float8, source, float8_source = row
+    return HardwareProfile(
+        name=name,
+        display_name=display,
+        kind="gpu",
+        compute_capability="9.0",
+        float32_flops=fp32 * TERA,
+        float16_flops=half * TERA,
+        bfloat16_flops=half * TERA,
+        memory_bandwidth=bandwidth_gbs * GIGA,
+        memory_bytes=int(vram_gb * GIB),
+        fast_dtypes=(FLOAT16, BFLOAT16, FLOAT8),
+        alignment=8,
+        op_overhead_seconds=5e-6,
+        slow_penalty=8.0,
+        source=source,
+        float8_flops=float8 * TERA,
+        float8_flops_source=float8_source,
     )
 
 
@@ -111,6 +197,7 @@ _NOMINAL = (
 
 def _builtin_profiles() -> dict[str, HardwareProfile]:
     profiles = {row[0]: _gpu_profile(row) for row in _RTX_TABLE}
+    profiles.update({row[0]: _hopper_profile(row) for row in _HOPPER_TABLE})
     profiles["cpu-amx"] = cpu_profile("cpu-amx", "CPU with AMX-BF16", 64, 1024, None, _NOMINAL)
     profiles["cpu-avx512-bf16"] = cpu_profile(
         "cpu-avx512-bf16", "CPU with AVX512-BF16", 64, 128, None, _NOMINAL

@@ -7,9 +7,12 @@ import os
 import re
 from pathlib import Path
 
-from .._core.dtypes import BFLOAT16, FLOAT16
-from .builtin import BUILTIN, CPU_MEMORY, cpu_profile, normalise_name
+from .._core.dtypes import BFLOAT16, FLOAT8, FLOAT16
+from .builtin import BUILTIN, CPU_MEMORY, NORMALISED, cpu_profile, normalise_name
 from .profile import GIB, GIGA, HardwareProfile
+
+#: The first compute capability with FP8 tensor cores (Ada; Hopper 9.0, Blackwell 10.x/12.x).
+FLOAT8_MIN_CAPABILITY = (8, 9)
 
 # --------------------------------------------------------------------------- detection
 
@@ -268,9 +271,20 @@ def profile_for_gpu(
 
     Returns:
         The matching built-in profile marked `detected=True`, or for an unknown
-        GPU a profile whose rates are marked `"estimated: ..."`.
+        GPU a profile whose rates are marked `"estimated: ..."`; float8 is fast
+        (`supports_float8`) on compute capability 8.9 and later.
+
+    Example:
+
+    ```python
+    autoprec.hardware.profile_for_gpu("NVIDIA H200", "9.0").supports_float8  # True
+    ```
     """
     key = normalise_name(device_name)
+    exact = NORMALISED.get(key, "")
+    # The two RTX 4060 Ti share one name: their memory tells them apart (below).
+    if exact in BUILTIN and BUILTIN[exact].kind == "gpu" and not exact.startswith("rtx4060ti"):
+        return _detected_builtin(exact, device_name)
     candidates = sorted(
         (name for name in BUILTIN if BUILTIN[name].kind == "gpu" and name.split("-")[0] in key),
         key=len,
@@ -283,25 +297,38 @@ def profile_for_gpu(
             name = "rtx4060ti-16gb" if big else "rtx4060ti-8gb"
         exact_boundary = re.search(re.escape(name.split("-")[0]) + r"(?![0-9a-z])", key)
         if exact_boundary or name.startswith("rtx4060ti"):
-            return dataclasses.replace(
-                BUILTIN[name], detected=True, source=f"built-in table; device {device_name!r}"
-            )
+            return _detected_builtin(name, device_name)
     return _estimated_gpu(device_name, compute_capability, memory_bytes)
+
+
+def _detected_builtin(name: str, device_name: str) -> HardwareProfile:
+    """Returns built-in profile `name` marked as the detected `device_name`."""
+    profile = BUILTIN[name]
+    return dataclasses.replace(
+        profile, detected=True, source=f"{profile.source}; device {device_name!r}"
+    )
+
+
+def _capability_tuple(compute_capability: str | None) -> tuple[int, int] | None:
+    """Returns `(major, minor)` of a compute capability such as `"8.9"`, or `None`."""
+    if not compute_capability:
+        return None
+    major, _, minor = str(compute_capability).partition(".")
+    try:
+        return int(major), int(minor or 0)
+    except ValueError:
+        return None
 
 
 def _estimated_gpu(
     device_name: str, compute_capability: str | None, memory_bytes: int | None
 ) -> HardwareProfile:
-    major = 0
-    if compute_capability:
-        try:
-            major = int(str(compute_capability).split(".")[0])
-        except ValueError:
-            major = 0
-    reference = {7: "rtx2080ti", 8: "rtx3080", 9: "rtx4090", 10: "rtx5080", 12: "rtx5080"}.get(
+    capability = _capability_tuple(compute_capability)
+    major = capability[0] if capability else 0
+    reference = {7: "rtx2080ti", 8: "rtx3080", 9: "h100", 10: "rtx5080", 12: "rtx5080"}.get(
         major, "rtx3080"
     )
-    if compute_capability and compute_capability.startswith("8.9"):
+    if capability == (8, 9):
         reference = "rtx4080"
     base = BUILTIN[reference]
     fast = tuple(
@@ -310,22 +337,31 @@ def _estimated_gpu(
         if major >= needed or (major == 0 and dtype == FLOAT16)
     )
     slow = tuple(dtype for dtype in (FLOAT16, BFLOAT16) if dtype not in fast)
+    float8 = capability is not None and capability >= FLOAT8_MIN_CAPABILITY
+    float8 = float8 and base.float8_flops is not None
     return dataclasses.replace(
         base,
         name=normalise_name(device_name) or "unknown-gpu",
         display_name=device_name,
         compute_capability=compute_capability,
         memory_bytes=int(memory_bytes or base.memory_bytes),
-        fast_dtypes=fast,
+        fast_dtypes=(*fast, FLOAT8) if float8 else fast,
         slow_dtypes=slow,
         bfloat16_flops=base.bfloat16_flops if BFLOAT16 in fast else None,
+        float8_flops=base.float8_flops if float8 else None,
+        float8_flops_source=(
+            f"estimated: copied from {base.display_name} ({base.float8_flops_source})"
+            if float8
+            else None
+        ),
         detected=True,
         source=(
             f"read from device: name {device_name!r}, compute capability "
             f"{compute_capability or 'unknown'}"
             + (", memory" if memory_bytes else "")
             + f"; estimated: rates and bandwidth copied from {base.display_name}, "
-            "16-bit support from the compute capability (unknown GPU)"
+            "16-bit and float8 support from the compute capability (unknown GPU; float8 "
+            "from 8.9 on)"
         ),
     )
 
@@ -336,7 +372,11 @@ def detect() -> HardwareProfile:
     GPUs are read through the active Keras backend's framework (TensorFlow,
     JAX or PyTorch; frameworks that are not installed are skipped) and mapped to
     the built-in table; unknown GPUs and CPUs get estimated rates, marked so in
-    `source`. A CPU is described by `detect_cpu` (float16 slow under TensorFlow).
+    `source`. A GPU of compute capability 8.9 or later (Ada, Hopper, Blackwell)
+    has float8 (`supports_float8`); its FP8 matrix products come from XLA (JAX,
+    or TensorFlow under `jit_compile=True`). A CPU is described by `detect_cpu`
+    (float16 slow under TensorFlow; never float8: Keras' float8 path runs there
+    emulated, slower than bfloat16).
 
     Returns:
         A `HardwareProfile` with `detected=True`.

@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from .._core.dtypes import BFLOAT16, COMPUTE_DTYPES, FLOAT16, FLOAT32
+from .._core.dtypes import BFLOAT16, COMPUTE_DTYPES, FLOAT8, FLOAT16, FLOAT32, PLAN_DTYPES
 from .._core.io import atomic_write_json, read_json_file
 from ..errors import HardwareError
 
@@ -20,10 +20,14 @@ FAST = "fast"
 SLOW = "slow"
 UNSUPPORTED = "unsupported"
 
+#: FP8 matrix products want every matmul dimension a multiple of this many elements
+#: (cuBLASLt FP8 GEMMs; `HardwareProfile.float8_alignment`).
+FLOAT8_ALIGNMENT = 16
+
 
 @dataclasses.dataclass(frozen=True)
 class HardwareProfile:
-    """Peak rates, memory and 16-bit support of one device.
+    """Peak rates, memory and 16-bit and 8-bit support of one device.
 
     Args:
         name: short profile name, e.g. `"rtx4090"`.
@@ -36,7 +40,8 @@ class HardwareProfile:
         bfloat16_flops: bfloat16 peak in FLOP/s, or `None` when it has no fast path.
         memory_bandwidth: memory bandwidth, bytes/s.
         memory_bytes: device memory, bytes.
-        fast_dtypes: 16-bit dtypes with native fast kernels (float32 is always fast).
+        fast_dtypes: 16-bit dtypes with native fast kernels (float32 is always fast),
+            and `"float8"` where the device has FP8 tensor cores (`float8_flops`).
         slow_dtypes: 16-bit dtypes that run, but emulated or on fallback kernels.
         alignment: 16-bit matmul/conv dimensions should be multiples of this many
             elements to reach the 16-bit rate (1: no rule).
@@ -45,12 +50,21 @@ class HardwareProfile:
         source: where the figures come from (`"built-in table"`, `"read from
             device"`, `"user file: ..."`, `"estimated: ..."`).
         detected: whether this profile describes the device this process runs on.
+        float8_flops: dense FP8 tensor-core peak (E4M3/E5M2 inputs, float32
+            accumulate) in FLOP/s, or `None` when the device has no FP8 tensor
+            cores (Turing, Ampere, CPUs: Keras' float8 path runs there emulated,
+            slower than the 16-bit dtypes, never a gain).
+        float8_flops_source: where `float8_flops` comes from (a whitepaper), or
+            `None` without a rate.
+        float8_alignment: FP8 matmul dimensions must be multiples of this many
+            elements to run on FP8 tensor cores (`FLOAT8_ALIGNMENT`).
 
     Example:
 
     ```python
     hw = autoprec.hardware.get("RTX 4090")
     hw.peak_flops("bfloat16") / hw.peak_flops("float32")  # 2.0
+    hw.supports_float8, hw.peak_flops("float8") / hw.peak_flops("bfloat16")  # True, 2.0
     ```
     """
 
@@ -70,12 +84,18 @@ class HardwareProfile:
     slow_penalty: float = 8.0
     source: str = "built-in table"
     detected: bool = False
+    float8_flops: float | None = None
+    float8_flops_source: str | None = None
+    float8_alignment: int = FLOAT8_ALIGNMENT
 
     def support(self, dtype: str) -> str:
-        """Returns `"fast"`, `"slow"` or `"unsupported"` for a compute dtype.
+        """Returns `"fast"`, `"slow"` or `"unsupported"` for a plan dtype.
+
+        float8 is `"fast"` exactly where the device has FP8 tensor cores (a
+        `float8_flops` rate) and `"unsupported"` elsewhere.
 
         Args:
-            dtype: `"float32"`, `"bfloat16"` or `"float16"`.
+            dtype: `"float32"`, `"bfloat16"`, `"float16"` or `"float8"`.
 
         Returns:
             The support level of `dtype` on this device.
@@ -90,6 +110,26 @@ class HardwareProfile:
         """Returns whether `dtype` runs on native fast kernels on this device."""
         return self.support(dtype) == FAST
 
+    @property
+    def supports_float8(self) -> bool:
+        """Whether the device has FP8 tensor cores: `support("float8") == "fast"`."""
+        return self.is_fast(FLOAT8)
+
+    @property
+    def search_dtypes(self) -> tuple[str, ...]:
+        """The dtypes a search may use here: float32 and every fast dtype, widest first.
+
+        float8 is among them only where the device has an FP8 rate.
+
+        Example:
+
+        ```python
+        autoprec.hardware.get("rtx4090").search_dtypes  # (..., "float16", "float8")
+        autoprec.hardware.get("rtx3090").search_dtypes  # ("float32", "bfloat16", "float16")
+        ```
+        """
+        return tuple(dtype for dtype in PLAN_DTYPES if self.is_fast(dtype))
+
     def peak_flops(self, dtype: str) -> float:
         """Returns the matmul/conv peak rate of `dtype` in FLOP/s.
 
@@ -97,12 +137,16 @@ class HardwareProfile:
         of emulation is applied separately through `slow_penalty`.
 
         Args:
-            dtype: a compute dtype.
+            dtype: a plan dtype (`"float8"`: the FP8 tensor-core rate).
 
         Returns:
             Peak FLOP/s.
         """
-        rate = {FLOAT16: self.float16_flops, BFLOAT16: self.bfloat16_flops}.get(dtype)
+        rate = {
+            FLOAT16: self.float16_flops,
+            BFLOAT16: self.bfloat16_flops,
+            FLOAT8: self.float8_flops,
+        }.get(dtype)
         if rate is None or not self.is_fast(dtype):
             return self.float32_flops
         return rate
@@ -133,18 +177,23 @@ class HardwareProfile:
         def tflops(rate: float | None) -> str:
             return "-" if rate is None else f"{rate / TERA:.1f}"
 
-        support = ", ".join(f"{dtype} {self.support(dtype)}" for dtype in COMPUTE_DTYPES)
+        support = ", ".join(f"{dtype} {self.support(dtype)}" for dtype in PLAN_DTYPES)
+        float8 = "" if self.float8_flops is None else f", float8 {tflops(self.float8_flops)}"
+        rate_source = []
+        if self.float8_flops is not None:
+            rate_source = [f"  float8 rate: {self.float8_flops_source}"]
         return "\n".join(
             [
                 f"{self.display_name} ({self.name}, {self.kind}"
                 + (f", CC {self.compute_capability}" if self.compute_capability else "")
                 + ")",
                 f"  TFLOP/s: float32 {tflops(self.float32_flops)}, float16 "
-                f"{tflops(self.float16_flops)}, bfloat16 {tflops(self.bfloat16_flops)}",
+                f"{tflops(self.float16_flops)}, bfloat16 {tflops(self.bfloat16_flops)}{float8}",
                 f"  memory {self.memory_bytes / GIB:.1f} GiB at "
                 f"{self.memory_bandwidth / GIGA:.0f} GB/s; alignment {self.alignment}",
                 f"  dtypes: {support}",
                 f"  source: {self.source}",
+                *rate_source,
             ]
         )
 
@@ -162,13 +211,19 @@ def _check_positive(path: str, field: str, value: Any, allow_none: bool = False)
         raise HardwareError(f"{path}: field {field!r} must be a positive number, got {value!r}.")
 
 
-def _check_dtype_list(path: str, field: str, value: Any) -> tuple[str, ...]:
-    if not isinstance(value, (list, tuple)) or any(item not in COMPUTE_DTYPES for item in value):
+def _check_dtype_list(
+    path: str, field: str, value: Any, allowed: tuple[str, ...] = COMPUTE_DTYPES
+) -> tuple[str, ...]:
+    if not isinstance(value, (list, tuple)) or any(item not in allowed for item in value):
         raise HardwareError(
             f"{path}: field {field!r} must be a list of dtypes from "
-            f"{', '.join(COMPUTE_DTYPES)}, got {value!r}."
+            f"{', '.join(allowed)}, got {value!r}."
         )
     return tuple(value)
+
+
+#: The rate field each fast dtype needs.
+_RATE_FIELDS = ((FLOAT16, "float16_flops"), (BFLOAT16, "bfloat16_flops"), (FLOAT8, "float8_flops"))
 
 
 def profile_from_dict(data: Any, source: str = "user data") -> HardwareProfile:
@@ -202,9 +257,9 @@ def profile_from_dict(data: Any, source: str = "user data") -> HardwareProfile:
         raise HardwareError(f"{source}: field 'kind' must be 'gpu' or 'cpu', got {data['kind']!r}.")
     for field in ("float32_flops", "memory_bandwidth", "memory_bytes"):
         _check_positive(source, field, data[field])
-    for field in ("float16_flops", "bfloat16_flops"):
+    for field in ("float16_flops", "bfloat16_flops", "float8_flops"):
         _check_positive(source, field, data.get(field), allow_none=True)
-    for field in ("op_overhead_seconds", "slow_penalty", "alignment"):
+    for field in ("op_overhead_seconds", "slow_penalty", "alignment", "float8_alignment"):
         if field in data:
             _check_positive(source, field, data[field])
     values = dict(data)
@@ -212,13 +267,16 @@ def profile_from_dict(data: Any, source: str = "user data") -> HardwareProfile:
     values.setdefault("compute_capability", None)
     values.setdefault("float16_flops", None)
     values.setdefault("bfloat16_flops", None)
+    values.setdefault("float8_flops", None)
     if "fast_dtypes" not in values:
         values["fast_dtypes"] = [
-            dtype
-            for dtype, field in ((FLOAT16, "float16_flops"), (BFLOAT16, "bfloat16_flops"))
-            if values[field] is not None
+            dtype for dtype, field in _RATE_FIELDS if values[field] is not None
         ]
-    values["fast_dtypes"] = _check_dtype_list(source, "fast_dtypes", values["fast_dtypes"])
+    values["fast_dtypes"] = _check_dtype_list(
+        source, "fast_dtypes", values["fast_dtypes"], PLAN_DTYPES
+    )
+    if values["float8_flops"] is not None and FLOAT8 not in values["fast_dtypes"]:
+        values["fast_dtypes"] = (*values["fast_dtypes"], FLOAT8)
     values["slow_dtypes"] = _check_dtype_list(source, "slow_dtypes", values.get("slow_dtypes", []))
     for dtype in values["fast_dtypes"]:
         if dtype != FLOAT32 and values[f"{dtype}_flops"] is None:
@@ -227,6 +285,11 @@ def profile_from_dict(data: Any, source: str = "user data") -> HardwareProfile:
             )
     values["memory_bytes"] = int(values["memory_bytes"])
     values["alignment"] = int(values.get("alignment", 8))
+    values["float8_alignment"] = int(values.get("float8_alignment", FLOAT8_ALIGNMENT))
+    if not isinstance(values.get("float8_flops_source") or "", str):
+        raise HardwareError(f"{source}: field 'float8_flops_source' must be a string.")
+    if values["float8_flops"] is not None and not values.get("float8_flops_source"):
+        values["float8_flops_source"] = values.get("source") or source
     values["source"] = values.get("source") or source
     values["detected"] = False
     return HardwareProfile(**values)
@@ -237,6 +300,9 @@ def load_profile(path: str | os.PathLike) -> HardwareProfile:
 
     Fields are those of `HardwareProfile` in SI units (FLOP/s, bytes/s, bytes);
     `name`, `kind`, `float32_flops`, `memory_bandwidth` and `memory_bytes` are required.
+    `float8_flops` (FP8 tensor cores) is optional: float8 is fast exactly where it
+    is given, and a file without it (one written before it existed) describes a
+    device without float8.
 
     Args:
         path: the JSON file.

@@ -81,7 +81,9 @@ def test_estimate_accepts_plans_dicts_and_counts_casts(mlp):
     assert from_object.step_seconds == pytest.approx(from_dict.step_seconds)
     assert from_dict.cast_seconds > 0
     with pytest.raises(PlanError):
-        cost.estimate(mlp, {"dense": "float8"}, costs=table)
+        cost.estimate(mlp, {"dense": "float4"}, costs=table)
+    # A table without float8 times (none asked for) makes a float8 layer infeasible.
+    assert cost.estimate(mlp, {"dense": "float8"}, costs=table).infeasible_layers == ("dense",)
     with pytest.raises(HardwareError):
         cost.estimate(mlp, "float32", "rtx9999")
 
