@@ -22,7 +22,7 @@ import keras
 import numpy as np
 
 from .._core.data import batch_size_of, flat_arrays, input_part, slice_batch, target_part
-from .._core.dtypes import FLOAT32, POLICY_FOR_DTYPE, canonical_dtype
+from .._core.dtypes import BFLOAT16, FLOAT8, FLOAT32, canonical_dtype, policy_name
 from .._core.models import fresh_optimizer
 from .._core.timing import Timing, time_interleaved
 from ..errors import PlanError
@@ -44,8 +44,9 @@ logger = logging.getLogger("autoprec")
 def clone_with_uniform_policy(model: keras.Model, dtype: str) -> keras.Model:
     """Returns a copy of `model` (fresh weights, same architecture) with every layer in `dtype`.
 
-    Each layer gets the `mixed_*` policy of `dtype` (`"float32"` for float32);
-    layers that refuse a policy keep theirs. `model` is left as it is. The copy
+    Each layer gets the `mixed_*` policy of `dtype` (`"float32"` for float32; for
+    float8, `float8_from_mixed_bfloat16` on Dense/EinsumDense layers and
+    `mixed_bfloat16` elsewhere); layers that refuse a policy keep theirs. `model` is left as it is. The copy
     of a compiled model is compiled from its compile config (as
     `keras.models.clone_model` does, with an optimizer of its own); compile it
     again to train it another way (float16 wants a `LossScaleOptimizer`).
@@ -73,8 +74,10 @@ def clone_with_uniform_policy(model: keras.Model, dtype: str) -> keras.Model:
 
 
 def _set_policy(layer: keras.layers.Layer, dtype: str) -> None:
+    if dtype == FLOAT8 and not isinstance(layer, (keras.layers.Dense, keras.layers.EinsumDense)):
+        dtype = BFLOAT16  # float8's source: a layer without a float8 path computes in it
     try:
-        layer.dtype_policy = POLICY_FOR_DTYPE[dtype]
+        layer.dtype_policy = policy_name(dtype)
     except Exception:  # noqa: BLE001 - a layer that refuses a policy keeps its own
         pass
 

@@ -9,8 +9,14 @@ from collections.abc import Mapping
 
 import keras
 
-from .._core.dtypes import FLOAT8, FLOAT16, canonical_float8_source, policy_name
-from .._core.models import strategy_scope
+from .._core.dtypes import (
+    FLOAT8,
+    FLOAT16,
+    canonical_float8_source,
+    is_float8_policy,
+    policy_name,
+)
+from .._core.models import strategy_scope, sync_fit_state
 from ..errors import PlanError
 from ..layers import (
     LayerInfo,
@@ -22,7 +28,12 @@ from ..layers import (
 )
 from ..plan import PrecisionPlan
 from .composite import check_plan_runs, harmonize_outputs
-from .float8 import has_float8_path, keep_nested_float8_policies, sync_float8_variables
+from .float8 import (
+    has_float8_path,
+    keep_nested_float8_policies,
+    reset_float8_state,
+    sync_float8_variables,
+)
 
 
 @dataclasses.dataclass
@@ -56,6 +67,7 @@ class PlanHandle:
 
     def restore(self) -> None:
         """Puts back every layer's original dtype policy and marks compiled functions stale."""
+        sync_fit_state(self.model)
         paths = layer_paths(self.model)
         restored = []
         with strategy_scope(self.model):
@@ -187,6 +199,7 @@ def apply_plan(
     infos = _checked_layers(model, plan, strict)
     dtypes = plan.resolve(infos)
     paths = layer_paths(model)
+    sync_fit_state(model)  # inside JAX's fit: the variables are read and changed below
     source = canonical_float8_source(plan.metadata.get("float8_source"))
     no_float8 = [
         f"{path!r} ({type(layer).__name__})"
@@ -210,7 +223,10 @@ def apply_plan(
                 continue
             dtype = dtypes[path]
             original_policies[path] = layer_policy(layer)
+            entering_float8 = dtype == FLOAT8 and not is_float8_policy(original_policies[path])
             layer.dtype_policy = policy_name(dtype, source)
+            if entering_float8:
+                reset_float8_state(layer, only_if_lost=True)
             applied[path] = dtype
     sync_float8_variables(paths[path] for path in original_policies)
     keep_nested_float8_policies(model)

@@ -65,7 +65,11 @@ def sync_float8_variables(layers: Iterable[keras.layers.Layer]) -> None:
 
     A layer taken out of float8 keeps its scaling variables (Keras cannot remove
     them), but they get no gradient then; out of the trainable set, no optimizer
-    warns about them or keeps moments for them.
+    warns about them or keeps moments for them. On JAX they stay trainable once
+    made: JAX's `fit` holds its variables in fixed lists for the whole run and its
+    optimizer must see exactly the variables it was built with. (Their gradient is
+    then zero, which overwrites them; `reset_float8_state` restarts them when the
+    layer goes back to float8.)
 
     Args:
         layers: the layers whose policies were just set.
@@ -76,8 +80,9 @@ def sync_float8_variables(layers: Iterable[keras.layers.Layer]) -> None:
     sync_float8_variables(layer_paths(model).values())
     ```
     """
+    keep_trainable = keras.backend.backend() == "jax"
     for layer in layers:
-        active = is_float8_policy(layer_policy(layer))
+        active = keep_trainable or is_float8_policy(layer_policy(layer))
         for variable in float8_variables(layer):
             if variable.trainable != active:
                 variable.trainable = active
@@ -141,7 +146,9 @@ def _copy_state(old: keras.optimizers.Optimizer, new: keras.optimizers.Optimizer
             continue
         target = targets.get(variable.name)
         if target is not None and tuple(target.shape) == tuple(variable.shape):
-            target.assign(variable.value)
+            # A copy, not the array itself: JAX donates the new optimizer's buffers to
+            # its train step, which would delete the old optimizer's values with them.
+            target.assign(keras.ops.convert_to_numpy(variable))
 
 
 def keep_nested_float8_policies(model: keras.Model) -> int:
@@ -319,3 +326,55 @@ def lagging_scales(layers: Mapping[str, keras.layers.Layer]) -> dict[str, Laggin
         if worst is not None:
             found[path] = worst
     return found
+
+
+def reset_float8_state(layer: keras.layers.Layer, only_if_lost: bool = False) -> bool:
+    """Restarts a layer's delayed scaling as a freshly quantized layer has it: scales 1, histories 0.
+
+    Args:
+        layer: a Dense/EinsumDense layer (one without float8 variables is left alone).
+        only_if_lost: restart only when a scale is not positive (on JAX, steps out of
+            float8 overwrite the scales with their zero gradient); a layer's scales
+            from its last float8 steps are otherwise kept.
+
+    Returns:
+        Whether the variables were reset.
+
+    Example:
+
+    ```python
+    reset_float8_state(model.get_layer("dense"))
+    ```
+    """
+    variables = float8_variables(layer)
+    if only_if_lost:
+        scales = [v for v in variables if v.name.endswith("_scale")]
+        if all(float(keras.ops.convert_to_numpy(v)) > 0 for v in scales):
+            return False
+    for variable in variables:
+        initial = 1.0 if variable.name.endswith("_scale") else 0.0
+        variable.assign(keras.ops.full(variable.shape, initial, dtype=variable.dtype))
+    return bool(variables)
+
+
+def float8_state(layers: Iterable[keras.layers.Layer]) -> list[tuple[keras.Variable, object]]:
+    """Returns a host copy of the layers' float8 scaling variables, for `put_float8_state`.
+
+    Example:
+
+    ```python
+    saved = float8_state(model.layers)
+    put_float8_state(saved)
+    ```
+    """
+    return [
+        (variable, keras.ops.convert_to_numpy(variable))
+        for layer in layers
+        for variable in float8_variables(layer)
+    ]
+
+
+def put_float8_state(saved: Iterable[tuple[keras.Variable, object]]) -> None:
+    """Writes back what `float8_state` copied."""
+    for variable, value in saved:
+        variable.assign(value)

@@ -23,12 +23,18 @@ from typing import Any
 import keras
 
 from .._core.dtypes import policy_name
-from .._core.models import rebuild_train_function
+from .._core.models import rebuild_train_function, sync_fit_state
 from .._core.rounds import RoundsVerdict, judge_rounds, wants_more_rounds
 from ..layers import layer_paths, layer_policy
 from ..plan import PrecisionPlan
 from .apply import apply_plan
-from .float8 import extend_optimizer, float8_variables, sync_float8_variables
+from .float8 import (
+    extend_optimizer,
+    float8_state,
+    float8_variables,
+    put_float8_state,
+    sync_float8_variables,
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -144,6 +150,8 @@ class StepRace:
         self.max_rounds = max(max_rounds, rounds)
         self._paths = layer_paths(model)
         self._original = {path: layer_policy(layer) for path, layer in self._paths.items()}
+        self._float8_layers: list[keras.layers.Layer] = []
+        self._float8_saved: dict[int, list] = {}
         self._prepare_float8()
         self._schedule: list[tuple[int, bool]] = []
         for index in range(len(self.candidates)):
@@ -262,11 +270,27 @@ class StepRace:
             return
         for plan in float8_plans:
             apply_plan(self.model, plan, strict=True)
+        self._float8_layers = [layer for layer in self._paths.values() if float8_variables(layer)]
         for variable_layer in self._paths.values():
             for variable in float8_variables(variable_layer):
                 variable.trainable = True
         extend_optimizer(self.model)
         self._restore_policies()
+
+    def _keep_float8_state(self, index: int) -> None:
+        """Saves the float8 scales of the candidate left and puts back those of the one entered.
+
+        Each float8 candidate goes on with its own delayed scaling; the other
+        candidates' steps do not touch it (on JAX they would overwrite it with zeros).
+        """
+        if not self._float8_layers:
+            return
+        sync_fit_state(self.model)
+        current = self._current
+        if current is not None and self.candidates[current].plan.uses_float8:
+            self._float8_saved[current] = float8_state(self._float8_layers)
+        if index in self._float8_saved:
+            put_float8_state(self._float8_saved[index])
 
     def _restore_policies(self) -> None:
         for path, policy in self._original.items():
@@ -277,6 +301,7 @@ class StepRace:
 
     def _use(self, index: int) -> None:
         """Runs the candidate's plan from the next step: its own traced train function."""
+        self._keep_float8_state(index)
         candidate = self.candidates[index]
         if candidate.train_function is None:
             handle = apply_plan(self.model, candidate.plan, strict=True)
