@@ -378,3 +378,24 @@ def put_float8_state(saved: Iterable[tuple[keras.Variable, object]]) -> None:
     """Writes back what `float8_state` copied."""
     for variable, value in saved:
         variable.assign(value)
+
+
+def weight_variables(model: keras.Model) -> list[keras.Variable]:
+    """Returns the model's trainable variables without float8 scaling variables: its weights.
+
+    A float8 layer's scales and amax histories are trainable only so that Keras can
+    overwrite them with their "gradient" (the new scale); comparing gradients of two
+    plans compares the weights' gradients.
+
+    Example:
+
+    ```python
+    gradients = tape.gradient(loss, weight_variables(model))
+    ```
+    """
+    scaling = {
+        id(variable)
+        for layer in layer_paths(model).values()
+        for variable in float8_variables(layer)
+    }
+    return [variable for variable in model.trainable_variables if id(variable) not in scaling]

@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 import keras
 import numpy as np
 
-from .._core.dtypes import FLOAT8, FLOAT32, POLICY_FOR_DTYPE, wider_dtypes
+from .._core.dtypes import FLOAT8, FLOAT32, POLICY_FOR_DTYPE, is_float8_policy, wider_dtypes
 from ..cost import LayerCall, ModelTrace, synthetic_arguments, trace_model
 from ..errors import AutoprecError, BackendError
 from ..layers import describe_model, layer_paths, layer_policy
@@ -89,6 +89,8 @@ def _error_summary(error: Exception) -> str:
 
 def _fails(layer: keras.layers.Layer, call: LayerCall, dtype: str) -> str | None:
     """Returns the error of running `layer` in `dtype`, or `None` if it runs."""
+    if any(is_float8_policy(layer_policy(inner)) for inner in layer_paths(layer).values()):
+        return None  # Keras' float8 gradients run only compiled: the whole step shows them
     rng = np.random.default_rng(0)
     try:
         arguments = synthetic_arguments(call, 2, dtype, rng, value_range=(0.5, 1.5))

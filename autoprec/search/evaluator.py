@@ -28,7 +28,12 @@ from ..layers import describe_model, layer_paths, layer_policy
 from ..plan import PrecisionPlan
 from ..runtime import FlooredLossScaleOptimizer, PlanCallback, apply_plan, reset_compiled_functions
 from ..runtime.emulation import Float16Emulation, emulated_layers, without_float16
-from ..runtime.float8 import keep_nested_float8_policies, restore_variables, sync_float8_variables
+from ..runtime.float8 import (
+    keep_nested_float8_policies,
+    restore_variables,
+    sync_float8_variables,
+    weight_variables,
+)
 
 logger = logging.getLogger("autoprec")
 
@@ -385,14 +390,21 @@ class Evaluator:
         apply_plan(self.model, plan)
         if not getattr(self.model, "compiled", False) or self.model.optimizer is None:
             recompile(self.model, self.compile_template)
-        variables = self.model.trainable_variables
+        variables = weight_variables(self.model)
+        model = self.model
+
+        # A compiled function: Keras' float8 gradients do not run eagerly in TensorFlow.
+        @tf.function(reduce_retracing=True)
+        def loss_and_gradients(x, y):
+            with tf.GradientTape() as tape:
+                prediction = model(x, training=False)
+                loss = model.compute_loss(x=x, y=y, y_pred=prediction, training=False)
+                scaled = tf.cast(loss, "float32") * scale
+            return loss, tape.gradient(scaled, variables)
+
         results = []
         for x, y in self.proxy_data:
-            with tf.GradientTape() as tape:
-                prediction = self.model(x, training=False)
-                loss = self.model.compute_loss(x=x, y=y, y_pred=prediction, training=False)
-                scaled = tf.cast(loss, "float32") * scale
-            gradients = tape.gradient(scaled, variables)
+            loss, gradients = loss_and_gradients(x, y)
             arrays = [
                 np.zeros(v.shape, "float32")
                 if g is None
