@@ -40,6 +40,7 @@ class PlanCosts:
         self.table = table
         self.batch_size = batch_size
         self._cache: dict[tuple, tuple[float, float]] = {}
+        self._layer_infos: dict[str, LayerInfo] | None = None
 
     @property
     def available(self) -> bool:
@@ -68,13 +69,21 @@ class PlanCosts:
         if self.table is None:
             result = self._parameter_proxy(dtypes)
         else:
-            step = estimate(self.model, dict(dtypes), costs=self.table, batch_size=self.batch_size)
+            # The whole plan, containers included: a container's own arithmetic (attention
+            # scores, residual adds) costs time too, in the dtype its sub-layers give it.
+            plan = plan_from_assignment(self.model, self._infos(), dtypes)
+            step = estimate(self.model, plan, costs=self.table, batch_size=self.batch_size)
             result = (float(step.step_seconds), float(step.activation_bytes_per_sample))
         self._cache[key] = result
         return result
 
+    def _infos(self) -> dict[str, LayerInfo]:
+        if self._layer_infos is None:
+            self._layer_infos = describe_model(self.model)
+        return self._layer_infos
+
     def _parameter_proxy(self, dtypes: Mapping[str, str]) -> tuple[float, float]:
-        infos = describe_model(self.model)
+        infos = self._infos()
         factor = {FLOAT32: 1.0, BFLOAT16: 0.5, FLOAT16: 0.5, FLOAT8: 0.25}
         total = sum(
             (infos[path].parameters + 1) * factor[dtype]
