@@ -7,6 +7,16 @@ backend's step hooks wrap the train step and the optimizer for weights and
 weight gradients (`autoprec._backends.probe_hooks`: statistic variables on
 TensorFlow, statistics returned with each step's logs on JAX). `remove()`
 restores the original methods and rebuilds the train function.
+
+With `enable_float8_ranges()`, a `Dense` or `EinsumDense` layer also records
+what a float8 decision needs (`autoprec.profiler.stats.Float8Ranges`): its
+inputs (recorded in its wrapped `call`, and in `quantized_call`, which Keras
+runs instead under a float8 policy), and, when it has an activation, the values
+and gradients between its matmul and its activation (the gradient Keras
+quantizes to E5M2; without an activation that is the output gradient already
+recorded). `observe_step()` after each step keeps the running statistics of
+those tensors and of the kernel, from which each step's histogram and amax
+follow.
 """
 
 from __future__ import annotations
@@ -18,9 +28,11 @@ from types import ModuleType, TracebackType
 from typing import Any
 
 import keras
+import numpy as np
 
 from .._backends import profiler_backend
 from .._backends.probe_hooks import ProbeHooks, Slot
+from .._core.dtypes import float8_eligible
 from .._core.models import swap_attribute
 from ..errors import ProfileError
 from ..layers import (
@@ -32,13 +44,26 @@ from ..layers import (
 )
 from .stats import (
     ATTENTION_LOGITS,
+    FLOAT8_TENSORS,
     OUTPUT_KEY,
     ROOT_PATH,
     TENSOR_KINDS,
+    Float8Ranges,
+    Float8TensorRange,
     LayerProfile,
     Profile,
     TensorStats,
 )
+
+#: Slot kind of the tensors recorded only for float8 ranges (not a `LayerProfile` kind).
+FLOAT8_SLOT_KIND = "float8"
+
+#: Name of the kernel among a float8-eligible layer's weights.
+KERNEL_WEIGHT = "kernel"
+
+#: One `observe_step()`: the steps recorded so far and the raw `(counts, floats)`
+#: summed up to then, by slot.
+Observation = tuple[int, dict[Slot, tuple[np.ndarray, np.ndarray]]]
 
 
 def _is_multi_head_attention(layer: keras.layers.Layer) -> bool:
@@ -87,6 +112,15 @@ def _weight_owners(model: keras.Model) -> dict[int, tuple[str, str]]:
     return unique
 
 
+def _has_activation(layer: keras.layers.Layer) -> bool:
+    activation = getattr(layer, "activation", None)
+    return activation is not None and activation is not keras.activations.linear
+
+
+def _layer_inputs(args: tuple, kwargs: dict) -> Any:
+    return args[0] if args else kwargs.get("inputs")
+
+
 def _output_key(tree_path: tuple) -> str:
     if not tree_path:
         return OUTPUT_KEY
@@ -103,6 +137,28 @@ def _copy_keras_attributes(source: object, target: object) -> None:
         value = getattr(source, name, None)
         if value is not None:
             setattr(target, name, value)
+
+
+def _kernel_values(layer: keras.layers.Layer) -> np.ndarray | None:
+    """A float kernel's values read on the host (for a kernel the optimizer does not record).
+
+    Read before training: on JAX, `fit` keeps the values outside the variables.
+    """
+    kernel = getattr(layer, KERNEL_WEIGHT, None)
+    if kernel is None or not _is_float_value(kernel):
+        return None
+    return np.asarray(keras.ops.convert_to_numpy(kernel), dtype=np.float32)
+
+
+def _is_float_value(value: Any) -> bool:
+    """Whether `value` (a variable or tensor of any backend) has a floating-point dtype."""
+    dtype = getattr(value, "dtype", None)
+    try:
+        return dtype is not None and keras.backend.is_float_dtype(
+            keras.backend.standardize_dtype(dtype)
+        )
+    except (TypeError, ValueError):
+        return False
 
 
 class ProbeSession:
@@ -145,6 +201,9 @@ class ProbeSession:
         self._xla = False
         self._undo: list[Callable[[], None]] = []
         self._original_jit_compile: bool | None = None
+        self._float8_slots: dict[str, dict[str, Slot]] = {}
+        self._fixed_kernels: dict[str, TensorStats] = {}
+        self._observations: list[Observation] = []
 
     def __enter__(self) -> ProbeSession:
         try:
@@ -173,6 +232,39 @@ class ProbeSession:
 
     # -- installing
 
+    def enable_float8_ranges(self) -> None:
+        """Also records what a float8 decision needs for each `Dense` and `EinsumDense` layer.
+
+        Call before `install()`. The layer's inputs are recorded, and so are
+        the values and gradients between its matmul and its activation when it
+        has one (one more probe per such layer); `collect()` then gives each
+        such layer a `Float8Ranges`. Call `observe_step()` after every train
+        step for the per-step figures (amax growth, delayed-scale saturation);
+        `ProfileCallback` and `autoprec.profile` do both.
+
+        Raises:
+            ProfileError: if the probes are already installed.
+        """
+        if self._installed:
+            raise ProfileError("enable_float8_ranges() must be called before install().")
+        weights = set(self._weight_owners.values())
+        for path, layer in self._targets.items():
+            if not float8_eligible(type(layer).__name__):
+                continue
+            gradients = (
+                (path, FLOAT8_SLOT_KIND, "output_gradients")
+                if _has_activation(layer)
+                else (path, "activation_gradients", OUTPUT_KEY)
+            )
+            slots = {"inputs": (path, FLOAT8_SLOT_KIND, "inputs"), "output_gradients": gradients}
+            if (path, KERNEL_WEIGHT) in weights:
+                slots["kernel"] = (path, "weights", KERNEL_WEIGHT)
+            else:  # not trained: its values now are its values in every step
+                kernel = _kernel_values(layer)
+                if kernel is not None:
+                    self._fixed_kernels[path] = TensorStats.from_values(kernel)
+            self._float8_slots[path] = slots
+
     def install(self) -> None:
         """Wraps the train step, the optimizer and the layer calls, then rebuilds the train function.
 
@@ -190,7 +282,20 @@ class ProbeSession:
         self._replace(self.model, "_autoprec_probe_session", self)
         hooks.install_step(self.model, self._weight_owners, self._replace)
         for path, layer in self._targets.items():
-            self._replace(layer, "call", self._wrap_call(hooks, path, layer.call))
+            float8 = self._float8_slots.get(path)
+            inputs_slot = None if float8 is None else float8["inputs"]
+            self._replace(layer, "call", self._wrap_call(hooks, path, layer.call, inputs_slot))
+            if inputs_slot is not None and hasattr(layer, "quantized_call"):
+                # A quantized layer (a float8 policy) runs `quantized_call`, not `call`.
+                self._replace(
+                    layer,
+                    "quantized_call",
+                    self._recording_inputs(hooks, inputs_slot, layer.quantized_call),
+                )
+            if float8 is not None and float8["output_gradients"][1] == FLOAT8_SLOT_KIND:
+                self._replace(
+                    layer, "activation", self._wrap_activation(hooks, path, layer.activation)
+                )
             if _is_multi_head_attention(layer):
                 self._replace(
                     layer,
@@ -218,8 +323,13 @@ class ProbeSession:
     def _replace(self, owner: object, name: str, value: object) -> None:
         self._undo.append(swap_attribute(owner, name, value))
 
-    def _wrap_call(self, hooks: ProbeHooks, path: str, original: Callable) -> Callable:
+    def _wrap_call(
+        self, hooks: ProbeHooks, path: str, original: Callable, inputs_slot: Slot | None = None
+    ) -> Callable:
         session = self
+
+        if inputs_slot is not None:
+            original = self._recording_inputs(hooks, inputs_slot, original)
 
         @functools.wraps(original)
         def call(*args, **kwargs):
@@ -229,6 +339,34 @@ class ProbeSession:
             return session._probe_outputs(hooks, path, outputs)
 
         return call
+
+    def _recording_inputs(self, hooks: ProbeHooks, slot: Slot, original: Callable) -> Callable:
+        """`original`, its first (float) argument recorded under `slot` while a step is traced."""
+        backend = self._backend
+
+        @functools.wraps(original)
+        def recording(*args, **kwargs):
+            if hooks.recording:
+                inputs = _layer_inputs(args, kwargs)
+                if backend.is_float_tensor(inputs):
+                    hooks.record(slot, inputs)
+            return original(*args, **kwargs)
+
+        return recording
+
+    def _wrap_activation(self, hooks: ProbeHooks, path: str, activation: Callable) -> Callable:
+        """The layer's activation, its input probed: the matmul output's values and gradients."""
+        forward = (path, FLOAT8_SLOT_KIND, "preactivation")
+        backward = (path, FLOAT8_SLOT_KIND, "output_gradients")
+        backend = self._backend
+
+        @functools.wraps(activation)
+        def probed_activation(values, *args, **kwargs):
+            if hooks.recording and backend.is_float_tensor(values):
+                values = hooks.probe(values, forward, backward)
+            return activation(values, *args, **kwargs)
+
+        return probed_activation
 
     def _attention_sink(
         self, hooks: ProbeHooks, path: str
@@ -278,11 +416,54 @@ class ProbeSession:
         """Returns the number of tensor elements measured so far, over every probe and step."""
         return sum(stats.count for stats in self._read().values())
 
+    def observe_step(self) -> None:
+        """Keeps the running statistics of the float8 tensors after a train step.
+
+        Call between steps (`ProfileCallback` does, after each batch): the
+        differences give each step's histogram and the running `max_abs` a
+        bound of each step's amax, from which `Float8TensorRange` measures the
+        amax growth and the delayed-scale saturation. Reads the statistics on
+        the host (one device sync); does nothing without
+        `enable_float8_ranges()` or before a new step.
+        """
+        if not self._float8_slots or self._hooks is None:
+            return
+        steps = self.steps_recorded()
+        if steps == 0 or (self._observations and self._observations[-1][0] == steps):
+            return
+        raw = self._hooks.read()
+        wanted = {slot for slots in self._float8_slots.values() for slot in slots.values()}
+        self._observations.append((steps, {slot: raw[slot] for slot in wanted if slot in raw}))
+
+    def _steps_per_observation(self) -> int:
+        steps = [0, *(step for step, _ in self._observations)]
+        return max((after - before for before, after in zip(steps, steps[1:])), default=1)
+
+    def _float8_ranges(self, path: str, totals: dict[Slot, TensorStats]) -> Float8Ranges:
+        per_observation = self._steps_per_observation()
+        ranges: dict[str, Float8TensorRange] = {}
+        for name, slot in self._float8_slots[path].items():
+            total = totals.get(slot)
+            if total is None or total.count == 0:
+                continue
+            observed = [
+                TensorStats.from_raw(*raw[slot]) for _, raw in self._observations if slot in raw
+            ]
+            ranges[name] = Float8TensorRange.measure(
+                FLOAT8_TENSORS[name][0], total, observed, per_observation
+            )
+        if "kernel" not in ranges and path in self._fixed_kernels:
+            ranges["kernel"] = Float8TensorRange.measure(
+                FLOAT8_TENSORS["kernel"][0], self._fixed_kernels[path]
+            )
+        return Float8Ranges(**ranges)
+
     def collect(self) -> Profile:
         """Returns what the probes recorded so far as a `Profile` (the probes stay installed)."""
         groups: dict[str, dict[str, dict[str, TensorStats]]] = {}
-        for (path, kind, key), stats in self._read().items():
-            if stats.count == 0:
+        totals = self._read()
+        for (path, kind, key), stats in totals.items():
+            if stats.count == 0 or kind == FLOAT8_SLOT_KIND:
                 continue
             groups.setdefault(path, {name: {} for name in TENSOR_KINDS})[kind][key] = stats
         all_paths = layer_paths(self.model)
@@ -291,10 +472,14 @@ class ProbeSession:
             if path not in groups:
                 continue
             layer = all_paths.get(path, self.model)
+            float8 = None
+            if path in self._float8_slots:
+                float8 = self._float8_ranges(path, totals)
             layers[path] = LayerProfile(
                 path=path,
                 class_name=type(layer).__name__,
                 dtype=str(getattr(layer, "compute_dtype", "float32")),
+                float8=float8,
                 **groups[path],
             )
         return Profile(

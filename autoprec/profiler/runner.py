@@ -34,7 +34,10 @@ class ProfileCallback(keras.callbacks.Callback):
 
     After `steps` steps (or at the end of training, if it ends sooner) the
     result is in `.profile`, the probes are removed and the train function is
-    rebuilt, so the rest of training runs at full speed.
+    rebuilt, so the rest of training runs at full speed. `Dense` and
+    `EinsumDense` layers also get their float8 ranges
+    (`autoprec.profiler.Float8Ranges`): the statistics of the float8 tensors
+    are read on the host after every step for their per-step amax.
 
     Args:
         steps: number of train steps to record.
@@ -68,6 +71,7 @@ class ProfileCallback(keras.callbacks.Callback):
         _require_compiled(self.model, "ProfileCallback")
         self.profile = None
         self._session = ProbeSession(self.model, self.include_pass_through)
+        self._session.enable_float8_ranges()
         try:
             self._session.install()
         except BaseException:
@@ -76,6 +80,8 @@ class ProfileCallback(keras.callbacks.Callback):
             raise
 
     def on_train_batch_end(self, batch: int, logs: Logs = None) -> None:
+        if self._session is not None:
+            self._session.observe_step()
         if self._session is not None and self._session.steps_recorded() >= self.steps:
             self._finish()
             if self.stop_training:
@@ -111,7 +117,8 @@ def profile(
 
     Runs `model.fit` for `steps` steps with probes (see `autoprec.profiler`),
     then restores every model weight, the optimizer state and the metric state
-    to what they were. An unbuilt model is first built on one batch, and an
+    to what they were. `Dense` and `EinsumDense` layers also get what a float8
+    decision needs (`LayerProfile.float8`, `Profile.float8_unsafe_layers`). An unbuilt model is first built on one batch, and an
     unbuilt optimizer is built (with its initial state) so it can be restored.
 
     Args:

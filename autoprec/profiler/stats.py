@@ -1,4 +1,10 @@
-"""The statistics model of a profile: `TensorStats`, `LayerProfile`, `Profile` and their JSON."""
+"""The statistics model of a profile: `TensorStats`, `LayerProfile`, `Profile` and their JSON.
+
+A `Dense` or `EinsumDense` layer's `LayerProfile.float8` (`Float8Ranges`)
+holds what a float8 decision needs: for its inputs, kernel and output
+gradients (`Float8TensorRange`), the flush-to-zero and saturation fractions
+under Keras' per-tensor delayed scaling and the amax growth per step.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +13,7 @@ import json
 import math
 import os
 import types
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -107,6 +113,39 @@ class TensorStats:
             sum_abs=float(floats[2]),
             sum_squares=float(floats[3]),
             histogram=np.concatenate([subnormal, normal]),
+        )
+
+    @classmethod
+    def from_values(cls, values: Any) -> TensorStats:
+        """Computes the statistics of `values` on the host with NumPy (measured in float32).
+
+        Args:
+            values: any array-like of numbers (e.g. a kernel read from its variable).
+
+        Returns:
+            A `TensorStats`.
+
+        Example:
+
+        ```python
+        TensorStats.from_values(layer.kernel.numpy()).max_abs
+        ```
+        """
+        flat = np.asarray(values, dtype=np.float32).ravel()
+        histogram, zeros, nonfinite = numerics.exponent_histogram(flat)
+        finite = flat[np.isfinite(flat)].astype(np.float64)
+        magnitudes = np.abs(finite)
+        nonzero = magnitudes[magnitudes > 0]
+        return cls(
+            count=int(flat.size),
+            zeros=zeros,
+            nonfinite=nonfinite,
+            nan=int(np.count_nonzero(np.isnan(flat))),
+            max_abs=float(magnitudes.max()) if magnitudes.size else 0.0,
+            min_nonzero_abs=float(nonzero.min()) if nonzero.size else None,
+            sum_abs=float(magnitudes.sum()),
+            sum_squares=float(np.square(finite).sum()),
+            histogram=histogram,
         )
 
     @classmethod
@@ -284,6 +323,304 @@ class TensorStats:
         return stats
 
 
+#: The tensors Keras' float8 path quantizes, each with its format and its name in words.
+FLOAT8_TENSORS: Mapping[str, tuple[str, str]] = types.MappingProxyType(
+    {
+        "inputs": (numerics.FLOAT8_E4M3.name, "inputs"),
+        "kernel": (numerics.FLOAT8_E4M3.name, "kernel"),
+        "output_gradients": (numerics.FLOAT8_E5M2.name, "output gradients"),
+    }
+)
+
+#: Short names of the float8 formats, as reasons and the summary write them.
+FLOAT8_FORMAT_NAMES: Mapping[str, str] = types.MappingProxyType(
+    {numerics.FLOAT8_E4M3.name: "E4M3", numerics.FLOAT8_E5M2.name: "E5M2"}
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class Float8TensorRange:
+    """How one tensor of a float8-eligible layer fits its float8 format under Keras' scaling.
+
+    Keras multiplies the tensor by `format max / amax` (`numerics.float8_scale`),
+    the amax coming from a history of earlier steps (see
+    `numerics.FLOAT8_SCALE_DELAY_STEPS`). Fractions are of the finite non-zero
+    values seen.
+
+    Attributes:
+        format: `"float8_e4m3fn"` or `"float8_e5m2"`.
+        amax: largest finite magnitude over the recorded steps: the amax a
+            history covering them scales by.
+        values: finite non-zero values seen.
+        nonfinite: infs and NaNs seen.
+        flush_fraction: fraction that rounds to zero once scaled by `max / amax`.
+        saturation_fraction: fraction that Keras' delayed scale clips to the
+            format's max by more than the format's own spacing (relative
+            `2^-mantissa_bits`; smaller clips are within float8's rounding):
+            step `t` is scaled by the amax of steps `<= t - 2`
+            (`numerics.FLOAT8_SCALE_DELAY_STEPS`), and only steps whose history
+            holds `numerics.FLOAT8_MIN_HISTORY_STEPS` steps are judged; `None`
+            when the steps were not observed one by one or were too few.
+        amax_growth: largest factor by which one step's amax exceeded that of
+            every earlier step (at most 1.0 when it never grew), over the steps
+            after the first `numerics.FLOAT8_MIN_HISTORY_STEPS`; `None` when not
+            observed step by step or too few steps.
+        steps: observations behind `saturation_fraction` and `amax_growth`
+            (0: window totals only).
+
+    Example:
+
+    ```python
+    kernel = prof.layers["dense"].float8.kernel
+    kernel.flush_fraction, kernel.amax_growth
+    ```
+    """
+
+    format: str
+    amax: float
+    values: int
+    nonfinite: int
+    flush_fraction: float
+    saturation_fraction: float | None
+    amax_growth: float | None
+    steps: int = 0
+
+    @classmethod
+    def measure(
+        cls,
+        dtype: str,
+        total: TensorStats,
+        observed: Sequence[TensorStats] = (),
+        steps_per_observation: int = 1,
+    ) -> Float8TensorRange:
+        """Measures one tensor from its statistics over the window and, if any, after each step.
+
+        Args:
+            dtype: the float8 format, e.g. `"float8_e4m3fn"` (aliases accepted).
+            total: the tensor's statistics over the recorded steps.
+            observed: its statistics summed up to each observed step, in order
+                (differences give each step's histogram, `max_abs` a bound of
+                each step's amax).
+            steps_per_observation: train steps between two observations
+                (`steps_per_execution`); the delay and the growth per step are
+                converted accordingly.
+
+        Returns:
+            A `Float8TensorRange`.
+
+        Example:
+
+        ```python
+        Float8TensorRange.measure("e4m3", layer.weights["kernel"])
+        ```
+        """
+        fmt = numerics.format_for(dtype)
+        flush = numerics.float8_flush_fraction(
+            total.histogram, total.max_abs, fmt, min_abs=total.min_nonzero_abs
+        )
+        saturation = growth = None
+        if observed:
+            per_step = max(1, int(steps_per_observation))
+            delay = max(1, math.ceil(numerics.FLOAT8_SCALE_DELAY_STEPS / per_step))
+            history = max(1, math.ceil(numerics.FLOAT8_MIN_HISTORY_STEPS / per_step))
+            running = [stats.max_abs for stats in observed]
+            previous = [np.zeros_like(observed[0].histogram), *(s.histogram for s in observed)]
+            histograms = [after - before for before, after in zip(previous, previous[1:])]
+            saturation = numerics.float8_delayed_saturation_fraction(
+                histograms,
+                running,
+                delay=delay,
+                clip_tolerance=2.0**-fmt.mantissa_bits,
+                min_history=history,
+            )
+            growth = numerics.amax_growth(running, min_history=history)
+            if growth is not None and per_step > 1:
+                growth = growth ** (1.0 / per_step)
+        return cls(
+            format=fmt.name,
+            amax=total.max_abs,
+            values=int(total.histogram.sum()),
+            nonfinite=total.nonfinite,
+            flush_fraction=flush,
+            saturation_fraction=saturation,
+            amax_growth=growth,
+            steps=len(observed),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """Returns a JSON-ready dict."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: object, where: str) -> Float8TensorRange:
+        """Builds the range from `to_dict` output, raising `ProfileError` naming `where`."""
+        mapping = _require_mapping(data, where)
+        return cls(
+            format=_require_float8_format(mapping.get("format"), f"{where}.format"),
+            amax=_require_number(mapping.get("amax"), f"{where}.amax"),
+            values=_require_count(mapping.get("values"), f"{where}.values"),
+            nonfinite=_require_count(mapping.get("nonfinite", 0), f"{where}.nonfinite"),
+            flush_fraction=_require_number(
+                mapping.get("flush_fraction"), f"{where}.flush_fraction"
+            ),
+            saturation_fraction=_optional_number(
+                mapping.get("saturation_fraction"), f"{where}.saturation_fraction"
+            ),
+            amax_growth=_optional_number(mapping.get("amax_growth"), f"{where}.amax_growth"),
+            steps=_require_count(mapping.get("steps", 0), f"{where}.steps"),
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class Float8Ranges:
+    """What a float8 decision needs for one `Dense` or `EinsumDense` layer.
+
+    Keras' float8 path quantizes three tensors, each scaled per tensor: the
+    layer's inputs and its kernel to E4M3, the gradients of its matmul output
+    to E5M2 (`FLOAT8_TENSORS`). A tensor that was not recorded is `None` and
+    is not judged.
+
+    Attributes:
+        inputs: the layer's inputs, as the layer received them.
+        kernel: the kernel's values, read every step before the update.
+        output_gradients: the gradients flowing back into the matmul output
+            (before the bias and activation: the gradient Keras quantizes).
+
+    The verdict (`safe`, `unsafe_reason`) fails on the first of: a non-finite
+    value; more than `numerics.FLOAT8_FLUSH_TOLERANCE` of a tensor's non-zero
+    values rounding to zero; more than `numerics.FLOAT8_SATURATION_TOLERANCE`
+    clipped by the delayed scale; an amax growing by more than
+    `numerics.FLOAT8_MAX_AMAX_GROWTH` in one step.
+
+    Example:
+
+    ```python
+    ranges = prof.layers["dense"].float8
+    ranges.inputs.flush_fraction, ranges.safe, ranges.unsafe_reason
+    ```
+    """
+
+    inputs: Float8TensorRange | None = None
+    kernel: Float8TensorRange | None = None
+    output_gradients: Float8TensorRange | None = None
+
+    @property
+    def tensors(self) -> dict[str, Float8TensorRange]:
+        """`{tensor name: Float8TensorRange}` of the recorded tensors, in `FLOAT8_TENSORS` order."""
+        ranges = {name: getattr(self, name) for name in FLOAT8_TENSORS}
+        return {name: value for name, value in ranges.items() if value is not None}
+
+    @property
+    def flush_fraction(self) -> float:
+        """The largest `flush_fraction` of the three tensors (0.0 when none was recorded)."""
+        return max((item.flush_fraction for item in self.tensors.values()), default=0.0)
+
+    @property
+    def saturation_fraction(self) -> float | None:
+        """The largest `saturation_fraction` of the three tensors, or `None` when none was measured."""
+        values = [item.saturation_fraction for item in self.tensors.values()]
+        return max((value for value in values if value is not None), default=None)
+
+    @property
+    def amax_growth(self) -> float | None:
+        """The largest `amax_growth` of the three tensors, or `None` when none was measured."""
+        values = [item.amax_growth for item in self.tensors.values()]
+        return max((value for value in values if value is not None), default=None)
+
+    @property
+    def safe(self) -> bool:
+        """Whether the three tensors fit float8 under Keras' per-tensor delayed scaling."""
+        return self.unsafe_reason is None
+
+    @property
+    def unsafe_reason(self) -> str | None:
+        """Why the layer is not float8-safe, in words (tensor, figure, format), or `None`.
+
+        Example:
+
+        ```python
+        prof.layers["dense"].float8.unsafe_reason
+        # "63.10% of its non-zero inputs round to zero in float8 E4M3 once scaled to
+        #  their amax 1.2e+04 (at most 1.00% may)"
+        ```
+        """
+        for check in (_nonfinite_reason, _flush_reason, _saturation_reason, _growth_reason):
+            for name, item in self.tensors.items():
+                reason = check(FLOAT8_TENSORS[name][1], item)
+                if reason is not None:
+                    return reason
+        return None
+
+    def to_dict(self) -> dict[str, Any]:
+        """Returns a JSON-ready dict of the recorded tensors."""
+        return {name: item.to_dict() for name, item in self.tensors.items()}
+
+    @classmethod
+    def from_dict(cls, data: object, where: str) -> Float8Ranges:
+        """Builds the ranges from `to_dict` output, raising `ProfileError` naming `where`."""
+        mapping = _require_mapping(data, where)
+        unknown = sorted(set(mapping) - set(FLOAT8_TENSORS))
+        if unknown:
+            raise ProfileError(
+                f"{where}: unknown float8 tensor(s) {', '.join(map(repr, unknown))}; expected "
+                f"{', '.join(FLOAT8_TENSORS)}."
+            )
+        return cls(
+            **{
+                name: Float8TensorRange.from_dict(value, f"{where}.{name}")
+                for name, value in mapping.items()
+                if value is not None
+            }
+        )
+
+
+def _format_name(item: Float8TensorRange) -> str:
+    return FLOAT8_FORMAT_NAMES.get(item.format, item.format)
+
+
+def _nonfinite_reason(words: str, item: Float8TensorRange) -> str | None:
+    if not item.nonfinite:
+        return None
+    return (
+        f"its {words} hold {item.nonfinite} non-finite value(s) (inf or NaN), which no float8 "
+        f"{_format_name(item)} scale can represent"
+    )
+
+
+def _flush_reason(words: str, item: Float8TensorRange) -> str | None:
+    tolerance = numerics.FLOAT8_FLUSH_TOLERANCE
+    if item.flush_fraction <= tolerance:
+        return None
+    return (
+        f"{item.flush_fraction:.2%} of its non-zero {words} round to zero in float8 "
+        f"{_format_name(item)} once scaled to their amax {item.amax:.3g} (at most "
+        f"{tolerance:.2%} may)"
+    )
+
+
+def _saturation_reason(words: str, item: Float8TensorRange) -> str | None:
+    tolerance = numerics.FLOAT8_SATURATION_TOLERANCE
+    if item.saturation_fraction is None or item.saturation_fraction <= tolerance:
+        return None
+    return (
+        f"{item.saturation_fraction:.2%} of its {words} are clipped to float8 "
+        f"{_format_name(item)}'s max: their amax grows, and Keras scales each step by the amax "
+        f"of steps {numerics.FLOAT8_SCALE_DELAY_STEPS} or more before (at most "
+        f"{tolerance:.2%} may)"
+    )
+
+
+def _growth_reason(words: str, item: Float8TensorRange) -> str | None:
+    limit = numerics.FLOAT8_MAX_AMAX_GROWTH
+    if item.amax_growth is None or item.amax_growth <= limit:
+        return None
+    return (
+        f"the amax of its {words} grew {item.amax_growth:.3g}x in one step (at most {limit:g}x): "
+        f"the float8 {_format_name(item)} scale comes from earlier steps, so that step's "
+        "largest values are clipped to under half their size"
+    )
+
+
 def _merged(*groups: Mapping[str, TensorStats]) -> TensorStats | None:
     return TensorStats.merge(stats for group in groups for stats in group.values())
 
@@ -309,12 +646,16 @@ class LayerProfile:
         weight_gradients: `{weight name: TensorStats}` of each trainable weight's gradient.
         internals: `{name: TensorStats}` of internal intermediates
             (`"attention_logits"` for `MultiHeadAttention`).
+        float8: what a float8 decision needs (`Float8Ranges`) for a `Dense` or
+            `EinsumDense` layer, `None` for other classes (and for profiles
+            written before autoprec recorded it).
 
     Example:
 
     ```python
     layer = prof.layers["attention"]
     layer.internals["attention_logits"].max_abs, layer.float16_safe
+    prof.layers["dense"].float8_safe, prof.layers["dense"].float8_unsafe_reason
     ```
     """
 
@@ -326,6 +667,7 @@ class LayerProfile:
     weights: Mapping[str, TensorStats]
     weight_gradients: Mapping[str, TensorStats]
     internals: Mapping[str, TensorStats]
+    float8: Float8Ranges | None = None
 
     def __post_init__(self):
         for kind in TENSOR_KINDS:
@@ -471,6 +813,29 @@ class LayerProfile:
         return None
 
     @property
+    def float8_safe(self) -> bool | None:
+        """Whether the layer fits float8 (`Float8Ranges.safe`); `None` without float8 ranges.
+
+        `None` for layers Keras has no float8 path for (all but `Dense` and
+        `EinsumDense`): there is nothing to judge.
+        """
+        return None if self.float8 is None else self.float8.safe
+
+    @property
+    def float8_unsafe_reason(self) -> str | None:
+        """Why the layer is not `float8_safe`, in words, or `None` when it is (or has no ranges).
+
+        Example:
+
+        ```python
+        prof.layers["dense"].float8_unsafe_reason
+        # "63.10% of its non-zero inputs round to zero in float8 E4M3 once scaled to
+        #  their amax 1.2e+04 (at most 1.00% may)"
+        ```
+        """
+        return None if self.float8 is None else self.float8.unsafe_reason
+
+    @property
     def bfloat16_safe(self) -> bool:
         """Whether forward values and gradients fit bfloat16's range (precision not judged)."""
         return all(
@@ -482,6 +847,8 @@ class LayerProfile:
         data: dict[str, Any] = {"class_name": self.class_name, "dtype": self.dtype}
         for kind in TENSOR_KINDS:
             data[kind] = {key: stats.to_dict() for key, stats in getattr(self, kind).items()}
+        if self.float8 is not None:
+            data["float8"] = self.float8.to_dict()
         return data
 
     @classmethod
@@ -495,10 +862,12 @@ class LayerProfile:
                 key: TensorStats.from_dict(value, f"{where}.{kind}[{key!r}]")
                 for key, value in group.items()
             }
+        float8 = mapping.get("float8")
         return cls(
             path=path,
             class_name=_require_string(mapping.get("class_name"), f"{where}.class_name"),
             dtype=_require_string(mapping.get("dtype", "float32"), f"{where}.dtype"),
+            float8=None if float8 is None else Float8Ranges.from_dict(float8, f"{where}.float8"),
             **groups,
         )
 
@@ -566,6 +935,25 @@ class Profile:
         ```
         """
         reasons = {path: layer.float16_unsafe_reason for path, layer in self.layers.items()}
+        return {path: reason for path, reason in reasons.items() if reason is not None}
+
+    @property
+    def float8_unsafe_layers(self) -> tuple[str, ...]:
+        """Paths of the `Dense`/`EinsumDense` layers that are not `float8_safe`, in model order."""
+        return tuple(path for path, layer in self.layers.items() if layer.float8_safe is False)
+
+    @property
+    def float8_unsafe_reasons(self) -> dict[str, str]:
+        """`{path: LayerProfile.float8_unsafe_reason}` of the layers that are not `float8_safe`.
+
+        Example:
+
+        ```python
+        for path, reason in prof.float8_unsafe_reasons.items():
+            print(f"{path}: {reason}")
+        ```
+        """
+        reasons = {path: layer.float8_unsafe_reason for path, layer in self.layers.items()}
         return {path: reason for path, reason in reasons.items() if reason is not None}
 
     def to_dict(self) -> dict[str, Any]:
@@ -654,7 +1042,11 @@ class Profile:
         Columns: largest forward magnitude, float16 overflow and flush-to-zero
         fractions of forward values, bfloat16 flush-to-zero, largest gradient,
         suggested loss scale, gradient flush-to-zero at that scale, and whether
-        the layer is float16-safe.
+        the layer is float16-safe. When some layer has float8 ranges (`Dense`,
+        `EinsumDense`), four more: the largest float8 flush-to-zero fraction of
+        its tensors (and which: `in`, `kernel`, `grad`), the largest saturation
+        under Keras' delayed scale, the largest amax growth per step, and
+        whether the layer is float8-safe.
 
         Args:
             max_rows: show at most this many layers (all when `None`).
@@ -750,6 +1142,20 @@ def _summary_row(layer: LayerProfile) -> views.SummaryRow:
         gradient_underflow_fraction=layer.gradient_underflow_fraction,
         float16_headroom_bits=layer.float16_headroom_bits,
         float16_safe=layer.float16_safe,
+        float8=_float8_cells(layer.float8),
+    )
+
+
+def _float8_cells(ranges: Float8Ranges | None) -> views.Float8Cells | None:
+    if ranges is None:
+        return None
+    flushing = max(ranges.tensors.items(), key=lambda item: item[1].flush_fraction, default=None)
+    return views.Float8Cells(
+        flush_fraction=ranges.flush_fraction,
+        flush_tensor=None if flushing is None else flushing[0],
+        saturation_fraction=ranges.saturation_fraction,
+        amax_growth=ranges.amax_growth,
+        safe=ranges.safe,
     )
 
 
@@ -775,6 +1181,18 @@ def _require_number(value: object, where: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise ProfileError(f"{where}: expected a finite number, got {value!r}.")
     return float(value)
+
+
+def _optional_number(value: object, where: str) -> float | None:
+    return None if value is None else _require_number(value, where)
+
+
+def _require_float8_format(value: object, where: str) -> str:
+    if value not in FLOAT8_FORMAT_NAMES:
+        raise ProfileError(
+            f"{where}: expected one of {', '.join(FLOAT8_FORMAT_NAMES)}, got {value!r}."
+        )
+    return str(value)
 
 
 def _require_string(value: object, where: str) -> str:

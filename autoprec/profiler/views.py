@@ -32,6 +32,40 @@ SUMMARY_COLUMNS: tuple[str, ...] = (
     "f16 safe",
 )
 
+#: Column titles `summary_table` adds when some layer has float8 ranges.
+FLOAT8_COLUMNS: tuple[str, ...] = ("f8 ftz", "f8 sat", "amax x/step", "f8 safe")
+
+#: How the float8 flush-to-zero column names the tensor that flushes most.
+FLOAT8_TENSOR_LABELS = {"inputs": "in", "kernel": "kernel", "output_gradients": "grad"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Float8Cells:
+    """A float8-eligible layer's float8 figures in the summary table, as plain numbers.
+
+    Attributes:
+        flush_fraction: the largest fraction of a tensor's non-zero values
+            rounding to zero in float8 after per-tensor scaling.
+        flush_tensor: which tensor that is (`"inputs"`, `"kernel"`,
+            `"output_gradients"`), or `None` when none was recorded.
+        saturation_fraction: the largest fraction clipped by Keras' delayed
+            scale, or `None` when not measured.
+        amax_growth: the largest amax growth per step, or `None` when not measured.
+        safe: whether the layer is float8-safe.
+
+    Example:
+
+    ```python
+    cells = Float8Cells(0.45, "inputs", 0.0, 1.02, False)
+    ```
+    """
+
+    flush_fraction: float
+    flush_tensor: str | None
+    saturation_fraction: float | None
+    amax_growth: float | None
+    safe: bool
+
 
 @dataclasses.dataclass(frozen=True)
 class SummaryRow:
@@ -50,6 +84,8 @@ class SummaryRow:
         gradient_underflow_fraction: fraction of gradients flushing to zero at `loss_scale`.
         float16_headroom_bits: doublings the largest forward value can take in float16.
         float16_safe: whether the layer fits float16.
+        float8: the layer's float8 figures (`Float8Cells`), `None` for layers
+            without float8 ranges.
 
     Example:
 
@@ -71,6 +107,7 @@ class SummaryRow:
     gradient_underflow_fraction: float
     float16_headroom_bits: float
     float16_safe: bool
+    float8: Float8Cells | None = None
 
 
 def _risk_key(row: SummaryRow) -> tuple:
@@ -113,6 +150,22 @@ def _cells(row: SummaryRow) -> tuple[str, ...]:
     )
 
 
+def _float8_cells(cells: Float8Cells | None) -> tuple[str, ...]:
+    if cells is None:
+        return ("-",) * len(FLOAT8_COLUMNS)
+    flush = format_fraction(cells.flush_fraction)
+    if cells.flush_fraction and cells.flush_tensor is not None:
+        flush += " " + FLOAT8_TENSOR_LABELS.get(cells.flush_tensor, cells.flush_tensor)
+    saturation = cells.saturation_fraction
+    growth = cells.amax_growth
+    return (
+        flush,
+        "-" if saturation is None else format_fraction(saturation),
+        "-" if growth is None else f"{growth:.3g}",
+        "yes" if cells.safe else "NO",
+    )
+
+
 def summary_table(
     model_name: str,
     steps: int,
@@ -121,6 +174,9 @@ def summary_table(
     max_rows: int | None = None,
 ) -> str:
     """Returns the text table of `Profile.summary`: one line per layer, riskiest for float16 first.
+
+    Rows with float8 figures (`SummaryRow.float8`) add the `FLOAT8_COLUMNS`
+    to the whole table, and the title counts the float8-unsafe layers.
 
     Args:
         model_name: the profiled model's name (`"model"` when empty).
@@ -141,12 +197,20 @@ def summary_table(
     ordered = sorted(rows, key=_risk_key)
     if max_rows is not None:
         ordered = ordered[:max_rows]
-    table = [SUMMARY_COLUMNS] + [_cells(row) for row in ordered]
-    widths = [max(len(cells[i]) for cells in table) for i in range(len(SUMMARY_COLUMNS))]
-    lines = [
+    eligible = [row.float8 for row in rows if row.float8 is not None]
+    columns, table = SUMMARY_COLUMNS, [_cells(row) for row in ordered]
+    title = (
         f"Profile of {model_name or 'model'}: {steps} steps, {len(rows)} layers, "
         f"float16 loss scale {format_scale(loss_scale)}"
-    ]
+    )
+    if eligible:
+        columns = SUMMARY_COLUMNS + FLOAT8_COLUMNS
+        table = [cells + _float8_cells(row.float8) for cells, row in zip(table, ordered)]
+        unsafe = sum(not cells.safe for cells in eligible)
+        title += f", float8: {unsafe} of {len(eligible)} Dense/EinsumDense layers unsafe"
+    table = [columns, *table]
+    widths = [max(len(cells[i]) for cells in table) for i in range(len(columns))]
+    lines = [title]
     for index, cells in enumerate(table):
         lines.append("  ".join(cell.ljust(width) for cell, width in zip(cells, widths)).rstrip())
         if index == 0:
