@@ -207,7 +207,9 @@ class AutoPrecision(PlanCallback):
         if self.auto.batch_size is None:
             self._batch_reader = FirstBatchSize(self.model)
             self._batch_reader.install()
-        self._profiler = ProfileCallback(steps=self.auto.profile_steps)
+        self._profiler = ProfileCallback(
+            steps=self.auto.profile_steps, float8_ranges=self._float8_is_fast()
+        )
         self._profiler.set_model(self.model)
         try:
             self._profiler.on_train_begin()

@@ -45,6 +45,10 @@ class ProfileCallback(keras.callbacks.Callback):
             Flatten, MaxPooling, ReLU, ...), which cost time and duplicate
             their producers' statistics.
         stop_training: stop `fit` once the profile is complete.
+        float8_ranges: also record what a float8 decision needs for Dense and
+            EinsumDense layers (their inputs and pre-activation gradients, read on
+            the host after every step); `False` saves that time where float8 is
+            not a choice (a device without FP8 tensor cores).
 
     Example:
 
@@ -56,7 +60,11 @@ class ProfileCallback(keras.callbacks.Callback):
     """
 
     def __init__(
-        self, steps: int = 20, include_pass_through: bool = False, stop_training: bool = False
+        self,
+        steps: int = 20,
+        include_pass_through: bool = False,
+        stop_training: bool = False,
+        float8_ranges: bool = True,
     ) -> None:
         super().__init__()
         if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
@@ -64,6 +72,7 @@ class ProfileCallback(keras.callbacks.Callback):
         self.steps = steps
         self.include_pass_through = include_pass_through
         self.stop_training = stop_training
+        self.float8_ranges = bool(float8_ranges)
         self.profile: Profile | None = None
         self._session: ProbeSession | None = None
 
@@ -71,7 +80,8 @@ class ProfileCallback(keras.callbacks.Callback):
         _require_compiled(self.model, "ProfileCallback")
         self.profile = None
         self._session = ProbeSession(self.model, self.include_pass_through)
-        self._session.enable_float8_ranges()
+        if self.float8_ranges:
+            self._session.enable_float8_ranges()
         try:
             self._session.install()
         except BaseException:
@@ -112,6 +122,7 @@ def profile(
     batch_size: int = 32,
     include_pass_through: bool = False,
     verbose: int = 1,
+    float8_ranges: bool = True,
 ) -> Profile:
     """Records per-layer value ranges over `steps` train steps, leaving the model unchanged.
 
@@ -131,6 +142,9 @@ def profile(
         batch_size: batch size for array data, as in `model.fit`.
         include_pass_through: also probe pass-through layers.
         verbose: 0 silent, 1 (default) Keras' progress bar over the profiled steps.
+        float8_ranges: also record the float8 ranges of Dense and EinsumDense
+            layers (`LayerProfile.float8`); `False` leaves them out (and their
+            per-step host reads), as where float8 is not a choice.
 
     Returns:
         A `Profile`.
@@ -157,7 +171,12 @@ def profile(
     with strategy_scope(model):
         _ensure_built(model, sample_inputs)
         snapshot = _snapshot(model)
-    callback = ProfileCallback(steps, include_pass_through=include_pass_through, stop_training=True)
+    callback = ProfileCallback(
+        steps,
+        include_pass_through=include_pass_through,
+        stop_training=True,
+        float8_ranges=float8_ranges,
+    )
     try:
         model.fit(**arguments, verbose=verbose, callbacks=[callback])
     finally:

@@ -486,6 +486,13 @@ class PlanCallback(keras.callbacks.Callback):
         except Exception:  # unknown device: bfloat16 is still a safe range-wise promotion
             return True
 
+    def _float8_is_fast(self) -> bool:
+        """Whether the callback's device (`hardware=`) has FP8 tensor cores."""
+        try:
+            return bool(resolve_hardware(self.hardware).is_fast(FLOAT8))
+        except Exception:  # unknown device: float8 is no choice there
+            return False
+
 
 def _checked_plan(
     plan: PrecisionPlan | str | os.PathLike | None, name: str, decides_plan: bool

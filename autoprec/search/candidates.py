@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 
 import optuna
 
-from .._core.dtypes import BFLOAT16, FLOAT16, FLOAT32, POLICY_FOR_DTYPE
+from .._core.dtypes import BFLOAT16, FLOAT8, FLOAT16, FLOAT32, policy_name
 from ..layers import LayerInfo, model_fingerprint
 from ..plan import PrecisionPlan
 from ..profiler import Profile
@@ -45,7 +45,7 @@ def keras_label(dtype: str) -> str:
     """Returns the label of Keras' global policy for `dtype`: `"keras mixed_bfloat16"`.
 
     Args:
-        dtype: `"bfloat16"` or `"float16"`.
+        dtype: `"bfloat16"`, `"float16"` or `"float8"`.
 
     Returns:
         The label.
@@ -56,15 +56,20 @@ def keras_label(dtype: str) -> str:
     keras_label("float16")  # "keras mixed_float16"
     ```
     """
-    return f"{KERAS_PREFIX}{POLICY_FOR_DTYPE[dtype]}"
+    return f"{KERAS_PREFIX}{policy_name(dtype)}"
 
 
 def keras_dtype(label: str | None) -> str | None:
-    """Returns the 16-bit dtype of a Keras global label, or `None` for any other label."""
-    for dtype in (BFLOAT16, FLOAT16):
+    """Returns the dtype of a Keras global label (`"float8"` for `float8_from_mixed_bfloat16`)."""
+    for dtype in (BFLOAT16, FLOAT16, FLOAT8):
         if label == keras_label(dtype):
             return dtype
     return None
+
+
+def plan_default(dtype: str) -> str:
+    """The default of a Keras global plan: `dtype`, or bfloat16 (float8's source) for float8."""
+    return BFLOAT16 if dtype == FLOAT8 else dtype
 
 
 def dropped_label(kind: str) -> str:
@@ -109,7 +114,9 @@ def keras_global_plan(
     `PrecisionPlan.uniform(model, dtype)`, no default protection: softmax,
     normalisation and output layers compute in `dtype`, and so do containers such as
     `MultiHeadAttention` (whose own arithmetic, the attention scores, then runs in
-    16-bit too). Only the user's `keep_float32` layers stay float32.
+    16-bit too). Only the user's `keep_float32` layers stay float32. For
+    `"float8"`: every Dense/EinsumDense layer in float8 (`float8_from_mixed_bfloat16`,
+    output layers included, as a Keras global float8 policy would), the rest bfloat16.
 
     Args:
         context: the search's context (its model).
@@ -134,7 +141,7 @@ def keras_global_plan(
         info = context.infos.get(path)
         if info is not None and matches_any(path, info, keep_float32):
             layers[path] = FLOAT32
-    return exact_plan(context, layers, dtype)
+    return exact_plan(context, layers, plan_default(dtype))
 
 
 def exact_plan(context: SearchContext, layers: Mapping[str, str], default: str) -> PrecisionPlan:
@@ -168,7 +175,7 @@ def finalist_plan(context: SearchContext, trial: optuna.trial.FrozenTrial) -> Pr
     dtype = keras_dtype(record.warm_start)
     if dtype is None or not record.assignment:
         return context.trial_plan(trial)
-    return exact_plan(context, record.assignment, dtype)
+    return exact_plan(context, record.assignment, plan_default(dtype))
 
 
 def finalist_key(context: SearchContext, trial: optuna.trial.FrozenTrial) -> str:

@@ -26,7 +26,7 @@ from typing import Any
 
 import optuna
 
-from .._core.dtypes import BFLOAT16, FLOAT16, count_dtypes
+from .._core.dtypes import BFLOAT16, FLOAT8, FLOAT16, count_dtypes
 from .candidates import (
     dropped_protection,
     keras_global_plan,
@@ -103,7 +103,7 @@ def add_finalists(
     trials: dict[str, int] = {}
     same_as: dict[str, str] = {}
     skipped: dict[str, str] = {}
-    for dtype in (BFLOAT16, FLOAT16):
+    for dtype in (BFLOAT16, FLOAT16, FLOAT8):
         if dtype in space.dtypes:
             _keras_global(context, request, study, dtype, trials, same_as, skipped)
     ranked = ranked_finalists(context, study)

@@ -122,6 +122,7 @@ def prepare_space(model: keras.Model, evaluator: Evaluator, request: SearchReque
                 (evaluator.train_x, evaluator.train_y),
                 settings.profile_steps,
                 evaluator.batch_size,
+                float8_ranges=FLOAT8 in dtypes,
             )
     unsafe = float16_unsafe_layers(profile)
     outputs = output_layers(model, infos)

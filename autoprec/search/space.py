@@ -294,7 +294,7 @@ OUTPUT_FLOAT8_REASON = (
 
 
 def run_profiler(
-    model: keras.Model, data: tuple, steps: int, batch_size: int = 32
+    model: keras.Model, data: tuple, steps: int, batch_size: int = 32, float8_ranges: bool = False
 ) -> Profile | None:
     """Profiles the model with `autoprec.profile`, or returns `None` with a logged warning.
 
@@ -303,6 +303,7 @@ def run_profiler(
         data: `(x, y)` arrays.
         steps: train steps to record.
         batch_size: samples per step.
+        float8_ranges: also record float8 ranges (when float8 is among the search's dtypes).
 
     Returns:
         The `Profile`, or `None` when profiling fails (e.g. on a backend without
@@ -315,7 +316,9 @@ def run_profiler(
     ```
     """
     try:
-        return profile(model, data, steps=steps, batch_size=batch_size, verbose=0)
+        return profile(
+            model, data, steps=steps, batch_size=batch_size, verbose=0, float8_ranges=float8_ranges
+        )
     except Exception as error:  # noqa: BLE001 - a failed profile must not stop the search
         logger.warning(
             "autoprec.search: profiling failed (%s: %s); level-1 profile feasibility skipped.",

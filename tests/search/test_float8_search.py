@@ -56,6 +56,8 @@ def test_a_search_on_fp8_hardware_puts_wide_dense_layers_in_float8_and_keeps_the
     assert evidence["up"]["seconds"]["float8"] < evidence["up"]["seconds"]["bfloat16"]
     warm = {TrialRecord.from_trial(t).warm_start for t in result.study.trials}
     assert "uniform float8" in warm
+    # Keras' global float8 (every Dense/EinsumDense, the head too) is judged as a finalist.
+    assert "keras float8_from_mixed_bfloat16" in warm
     float8_trials = [
         t
         for t in result.study.trials
