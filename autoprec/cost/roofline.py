@@ -13,6 +13,7 @@ from .._core.dtypes import (
     COMPUTE_DTYPES,
     FLOAT8,
     FLOAT32,
+    PLAN_DTYPES,
     canonical_dtype,
     canonical_float8_source,
 )
@@ -276,11 +277,11 @@ def predict_costs(
     *,
     batch_size: int = 32,
     x: Any = None,
-    dtypes: Sequence[str] = COMPUTE_DTYPES,
+    dtypes: Sequence[str] = PLAN_DTYPES,
 ) -> CostTable:
     """Predicts every layer's forward+backward seconds per dtype with a roofline model.
 
-    Asked for `"float8"`, the table gets a float8 entry for each `Dense` and
+    With `"float8"` (there by default), the table gets a float8 entry for each `Dense` and
     `EinsumDense` layer, and only on a device with FP8 tensor cores
     (`predicted_float8_seconds`, their non-matmul work in bfloat16); other
     layers and devices have none.
@@ -294,7 +295,7 @@ def predict_costs(
             a list, a dict or any nesting of them. Needed for subclassed models
             and for inputs with a dynamic dimension (a sequence length), which
             then take the batch's.
-        dtypes: dtypes to predict (`"float8"` included: see above).
+        dtypes: dtypes to predict (by default all four; `"float8"`: see above).
 
     Returns:
         A `CostTable` with `source="predicted"`.

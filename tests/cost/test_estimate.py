@@ -82,8 +82,10 @@ def test_estimate_accepts_plans_dicts_and_counts_casts(mlp):
     assert from_dict.cast_seconds > 0
     with pytest.raises(PlanError):
         cost.estimate(mlp, {"dense": "float4"}, costs=table)
-    # A table without float8 times (none asked for) makes a float8 layer infeasible.
-    assert cost.estimate(mlp, {"dense": "float8"}, costs=table).infeasible_layers == ("dense",)
+    # A table without float8 times makes a float8 layer infeasible.
+    no_float8 = cost.predict_costs(mlp, "rtx4090", batch_size=64, dtypes=["float32", "bfloat16"])
+    assert cost.estimate(mlp, {"dense": "float8"}, costs=no_float8).infeasible_layers == ("dense",)
+    assert cost.estimate(mlp, {"dense": "float8"}, costs=table).infeasible_layers == ()
     with pytest.raises(HardwareError):
         cost.estimate(mlp, "float32", "rtx9999")
 
