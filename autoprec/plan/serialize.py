@@ -115,13 +115,19 @@ def plan_from_dict(cls: type[_PlanT], data: Any, source: str) -> _PlanT:
     default = canonical_dtype(data.get("default", FLOAT32), f"{source}: default")
     rules = _read_rules(data, source)
     explicit, infos = _read_layers(_expect(data.get("layers", {}), dict, "layers", source), source)
-    return cls(
-        explicit,
-        rules=rules,
-        default=default,
-        layer_info=infos if len(infos) == len(explicit) else {},
-        **_read_record(data, source),
-    )
+    try:
+        return cls(
+            explicit,
+            rules=rules,
+            default=default,
+            layer_info=infos if len(infos) == len(explicit) else {},
+            **_read_record(data, source),
+        )
+    except PlanError as error:  # a refusal of the plan as a whole (float8 where it cannot go)
+        message = str(error)
+        raise PlanError(
+            message if message.startswith(source) else f"{source}: {message}"
+        ) from error
 
 
 def _check_format(data: dict, source: str) -> None:

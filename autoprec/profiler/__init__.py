@@ -66,9 +66,11 @@ prof.save("profile.json")
 
 from .probes import ProbeSession
 from .runner import ProfileCallback, ProfileData, profile
-from .stats import LayerProfile, Profile, TensorStats
+from .stats import Float8Ranges, Float8TensorRange, LayerProfile, Profile, TensorStats
 
 __all__ = [
+    "Float8Ranges",
+    "Float8TensorRange",
     "LayerProfile",
     "ProbeSession",
     "Profile",

@@ -11,7 +11,7 @@ from typing import Any
 import keras
 import optuna
 
-from .._core.dtypes import FLOAT32, widen
+from .._core.dtypes import BFLOAT16, FLOAT8, FLOAT32, widen
 from .._core.messages import show_message
 from ..layers import LayerInfo
 from ..plan import PrecisionPlan
@@ -154,7 +154,11 @@ class SearchContext:
             The `OutputFloor`, or `None` when every output is float32 (or the floor
             could not be measured: logged once).
         """
-        normalised = self.normalise(assignment)
+        # A float8 output layer returns its outputs in its source dtype, bfloat16.
+        normalised = {
+            path: BFLOAT16 if dtype == FLOAT8 else dtype
+            for path, dtype in self.normalise(assignment).items()
+        }
         dtypes = {
             path: normalised[path]
             for path in dict.fromkeys(self.output_paths)

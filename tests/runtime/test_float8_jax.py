@@ -9,6 +9,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 pytest.importorskip("jax")
@@ -54,6 +55,46 @@ CHILD = textwrap.dedent(
     callback = autoprec.AutoPrecision(float8_plan(model), guard=guard, verbose=0)
     model.fit(x * growth, y, batch_size=16, epochs=1, shuffle=False, verbose=0, callbacks=[callback])
     results["guard"] = [dict(e) for e in callback.plan.events]
+
+    # A race inside fit between bfloat16 and float8: one optimizer, each candidate's own scales.
+    from autoprec.runtime.step_race import StepRace
+
+    class Racing(keras.callbacks.Callback):
+        def __init__(self, race):
+            super().__init__()
+            self.race = race
+
+        def on_train_batch_begin(self, batch, logs=None):
+            if not self.race.finished:
+                self.race.begin_step()
+
+        def on_train_batch_end(self, batch, logs=None):
+            if not self.race.finished and self.race.end_step():
+                self.race.close()
+
+    model = build_encoder()
+    model.compile("adam", "sparse_categorical_crossentropy")
+    model.fit(x[:16], y[:16], epochs=1, verbose=0)
+    candidates = {
+        "mixed_bfloat16": autoprec.PrecisionPlan.uniform(model, "bfloat16"),
+        "float8": float8_plan(model),
+    }
+    race = StepRace(model, candidates, rounds=2, steps_per_round=2, max_rounds=2)
+    big_x, big_y = encoder_data(samples=16 * 24)
+    model.fit(big_x, big_y, batch_size=16, epochs=1, verbose=0, callbacks=[Racing(race)])
+    result = race.result()
+    finite = bool(all(np.isfinite(w).all() for w in model.get_weights()))
+    # Out of float8, JAX overwrites the scales with their zero gradient; going back restarts them.
+    lost = float(keras.ops.convert_to_numpy(model.get_layer("embed").inputs_scale))
+    history = model.fit(x, y, batch_size=16, epochs=1, verbose=0,
+                        callbacks=[autoprec.AutoPrecision(float8_plan(model), verbose=0)])
+    results["race"] = {
+        "rounds": {name: len(values) for name, values in result.rounds.items()},
+        "finite": finite,
+        "lost": lost,
+        "scale": float(keras.ops.convert_to_numpy(model.get_layer("embed").inputs_scale)),
+        "loss": float(history.history["loss"][-1]),
+    }
     print("RESULT " + json.dumps(results))
     """
 )
@@ -78,3 +119,6 @@ def test_float8_trains_saves_and_is_guarded_on_jax(tmp_path):
     assert results["loaded"] == {"policy": "float8_from_mixed_bfloat16", "same": True}
     promotions = [e for e in results["guard"] if e.get("trigger") == "float8_saturation"]
     assert promotions and promotions[0]["from"] == "float8"
+    race = results["race"]
+    assert race["rounds"] == {"mixed_bfloat16": 2, "float8": 2} and race["finite"]
+    assert race["lost"] == 0.0 and race["scale"] > 0.0 and np.isfinite(race["loss"])
