@@ -49,7 +49,8 @@ def test_usage_error_is_what_callers_catch():
     [
         ("{broken", "not valid JSON at line 1"),
         ('{"format": "something.else"}', "not an autoprec plan or profile"),
-        ('{"format_version": 1, "layers": {"dense": "float8"}}', "unknown dtype 'float8'"),
+        ('{"format_version": 1, "layers": {"dense": "float4"}}', "unknown dtype 'float4'"),
+        ('{"format_version": 1, "default": "float8"}', "float8 cannot be a plan's default"),
     ],
 )
 def test_bad_files_exit_2_with_one_line_naming_the_file(tmp_path, capsys, content, message):
