@@ -148,13 +148,17 @@ def test_guard_keeps_only_the_fields_a_user_sets():
         "history_steps",
         "near_binades",
         "check_kernels",
+        "float8_check_every",
+        "float8_patience",
     ]
-    guard = Guard(on_nan="stop", history_steps=8)
+    guard = Guard(on_nan="stop", history_steps=8, float8_patience=3)
     assert Guard.from_config(guard.get_config()) == guard
     with pytest.raises(AutoprecError, match="history_steps must be an integer >= 1, got 0"):
         Guard(history_steps=0)
     with pytest.raises(AutoprecError, match="near_binades must be a positive number"):
         Guard(near_binades=0)
+    with pytest.raises(AutoprecError, match="float8_check_every must be an integer >= 1"):
+        Guard(float8_check_every=0)
 
 
 @pytest.mark.parametrize("name", sorted(REMOVED_FIELDS))
