@@ -148,9 +148,12 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 
 import autoprec  # noqa: E402
+from autoprec.search import output_layers  # noqa: E402
 
 UNIFORM = ("float32", "mixed_bfloat16", "mixed_float16")
-PLANS = ("one-liner", "search")
+#: `"float8"`: float8 on every Dense/EinsumDense layer but the output layers, bfloat16
+#: elsewhere (`float8_from_mixed_bfloat16`), timed against the uniform policies.
+PLANS = ("one-liner", "search", "float8")
 CANDIDATES = UNIFORM + PLANS
 STATISTICS = ("min", "median")
 FLOAT16_MAX = 65504.0
@@ -771,6 +774,13 @@ def run_model(
             info["trials"] = len(result.study.trials)
             info["report"] = result.report().splitlines()[:40]
 
+    if not out_of_time(row, "float8", model_end):
+        with stage(row, "float8"):
+            plan = float8_plan(models["float32"])
+            if plan is not None:
+                plans["float8"] = plan
+                row["plans"]["float8"] = describe_plan(plan)
+
     with stage(row, "candidates"):
         for name in PLANS:
             if name not in plans:
@@ -795,6 +805,9 @@ def run_model(
                 "finite": math.isfinite(losses[name]),
                 "optimizer": type(models[name].optimizer).__name__,
             }
+    if "float8" in models:
+        with stage(row, "float8_hlo"):
+            row["float8_hlo"] = float8_hlo(models["float8"], workload, *data)
     for name in CANDIDATES:
         if name not in row["candidates"]:
             timing_error = row["stages"]["timing"].get("error", "not timed")
@@ -802,6 +815,56 @@ def run_model(
     row.update(compare(row["candidates"]))
     row["wall_seconds"] = time.perf_counter() - started
     return row, plans
+
+
+def float8_plan(model: keras.Model) -> autoprec.PrecisionPlan | None:
+    """float8 on every Dense/EinsumDense layer but the output layers, bfloat16 elsewhere.
+
+    `None` for a model whose only float8-capable layers are its outputs (a CNN's head).
+    """
+    plan = autoprec.PrecisionPlan.uniform(model, "float8")
+    outputs = output_layers(model, plan.layer_info)
+    for path in sorted(outputs & set(plan.layers)):
+        if plan.layers[path] == "float8":
+            plan = plan.with_dtype(path, "bfloat16")
+    return plan if plan.uses_float8 else None
+
+
+#: HLO text of an FP8 matrix product after XLA's rewrites: cuBLASLt's FP8 GEMM custom call,
+#: or a dot whose operands are 8-bit floats (XLA's own lowering).
+FP8_GEMM_MARKERS = ("__cublas$lt$matmul$f8", "cublasLt$matmul$f8")
+
+
+def float8_hlo(model: keras.Model, workload: Workload, x: Any, y: Any) -> dict[str, Any]:
+    """Counts the FP8 matrix products in the compiled HLO of the model's gradient step.
+
+    Lowers and compiles loss + gradients of the model (as the train step computes them)
+    with `jax.jit`, and reads the optimised HLO: on a GPU of compute capability 8.9 or
+    more, XLA rewrites Keras' quantize-dequantize around each float8 layer's matmul into
+    an FP8 GEMM; elsewhere the count is 0 (the quantization is emulated).
+    """
+    loss = workload.loss()
+    trainable = [variable.value for variable in model.trainable_variables]
+    non_trainable = [variable.value for variable in model.non_trainable_variables]
+
+    def loss_of(trainable_values, non_trainable_values, inputs, targets):
+        outputs, _ = model.stateless_call(
+            trainable_values, non_trainable_values, inputs, training=True
+        )
+        return loss(targets, outputs)
+
+    compiled = jax.jit(jax.grad(loss_of)).lower(trainable, non_trainable, x, y).compile()
+    text = compiled.as_text()
+    lines = text.splitlines()
+    gemms = [line for line in lines if any(marker in line for marker in FP8_GEMM_MARKERS)]
+    dots = [line for line in lines if " dot(" in line and ("f8e4m3" in line or "f8e5m2" in line)]
+    return {
+        "device": jax.devices()[0].device_kind,
+        "fp8_gemm_calls": len(gemms),
+        "fp8_dots": len(dots),
+        "f8_mentions": text.count("f8e4m3fn") + text.count("f8e5m2"),
+        "examples": [line.strip()[:240] for line in (gemms or dots)[:3]],
+    }
 
 
 def describe_plan(plan: autoprec.PrecisionPlan) -> dict[str, Any]:

@@ -23,7 +23,7 @@ import pytest
 _SCRIPT = Path(__file__).resolve().parent.parent / "bench" / "gpu.py"
 _MODELS = ("transformer", "gpt", "resnet")
 _UNIFORM = ("float32", "mixed_bfloat16", "mixed_float16")
-_PLANS = ("one-liner", "search")
+_PLANS = ("one-liner", "search", "float8")
 _CANDIDATES = _UNIFORM + _PLANS
 _BOUNDS = ("oom", "cap", "time")
 
@@ -244,3 +244,14 @@ def test_compare_picks_the_best_uniform_policy_per_statistic(bench):
     assert found["best_uniform"] == {"min": "mixed_bfloat16", "median": "float32"}
     assert found["ratios"]["one-liner"] == {"min": 0.5, "median": 0.5}
     assert found["ratios"]["search"] is None
+
+
+@pytest.mark.parametrize("model", ["transformer", "gpt"])
+def test_float8_rows_are_timed_with_the_compiled_hlo_read(smoke, model):
+    row = _record(smoke[1], model)
+    assert "ms_min" in row["candidates"]["float8"], row["candidates"]["float8"]
+    assert row["plans"]["float8"]["composition"].get("float8", 0) > 0, row["plans"]["float8"]
+    hlo = row["float8_hlo"]
+    assert hlo["device"] and hlo["fp8_gemm_calls"] >= 0
+    if "cpu" in hlo["device"].lower():
+        assert hlo["fp8_gemm_calls"] == 0  # emulated: no FP8 matrix product on a CPU

@@ -238,7 +238,11 @@ def _objective_value(
 ) -> float:
     """The objective value of a trial of `compute`'s assignment (its memory tie-break included),
     else the predicted seconds: a Keras global policy ranks by predicted cost as its trial would."""
-    key = assignment_key(context.normalise(compute))
+    normalised = context.normalise(compute)
+    if normalised != dict(compute):
+        # Outside the search space (float8 on an output layer, say): no trial evaluated it.
+        return float(seconds)
+    key = assignment_key(normalised)
     for trial in study.get_trials(deepcopy=False):
         if TrialRecord.from_trial(trial).assignment_key != key:
             continue

@@ -9,12 +9,12 @@ from collections.abc import Mapping
 
 import optuna
 
-from .._core.dtypes import BFLOAT16, FLOAT16, FLOAT32
+from .._core.dtypes import BFLOAT16, FLOAT8, FLOAT16, FLOAT32
 from ..errors import AutoprecError
 from ..plan import PrecisionPlan
 from .budget import Budget
 
-_SHORT_NAMES = {FLOAT32: "f32", BFLOAT16: "bf16", FLOAT16: "f16"}
+_SHORT_NAMES = {FLOAT32: "f32", BFLOAT16: "bf16", FLOAT16: "f16", FLOAT8: "f8"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -142,10 +142,11 @@ class SearchResult:
 
 
 def short_counts_text(counts: Mapping[str, int]) -> str:
-    """Returns `"2 bf16 / 1 f32 / 0 f16"`: layer counts of bfloat16, float32 and float16."""
-    return " / ".join(
-        f"{counts.get(dtype, 0)} {_SHORT_NAMES[dtype]}" for dtype in (BFLOAT16, FLOAT32, FLOAT16)
+    """Returns `"2 bf16 / 1 f32 / 0 f16"`: layer counts of bfloat16, float32 and float16 (and float8 when any)."""
+    shown = (
+        (BFLOAT16, FLOAT32, FLOAT16, FLOAT8) if counts.get(FLOAT8) else (BFLOAT16, FLOAT32, FLOAT16)
     )
+    return " / ".join(f"{counts.get(dtype, 0)} {_SHORT_NAMES[dtype]}" for dtype in shown)
 
 
 def measurement_text(measurement: Mapping) -> str:
