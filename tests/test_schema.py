@@ -162,7 +162,9 @@ def test_every_dtype_the_schema_names_is_one_the_reader_accepts(validator):
         PrecisionPlan.from_dict({"format_version": 1, "default": dtype}, "plan.json")
     for dtype in validator.schema["$defs"]["dtype"]["enum"]:
         PrecisionPlan.from_dict({"format_version": 1, "layers": {"dense": dtype}}, "plan.json")
-        PrecisionPlan.from_dict({"format_version": 1, "layers": {"d": {"class": "Dense", "dtype": dtype}}}, "plan.json")
+        PrecisionPlan.from_dict(
+            {"format_version": 1, "layers": {"d": {"class": "Dense", "dtype": dtype}}}, "plan.json"
+        )
 
 
 @pytest.mark.parametrize(
