@@ -43,10 +43,14 @@ same model, weights and batches. Removing the probes restores the original
 methods and rebuilds the train function, so nothing of the profiler remains
 in the compiled step.
 
-The package has one module per job: `stats` (the statistics model and its
-JSON), `probes` (which layers are probed; `ProbeSession` installs, reads and
-removes the probes), `runner` (`profile()`, `ProfileCallback`) and `views`
-(summary table, heat map, TensorBoard histograms).
+The package has one module per job: the statistics model in `layout` (the
+names of what a profile holds, the read-only shapes of its values),
+`tensor_stats` (`TensorStats`), `float8_ranges` (`Float8TensorRange`,
+`Float8Ranges`) and `stats` (`LayerProfile`, `Profile`); `merge` (merging
+statistics), `profile_json` (the profile's JSON), `probes` (which layers are
+probed; `ProbeSession` installs, reads and removes the probes), `runner`
+(`profile()`, `ProfileCallback`) and `views` (summary table, heat map,
+TensorBoard histograms).
 
 Layers that are not probed: pass-through layers (`autoprec.layers.is_pass_through`:
 their values are a copy or selection of their input and they take their
@@ -64,9 +68,11 @@ prof.save("profile.json")
 ```
 """
 
+from .float8_ranges import Float8Ranges, Float8TensorRange
 from .probes import ProbeSession
 from .runner import ProfileCallback, ProfileData, profile
-from .stats import Float8Ranges, Float8TensorRange, LayerProfile, Profile, TensorStats
+from .stats import LayerProfile, Profile
+from .tensor_stats import TensorStats
 
 __all__ = [
     "Float8Ranges",

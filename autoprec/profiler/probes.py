@@ -9,7 +9,7 @@ TensorFlow, statistics returned with each step's logs on JAX). `remove()`
 restores the original methods and rebuilds the train function.
 
 With `enable_float8_ranges()`, a `Dense` or `EinsumDense` layer also records
-what a float8 decision needs (`autoprec.profiler.stats.Float8Ranges`): its
+what a float8 decision needs (`autoprec.profiler.Float8Ranges`): its
 inputs (recorded in its wrapped `call`, and in `quantized_call`, which Keras
 runs instead under a float8 policy), and, when it has an activation, the values
 and gradients between its matmul and its activation (the gradient Keras
@@ -42,18 +42,10 @@ from ..layers import (
     model_fingerprint,
     observing_attention,
 )
-from .stats import (
-    ATTENTION_LOGITS,
-    FLOAT8_TENSORS,
-    OUTPUT_KEY,
-    ROOT_PATH,
-    TENSOR_KINDS,
-    Float8Ranges,
-    Float8TensorRange,
-    LayerProfile,
-    Profile,
-    TensorStats,
-)
+from .float8_ranges import Float8Ranges, Float8TensorRange
+from .layout import ATTENTION_LOGITS, FLOAT8_TENSORS, OUTPUT_KEY, ROOT_PATH, TENSOR_KINDS
+from .stats import LayerProfile, Profile
+from .tensor_stats import TensorStats
 
 #: Slot kind of the tensors recorded only for float8 ranges (not a `LayerProfile` kind).
 FLOAT8_SLOT_KIND = "float8"

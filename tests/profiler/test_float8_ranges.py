@@ -13,7 +13,7 @@ from conftest import build_attention_model
 from autoprec import numerics
 from autoprec.errors import ProfileError
 from autoprec.profiler import ProbeSession, Profile, profile
-from autoprec.profiler.stats import Float8Ranges, Float8TensorRange
+from autoprec.profiler.float8_ranges import Float8Ranges, Float8TensorRange
 
 
 def _wide_mlp(features: int = 32) -> keras.Model:

@@ -1,0 +1,464 @@
+"""The profile's JSON: each value as a JSON-ready dict, and read back with errors naming the field.
+
+`Profile.save` writes what `profile_to_dict` returns; reading checks every
+field and raises `ProfileError` naming the file and the field at fault, so an
+edited or truncated profile is refused with a message. The functions sit
+below the classes, whose `to_dict`/`from_dict` delegate to them: they read the
+values through the shapes of `layout` and build them with the class they are
+given (`cls`), each level handing its children to the children's own
+`from_dict` (`read_stats`, `read_float8`, ...).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
+
+import numpy as np
+
+from .. import numerics
+from ..errors import ProfileError
+from .layout import (
+    FLOAT8_FORMAT_NAMES,
+    FLOAT8_TENSORS,
+    TENSOR_KINDS,
+    Float8RangesView,
+    Float8RangeView,
+    LayerView,
+    ProfileView,
+    StatsView,
+)
+
+#: Version of the profile JSON format written by `Profile.save`.
+FORMAT_VERSION = 1
+
+#: The `kind` field of a profile file, which tells a profile from a plan or another JSON file.
+FORMAT_KIND = "autoprec.profile"
+
+_T = TypeVar("_T")
+_Stats = TypeVar("_Stats", bound=StatsView)
+
+
+def tensor_stats_to_dict(stats: StatsView) -> dict[str, Any]:
+    """Returns one tensor's statistics as a JSON-ready dict.
+
+    Args:
+        stats: the statistics (a `TensorStats`).
+
+    Returns:
+        A dict of JSON types; the histogram is written as `{exponent: count}`
+        for its non-empty bins, under `"exponents"`.
+
+    Example:
+
+    ```python
+    tensor_stats_to_dict(prof.layers["dense"].activation)["exponents"]  # {"-3": 12, ...}
+    ```
+    """
+    exponents = numerics.bin_exponents()
+    return {
+        "count": stats.count,
+        "zeros": stats.zeros,
+        "nonfinite": stats.nonfinite,
+        "nan": stats.nan,
+        "max_abs": stats.max_abs,
+        "min_nonzero_abs": stats.min_nonzero_abs,
+        "sum_abs": stats.sum_abs,
+        "sum_squares": stats.sum_squares,
+        "exponents": {
+            str(int(exponents[i])): int(stats.histogram[i]) for i in np.flatnonzero(stats.histogram)
+        },
+    }
+
+
+def tensor_stats_from_dict(cls: type[_Stats], data: object, where: str) -> _Stats:
+    """Builds one tensor's statistics from `tensor_stats_to_dict` output.
+
+    Args:
+        cls: the class to build (`TensorStats`).
+        data: the decoded JSON value.
+        where: the value's place in the file, named in errors.
+
+    Returns:
+        A `cls`.
+
+    Raises:
+        ProfileError: naming `where` and the field when `data` is malformed or
+            its count is not the sum of its zeros, non-finite values and histogram.
+
+    Example:
+
+    ```python
+    tensor_stats_from_dict(TensorStats, {"count": 0, ...}, "profile.json: layers['dense']")
+    ```
+    """
+    mapping = _require_mapping(data, where)
+    histogram = _read_histogram(mapping.get("exponents"), f"{where}.exponents")
+    min_nonzero = mapping.get("min_nonzero_abs")
+    stats = cls(
+        count=_require_count(mapping.get("count"), f"{where}.count"),
+        zeros=_require_count(mapping.get("zeros"), f"{where}.zeros"),
+        nonfinite=_require_count(mapping.get("nonfinite"), f"{where}.nonfinite"),
+        nan=_require_count(mapping.get("nan", 0), f"{where}.nan"),
+        max_abs=_require_number(mapping.get("max_abs"), f"{where}.max_abs"),
+        min_nonzero_abs=None
+        if min_nonzero is None
+        else _require_number(min_nonzero, f"{where}.min_nonzero_abs"),
+        sum_abs=_require_number(mapping.get("sum_abs"), f"{where}.sum_abs"),
+        sum_squares=_require_number(mapping.get("sum_squares"), f"{where}.sum_squares"),
+        histogram=histogram,
+    )
+    if stats.zeros + stats.nonfinite + int(histogram.sum()) != stats.count:
+        raise ProfileError(
+            f"{where}: count {stats.count} does not equal zeros + nonfinite + histogram "
+            f"total ({stats.zeros} + {stats.nonfinite} + {int(histogram.sum())}); the "
+            "profile was edited or corrupted. Re-create it with autoprec.profile()."
+        )
+    return stats
+
+
+def float8_range_to_dict(item: Float8RangeView) -> dict[str, Any]:
+    """Returns how one tensor fits its float8 format as a JSON-ready dict.
+
+    Args:
+        item: the range (a `Float8TensorRange`).
+
+    Returns:
+        A dict of its fields.
+
+    Example:
+
+    ```python
+    float8_range_to_dict(prof.layers["dense"].float8.kernel)["flush_fraction"]
+    ```
+    """
+    return {
+        "format": item.format,
+        "amax": item.amax,
+        "values": item.values,
+        "nonfinite": item.nonfinite,
+        "flush_fraction": item.flush_fraction,
+        "saturation_fraction": item.saturation_fraction,
+        "amax_growth": item.amax_growth,
+        "steps": item.steps,
+    }
+
+
+def float8_range_from_dict(cls: type[_T], data: object, where: str) -> _T:
+    """Builds how one tensor fits its float8 format from `float8_range_to_dict` output.
+
+    Args:
+        cls: the class to build (`Float8TensorRange`).
+        data: the decoded JSON value.
+        where: the value's place in the file, named in errors.
+
+    Returns:
+        A `cls`.
+
+    Raises:
+        ProfileError: naming `where` and the field when `data` is malformed.
+
+    Example:
+
+    ```python
+    float8_range_from_dict(Float8TensorRange, data, "profile.json: layers['dense'].float8.kernel")
+    ```
+    """
+    mapping = _require_mapping(data, where)
+    return cls(
+        format=_require_float8_format(mapping.get("format"), f"{where}.format"),
+        amax=_require_number(mapping.get("amax"), f"{where}.amax"),
+        values=_require_count(mapping.get("values"), f"{where}.values"),
+        nonfinite=_require_count(mapping.get("nonfinite", 0), f"{where}.nonfinite"),
+        flush_fraction=_require_number(mapping.get("flush_fraction"), f"{where}.flush_fraction"),
+        saturation_fraction=_optional_number(
+            mapping.get("saturation_fraction"), f"{where}.saturation_fraction"
+        ),
+        amax_growth=_optional_number(mapping.get("amax_growth"), f"{where}.amax_growth"),
+        steps=_require_count(mapping.get("steps", 0), f"{where}.steps"),
+    )
+
+
+def float8_ranges_to_dict(ranges: Float8RangesView) -> dict[str, Any]:
+    """Returns a layer's float8 ranges as a JSON-ready dict of its recorded tensors.
+
+    Args:
+        ranges: the ranges (a `Float8Ranges`).
+
+    Returns:
+        `{tensor name: float8_range_to_dict(range)}`, in `FLOAT8_TENSORS` order.
+
+    Example:
+
+    ```python
+    list(float8_ranges_to_dict(prof.layers["dense"].float8))  # ["inputs", "kernel", ...]
+    ```
+    """
+    return {name: float8_range_to_dict(item) for name, item in ranges.tensors.items()}
+
+
+def float8_ranges_from_dict(
+    cls: type[_T],
+    data: object,
+    where: str,
+    read_range: Callable[[object, str], Float8RangeView],
+) -> _T:
+    """Builds a layer's float8 ranges from `float8_ranges_to_dict` output.
+
+    Args:
+        cls: the class to build (`Float8Ranges`).
+        data: the decoded JSON value.
+        where: the value's place in the file, named in errors.
+        read_range: reads one tensor's range from its value and place
+            (`Float8TensorRange.from_dict`).
+
+    Returns:
+        A `cls`, its tensors given by name.
+
+    Raises:
+        ProfileError: naming `where` when a tensor is not one of `FLOAT8_TENSORS`,
+            or the field at fault when a range is malformed.
+
+    Example:
+
+    ```python
+    float8_ranges_from_dict(Float8Ranges, data, where, Float8TensorRange.from_dict)
+    ```
+    """
+    mapping = _require_mapping(data, where)
+    unknown = sorted(set(mapping) - set(FLOAT8_TENSORS))
+    if unknown:
+        raise ProfileError(
+            f"{where}: unknown float8 tensor(s) {', '.join(map(repr, unknown))}; expected "
+            f"{', '.join(FLOAT8_TENSORS)}."
+        )
+    return cls(
+        **{
+            name: read_range(value, f"{where}.{name}")
+            for name, value in mapping.items()
+            if value is not None
+        }
+    )
+
+
+def layer_to_dict(layer: LayerView) -> dict[str, Any]:
+    """Returns what was recorded for one layer as a JSON-ready dict.
+
+    Args:
+        layer: the layer's profile (a `LayerProfile`).
+
+    Returns:
+        A dict with its class name, dtype, one `{key: statistics}` dict per
+        kind of `TENSOR_KINDS`, and `"float8"` when it has float8 ranges.
+
+    Example:
+
+    ```python
+    layer_to_dict(prof.layers["dense"])["weights"]["kernel"]["max_abs"]
+    ```
+    """
+    data: dict[str, Any] = {"class_name": layer.class_name, "dtype": layer.dtype}
+    for kind in TENSOR_KINDS:
+        data[kind] = {
+            key: tensor_stats_to_dict(stats) for key, stats in getattr(layer, kind).items()
+        }
+    if layer.float8 is not None:
+        data["float8"] = float8_ranges_to_dict(layer.float8)
+    return data
+
+
+def layer_from_dict(
+    cls: type[_T],
+    path: str,
+    data: object,
+    where: str,
+    read_stats: Callable[[object, str], StatsView],
+    read_float8: Callable[[object, str], Float8RangesView],
+) -> _T:
+    """Builds one layer's profile from `layer_to_dict` output.
+
+    Args:
+        cls: the class to build (`LayerProfile`).
+        path: the layer's path (its key in the profile's layers).
+        data: the decoded JSON value.
+        where: the value's place in the file, named in errors.
+        read_stats: reads one tensor's statistics from its value and place
+            (`TensorStats.from_dict`).
+        read_float8: reads the float8 ranges from their value and place
+            (`Float8Ranges.from_dict`).
+
+    Returns:
+        A `cls`; kinds missing from `data` are empty, its dtype defaults to
+        float32 and its float8 ranges to `None`.
+
+    Raises:
+        ProfileError: naming `where` and the field when `data` is malformed.
+
+    Example:
+
+    ```python
+    layer_from_dict(LayerProfile, "dense", data, where, TensorStats.from_dict, Float8Ranges.from_dict)
+    ```
+    """
+    mapping = _require_mapping(data, where)
+    groups = {}
+    for kind in TENSOR_KINDS:
+        group = _require_mapping(mapping.get(kind, {}), f"{where}.{kind}")
+        groups[kind] = {
+            key: read_stats(value, f"{where}.{kind}[{key!r}]") for key, value in group.items()
+        }
+    float8 = mapping.get("float8")
+    return cls(
+        path=path,
+        class_name=_require_string(mapping.get("class_name"), f"{where}.class_name"),
+        dtype=_require_string(mapping.get("dtype", "float32"), f"{where}.dtype"),
+        float8=None if float8 is None else read_float8(float8, f"{where}.float8"),
+        **groups,
+    )
+
+
+def profile_to_dict(profile: ProfileView) -> dict[str, Any]:
+    """Returns a whole profile as the JSON-ready dict `Profile.save` writes.
+
+    Args:
+        profile: the profile (a `Profile`).
+
+    Returns:
+        A dict with the format version, the model's name and fingerprint, the
+        steps recorded, the histogram's exponent range and every layer.
+
+    Example:
+
+    ```python
+    profile_to_dict(prof)["format_version"]  # 1
+    ```
+    """
+    return {
+        "format_version": FORMAT_VERSION,
+        "kind": FORMAT_KIND,
+        "model_name": profile.model_name,
+        "fingerprint": profile.fingerprint,
+        "steps": profile.steps,
+        "histogram_exponents": [numerics.HISTOGRAM_MIN_EXPONENT, numerics.HISTOGRAM_MAX_EXPONENT],
+        "layers": {path: layer_to_dict(layer) for path, layer in profile.layers.items()},
+    }
+
+
+def profile_from_dict(
+    cls: type[_T],
+    data: object,
+    source: str,
+    read_layer: Callable[[str, object, str], LayerView],
+) -> _T:
+    """Builds a whole profile from `profile_to_dict` output.
+
+    Args:
+        cls: the class to build (`Profile`).
+        data: the decoded JSON value.
+        source: the file or string it came from, named in errors.
+        read_layer: reads one layer from its path, value and place
+            (`LayerProfile.from_dict`).
+
+    Returns:
+        A `cls`.
+
+    Raises:
+        ProfileError: naming `source` and the field when `data` is malformed, or
+            when its `format_version` is missing or newer than `FORMAT_VERSION`.
+
+    Example:
+
+    ```python
+    profile_from_dict(Profile, json.loads(text), "profile.json", LayerProfile.from_dict)
+    ```
+    """
+    mapping = _require_mapping(data, source)
+    version = mapping.get("format_version")
+    if version is None:
+        raise ProfileError(
+            f"{source}: missing field 'format_version'; this is not an autoprec profile "
+            "(write one with Profile.save)."
+        )
+    if not isinstance(version, int) or isinstance(version, bool) or version > FORMAT_VERSION:
+        raise ProfileError(
+            f"{source}: format_version {version!r} is not supported (this autoprec reads "
+            f"up to {FORMAT_VERSION}); upgrade autoprec or re-create the profile."
+        )
+    layers_data = _require_mapping(mapping.get("layers"), f"{source}: layers")
+    layers = {
+        path: read_layer(path, value, f"{source}: layers[{path!r}]")
+        for path, value in layers_data.items()
+    }
+    fingerprint = mapping.get("fingerprint")
+    return cls(
+        layers=layers,
+        steps=_require_count(mapping.get("steps"), f"{source}: steps"),
+        model_name=str(mapping.get("model_name", "")),
+        fingerprint=None if fingerprint is None else str(fingerprint),
+    )
+
+
+# ----------------------------------------------------------------------------- validation
+
+
+def _read_histogram(value: object, where: str) -> np.ndarray:
+    histogram = np.zeros(numerics.HISTOGRAM_BINS, dtype=np.int64)
+    for key, count in _require_mapping(value, where).items():
+        exponent = _parse_exponent(key, where)
+        histogram[exponent - numerics.HISTOGRAM_MIN_EXPONENT] = _require_count(
+            count, f"{where}[{key!r}]"
+        )
+    return histogram
+
+
+def _require_mapping(value: object, where: str) -> Mapping[str, Any]:
+    if not isinstance(value, Mapping):
+        raise ProfileError(
+            f"{where}: expected a JSON object, got {type(value).__name__}; the profile is "
+            "malformed. Re-create it with autoprec.profile()."
+        )
+    return value
+
+
+def _require_count(value: object, where: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ProfileError(f"{where}: expected a non-negative integer, got {value!r}.")
+    return value
+
+
+def _require_number(value: object, where: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ProfileError(f"{where}: expected a finite number, got {value!r}.")
+    return float(value)
+
+
+def _optional_number(value: object, where: str) -> float | None:
+    return None if value is None else _require_number(value, where)
+
+
+def _require_float8_format(value: object, where: str) -> str:
+    if value not in FLOAT8_FORMAT_NAMES:
+        raise ProfileError(
+            f"{where}: expected one of {', '.join(FLOAT8_FORMAT_NAMES)}, got {value!r}."
+        )
+    return str(value)
+
+
+def _require_string(value: object, where: str) -> str:
+    if not isinstance(value, str):
+        raise ProfileError(f"{where}: expected a string, got {value!r}.")
+    return value
+
+
+def _parse_exponent(key: object, where: str) -> int:
+    try:
+        exponent = int(str(key))
+    except ValueError:
+        raise ProfileError(f"{where}: key {key!r} is not an integer exponent.") from None
+    if not numerics.HISTOGRAM_MIN_EXPONENT <= exponent <= numerics.HISTOGRAM_MAX_EXPONENT:
+        raise ProfileError(
+            f"{where}: exponent {exponent} is outside "
+            f"[{numerics.HISTOGRAM_MIN_EXPONENT}, {numerics.HISTOGRAM_MAX_EXPONENT}]."
+        )
+    return exponent

@@ -1,0 +1,118 @@
+"""Tests for autoprec.profiler.profile_json: the profile's JSON, written and read back with clear errors."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+from profiler.reference import synthetic_profile
+
+from autoprec.errors import ProfileError
+from autoprec.profiler import (
+    Float8Ranges,
+    Float8TensorRange,
+    LayerProfile,
+    Profile,
+    TensorStats,
+    profile_json,
+)
+
+
+def test_json_round_trip(tmp_path):
+    prof = synthetic_profile()
+    path = prof.save(tmp_path / "profile.json")
+    loaded = Profile.load(path)
+    assert loaded.to_dict() == prof.to_dict()
+    assert json.loads(path.read_text())["format_version"] == 1
+    assert Profile.from_json(prof.to_json()).to_dict() == prof.to_dict()
+    assert not loaded.layers["attention"].float16_safe
+    assert loaded.layers["encoder/dense"].float16_safe
+
+
+def test_malformed_profiles_raise_clear_errors(tmp_path):
+    text = synthetic_profile().to_json()
+    truncated = tmp_path / "truncated.json"
+    truncated.write_text(text[: len(text) // 2])
+    with pytest.raises(ProfileError, match="truncated.json.*not valid JSON"):
+        Profile.load(truncated)
+    with pytest.raises(ProfileError, match="no such file"):
+        Profile.load(tmp_path / "missing.json")
+
+    def broken(edit) -> str:
+        data = json.loads(text)
+        edit(data)
+        return json.dumps(data)
+
+    cases = {
+        "format_version": lambda d: d.pop("format_version"),
+        "layers\\['attention'\\].internals\\['attention_logits'\\].count": lambda d: d["layers"][
+            "attention"
+        ]["internals"]["attention_logits"].update(count="many"),
+        "exponents": lambda d: d["layers"]["attention"]["activations"]["output"][
+            "exponents"
+        ].update({"900": 1}),
+        "does not equal": lambda d: d["layers"]["encoder/dense"]["weights"]["kernel"].update(
+            count=99
+        ),
+        "not supported": lambda d: d.update(format_version=99),
+    }
+    for message, edit in cases.items():
+        with pytest.raises(ProfileError, match=message):
+            Profile.from_json(broken(edit), source="edited.json")
+
+
+def test_each_level_is_written_and_read_by_its_function():
+    prof = synthetic_profile()
+    data = profile_json.profile_to_dict(prof)
+    assert data == prof.to_dict()
+    assert data["kind"] == profile_json.FORMAT_KIND
+    assert data["format_version"] == profile_json.FORMAT_VERSION
+    again = profile_json.profile_from_dict(Profile, data, "p.json", LayerProfile.from_dict)
+    assert isinstance(again, Profile) and again.to_dict() == data
+    layer = prof.layers["attention"]
+    entry = profile_json.layer_to_dict(layer)
+    assert entry == layer.to_dict() and "float8" not in entry
+    read = profile_json.layer_from_dict(
+        LayerProfile, "attention", entry, "here", TensorStats.from_dict, Float8Ranges.from_dict
+    )
+    assert read.path == "attention" and read.to_dict() == entry
+    logits = layer.internals["attention_logits"]
+    written = profile_json.tensor_stats_to_dict(logits)
+    assert written["exponents"] == {str(k): v for k, v in logits.exponent_counts().items()}
+    assert profile_json.tensor_stats_from_dict(TensorStats, written, "here").to_dict() == written
+    # A layer written before dtypes or float8 ranges were recorded reads with the defaults.
+    old = profile_json.layer_from_dict(
+        LayerProfile,
+        "x",
+        {"class_name": "Dense"},
+        "here",
+        TensorStats.from_dict,
+        Float8Ranges.from_dict,
+    )
+    assert old.dtype == "float32" and old.float8 is None and old.forward is None
+
+
+def test_float8_ranges_round_trip_and_refuse_unknown_tensors_and_formats():
+    kernel = Float8TensorRange("float8_e4m3fn", 2.0, 100, 0, 0.01, None, None, 0)
+    grads = Float8TensorRange("float8_e5m2", 3e4, 50, 1, 0.0, 0.002, 1.5, 6)
+    ranges = Float8Ranges(kernel=kernel, output_gradients=grads)
+    data = profile_json.float8_ranges_to_dict(ranges)
+    assert list(data) == ["kernel", "output_gradients"]
+    assert data["kernel"] == dataclasses.asdict(kernel)
+    assert data == ranges.to_dict()
+    read = profile_json.float8_ranges_from_dict(
+        Float8Ranges, data, "here", Float8TensorRange.from_dict
+    )
+    assert read == ranges
+    assert profile_json.float8_range_from_dict(Float8TensorRange, data["kernel"], "k") == kernel
+    with pytest.raises(ProfileError, match=r"here: unknown float8 tensor\(s\) 'bias'"):
+        profile_json.float8_ranges_from_dict(
+            Float8Ranges, {**data, "bias": {}}, "here", Float8TensorRange.from_dict
+        )
+    with pytest.raises(ProfileError, match=r"k\.format: expected one of float8_e4m3fn"):
+        profile_json.float8_range_from_dict(
+            Float8TensorRange, {**data["kernel"], "format": "int8"}, "k"
+        )
+    with pytest.raises(ProfileError, match=r"k\.saturation_fraction: expected a finite number"):
+        Float8TensorRange.from_dict({**data["kernel"], "saturation_fraction": "high"}, "k")
