@@ -5,12 +5,15 @@ Three things need one, each chosen here once for the active Keras backend:
 - the profiler's in-step probes, behind the one interface of
   `autoprec._backends.probe_hooks`: `tensorflow` (custom-gradient identities
   and statistic variables) and `jax_probes` (statistics returned with each
-  pure train step's logs);
+  pure train step's logs, through the sinks of `jax_sinks`), each tensor
+  measured by `tensorflow_statistics` or `jax_statistics`, and TensorBoard
+  files written by `tensorflow_tensorboard`;
 - the compiled functions that `autoprec.cost.calibrate` times:
   `tensorflow_timing` and `jax_timing`, with the same names;
 - the guard telemetry's state and step hooks: `tensorflow_telemetry` and
   `jax_telemetry`, behind the one interface of `autoprec._backends.telemetry`
-  (the amax maths they share is `amax`, written with `keras.ops`).
+  (the amax maths they share is `amax`, written with `keras.ops`; what their
+  hooks share is `telemetry_hooks`).
 
 Every other module uses Keras APIs and runs on any backend.
 """

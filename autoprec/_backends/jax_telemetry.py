@@ -27,9 +27,10 @@ and status live on the host; reading them waits for the callbacks still to run
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import jax
@@ -38,18 +39,20 @@ import keras
 import numpy as np
 from keras import ops
 
-from .telemetry import Replace, StepRecorder
+from .telemetry import StepRecorder
+from .telemetry_hooks import TelemetryHooksBase, advance_history, cleared_status
 
 
 def bitcast(tensor: Any, dtype: str) -> jax.Array:
-    """Returns `tensor`'s bits read as `dtype` of the same width (`lax.bitcast_convert_type`).
+    """Returns `tensor`'s bits read as `dtype` of the same width, with `lax.bitcast_convert_type`.
 
     Args:
-        tensor: an array.
-        dtype: a dtype of the same item size, e.g. `"int16"` for float16.
+        tensor: a JAX array (a tracer inside a traced step) or a NumPy value.
+        dtype: a dtype name NumPy knows (`"int16"`, `"bfloat16"`, ...) whose
+            item size is that of `tensor`.
 
     Returns:
-        The array of `dtype`, same shape.
+        A `jax.Array` of `dtype` with `tensor`'s shape.
 
     Example:
 
@@ -151,17 +154,17 @@ class _StepState:
         self.in_loss = False
 
 
-class TelemetryHooks:
-    """The telemetry's state and step wrappers on JAX (see `autoprec._backends.telemetry`).
+class TelemetryHooks(TelemetryHooksBase):
+    """The telemetry's state and step wrappers on JAX: the frame leaves the pure step for the host.
 
-    Args:
-        history: the history's first value, `[steps, rows, slots]` float32.
+    Built from the history's first value (see `TelemetryHooksBase`); the
+    history, count and status are kept on the host.
 
     Example:
 
     ```python
-    hooks = TelemetryHooks(np.full((16, 3, 4), -1.0, np.float32))
-    hooks.read_count()  # 0
+    hooks = TelemetryHooks(np.zeros((8, 2, 4), np.float32))
+    hooks.read_history().shape  # (8, 2, 4)
     ```
     """
 
@@ -172,7 +175,7 @@ class TelemetryHooks:
         self._history = np.array(history, np.float32)
         self._layers = int(self._history.shape[1]) - 1
         self._count = 0
-        self._status = np.zeros(2, np.int32)
+        self._status = cleared_status()
         self._lock = threading.Lock()
         self._step: _StepState | None = None  # the train step being traced
 
@@ -181,21 +184,10 @@ class TelemetryHooks:
         del xla
         return True
 
-    def install_step(
-        self,
-        model: keras.Model,
-        recorder: StepRecorder,
-        owners: Mapping[int, int],
-        replace: Replace,
-    ) -> None:
-        """Wraps the JAX trainer's pure train step, its loss function and `stateless_apply`.
-
-        Args:
-            model: the compiled model.
-            recorder: the telemetry.
-            owners: `{id(variable): recorded layer index}` of the trainable weights.
-            replace: sets a method for as long as the telemetry is installed.
-        """
+    def step_wrappers(
+        self, model: keras.Model, recorder: StepRecorder, owners: Mapping[int, int]
+    ) -> list[tuple[object, str, Callable]]:
+        """Returns the wrappers of the JAX trainer's pure train step, its loss function and `stateless_apply`."""
         optimizer = model.optimizer
         scale_position = None
         if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
@@ -209,25 +201,21 @@ class TelemetryHooks:
             for position, variable in enumerate(model.trainable_variables)
             if id(variable) in owners
         }
-        replace(model, "train_step", self._wrap_train_step(model, recorder, scale_position))
-        replace(model, "compute_loss_and_updates", self._wrap_loss(model, recorder))
-        replace(
-            optimizer,
-            "stateless_apply",
-            self._wrap_stateless_apply(optimizer.stateless_apply, recorder, positions),
-        )
+        return [
+            (model, "train_step", self._wrap_train_step(model, recorder, scale_position)),
+            (model, "compute_loss_and_updates", self._wrap_loss(model, recorder)),
+            (
+                optimizer,
+                "stateless_apply",
+                self._wrap_stateless_apply(optimizer.stateless_apply, recorder, positions),
+            ),
+        ]
 
     def watch_gradient(self, recorder: StepRecorder, trace: Any, index: int, value: Any) -> Any:
         """Returns `value` through the carrier's identity (as is outside the loss function).
 
-        Args:
-            recorder: the telemetry.
-            trace: the step's trace.
-            index: the recorded layer's index.
-            value: a float output of the layer.
-
-        Returns:
-            The value to pass on.
+        The amax of the gradient reaches the optimizer as the carrier's
+        gradient, where `stateless_apply` records it into `trace`.
         """
         step = self._step
         if step is None or step.trace is not trace or not step.in_loss:
@@ -323,31 +311,35 @@ class TelemetryHooks:
         """The host side of one step: the same history and status updates as TensorFlow's."""
         frame = np.array(frame, np.float32)
         with self._lock:
-            failed, near = recorder.status_flags(frame, self._history, np)
-            self._history = np.concatenate([self._history[1:], frame[None]], axis=0)
+            self._history, status = advance_history(
+                recorder, frame, self._history, self._status, np
+            )
+            self._status = status.astype(np.int32)
             self._count += 1
-            self._status = np.maximum(self._status, np.array([failed, near], np.int32))
+
+    @contextlib.contextmanager
+    def _settled(self) -> Iterator[None]:
+        """Holds the host state once every host callback of the steps run so far has run."""
+        jax.effects_barrier()
+        with self._lock:
+            yield
 
     def read_history(self) -> np.ndarray:
         """Returns the history once every host callback of the steps run so far has run."""
-        jax.effects_barrier()
-        with self._lock:
+        with self._settled():
             return np.array(self._history)
 
     def read_count(self) -> int:
         """Returns how many steps were recorded."""
-        jax.effects_barrier()
-        with self._lock:
+        with self._settled():
             return int(self._count)
 
     def read_status(self) -> np.ndarray:
         """Returns `[failed, near_range]` since the last clear."""
-        jax.effects_barrier()
-        with self._lock:
+        with self._settled():
             return np.array(self._status)
 
     def clear_status(self) -> None:
         """Resets the status (waiting for the callbacks still to run)."""
-        jax.effects_barrier()
-        with self._lock:
-            self._status = np.zeros(2, np.int32)
+        with self._settled():
+            self._status = cleared_status()

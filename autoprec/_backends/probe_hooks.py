@@ -24,7 +24,7 @@ kinds of `autoprec.profiler.stats.TENSOR_KINDS`.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Protocol, TypeAlias, runtime_checkable
 
 import numpy as np
@@ -38,6 +38,10 @@ Replace = Callable[[object, str, object], None]
 
 #: `{id(variable): (layer path, weight name)}` of the model's trainable weights.
 WeightOwners = Mapping[int, tuple[str, str]]
+
+#: What `write_histograms` writes: `(tag, exponents, counts)` triples, bucket `i`
+#: spanning `[exponents[i], exponents[i] + 1)`.
+HistogramSeries = Iterable[tuple[str, np.ndarray, np.ndarray]]
 
 
 @runtime_checkable

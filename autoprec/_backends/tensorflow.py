@@ -1,19 +1,11 @@
-"""TensorFlow side of the profiler: statistic variables, in-graph probes and TensorBoard output.
+"""TensorFlow side of the profiler: statistic variables updated by probes inside the traced step.
 
 The profiler (backend neutral) decides *what* to record; this module records
 it inside the compiled train step (`ProbeHooks`, the interface of
-`probe_hooks`; `jax_probes` is the JAX side). The TensorFlow side of cost calibration is
+`probe_hooks`; `jax_probes` is the JAX side). Each probed tensor is measured by
+`tensorflow_statistics.tensor_statistics`; the histograms go to TensorBoard
+through `tensorflow_tensorboard`. The TensorFlow side of cost calibration is
 `tensorflow_timing`, that of the guard's telemetry `tensorflow_telemetry`.
-
-**How a tensor is measured** (a handful of passes over the data, no sorting):
-the float32 bit pattern of `|x|` is shifted right by 23 bits, which gives the
-biased binary exponent (0: zero or subnormal, 255: inf or NaN), and those are
-counted with `tf.math.bincount` (`unsorted_segment_sum` under XLA, which cannot
-compile a bincount). The smallest non-zero magnitude comes from the minimum of
-`bits - 1` taken as unsigned (zeros wrap to the largest value), the largest
-magnitude and the sums from plain reductions. Two rare cases take a slower,
-exact branch through `tf.cond`: float32 subnormals (resolved into exact
-exponents) and non-finite or huge values (masked and rescaled sums).
 
 **Accumulators** are `tf.Variable`s created once, under `tf.init_scope`, the
 first time a probe is traced; they are not Keras weights (not tracked by any
@@ -27,32 +19,14 @@ extremes).
 from __future__ import annotations
 
 import functools
-import os
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 
 import numpy as np
 import tensorflow as tf
 
-_MANTISSA_BITS = 23
-_BIASED_EXPONENT_BINS = 256
-_NONFINITE_BIN = 255
-_SUBNORMAL_EXPONENTS = 23
-_SMALLEST_NORMAL_BITS = 1 << _MANTISSA_BITS
-_INFINITY_BITS = 0x7F800000
-_FLOAT32_EXPONENT_BIAS = 127
-_SMALLEST_SUBNORMAL_EXPONENT = -149
-#: Magnitudes from 2^40 up take the rescaled (exact) branch: squares of such
-#: values summed over a large tensor could overflow float32.
-_LARGE_BIASED_EXPONENT = _FLOAT32_EXPONENT_BIAS + 40
-
-#: Length of the raw count vector: 256 biased-exponent slots (slot 0 holds the
-#: zeros, slot 255 the non-finite values), 23 float32 subnormal exponents
-#: (-149 .. -127), then one slot counting the NaNs among the non-finite values
-#: (an overflow gives inf; a NaN usually comes from the data or 0 * inf).
-RAW_COUNT_SLOTS = _BIASED_EXPONENT_BINS + _SUBNORMAL_EXPONENTS + 1
-#: Order of the float accumulator slots.
-FLOAT_SLOTS = ("max_abs", "min_nonzero_abs", "sum_abs", "sum_squares")
+from .tensorflow_statistics import RAW_COUNT_SLOTS, combine_floats, tensor_statistics
+from .tensorflow_tensorboard import write_histograms as write_histograms  # the interface's
 
 _NAME_UNSAFE = re.compile(r"[^A-Za-z0-9_.\-]")
 
@@ -76,174 +50,6 @@ def variable_name(name: str, fallback: str) -> str:
     return _NAME_UNSAFE.sub("_", name)[:120] or fallback
 
 
-def _count_values(indices: tf.Tensor, slots: int, xla: bool) -> tf.Tensor:
-    """Counts occurrences of each integer in `[0, slots)` (int32 result).
-
-    `DenseBincount` is called directly: `tf.math.bincount` adds a full
-    `reduce_max` pass over the indices to size its output, which a fixed
-    number of slots does not need.
-    """
-    if xla:
-        return tf.math.unsorted_segment_sum(tf.ones_like(indices), indices, slots)
-    return tf.raw_ops.DenseBincount(
-        input=indices, size=slots, weights=tf.zeros([0], tf.int32), binary_output=False
-    )
-
-
-def _sum_of_squares(values: tf.Tensor) -> tf.Tensor:
-    """Sum of squares of a 1-D float32 tensor in one pass (`L2Loss` is half of it).
-
-    `tensordot` of a vector with itself is several times slower, and
-    `reduce_sum(square(x))` takes two passes and a temporary.
-    """
-    return 2.0 * tf.nn.l2_loss(values)
-
-
-def _subnormal_counts(bits: tf.Tensor, xla: bool) -> tf.Tensor:
-    """Counts float32 subnormals by exact exponent (-149 .. -127); `bits` are of `|x|`."""
-    is_subnormal = tf.logical_and(bits > 0, bits < _SMALLEST_NORMAL_BITS)
-    # For a subnormal, |x| = m * 2^-149 with integer m < 2^23: floor(log2(m)) is
-    # the biased exponent of float32(m) (exact) minus the bias.
-    mantissa_exponent = (
-        tf.bitwise.right_shift(tf.bitcast(tf.cast(bits, tf.float32), tf.int32), _MANTISSA_BITS)
-        - _FLOAT32_EXPONENT_BIAS
-    )
-    slots = tf.where(is_subnormal, mantissa_exponent, _SUBNORMAL_EXPONENTS)
-    return _count_values(slots, _SUBNORMAL_EXPONENTS + 1, xla)[:_SUBNORMAL_EXPONENTS]
-
-
-def _plain_sums(flat: tf.Tensor, magnitude: tf.Tensor) -> tf.Tensor:
-    """Max, sum |x| and sum x^2 of an all-finite tensor of moderate magnitude."""
-    return tf.stack(
-        [
-            tf.cast(tf.reduce_max(magnitude), tf.float64),
-            tf.cast(tf.reduce_sum(magnitude), tf.float64),
-            tf.cast(_sum_of_squares(flat), tf.float64),
-        ]
-    )
-
-
-def _masked_rescaled_sums(bits: tf.Tensor, magnitude: tf.Tensor) -> tf.Tensor:
-    """Max, sum |x| and sum x^2 over finite values, rescaled by a power of two to avoid overflow."""
-    finite = tf.where(bits < _INFINITY_BITS, magnitude, tf.zeros_like(magnitude))
-    largest = tf.reduce_max(finite)
-    exponent = tf.where(
-        largest > 0,
-        tf.cast(tf.bitwise.right_shift(tf.bitcast(largest, tf.int32), _MANTISSA_BITS), tf.float32)
-        - _FLOAT32_EXPONENT_BIAS,
-        0.0,
-    )
-    scaled = finite * tf.pow(2.0, -exponent)
-    factor = tf.pow(tf.constant(2.0, tf.float64), tf.cast(exponent, tf.float64))
-    return tf.stack(
-        [
-            tf.cast(largest, tf.float64),
-            tf.cast(tf.reduce_sum(scaled), tf.float64) * factor,
-            tf.cast(_sum_of_squares(scaled), tf.float64) * factor * factor,
-        ]
-    )
-
-
-def _flat_statistics(flat: tf.Tensor, xla: bool) -> tuple[tf.Tensor, tf.Tensor]:
-    """Raw statistics of a 1-D float32 tensor: int64 counts and float64 `FLOAT_SLOTS`.
-
-    The rare exact branches (subnormals; non-finite or huge values) run on a
-    slice of the data that is empty unless needed: `tf.cond` would cost far
-    more graph-building and start-up time per probe. XLA needs static shapes,
-    so there every branch runs in full (fused into the same few passes).
-    """
-    magnitude = tf.abs(flat)
-    bits = tf.bitcast(magnitude, tf.int32)
-    biased_counts = _count_values(
-        tf.bitwise.right_shift(bits, _MANTISSA_BITS), _BIASED_EXPONENT_BINS, xla
-    )
-    smallest_bits = tf.reduce_min(tf.bitcast(bits, tf.uint32) - 1) + 1
-    has_finite_nonzero = tf.logical_and(smallest_bits > 0, smallest_bits < _INFINITY_BITS)
-    min_nonzero = tf.where(
-        has_finite_nonzero,
-        tf.cast(tf.bitcast(tf.bitcast(smallest_bits, tf.int32), tf.float32), tf.float64),
-        tf.constant(np.inf, tf.float64),
-    )
-    has_subnormal = tf.logical_and(has_finite_nonzero, smallest_bits < _SMALLEST_NORMAL_BITS)
-    needs_masking = tf.reduce_sum(biased_counts[_LARGE_BIASED_EXPONENT:]) > 0
-    if xla:
-        subnormal = _subnormal_counts(bits, xla)
-        max_and_sums = _masked_rescaled_sums(bits, magnitude)
-    else:
-        size = tf.size(flat)
-        subnormal_size = tf.where(has_subnormal, size, 0)
-        subnormal = _subnormal_counts(bits[:subnormal_size], xla)
-        masked_size = tf.where(needs_masking, size, 0)
-        plain_size = size - masked_size
-        max_and_sums = tf.where(
-            needs_masking,
-            _masked_rescaled_sums(bits[:masked_size], magnitude[:masked_size]),
-            _plain_sums(flat[:plain_size], magnitude[:plain_size]),
-        )
-    has_nonfinite = biased_counts[_BIASED_EXPONENT_BINS - 1] > 0
-    if xla:
-        nan_bits = bits
-    else:
-        nan_bits = bits[: tf.where(has_nonfinite, tf.size(flat), 0)]
-    nans = tf.reduce_sum(tf.cast(nan_bits > _INFINITY_BITS, tf.int32))
-    zeros = biased_counts[0] - tf.reduce_sum(subnormal)
-    counts = tf.concat(
-        [tf.reshape(zeros, [1]), biased_counts[1:], subnormal, tf.reshape(nans, [1])], axis=0
-    )
-    floats = tf.stack([max_and_sums[0], min_nonzero, max_and_sums[1], max_and_sums[2]])
-    return tf.cast(counts, tf.int64), floats
-
-
-#: Which float slot combines over steps by maximum and which by minimum (the rest add up).
-_COMBINE_BY_MAX = (True, False, False, False)
-_COMBINE_BY_MIN = (False, True, False, False)
-
-
-def _combine_floats(current: tf.Tensor, new: tf.Tensor) -> tf.Tensor:
-    """Accumulates float slots (last axis): max of maxima, min of minima, sums of sums."""
-    return tf.where(
-        _COMBINE_BY_MAX,
-        tf.maximum(current, new),
-        tf.where(_COMBINE_BY_MIN, tf.minimum(current, new), current + new),
-    )
-
-
-@functools.cache
-def _statistics_function(xla: bool) -> Callable:
-    """Returns a `tf.function` computing `(counts, floats)` of a 1-D tensor, traced once.
-
-    Calling one traced function per probe keeps each probe to a handful of ops in
-    the train step's graph, so tracing a large model stays fast.
-    """
-
-    @tf.function(
-        input_signature=[tf.TensorSpec([None], tf.float32)],
-        autograph=False,
-        experimental_attributes={"_noinline": True},
-    )
-    def statistics(flat):
-        return _flat_statistics(flat, xla)
-
-    return statistics
-
-
-def tensor_statistics(
-    tensor: tf.Tensor, xla: bool = False, multiplier: tf.Tensor | None = None
-) -> tuple[tf.Tensor, tf.Tensor]:
-    """Computes the raw statistics of one tensor (see the module docstring).
-
-    Args:
-        tensor: any floating-point tensor; measured in float32.
-        xla: whether the graph is compiled with XLA (selects XLA-friendly ops).
-        multiplier: optional float32 scalar applied first (to undo a loss scale).
-
-    Returns:
-        `(counts, floats)`: int64 `[RAW_COUNT_SLOTS]` counts and float64 values
-        in `FLOAT_SLOTS` order.
-    """
-    return _statistics_function(xla)(_flatten(tensor, multiplier))
-
-
 class StatisticsCache:
     """Statistics already computed in one traced train step, by tensor.
 
@@ -254,6 +60,13 @@ class StatisticsCache:
     observes it. A probe's output is registered as an alias of its input, so
     an outer layer that returns an inner layer's probed output hits the cache.
     Create one per trace; it holds graph tensors.
+
+    Example:
+
+    ```python
+    cache = StatisticsCache()
+    counts, floats = cache.statistics(outputs, False, None)  # measured once per trace
+    ```
     """
 
     def __init__(self) -> None:
@@ -279,15 +92,6 @@ class StatisticsCache:
             self._entries[self._key(alias, None)] = self._entries[key]
 
 
-def _flatten(tensor: tf.Tensor, multiplier: tf.Tensor | None) -> tf.Tensor:
-    flat = tf.reshape(tf.stop_gradient(tensor), [-1])
-    if flat.dtype != tf.float32:
-        flat = tf.cast(flat, tf.float32)
-    if multiplier is not None:
-        flat = flat * tf.cast(multiplier, tf.float32)
-    return flat
-
-
 class TensorAccumulator:
     """Statistic variables of one probed tensor, accumulated over steps.
 
@@ -296,6 +100,14 @@ class TensorAccumulator:
 
     Args:
         name: a readable name, used for the variable names.
+
+    Example:
+
+    ```python
+    accumulator = TensorAccumulator("dense/output")
+    accumulator.update(tf.constant([1.0, -3.0]), xla=False)
+    counts, floats = accumulator.read()
+    ```
     """
 
     def __init__(self, name: str):
@@ -329,7 +141,7 @@ class TensorAccumulator:
         else:
             counts, floats = cache.statistics(tensor, xla, multiplier)
         self.counts.assign_add(counts)
-        self.floats.assign(_combine_floats(self.floats.read_value(), floats))
+        self.floats.assign(combine_floats(self.floats.read_value(), floats))
 
     def read(self) -> tuple[np.ndarray, np.ndarray]:
         """Returns `(counts, floats)` as NumPy arrays, combined over replicas."""
@@ -354,7 +166,15 @@ class TensorAccumulator:
 
 
 class StepCounter:
-    """Counts train steps run with probes (per replica; read as the largest replica count)."""
+    """Counts train steps run with probes (per replica; read as the largest replica count).
+
+    Example:
+
+    ```python
+    counter = StepCounter()
+    counter.increment(data)  # inside the traced train step
+    ```
+    """
 
     def __init__(self):
         with tf.init_scope():
@@ -413,6 +233,12 @@ def probe(
 
     Returns:
         A tensor equal to `tensor`, with the same gradient.
+
+    Example:
+
+    ```python
+    outputs = probe(outputs, TensorAccumulator("dense"), TensorAccumulator("dense/grad"), False)
+    ```
     """
 
     @tf.custom_gradient
@@ -435,19 +261,46 @@ def probe(
 
 def record(
     accumulator: TensorAccumulator,
-    tensor: tf.Tensor,
+    tensor: tf.Tensor | tf.IndexedSlices,
     xla: bool,
     multiplier: tf.Tensor | None = None,
     cache: StatisticsCache | None = None,
 ) -> None:
-    """Records a tensor that needs no gradient (weights, weight gradients, internals)."""
+    """Records a tensor that needs no gradient (weights, weight gradients, internals).
+
+    Args:
+        accumulator: where the statistics are added up.
+        tensor: the tensor, or `tf.IndexedSlices` (its values are recorded).
+        xla: selects the XLA-friendly ops when the step compiles with XLA.
+        multiplier: a factor the values are multiplied by first, e.g. `1 / loss scale`.
+        cache: the trace's `StatisticsCache`, so a tensor seen twice is measured once.
+
+    Example:
+
+    ```python
+    record(TensorAccumulator("dense/kernel"), layer.kernel.value, xla=False)
+    ```
+    """
     if isinstance(tensor, tf.IndexedSlices):
         tensor = tensor.values
     accumulator.update(tensor, xla, multiplier, cache)
 
 
 def is_float_tensor(value: object) -> bool:
-    """Returns whether `value` is a TensorFlow tensor with a floating-point dtype."""
+    """Returns whether `value` is a TensorFlow tensor with a floating-point dtype.
+
+    Args:
+        value: anything found in a layer's arguments or outputs.
+
+    Returns:
+        `True` for a float `tf.Tensor`; `False` for NumPy arrays and the rest.
+
+    Example:
+
+    ```python
+    is_float_tensor(tf.constant([1.0], tf.float16))  # True
+    ```
+    """
     return isinstance(value, tf.Tensor) and value.dtype.is_floating
 
 
@@ -456,6 +309,18 @@ def inverse_loss_scale(optimizer: object) -> tf.Tensor | None:
 
     Call inside the traced train step, before the loss is scaled, so that the
     value read is the one the step uses.
+
+    Args:
+        optimizer: the model's optimizer.
+
+    Returns:
+        A float32 scalar, or `None` when the optimizer scales no loss.
+
+    Example:
+
+    ```python
+    inverse_loss_scale(keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD()))
+    ```
     """
     scales = getattr(optimizer, "scale_loss", None)
     if scales is None:
@@ -593,7 +458,17 @@ _XLA_SUPPORT: dict[str, bool] = {}
 
 
 def xla_can_host_probes() -> bool:
-    """Returns whether a probe compiles under XLA on this machine (checked once per process)."""
+    """Returns whether a probe compiles under XLA on this machine (checked once per process).
+
+    Returns:
+        `True` when a probed step compiled with `jit_compile=True` runs.
+
+    Example:
+
+    ```python
+    jit_compile = model.jit_compile and xla_can_host_probes()
+    ```
+    """
     if "result" not in _XLA_SUPPORT:
         _XLA_SUPPORT["result"] = _try_xla_probe()
     return _XLA_SUPPORT["result"]
@@ -616,93 +491,3 @@ def _try_xla_probe() -> bool:
     except Exception:  # noqa: BLE001 - any compile failure means "no XLA"
         return False
     return True
-
-
-def write_histograms(
-    logdir: str | os.PathLike,
-    series: Iterable[tuple[str, np.ndarray, np.ndarray]],
-    step: int = 0,
-    description: Callable[[str], str] | None = None,
-) -> None:
-    """Writes exponent histograms as TensorBoard histogram summaries.
-
-    Each histogram is stored in TensorBoard's own histogram format (a
-    `[k, 3]` tensor of left edge, right edge and count, plugin `histograms`),
-    with bucket edges in log2 units, so no TensorBoard install is needed to
-    write it.
-
-    Args:
-        logdir: the TensorBoard log directory.
-        series: `(tag, exponents, counts)` triples; bucket `i` spans
-            `[exponents[i], exponents[i] + 1)`.
-        step: the summary step.
-        description: optional function returning a description for a tag.
-    """
-    from tensorflow.core.framework import summary_pb2
-
-    writer = tf.summary.create_file_writer(str(logdir))
-    with writer.as_default():
-        for tag, exponents, counts in series:
-            metadata = summary_pb2.SummaryMetadata(
-                display_name=tag,
-                summary_description=description(tag) if description else "",
-            )
-            metadata.plugin_data.plugin_name = "histograms"
-            buckets = np.stack(
-                [
-                    np.asarray(exponents, np.float64),
-                    np.asarray(exponents, np.float64) + 1.0,
-                    np.asarray(counts, np.float64),
-                ],
-                axis=1,
-            )
-            tf.summary.write(tag=tag, tensor=tf.constant(buckets), step=step, metadata=metadata)
-    writer.flush()
-    writer.close()
-
-
-def read_histograms(logdir: str | os.PathLike) -> dict[str, np.ndarray]:
-    """Reads back histogram summaries written by `write_histograms` (`{tag: [k, 3] array}`)."""
-    from tensorflow.core.util import event_pb2
-
-    found: dict[str, np.ndarray] = {}
-    for path in sorted(tf.io.gfile.glob(os.path.join(str(logdir), "events.out.tfevents.*"))):
-        for record_bytes in tf.data.TFRecordDataset(path):
-            event = event_pb2.Event.FromString(record_bytes.numpy())
-            for value in event.summary.value:
-                if value.metadata.plugin_data.plugin_name == "histograms":
-                    found[value.tag] = tf.make_ndarray(value.tensor)
-    return found
-
-
-def _write_plugin_summary(tag: str, tensor: tf.Tensor, step: int, plugin: str) -> None:
-    """Writes one summary in a TensorBoard plugin's format, without needing TensorBoard."""
-    from tensorflow.core.framework import summary_pb2
-
-    metadata = summary_pb2.SummaryMetadata(display_name=tag)
-    metadata.plugin_data.plugin_name = plugin
-    tf.summary.write(tag=tag, tensor=tensor, step=step, metadata=metadata)
-
-
-class SummaryWriter:
-    """Writes scalars and text next to Keras' own TensorBoard logs (one event file per run).
-
-    Args:
-        logdir: the TensorBoard log directory (a sub-folder is fine).
-    """
-
-    def __init__(self, logdir: str | os.PathLike) -> None:
-        self._writer = tf.summary.create_file_writer(str(logdir))
-
-    def write(self, step: int, scalars: dict[str, float], texts: dict[str, str]) -> None:
-        """Writes `scalars` and Markdown `texts` at `step` and flushes."""
-        with self._writer.as_default():
-            for tag, value in scalars.items():
-                _write_plugin_summary(tag, tf.constant(float(value), tf.float32), step, "scalars")
-            for tag, text in texts.items():
-                _write_plugin_summary(tag, tf.constant(text), step, "text")
-        self._writer.flush()
-
-    def close(self) -> None:
-        """Flushes and closes the event file."""
-        self._writer.close()

@@ -29,7 +29,8 @@ import numpy as np
 import tensorflow as tf
 from keras import ops
 
-from .telemetry import Replace, StepRecorder
+from .telemetry import StepRecorder
+from .telemetry_hooks import TelemetryHooksBase, advance_history, cleared_status
 from .tensorflow import variable_name
 
 
@@ -100,19 +101,22 @@ def _local_copies(variable: tf.Variable) -> tuple:
 
 
 def bitcast(tensor: Any, dtype: str) -> tf.Tensor:
-    """Returns `tensor`'s bits read as `dtype` of the same width (`tf.bitcast`), scalars included.
+    """Returns `tensor`'s bits read as `dtype` of the same width, with `tf.bitcast`, scalars included.
+
+    `tf.bitcast` takes only tensors: NumPy values and Python floats are
+    converted to one first.
 
     Args:
-        tensor: a tensor.
-        dtype: a dtype of the same item size, e.g. `"int16"` for float16.
+        tensor: a `tf.Tensor`, a NumPy value or a Python float.
+        dtype: the name of a TensorFlow dtype whose item size is that of `tensor`.
 
     Returns:
-        The tensor of `dtype`, same shape.
+        A `tf.Tensor` of `dtype` with `tensor`'s shape.
 
     Example:
 
     ```python
-    bitcast(tf.constant(1.0), "int32")  # 1065353216
+    bitcast(np.float16(1.0), "int16")  # 15360, 0x3C00
     ```
     """
     return tf.bitcast(tf.convert_to_tensor(tensor), tf.as_dtype(dtype))
@@ -182,17 +186,16 @@ def loss_scale(model: keras.Model) -> tf.Tensor:
     return ops.convert_to_tensor(1.0, "float32")
 
 
-class TelemetryHooks:
-    """The telemetry's state and step wrappers on TensorFlow (see `autoprec._backends.telemetry`).
+class TelemetryHooks(TelemetryHooksBase):
+    """The telemetry's state and step wrappers on TensorFlow: per-replica variables written in the step.
 
-    Args:
-        history: the history's first value, `[steps, rows, slots]` float32.
+    Built from the history's first value (see `TelemetryHooksBase`).
 
     Example:
 
     ```python
-    hooks = TelemetryHooks(np.full((16, 3, 4), -1.0, np.float32))
-    hooks.read_count()  # 0
+    hooks = TelemetryHooks(np.zeros((8, 2, 4), np.float32))
+    hooks.read_status()  # array([0, 0], dtype=int32)
     ```
     """
 
@@ -202,7 +205,7 @@ class TelemetryHooks:
     def __init__(self, history: np.ndarray) -> None:
         self._history = replica_local_variable(history, "autoprec_guard_history")
         self._count = replica_local_variable(np.int64(0), "autoprec_guard_steps")
-        self._status = replica_local_variable(np.zeros(2, np.int32), "autoprec_guard_status")
+        self._status = replica_local_variable(cleared_status(), "autoprec_guard_status")
 
     def integer_amax_is_fast(self, xla: bool) -> bool:
         """Returns whether the amax may reduce bit patterns as 16/32-bit integers.
@@ -219,43 +222,26 @@ class TelemetryHooks:
         """
         return xla or not tf.config.list_logical_devices("GPU")
 
-    def install_step(
-        self,
-        model: keras.Model,
-        recorder: StepRecorder,
-        owners: Mapping[int, int],
-        replace: Replace,
-    ) -> None:
-        """Wraps `model.train_step` (frame written in the step) and `apply_gradients`.
-
-        Args:
-            model: the compiled model.
-            recorder: the telemetry.
-            owners: `{id(variable): recorded layer index}` of the trainable weights.
-            replace: sets a method for as long as the telemetry is installed.
-        """
+    def step_wrappers(
+        self, model: keras.Model, recorder: StepRecorder, owners: Mapping[int, int]
+    ) -> list[tuple[object, str, Callable]]:
+        """Returns the wrappers of `model.train_step` (frame written in the step) and `apply_gradients`."""
         optimizer = model.optimizer
-        replace(model, "train_step", self._wrap_train_step(model, recorder))
-        replace(
-            optimizer,
-            "apply_gradients",
-            _wrap_apply_gradients(optimizer.apply_gradients, recorder, owners),
-        )
+        return [
+            (model, "train_step", self._wrap_train_step(model, recorder)),
+            (
+                optimizer,
+                "apply_gradients",
+                _wrap_apply_gradients(optimizer.apply_gradients, recorder, owners),
+            ),
+        ]
 
     def watch_gradient(self, recorder: StepRecorder, trace: Any, index: int, value: Any) -> Any:
-        """Returns `value` through an identity whose gradient function records the gradient's amax.
+        """Returns `value` through a custom-gradient identity recording the gradient's amax.
 
-        The gradient runs inside the step's own graph: the amax goes into the
-        step's trace.
-
-        Args:
-            recorder: the telemetry.
-            trace: the step's trace.
-            index: the recorded layer's index.
-            value: a float output of the layer.
-
-        Returns:
-            The value to pass on.
+        The gradient function runs inside the step's own graph, so the amax
+        goes into the trace that is active when it runs (`trace` is that of the
+        forward pass, the same step).
         """
 
         @ops.custom_gradient
@@ -291,16 +277,20 @@ class TelemetryHooks:
 
     def _write(self, recorder: StepRecorder, frame: Any) -> None:
         """Appends the step's frame to the history with one update; raises the status flags."""
-        history = ops.convert_to_tensor(self._history)
-        failed, near = recorder.status_flags(frame, history, ops)
-        self._history.assign(ops.concatenate([history[1:], frame[None]], axis=0))
+        history, status = advance_history(
+            recorder,
+            frame,
+            ops.convert_to_tensor(self._history),
+            ops.convert_to_tensor(self._status),
+            ops,
+        )
+        self._history.assign(history)
         self._count.assign_add(ops.convert_to_tensor(1, "int64"))
-        code = ops.cast(ops.stack([failed, near]), "int32")
-        self._status.assign(ops.maximum(ops.convert_to_tensor(self._status), code))
+        self._status.assign(ops.cast(status, "int32"))
 
     def read_history(self) -> np.ndarray:
         """Returns the history, combined over replicas (the largest values)."""
-        return np.max(np.stack(replica_values(self._history)), axis=0)
+        return _largest_replica_value(self._history)
 
     def read_count(self) -> int:
         """Returns how many steps were recorded (the largest replica count)."""
@@ -308,11 +298,16 @@ class TelemetryHooks:
 
     def read_status(self) -> np.ndarray:
         """Returns `[failed, near_range]` since the last clear, combined over replicas."""
-        return np.max(np.stack(replica_values(self._status)), axis=0)
+        return _largest_replica_value(self._status)
 
     def clear_status(self) -> None:
         """Resets every replica's status."""
-        assign_every_replica(self._status, np.zeros(2, np.int32))
+        assign_every_replica(self._status, cleared_status())
+
+
+def _largest_replica_value(variable: tf.Variable) -> np.ndarray:
+    """The largest value of each element over every replica's copy of `variable`."""
+    return np.max(np.stack(replica_values(variable)), axis=0)
 
 
 def _wrap_apply_gradients(

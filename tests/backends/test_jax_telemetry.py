@@ -1,24 +1,17 @@
 """Tests for autoprec._backends.jax_telemetry: the telemetry's host-side state and hooks on JAX.
 
-Keras fixes its backend at its first import and this process runs TensorFlow,
-so the checks run in one child process with `KERAS_BACKEND=jax` and
-TensorFlow made unimportable; it prints one JSON line the tests read.
+The checks run in one child process under Keras' JAX backend
+(`jax_child.run_jax_child`), with TensorFlow made unimportable.
 """
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 import textwrap
-from pathlib import Path
 
 import pytest
+from backends.jax_child import run_jax_child
 
 pytest.importorskip("jax")
-
-ROOT = Path(__file__).resolve().parents[2]
 
 CHILD = textwrap.dedent(
     """
@@ -100,14 +93,7 @@ CHILD = textwrap.dedent(
 
 @pytest.fixture(scope="module")
 def results():
-    environment = {**os.environ, "KERAS_BACKEND": "jax", "JAX_PLATFORMS": "cpu"}
-    completed = subprocess.run(
-        [sys.executable, "-c", CHILD], capture_output=True, text=True, timeout=300,
-        env=environment, cwd=ROOT,
-    )  # fmt: skip
-    assert completed.returncode == 0, completed.stderr[-3000:]
-    line = next(x for x in completed.stdout.splitlines() if x.startswith("RESULT "))
-    return json.loads(line[len("RESULT ") :])
+    return run_jax_child(CHILD)
 
 
 def test_the_telemetry_backend_on_jax_is_this_module(results):

@@ -1,0 +1,299 @@
+"""JAX side of the profiler's probes: how one traced train step's measurements leave it, through sinks.
+
+Keras' JAX train step is a pure function, and the values the profiler
+measures inside its differentiated loss function cannot be returned from
+there directly. Each probe gets a *sink*, a zero-valued float32 input of
+`SINK_SIZE` values that the step differentiates beside the model's weights:
+
+- a **forward value** (a layer output, attention logits) is measured, its
+  statistics written as base-256 digits (exact small integers in float32),
+  multiplied by its sink and added to the loss: the loss gains an exact `0.0`
+  and the gradient with respect to the sink is the digits themselves;
+- an **activation gradient** passes through `observe`, a `jax.custom_vjp`
+  identity whose backward rule measures the incoming gradient and returns its
+  digits as the gradient of the sink;
+- **weights and weight gradients** (in the optimizer's `stateless_apply`,
+  outside the differentiated function) and forward values outside the loss
+  function are measured directly.
+
+`StepTrace` is one trace's record of all this: which probes the abstract pass
+found, in call order, which sinks the real pass consumes, and at the end the
+step's measurements by slot (`StepTrace.statistics`). `jax_probes` wires it
+into the train step.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from ..errors import ProfileError
+from .jax_statistics import RAW_COUNT_SLOTS, STEP_FLOAT_SLOTS, tensor_statistics
+from .probe_hooks import Slot
+
+_WORDS = RAW_COUNT_SLOTS + len(STEP_FLOAT_SLOTS)
+_DIGIT_SHIFTS = (0, 8, 16, 24)
+#: Length of a sink: every 32-bit word of one measurement as four base-256 digits.
+SINK_SIZE = _WORDS * len(_DIGIT_SHIFTS)
+
+
+def encode(counts: jax.Array, floats: jax.Array) -> jax.Array:
+    """Writes one measurement as base-256 digits in float32, exact under any add or matmul precision.
+
+    Args:
+        counts: int32 `[RAW_COUNT_SLOTS]` counts of `tensor_statistics`.
+        floats: float32 values in `STEP_FLOAT_SLOTS` order.
+
+    Returns:
+        A float32 `[SINK_SIZE]` array of integers in `[0, 255]`.
+
+    Example:
+
+    ```python
+    digits = encode(*tensor_statistics(jnp.array([0.5, -3.0])))
+    ```
+    """
+    words = jnp.concatenate(
+        [
+            lax.bitcast_convert_type(counts.astype(jnp.int32), jnp.uint32),
+            lax.bitcast_convert_type(floats.astype(jnp.float32), jnp.uint32),
+        ]
+    )
+    shifts = jnp.asarray(_DIGIT_SHIFTS, jnp.uint32)
+    digits = (words[:, None] >> shifts[None, :]) & jnp.uint32(0xFF)
+    return digits.astype(jnp.float32).reshape(-1)
+
+
+def decode(encoded: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Reads back the measurement that `encode` wrote.
+
+    Args:
+        encoded: a float32 `[SINK_SIZE]` array, e.g. the gradient of a sink.
+
+    Returns:
+        `(counts, floats)` as `tensor_statistics` returns them (all zeros, a
+        count of 0, where no gradient flowed into the sink).
+
+    Example:
+
+    ```python
+    counts, floats = decode(encode(counts, floats))
+    ```
+    """
+    digits = jnp.round(encoded).astype(jnp.uint32).reshape(_WORDS, len(_DIGIT_SHIFTS))
+    shifts = jnp.asarray(_DIGIT_SHIFTS, jnp.uint32)
+    words = jnp.sum(digits << shifts[None, :], axis=1, dtype=jnp.uint32)  # disjoint bits
+    counts = lax.bitcast_convert_type(words[:RAW_COUNT_SLOTS], jnp.int32)
+    floats = lax.bitcast_convert_type(words[RAW_COUNT_SLOTS:], jnp.float32)
+    return counts, floats
+
+
+@jax.custom_vjp
+def observe(value: jax.Array, sink: jax.Array, multiplier: jax.Array) -> jax.Array:
+    """Returns `value`, through an identity whose gradient rule measures the gradient flowing back.
+
+    Args:
+        value: the tensor whose gradient is measured.
+        sink: a float32 `[SINK_SIZE]` input of the differentiated function.
+        multiplier: float32 scalar applied to the gradient before measuring it
+            (the inverse loss scale); the gradient passed on is unchanged.
+
+    Returns:
+        `value`; the gradient with respect to `sink` is the `encode`d
+        measurement of `value`'s gradient.
+
+    Example:
+
+    ```python
+    sink = jnp.zeros((SINK_SIZE,), jnp.float32)
+    digits = jax.grad(lambda s: jnp.sum(observe(x, s, jnp.float32(1.0)) ** 2))(sink)
+    ```
+    """
+    del sink, multiplier
+    return value
+
+
+def _observe_forward(value, sink, multiplier):
+    del sink
+    return value, multiplier
+
+
+def _observe_backward(multiplier, gradient):
+    counts, floats = tensor_statistics(gradient, multiplier)
+    return gradient, encode(counts, floats), jnp.zeros_like(multiplier)
+
+
+observe.defvjp(_observe_forward, _observe_backward)
+
+
+@dataclasses.dataclass
+class StepTrace:
+    """What one trace of the wrapped train step has recorded so far (trace-time Python state).
+
+    In the abstract pass (`discovering`) the probes only list their slots in
+    call order; in the real pass they consume the sinks in the same order.
+    The sinks travel in the trainable list right after the model's own
+    `trainable_count` values.
+
+    Args:
+        discovering: whether this is the abstract pass, which only lists probes.
+        multiplier: the inverse loss scale of the step (`None`: no scaling).
+        forward_sites: the forward probes the abstract pass found, in call order.
+        backward_sites: the gradient probes the abstract pass found, in call order.
+        trainable_count: how many trainable values the model itself has.
+
+    Example:
+
+    ```python
+    trace = StepTrace(discovering=False, multiplier=None, forward_sites=[slot])
+    trainable = trace.with_sinks(trainable)
+    ```
+    """
+
+    discovering: bool
+    multiplier: Any
+    forward_sites: list[Slot] = dataclasses.field(default_factory=list)
+    backward_sites: list[Slot] = dataclasses.field(default_factory=list)
+    trainable_count: int = 0
+    in_loss: bool = False
+    forward_sinks: list[Any] = dataclasses.field(default_factory=list)
+    backward_sinks: list[Any] = dataclasses.field(default_factory=list)
+    forward_used: int = 0
+    backward_used: int = 0
+    loss_terms: list[Any] = dataclasses.field(default_factory=list)
+    direct: list[tuple[Slot, Any, Any]] = dataclasses.field(default_factory=list)
+    sink_gradients: list[Any] | None = None
+
+    @property
+    def sink_count(self) -> int:
+        """Number of sinks the step differentiates: one per probe of the abstract pass."""
+        return len(self.forward_sites) + len(self.backward_sites)
+
+    # -- the sinks in the trainable list
+
+    def with_sinks(self, trainable: list) -> list:
+        """Returns `trainable` with a zero sink per probe, right after the model's own values."""
+        sinks = [jnp.zeros((SINK_SIZE,), jnp.float32) for _ in range(self.sink_count)]
+        count = self.trainable_count
+        # Right after the model's own values: another wrapper's extra entries stay last.
+        return [*trainable[:count], *sinks, *trainable[count:]]
+
+    def take_sinks(self, trainable: list) -> list:
+        """Takes the sinks off the loss function's trainable values (kept for the probes)."""
+        count, end = self.trainable_count, self.trainable_count + self.sink_count
+        if len(trainable) < end:
+            raise ProfileError(
+                "autoprec profiling on JAX: compute_loss_and_updates received "
+                f"{len(trainable)} trainable values, fewer than the {end} the probed "
+                "train step passed; a custom train_step must differentiate "
+                "compute_loss_and_updates with respect to the trainable values it is "
+                "given, as Keras' own does."
+            )
+        sinks = trainable[count:end]
+        self.forward_sinks = sinks[: len(self.forward_sites)]
+        self.backward_sinks = sinks[len(self.forward_sites) :]
+        return [*trainable[:count], *trainable[end:]]
+
+    def take_sink_gradients(self, grads: list, trainable: list) -> tuple[list, list]:
+        """Takes the sinks' gradients (kept for `statistics`) and the sinks off the optimizer's lists."""
+        count, end = self.trainable_count, self.trainable_count + self.sink_count
+        if self.sink_count and len(grads) >= end:
+            self.sink_gradients = grads[count:end]
+            grads = [*grads[:count], *grads[end:]]
+            trainable = [*trainable[:count], *trainable[end:]]
+        return grads, trainable
+
+    def next_sink(self, backward: bool, slot: Slot) -> Any:
+        """Returns the next sink of that kind, checking the probe is the one the abstract pass saw."""
+        sites, sinks = (
+            (self.backward_sites, self.backward_sinks)
+            if backward
+            else (self.forward_sites, self.forward_sinks)
+        )
+        used = self.backward_used if backward else self.forward_used
+        if used >= len(sinks) or sites[used] != slot:
+            expected = sites[used] if used < len(sites) else "no more probes"
+            raise ProfileError(
+                f"autoprec profiling on JAX: the train step probed {slot} where its abstract "
+                f"pass probed {expected}; the model's forward pass must trace the same way "
+                "twice (no Python state that changes between traces)."
+            )
+        if backward:
+            self.backward_used += 1
+        else:
+            self.forward_used += 1
+        return sinks[used]
+
+    # -- recording
+
+    def measure(self, slot: Slot, tensor: Any, multiplier: Any = None) -> None:
+        """Measures a value outside the differentiated function into the step's rows (not when discovering)."""
+        if not self.discovering:
+            self.direct.append((slot, *tensor_statistics(tensor, multiplier)))
+
+    def record(self, slot: Slot, tensor: Any) -> None:
+        """Records a forward value: through its sink inside the loss function, directly outside it."""
+        if self.discovering:
+            if self.in_loss:
+                self.forward_sites.append(slot)
+            return
+        if not self.in_loss:
+            self.measure(slot, tensor)
+            return
+        counts, floats = tensor_statistics(tensor)
+        sink = self.next_sink(False, slot)
+        self.loss_terms.append(jnp.sum(sink * lax.stop_gradient(encode(counts, floats))))
+
+    def observe_gradient(self, slot: Slot, tensor: Any) -> Any:
+        """Returns `tensor`, through `observe` with its sink when inside the loss function."""
+        if not self.in_loss:  # no gradient is taken outside the loss function
+            return tensor
+        if self.discovering:
+            self.backward_sites.append(slot)
+            return tensor
+        sink = self.next_sink(True, slot)
+        multiplier = jnp.float32(1.0) if self.multiplier is None else self.multiplier
+        return observe(tensor, sink, multiplier)
+
+    def add_loss_terms(self, loss: Any) -> Any:
+        """Returns `loss` plus the forward values' terms (each an exact 0.0 carrying digits)."""
+        if not self.loss_terms:
+            return loss
+        loss = loss + functools.reduce(jnp.add, self.loss_terms)
+        self.loss_terms = []
+        return loss
+
+    def statistics(self) -> dict[Slot, tuple[jax.Array, jax.Array]]:
+        """Returns the step's measurements by slot, as `[calls, ...]` stacks of counts and floats."""
+        if self.forward_used != len(self.forward_sites) or self.backward_used != len(
+            self.backward_sites
+        ):
+            raise ProfileError(
+                "autoprec profiling on JAX: the train step probed fewer tensors than its "
+                "abstract pass; the model's forward pass must trace the same way twice."
+            )
+        rows = list(self.direct)
+        if self.sink_count:
+            if self.sink_gradients is None or len(self.sink_gradients) != self.sink_count:
+                raise ProfileError(
+                    "autoprec profiling on JAX: the optimizer's stateless_apply did not receive "
+                    "the gradients of the profiler's sinks; a custom train_step must pass the "
+                    "gradients of every trainable value it differentiated to stateless_apply."
+                )
+            sites = [*self.forward_sites, *self.backward_sites]
+            for slot, gradient in zip(sites, self.sink_gradients):
+                rows.append((slot, *decode(gradient)))
+        grouped: dict[Slot, tuple[list, list]] = {}
+        for slot, counts, floats in rows:
+            entry = grouped.setdefault(slot, ([], []))
+            entry[0].append(counts)
+            entry[1].append(floats)
+        return {
+            slot: (jnp.stack(counts), jnp.stack(floats))
+            for slot, (counts, floats) in grouped.items()
+        }
