@@ -1,0 +1,215 @@
+"""The automatic mode's decision: the heuristic plan from the profile and the costs, or the search.
+
+- `decide_plan`: the heuristic plan from the profile and the costs at the batch size
+  `fit` uses, with the evidence of why each float32 layer stayed float32
+  (`float32_reasons`);
+- `measure_costs`: the layer costs timed on this device;
+- `search_plan`: the short Optuna search run instead of the heuristic when a budget is given.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+import keras
+
+from .. import cost
+from .._core.dtypes import BFLOAT16, FLOAT16, FLOAT32
+from ..cost import CostTable, Estimate
+from ..hardware import HardwareProfile, is_local, resolve_hardware
+from ..plan import PrecisionPlan
+from ..profiler import Profile
+from ..search import (
+    SearchResult,
+    SearchSettings,
+    compute_layers,
+    float16_unsafe_layers,
+    heuristic_plan,
+    is_sensitive,
+    output_layers,
+    search,
+)
+from .auto_plan import AutoPlan
+
+logger = logging.getLogger("autoprec")
+
+#: The batch size costs are timed at when `fit` ran no step to read it from.
+FALLBACK_BATCH_SIZE = 32
+
+
+def decide_plan(
+    model: keras.Model,
+    profile: Profile | None,
+    hardware: HardwareProfile | str | None = "local",
+    batch_size: int = FALLBACK_BATCH_SIZE,
+    calibrate_costs: bool = True,
+    verbose: int = 0,
+    sample: Any = None,
+) -> tuple[PrecisionPlan, Estimate | None]:
+    """Returns the heuristic plan for `model` and the estimate behind it.
+
+    Costs are measured on the local device (`hardware="local"`, cached) or
+    predicted from a named hardware profile. Layers whose recorded ranges do not
+    fit float16 never get float16.
+
+    Args:
+        model: the built model being trained.
+        profile: an `autoprec.profiler.Profile`, or `None` when none could be recorded.
+        hardware: `"local"` (this device) or a hardware profile (name or
+            `HardwareProfile`), as `autoprec.hardware.resolve_hardware` accepts.
+        batch_size: batch size the costs are measured or predicted for.
+        calibrate_costs: measure costs on this device when `hardware` means this device.
+        verbose: 1 shows a progress bar while costs are measured, 0 none.
+        sample: inputs shaped as the batches `fit` feeds (an array, a list, a dict
+            or any nesting of them, `batch_size` samples), whose shapes costs are
+            timed or predicted at; `None` builds them from the model's inputs,
+            which needs every dimension besides the batch to be known.
+
+    Returns:
+        `(plan, estimate)`; `estimate` is `None` if no cost model could be built.
+
+    Example:
+
+    ```python
+    plan, estimate = decide_plan(model, prof, hardware="rtx4090", batch_size=64)
+    ```
+    """
+    hardware_profile = resolve_hardware(hardware)
+    allowed = [FLOAT32] + [
+        dtype for dtype in (BFLOAT16, FLOAT16) if hardware_profile.is_fast(dtype)
+    ]
+    costs = None
+    try:
+        if calibrate_costs and is_local(hardware):
+            if sample is None:
+                sample = cost.sample_inputs(model, batch_size)
+            costs = measure_costs(model, sample, allowed, hardware_profile, verbose)
+        else:
+            costs = cost.predict_costs(model, hardware_profile, batch_size=batch_size, x=sample)
+    except Exception as error:  # costs improve the plan; their absence must not stop training
+        logger.warning("autoprec: cost model unavailable (%s); deciding from parameters", error)
+    plan = heuristic_plan(
+        model, profile=profile, costs=costs, hardware=hardware_profile, dtypes=allowed
+    )
+    estimate = None
+    if costs is not None:
+        try:
+            estimate = cost.estimate(model, plan, costs=costs, batch_size=batch_size)
+        except Exception as error:
+            logger.warning("autoprec: no estimate for the plan (%s)", error)
+    plan = plan.with_metadata(
+        hardware=hardware_profile.name,
+        predicted_speedup=estimate.speedup if estimate is not None else None,
+        evidence=float32_reasons(model, plan, profile, allowed),
+    )
+    return plan, estimate
+
+
+def measure_costs(
+    model: keras.Model,
+    sample: Any,
+    dtypes: Sequence[str],
+    hardware: HardwareProfile,
+    verbose: int,
+) -> CostTable:
+    """Returns the layer costs measured on this device for `sample`'s batch size (`cost.calibrate`).
+
+    Args:
+        model: the built model.
+        sample: a batch of inputs; its size is the batch size timed.
+        dtypes: the compute dtypes to time.
+        hardware: the detected device's profile, for fallback predictions.
+        verbose: 1 shows a `keras.utils.Progbar` while timing, 0 none.
+
+    Returns:
+        The measured `CostTable` (cached per device and layer signature).
+
+    Example:
+
+    ```python
+    costs = measure_costs(model, autoprec.cost.sample_inputs(model, 64), ["float32"], hw, 0)
+    ```
+    """
+    return cost.calibrate(
+        model, sample, dtypes=dtypes, verbose=int(verbose >= 1), hardware=hardware
+    )
+
+
+def search_plan(
+    model: keras.Model,
+    auto: AutoPlan,
+    profile: Profile | None,
+    hardware: HardwareProfile | str,
+    batch_size: int,
+) -> SearchResult:
+    """Returns the result of the short search `AutoPlan(budget=...)` asks for.
+
+    Args:
+        model: the model being trained (trials run on clones).
+        auto: the settings, with `budget`, `x`, `validation_data` and `n_trials`.
+        profile: the recorded profile, reused by the search, or `None`.
+        hardware: `"local"` or a hardware profile, as `autoprec.search` takes it.
+        batch_size: the batch size the trials train and costs are timed at.
+
+    Returns:
+        The `autoprec.SearchResult`; its `plan` is the plan to apply.
+
+    Example:
+
+    ```python
+    result = search_plan(model, auto, prof, "rtx4090", batch_size=64)
+    ```
+    """
+    return search(
+        model,
+        auto.x,
+        auto.validation_data,
+        budget=auto.budget,
+        hardware=hardware,
+        n_trials=auto.n_trials,
+        verbose=0,
+        settings=SearchSettings(profile=profile, batch_size=batch_size),
+    )
+
+
+def float32_reasons(
+    model: keras.Model, plan: PrecisionPlan, profile: Profile | None, allowed: Sequence[str]
+) -> dict[str, dict[str, str]]:
+    """Returns `{path: {"reason": ...}}` for each computing layer the plan keeps in float32.
+
+    Args:
+        model: the model the plan is for.
+        plan: the plan, with `layer_info` (as `heuristic_plan` returns it).
+        profile: the recorded profile, or `None`.
+        allowed: the dtypes the plan could use on this device.
+
+    Returns:
+        One entry per float32 compute layer, saying why it stayed float32.
+
+    Example:
+
+    ```python
+    float32_reasons(model, plan, prof, ["float32", "bfloat16"])["head"]["reason"]
+    ```
+    """
+    infos = plan.layer_info
+    outputs = output_layers(model, infos)
+    unsafe = float16_unsafe_layers(profile) if profile is not None else {}
+    reasons: dict[str, dict[str, str]] = {}
+    for path in compute_layers(infos):
+        if plan.layers.get(path) != FLOAT32:
+            continue
+        if path in outputs:
+            reason = "model output: kept float32 for the loss"
+        elif is_sensitive(infos[path]):
+            reason = f"{infos[path].class_name} is numerically sensitive (exp/normalisation)"
+        elif path in unsafe and BFLOAT16 not in allowed:
+            reason = f"float16 unsafe ({unsafe[path]}); bfloat16 not fast on this device"
+        elif len(allowed) == 1:
+            reason = "no 16-bit dtype runs fast on this device"
+        else:
+            reason = "16-bit measured no faster than float32 here"
+        reasons[path] = {"reason": reason}
+    return reasons

@@ -1,0 +1,211 @@
+"""The whole train steps timed inside `fit`: the plans raced, the report of the race, the plan kept.
+
+- `race_candidates`: the plans whose whole train step is timed inside `fit` before
+  one is kept (float32, the uniform 16-bit and float8 plans, the per-layer plan);
+- `race_lines`: the report of that timing;
+- `race_winner_plan`: the plan the timing chose, its measurement in its metadata.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import keras
+
+from .._core.dtypes import BFLOAT16, FLOAT8, FLOAT16, FLOAT32
+from ..cost import Estimate
+from ..hardware import HardwareProfile
+from ..plan import PrecisionPlan
+from ..profiler import Profile
+from ..runtime.step_race import RaceResult
+from ..search import float8_unsafe_layers, float16_unsafe_layers, output_layers
+
+#: The name of the per-layer plan among the plans timed inside `fit`.
+PER_LAYER = "per-layer"
+
+
+def race_candidates(
+    model: keras.Model,
+    plan: PrecisionPlan,
+    profile: Profile | None,
+    hardware: HardwareProfile,
+) -> dict[str, PrecisionPlan]:
+    """Returns the plans whose whole step the one-liner times, simplest first, each once.
+
+    They are float32, each uniform 16-bit policy the device runs fast (float16
+    only where the profile says every layer's ranges fit it), set on every layer
+    as Keras' global `mixed_*` policy does, on a device with FP8 tensor cores float8
+    on every Dense/EinsumDense layer but the output layers and those whose float8
+    ranges do not fit (bfloat16 elsewhere), and the per-layer plan. The uniform
+    plans keep the output layers in float32 unless the model is trained with a
+    classification loss (cross-entropy): a regression output rounded to 16 bits
+    puts an error floor on the loss that a few timed steps cannot show. A plan
+    that gives the layers the same dtypes as a simpler one is left out.
+
+    Args:
+        model: the built model.
+        plan: the per-layer plan `decide_plan` returned.
+        profile: the recorded profile, or `None`.
+        hardware: the device's profile.
+
+    Returns:
+        `{name: plan}`: `"float32"`, `"mixed_bfloat16"`, `"mixed_float16"`, `"float8"`,
+        `"per-layer"`.
+
+    Example:
+
+    ```python
+    candidates = race_candidates(model, plan, prof, resolve_hardware("local"))
+    list(candidates)  # ["float32", "mixed_bfloat16", "per-layer"]
+    ```
+    """
+    candidates = {FLOAT32: PrecisionPlan.uniform(model, FLOAT32)}
+    outputs = () if has_classification_loss(model) else output_layers(model, plan.layer_info)
+    for dtype in (BFLOAT16, FLOAT16):
+        if not hardware.is_fast(dtype):
+            continue
+        if dtype == FLOAT16 and (profile is None or float16_unsafe_layers(profile)):
+            continue
+        uniform = PrecisionPlan.uniform(model, dtype)
+        for path in sorted(outputs):
+            uniform = uniform.with_dtype(path, FLOAT32)
+        candidates[f"mixed_{dtype}"] = uniform
+    if hardware.is_fast(FLOAT8) and hardware.is_fast(BFLOAT16):
+        # Float8 wherever Keras allows it, output layers and float8-unsafe layers excepted.
+        uniform = PrecisionPlan.uniform(model, FLOAT8)
+        refused = {*output_layers(model, plan.layer_info), *float8_unsafe_layers(profile)}
+        for path in sorted(refused & set(uniform.layers)):
+            if uniform.layers[path] == FLOAT8:
+                uniform = uniform.with_dtype(path, BFLOAT16)
+        candidates["float8"] = uniform
+    candidates[PER_LAYER] = plan
+    unique: dict[str, PrecisionPlan] = {}
+    seen: list[dict[str, str]] = []
+    for name, candidate in candidates.items():
+        dtypes = candidate.resolve()
+        if dtypes not in seen:
+            seen.append(dtypes)
+            unique[name] = candidate
+    return unique
+
+
+#: Words in a loss's name that make it a classification loss (outputs may round to 16 bits).
+CLASSIFICATION_LOSS_WORDS = ("crossentropy", "hinge")
+
+
+def has_classification_loss(model: keras.Model) -> bool:
+    """Returns whether every loss `model` is compiled with is a classification loss.
+
+    Args:
+        model: a compiled model.
+
+    Returns:
+        `True` for cross-entropy or hinge losses (strings, `keras.losses` objects or
+        functions, for each output); `False` for any other loss, or none.
+
+    Example:
+
+    ```python
+    model.compile("adam", "sparse_categorical_crossentropy")
+    has_classification_loss(model)  # True
+    ```
+    """
+    losses = [loss for loss in keras.tree.flatten(getattr(model, "loss", None)) if loss is not None]
+    if not losses:
+        return False
+
+    def name_of(loss: Any) -> str:
+        if isinstance(loss, str):
+            return loss
+        name = getattr(loss, "name", None) or type(loss).__name__
+        if type(loss).__name__ in ("function", "LossFunctionWrapper"):
+            name = getattr(loss, "__name__", None) or getattr(loss, "name", "")
+        return str(name)
+
+    return all(
+        any(word in name_of(loss).lower().replace("_", "") for word in CLASSIFICATION_LOSS_WORDS)
+        for loss in losses
+    )
+
+
+def race_lines(result: RaceResult, estimate: Estimate | None) -> list[str]:
+    """Returns the report of the whole steps timed inside `fit`: what was timed and what it chose.
+
+    Args:
+        result: what `StepRace` measured.
+        estimate: the per-layer plan's cost estimate, or `None`.
+
+    Returns:
+        One or two lines.
+
+    Example:
+
+    ```python
+    for line in race_lines(race.result(), estimate):
+        print(line)
+    ```
+    """
+    verdict = result.verdict
+    names = list(result.rounds)
+    timed = (
+        f"autoprec: timed the whole train step of {', '.join(names)} inside fit "
+        f"({result.rounds_run} interleaved round(s) of 2 steps; {result.steps} steps, "
+        f"+{result.added_seconds:.1f} s over the chosen plan's pace)"
+    )
+    if verdict is None:
+        return [
+            timed,
+            "  the first epoch ended before every plan was timed: keeping the per-layer plan",
+        ]
+    medians = verdict.medians
+    figures = ", ".join(f"{name} {1e3 * medians[name]:.2f} ms" for name in medians)
+    predicted = (
+        f"; predicted {estimate.speedup:.2f}x"
+        if estimate is not None and estimate.speedup and PER_LAYER in medians
+        else ""
+    )
+    leader = verdict.leader
+    chosen = f"keeping {leader}"
+    if leader != FLOAT32:
+        chosen += f" ({medians[FLOAT32] / medians[leader]:.2f}x float32)"
+    if verdict.fastest != leader:
+        noise = verdict.comparisons[leader].noise
+        chosen += (
+            f"; {verdict.fastest} was {medians[leader] / medians[verdict.fastest]:.2f}x "
+            f"faster, inside the measured noise ({1e3 * noise:.2f} ms)"
+        )
+    return [timed, f"  median step: {figures}{predicted}; {chosen}"]
+
+
+def race_winner_plan(
+    candidates: Mapping[str, PrecisionPlan], result: RaceResult, per_layer: PrecisionPlan
+) -> PrecisionPlan:
+    """Returns the plan the timing chose, its measurement recorded in `metadata["measured"]`.
+
+    Args:
+        candidates: the plans timed, by name.
+        result: what was measured.
+        per_layer: the per-layer plan (kept when training ended before a verdict).
+
+    Returns:
+        The chosen plan; a uniform one keeps the per-layer plan's `hardware` metadata
+        (`metadata["measured"]` says why it was kept).
+
+    Example:
+
+    ```python
+    plan = race_winner_plan(candidates, race.result(), plan)
+    plan.metadata["measured"]["winner"]
+    ```
+    """
+    name = result.winner or PER_LAYER
+    measured = result.to_dict()
+    if name == PER_LAYER:
+        return per_layer.with_metadata(measured=measured)
+    return candidates[name].with_metadata(
+        hardware=per_layer.metadata.get("hardware"),
+        predicted_speedup=None,
+        evidence={},
+        measured=measured,
+    )

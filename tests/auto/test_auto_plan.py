@@ -1,0 +1,36 @@
+"""Tests for autoprec._auto.auto_plan: the automatic mode's settings and the errors they raise."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import autoprec
+from autoprec._auto import AutoPlan
+from autoprec.errors import PlanError
+
+
+def test_timing_rounds_must_be_a_count_or_zero():
+    with pytest.raises(PlanError, match="timing_rounds must be an integer >= 1 or 0"):
+        AutoPlan(timing_rounds=-1)
+    assert "timing_rounds=3" in repr(AutoPlan(timing_rounds=3))
+
+
+def test_counts_must_be_integers_of_at_least_one():
+    for settings in ({"profile_steps": 0}, {"n_trials": True}, {"batch_size": 2.0}):
+        with pytest.raises(PlanError, match="must be an integer >= 1"):
+            AutoPlan(**settings)
+    assert AutoPlan(batch_size=None).batch_size is None
+
+
+def test_a_budget_needs_the_search_data_and_the_data_a_budget():
+    budget = autoprec.Budget("val_accuracy", max_drop=0.01)
+    data = (np.zeros((4, 3), "float32"), np.zeros((4,), "int32"))
+    with pytest.raises(PlanError, match="needs x="):
+        AutoPlan(budget=budget)
+    with pytest.raises(PlanError, match="pass budget="):
+        AutoPlan(x=data, validation_data=data)
+    with pytest.raises(PlanError, match="must be an autoprec.Budget"):
+        AutoPlan(budget="val_accuracy", x=data, validation_data=data)
+    searching = AutoPlan(budget=budget, x=data, validation_data=data)
+    assert "x=(ndarray(4, 3), ndarray(4,))" in repr(searching)

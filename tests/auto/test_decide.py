@@ -1,0 +1,75 @@
+"""Tests for autoprec._auto.decide: the heuristic plan decided from costs timed at fit's batches."""
+
+from __future__ import annotations
+
+import logging
+
+import keras
+import numpy as np
+from auto.auto_models import padded_dataset, sequence_model, sequences
+from conftest import local_with_fast_bfloat16
+
+from autoprec import AutoPrecision, cost
+from autoprec._auto import decide_plan
+from autoprec.callback import AutoPlan
+
+
+def test_decide_plan_times_costs_at_the_sample_given(caplog):
+    model = sequence_model()
+    with caplog.at_level(logging.WARNING, logger="autoprec"):
+        _, without = decide_plan(model, None, hardware="rtx4090", batch_size=8)
+    assert without is None and "pass a batch of inputs (`x=...`)" in caplog.text
+    kept = {}
+    for length in (6, 18):
+        sample = sequences(8, length)
+        plan, estimate = decide_plan(model, None, hardware="rtx4090", batch_size=8, sample=sample)
+        assert estimate is not None and estimate.batch_size == 8
+        direct = cost.estimate(model, plan, "rtx4090", batch_size=8, x=sample)
+        assert estimate.activation_bytes_per_sample == direct.activation_bytes_per_sample
+        kept[length] = estimate.activation_bytes_per_sample
+    assert kept[18] > 2.5 * kept[6]  # the activations of three times the sequence
+
+
+def test_automatic_mode_measures_costs_on_a_padded_dataset(caplog):
+    model = sequence_model()
+    callback = AutoPrecision(
+        hardware=local_with_fast_bfloat16(), auto=AutoPlan(profile_steps=1), verbose=0
+    )
+    with caplog.at_level(logging.INFO, logger="autoprec"):
+        model.fit(padded_dataset([7, 15, 9]), verbose=0, callbacks=[callback])
+    assert "cost model unavailable" not in caplog.text
+    assert callback.estimate is not None and callback.estimate.source == "measured"
+    assert callback.estimate.batch_size == 8
+    at_seven = cost.estimate(model, callback.plan, "rtx4090", batch_size=8, x=sequences(8, 7))
+    assert callback.estimate.activation_bytes_per_sample == at_seven.activation_bytes_per_sample
+
+
+def test_automatic_mode_gets_costs_for_a_keras_hub_bert_fed_dicts(caplog):
+    import keras_hub
+
+    backbone = keras_hub.models.BertBackbone(
+        vocabulary_size=512,
+        num_layers=2,
+        num_heads=4,
+        hidden_dim=64,
+        intermediate_dim=128,
+        max_sequence_length=32,
+    )
+    model = keras_hub.models.BertTextClassifier(backbone=backbone, num_classes=4, preprocessor=None)
+    model.compile(
+        optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    )
+    rng = np.random.default_rng(0)
+    x = {
+        "token_ids": rng.integers(0, 512, (16, 32)).astype("int32"),
+        "segment_ids": rng.integers(0, 2, (16, 32)).astype("int32"),
+        "padding_mask": np.ones((16, 32), "int32"),
+    }
+    y = rng.integers(0, 4, (16,))
+    callback = AutoPrecision(hardware="rtx4090", auto=AutoPlan(profile_steps=1), verbose=0)
+    with caplog.at_level(logging.WARNING, logger="autoprec"):
+        history = model.fit(x, y, batch_size=8, epochs=1, verbose=0, callbacks=[callback])
+    assert "cost model unavailable" not in caplog.text
+    assert callback.estimate is not None and callback.estimate.batch_size == 8
+    assert callback.estimate.layer_seconds["bert_backbone/token_embedding"] > 0
+    assert np.isfinite(history.history["loss"]).all()

@@ -1,0 +1,90 @@
+"""Tests for autoprec._auto.race: the plans whose whole train step is timed inside fit, and the one kept."""
+
+from __future__ import annotations
+
+import keras
+import numpy as np
+from auto.auto_models import mlp, mlp_data
+from conftest import local_with_fast_bfloat16
+
+from autoprec import AutoPrecision, PrecisionPlan
+from autoprec._auto import has_classification_loss, race_candidates
+from autoprec._core.rounds import judge_rounds
+from autoprec.callback import AutoPlan
+from autoprec.hardware import resolve_hardware
+
+
+def test_has_classification_loss_reads_strings_objects_and_functions():
+    model = mlp()
+    for loss, expected in [
+        ("sparse_categorical_crossentropy", True),
+        (keras.losses.SparseCategoricalCrossentropy(from_logits=True), True),
+        (keras.losses.binary_crossentropy, True),
+        ("mse", False),
+        (keras.losses.Huber(), False),
+    ]:
+        model.compile("adam", loss)
+        assert has_classification_loss(model) is expected, loss
+    model.compile("adam", None)
+    assert has_classification_loss(model) is False
+
+
+def test_race_candidates_are_uniform_as_keras_sets_them_and_the_per_layer_plan():
+    model = mlp()
+    model(np.zeros((1, 64), "float32"))
+    plan = PrecisionPlan.uniform(model, "float32").with_dtype("hidden", "bfloat16")
+    cpu = resolve_hardware("cpu-avx512-bf16")
+    assert cpu.is_fast("bfloat16") and not cpu.is_fast("float16")
+    candidates = race_candidates(model, plan, None, cpu)
+    assert list(candidates) == ["float32", "mixed_bfloat16", "per-layer"]
+    # A classification loss: every layer as Keras' global mixed_bfloat16 sets it.
+    assert set(candidates["mixed_bfloat16"].resolve().values()) == {"bfloat16"}
+    assert candidates["per-layer"] is plan
+    # A regression loss: the output layer stays float32 in the uniform plan.
+    model.compile("adam", "mse")
+    uniform = race_candidates(model, plan, None, cpu)["mixed_bfloat16"].resolve()
+    assert uniform["head"] == "float32" and uniform["hidden"] == "bfloat16"
+    # A per-layer plan that is one of the uniform ones is timed once, under the simpler name.
+    assert list(race_candidates(model, PrecisionPlan.uniform(model, "float32"), None, cpu)) == [
+        "float32",
+        "mixed_bfloat16",
+    ]
+    # float16 only where it is fast and a profile shows every layer's ranges fit it.
+    assert "mixed_float16" not in race_candidates(model, plan, None, resolve_hardware("rtx4090"))
+
+
+def test_the_one_liner_keeps_the_plan_whose_whole_step_measured_fastest(capsys):
+    model = mlp()
+    x, y = mlp_data()
+    callback = AutoPrecision(hardware=local_with_fast_bfloat16(), auto=AutoPlan(profile_steps=2))
+    model.fit(x, y, batch_size=16, epochs=1, verbose=0, callbacks=[callback])
+    measured = callback.plan.metadata["measured"]
+    names = list(measured["rounds_ms"])
+    assert names[0] == "float32" and len(names) >= 2
+    assert measured["rounds"] >= 5
+    # The kept plan is the verdict on the recorded rounds, and it is what the model runs.
+    verdict = judge_rounds(measured["rounds_ms"], names.index)
+    assert measured["winner"] == verdict.leader
+    if verdict.leader == "float32":
+        assert set(callback.handle.dtypes.values()) == {"float32"}
+    elif verdict.leader == "mixed_bfloat16":
+        assert set(callback.handle.dtypes.values()) == {"bfloat16"}
+    assert all(np.isfinite(w).all() for w in model.get_weights())
+    printed = capsys.readouterr().out
+    assert "timed the whole train step of float32" in printed
+    assert f"keeping {verdict.leader}" in printed
+
+
+def test_the_one_liner_times_nothing_where_costs_are_predicted_or_timing_is_off():
+    x, y = mlp_data(256)
+    for callback in (
+        AutoPrecision(hardware="rtx4090", auto=AutoPlan(profile_steps=2), verbose=0),
+        AutoPrecision(
+            hardware=local_with_fast_bfloat16(),
+            auto=AutoPlan(profile_steps=2, timing_rounds=0),
+            verbose=0,
+        ),
+    ):
+        model = mlp()
+        model.fit(x, y, batch_size=16, epochs=1, verbose=0, callbacks=[callback])
+        assert "measured" not in callback.plan.metadata
