@@ -27,7 +27,19 @@ def _verbose(text: str) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """Returns the `autoprec` argument parser."""
+    """Returns the `autoprec` argument parser.
+
+    Returns:
+        An `OneLineParser` with the global flags (`--version`, `--debug`) and one
+        subcommand per command of `autoprec.cli.commands`, each with its handler.
+
+    Example:
+
+    ```python
+    args = build_parser().parse_args(["demo", "--quick"])
+    args.handler(args)
+    ```
+    """
     parser = OneLineParser(
         prog="autoprec",
         description="Per-layer automatic mixed precision for Keras 3.",
@@ -36,7 +48,21 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"autoprec {__version__}")
     parser.add_argument("--debug", action="store_true", help="show tracebacks on errors")
     subcommands = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for add_command in (
+        _add_demo,
+        _add_profile,
+        _add_search,
+        _add_export,
+        _add_show,
+        _add_diff,
+        _add_hardware,
+    ):
+        add_command(subcommands)
+    return parser
 
+
+def _add_demo(subcommands: argparse._SubParsersAction) -> None:
+    """Adds `autoprec demo`: the built-in end-to-end run."""
     demo = subcommands.add_parser(
         "demo", help="profile, search and train a small model; print the results"
     )
@@ -57,6 +83,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     demo.set_defaults(handler=commands.demo)
 
+
+def _add_profile(subcommands: argparse._SubParsersAction) -> None:
+    """Adds `autoprec profile`: per-layer ranges recorded during training."""
     profile = subcommands.add_parser("profile", help="record per-layer ranges during training")
     profile.add_argument("model", help="a compiled model saved as .keras")
     profile.add_argument("--data", required=True, help="DATA.npz or module:function")
@@ -65,6 +94,9 @@ def build_parser() -> argparse.ArgumentParser:
     profile.add_argument("-o", "--output", default="profile.json")
     profile.set_defaults(handler=commands.profile)
 
+
+def _add_search(subcommands: argparse._SubParsersAction) -> None:
+    """Adds `autoprec search`: the fastest plan within an accuracy budget."""
     search = subcommands.add_parser(
         "search", help="find the fastest plan within an accuracy budget"
     )
@@ -111,6 +143,9 @@ def build_parser() -> argparse.ArgumentParser:
     search.add_argument("-o", "--output", default="plan.json")
     search.set_defaults(handler=commands.search)
 
+
+def _add_export(subcommands: argparse._SubParsersAction) -> None:
+    """Adds `autoprec export`: a model saved with a plan applied and stored inside."""
     export = subcommands.add_parser(
         "export", help="save a model with a plan applied and stored inside"
     )
@@ -119,11 +154,17 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("-o", "--output", required=True, help="the new .keras file")
     export.set_defaults(handler=commands.export)
 
+
+def _add_show(subcommands: argparse._SubParsersAction) -> None:
+    """Adds `autoprec show`: a plan or profile printed as a table."""
     show = subcommands.add_parser("show", help="print a plan or profile as a table")
     show.add_argument("file", help="plan.json, profile.json, or a .keras model saved with a plan")
     show.add_argument("--json", action="store_true", help="print JSON instead of a table")
     show.set_defaults(handler=commands.show)
 
+
+def _add_diff(subcommands: argparse._SubParsersAction) -> None:
+    """Adds `autoprec diff`: two plans compared layer by layer."""
     diff = subcommands.add_parser("diff", help="compare two plans layer by layer")
     diff.add_argument("first", help="a plan file (or a .keras model that stores one)")
     diff.add_argument("second", help="the plan to compare it with")
@@ -133,6 +174,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     diff.set_defaults(handler=commands.diff)
 
+
+def _add_hardware(subcommands: argparse._SubParsersAction) -> None:
+    """Adds `autoprec hardware`: the hardware profiles, or this machine detected."""
     hardware = subcommands.add_parser(
         "hardware", help="list hardware profiles or detect this machine"
     )
@@ -140,4 +184,3 @@ def build_parser() -> argparse.ArgumentParser:
     hardware.add_argument("--detect", action="store_true", help="describe this machine")
     hardware.add_argument("--json", action="store_true", help="print JSON instead of text")
     hardware.set_defaults(handler=commands.hardware)
-    return parser

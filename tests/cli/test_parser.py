@@ -105,3 +105,13 @@ def test_version_flag_prints_the_package_version(capsys):
 def test_debug_goes_before_the_command():
     assert build_parser().parse_args(["--debug", "hardware"]).debug is True
     assert build_parser().parse_args(["hardware"]).debug is False
+
+
+def test_the_commands_are_listed_in_order_with_their_help():
+    parser = build_parser()
+    (subcommands,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    assert tuple(subcommands.choices) == COMMANDS
+    assert all(choice.help for choice in subcommands._choices_actions)
+    assert [choice.dest for choice in subcommands._choices_actions] == list(COMMANDS)
+    for name in COMMANDS:
+        assert _subparser(name).prog == f"autoprec {name}"

@@ -1,23 +1,19 @@
-"""`autoprec demo`: the built-in end-to-end run, as a function and as a command.
+"""`autoprec.demo.report`: the verdicts, tables and host line read from a run's figures.
 
-The verdicts are checked twice: the logic that turns figures into sentences with
-hand-made figures (every relation the sentences may claim), and one real quick run
-whose printed sentences must be the ones its own figures JSON gives.
+The logic that turns figures into sentences is checked with hand-made figures: every
+relation the sentences may claim. The real quick run, whose printed sentences must be
+the ones its own figures give, is in test_run.py.
 """
 
 from __future__ import annotations
 
-import json
 import math
-import re
 import statistics
+from types import SimpleNamespace
 
-import ml_dtypes
-import numpy as np
 import pytest
 
-import autoprec
-from autoprec import cli, demo
+from autoprec.demo import report
 
 # ---------------------------------------------------------------------- hand-made figures
 
@@ -85,14 +81,14 @@ STEPS = {"float32": 30.0, "plan": 20.0, "mixed_bfloat16": 19.6, "mixed_float16":
 def test_speed_relation_claims_a_difference_only_beyond_noise_at_both(
     median_ratio, minimum_ratio, expected
 ):
-    assert demo.speed_relation(median_ratio, minimum_ratio) == expected
+    assert report.speed_relation(median_ratio, minimum_ratio) == expected
 
 
 def test_rounds_needed_is_a_one_sided_sign_test_at_five_percent():
-    assert demo.rounds_needed(20) == 15  # P(>= 15 of 20) = 0.021, P(>= 14) = 0.058
-    assert demo.rounds_needed(5) == 5  # 1/32
-    assert demo.rounds_needed(4) is None  # 1/16: four rounds cannot show a difference
-    assert demo.rounds_needed(3) is None
+    assert report.rounds_needed(20) == 15  # P(>= 15 of 20) = 0.021, P(>= 14) = 0.058
+    assert report.rounds_needed(5) == 5  # 1/32
+    assert report.rounds_needed(4) is None  # 1/16: four rounds cannot show a difference
+    assert report.rounds_needed(3) is None
 
 
 def paired_figures(plan_ms: list[float], float32_ms: list[float]) -> dict:
@@ -116,7 +112,7 @@ def test_verdicts_need_the_plan_to_win_enough_interleaved_rounds():
     # float32's median and fastest step are 1.3x and 1.25x the plan's, yet it won 8 of 20
     # rounds: the load drifted, and the paired rounds say so.
     plan, float32 = [20.0] * 12 + [30.0] * 8, [26.0] * 12 + [25.0] * 8
-    lines = demo.verdicts(paired_figures(plan, float32))
+    lines = report.verdicts(paired_figures(plan, float32))
     sentence = line_of(lines, "float32:")
     assert "same speed as the plan within noise" in sentence
     assert "win at least 15 of 20 rounds" in sentence
@@ -124,7 +120,7 @@ def test_verdicts_need_the_plan_to_win_enough_interleaved_rounds():
     assert "the plan ties float32" in line_of(lines, "verdict")
 
     plan, float32 = [20.0] * 17 + [30.0] * 3, [26.0] * 17 + [25.0] * 3
-    lines = demo.verdicts(paired_figures(plan, float32))
+    lines = report.verdicts(paired_figures(plan, float32))
     assert "the plan is faster" in line_of(lines, "float32:")
     assert "the plan faster in 17 of 20 rounds" in line_of(lines, "float32:")
     assert "the plan is 1.30x faster than float32" in line_of(lines, "verdict")
@@ -133,13 +129,13 @@ def test_verdicts_need_the_plan_to_win_enough_interleaved_rounds():
 
 
 def test_three_rounds_cannot_show_a_difference():
-    lines = demo.verdicts(paired_figures([20.0, 20.5, 21.0], [40.0, 41.0, 42.0]))
+    lines = report.verdicts(paired_figures([20.0, 20.5, 21.0], [40.0, 41.0, 42.0]))
     assert "3 rounds cannot show one" in line_of(lines, "float32:")
     assert "the plan ties float32" in line_of(lines, "verdict")
 
 
 def test_verdicts_plan_faster_than_float32_while_each_16bit_policy_loses_something():
-    lines = demo.verdicts(figures(STEPS))
+    lines = report.verdicts(figures(STEPS))
 
     assert line_of(lines, "float32:").startswith("float32: within the budget (val_loss 0.4);")
     assert "the plan is faster" in line_of(lines, "float32:")
@@ -158,7 +154,7 @@ def test_verdicts_plan_faster_than_float32_while_each_16bit_policy_loses_somethi
 
 def test_verdicts_say_the_plan_ties_float32_within_noise():
     steps = {**STEPS, "float32": 20.6}  # 1.03x: noise
-    lines = demo.verdicts(figures(steps))
+    lines = report.verdicts(figures(steps))
 
     verdict = line_of(lines, "verdict")
     assert verdict.startswith("verdict on this CPU (Test CPU): the plan ties float32")
@@ -170,7 +166,7 @@ def test_verdicts_say_the_plan_ties_float32_within_noise():
 def test_verdicts_tie_when_median_and_fastest_step_disagree():
     median = {**STEPS, "float32": 26.0}
     minimum = {**STEPS, "float32": 20.2}  # the fastest float32 step matches the plan's
-    lines = demo.verdicts(figures(median, minimum))
+    lines = report.verdicts(figures(median, minimum))
 
     assert "the plan ties float32" in line_of(lines, "verdict")
     assert "1.30x median step, 1.01x fastest step" in line_of(lines, "float32:")
@@ -178,7 +174,7 @@ def test_verdicts_tie_when_median_and_fastest_step_disagree():
 
 def test_verdicts_say_float32_is_faster_when_the_figures_show_it():
     steps = {**STEPS, "float32": 18.0}
-    lines = demo.verdicts(figures(steps))
+    lines = report.verdicts(figures(steps))
 
     assert "it is faster than the plan" in line_of(lines, "float32:")
     assert line_of(lines, "verdict") == (
@@ -190,7 +186,7 @@ def test_verdicts_say_float32_is_faster_when_the_figures_show_it():
 def test_verdicts_compare_with_the_fastest_uniform_policy_within_budget():
     metrics = {"float32": 0.40, "plan": 0.42, "mixed_bfloat16": 0.45}  # within budget
     steps = {**STEPS, "mixed_bfloat16": 15.0}
-    lines = demo.verdicts(figures(steps, metrics=metrics))
+    lines = report.verdicts(figures(steps, metrics=metrics))
 
     assert "within the budget" in line_of(lines, "mixed_bfloat16:")
     assert "mixed_bfloat16 is 1.33x faster than the plan" in line_of(lines, "verdict")
@@ -198,7 +194,7 @@ def test_verdicts_compare_with_the_fastest_uniform_policy_within_budget():
 
 def test_verdicts_report_a_plan_over_budget_and_recommend_a_uniform_policy():
     metrics = {"float32": 0.40, "plan": 0.9, "mixed_bfloat16": 1.7}
-    lines = demo.verdicts(figures(STEPS, metrics=metrics))
+    lines = report.verdicts(figures(STEPS, metrics=metrics))
 
     assert line_of(lines, "plan:").startswith("plan: misses the budget in this run")
     verdict = line_of(lines, "verdict")
@@ -209,7 +205,7 @@ def test_verdicts_report_a_plan_over_budget_and_recommend_a_uniform_policy():
 def test_verdicts_read_the_card_prediction_and_name_broken_faster_policies():
     predicted = {"float32": 0.9e-3, "plan": 0.75e-3, "mixed_bfloat16": 0.6e-3}
     predicted["mixed_float16"] = 0.6e-3
-    lines = demo.verdicts(figures(STEPS, predicted=predicted))
+    lines = report.verdicts(figures(STEPS, predicted=predicted))
 
     prediction = line_of(lines, "predicted for NVIDIA GeForce RTX 4090 at batch 1024")
     assert "not measured" in prediction
@@ -222,7 +218,7 @@ def test_verdicts_read_the_card_prediction_and_name_broken_faster_policies():
 def test_a_uniform_float32_plan_is_said_so_with_the_costs_source():
     result = {**figures({**STEPS, "float32": 20.0}), "plan_uniform_float32": True}
     result["layer_costs"] = "predicted"
-    lines = demo.verdicts(result)
+    lines = report.verdicts(result)
 
     assert lines[0] == "the plan is uniform float32: no layer predicted faster in 16-bit here."
     assert "the plan ties float32" in line_of(lines, "verdict")
@@ -230,92 +226,68 @@ def test_a_uniform_float32_plan_is_said_so_with_the_costs_source():
 
 def test_host_text_names_the_cpu_and_its_16bit_flags():
     host = {"cpu": "Intel(R) Xeon(R)", "cores": 2, "flags": {"avx512_fp16": True, "amx_bf16": True}}
-    assert demo.host_text(host) == (
+    assert report.host_text(host) == (
         "Intel(R) Xeon(R), 2 cores, amx_bf16, avx512_fp16 (no avx512_bf16, amx_fp16)"
     )
-    assert demo.host_text({"cpu": "CPU", "cores": 1, "flags": {}}) == (
+    assert report.host_text({"cpu": "CPU", "cores": 1, "flags": {}}) == (
         "CPU, 1 cores, no 16-bit flags"
     )
-    assert set(demo.describe_host()["flags"]) == {
-        "avx512_bf16",
-        "amx_bf16",
-        "avx512_fp16",
-        "amx_fp16",
-    }
 
 
-# ---------------------------------------------------------------------- model and data
+def test_budget_status_and_compare_read_the_figures():
+    result = figures(STEPS)
+    assert [report.budget_status(result, name) for name in report.POLICIES] == [
+        "within",
+        "within",
+        "missed",
+        "diverged",
+    ]
+    comparisons = report.compare(result)
+    assert set(comparisons) == set(report.UNIFORM_POLICIES)
+    assert comparisons["float32"] == report.Comparison(
+        policy="float32", speed="faster", median_ratio=1.5, minimum_ratio=1.5, budget="within"
+    )
 
 
-def test_pressure_data_needs_float32_at_the_head_and_overflows_float16_at_the_input():
-    x, y = demo.make_pressure_data(256)
-    assert x.shape == (256, 64, 16) and y.shape == (256, 1)
-    assert np.abs(x).max() > np.finfo(np.float16).max  # raw counts: inf in float16
-    assert 1000 < y.mean() < 1030 and 1.0 < y.std() < 6.0
-    # bfloat16 spaces its values 4 hPa (8 above 1024) apart here: the signal is lost.
-    rounded = y.astype(ml_dtypes.bfloat16).astype("float32")
-    assert np.mean((rounded - y) ** 2) > 0.5
+def test_paired_rounds_count_the_plan_wins_and_skip_policies_timed_apart():
+    result = paired_figures([20.0, 20.0, 30.0], [25.0, 26.0, 25.0])
+    assert report.paired_rounds(result, "float32") == (2, 3)
+    assert report.paired_rounds(result, "mixed_float16") == (None, None)  # timed apart
+    assert report.paired_rounds(figures(STEPS), "float32") == (None, None)  # no samples
 
 
-# ---------------------------------------------------------------------- real runs
+def test_results_table_has_a_row_per_policy_with_its_budget_and_prediction():
+    predicted = {"float32": 0.9e-3, "plan": 0.75e-3, "mixed_bfloat16": 0.6e-3}
+    predicted["mixed_float16"] = 0.6e-3
+    table = report.results_table(figures(STEPS, predicted=predicted)).splitlines()
+
+    assert table[0].split()[:3] == ["policy", "val_loss", "budget"]
+    assert "rtx4090 pred. ms (batch 1024)" in table[0]
+    assert [row.split()[0] for row in table[2:]] == list(report.POLICIES)
+    assert table[2].split()[1:3] == ["0.4", "ok"] and "1.50x" in table[2]
+    assert table[4].split()[1:3] == ["1.7", "MISSED"]
+    assert table[5].split()[1:3] == ["diverged", "MISSED"]
+    assert table[3].split()[-1] == "0.750"  # the plan's predicted milliseconds
 
 
-def test_run_demo_quick_prints_the_verdicts_its_figures_support(tmp_path, capsys):
-    output = tmp_path / "plan.json"
-    figures_path = tmp_path / "figures.json"
-    result = demo.run_demo(output=str(output), quick=True, n_trials=1, figures_path=figures_path)
-    printed = capsys.readouterr().out
+def test_layer_table_shows_each_layers_range_fit_costs_and_dtype():
+    plan = SimpleNamespace(
+        layers={"proj": "float32", "wide": "bfloat16"},
+        layer_info={"proj": SimpleNamespace(class_name="Dense")},
+    )
+    profile = SimpleNamespace(
+        layers={
+            "proj": SimpleNamespace(activation=SimpleNamespace(max_abs=1.87e5), float16_safe=False)
+        }
+    )
+    evidence = {"wide": {"seconds": {"float32": 2.78e-3, "bfloat16": 1.5e-3}}}
+    lines = report.layer_table(plan, profile, evidence).splitlines()
 
-    plan = autoprec.PrecisionPlan.load(output)
-    assert set(plan.layers) >= {"sensor_proj", "smooth", "wide_1", "wide_3", "narrow", "head"}
-    assert plan.layers["sensor_proj"] != "float16"
-    assert math.isfinite(result["float32_metric"]) and math.isfinite(result["plan_metric"])
-    assert result["finite"]["plan"]
-    assert not result["finite"]["mixed_float16"]  # raw counts overflow float16
-    assert set(result["speedup_over"]) == {"float32", "mixed_bfloat16", "mixed_float16"}
-    assert str(output) in printed
-
-    saved = json.loads(figures_path.read_text())
-    for key in ("metric", "float32_metric", "plan_metric", "metrics", "finite", "step_seconds"):
-        assert key in saved
-    for key in ("speedup_over", "plan_path", "trials", "wall_seconds", "host", "predicted"):
-        assert key in saved
-    assert saved["metrics"]["mixed_float16"] is None  # NaN is written as null
-    # The timings the sentences read are the samples' own minimum and median.
-    for name, samples in saved["step_samples"].items():
-        assert saved["step_seconds"][name] == pytest.approx(statistics.median(samples))
-        assert saved["step_seconds_min"][name] == pytest.approx(min(samples))
-    # Every printed sentence is the one the saved figures give, and each claim holds.
-    assert demo.verdicts(saved) == saved["verdicts"] == result["verdicts"]
-    for line in saved["verdicts"]:
-        assert "  " + line in printed
-    apart = saved["timing"]["timed_apart"]
-    for name, comparison in demo.compare(saved).items():
-        median = saved["step_seconds"][name] / saved["step_seconds"]["plan"]
-        fastest = saved["step_seconds_min"][name] / saved["step_seconds_min"]["plan"]
-        samples = saved["step_samples"]
-        won = sum(a < b for a, b in zip(samples["plan"], samples[name]))
-        needed = demo.rounds_needed(len(samples["plan"])) or math.inf
-        paired = name not in apart and "plan" not in apart
-        sentence = line_of(saved["verdicts"], f"{name}:")
-        if comparison.speed == "faster":
-            assert median > 1.05 and fastest > 1.05 and "the plan is faster" in sentence
-            assert not paired or won >= needed
-        elif comparison.speed == "slower":
-            assert median < 1 / 1.05 and fastest < 1 / 1.05
-            assert not paired or len(samples["plan"]) - won >= needed
-            assert "it is faster than the plan" in sentence
-        else:
-            assert "same speed as the plan within noise" in sentence
-        assert f"{median:.2f}x median step, {fastest:.2f}x fastest step" in sentence
-    # The host and the card prediction are printed beside the timings.
-    assert f"host: {demo.host_text(saved['host'])}" in printed
-    assert saved["predicted"]["hardware"] == "rtx4090"
-    assert "rtx4090 pred. ms" in printed
-    assert re.search(r"verdict on this CPU \(.+\): ", printed)
-
-
-def test_cli_demo_quick_exits_zero(tmp_path):
-    output = tmp_path / "cli_plan.json"
-    assert cli.main(["demo", "--quick", "--n-trials", "1", "-o", str(output)]) == 0
-    assert autoprec.PrecisionPlan.load(output).layers
+    assert lines[0].split() == ["layer", "class", "max", "|x|", "f16", "fits", "f32", "ms"] + [
+        "bf16",
+        "ms",
+        "chosen",
+    ]
+    assert lines[2].split() == ["proj", "Dense", "1.87e+05", "NO", "-", "-", "float32"]
+    assert lines[3].split() == ["wide", "?", "-", "-", "2.78", "1.50", "bfloat16"]
+    assert report.layer_table(plan, None, {}).splitlines()[2].split()[2:4] == ["-", "-"]
