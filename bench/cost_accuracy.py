@@ -56,11 +56,12 @@ import argparse
 import dataclasses
 import math
 import os
-import platform
 import statistics
+import sys
 import tempfile
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
@@ -71,6 +72,11 @@ import numpy as np  # noqa: E402
 from autoprec import PrecisionPlan, apply_plan, cost, heuristic_plan  # noqa: E402
 from autoprec.layers import describe_model, layer_paths  # noqa: E402
 from autoprec.search.space import plan_from_assignment  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/, for its shared `common`
+from common import host  # noqa: E402
+from common.models import APPLICATIONS, application, encoder_classifier, mlp  # noqa: E402
+from common.timing import interleave  # noqa: E402
 
 POLICIES = {"float32": "float32", "bfloat16": "mixed_bfloat16", "float16": "mixed_float16"}
 #: Mixed plans measured beside the uniform policies: name -> dtype of the first half.
@@ -88,49 +94,17 @@ CLASSES = 10
 IMAGE_SIZE = 32
 
 
-def build_transformer(sequence: int = 64, vocabulary: int = 1000, width: int = 128) -> keras.Model:
-    """A two-block Transformer encoder classifier on token ids."""
-    tokens = keras.Input((sequence,), dtype="int32")
-    hidden = keras.layers.Embedding(vocabulary, width)(tokens)
-    for _ in range(2):
-        attended = keras.layers.MultiHeadAttention(num_heads=4, key_dim=width // 4)(hidden, hidden)
-        hidden = keras.layers.LayerNormalization()(keras.layers.Add()([hidden, attended]))
-        feed = keras.layers.Dense(width * 2, activation="gelu")(hidden)
-        feed = keras.layers.Dense(width)(feed)
-        hidden = keras.layers.LayerNormalization()(keras.layers.Add()([hidden, feed]))
-    pooled = keras.layers.GlobalAveragePooling1D()(hidden)
-    outputs = keras.layers.Dense(CLASSES, activation="softmax", dtype="float32")(pooled)
-    return keras.Model(tokens, outputs, name="transformer")
-
-
-def build_mlp(width: int = 2048, depth: int = 4) -> keras.Model:
-    """`depth` Dense(`width`) ReLU layers on `width` features and a softmax head."""
-    inputs = keras.Input((width,))
-    hidden = inputs
-    for _ in range(depth):
-        hidden = keras.layers.Dense(width, activation="relu")(hidden)
-    outputs = keras.layers.Dense(CLASSES, activation="softmax", dtype="float32")(hidden)
-    return keras.Model(inputs, outputs, name="mlp")
-
-
 def build_model(name: str) -> keras.Model:
-    """Builds a model under the current global dtype policy."""
-    shape = (IMAGE_SIZE, IMAGE_SIZE, 3)
-    common = {"weights": None, "input_shape": shape, "classes": CLASSES}
-    if name == "mlp":
-        return build_mlp()
-    if name == "mobilenetv3small":
-        return keras.applications.MobileNetV3Small(**common, include_preprocessing=False)
-    if name == "densenet121":
-        return keras.applications.DenseNet121(**common)
-    if name == "mobilenetv2":
-        return keras.applications.MobileNetV2(**common)
-    if name == "resnet50":
-        return keras.applications.ResNet50(**common)
-    if name == "efficientnetb0":
-        return keras.applications.EfficientNetB0(**common)
-    if name == "transformer":
-        return build_transformer()
+    """Builds a model under the current global dtype policy (the head float32 under any)."""
+    if name == "mlp":  # 4x Dense(2048) on 2048 features
+        return mlp(2048, 2048, 4, head_dtype="float32")
+    if name == "transformer":  # two blocks on 64 token ids, width 128
+        return encoder_classifier(
+            length=64, width=128, heads=4, blocks=2, hidden=256, head_dtype="float32"
+        )
+    if name in APPLICATIONS:
+        options = {"include_preprocessing": False} if name == "mobilenetv3small" else {}
+        return application(name, IMAGE_SIZE, CLASSES, **options)
     raise SystemExit(f"unknown model {name!r}; choose from {', '.join(MODELS + EXTRA_MODELS)}")
 
 
@@ -256,11 +230,8 @@ def measure_steps(
     for row, model in models.items():
         for _ in range(1 if _has_float16(row, plans) else 2):
             model.train_on_batch(*batch)
-    samples: dict[str, list[float]] = {row: [] for row in models}
-    for round_index in range(repeats):
-        for row, model in models.items():
-            if round_index < counts[row]:
-                samples[row].append(timed_step(model, batch))
+    runs = {row: lambda model=model: timed_step(model, batch) for row, model in models.items()}
+    samples = interleave(runs, repeats, limits=counts)
     return {row: statistics.median(samples[row]) if samples.get(row) else None for row in ROWS}
 
 
@@ -515,18 +486,9 @@ def summarise(rows: list) -> str:
 
 
 def _host() -> str:
-    """The CPU's name and its 16-bit flags (Linux `/proc/cpuinfo`), else the platform's."""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as handle:
-            text = handle.read()
-    except OSError:
-        return platform.processor() or platform.machine()
-    name = next(
-        (line.split(":", 1)[1].strip() for line in text.splitlines() if "model name" in line),
-        platform.machine(),
-    )
-    flags = [flag for flag in ("avx512_bf16", "avx512_fp16", "amx_bf16") if flag in text]
-    return f"{name} ({os.cpu_count()} cpus; {', '.join(flags) or 'no 16-bit flags'})"
+    """The CPU's name and its 16-bit flags (`lscpu`), and its CPU count."""
+    flags = ", ".join(host.sixteen_bit_flags()) or "no 16-bit flags"
+    return f"{host.cpu_model()} ({host.cores()} cpus; {flags})"
 
 
 def main() -> None:

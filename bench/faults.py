@@ -30,11 +30,8 @@ trained from the same weights on the same batches (without the NaN batch).
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
-import math
 import os
-import platform
 import signal
 import subprocess
 import sys
@@ -51,22 +48,10 @@ import autoprec  # noqa: E402
 from autoprec.layers import layer_paths  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
-
-
-def host_name() -> str:
-    """The CPU's model name as `lscpu` prints it (the platform's processor otherwise)."""
-    try:
-        text = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
-    except (OSError, subprocess.CalledProcessError):
-        text = ""
-    for line in text.splitlines():
-        if line.lower().startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor() or platform.machine()
-
-
-def _finite(model: keras.Model) -> bool:
-    return all(np.isfinite(weight).all() for weight in model.get_weights())
+sys.path.insert(0, str(HERE))  # bench/, for its shared `common`
+from common.host import cpu_model  # noqa: E402
+from common.keras_tools import weights_finite  # noqa: E402
+from faults_guard import guard_recoveries, print_recoveries  # noqa: E402
 
 
 def _three_layer_model(big_scale: float) -> keras.Model:
@@ -105,8 +90,8 @@ def fault_overflow(onset: int) -> tuple[bool, bool]:
         callbacks=[callback],
     )
     promoted = any(event.get("layer") == "big" for event in callback.plan.events)
-    survived = promoted and np.isfinite(history.history["loss"][-1]) and _finite(model)
-    return survived, not _finite(model)
+    survived = promoted and np.isfinite(history.history["loss"][-1]) and weights_finite(model)
+    return survived, not weights_finite(model)
 
 
 def fault_underflow(loss_factor: float) -> tuple[bool, bool]:
@@ -127,7 +112,7 @@ def fault_underflow(loss_factor: float) -> tuple[bool, bool]:
         callbacks=[autoprec.AutoPrecision(plan, verbose=0)],
     )
     trained = not np.array_equal(model.layers[0].get_weights()[0], start)
-    return trained and _finite(model), not _finite(model)
+    return trained and weights_finite(model), not weights_finite(model)
 
 
 def fault_nan_input(first_bad: int) -> tuple[bool, bool]:
@@ -147,7 +132,7 @@ def fault_nan_input(first_bad: int) -> tuple[bool, bool]:
         callbacks=[callback],
     )
     promoted = any(event["kind"] == "promotion" for event in callback.plan.events)
-    return (not promoted) and _finite(model), not _finite(model)
+    return (not promoted) and weights_finite(model), not weights_finite(model)
 
 
 def fault_loss_scale_collapse(steps: int) -> tuple[bool, bool]:
@@ -166,7 +151,7 @@ def fault_loss_scale_collapse(steps: int) -> tuple[bool, bool]:
         callbacks=[callback],
     )
     scale = float(keras.ops.convert_to_numpy(model.optimizer.dynamic_scale))
-    return scale >= 1.0 and _finite(model), not _finite(model)
+    return scale >= 1.0 and weights_finite(model), not weights_finite(model)
 
 
 def fault_missing_kernel() -> tuple[bool, bool]:
@@ -191,7 +176,7 @@ def fault_missing_kernel() -> tuple[bool, bool]:
         callbacks=[autoprec.AutoPrecision(plan, verbose=0)],
     )
     fell_back = layer_paths(model)["det"].compute_dtype == "float32"
-    return fell_back and np.isfinite(history.history["loss"][0]), not _finite(model)
+    return fell_back and np.isfinite(history.history["loss"][0]), not weights_finite(model)
 
 
 def _broken_plan_texts(model: keras.Model) -> dict[str, str]:
@@ -315,267 +300,6 @@ def fault_kill_search(folder: Path, kills: int) -> tuple[int, int, int]:
     return kills, survived, lost
 
 
-class StepLedger(keras.callbacks.Callback):
-    """Numbers the train steps that were lost: skipped by the optimizer, or left non-finite weights.
-
-    Placed after `AutoPrecision` in `callbacks`, so it sees the optimizer the
-    plan wrapped (a skipped step moves its `non_finite_steps` counter).
-    """
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.step = 0
-        self.lost: list[int] = []
-        self._skipped = 0
-
-    def on_train_begin(self, logs=None) -> None:
-        self._skipped = self._skipped_so_far()
-
-    def _skipped_so_far(self) -> int:
-        counter = getattr(self.model.optimizer, "non_finite_steps", None)
-        return int(keras.ops.convert_to_numpy(counter)) if counter is not None else 0
-
-    def on_train_batch_end(self, batch, logs=None) -> None:
-        self.step += 1
-        skipped = self._skipped_so_far()
-        if skipped > self._skipped or not _finite(self.model):
-            self.lost.append(self.step)
-        self._skipped = skipped
-
-
-@dataclasses.dataclass(frozen=True)
-class Recovery:
-    """How a guarded run came through one training fault."""
-
-    fault: str
-    steps: int
-    onset: int  # the first step the fault reaches
-    lost: int
-    lost_from_onset: int
-    last_lost_step: int
-    promoted: tuple[str, ...]
-    weights_finite: bool
-    last_epoch_finite: bool
-    final_loss: float
-    float32_loss: float
-    raised: bool | None = None  # on_nan="raise" raised NonFiniteTrainingError (NaN fault only)
-
-    @property
-    def loss_ratio(self) -> float:
-        return self.final_loss / self.float32_loss if self.float32_loss else math.nan
-
-    @property
-    def recovered(self) -> bool:
-        close = math.isfinite(self.loss_ratio) and abs(self.loss_ratio - 1.0) <= 0.05
-        return (
-            self.weights_finite
-            and close
-            and self.raised is not False
-            and (self.last_epoch_finite or self.raised is not None)
-        )
-
-    def as_dict(self) -> dict:
-        return {
-            **dataclasses.asdict(self),
-            "loss_ratio": self.loss_ratio,
-            "recovered": self.recovered,
-        }
-
-
-def _drift_model() -> keras.Model:
-    """Dense stack whose middle layer's outputs pass 65504 when the inputs grow 3000x."""
-    model = keras.Sequential(
-        [
-            keras.Input((8,)),
-            keras.layers.Dense(16, activation="relu", name="d1"),
-            keras.layers.Dense(16, name="middle"),
-            keras.layers.Dense(16, activation="relu", name="d3"),
-            keras.layers.Dense(1, name="head"),
-        ],
-        name="drift",
-    )
-    # Learning rate 0: with outputs near 1e6 any step size makes two runs that
-    # skipped different steps diverge, so the final losses compare the numerics of
-    # the promoted plan with float32 (a non-finite update still writes NaN: 0 * inf).
-    model.compile(optimizer=keras.optimizers.SGD(0.0), loss="mse")
-    kernel, bias = model.get_layer("middle").get_weights()
-    model.get_layer("middle").set_weights([np.abs(kernel) * 60.0, bias])
-    return model
-
-
-def _twin(model: keras.Model, loss) -> keras.Model:
-    """A float32 copy of `model` with its weights, compiled with the same optimizer settings."""
-    copy = keras.Sequential.from_config(model.get_config())
-    copy.set_weights(model.get_weights())
-    copy.compile(
-        optimizer=model.optimizer.__class__.from_config(model.optimizer.get_config()), loss=loss
-    )
-    return copy
-
-
-def _guarded_fit(model, plan, x, y, epochs, batch_size, **options):
-    callback = autoprec.AutoPrecision(plan, verbose=0, **options)
-    ledger = StepLedger()
-    history = model.fit(
-        x,
-        y,
-        batch_size=batch_size,
-        epochs=epochs,
-        shuffle=False,
-        verbose=0,
-        callbacks=[callback, ledger],
-    )
-    return callback, ledger, history
-
-
-def _recovery(
-    fault, onset, model, reference, callback, ledger, history, clean, raised=None
-) -> Recovery:
-    promoted = tuple(
-        f"{event['layer']} {event['from']}->{event['to']} @{event['step']}"
-        for event in callback.plan.events
-        if event.get("kind") == "promotion"
-    )
-    return Recovery(
-        fault=fault,
-        steps=ledger.step,
-        onset=onset,
-        lost=len(ledger.lost),
-        lost_from_onset=sum(step >= onset for step in ledger.lost),
-        last_lost_step=max(ledger.lost, default=0),
-        promoted=promoted,
-        weights_finite=_finite(model),
-        last_epoch_finite=bool(np.isfinite(history.history["loss"][-1])),
-        final_loss=float(model.evaluate(*clean, verbose=0, batch_size=64)),
-        float32_loss=float(reference.evaluate(*clean, verbose=0, batch_size=64)),
-        raised=raised,
-    )
-
-
-def guard_data_drift(steps: int = 20, batch_size: int = 8, epochs: int = 2) -> Recovery:
-    """Float16 plan; the second half of each epoch's inputs is 3000x larger."""
-    keras.backend.clear_session()
-    keras.utils.set_random_seed(0)
-    model = _drift_model()
-    reference = _twin(model, "mse")
-    rng = np.random.default_rng(0)
-    x = np.abs(rng.normal(size=(steps * batch_size, 8))).astype("float32")
-    x[steps // 2 * batch_size :] *= 3000.0
-    y = np.zeros((len(x), 1), "float32")
-    plan = autoprec.PrecisionPlan.uniform(model, "float16").with_dtype("head", "float32")
-    callback, ledger, history = _guarded_fit(model, plan, x, y, epochs, batch_size)
-    reference.fit(x, y, batch_size=batch_size, epochs=epochs, shuffle=False, verbose=0)
-    onset = steps // 2 + 1
-    return _recovery(
-        "data drift (float16)", onset, model, reference, callback, ledger, history, (x, y)
-    )
-
-
-def guard_nan_batch(steps: int = 20, batch_size: int = 8, epochs: int = 2) -> Recovery:
-    """Bfloat16-only plan; one batch of each epoch holds NaN."""
-    rng = np.random.default_rng(0)
-    x = np.abs(rng.normal(size=(steps * batch_size, 8))).astype("float32")
-    y = np.zeros((len(x), 1), "float32")
-    bad = slice(5 * batch_size, 6 * batch_size)  # the sixth batch
-    poisoned = x.copy()
-    poisoned[bad] = np.nan
-    clean = (
-        np.delete(x, np.arange(len(x))[bad], axis=0),
-        np.delete(y, np.arange(len(y))[bad], axis=0),
-    )
-
-    def build() -> keras.Model:
-        keras.backend.clear_session()
-        keras.utils.set_random_seed(0)
-        model = _drift_model()
-        kernel, bias = model.get_layer("middle").get_weights()
-        model.get_layer("middle").set_weights([kernel / 60.0, bias])
-        model.compile(optimizer=keras.optimizers.SGD(0.01), loss="mse")
-        return model
-
-    model = build()
-    plan = autoprec.PrecisionPlan.uniform(model, "bfloat16")
-    try:
-        _guarded_fit(
-            model, plan, poisoned, y, epochs, batch_size, guard=autoprec.Guard(on_nan="raise")
-        )
-        raised = False
-    except autoprec.NonFiniteTrainingError:
-        raised = True
-    model = build()
-    reference = _twin(model, "mse")
-    plan = autoprec.PrecisionPlan.uniform(model, "bfloat16")
-    callback, ledger, history = _guarded_fit(model, plan, poisoned, y, epochs, batch_size)
-    reference.fit(*clean, batch_size=batch_size, epochs=epochs, shuffle=False, verbose=0)
-    return _recovery(
-        "NaN batch (bfloat16 only)", 6, model, reference, callback, ledger, history, clean, raised
-    )
-
-
-def guard_gradient_overflow(samples: int = 256, batch_size: int = 16, epochs: int = 3) -> Recovery:
-    """Float16 plan; a loss weighted 1e6 whose gradients overflow float16 even at scale 1."""
-    keras.backend.clear_session()
-    keras.utils.set_random_seed(0)
-
-    def loss(target, prediction):
-        return 1e6 * keras.ops.mean((target - prediction) ** 2)
-
-    model = keras.Sequential(
-        [
-            keras.Input((8,)),
-            keras.layers.Dense(16, activation="relu", name="a"),
-            keras.layers.Dense(16, activation="relu", name="b"),
-            keras.layers.Dense(1, name="head"),
-        ]
-    )
-    model.compile(optimizer=keras.optimizers.SGD(1e-9), loss=loss)
-    reference = _twin(model, loss)
-    rng = np.random.default_rng(0)
-    x = rng.normal(size=(samples, 8)).astype("float32")
-    y = rng.normal(size=(samples, 1)).astype("float32")
-    plan = autoprec.PrecisionPlan.uniform(model, "float16").with_dtype("head", "float32")
-    floor = autoprec.LossScale(floor=2.0**-10)  # lets the guard take the scale below 1
-    callback, ledger, history = _guarded_fit(
-        model, plan, x, y, epochs, batch_size, loss_scale=floor
-    )
-    reference.fit(x, y, batch_size=batch_size, epochs=epochs, shuffle=False, verbose=0)
-    return _recovery(
-        "gradients too large at scale 1 (float16)",
-        1,
-        model,
-        reference,
-        callback,
-        ledger,
-        history,
-        (x, y),
-    )
-
-
-def guard_recoveries() -> list[Recovery]:
-    """Runs the three guard faults once each."""
-    return [guard_data_drift(), guard_nan_batch(), guard_gradient_overflow()]
-
-
-def print_recoveries(results: list[Recovery]) -> None:
-    width = max(len(result.fault) for result in results)
-    header = (
-        f"{'fault':<{width}}  steps  onset  lost  from onset  last lost  weights finite  final loss  float32 loss"
-        "  ratio  raised  recovered"
-    )
-    print("\n" + header)
-    print("-" * len(header))
-    for r in results:
-        raised = "-" if r.raised is None else ("yes" if r.raised else "NO")
-        print(
-            f"{r.fault:<{width}}  {r.steps:>5}  {r.onset:>5}  {r.lost:>4}  {r.lost_from_onset:>10}  "
-            f"{r.last_lost_step:>9}  "
-            f"{'yes' if r.weights_finite else 'NO':>14}  {r.final_loss:>10.4g}  "
-            f"{r.float32_loss:>12.4g}  {r.loss_ratio:>5.3f}  {raised:>6}  "
-            f"{'yes' if r.recovered else 'NO':>9}"
-        )
-        print(f"{'':<{width}}  promoted: {', '.join(r.promoted) or 'nothing'}")
-
-
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true", help="fewer injections")
@@ -584,10 +308,10 @@ def main(argv: list[str] | None = None) -> None:
     started = time.time()
     recoveries = guard_recoveries()
     if args.smoke:
-        print(f"host: {host_name()}")
+        print(f"host: {cpu_model()}")
         print_recoveries(recoveries)
         print(f"({time.time() - started:.0f} s)")
-        print(json.dumps({"host": host_name(), "faults": [r.as_dict() for r in recoveries]}))
+        print(json.dumps({"host": cpu_model(), "faults": [r.as_dict() for r in recoveries]}))
         return
     repeats = 1 if args.quick else 3
     rows: list[tuple[str, int, int, int]] = []
@@ -620,9 +344,9 @@ def main(argv: list[str] | None = None) -> None:
         f"\n{sum(r[1] for r in rows)} faults injected, {sum(r[2] for r in rows)} survived, "
         f"{total_lost} data lost, in {time.time() - started:.0f} s"
     )
-    print(f"host: {host_name()}")
+    print(f"host: {cpu_model()}")
     print_recoveries(recoveries)
-    print(json.dumps({"host": host_name(), "faults": [r.as_dict() for r in recoveries]}))
+    print(json.dumps({"host": cpu_model(), "faults": [r.as_dict() for r in recoveries]}))
 
 
 if __name__ == "__main__":

@@ -78,6 +78,12 @@ folder unless `JAX_COMPILATION_CACHE_DIR` is set): the same programs, compiled a
 for each copy, compile once. Results go to `results.json` under `--out` (default
 `$OUT`), rewritten atomically after every stage of the run; the table is printed last.
 
+The parts: this script (the run, each model's candidates, timing), `gpu_workloads.py`
+(settings, models, building candidates), `gpu_memory.py` (the memory process),
+`gpu_overflow.py` (the overflow check), `gpu_report.py` (host and table), and what
+every benchmark shares in `common/` (timing rounds, host, JSON, model builders, data):
+none of them imports TensorFlow.
+
 Prepare (on the CPU machine, in the repository root; the GPU machine has Python 3.12
 and JAX with CUDA, numpy, h5py, ml-dtypes, rich, PyYAML, tqdm, packaging and absl-py,
 but no TensorFlow, keras, optuna or autoprec, and no network): autoprec's own wheel,
@@ -111,22 +117,15 @@ does, several times slower):
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import gc
 import json
-import logging
 import math
 import os
-import platform
-import statistics
-import subprocess
 import sys
 import tempfile
 import time
-import traceback
 import warnings
-from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -145,18 +144,36 @@ warnings.filterwarnings("ignore", message="Explicitly requested dtype int64")
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import keras  # noqa: E402
-import numpy as np  # noqa: E402
 
 import autoprec  # noqa: E402
 from autoprec.search import output_layers  # noqa: E402
 
-UNIFORM = ("float32", "mixed_bfloat16", "mixed_float16")
-#: `"float8"`: float8 on every Dense/EinsumDense layer but the output layers, bfloat16
-#: elsewhere (`float8_from_mixed_bfloat16`), timed against the uniform policies.
-PLANS = ("one-liner", "search", "float8")
-CANDIDATES = UNIFORM + PLANS
-STATISTICS = ("min", "median")
-FLOAT16_MAX = 65504.0
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/, for its shared `common`
+from common.keras_tools import (  # noqa: E402
+    Workload,
+    captured_messages,
+    plan_report,
+    search_val_loss,
+    train_step,
+)
+from common.report import failure, write_json  # noqa: E402
+from common.timing import fastest, milliseconds, ratios_to, time_steps  # noqa: E402
+from gpu_memory import measure_memory, memory_stats, run_memory_process  # noqa: E402
+from gpu_overflow import overflow_check  # noqa: E402
+from gpu_report import host, table  # noqa: E402
+from gpu_workloads import (  # noqa: E402
+    CANDIDATES,
+    PLANS,
+    UNIFORM,
+    Settings,
+    build_planned,
+    build_uniform,
+    composition,
+    settings_for,
+    stage,
+    workloads,
+)
+
 #: Words of `plan.metadata` keys kept as the plan's own report.
 REPORT_WORDS = ("measur", "predict", "candidate", "timing", "timed", "chose", "winner")
 #: Seconds kept aside for the attention-overflow check and for the memory process
@@ -166,453 +183,7 @@ MEMORY_RESERVE = {True: 15.0, False: 100.0}
 #: Seconds past the budget after which the memory process is stopped.
 HARD_END_SECONDS = 50.0
 
-# ---------------------------------------------------------------------- settings
-
-
-@dataclasses.dataclass(frozen=True)
-class Settings:
-    """How much the run measures: the full GPU run or the CPU smoke run.
-
-    Attributes:
-        smoke: tiny stand-in models for a CPU.
-        rounds: interleaved timed rounds.
-        steps: train steps per round, and of the warm-up.
-        epoch_steps: steps of the one-liner's epoch.
-        auto: `AutoPrecision(auto=...)` of the one-liner (`None`: its defaults).
-        trials: search trials.
-        trial_steps: training steps of each search trial.
-        confirm_steps: the search's `SearchSettings.confirm_steps` (`None`: its default).
-        cap_factor: the largest batch probed, as a multiple of the timed batch.
-        bisection_steps: bisection steps after the first out-of-memory batch.
-        overflow_steps: training steps of each candidate of the overflow check.
-        measured_models: models whose one-liner and search measure costs here
-            (`hardware="local"`); the others predict them for `predicted_hardware`
-            (the smoke run: a CPU measures slowly, and the RTX 2060 profile gives
-            plans with float16 layers to apply, time and measure).
-        predicted_hardware: the hardware profile of the other models and of the
-            overflow check's one-liner.
-    """
-
-    smoke: bool
-    rounds: int
-    steps: int
-    epoch_steps: int
-    auto: autoprec.AutoPlan | None
-    trials: int
-    trial_steps: int
-    confirm_steps: int | None
-    cap_factor: int
-    bisection_steps: int
-    overflow_steps: int
-    measured_models: tuple[str, ...] | None = None
-    predicted_hardware: str = "rtx2060"
-
-    def hardware(self, model: str) -> str:
-        """The `hardware=` of the one-liner and the search of `model`."""
-        if self.measured_models is None or model in self.measured_models:
-            return "local"
-        return self.predicted_hardware
-
-
-def settings_for(smoke: bool) -> Settings:
-    """Returns the settings of the smoke run or of the full GPU run."""
-    if smoke:
-        return Settings(
-            smoke=True,
-            rounds=2,
-            steps=1,
-            epoch_steps=8,
-            auto=autoprec.AutoPlan(profile_steps=2, timing_rounds=1),
-            trials=1,
-            trial_steps=3,
-            confirm_steps=0,
-            cap_factor=2,
-            bisection_steps=1,
-            overflow_steps=3,
-            measured_models=(),
-        )
-    return Settings(
-        smoke=False,
-        rounds=7,
-        steps=10,
-        epoch_steps=96,
-        auto=None,
-        trials=2,
-        trial_steps=10,
-        confirm_steps=0,
-        cap_factor=64,
-        bisection_steps=3,
-        overflow_steps=20,
-    )
-
-
-# ---------------------------------------------------------------------- models and data
-
-
-@dataclasses.dataclass(frozen=True)
-class Workload:
-    """One benchmark model: how to build it, its data and loss.
-
-    Attributes:
-        name: the `--models` name.
-        kind: a few words on what it is.
-        build: builds the uncompiled model (the global dtype policy applies to it).
-        data: `data(seed, samples)` returns `(x, y)` NumPy arrays.
-        batch_size: the batch size it trains, is timed and is measured with.
-        logits: whether the model outputs logits (else probabilities); `None` for
-            a regression (mean squared error).
-        search_baseline: the search's `SearchSettings.baseline`; `None` for models
-            with BatchNormalization, whose moving statistics do not settle in a few
-            steps, so their validation loss is no better than the untrained model's
-            at the search's fidelity although they learn.
-    """
-
-    name: str
-    kind: str
-    build: Callable[[], keras.Model]
-    data: Callable[[int, int], tuple[np.ndarray, np.ndarray]]
-    batch_size: int
-    logits: bool | None = False
-    search_baseline: str | None = "auto"
-
-    def loss(self) -> keras.losses.Loss:
-        """A fresh instance of the workload's loss."""
-        if self.logits is None:
-            return keras.losses.MeanSquaredError()
-        return keras.losses.SparseCategoricalCrossentropy(from_logits=self.logits)
-
-
-CLASSES = 10
-
-
-def marker_tokens(length: int, vocabulary: int):
-    """Random tokens with the class id (a token below `CLASSES`) at about a quarter of positions."""
-
-    def data(seed: int, samples: int):
-        rng = np.random.default_rng(seed)
-        y = rng.integers(0, CLASSES, samples).astype("int32")
-        x = rng.integers(CLASSES, vocabulary, (samples, length))
-        x = np.where(rng.random((samples, length)) < 0.25, y[:, None], x).astype("int32")
-        return x, y
-
-    return data
-
-
-def language_tokens(length: int, vocabulary: int):
-    """Random tokens; the target at each position is a fixed function of its token."""
-
-    def data(seed: int, samples: int):
-        x = np.random.default_rng(seed).integers(1, vocabulary, (samples, length)).astype("int32")
-        return x, ((x * 7 + 3) % vocabulary).astype("int32")
-
-    return data
-
-
-def images(size: int):
-    """Noise images with a per-class channel offset (learnable through pooling)."""
-
-    def data(seed: int, samples: int):
-        rng = np.random.default_rng(seed)
-        pattern = np.random.default_rng(1234).normal(size=(CLASSES, 1, 1, 3))
-        y = rng.integers(0, CLASSES, samples).astype("int32")
-        x = rng.normal(size=(samples, size, size, 3)) + 1.5 * pattern[y]
-        return x.astype("float32"), y
-
-    return data
-
-
-def build_encoder(
-    length: int, vocabulary: int, width: int, heads: int, hidden: int, blocks: int
-) -> keras.Model:
-    """A BERT-style post-norm Transformer encoder classifier (attention dropout 0.1)."""
-    layers = keras.layers
-    tokens = keras.Input((length,), dtype="int32", name="tokens")
-    x = layers.Embedding(vocabulary, width, name="embedding")(tokens)
-    for index in range(blocks):
-        name = f"block{index}"
-        attended = layers.MultiHeadAttention(
-            heads, width // heads, dropout=0.1, name=f"{name}_attention"
-        )(x, x)
-        x = layers.LayerNormalization(name=f"{name}_norm1")(
-            layers.Add(name=f"{name}_add1")([x, attended])
-        )
-        forward = layers.Dense(hidden, activation="gelu", name=f"{name}_ffn1")(x)
-        forward = layers.Dense(width, name=f"{name}_ffn2")(forward)
-        x = layers.LayerNormalization(name=f"{name}_norm2")(
-            layers.Add(name=f"{name}_add2")([x, forward])
-        )
-    x = layers.GlobalAveragePooling1D(name="pool")(x)
-    outputs = layers.Dense(CLASSES, activation="softmax", name="head")(x)
-    return keras.Model(tokens, outputs, name="transformer_encoder")
-
-
-def build_decoder(
-    length: int, vocabulary: int, width: int, heads: int, hidden: int, blocks: int
-) -> keras.Model:
-    """A GPT-style pre-norm decoder (causal attention, dropout 0.1) with a logits head."""
-    layers = keras.layers
-    tokens = keras.Input((length,), dtype="int32", name="tokens")
-    x = layers.Embedding(vocabulary, width, name="token_embedding")(tokens)
-    for index in range(blocks):
-        name = f"block{index}"
-        normed = layers.LayerNormalization(epsilon=1e-5, name=f"{name}_norm1")(x)
-        attended = layers.MultiHeadAttention(
-            heads, width // heads, dropout=0.1, name=f"{name}_attention"
-        )(normed, normed, use_causal_mask=True)
-        x = layers.Add(name=f"{name}_add1")([x, attended])
-        normed = layers.LayerNormalization(epsilon=1e-5, name=f"{name}_norm2")(x)
-        forward = layers.Dense(hidden, activation="gelu", name=f"{name}_mlp1")(normed)
-        forward = layers.Dense(width, name=f"{name}_mlp2")(forward)
-        x = layers.Add(name=f"{name}_add2")([x, forward])
-    x = layers.LayerNormalization(epsilon=1e-5, name="final_norm")(x)
-    logits = layers.Dense(vocabulary, name="lm_head")(x)
-    return keras.Model(tokens, logits, name="gpt_decoder")
-
-
-def build_resnet(size: int, widths: tuple[int, ...]) -> keras.Model:
-    """A ResNet-style CNN: stem, one residual block per stage (stride 2 after the first)."""
-    layers = keras.layers
-    inputs = keras.Input((size, size, 3), name="image")
-    x = layers.Conv2D(widths[0], 3, padding="same", use_bias=False, name="stem")(inputs)
-    x = layers.BatchNormalization(name="stem_bn")(x)
-    x = layers.Activation("relu", name="stem_relu")(x)
-    for index, filters in enumerate(widths):
-        name, stride = f"stage{index}", 1 if index == 0 else 2
-        shortcut = x
-        x = layers.Conv2D(
-            filters, 3, strides=stride, padding="same", use_bias=False, name=f"{name}_conv1"
-        )(x)
-        x = layers.BatchNormalization(name=f"{name}_bn1")(x)
-        x = layers.Activation("relu", name=f"{name}_relu1")(x)
-        x = layers.Conv2D(filters, 3, padding="same", use_bias=False, name=f"{name}_conv2")(x)
-        x = layers.BatchNormalization(name=f"{name}_bn2")(x)
-        if stride != 1 or shortcut.shape[-1] != filters:
-            shortcut = layers.Conv2D(
-                filters, 1, strides=stride, use_bias=False, name=f"{name}_project"
-            )(shortcut)
-            shortcut = layers.BatchNormalization(name=f"{name}_project_bn")(shortcut)
-        x = layers.Add(name=f"{name}_add")([x, shortcut])
-        x = layers.Activation("relu", name=f"{name}_relu2")(x)
-    x = layers.GlobalAveragePooling2D(name="pool")(x)
-    outputs = layers.Dense(CLASSES, activation="softmax", name="head")(x)
-    return keras.Model(inputs, outputs, name="resnet")
-
-
-def workloads(smoke: bool) -> dict[str, Workload]:
-    """The benchmark's three models, at GPU size or as small CPU stand-ins.
-
-    The smoke run's decoder and CNN are just large enough for the predicted RTX 2060
-    profile to give them float16 layers (a plan with loss scaling to apply and time).
-    """
-    # (sequence, vocabulary, width, heads, feed-forward width, blocks, batch)
-    if smoke:
-        encoder, decoder = (16, 64, 32, 2, 64, 1, 8), (32, 512, 128, 2, 512, 1, 16)
-        size, widths, cnn_batch = 32, (16, 32), 16
-    else:
-        encoder = decoder = (256, 8192, 768, 12, 3072, 2, 64)
-        size, widths, cnn_batch = 64, (64, 128, 256, 512), 128
-
-    def shape(dims: tuple[int, ...]) -> str:
-        return f"{dims[5]} blocks, width {dims[2]}, {dims[3]} heads, sequence {dims[0]}"
-
-    found = [
-        Workload(
-            "transformer",
-            f"BERT-style encoder ({shape(encoder)}, attention dropout 0.1), batch {encoder[6]}",
-            lambda: build_encoder(*encoder[:6]),
-            marker_tokens(*encoder[:2]),
-            encoder[6],
-        ),
-        Workload(
-            "gpt",
-            f"GPT-style causal decoder ({shape(decoder)}, vocabulary {decoder[1]}), "
-            f"batch {decoder[6]}",
-            lambda: build_decoder(*decoder[:6]),
-            language_tokens(*decoder[:2]),
-            decoder[6],
-            logits=True,
-        ),
-        Workload(
-            "resnet",
-            f"ResNet-style CNN ({len(widths)} stages {'/'.join(map(str, widths))}, "
-            f"{size}x{size}), batch {cnn_batch}",
-            lambda: build_resnet(size, widths),
-            images(size),
-            cnn_batch,
-            search_baseline=None,
-        ),
-    ]
-    return {workload.name: workload for workload in found}
-
-
-# ---------------------------------------------------------------------- building candidates
-
-
-@contextlib.contextmanager
-def global_policy(name: str) -> Iterator[None]:
-    """Builds under Keras' global dtype policy `name`; the previous policy comes back after."""
-    previous = keras.config.dtype_policy()
-    keras.config.set_dtype_policy(name)
-    try:
-        yield
-    finally:
-        keras.config.set_dtype_policy(previous)
-
-
-def compile_model(model: keras.Model, workload: Workload, loss_scale: bool = False) -> None:
-    """Compiles with Adam and the workload's loss; `loss_scale` wraps Adam as Keras does."""
-    optimizer = keras.optimizers.Adam(1e-3)
-    if loss_scale:
-        optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
-    model.compile(optimizer=optimizer, loss=workload.loss())
-
-
-def build_uniform(workload: Workload, policy: str, weights: list | None) -> keras.Model:
-    """The model built and compiled under Keras' global `policy`, with `weights` if given."""
-    with global_policy(policy):
-        keras.utils.set_random_seed(0)
-        model = workload.build()
-        if weights is not None:
-            model.set_weights(weights)
-        compile_model(model, workload)  # under mixed_float16 Keras adds LossScaleOptimizer
-    return model
-
-
-def build_planned(
-    workload: Workload, plan: autoprec.PrecisionPlan, weights: list | None, x_sample: Any
-) -> keras.Model:
-    """A float32 copy with `plan` applied (`autoprec.apply_plan`), compiled alike.
-
-    A plan with float16 layers gets Keras' `LossScaleOptimizer`, as Keras gives
-    `mixed_float16`.
-    """
-    with global_policy("float32"):
-        keras.utils.set_random_seed(0)
-        model = workload.build()
-        if weights is not None:
-            model.set_weights(weights)
-    autoprec.apply_plan(model, plan, x=x_sample)
-    compile_model(model, workload, loss_scale=plan.uses_float16)
-    return model
-
-
-def composition(plan: autoprec.PrecisionPlan) -> dict[str, int]:
-    """Layers of a plan per compute dtype."""
-    return dict(sorted(plan.dtype_counts().items()))
-
-
-def plan_report(metadata: dict[str, Any]) -> dict[str, Any]:
-    """The plan's own figures on what was measured, predicted and chosen (read defensively)."""
-    report: dict[str, Any] = {}
-    sources = [("", metadata)]
-    if isinstance(metadata.get("search"), dict):
-        sources.append(("search.", metadata["search"]))
-    for prefix, source in sources:
-        for key, value in source.items():
-            if value is not None and any(word in str(key).lower() for word in REPORT_WORDS):
-                report[prefix + str(key)] = value
-    return report
-
-
-class MessageCapture(logging.Handler):
-    """Keeps the lines autoprec shows (its `"autoprec"` logger) while installed."""
-
-    def __init__(self) -> None:
-        super().__init__(logging.INFO)
-        self.lines: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.lines.append(record.getMessage())
-
-
-@contextlib.contextmanager
-def captured_messages() -> Iterator[MessageCapture]:
-    """Routes autoprec's shown lines to a `MessageCapture` (Keras' interactive logging off)."""
-    logger = logging.getLogger("autoprec")
-    handler, level, propagate = MessageCapture(), logger.level, logger.propagate
-    interactive = keras.config.is_interactive_logging_enabled()
-    keras.config.disable_interactive_logging()
-    logger.addHandler(handler)
-    logger.setLevel(logging.INFO)
-    logger.propagate = False
-    try:
-        yield handler
-    finally:
-        logger.removeHandler(handler)
-        logger.setLevel(level)
-        logger.propagate = propagate
-        if interactive:
-            keras.config.enable_interactive_logging()
-
-
-def failure(error: BaseException) -> dict[str, str]:
-    """An error as recorded in the results: its line and its traceback's tail."""
-    return {
-        "error": f"{type(error).__name__}: {error}"[:2000],
-        "traceback": traceback.format_exc()[-3000:],
-    }
-
-
-@contextlib.contextmanager
-def stage(record: dict[str, Any], name: str) -> Iterator[None]:
-    """Times one stage into `record["stages"][name]`; a failure is recorded, not raised."""
-    entry: dict[str, Any] = {}
-    record.setdefault("stages", {})[name] = entry
-    started, cpu = time.perf_counter(), time.process_time()
-    try:
-        yield
-    except Exception as error:  # noqa: BLE001 - one failed stage must not stop the run
-        entry.update(failure(error))
-    finally:
-        entry["seconds"] = round(time.perf_counter() - started, 3)
-        entry["cpu_seconds"] = round(time.process_time() - cpu, 3)
-        outcome = f"FAILED {entry['error'][:300]}" if "error" in entry else "done"
-        print(f"  {name}: {outcome} ({entry['seconds']:.1f} s)", flush=True)
-
-
 # ---------------------------------------------------------------------- timing
-
-
-def train_step(model: keras.Model, x: Any, y: Any) -> Callable[[], float]:
-    """One `train_on_batch` on the fixed batch, synchronised by reading the loss."""
-
-    def step() -> float:
-        logs = model.train_on_batch(x, y, return_dict=True)
-        return float(logs["loss"])
-
-    return step
-
-
-def time_interleaved(
-    steps: dict[str, Callable[[], float]],
-    rounds: int,
-    steps_per_round: int,
-    failures: dict[str, dict[str, str]],
-) -> tuple[dict[str, list[float]], dict[str, float]]:
-    """Mean seconds per step of each function, per round, in rounds whose order rotates.
-
-    Each function first runs `steps_per_round` untimed steps (the warm-up, which also
-    compiles); one that fails there is recorded in `failures` and left out. Returns the
-    per-round seconds and each function's last loss.
-    """
-    names, losses = [], {}
-    for name, step in steps.items():
-        try:
-            for _ in range(steps_per_round):
-                losses[name] = step()
-        except Exception as error:  # noqa: BLE001 - the other candidates are still timed
-            failures[name] = failure(error)
-            continue
-        names.append(name)
-    samples: dict[str, list[float]] = {name: [] for name in names}
-    for index in range(rounds):
-        shift = index % len(names)
-        for name in names[shift:] + names[:shift]:
-            started = time.perf_counter()
-            for _ in range(steps_per_round):
-                losses[name] = steps[name]()
-            samples[name].append((time.perf_counter() - started) / steps_per_round)
-    return samples, losses
 
 
 def compare(candidates: dict[str, dict[str, Any]]) -> dict[str, Any]:
@@ -621,24 +192,12 @@ def compare(candidates: dict[str, dict[str, Any]]) -> dict[str, Any]:
     A plan without figures (it failed) has ratio `None`, and so has every plan when no
     uniform policy was timed.
     """
-    uniform = {name: figures for name, figures in candidates.items() if name in UNIFORM}
-    uniform = {name: figures for name, figures in uniform.items() if "ms_min" in figures}
-    best = {
-        statistic: (
-            min(uniform, key=lambda name: uniform[name][f"ms_{statistic}"]) if uniform else None
-        )
-        for statistic in STATISTICS
-    }
+    best = fastest(candidates, UNIFORM)
     ratios: dict[str, Any] = {}
     for name in PLANS:
         figures = candidates.get(name, {})
-        if "ms_min" not in figures or not uniform:
-            ratios[name] = None
-            continue
-        ratios[name] = {
-            statistic: figures[f"ms_{statistic}"] / uniform[best[statistic]][f"ms_{statistic}"]
-            for statistic in STATISTICS
-        }
+        timed = "ms_min" in figures and best["min"] is not None
+        ratios[name] = ratios_to(figures, candidates, best) if timed else None
     return {"best_uniform": best, "ratios": ratios}
 
 
@@ -749,22 +308,17 @@ def run_model(
             info["timeout"] = max(5.0, 0.45 * (model_end - time.monotonic()))
             search_started = time.perf_counter()
             try:
-                result = autoprec.search(
+                result = search_val_loss(
                     models["float32"],
                     (x, y),
-                    validation_data=(x_val, y_val),
-                    budget=autoprec.Budget("val_loss", max_relative_drop=0.05),
+                    (x_val, y_val),
                     hardware=hardware,
-                    n_trials=settings.trials,
+                    trials=settings.trials,
+                    batch_size=batch,
+                    steps_per_trial=settings.trial_steps,
+                    baseline=workload.search_baseline,
                     timeout=info["timeout"],
-                    verbose=0,
-                    settings=autoprec.SearchSettings(
-                        batch_size=batch,
-                        steps_per_trial=settings.trial_steps,
-                        seed=0,
-                        baseline=workload.search_baseline,
-                        confirm_steps=settings.confirm_steps,
-                    ),
+                    confirm_steps=settings.confirm_steps,
                 )
             finally:
                 models["float32"].set_weights(weights)
@@ -795,12 +349,14 @@ def run_model(
     with stage(row, "timing"):
         data = (jnp.asarray(x[:batch]), jnp.asarray(y[:batch]))
         steps = {name: train_step(model, *data) for name, model in models.items()}
-        samples, losses = time_interleaved(steps, settings.rounds, settings.steps, failures)
+
+        def record(name: str, error: Exception) -> None:
+            failures[name] = failure(error)  # the other candidates are still timed
+
+        samples, losses = time_steps(steps, settings.rounds, settings.steps, record)
         for name, values in samples.items():
             row["candidates"][name] = {
-                "ms_min": min(values) * 1e3,
-                "ms_median": statistics.median(values) * 1e3,
-                "rounds_ms": [value * 1e3 for value in values],
+                **milliseconds(values),
                 "final_loss": losses[name],
                 "finite": math.isfinite(losses[name]),
                 "optimizer": type(models[name].optimizer).__name__,
@@ -874,576 +430,10 @@ def describe_plan(plan: autoprec.PrecisionPlan) -> dict[str, Any]:
     return {
         "composition": composition(plan),
         "measured": measured if isinstance(measured, (dict, list)) else None,
-        "report": plan_report(metadata),
+        "report": plan_report(metadata, REPORT_WORDS),
         "metadata_keys": sorted(str(key) for key in metadata),
         "plan": json.loads(plan.to_json()),
     }
-
-
-# ---------------------------------------------------------------------- memory
-
-
-def memory_stats() -> dict[str, int] | None:
-    """The first device's memory statistics; `None` where the backend keeps none (CPUs)."""
-    try:
-        stats = jax.devices()[0].memory_stats()
-    except Exception:  # noqa: BLE001 - a backend without statistics
-        return None
-    return dict(stats) if stats else None
-
-
-def is_out_of_memory(error: BaseException) -> bool:
-    text = str(error)
-    return "RESOURCE_EXHAUSTED" in text or "out of memory" in text.lower()
-
-
-def tree_bytes(tree: Any) -> int:
-    return int(sum(leaf.nbytes for leaf in jax.tree_util.tree_leaves(tree)))
-
-
-def xla_bytes(compiled: Any) -> int | None:
-    """XLA's bytes of one compiled step: arguments + outputs + temporaries - aliased."""
-    try:
-        analysis = compiled.memory_analysis()
-    except Exception:  # noqa: BLE001 - not every backend analyses memory
-        return None
-    if analysis is None:
-        return None
-    return int(
-        analysis.argument_size_in_bytes
-        + analysis.output_size_in_bytes
-        + analysis.temp_size_in_bytes
-        - analysis.alias_size_in_bytes
-    )
-
-
-def batch_of(x: np.ndarray, y: np.ndarray, size: int) -> tuple:
-    """A device-resident batch of `size` samples (repeating the given ones), as Keras passes it."""
-    repeat = -(-size // len(x))
-    xs = np.concatenate([x] * repeat)[:size]
-    ys = np.concatenate([y] * repeat)[:size]
-    return (jnp.asarray(xs), jnp.asarray(ys), None)
-
-
-class MemoryProbe:
-    """One candidate's train step, compiled per batch size, run on copies of its state.
-
-    The step is `jax.jit(model.train_step, donate_argnums=0)`, the function Keras
-    compiles for `fit` and `train_on_batch`; each run donates a fresh copy of the
-    model's state, so a step that runs out of memory leaves the model intact.
-    """
-
-    def __init__(self, model: keras.Model, x: np.ndarray, y: np.ndarray) -> None:
-        self.x, self.y = x, y
-        model._symbolic_build(data_batch=(x, y))  # variables, optimizer and metrics, as fit
-        self.state = (
-            [variable.value for variable in model.trainable_variables],
-            [variable.value for variable in model.non_trainable_variables],
-            [variable.value for variable in model.optimizer.variables],
-            [variable.value for variable in model.metrics_variables],
-        )
-        self.step = jax.jit(model.train_step, donate_argnums=0)
-        self.executables: dict[int, Any] = {}
-
-    def compile(self, size: int) -> Any:
-        if size not in self.executables:
-            data = batch_of(self.x, self.y, size)
-            self.executables[size] = self.step.lower(self.state, data).compile()
-        return self.executables[size]
-
-    def run(self, size: int) -> float:
-        """Compiles (once per size) and runs one step at batch `size`; returns its loss."""
-        executable = self.compile(size)
-        try:
-            data = batch_of(self.x, self.y, size)
-            state = jax.tree_util.tree_map(jnp.copy, self.state)
-            logs, state = executable(state, data)
-            return float(np.asarray(logs["loss"]))
-        finally:
-            if size != len(self.x):
-                self.executables.pop(size, None)  # keep one executable: the timed batch's
-
-
-def largest_batch(
-    probe: MemoryProbe, base: int, cap: int, first_guess: int | None, steps: int, end: float
-) -> dict[str, Any]:
-    """The largest batch whose step fits: doubling until out of memory or `cap`, then bisection.
-
-    Doubling starts at `first_guess` (rounded down to `base` times a power of two)
-    where it is known, else at twice `base`; `base` is known to fit.
-    """
-    probes: list[dict[str, Any]] = []
-
-    def fits(size: int) -> bool | None:
-        if time.monotonic() > end:
-            return None
-        started = time.perf_counter()
-        try:
-            probe.run(size)
-            ok = True
-        except Exception as error:  # noqa: BLE001 - only out-of-memory is an answer
-            if not is_out_of_memory(error):
-                raise
-            ok = False
-        gc.collect()
-        probes.append({"batch": size, "fits": ok, "seconds": time.perf_counter() - started})
-        return ok
-
-    low, high, bound = base, None, "cap"
-    size = 2 * base
-    if first_guess is not None and first_guess > 2 * base:
-        size = base * 2 ** int(math.log2(first_guess / base))
-    size = min(size, cap)
-    while size > low:
-        answer = fits(size)
-        if answer is None:
-            bound = "time"
-            break
-        if not answer:
-            high, bound = size, "oom"
-            break
-        low, size = size, min(2 * size, cap)
-    for _ in range(steps if high is not None else 0):
-        middle = (low + high) // 2
-        if middle in (low, high):
-            break
-        answer = fits(middle)
-        if answer is None:
-            bound = "time"
-            break
-        low, high = (middle, high) if answer else (low, middle)
-    return {
-        "max_batch": low,
-        "first_oom_batch": high,
-        "max_batch_bound": bound,
-        "cap": cap,
-        "first_guess": first_guess,
-        "probes": probes,
-    }
-
-
-def peak_figures(
-    before: dict[str, int] | None, after: dict[str, int] | None, probe: MemoryProbe, batch: int
-) -> dict[str, Any]:
-    """A step's memory figures from the device statistics before and after it."""
-    state = tree_bytes(probe.state)
-    figures: dict[str, Any] = {
-        "state_bytes": state,
-        "batch_bytes": tree_bytes(batch_of(probe.x, probe.y, batch)),
-        "peak_bytes_in_use": None,
-        "step_bytes": None,
-        "peak_bytes": None,
-        "peak_is_own": None,
-        "bytes_in_use_before": None,
-        "bytes_limit": None,
-    }
-    if not before or not after or "peak_bytes_in_use" not in after:
-        return figures
-    in_use = before.get("bytes_in_use", 0)
-    own = after["peak_bytes_in_use"] > before.get("peak_bytes_in_use", 0)
-    figures.update(
-        peak_bytes_in_use=after["peak_bytes_in_use"],
-        peak_is_own=own,
-        bytes_in_use_before=in_use,
-        bytes_limit=after.get("bytes_limit"),
-    )
-    if own:
-        # The step's own: the state copy it donates, its batch, temporaries and outputs;
-        # with the model's variables, the candidate's peak as if it ran alone.
-        figures["step_bytes"] = after["peak_bytes_in_use"] - in_use
-        figures["peak_bytes"] = state + figures["step_bytes"]
-    return figures
-
-
-def predicted_batch(entry: dict[str, Any], batch: int) -> int | None:
-    """The batch the device's free memory should hold, scaling the step's bytes per sample."""
-    stats = memory_stats()
-    step, state = entry.get("step_bytes"), entry.get("state_bytes", 0)
-    if not stats or not stats.get("bytes_limit") or not step:
-        return None
-    free = stats["bytes_limit"] - stats.get("bytes_in_use", 0)
-    per_sample = max(1.0, (step - state) / batch)
-    return int((free - state) / per_sample)
-
-
-def build_candidate(workload: Workload, candidate: str, weights: list, plan_path: str | None):
-    """A candidate in the memory process: a uniform policy, or a plan read from its JSON."""
-    if candidate in UNIFORM:
-        return build_uniform(workload, candidate, weights)
-    plan = autoprec.PrecisionPlan.load(plan_path)
-    return build_planned(workload, plan, weights, workload.data(0, 1)[0])
-
-
-def measure_memory(request: dict[str, Any]) -> dict[str, Any]:
-    """The memory process: every candidate's step bytes, peak and largest batch.
-
-    All candidates of all models are compiled first; their steps then run once each,
-    in ascending order of XLA's bytes, so each step raises the device's high-water mark
-    to its own peak; the largest-batch searches come last, each given an equal share of
-    the time left.
-    """
-    settings = settings_for(request["smoke"])
-    known = workloads(request["smoke"])
-    end = time.monotonic() + request["seconds"]
-    results: dict[str, dict[str, Any]] = {}
-    probes: dict[tuple[str, str], MemoryProbe] = {}
-    keras.backend.clear_session()
-    for name, plan_paths in request["models"].items():
-        workload, results[name] = known[name], {}
-        x, y = workload.data(0, workload.batch_size)
-        weights = build_uniform(workload, "float32", None).get_weights()
-        for candidate in CANDIDATES:
-            if candidate in PLANS and candidate not in plan_paths:
-                results[name][candidate] = {"error": f"no plan: the {candidate} stage failed"}
-                continue
-            try:
-                model = build_candidate(workload, candidate, weights, plan_paths.get(candidate))
-                probe = MemoryProbe(model, x, y)
-                results[name][candidate] = {
-                    "xla_bytes": xla_bytes(probe.compile(workload.batch_size)),
-                    "optimizer": type(model.optimizer).__name__,
-                }
-                probes[(name, candidate)] = probe
-            except Exception as error:  # noqa: BLE001
-                results[name][candidate] = failure(error)
-        write_json(request["out"], results)
-    order = sorted(probes, key=lambda key: results[key[0]][key[1]]["xla_bytes"] or 0)
-    for name, candidate in order:
-        entry, batch = results[name][candidate], known[name].batch_size
-        try:
-            before = memory_stats()
-            entry["loss"] = probes[(name, candidate)].run(batch)
-            entry.update(peak_figures(before, memory_stats(), probes[(name, candidate)], batch))
-        except Exception as error:  # noqa: BLE001
-            entry.update(failure(error))
-            del probes[(name, candidate)]
-        write_json(request["out"], results)
-    remaining = [key for key in order if key in probes]
-    for index, (name, candidate) in enumerate(remaining):
-        entry, batch = results[name][candidate], known[name].batch_size
-        share_end = time.monotonic() + (end - time.monotonic()) / (len(remaining) - index)
-        try:
-            entry.update(
-                largest_batch(
-                    probes[(name, candidate)],
-                    batch,
-                    batch * settings.cap_factor,
-                    predicted_batch(entry, batch),
-                    settings.bisection_steps,
-                    share_end,
-                )
-            )
-        except Exception as error:  # noqa: BLE001
-            entry.update(failure(error))
-        write_json(request["out"], results)
-    return results
-
-
-def run_memory_process(
-    settings: Settings,
-    plan_paths: dict[str, dict[str, str]],
-    seconds: float,
-    hard_end: float,
-    folder: Path,
-) -> dict[str, Any]:
-    """Runs the memory process (this script, `--memory-child`); returns what it wrote.
-
-    Whatever it wrote before failing or running out of time is kept; every candidate it
-    did not finish gets the process's exit status and the tail of its output.
-    """
-    request = {
-        "smoke": settings.smoke,
-        "models": plan_paths,
-        "seconds": seconds,
-        "out": str(folder / "memory.json"),
-    }
-    request_path = folder / "memory-request.json"
-    request_path.write_text(json.dumps(request))
-    environment = dict(os.environ)
-    if sys.modules.get("tensorflow", False) is None:
-        environment["BENCH_GPU_BLOCK_TENSORFLOW"] = "1"
-    environment.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    command = [sys.executable, str(Path(__file__).resolve()), "--memory-child", str(request_path)]
-    if settings.smoke:
-        command.append("--smoke-child")
-    log = folder / "memory.log"
-    started = time.perf_counter()
-    with log.open("w") as output:
-        try:
-            status: int | str = subprocess.run(
-                command, env=environment, stdout=output, stderr=subprocess.STDOUT,
-                timeout=max(20.0, hard_end - time.monotonic()), check=False,
-            ).returncode  # fmt: skip
-        except subprocess.TimeoutExpired:
-            status = "timeout"
-    written = Path(request["out"])
-    results = json.loads(written.read_text()) if written.exists() else {}
-    tail = log.read_text(errors="replace")[-3000:]
-    for name in plan_paths:
-        for candidate in CANDIDATES:
-            entry = results.setdefault(name, {}).setdefault(candidate, {})
-            if "max_batch" not in entry and "error" not in entry:
-                entry["error"] = f"memory process ended (status {status}) before this candidate"
-                entry["traceback"] = tail
-    return {
-        "status": status,
-        "seconds": time.perf_counter() - started,
-        "results": results,
-        "output_tail": tail if status != 0 else "",
-    }
-
-
-# ---------------------------------------------------------------------- attention overflow
-
-
-def build_overflow(smoke: bool) -> tuple[Callable[[], keras.Model], np.ndarray, np.ndarray]:
-    """Query/key kernels of 1/features on inputs of ~300: q, k ~ 300 but q·k/sqrt(d) ~ 1e5."""
-    rng = np.random.default_rng(3)
-    batch, sequence, features, heads = (4, 8, 16, 2) if smoke else (32, 256, 64, 4)
-
-    def build() -> keras.Model:
-        inputs = keras.Input((sequence, features), name="sequence")
-        attention = keras.layers.MultiHeadAttention(
-            num_heads=heads, key_dim=features, dropout=0.1, name="attention"
-        )
-        x = attention(inputs, inputs)
-        x = keras.layers.LayerNormalization(name="norm")(x)
-        x = keras.layers.GlobalAveragePooling1D(name="pool")(x)
-        outputs = keras.layers.Dense(1, name="head")(x)
-        model = keras.Model(inputs, outputs, name="attention_overflow")
-        for dense in (attention.query_dense, attention.key_dense):
-            dense.kernel.assign(np.full(dense.kernel.shape, 1.0 / features, "float32"))
-        return model
-
-    x = (rng.uniform(0.5, 1.5, size=(batch, sequence, features)) * 300).astype("float32")
-    y = rng.normal(size=(batch, 1)).astype("float32")
-    return build, x, y
-
-
-def attention_logits_amax(model: keras.Model, x: np.ndarray) -> float:
-    """The largest |q·k|/sqrt(d) of the model's attention layer, computed in float32."""
-    attention = model.get_layer("attention")
-    query = np.asarray(attention.query_dense(x), "float64")
-    key = np.asarray(attention.key_dense(x), "float64")
-    logits = np.einsum("bthd,bshd->bhts", query, key) / math.sqrt(attention.key_dim)
-    return float(np.abs(logits).max())
-
-
-def train_steps(model: keras.Model, x, y, steps: int, callbacks: list) -> dict[str, Any]:
-    """Trains `steps` steps on one batch (one step per epoch: a loss per step)."""
-    history = model.fit(
-        x, y, batch_size=len(x), epochs=steps, shuffle=False, verbose=0, callbacks=callbacks
-    )
-    losses = [float(value) for value in history.history["loss"]]
-    weights_finite = all(np.isfinite(weight).all() for weight in model.get_weights())
-    optimizer = model.optimizer
-    scale = getattr(optimizer, "dynamic_scale", None)
-    return {
-        "losses": losses,
-        "final_loss": losses[-1],
-        "finite": bool(math.isfinite(losses[-1]) and weights_finite),
-        "optimizer": type(optimizer).__name__,
-        "loss_scale": float(np.asarray(scale.value)) if scale is not None else None,
-    }
-
-
-def overflow_check(settings: Settings) -> dict[str, Any]:
-    """Uniform float16 must overflow in q·k; the one-liner's plan must train finitely."""
-    build, x, y = build_overflow(settings.smoke)
-    workload = Workload("attention_overflow", "", build, lambda seed, n: (x, y), len(x), None)
-    record: dict[str, Any] = {
-        "note": "q, k ~ 300 per element, q·k/sqrt(d) ~ 1e5 > 65504; layer outputs modest",
-        "candidates": {},
-        "stages": {},
-    }
-    keras.backend.clear_session()
-    reference = build_uniform(workload, "float32", None)
-    weights = reference.get_weights()
-    record["logits_amax"] = attention_logits_amax(reference, x)
-    for policy in UNIFORM:
-        with stage(record, policy):
-            model = build_uniform(workload, policy, weights)
-            record["candidates"][policy] = train_steps(model, x, y, settings.overflow_steps, [])
-    with stage(record, "one-liner"):
-        copy = build_uniform(workload, "float32", weights)
-        hardware = settings.hardware("attention_overflow")
-        record["hardware"] = hardware
-        callback = autoprec.AutoPrecision(hardware=hardware, auto=settings.auto, verbose=0)
-        repeats = max(1, settings.epoch_steps)
-        copy.fit(
-            np.concatenate([x] * repeats),
-            np.concatenate([y] * repeats),
-            batch_size=len(x),
-            epochs=1,
-            shuffle=False,
-            verbose=0,
-            callbacks=[callback],
-        )
-        plan = callback.plan
-        model = build_uniform(workload, "float32", weights)
-        trainer = autoprec.AutoPrecision(plan, hardware=hardware, verbose=0)
-        figures = train_steps(model, x, y, settings.overflow_steps, [trainer])
-        figures["composition"] = composition(plan)
-        figures["attention_dtypes"] = {
-            path: dtype for path, dtype in plan.layers.items() if path.startswith("attention")
-        }
-        figures["events"] = [dict(event) for event in trainer.plan.events]
-        figures["plan"] = json.loads(plan.to_json())
-        record["candidates"]["one-liner"] = figures
-    float16 = record["candidates"].get("mixed_float16", {})
-    oneliner = record["candidates"].get("one-liner", {})
-    record["float16_overflows"] = float16.get("finite") is False
-    record["plan_trains_finitely"] = oneliner.get("finite") is True
-    record["passed"] = bool(
-        record["logits_amax"] > FLOAT16_MAX
-        and record["float16_overflows"]
-        and record["plan_trains_finitely"]
-    )
-    return record
-
-
-# ---------------------------------------------------------------------- results
-
-
-def finite(value: Any) -> Any:
-    """`value` with every non-finite float replaced by `None` (strict JSON)."""
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {str(key): finite(item) for key, item in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [finite(item) for item in value]
-    if isinstance(value, (np.floating, np.integer, np.bool_)):
-        return finite(value.item())
-    return value
-
-
-def write_json(path: str | os.PathLike, report: dict[str, Any]) -> None:
-    """Writes `report` to `path` atomically (a temporary file in the same folder, then a rename)."""
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(
-        dir=target.parent, prefix=f".{target.name}.", suffix=".tmp"
-    )
-    try:
-        with os.fdopen(handle, "w") as file:
-            json.dump(finite(report), file, indent=1, default=str, allow_nan=False)
-        os.replace(temporary, target)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(temporary)
-        raise
-
-
-def host() -> dict[str, Any]:
-    """The CPU's model name and 16-bit flags (`lscpu`), the devices and the versions."""
-    try:
-        text = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
-    except (OSError, subprocess.CalledProcessError):
-        text = ""
-    cpu, flags = platform.processor() or platform.machine(), set()
-    for line in text.splitlines():
-        if line.lower().startswith("model name"):
-            cpu = line.split(":", 1)[1].strip()
-        elif line.lower().startswith("flags"):
-            flags = set(line.split(":", 1)[1].split())
-    stats = memory_stats()
-    device = jax.devices()[0]
-    try:
-        detected = autoprec.hardware.detect()
-        hardware = {
-            key: getattr(detected, key, None)
-            for key in ("name", "display_name", "kind", "compute_capability", "fast_dtypes",
-                        "slow_dtypes", "memory_bytes", "source")
-        }  # fmt: skip
-    except Exception as error:  # noqa: BLE001 - recorded, not needed
-        hardware = {"error": f"{type(error).__name__}: {error}"}
-    return {
-        "cpu": cpu,
-        "cpu_16bit_flags": sorted(
-            flag for flag in flags if flag in ("avx512_bf16", "avx512_fp16") or "amx" in flag
-        ),
-        "cores": os.cpu_count(),
-        "keras_backend": keras.backend.backend(),
-        "keras": keras.__version__,
-        "jax": jax.__version__,
-        "autoprec": autoprec.__version__,
-        "python": sys.version.split()[0],
-        "devices": [str(device) for device in jax.devices()],
-        "device_kind": device.device_kind,
-        "device_compute_capability": getattr(device, "compute_capability", None),
-        "device_bytes_limit": stats.get("bytes_limit") if stats else None,
-        "autoprec_hardware": hardware,
-        "preallocate": os.environ.get("XLA_PYTHON_CLIENT_PREALLOCATE"),
-        "tensorflow_imported": sys.modules.get("tensorflow") is not None,
-    }
-
-
-def megabytes(value: Any) -> str:
-    return f"{value / 2**20:.1f}" if isinstance(value, (int, float)) else "-"
-
-
-def table(results: dict[str, Any]) -> str:
-    """The results table: ms per step, ratio to the best uniform policy, memory, largest batch."""
-    header = (
-        f"{'model':<12} {'candidate':<15} {'ms min':>9} {'median':>9} {'/best min':>9} "
-        f"{'/best med':>9} {'xla MB':>9} {'peak MB':>9} {'max batch':>14}"
-    )
-    lines = [header]
-    for name, row in results["models"].items():
-        for candidate in CANDIDATES:
-            timing = row.get("candidates", {}).get(candidate, {})
-            memory = row.get("memory", {}).get(candidate, {})
-            ratio = (row.get("ratios") or {}).get(candidate) or {}
-            if "ms_min" in timing:
-                cells = f"{timing['ms_min']:9.2f} {timing['ms_median']:9.2f}"
-            else:
-                cells = f"{'ERROR':>9} {'':>9}"
-            ratios = " ".join(
-                f"{ratio[statistic]:8.3f}x" if statistic in ratio else f"{'':>9}"
-                for statistic in STATISTICS
-            )
-            if "max_batch" in memory:
-                mark = {"oom": "", "cap": ">=", "time": ">="}.get(memory["max_batch_bound"], "")
-                batch = f"{mark}{memory['max_batch']} ({memory['max_batch_bound']})"
-            else:
-                batch = "ERROR" if "error" in memory else "-"
-            lines.append(
-                f"{name:<12} {candidate:<15} {cells} {ratios} "
-                f"{megabytes(memory.get('xla_bytes')):>9} {megabytes(memory.get('peak_bytes')):>9} "
-                f"{batch:>14}"
-            )
-        best = row.get("best_uniform", {})
-        lines.append(
-            f"{'':<12} best uniform: {best.get('min')} (min), {best.get('median')} (median)"
-        )
-        for plan, info in row.get("plans", {}).items():
-            counts = info.get("composition")
-            if counts:
-                text = ", ".join(f"{count} {dtype}" for dtype, count in counts.items())
-                lines.append(f"{'':<12} {plan} plan: {text}")
-        failed = [stage for stage, entry in row.get("stages", {}).items() if "error" in entry]
-        if failed or "error" in row:
-            lines.append(f"{'':<12} FAILED: {', '.join(failed) or row.get('error', '')[:200]}")
-    overflow = results.get("attention_overflow")
-    if overflow:
-        cells = []
-        for candidate, figures in overflow.get("candidates", {}).items():
-            state = "finite" if figures.get("finite") else "NON-FINITE"
-            cells.append(f"{candidate} {state}")
-        lines.append(
-            f"attention overflow (max q·k {overflow.get('logits_amax', float('nan')):.3g}): "
-            + ", ".join(cells)
-            + f" -> {'PASS' if overflow.get('passed') else 'FAIL'}"
-        )
-    process = results.get("memory_process", {})
-    settings = results.get("settings", {})
-    lines.append(
-        f"ms: whole train step (train_on_batch), {settings.get('rounds')} interleaved rounds of "
-        f"{settings.get('steps')} steps; memory process status {process.get('status')} "
-        f"({process.get('seconds', 0):.0f} s); peak MB '-' where the device keeps no statistics"
-    )
-    return "\n".join(lines)
 
 
 # ---------------------------------------------------------------------- entry point

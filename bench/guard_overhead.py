@@ -27,9 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -43,38 +41,13 @@ import tensorflow as tf  # noqa: E402
 
 import autoprec  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from profiler_overhead import build_resnet, build_transformer, dataset_for  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/, for its shared `common`
+from common.fitting import dataset_for, fit_step_seconds  # noqa: E402
+from common.host import cpu_model  # noqa: E402
+from common.timing import MIN_ROUNDS, spread, time_rounds  # noqa: E402
+from profiler_overhead import build_resnet, build_transformer  # noqa: E402
 
 ARMS = ("guard off", "skip only", "guard on")
-
-
-def host_name() -> str:
-    """The CPU's model name as `lscpu` prints it (the platform's processor otherwise)."""
-    try:
-        text = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
-    except (OSError, subprocess.CalledProcessError):
-        text = ""
-    for line in text.splitlines():
-        if line.lower().startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor() or platform.machine()
-
-
-class StepTimer(keras.callbacks.Callback):
-    """Wall time of every train step; placed after the guard, so its per-step read counts."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.seconds: list[float] = []
-        self.started = 0.0
-
-    def on_train_batch_begin(self, batch, logs=None) -> None:
-        self.started = time.perf_counter()
-
-    def on_train_batch_end(self, batch, logs=None) -> None:
-        float(logs["loss"])  # wait for the step
-        self.seconds.append(time.perf_counter() - self.started)
 
 
 def guarded_pair(builder, jit_compile: bool) -> dict[str, tuple[keras.Model, keras.Model]]:
@@ -102,37 +75,33 @@ def guarded_pair(builder, jit_compile: bool) -> dict[str, tuple[keras.Model, ker
 
 
 def mean_step_seconds(model, callback, data, steps: int) -> float:
-    timer = StepTimer()
-    model.fit(data, steps_per_epoch=steps, epochs=1, verbose=0, callbacks=[callback, timer])
-    return statistics.fmean(timer.seconds)
+    """Mean seconds of `steps` train steps in one `fit`, the timer after the guard."""
+    return statistics.fmean(fit_step_seconds(model, data, steps, [callback]))
 
 
 def measure(builder, batch_size: int, rounds: int, steps: int, jit_compile: bool) -> dict:
-    """Interleaved, rotating rounds of both arms; minimum and median of each, and their ratios."""
+    """Interleaved, rotating rounds of every arm; minimum and median of each, and their ratios."""
     keras.utils.set_random_seed(0)
     arms = guarded_pair(builder, jit_compile)
     data = dataset_for(arms[ARMS[0]][0], batch_size)
-    for model, callback in arms.values():  # warm-up: as many steps as a timed round
-        mean_step_seconds(model, callback, data, steps)
-    samples: dict[str, list[float]] = {name: [] for name in ARMS}
-    order = list(ARMS)
-    for round_index in range(rounds):
-        shift = round_index % len(order)
-        for name in order[shift:] + order[:shift]:
-            samples[name].append(mean_step_seconds(*arms[name], data, steps))
-    off, skip, on = (samples[name] for name in ARMS)
+    # Each arm's warm-up is a round of as many steps as a timed one.
+    samples = time_rounds(
+        {name: lambda arm=arms[name]: mean_step_seconds(*arm, data, steps) for name in ARMS},
+        rounds,
+    )
+    off, skip, on = (spread(samples[name]) for name in ARMS)
     guarded_model = arms["guard on"][0]
     return {
-        "off_ms_min": min(off) * 1e3,
-        "off_ms_median": statistics.median(off) * 1e3,
-        "skip_ms_min": min(skip) * 1e3,
-        "skip_ms_median": statistics.median(skip) * 1e3,
-        "on_ms_min": min(on) * 1e3,
-        "on_ms_median": statistics.median(on) * 1e3,
-        "ratio_min": min(on) / min(off),
-        "ratio_median": statistics.median(on) / statistics.median(off),
-        "telemetry_ratio_min": min(on) / min(skip),
-        "telemetry_ratio_median": statistics.median(on) / statistics.median(skip),
+        "off_ms_min": off["min"] * 1e3,
+        "off_ms_median": off["median"] * 1e3,
+        "skip_ms_min": skip["min"] * 1e3,
+        "skip_ms_median": skip["median"] * 1e3,
+        "on_ms_min": on["min"] * 1e3,
+        "on_ms_median": on["median"] * 1e3,
+        "ratio_min": on["min"] / off["min"],
+        "ratio_median": on["median"] / off["median"],
+        "telemetry_ratio_min": on["min"] / skip["min"],
+        "telemetry_ratio_median": on["median"] / skip["median"],
         "weights_finite": all(np.isfinite(w).all() for w in guarded_model.get_weights()),
     }
 
@@ -145,13 +114,13 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--jit-compile", action="store_true")
     parser.add_argument("--smoke", action="store_true", help="smallest sizes, for the tests")
     args = parser.parse_args(argv)
-    rounds, steps, batch_size = max(args.rounds, 5), args.steps, args.batch_size
+    rounds, steps, batch_size = max(args.rounds, MIN_ROUNDS), args.steps, args.batch_size
     builders = {"resnet-cnn": build_resnet, "transformer": build_transformer}
     if args.smoke:
-        rounds, steps, batch_size = 5, 2, 4
+        rounds, steps, batch_size = MIN_ROUNDS, 2, 4
         builders["transformer"] = lambda: build_transformer(length=16, width=32)
     started = time.time()
-    host = host_name()
+    host = cpu_model()
     results = {
         name: measure(builder, batch_size, rounds, steps, args.jit_compile)
         for name, builder in builders.items()

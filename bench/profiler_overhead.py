@@ -9,7 +9,7 @@ alike; the table shows median step times and their ratio.
 
 The "guard telemetry" row is the always-on cost: both copies run a bfloat16
 plan (float32 head) through `autoprec.AutoPrecision`, the baseline with
-`guard=False`, the other with `guard=True` (per-layer amax telemetry in every
+`guard=None`, the other with `guard=autoprec.Guard()` (per-layer amax telemetry in every
 step; `bench/guard_overhead.py` measures it in more detail).
 
 The last column is a floor: the time an exact exponent count alone
@@ -28,7 +28,9 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import sys
 import time
+from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
@@ -40,88 +42,20 @@ import tensorflow as tf  # noqa: E402
 import autoprec  # noqa: E402
 from autoprec.profiler import ProbeSession  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/, for its shared `common`
+from common.fitting import dataset_for, fit_step_seconds  # noqa: E402
+from common.models import encoder_classifier, resnet  # noqa: E402
+from common.timing import time_rounds  # noqa: E402
 
-def residual_block(inputs, filters: int, stride: int, name: str):
-    """Conv-BN-ReLU-Conv-BN plus a (projected) shortcut, then ReLU."""
-    layers = keras.layers
-    hidden = layers.Conv2D(filters, 3, strides=stride, padding="same", name=f"{name}_conv1")(inputs)
-    hidden = layers.BatchNormalization(name=f"{name}_bn1")(hidden)
-    hidden = layers.Activation("relu", name=f"{name}_relu1")(hidden)
-    hidden = layers.Conv2D(filters, 3, padding="same", name=f"{name}_conv2")(hidden)
-    hidden = layers.BatchNormalization(name=f"{name}_bn2")(hidden)
-    shortcut = inputs
-    if stride != 1 or inputs.shape[-1] != filters:
-        shortcut = layers.Conv2D(filters, 1, strides=stride, name=f"{name}_project")(inputs)
-    hidden = layers.Add(name=f"{name}_add")([hidden, shortcut])
-    return layers.Activation("relu", name=f"{name}_relu2")(hidden)
+#: The small ResNet-style CNN (stem, stages of 32, 64 and 128 filters) on 32x32 images.
+build_resnet = resnet
 
 
-def build_resnet(classes: int = 10) -> keras.Model:
-    """A small ResNet: stem, three residual stages (32, 64, 128 filters), pooling, softmax."""
-    inputs = keras.Input((32, 32, 3))
-    hidden = keras.layers.Conv2D(32, 3, padding="same", name="stem")(inputs)
-    hidden = keras.layers.BatchNormalization(name="stem_bn")(hidden)
-    hidden = keras.layers.Activation("relu", name="stem_relu")(hidden)
-    for index, (filters, stride) in enumerate([(32, 1), (64, 2), (128, 2)]):
-        hidden = residual_block(hidden, filters, stride, name=f"stage{index}")
-    hidden = keras.layers.GlobalAveragePooling2D()(hidden)
-    outputs = keras.layers.Dense(classes, activation="softmax", name="head")(hidden)
-    return keras.Model(inputs, outputs, name="resnet")
-
-
-def encoder_block(inputs, heads: int, width: int, name: str):
-    """Post-norm Transformer encoder block: attention and a ReLU feed-forward."""
-    layers = keras.layers
-    attended = layers.MultiHeadAttention(heads, width // heads, name=f"{name}_attention")(
-        inputs, inputs
+def build_transformer(length: int = 64, width: int = 128) -> keras.Model:
+    """A two-block Transformer encoder classifier over `length` tokens (ReLU feed-forward)."""
+    return encoder_classifier(
+        length=length, width=width, heads=4, blocks=2, hidden=2 * width, activation="relu"
     )
-    hidden = layers.LayerNormalization(name=f"{name}_norm1")(
-        layers.Add(name=f"{name}_add1")([inputs, attended])
-    )
-    feed = layers.Dense(width * 2, activation="relu", name=f"{name}_ff1")(hidden)
-    feed = layers.Dense(width, name=f"{name}_ff2")(feed)
-    return layers.LayerNormalization(name=f"{name}_norm2")(
-        layers.Add(name=f"{name}_add2")([hidden, feed])
-    )
-
-
-def build_transformer(classes: int = 10, length: int = 64, width: int = 128) -> keras.Model:
-    """A two-block Transformer encoder classifier over `length` tokens."""
-    inputs = keras.Input((length,), dtype="int32")
-    hidden = keras.layers.Embedding(1000, width, name="embedding")(inputs)
-    for index in range(2):
-        hidden = encoder_block(hidden, heads=4, width=width, name=f"block{index}")
-    hidden = keras.layers.GlobalAveragePooling1D()(hidden)
-    outputs = keras.layers.Dense(classes, activation="softmax", name="head")(hidden)
-    return keras.Model(inputs, outputs, name="transformer")
-
-
-def dataset_for(model: keras.Model, batch_size: int) -> tf.data.Dataset:
-    """An endless in-memory dataset of random batches matching the model's input."""
-    rng = np.random.default_rng(0)
-    shape = (batch_size * 4, *model.input_shape[1:])
-    if model.input.dtype == "int32":
-        x = rng.integers(0, 1000, size=shape).astype("int32")
-    else:
-        x = rng.normal(size=shape).astype("float32")
-    y = rng.integers(0, 10, size=(shape[0],)).astype("int32")
-    return tf.data.Dataset.from_tensor_slices((x, y)).batch(batch_size).repeat().cache()
-
-
-class StepTimer(keras.callbacks.Callback):
-    """Records the wall time of every train step (synchronised by reading the loss)."""
-
-    def __init__(self):
-        super().__init__()
-        self.seconds: list[float] = []
-        self.started = 0.0
-
-    def on_train_batch_begin(self, batch, logs=None):
-        self.started = time.perf_counter()
-
-    def on_train_batch_end(self, batch, logs=None):
-        float(logs["loss"])
-        self.seconds.append(time.perf_counter() - self.started)
 
 
 def twin_models(builder, jit_compile: bool) -> tuple[keras.Model, keras.Model]:
@@ -138,15 +72,6 @@ def twin_models(builder, jit_compile: bool) -> tuple[keras.Model, keras.Model]:
     return first, second
 
 
-def timed_steps(
-    model: keras.Model, data: tf.data.Dataset, steps: int, callbacks: list | None = None
-) -> list[float]:
-    timer = StepTimer()
-    callbacks = [*(callbacks or []), timer]  # the timer last: the guard's read counts
-    model.fit(data, steps_per_epoch=steps, epochs=1, verbose=0, callbacks=callbacks)
-    return timer.seconds
-
-
 def interleaved_medians(
     baseline: keras.Model,
     other: keras.Model,
@@ -155,20 +80,26 @@ def interleaved_medians(
     steps: int,
     callbacks: tuple[list, list] = ([], []),
 ) -> tuple[float, float]:
-    """Median step seconds of both models, alternating `repeats` runs of `steps` steps."""
-    timed_steps(baseline, data, 2, callbacks[0])  # trace, compile, warm caches
-    timed_steps(other, data, 2, callbacks[1])
-    baseline_times, other_times = [], []
-    for _ in range(repeats):
-        baseline_times += timed_steps(baseline, data, steps, callbacks[0])
-        other_times += timed_steps(other, data, steps, callbacks[1])
-    return statistics.median(baseline_times), statistics.median(other_times)
+    """Median step seconds of both models over `repeats` interleaved rounds of `steps` steps.
+
+    A warm-up round of each first (it traces and compiles); the rounds alternate which
+    model goes first.
+    """
+    runs = {
+        "baseline": lambda: fit_step_seconds(baseline, data, steps, callbacks[0]),
+        "other": lambda: fit_step_seconds(other, data, steps, callbacks[1]),
+    }
+    rounds = time_rounds(runs, repeats)
+    return tuple(
+        statistics.median(seconds for steps_seconds in rounds[name] for seconds in steps_seconds)
+        for name in runs
+    )
 
 
 def guard_callbacks(baseline: keras.Model, guarded: keras.Model) -> tuple[list, list]:
     """A bfloat16 plan (float32 head) on both copies: the guard off on one, on on the other."""
     callbacks = []
-    for model, guard in ((baseline, False), (guarded, True)):
+    for model, guard in ((baseline, None), (guarded, autoprec.Guard())):
         plan = autoprec.PrecisionPlan.uniform(model, "bfloat16").with_dtype("head", "float32")
         callbacks.append([autoprec.AutoPrecision(plan, guard=guard, verbose=0)])
     return callbacks[0], callbacks[1]
@@ -269,7 +200,7 @@ def main() -> None:
         )
     print(
         "probed: exact histograms while profiling (baseline: no probes); guard telemetry: "
-        "always-on amax telemetry (baseline: the same bfloat16 plan, guard=False)"
+        "always-on amax telemetry (baseline: the same bfloat16 plan, guard=None)"
     )
 
 

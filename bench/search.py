@@ -37,11 +37,11 @@ import argparse
 import json
 import math
 import os
-import platform
 import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
@@ -59,6 +59,12 @@ from autoprec.runtime.emulation import (  # noqa: E402
 from autoprec.search import Budget, SearchSettings, TrialRecord, search  # noqa: E402
 from autoprec.search.space import plan_from_assignment  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/, for its shared `common`
+from common import host  # noqa: E402
+from common.models import application, encoder_classifier, gru_classifier, mlp  # noqa: E402
+from common.timing import MIN_ROUNDS, spread, time_steps  # noqa: E402
+from search_report import goals, ratio_table, stage_table, table  # noqa: E402
+
 CLASSES = 10
 MODELS = ("gru", "transformer", "wide_mlp", "mobilenetv2", "efficientnetb0", "resnet50")
 CARDS = ("rtx4090", "rtx3060", "rtx2060")
@@ -75,20 +81,14 @@ def build_model(name: str) -> keras.Model:
     """Returns a compiled model by benchmark name."""
     keras.utils.set_random_seed(0)
     loss = "sparse_categorical_crossentropy"
-    if name == "mobilenetv2":
-        model = keras.applications.MobileNetV2(
-            input_shape=(64, 64, 3), weights=None, classes=CLASSES
+    if name in ("mobilenetv2", "resnet50", "efficientnetb0"):
+        model = application(name, 64, CLASSES)
+    elif name == "transformer":  # two blocks on 64 positions of 32 float features, width 256
+        model = encoder_classifier(
+            length=64, features=32, width=256, heads=4, blocks=2, hidden=1024
         )
-    elif name == "resnet50":
-        model = keras.applications.ResNet50(input_shape=(64, 64, 3), weights=None, classes=CLASSES)
-    elif name == "efficientnetb0":
-        model = keras.applications.EfficientNetB0(
-            input_shape=(64, 64, 3), weights=None, classes=CLASSES
-        )
-    elif name == "transformer":
-        model = build_transformer()
-    elif name == "gru":
-        model = build_gru()
+    elif name == "gru":  # Embedding, one GRU(256), a Dense(256) and the head
+        model = gru_classifier(48, recurrent=1, dense=256)
     elif name == "wide_mlp":
         model, loss = build_wide_mlp(), "mse"
     else:
@@ -97,47 +97,10 @@ def build_model(name: str) -> keras.Model:
     return model
 
 
-def build_transformer(sequence: int = 64, width: int = 256, blocks: int = 2) -> keras.Model:
-    """A small Transformer encoder classifier on float features."""
-    inputs = keras.Input((sequence, 32))
-    hidden = keras.layers.Dense(width, name="embed")(inputs)
-    for index in range(blocks):
-        attended = keras.layers.MultiHeadAttention(
-            num_heads=4, key_dim=width // 4, name=f"block_{index}_attention"
-        )(hidden, hidden)
-        hidden = keras.layers.LayerNormalization(name=f"block_{index}_norm1")(
-            keras.layers.Add(name=f"block_{index}_add1")([hidden, attended])
-        )
-        feed = keras.layers.Dense(4 * width, activation="gelu", name=f"block_{index}_ff1")(hidden)
-        feed = keras.layers.Dense(width, name=f"block_{index}_ff2")(feed)
-        hidden = keras.layers.LayerNormalization(name=f"block_{index}_norm2")(
-            keras.layers.Add(name=f"block_{index}_add2")([hidden, feed])
-        )
-    pooled = keras.layers.GlobalAveragePooling1D(name="pool")(hidden)
-    outputs = keras.layers.Dense(CLASSES, activation="softmax", name="head")(pooled)
-    return keras.Model(inputs, outputs, name="transformer")
-
-
-def build_gru(vocabulary: int = 1000, sequence: int = 48, width: int = 256) -> keras.Model:
-    """A text classifier: Embedding, one GRU, a Dense head."""
-    inputs = keras.Input((sequence,), dtype="int32")
-    hidden = keras.layers.Embedding(vocabulary, 128, name="embedding")(inputs)
-    hidden = keras.layers.GRU(width, name="gru")(hidden)
-    hidden = keras.layers.Dense(width, activation="relu", name="dense")(hidden)
-    outputs = keras.layers.Dense(CLASSES, activation="softmax", name="head")(hidden)
-    return keras.Model(inputs, outputs, name="gru_text")
-
-
-def build_wide_mlp(features: int = 256, width: int = 2048, depth: int = 3) -> keras.Model:
-    """A wide MLP regression; its head's bias starts at the targets' mean (`TARGET_OFFSET`)."""
-    inputs = keras.Input((features,))
-    hidden = inputs
-    for index in range(depth):
-        hidden = keras.layers.Dense(width, activation="relu", name=f"hidden_{index}")(hidden)
-    outputs = keras.layers.Dense(
-        1, bias_initializer=keras.initializers.Constant(TARGET_OFFSET), name="head"
-    )(hidden)
-    return keras.Model(inputs, outputs, name="wide_mlp")
+def build_wide_mlp() -> keras.Model:
+    """A wide MLP regression (3 x Dense(2048) on 256 features); its head's bias starts at the
+    targets' mean (`TARGET_OFFSET`)."""
+    return mlp(256, 2048, 3, outputs=1, activation=None, head_bias=TARGET_OFFSET, name="wide_mlp")
 
 
 def make_data(model: keras.Model, samples: int) -> tuple[np.ndarray, np.ndarray]:
@@ -175,16 +138,10 @@ def split_data(model: keras.Model, batch_size: int, train_steps: int):
 
 def host_line() -> str:
     """`host: <lscpu model name>, <n> cores (<n> usable), load <1-min average>`."""
-    name = platform.processor() or "unknown"
-    try:
-        for line in subprocess.run(["lscpu"], capture_output=True, text=True).stdout.splitlines():
-            if line.startswith("Model name:"):
-                name = line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-    return f"host: {name}, {os.cpu_count()} cores ({usable} usable), load {load:.1f}"
+    return (
+        f"host: {host.cpu_model()}, {host.cores()} cores ({host.usable_cores()} usable), "
+        f"load {host.load():.1f}"
+    )
 
 
 def warm_start_plans(model: keras.Model, result) -> dict[str, autoprec.PrecisionPlan]:
@@ -218,32 +175,21 @@ def _compiled_copy(model: keras.Model, plan, emulate_float16: bool = False) -> k
 
 
 def interleaved_step_seconds(
-    model: keras.Model, plans: dict, batch, rounds: int = 7, steps: int = 3, warmup: int = 2
+    model: keras.Model, plans: dict, batch, rounds: int = 7, steps: int = 3
 ) -> dict[str, dict[str, float]]:
     """Train-step seconds of each plan (`{"min", "median"}` over rounds), timed interleaved.
 
     Each round times `steps` steps of every plan (their mean), in an order rotated
-    from round to round; interleaving puts every plan under the same machine load, so their
-    ratios are comparable on a shared, noisy machine.
+    from round to round, after a warm-up of as many; interleaving puts every plan under
+    the same machine load, so their ratios are comparable on a shared, noisy machine.
     """
     copies = {name: _compiled_copy(model, plan) for name, plan in plans.items()}
     x, y = batch
-    for copy in copies.values():
-        for _ in range(warmup):
-            copy.train_on_batch(x, y)
-    names = list(copies)
-    times: dict[str, list[float]] = {name: [] for name in names}
-    for round_index in range(max(rounds, 5)):
-        shift = round_index % len(names)
-        for name in names[shift:] + names[:shift]:
-            start = time.perf_counter()
-            for _ in range(steps):
-                copies[name].train_on_batch(x, y)
-            times[name].append((time.perf_counter() - start) / steps)
-    return {
-        name: {"min": float(np.min(values)), "median": float(np.median(values))}
-        for name, values in times.items()
+    step_functions = {
+        name: lambda copy=copy: copy.train_on_batch(x, y) for name, copy in copies.items()
     }
+    times, _ = time_steps(step_functions, max(rounds, MIN_ROUNDS), steps)
+    return {name: spread(values) for name, values in times.items()}
 
 
 def retrain_check(
@@ -478,149 +424,6 @@ def run_one(name: str, quick: bool, hardware: str = "local", rounds: int = 7, on
             emulate=plan.metadata["search"].get("float16_trials") == "emulated",
         )
     return row
-
-
-def _ratio(value: float | None, best: str | None) -> str:
-    return "n/a (none held)" if value is None else f"{value:.2f} ({best})"
-
-
-def _retrain_words(check: dict | None) -> str:
-    if check is None:
-        return "n/a (float32 plan)"
-    return (
-        f"{'held' if check['held'] else 'MISSED'} ({check['steps']} steps: "
-        f"{check['plan']:.4g} vs f32 {check['float32']:.4g}, ≤ {check['threshold']:.4g})"
-    )
-
-
-def ratio_table(rows: list[dict]) -> str:
-    """Markdown table: per model and hardware, wall time, ratios and the budget on retraining."""
-    lines = [
-        "| model | hardware | trials | search wall s | train steps | plan (bf16/f32/f16) "
-        "| plan / best uniform within budget | uniform 16-bit held | 16-bit speed recovered "
-        "| search confirmation | bench retrain |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for row in rows:
-        if "error" in row:
-            lines.append(
-                f"| {row['model']} | {row['hardware']} | error: {row['error'][:200]} ||||||||"
-            )
-            continue
-        counts = row["plan"]
-        held16 = (
-            ", ".join(
-                f"{label.split()[-1]} {'yes' if ok else 'NO'}"
-                for label, ok in row["uniform16_held"].items()
-            )
-            or "n/a"
-        )
-        recovered = "n/a" if row["recovered"] is None else f"{row['recovered']:.2f}"
-        lines.append(
-            f"| {row['model']} | {row['hardware']} | {row['trials']} | {row['wall_s']:.0f} | "
-            f"{row['requested_steps']} -> {row['train_steps']} ({row['budget_status']}) | "
-            f"{counts['bfloat16']}/{counts['float32']}/{counts['float16']} | "
-            f"{_ratio(row['plan_over_best_uniform'], row['best_uniform'])} | {held16} | "
-            f"{recovered} | {row['confirmation']} | {_retrain_words(row['retrain'])} |"
-        )
-    return "\n".join(lines)
-
-
-def table(rows: list[dict]) -> str:
-    """Markdown table of the measured step times (median / min ms) of the `local` rows."""
-    lines = [
-        "| model | val_loss plan / ref (≤) | plan ms | float32 ms | uniform bfloat16 ms "
-        "| plan / best uniform (median, min) | plan is | heuristic predicts per-layer gain |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
-    for row in rows:
-        if "error" in row or row["hardware"] != "local":
-            continue
-        timed = row["timed_ms"]
-
-        def ms(label: str, timed: dict = timed) -> str:
-            if label not in timed:
-                return "n/a"
-            return f"{timed[label]['median']:.1f} / {timed[label]['min']:.1f}"
-
-        ratio = row["plan_over_best_uniform"]
-        both = (
-            "n/a"
-            if ratio is None
-            else f"{ratio:.2f}, {row['plan_over_best_uniform_min']:.2f} ({row['best_uniform']})"
-        )
-        lines.append(
-            f"| {row['model']} | {row['metric']:.4g} / {row['reference']:.4g} "
-            f"(≤{row['threshold']:.4g}) | {ms('plan')} | {ms('float32')} | "
-            f"{ms('uniform bfloat16')} | {both} | {row.get('plan_equals') or 'mixed'} | "
-            f"{'yes' if row['heuristic_gain'] else 'no'} |"
-        )
-    return "\n".join(lines)
-
-
-STAGES = ("costs", "profile", "reference", "trials", "measurement", "confirmation")
-
-
-def stage_table(rows: list[dict]) -> str:
-    """Markdown table: where each search spent its wall time (`metadata["search"]["stage_seconds"]`)."""
-    lines = [
-        "| model | hardware | wall s | " + " | ".join(STAGES) + " | other |",
-        "|---|---|---|" + "---|" * (len(STAGES) + 1),
-    ]
-    for row in rows:
-        stages = row.get("stage_seconds")
-        if "error" in row or not stages:
-            continue
-        other = row["wall_s"] - sum(stages.values())
-        cells = " | ".join(f"{stages[name]:.0f}" if name in stages else "-" for name in STAGES)
-        lines.append(
-            f"| {row['model']} | {row['hardware']} | {row['wall_s']:.0f} | {cells} | {other:.0f} |"
-        )
-    return "\n".join(lines)
-
-
-def goals(rows: list[dict]) -> str:
-    """Lines saying which goals the rows meet."""
-    ok = [row for row in rows if "error" not in row]
-    ratios = [row["plan_over_best_uniform"] for row in ok if row["plan_over_best_uniform"]]
-    worst = max(ratios) if ratios else None
-    gains = [
-        row["plan_over_best_uniform"]
-        for row in ok
-        if row["hardware"] == "local" and row["heuristic_gain"] and row["plan_over_best_uniform"]
-    ]
-    recovered = [row["recovered"] for row in ok if row["recovered"] is not None]
-    resnet = [
-        row["wall_s"] for row in ok if row["model"] == "resnet50" and row["hardware"] == "local"
-    ]
-    lines = [
-        "goal plan / best uniform <= 1.00 everywhere: "
-        + (
-            "n/a"
-            if worst is None
-            else f"worst {worst:.2f} -> {'met' if worst <= 1.0 else 'MISSED'}"
-        ),
-        "goal local geo-mean <= 0.95 where the heuristic predicts a per-layer gain: "
-        + (
-            "n/a (no such model)"
-            if not gains
-            else f"{math.exp(np.mean(np.log(gains))):.2f} over {len(gains)} -> "
-            + ("met" if math.exp(np.mean(np.log(gains))) <= 0.95 else "MISSED")
-        ),
-        "goal 16-bit speed recovered >= 0.90: "
-        + (
-            "n/a"
-            if not recovered
-            else f"worst {min(recovered):.2f} -> " + ("met" if min(recovered) >= 0.9 else "MISSED")
-        ),
-        "goal ResNet50 search (local) < 600 s: "
-        + (
-            "n/a"
-            if not resnet
-            else f"{resnet[0]:.0f} s -> {'met' if resnet[0] < 600 else 'MISSED'}"
-        ),
-    ]
-    return "\n".join(lines)
 
 
 def main() -> None:

@@ -89,7 +89,7 @@ def _autoprec_imports(path: Path) -> list[str]:
     return [name for name in names if name.split(".")[0] == "autoprec"]
 
 
-@pytest.mark.parametrize("script", [*SCRIPTS, "profiler_overhead.py"])
+@pytest.mark.parametrize("script", [*SCRIPTS, "faults_guard.py", "profiler_overhead.py"])
 def test_guard_benchmarks_use_public_names_only(script):
     private = [
         name

@@ -70,6 +70,12 @@ def bench():
     return module
 
 
+@pytest.fixture(scope="module")
+def memory(bench):
+    """`bench/gpu_memory.py`, the memory process's part of the script, as `bench/gpu.py` imports it."""
+    return sys.modules["gpu_memory"]
+
+
 def _record(results: dict, model: str) -> dict:
     row = results["models"][model]
     assert "error" not in row, row.get("traceback", row["error"])
@@ -200,9 +206,9 @@ class _Probe:
         return 1.0
 
 
-def test_largest_batch_doubles_then_bisects_to_the_limit(bench):
+def test_largest_batch_doubles_then_bisects_to_the_limit(memory):
     probe = _Probe(limit=300)
-    found = bench.largest_batch(probe, 16, 16 * 64, None, 8, end=float("inf"))
+    found = memory.largest_batch(probe, 16, 16 * 64, None, 8, end=float("inf"))
     assert found["max_batch_bound"] == "oom"
     assert found["max_batch"] <= 300 < found["first_oom_batch"]
     assert found["first_oom_batch"] - found["max_batch"] <= 2
@@ -210,26 +216,26 @@ def test_largest_batch_doubles_then_bisects_to_the_limit(bench):
     assert [entry["batch"] for entry in found["probes"]] == probe.sizes
 
 
-def test_largest_batch_starts_from_its_guess_and_stops_at_the_cap_or_the_clock(bench):
+def test_largest_batch_starts_from_its_guess_and_stops_at_the_cap_or_the_clock(memory):
     probe = _Probe(limit=10**6)
-    found = bench.largest_batch(probe, 8, 8 * 4, 1000, 3, end=float("inf"))
+    found = memory.largest_batch(probe, 8, 8 * 4, 1000, 3, end=float("inf"))
     assert (found["max_batch"], found["max_batch_bound"], probe.sizes) == (32, "cap", [32])
     guessed = _Probe(limit=700)
-    found = bench.largest_batch(guessed, 8, 8 * 512, 600, 0, end=float("inf"))
+    found = memory.largest_batch(guessed, 8, 8 * 512, 600, 0, end=float("inf"))
     assert guessed.sizes[0] == 512  # 8 x 2^6, the power of two below the guess
     assert (found["max_batch"], found["first_oom_batch"]) == (512, 1024)
     late = _Probe(limit=10**6)
-    found = bench.largest_batch(late, 8, 8 * 64, None, 3, end=0.0)
+    found = memory.largest_batch(late, 8, 8 * 64, None, 3, end=0.0)
     assert (found["max_batch"], found["max_batch_bound"], late.sizes) == (8, "time", [])
 
 
-def test_an_error_other_than_out_of_memory_is_raised(bench):
+def test_an_error_other_than_out_of_memory_is_raised(memory):
     class Broken:
         def run(self, size: int) -> float:
             raise ValueError("shapes do not match")
 
     with pytest.raises(ValueError, match="shapes"):
-        bench.largest_batch(Broken(), 8, 64, None, 2, end=float("inf"))
+        memory.largest_batch(Broken(), 8, 64, None, 2, end=float("inf"))
 
 
 def test_compare_picks_the_best_uniform_policy_per_statistic(bench):
