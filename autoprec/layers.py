@@ -31,6 +31,8 @@ from collections.abc import Callable, Iterator
 
 import keras
 
+from ._core.memo import ModelMemo, structure_key
+
 #: Layer classes that move, select or combine values without arithmetic that
 #: depends on precision. They take the dtype of the layer that feeds them.
 PASS_THROUGH_CLASSES: frozenset[str] = frozenset(
@@ -383,15 +385,33 @@ def _graph_producers(
     return producers
 
 
+#: The model descriptions read so far: one per model and structure (`DESCRIPTIONS.reads`).
+DESCRIPTIONS = ModelMemo("model descriptions")
+
+
 def describe_model(model: keras.layers.Layer) -> dict[str, LayerInfo]:
     """Returns `{stable_path: LayerInfo}` for every layer under `model`, in traversal order.
+
+    The model is read once per structure (built or not, its variables): later calls
+    return a copy of the same description (`DESCRIPTIONS` counts reads and reuses).
 
     Args:
         model: a Keras model (built or not; unbuilt layers report no weights).
 
     Returns:
         An ordered mapping from stable path to `LayerInfo`.
+
+    Example:
+
+    ```python
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
+    autoprec.layers.describe_model(model)["dense"].parameters  # 10
+    ```
     """
+    return dict(DESCRIPTIONS.get(model, structure_key(model), lambda: _read_description(model)))
+
+
+def _read_description(model: keras.layers.Layer) -> dict[str, LayerInfo]:
     paths = layer_paths(model)
     path_of = {id(layer): path for path, layer in paths.items()}
     producers: dict[str, str | None] = {}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import keras
 from conftest import build_attention_model, build_cnn, build_mlp
 
-from autoprec.layers import describe_model, layer_paths, model_fingerprint
+from autoprec.layers import DESCRIPTIONS, describe_model, layer_paths, model_fingerprint
 
 
 class Block(keras.layers.Layer):
@@ -133,3 +133,16 @@ def test_attention_logits_are_the_float32_scaled_products_and_observed_in_each_c
     recording[0] = True
     layer(x, x)
     assert len(seen) == 1 and tuple(seen[0].shape) == (2, 2, 3, 3)
+
+
+def test_a_model_is_described_once_per_structure():
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3), keras.layers.Dense(2)])
+    reads = DESCRIPTIONS.reads
+    first = describe_model(model)
+    first.pop("dense")  # a copy: the kept description is untouched
+    again = describe_model(model)
+    assert "dense" in again and DESCRIPTIONS.reads == reads + 1
+    model.add(keras.layers.Dense(1))
+    model.build((None, 4))
+    assert "dense_2" in describe_model(model)
+    assert DESCRIPTIONS.reads == reads + 2

@@ -38,31 +38,33 @@ from .boundaries import (
     mixed_plans,
 )
 from .cache import default_cache_dir
-from .counting import ACTIVATION_FLOPS, LayerCost, count_costs
+from .clones import clone_with_policies, clone_with_uniform_policy
+from .counting import count_costs
 from .estimate import USABLE_MEMORY_FRACTION, Estimate, PlanLayers, estimate
+from .formulas import ACTIVATION_FLOPS
+from .layer_cost import LayerCost
 from .measure import calibrate
 from .roofline import MATMUL_EFFICIENCY, VECTOR_EFFICIENCY, predict_costs, predicted_layer_seconds
 from .steps import (
-    clone_with_policies,
-    clone_with_uniform_policy,
     measure_train_step,
     measure_train_steps,
     time_train_steps,
 )
+from .synthetic import synthetic_arguments, synthetic_tensor
 from .table import DEFAULT_RELATIVE_ERROR, CostTable, LayerCostRecord
 from .timers import MEASURING_BACKENDS
 from .trace import (
+    TRACES,
     ArgumentValue,
     Edge,
     LayerCall,
     MappingArgument,
     ModelTrace,
     TensorSpec,
+    batch_signature,
     random_inputs,
     sample_inputs,
     spec_of,
-    synthetic_arguments,
-    synthetic_tensor,
     trace_model,
 )
 
@@ -102,6 +104,8 @@ __all__ = [
     "random_inputs",
     "sample_inputs",
     "spec_of",
+    "TRACES",
+    "batch_signature",
     "synthetic_arguments",
     "synthetic_tensor",
     "time_train_steps",

@@ -22,13 +22,13 @@ import keras
 import numpy as np
 
 from .._core.data import batch_size_of, flat_arrays, input_part, slice_batch, target_part
-from .._core.dtypes import BFLOAT16, FLOAT8, FLOAT32, canonical_dtype, policy_name
+from .._core.dtypes import FLOAT32, canonical_dtype
 from .._core.models import fresh_optimizer
 from .._core.timing import Timing, time_interleaved
 from ..errors import PlanError
 from ..hardware import FAST, HardwareProfile
-from ..layers import layer_paths
 from .cache import MeasurementCache, model_signature
+from .clones import clone_with_policies, clone_with_uniform_policy
 from .table import CostTable
 from .timers import SLOW_ROUNDS, SLOW_SECONDS, measuring_backend
 
@@ -39,89 +39,6 @@ MIN_TIME_SCALE = 0.05
 _DEVIATION_PER_MAD = 1.4826
 
 logger = logging.getLogger("autoprec")
-
-
-def clone_with_uniform_policy(model: keras.Model, dtype: str) -> keras.Model:
-    """Returns a copy of `model` (fresh weights, same architecture) with every layer in `dtype`.
-
-    Each layer gets the `mixed_*` policy of `dtype` (`"float32"` for float32; for
-    float8, `float8_from_mixed_bfloat16` on Dense/EinsumDense layers and
-    `mixed_bfloat16` elsewhere); layers that refuse a policy keep theirs. `model` is left as it is. The copy
-    of a compiled model is compiled from its compile config (as
-    `keras.models.clone_model` does, with an optimizer of its own); compile it
-    again to train it another way (float16 wants a `LossScaleOptimizer`).
-
-    Args:
-        model: a Functional or Sequential model (`keras.models.clone_model`
-            cannot copy a subclassed one).
-        dtype: the compute dtype of every layer (any alias `canonical_dtype` accepts).
-
-    Returns:
-        The copy.
-
-    Example:
-
-    ```python
-    copy = autoprec.cost.clone_with_uniform_policy(model, "bfloat16")
-    copy.layers[-1].dtype_policy.name  # "mixed_bfloat16"
-    ```
-    """
-    dtype = canonical_dtype(dtype, "clone_with_uniform_policy")
-    clone = keras.models.clone_model(model)
-    for layer in layer_paths(clone).values():
-        _set_policy(layer, dtype)
-    return clone
-
-
-def _set_policy(layer: keras.layers.Layer, dtype: str) -> None:
-    if dtype == FLOAT8 and not isinstance(layer, (keras.layers.Dense, keras.layers.EinsumDense)):
-        dtype = BFLOAT16  # float8's source: a layer without a float8 path computes in it
-    try:
-        layer.dtype_policy = policy_name(dtype)
-    except Exception:  # noqa: BLE001 - a layer that refuses a policy keeps its own
-        pass
-
-
-def clone_with_policies(model: keras.Model, dtypes: Mapping[str, str]) -> keras.Model:
-    """Returns a copy of `model` (fresh weights) with each named layer in its dtype.
-
-    As `clone_with_uniform_policy`, per layer: each layer named by its stable
-    path (`autoprec.layers.layer_paths`) gets the `mixed_*` policy of its dtype
-    (`"float32"` for float32); the others keep theirs. Policies are set on the
-    layers named only (they do not cascade): name the leaf layers.
-
-    Args:
-        model: a Functional or Sequential model.
-        dtypes: `{layer path: compute dtype}`.
-
-    Returns:
-        The copy.
-
-    Raises:
-        PlanError: if a path is not a layer of `model`, or a dtype is unknown.
-
-    Example:
-
-    ```python
-    copy = autoprec.cost.clone_with_policies(model, {"dense": "bfloat16"})
-    ```
-    """
-    names = {
-        path: canonical_dtype(dtype, f"clone_with_policies[{path!r}]")
-        for path, dtype in dtypes.items()
-    }
-    clone = keras.models.clone_model(model)
-    paths = layer_paths(clone)
-    missing = sorted(set(names) - set(paths))
-    if missing:
-        raise PlanError(
-            f"clone_with_policies: {', '.join(repr(path) for path in missing[:5])} is not a "
-            f"layer of model {model.name!r}; name layers by their "
-            "autoprec.layers.layer_paths(model) paths."
-        )
-    for path, dtype in names.items():
-        _set_policy(paths[path], dtype)
-    return clone
 
 
 def _random_targets(clone: keras.Model, inputs: Any) -> Any:
@@ -476,30 +393,10 @@ def measure_whole_steps(
     # The second warm-up step, past tracing, tells whether a step is slow.
     groups = [fast] if any(measured[name] is None for name in fast) else []
     groups += [[name] for name in payloads if name not in fast and measured[name] is None]
-    repeats = max(timing.repeats, 3)
+    stores = _StepStores(keys, error_keys, measured, errors)
     for group in groups:
-        uniform = [name for name in group if name in dtypes]
-        mixed = {name: plans[name] for name in group if name in plans}
-        try:
-            timed = time_train_steps(
-                model, batch, uniform, repeats, timing.jit_compile, 2, plans=mixed
-            )
-        except Exception:  # noqa: BLE001 - subclassed models cannot be cloned: no correction
+        if not _time_group(model, batch, group, dtypes, plans, timing, stores):
             return WholeSteps({}, {}, None)
-        for name in group:
-            kind = "mixed_steps_timed" if name in plans else "model_steps_timed"
-            if name not in timed:  # a mixed plan that cannot run
-                timing.cache.put(keys[name], 0.0, f"whole {name} train step: does not run")
-                measured[name] = 0.0
-                continue
-            measured[name] = timed[name].median
-            errors[name] = step_spread(timed[name])
-            timing.cache.put(keys[name], measured[name], f"whole {name} train step")
-            if errors[name] is not None:
-                timing.cache.put(
-                    error_keys[name], errors[name], f"whole {name} step: spread of its rounds"
-                )
-            timing.stats[kind] += 1
     known = {name: seconds for name, seconds in measured.items() if seconds}
     spreads = [
         errors[name] / seconds for name, seconds in known.items() if errors[name] is not None
@@ -512,6 +409,53 @@ def measure_whole_steps(
     timing.stats["model_step"] = len(steps.uniform)
     timing.stats["mixed_step"] = len(steps.mixed)
     return steps
+
+
+@dataclasses.dataclass(frozen=True)
+class _StepStores:
+    """The cache keys of each timed step and what is known of it so far (filled in place)."""
+
+    keys: dict[str, str]
+    error_keys: dict[str, str]
+    measured: dict[str, float | None]
+    errors: dict[str, float | None]
+
+
+def _time_group(
+    model: keras.Model,
+    batch: Any,
+    group: list[str],
+    dtypes: Sequence[str],
+    plans: Mapping[str, Mapping[str, str]],
+    timing: StepTiming,
+    stores: _StepStores,
+) -> bool:
+    """Times one group of steps together and caches each; False if the model cannot be copied."""
+    uniform = [name for name in group if name in dtypes]
+    mixed = {name: plans[name] for name in group if name in plans}
+    try:
+        timed = time_train_steps(
+            model, batch, uniform, max(timing.repeats, 3), timing.jit_compile, 2, plans=mixed
+        )
+    except Exception:  # noqa: BLE001 - subclassed models cannot be cloned: no correction
+        return False
+    for name in group:
+        kind = "mixed_steps_timed" if name in plans else "model_steps_timed"
+        if name not in timed:  # a mixed plan that cannot run
+            timing.cache.put(stores.keys[name], 0.0, f"whole {name} train step: does not run")
+            stores.measured[name] = 0.0
+            continue
+        stores.measured[name] = timed[name].median
+        stores.errors[name] = step_spread(timed[name])
+        timing.cache.put(stores.keys[name], stores.measured[name], f"whole {name} train step")
+        if stores.errors[name] is not None:
+            timing.cache.put(
+                stores.error_keys[name],
+                stores.errors[name],
+                f"whole {name} step: spread of its rounds",
+            )
+        timing.stats[kind] += 1
+    return True
 
 
 def _whole_step_key(

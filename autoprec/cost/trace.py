@@ -16,17 +16,20 @@ from typing import Any, TypeAlias
 import keras
 import numpy as np
 
-from .._backends import timing_backend
 from .._core.data import flat_arrays, is_array, slice_batch
-from ..errors import BackendError, PlanError
-from ..layers import layer_paths
+from .._core.memo import ModelMemo, structure_key
+from ..errors import PlanError
+from ..layers import layer_paths, layer_policy
+
+#: The forward passes traced so far: one per model, policies and batch signature.
+TRACES = ModelMemo("model traces")
 
 _CAPTURE_BATCH = 2
 
 #: What `LayerCall.arguments` holds for an argument it cannot describe (neither
 #: tensors, nested in lists and dicts, nor a plain scalar); `synthetic_arguments`
 #: refuses it.
-_UNSUPPORTED_ARGUMENT = "<unsupported argument>"
+UNSUPPORTED_ARGUMENT = "<unsupported argument>"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -191,17 +194,17 @@ def _encode_argument(value: Any) -> ArgumentValue:
     if isinstance(value, (list, tuple, Mapping)) and flat_arrays(value):
         if isinstance(value, Mapping):
             if not all(isinstance(key, str) for key in value):
-                return _UNSUPPORTED_ARGUMENT
+                return UNSUPPORTED_ARGUMENT
             items = tuple((key, _encode_argument(item)) for key, item in value.items())
             encoded: ArgumentValue = MappingArgument(items)
             values = [item for _, item in items]
         else:
             encoded = tuple(_encode_argument(item) for item in value)
             values = list(encoded)
-        return _UNSUPPORTED_ARGUMENT if _UNSUPPORTED_ARGUMENT in values else encoded
+        return UNSUPPORTED_ARGUMENT if UNSUPPORTED_ARGUMENT in values else encoded
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
-    return _UNSUPPORTED_ARGUMENT
+    return UNSUPPORTED_ARGUMENT
 
 
 def _path_name(path: tuple) -> str:
@@ -431,7 +434,10 @@ def trace_model(model: keras.Model, sample: Any = None) -> ModelTrace:
 
     Returns:
         A `ModelTrace`. The model is left exactly as it was (hooks removed,
-        inference mode: no statistic updates).
+        inference mode: no statistic updates). The model is traced once per
+        structure, layer policies and batch signature (the inputs' shapes and
+        dtypes besides the batch): later calls return the same trace
+        (`TRACES` counts traces and reuses).
 
     Example:
 
@@ -440,6 +446,44 @@ def trace_model(model: keras.Model, sample: Any = None) -> ModelTrace:
     trace.calls["dense"][0].outputs[0].shape  # (None, 16)
     ```
     """
+    paths = layer_paths(model)
+    key = (
+        structure_key(model),
+        tuple(layer_policy(layer).name for layer in paths.values()),
+        None if sample is None else batch_signature(sample),
+    )
+    return TRACES.get(model, key, lambda: _read_trace(model, sample, paths))
+
+
+def batch_signature(batch: Any) -> tuple:
+    """Returns what a trace depends on in a batch: each array's shape besides the batch, and dtype.
+
+    Args:
+        batch: model inputs, an array or any nesting of them.
+
+    Returns:
+        A hashable tuple, one `(shape without the batch, dtype name)` per array
+        (other leaves by their type and value).
+
+    Example:
+
+    ```python
+    batch_signature(np.zeros((8, 4), "float32"))  # (((4,), 'float32'),)
+    ```
+    """
+    signature = []
+    for leaf in keras.tree.flatten(batch):
+        if is_array(leaf):
+            shape = tuple(None if dim is None else int(dim) for dim in tuple(leaf.shape)[1:])
+            signature.append((shape, keras.backend.standardize_dtype(leaf.dtype)))
+        else:
+            signature.append((type(leaf).__name__, repr(leaf)))
+    return tuple(signature)
+
+
+def _read_trace(
+    model: keras.Model, sample: Any, paths: dict[str, keras.layers.Layer]
+) -> ModelTrace:
     inputs = sample_inputs(model) if sample is None else slice_batch(sample, _CAPTURE_BATCH)
     inputs = keras.tree.map_structure(
         lambda value: (
@@ -447,7 +491,6 @@ def trace_model(model: keras.Model, sample: Any = None) -> ModelTrace:
         ),
         inputs,
     )
-    paths = layer_paths(model)
     recorder = _Recorder(paths)
     recorder.install()
     try:
@@ -459,115 +502,3 @@ def trace_model(model: keras.Model, sample: Any = None) -> ModelTrace:
     return ModelTrace(
         calls={path: tuple(calls) for path, calls in recorder.calls.items()}, edges=edges
     )
-
-
-def synthetic_tensor(
-    spec: TensorSpec,
-    batch_size: int,
-    dtype: str,
-    rng: np.random.Generator,
-    value_range: tuple[float, float] | None = None,
-) -> Any:
-    """Returns a backend tensor shaped like `spec` at `batch_size`, with random values.
-
-    Float tensors hold standard-normal values (or uniform ones in `value_range`)
-    in `dtype`; boolean tensors are all `True` and integer tensors all zero, in
-    the dtype the layer saw (valid indices for an `Embedding`).
-
-    Args:
-        spec: a recorded tensor (`LayerCall.arguments` or `LayerCall.outputs`).
-        batch_size: the leading dimension of the tensor.
-        dtype: the dtype of a float tensor, e.g. the layer's compute dtype.
-        rng: the random generator the values are drawn from.
-        value_range: `(low, high)` of uniform values; `None` for standard-normal ones.
-
-    Returns:
-        A tensor of the active Keras backend (on TensorFlow and JAX, placed on the
-        default device once).
-
-    Example:
-
-    ```python
-    spec = autoprec.cost.TensorSpec((None, 8), "float32")
-    tensor = autoprec.cost.synthetic_tensor(spec, 4, "bfloat16", np.random.default_rng(0))
-    tensor.shape  # (4, 8)
-    ```
-    """
-    shape = spec.concrete_shape(batch_size)
-    if spec.dtype == "bool":
-        return keras.ops.ones(shape, dtype="bool")
-    if "float" not in spec.dtype:
-        return keras.ops.zeros(shape, dtype=spec.dtype)
-    if value_range is None:
-        try:
-            backend = timing_backend("synthetic_tensor()")
-        except BackendError:
-            backend = None
-        if backend is not None:
-            return backend.random_tensor(shape, dtype, rng)
-        values = rng.standard_normal(shape).astype("float32")
-    else:
-        values = rng.uniform(value_range[0], value_range[1], size=shape).astype("float32")
-    return keras.ops.cast(keras.ops.convert_to_tensor(values), dtype)
-
-
-def synthetic_arguments(
-    call: LayerCall,
-    batch_size: int,
-    dtype: str,
-    rng: np.random.Generator,
-    value_range: tuple[float, float] | None = None,
-) -> tuple[list, dict]:
-    """Returns `(args, kwargs)` that call a layer as `call` recorded, with random tensors.
-
-    The first argument is passed by position, the others by name (`None` ones
-    left out); each tensor argument becomes a `synthetic_tensor`, each list a
-    list and each dict a dict of them (nested as recorded), and plain values
-    are passed as recorded.
-
-    Args:
-        call: a recorded layer call, from `trace_model(model).calls[path]`.
-        batch_size: the leading dimension of every tensor.
-        dtype: the dtype of float tensors, e.g. the layer's compute dtype.
-        rng: the random generator the values are drawn from.
-        value_range: `(low, high)` of uniform float values; `None` for standard-normal ones.
-
-    Returns:
-        The positional arguments and the keyword arguments: `layer(*args, **kwargs)`.
-
-    Raises:
-        BackendError: naming the argument and the layer, when the trace could not
-            describe an argument (neither tensors, nested in lists and dicts, nor a
-            plain value).
-
-    Example:
-
-    ```python
-    trace = autoprec.cost.trace_model(model)
-    args, kwargs = autoprec.cost.synthetic_arguments(
-        trace.calls["dense"][0], 4, "float32", np.random.default_rng(0)
-    )
-    layer(*args, **kwargs)
-    ```
-    """
-
-    def build(value: ArgumentValue) -> Any:
-        if isinstance(value, TensorSpec):
-            return synthetic_tensor(value, batch_size, dtype, rng, value_range)
-        if isinstance(value, tuple):
-            return [build(item) for item in value]
-        if isinstance(value, MappingArgument):
-            return {key: build(item) for key, item in value.items}
-        return value
-
-    args: list = []
-    kwargs: dict = {}
-    for index, (name, value) in enumerate(call.arguments):
-        if value == _UNSUPPORTED_ARGUMENT:
-            raise BackendError(f"argument {name!r} of {call.path} cannot be rebuilt")
-        built = build(value)
-        if index == 0:
-            args.append(built)
-        elif value is not None:
-            kwargs[name] = built
-    return args, kwargs

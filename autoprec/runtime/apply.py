@@ -200,34 +200,9 @@ def apply_plan(
     dtypes = plan.resolve(infos)
     paths = layer_paths(model)
     sync_fit_state(model)  # inside JAX's fit: the variables are read and changed below
+    _refuse_float8_without_a_path(paths, dtypes)
     source = canonical_float8_source(plan.metadata.get("float8_source"))
-    no_float8 = [
-        f"{path!r} ({type(layer).__name__})"
-        for path, layer in paths.items()
-        if dtypes.get(path) == FLOAT8 and not has_float8_path(layer)
-    ]
-    if no_float8:
-        raise PlanError(
-            f"apply_plan: {', '.join(no_float8[:3])} ha{'s' if len(no_float8) == 1 else 've'} "
-            "no float8 path in Keras (only Dense and EinsumDense do); give "
-            f"{'it' if len(no_float8) == 1 else 'them'} bfloat16, float16 or float32 in the plan."
-        )
-    original_policies: dict[str, object] = {}
-    skipped: dict[str, str] = {}
-    applied: dict[str, str] = {}
-    with strategy_scope(model):  # float8 scaling variables are created here
-        for path, layer in paths.items():
-            reason = _reason_to_skip(layer)
-            if reason:
-                skipped[path] = reason
-                continue
-            dtype = dtypes[path]
-            original_policies[path] = layer_policy(layer)
-            entering_float8 = dtype == FLOAT8 and not is_float8_policy(original_policies[path])
-            layer.dtype_policy = policy_name(dtype, source)
-            if entering_float8:
-                reset_float8_state(layer, only_if_lost=True)
-            applied[path] = dtype
+    original_policies, applied, skipped = _set_policies(model, paths, dtypes, source)
     sync_float8_variables(paths[path] for path in original_policies)
     keep_nested_float8_policies(model)
     harmonize_outputs(model)
@@ -258,6 +233,49 @@ def apply_plan(
             handle.restore()
             raise
     return handle
+
+
+def _refuse_float8_without_a_path(
+    paths: dict[str, keras.layers.Layer], dtypes: dict[str, str]
+) -> None:
+    """Raises `PlanError` naming the layers a plan gives float8 that have no float8 path."""
+    no_float8 = [
+        f"{path!r} ({type(layer).__name__})"
+        for path, layer in paths.items()
+        if dtypes.get(path) == FLOAT8 and not has_float8_path(layer)
+    ]
+    if no_float8:
+        raise PlanError(
+            f"apply_plan: {', '.join(no_float8[:3])} ha{'s' if len(no_float8) == 1 else 've'} "
+            "no float8 path in Keras (only Dense and EinsumDense do); give "
+            f"{'it' if len(no_float8) == 1 else 'them'} bfloat16, float16 or float32 in the plan."
+        )
+
+
+def _set_policies(
+    model: keras.Model,
+    paths: dict[str, keras.layers.Layer],
+    dtypes: dict[str, str],
+    source: str,
+) -> tuple[dict[str, object], dict[str, str], dict[str, str]]:
+    """Sets each layer's policy; returns the original policies, the dtypes set and the skipped."""
+    original_policies: dict[str, object] = {}
+    skipped: dict[str, str] = {}
+    applied: dict[str, str] = {}
+    with strategy_scope(model):  # float8 scaling variables are created here
+        for path, layer in paths.items():
+            reason = _reason_to_skip(layer)
+            if reason:
+                skipped[path] = reason
+                continue
+            dtype = dtypes[path]
+            original_policies[path] = layer_policy(layer)
+            entering_float8 = dtype == FLOAT8 and not is_float8_policy(original_policies[path])
+            layer.dtype_policy = policy_name(dtype, source)
+            if entering_float8:
+                reset_float8_state(layer, only_if_lost=True)
+            applied[path] = dtype
+    return original_policies, applied, skipped
 
 
 def _checked_layers(model: keras.Model, plan: PrecisionPlan, strict: bool) -> dict[str, LayerInfo]:

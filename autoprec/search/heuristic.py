@@ -172,16 +172,38 @@ def heuristic_plan(
     batch_size = (costs.batch_size if costs is not None else None) or 32
     cost_view = PlanCosts(model, costs, batch_size)
     margin = cost_view.relative_error
+    eligible = [
+        path
+        for path in compute
+        if path not in outputs
+        and not is_sensitive(infos[path])
+        and not (keep and matches_any(path, infos[path], keep))
+    ]
+    demoted = _ranked_demotions(eligible, infos, allowed, cost_view, hardware_profile)
+    base = {path: FLOAT32 for path in compute}
+    if cost_view.available:
+        demoted = _fastest_whole_plan(demoted, eligible, allowed, base, cost_view, margin or 0.0)
+    if check is not None:
+        demoted = _bisect_demotions(demoted, base, model, infos, check)
+    assignment = dict(base)
+    assignment.update(dict(demoted))
+    return plan_from_assignment(model, infos, assignment)
+
+
+def _ranked_demotions(
+    eligible: Sequence[str],
+    infos: dict[str, LayerInfo],
+    allowed: dict[str, Sequence[str]],
+    cost_view: PlanCosts,
+    hardware_profile: HardwareProfile,
+) -> list[tuple[str, str]]:
+    """Returns `(path, dtype)` of each layer whose best 16-bit dtype gains beyond the error, best first."""
+    margin = cost_view.relative_error
     candidates = []
     within_error: list[tuple[str, float, float]] = []
-    for path in compute:
-        info = infos[path]
-        if path in outputs or is_sensitive(info):
-            continue
-        if keep and matches_any(path, info, keep):
-            continue
+    for path in eligible:
         choice, benefit, reference = _best_half(
-            path, info, allowed[path], cost_view, hardware_profile
+            path, infos[path], allowed[path], cost_view, hardware_profile
         )
         if choice is None or benefit <= 0:
             continue
@@ -192,22 +214,7 @@ def heuristic_plan(
     if within_error:
         _log_within_error(within_error, margin)
     candidates.sort(key=lambda item: (-item[0], item[1]))
-    base = {path: FLOAT32 for path in compute}
-    demoted = [(path, choice) for _, path, choice in candidates]
-    if cost_view.available:
-        eligible = [
-            path
-            for path in compute
-            if path not in outputs
-            and not is_sensitive(infos[path])
-            and not (keep and matches_any(path, infos[path], keep))
-        ]
-        demoted = _fastest_whole_plan(demoted, eligible, allowed, base, cost_view, margin or 0.0)
-    if check is not None:
-        demoted = _bisect_demotions(demoted, base, model, infos, check)
-    assignment = dict(base)
-    assignment.update(dict(demoted))
-    return plan_from_assignment(model, infos, assignment)
+    return [(path, choice) for _, path, choice in candidates]
 
 
 def _best_half(

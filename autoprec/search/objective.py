@@ -58,28 +58,9 @@ def trial_objective(context: SearchContext, trial: optuna.Trial) -> float:
     study.optimize(lambda trial: trial_objective(context, trial), n_trials=20)
     ```
     """
-    params = {
-        group.name: trial.suggest_categorical(group.name, list(group.choices))
-        for group in context.groups
-        if len(group.choices) > 1
-    }
-    fixed = TrialRecord.from_trial(trial).assignment
-    assignment = context.normalise(fixed) if fixed else context.assignment(params)
+    assignment = _suggested_assignment(context, trial)
     key = assignment_key(assignment)
-    seconds, activation_bytes = context.costs.step(assignment)
-    value = seconds * (1.0 + _MEMORY_TIE_BREAK * activation_bytes / _max_activation(context))
-    write_record(
-        trial,
-        TrialRecord(
-            assignment=assignment,
-            assignment_key=key,
-            train_steps=context.train_steps,
-            dtype_counts=count_dtypes(assignment.values()),
-            predicted_seconds=seconds,
-            activation_bytes_per_sample=activation_bytes,
-            fidelity=("profile",),
-        ),
-    )
+    value = _record_prediction(context, trial, assignment, key)
     floor = context.output_floor(assignment)
     if floor is not None:
         trial.set_user_attr(OUTPUT_FLOOR_ATTR, floor.to_dict())
@@ -102,6 +83,49 @@ def trial_objective(context: SearchContext, trial: optuna.Trial) -> float:
             trial, TrialRecord(pruned_by="cost: no faster than the best plan within budget")
         )
         raise optuna.TrialPruned()
+    return _train_trial(context, trial, assignment, key, value)
+
+
+def _suggested_assignment(context: SearchContext, trial: optuna.Trial) -> dict[str, str]:
+    """Returns the trial's `{layer path: dtype}`: enqueued as it is, or from its suggestions."""
+    params = {
+        group.name: trial.suggest_categorical(group.name, list(group.choices))
+        for group in context.groups
+        if len(group.choices) > 1
+    }
+    fixed = TrialRecord.from_trial(trial).assignment
+    return context.normalise(fixed) if fixed else context.assignment(params)
+
+
+def _record_prediction(
+    context: SearchContext, trial: optuna.Trial, assignment: dict[str, str], key: str
+) -> float:
+    """Records the trial's assignment and predicted cost; returns the objective value."""
+    seconds, activation_bytes = context.costs.step(assignment)
+    value = seconds * (1.0 + _MEMORY_TIE_BREAK * activation_bytes / _max_activation(context))
+    write_record(
+        trial,
+        TrialRecord(
+            assignment=assignment,
+            assignment_key=key,
+            train_steps=context.train_steps,
+            dtype_counts=count_dtypes(assignment.values()),
+            predicted_seconds=seconds,
+            activation_bytes_per_sample=activation_bytes,
+            fidelity=("profile",),
+        ),
+    )
+    return value
+
+
+def _train_trial(
+    context: SearchContext,
+    trial: optuna.Trial,
+    assignment: dict[str, str],
+    key: str,
+    value: float,
+) -> float:
+    """Runs the proxy (TensorFlow) and the short training of a trial's plan; records the outcome."""
     plan = context.plan_for(assignment)
     levels = ["profile"]
     proxy = None

@@ -100,28 +100,6 @@ def test_step_correction_shares_overhead_and_scales_each_dtype(mlp):
     assert table.time_scale("bfloat16") == pytest.approx(1.0)
 
 
-def test_clone_with_uniform_policy_copies_the_model_and_leaves_it_alone(mlp):
-    assert not cost.clone_with_uniform_policy(mlp, "float16").compiled
-    mlp.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
-    copy = cost.clone_with_uniform_policy(mlp, "bf16")
-    # A compiled model's copy is compiled alike (keras.models.clone_model), with its own optimizer.
-    assert copy is not mlp and copy.compiled and copy.optimizer is not mlp.optimizer
-    assert [type(layer) for layer in copy.layers] == [type(layer) for layer in mlp.layers]
-    assert {layer.dtype_policy.name for layer in layer_paths(copy).values()} == {"mixed_bfloat16"}
-    assert {layer.dtype_policy.name for layer in layer_paths(mlp).values()} == {"float32"}
-    x = np.ones((2, 8), dtype="float32")
-    assert keras.backend.standardize_dtype(copy(x).dtype) == "bfloat16"
-    assert keras.backend.standardize_dtype(mlp(x).dtype) == "float32"
-    float32 = cost.clone_with_uniform_policy(mlp, "float32")
-    assert {layer.dtype_policy.name for layer in layer_paths(float32).values()} == {"float32"}
-    float8 = cost.clone_with_uniform_policy(mlp, "float8")
-    policies = {
-        type(layer).__name__: layer.dtype_policy.name for layer in layer_paths(float8).values()
-    }
-    assert policies["Dense"] == "float8_from_mixed_bfloat16"
-    assert policies["Dropout"] == "mixed_bfloat16"
-
-
 def test_whole_step_dtypes_reads_true_fast_false_and_names():
     profile = resolve_hardware("cpu-avx512-bf16")
     dtypes = ["float32", "bfloat16", "float16"]
