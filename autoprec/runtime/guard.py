@@ -51,7 +51,12 @@ REMOVED_FIELDS = {
     "bfloat16 where that device runs bfloat16 fast, else to float32)",
     "min_loss_scale": "the guard lowers the loss scale down to the LossScale floor: pass "
     "loss_scale=autoprec.LossScale(floor=...) to the callback",
+    "float8_patience": "a float8 layer saturating on FLOAT8_PATIENCE (2) checks "
+    "in a row is promoted; set float8_check_every to check more or less often",
 }
+
+#: A float8 layer whose delayed scale lags its amax on this many checks in a row is promoted.
+FLOAT8_PATIENCE = 2
 
 
 class NonFiniteTrainingError(AutoprecError, RuntimeError):
@@ -84,7 +89,7 @@ class Guard(ConfigValue):
         float8_check_every: every this many steps, read each float8 layer's scales
             and newest amax (a few scalars on the host); a tensor whose amax has
             outgrown its delayed scale saturates.
-        float8_patience: a float8 layer saturating on this many checks in a row is
+            A float8 layer saturating on `FLOAT8_PATIENCE` (2) checks in a row is
             promoted (float8 -> its source dtype, bfloat16 by default).
 
     Raises:
@@ -106,13 +111,13 @@ class Guard(ConfigValue):
     near_binades: float = 2.0
     check_kernels: bool = True
     float8_check_every: int = 10
-    float8_patience: int = 2
 
     def __post_init__(self) -> None:
-        for name in ("float8_check_every", "float8_patience"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise AutoprecError(f"Guard: {name} must be an integer >= 1, got {value!r}.")
+        every = self.float8_check_every
+        if isinstance(every, bool) or not isinstance(every, int) or every < 1:
+            raise AutoprecError(
+                f"Guard: float8_check_every must be an integer >= 1, got {every!r}."
+            )
         if self.on_nan not in ON_NAN_MODES:
             raise AutoprecError(
                 f"Guard: on_nan={self.on_nan!r} is not valid; use one of "
@@ -153,7 +158,7 @@ class Guard(ConfigValue):
         if removed:
             reasons = "; ".join(f"{name!r}: {REMOVED_FIELDS[name]}" for name in removed)
             raise AutoprecError(
-                f"Guard.from_config: field(s) {removed} were removed in autoprec 0.3 ({reasons}). "
+                f"Guard.from_config: field(s) {removed} were removed from Guard ({reasons}). "
                 f"The fields are {[field.name for field in dataclasses.fields(cls)]}."
             )
         return super().from_config(config)

@@ -19,7 +19,13 @@ from .applied import COMPILED_FUNCTIONS, AppliedState, applied_state, keep_appli
 from .apply import PlanHandle, apply_plan
 from .decision import GuardAction, GuardDecision, decide
 from .float8 import extend_optimizer, lagging_scales
-from .guard import Guard, NonFiniteTrainingError, check_guard_backend, promotion_target
+from .guard import (
+    FLOAT8_PATIENCE,
+    Guard,
+    NonFiniteTrainingError,
+    check_guard_backend,
+    promotion_target,
+)
 from .kernels import fallback_plan, missing_kernels_once, unchecked_kernels
 from .loss_scale import (
     LossScale,
@@ -425,7 +431,7 @@ class PlanCallback(keras.callbacks.Callback):
             path: lagging[path].describe()
             + f" on {streaks[path]} check(s) in a row, every {self.guard.float8_check_every} steps"
             for path in lagging
-            if streaks[path] >= self.guard.float8_patience
+            if streaks[path] >= FLOAT8_PATIENCE
         }
         if due:
             for path in due:

@@ -248,7 +248,7 @@ def test_the_guard_promotes_a_float8_layer_whose_scale_lags_a_growing_amax():
     x, y = encoder_data(samples=96)
     model.fit(x[:16], y[:16], epochs=1, verbose=0)
     growth = np.repeat(8.0 ** np.arange(6), 16).astype("float32")[:, None, None]  # x8 per step
-    guard = autoprec.Guard(float8_check_every=1, float8_patience=2)
+    guard = autoprec.Guard(float8_check_every=1)
     callback = autoprec.AutoPrecision(float8_plan(model), guard=guard, verbose=0)
     model.fit(
         x * growth, y, batch_size=16, epochs=1, shuffle=False, verbose=0, callbacks=[callback]

@@ -51,7 +51,7 @@ CHILD = textwrap.dedent(
     model = build_encoder()
     model.compile("adam", "sparse_categorical_crossentropy")
     growth = np.repeat(8.0 ** np.arange(6), 16).astype("float32")[:, None, None]
-    guard = autoprec.Guard(float8_check_every=1, float8_patience=2)
+    guard = autoprec.Guard(float8_check_every=1)
     callback = autoprec.AutoPrecision(float8_plan(model), guard=guard, verbose=0)
     model.fit(x * growth, y, batch_size=16, epochs=1, shuffle=False, verbose=0, callbacks=[callback])
     results["guard"] = [dict(e) for e in callback.plan.events]
