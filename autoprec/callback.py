@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from typing import Any
 
 from ._auto import (
@@ -17,6 +18,7 @@ from ._auto import (
     report_lines,
     search_plan,
 )
+from ._core.dtypes import BFLOAT16, FLOAT8, FLOAT16, FLOAT32
 from ._core.messages import show_message
 from ._core.models import rebuild_train_function
 from .cost import Estimate
@@ -29,7 +31,7 @@ from .runtime.kernels import fallback_plan, missing_kernels_once
 from .runtime.loss_scale import LossScale
 from .runtime.step_race import StepRace
 from .runtime.training import DEFAULT_GUARD, PlanCallback
-from .search import SearchResult
+from .search import SearchResult, compute_layers
 
 logger = logging.getLogger("autoprec")
 
@@ -67,6 +69,9 @@ class AutoPrecision(PlanCallback):
     (`auto.timing_rounds`), and the fastest is kept, a difference inside the
     measured noise going to the simpler plan; these steps train the model as
     any others. The plan is applied and training goes on.
+    Where the device runs no 16-bit dtype fast (`hardware.is_fast`), nothing
+    can be won: the model trains in float32 at once, nothing profiled or timed,
+    and one line says so (`plan.metadata["measured"]` records the decision).
     With `auto.budget` a short Optuna search on `auto.x` and
     `auto.validation_data` decides instead (`callback.search_result`). A
     compact report says how many layers got each dtype, the predicted speedup
@@ -204,6 +209,9 @@ class AutoPrecision(PlanCallback):
         if self.plan is not None:
             super()._start()
             return
+        if self.auto.budget is None and not self._fast_reduced_dtypes():
+            self._decide_at_once()
+            return
         if self.auto.batch_size is None:
             self._batch_reader = FirstBatchSize(self.model)
             self._batch_reader.install()
@@ -233,6 +241,40 @@ class AutoPrecision(PlanCallback):
             f"autoprec: profiling the first {self.auto.profile_steps} steps in float32",
             self.verbose,
         )
+
+    def _fast_reduced_dtypes(self) -> list[str]:
+        """The 16-bit (and float8) dtypes the callback's device runs fast: what a plan can win with."""
+        try:
+            hardware = resolve_hardware(self.hardware)
+        except Exception:  # noqa: BLE001 - an unknown device: profile and decide as before
+            return [BFLOAT16]
+        return [dtype for dtype in (BFLOAT16, FLOAT16, FLOAT8) if hardware.is_fast(dtype)]
+
+    def _decide_at_once(self) -> None:
+        """Keeps float32 without profiling or timing: no 16-bit dtype runs fast on the device."""
+        started = time.perf_counter()
+        device = resolve_hardware(self.hardware).name
+        reason = f"no 16-bit dtype runs fast on {device}"
+        plan = PrecisionPlan.uniform(self.model, FLOAT32)
+        evidence = {path: {"reason": reason} for path in compute_layers(plan.layer_info)}
+        self.plan = plan.with_metadata(
+            hardware=device,
+            predicted_speedup=None,
+            evidence=evidence,
+            measured={
+                "decision_seconds": round(time.perf_counter() - started, 3),
+                "candidates_timed": 0,
+                "rounds": 0,
+                "why": reason + ": nothing to win, nothing profiled or timed",
+            },
+        )
+        self.estimate = None
+        show_message(
+            f"autoprec: {reason}: training in float32, the plan fit had "
+            "(nothing profiled or timed)",
+            self.verbose,
+        )
+        self._apply(quiet=True)
 
     def _decide_and_apply(self) -> None:
         self._waiting_for_a_batch = False

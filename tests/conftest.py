@@ -89,3 +89,23 @@ def attention_model() -> keras.Model:
 @pytest.fixture
 def classification() -> tuple[np.ndarray, np.ndarray]:
     return classification_data()
+
+
+def local_with_fast_bfloat16():
+    """This device as `detect()` sees it, told that bfloat16 runs fast here.
+
+    The one-liner then profiles and times its candidates on this CPU whatever the
+    host runs fast (`hardware.is_local` holds for a detected profile): what it
+    measures is real, only the choice of what to measure is forced.
+    """
+    import dataclasses
+
+    from autoprec.hardware import detect
+
+    device = detect()
+    return dataclasses.replace(
+        device,
+        fast_dtypes=("bfloat16",),
+        slow_dtypes=("float16",),
+        bfloat16_flops=device.bfloat16_flops or 2 * (device.float32_flops or 1e11),
+    )

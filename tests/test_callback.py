@@ -12,12 +12,13 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import build_mlp, classification_data
+from conftest import build_mlp, classification_data, local_with_fast_bfloat16
 
 import autoprec
 from autoprec import AutoPrecision, FlooredLossScaleOptimizer, PlanError, PrecisionPlan
 from autoprec.callback import AutoPlan
 from autoprec.errors import AutoprecError
+from autoprec.hardware import resolve_hardware
 from autoprec.layers import layer_paths
 from autoprec.runtime import Guard, LossScale
 
@@ -303,7 +304,11 @@ def test_mirrored_strategy_on_two_logical_cpus(tmp_path):
 def test_one_liner_profiles_decides_applies_and_reports(classification, capsys, tmp_path):
     x, y = classification
     model = _compiled(build_mlp())
-    callback = AutoPrecision(auto=AutoPlan(profile_steps=2), plan_path=tmp_path / "auto.json")
+    callback = AutoPrecision(
+        hardware=local_with_fast_bfloat16(),
+        auto=AutoPlan(profile_steps=2),
+        plan_path=tmp_path / "auto.json",
+    )
     history = model.fit(x, y, epochs=2, batch_size=16, verbose=0, callbacks=[callback])
     output = capsys.readouterr().out
     assert "profiling the first 2 steps" in output
@@ -323,6 +328,30 @@ def test_one_liner_profiles_decides_applies_and_reports(classification, capsys, 
     for path, dtype in callback.handle.dtypes.items():
         assert paths[path].compute_dtype == dtype
     assert PrecisionPlan.load(tmp_path / "auto.json") == plan
+    assert all(np.isfinite(history.history["loss"]))
+
+
+@pytest.mark.parametrize("hardware", ["cpu-generic", "local"])
+def test_where_no_16_bit_dtype_runs_fast_the_one_liner_decides_at_once(
+    hardware, classification, capsys
+):
+    if hardware == "local" and resolve_hardware("local").is_fast("bfloat16"):
+        hardware = "cpu-generic"  # this host runs bfloat16 fast: a device that does not
+    x, y = classification
+    model = _compiled(build_mlp())
+    callback = AutoPrecision(hardware=hardware, auto=AutoPlan(profile_steps=2))
+    history = model.fit(x, y, epochs=2, batch_size=16, verbose=0, callbacks=[callback])
+    output = capsys.readouterr().out
+    assert output.count("autoprec:") == 1 and "no 16-bit dtype runs fast on" in output
+    assert "profiling" not in output and "timing" not in output
+    assert callback.profile is None and callback.estimate is None
+    assert set(callback.handle.dtypes.values()) == {"float32"}
+    measured = callback.plan.metadata["measured"]
+    assert measured["candidates_timed"] == 0 and measured["decision_seconds"] < 5
+    assert all(
+        evidence["reason"].startswith("no 16-bit dtype runs fast")
+        for evidence in callback.plan.metadata["evidence"].values()
+    )
     assert all(np.isfinite(history.history["loss"]))
 
 

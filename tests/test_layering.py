@@ -8,6 +8,7 @@ place in `LAYERS` below (and in docs/architecture.md).
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -335,3 +336,179 @@ def test_lazy_imports_are_only_optional_dependencies():
         f"{', '.join(OPTIONAL)} and the backend modules may be imported lazily):\n"
         + "\n".join(lazy)
     )
+
+
+# --- The shape: module and function sizes, a test file per module -------------------------
+
+#: No module of `autoprec/` is longer than this many lines.
+MAX_MODULE_LINES = 600
+
+#: No function of `autoprec/` has more than this many lines of code (its docstring,
+#: blank lines and comment lines not counted; nested functions count in their parent).
+MAX_FUNCTION_CODE_LINES = 60
+
+#: Modules allowed to be longer than `MAX_MODULE_LINES`, each with why. Only shrinks: an
+#: entry that is back under the limit fails `test_the_shape_allow_lists_only_shrink`.
+OVERSIZED_MODULES: dict[str, str] = {}
+
+#: Functions (`module:qualified name`) allowed past `MAX_FUNCTION_CODE_LINES`, each with why.
+OVERSIZED_FUNCTIONS: dict[str, str] = {}
+
+#: Modules without a `test_<name>.py` of their own, each with where they are tested instead.
+UNTESTED_MODULES: dict[str, str] = {}
+
+#: Private names used across modules (`module:line ...` as `private_name_uses` writes them,
+#: without the line), each with why.
+PRIVATE_NAME_USES: dict[str, str] = {}
+
+
+def _docstring_lines(node: ast.AST) -> set[int]:
+    body = getattr(node, "body", [])
+    if (
+        body
+        and isinstance(body[0], ast.Expr)
+        and isinstance(body[0].value, ast.Constant)
+        and isinstance(body[0].value.value, str)
+    ):
+        return set(range(body[0].lineno, body[0].end_lineno + 1))
+    return set()
+
+
+def function_code_lines(path: Path) -> dict[str, int]:
+    """Returns `{qualified name: lines of code}` for every function of a module.
+
+    Lines of code are the function's lines, decorators included, less its docstring,
+    blank lines and comment-only lines.
+    """
+    text = path.read_text()
+    lines = text.splitlines()
+    sizes: dict[str, int] = {}
+
+    def visit(node: ast.AST, prefix: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                name = f"{prefix}{child.name}"
+                start = min([child.lineno] + [d.lineno for d in child.decorator_list])
+                skipped = _docstring_lines(child)
+                sizes[name] = sum(
+                    1
+                    for number in range(start, child.end_lineno + 1)
+                    if number not in skipped
+                    and lines[number - 1].strip()
+                    and not lines[number - 1].strip().startswith("#")
+                )
+                visit(child, f"{name}.")
+            elif isinstance(child, ast.ClassDef):
+                visit(child, f"{prefix}{child.name}.")
+            else:
+                visit(child, prefix)
+
+    visit(ast.parse(text, str(path)), "")
+    return sizes
+
+
+def _oversized_modules() -> dict[str, int]:
+    return {
+        module: len(path.read_text().splitlines())
+        for module, path in _modules().items()
+        if len(path.read_text().splitlines()) > MAX_MODULE_LINES
+    }
+
+
+def _oversized_functions() -> dict[str, int]:
+    found = {}
+    for module, path in _modules().items():
+        for name, size in function_code_lines(path).items():
+            if size > MAX_FUNCTION_CODE_LINES:
+                found[f"{module}:{name}"] = size
+    return found
+
+
+def _test_file_names() -> set[str]:
+    return {path.name for path in (ROOT / "tests").rglob("test_*.py")}
+
+
+def _modules_without_a_test_file() -> list[str]:
+    names = _test_file_names()
+    missing = []
+    for module, path in _modules().items():
+        if path.name in ("__init__.py", "__main__.py"):
+            continue
+        if f"test_{path.stem.lstrip('_')}.py" not in names:
+            missing.append(module)
+    return missing
+
+
+def _private_uses_without_lines() -> set[str]:
+    return {re.sub(r":\d+ ", " ", use) for use in private_name_uses()}
+
+
+def test_no_module_is_longer_than_the_limit():
+    found = {m: n for m, n in _oversized_modules().items() if m not in OVERSIZED_MODULES}
+    assert not found, f"modules over {MAX_MODULE_LINES} lines (split them by job): " + ", ".join(
+        f"{module} ({lines})" for module, lines in sorted(found.items())
+    )
+
+
+def test_no_function_is_longer_than_the_limit():
+    found = {f: n for f, n in _oversized_functions().items() if f not in OVERSIZED_FUNCTIONS}
+    assert not found, (
+        f"functions over {MAX_FUNCTION_CODE_LINES} lines of code (docstrings not counted; "
+        "move steps into helpers of their own): "
+        + ", ".join(f"{name} ({lines})" for name, lines in sorted(found.items()))
+    )
+
+
+def test_every_module_has_a_test_file_of_its_name():
+    missing = [m for m in _modules_without_a_test_file() if m not in UNTESTED_MODULES]
+    assert not missing, (
+        "modules without a tests/**/test_<name>.py (add one that tests the module "
+        "itself): " + ", ".join(missing)
+    )
+
+
+def test_the_shape_allow_lists_only_shrink():
+    stale = [
+        *(f"OVERSIZED_MODULES[{m!r}]" for m in OVERSIZED_MODULES if m not in _oversized_modules()),
+        *(
+            f"OVERSIZED_FUNCTIONS[{f!r}]"
+            for f in OVERSIZED_FUNCTIONS
+            if f not in _oversized_functions()
+        ),
+        *(
+            f"UNTESTED_MODULES[{m!r}]"
+            for m in UNTESTED_MODULES
+            if m not in _modules_without_a_test_file()
+        ),
+        *(
+            f"PRIVATE_NAME_USES[{u!r}]"
+            for u in PRIVATE_NAME_USES
+            if u not in _private_uses_without_lines()
+        ),
+    ]
+    assert not stale, "allow-list entries no longer needed (remove them): " + ", ".join(stale)
+    for allow_list in (OVERSIZED_MODULES, OVERSIZED_FUNCTIONS, UNTESTED_MODULES, PRIVATE_NAME_USES):
+        assert all(reason.strip() for reason in allow_list.values()), "each entry says why"
+
+
+def test_the_function_size_counts_code_only(tmp_path):
+    source = tmp_path / "sample.py"
+    source.write_text(
+        "def outer(a):\n"
+        '    """Docstring.\n\n    More.\n    """\n'
+        "    # a comment\n"
+        "\n"
+        "    def inner():\n"
+        "        return a\n"
+        "    return inner\n"
+        "\n"
+        "class Holder:\n"
+        "    @staticmethod\n"
+        "    def method():\n"
+        "        pass\n"
+    )
+    assert function_code_lines(source) == {
+        "outer": 4,
+        "outer.inner": 2,
+        "Holder.method": 3,
+    }

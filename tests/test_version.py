@@ -31,3 +31,11 @@ def test_pyproject_reads_the_version_from_this_module():
 
 def test_the_installed_distribution_has_this_version():
     assert importlib.metadata.version("autoprec") == __version__
+
+
+def test_the_changelog_releases_this_version_with_a_date():
+    changelog = (ROOT / "CHANGELOG.md").read_text()
+    headings = re.findall(r"^## (\d+\.\d+\.\d+) \(([^)]*)\)$", changelog, flags=re.MULTILINE)
+    released = [(version, when) for version, when in headings if when != "unreleased"]
+    assert released and released[0][0] == __version__, (headings, __version__)
+    assert re.fullmatch(r"\d{4}-\d{2}-\d{2}", released[0][1])

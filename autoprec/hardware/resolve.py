@@ -99,7 +99,25 @@ def resolve_hardware(hardware: HardwareProfile | str | None) -> HardwareProfile:
 
 
 def is_local(hardware: HardwareProfile | str | None) -> bool:
-    """Returns whether a `hardware=` argument means this device (`"local"`)."""
+    """Returns whether a `hardware=` argument means this device: `"local"`, or a detected profile.
+
+    A `HardwareProfile` that `autoprec.hardware.detect()` made (`detected=True`),
+    edited or not, describes this device: costs are measured here for it.
+
+    Args:
+        hardware: a `hardware=` argument.
+
+    Returns:
+        True for `None`, `"local"` (`"detect"`, `"auto"`) and a detected profile.
+
+    Example:
+
+    ```python
+    is_local("local"), is_local("rtx4090")  # (True, False)
+    ```
+    """
+    if isinstance(hardware, HardwareProfile):
+        return bool(hardware.detected)
     return hardware is None or (
         isinstance(hardware, str) and hardware.strip().lower() in ("local", "detect", "auto")
     )

@@ -15,9 +15,17 @@ orders, and three SGD steps carry the differences on):
   (measured here: at most 5e-4, on the near-zero gradients behind a saturated
   softmax; 3e-7 elsewhere);
 - smallest non-zero magnitude: within one binade (it is set by cancellation;
-  measured: relative 3e-3 at most);
-- exponent histograms: at most 0.5% of the elements (at least one) in another
-  bin (a value next to a power of two may round to either side).
+  measured: relative 3e-3 at most), where both sides hold it above the rounding
+  noise of the tensor (2^-12 of its largest magnitude); below, each CPU's
+  cancellation sets it (2.9e-6 against 1.1e-6 on an AVX2-only host);
+- exponent histograms: at most 0.5% of the elements (at least two) in another
+  bin (a value next to a power of two may round to either side);
+- a tensor that is rounding noise on both sides (its largest magnitude below
+  2^-12 of the largest of its kind in the model: the query and key gradients
+  behind a saturated softmax) is compared by its counts only: how many zeros,
+  what magnitudes, and the float16 verdict read from them, depend on how the
+  CPU rounds `exp` (4e-6 against 1.4e-7 on an AVX2-only host, 5e-4 apart on an
+  AVX512 one).
 
 The child's XLA compiles its CPU code at LLVM optimisation level 0, which keeps
 the child's compile time (most of its run time) down and changes no semantics.
@@ -39,7 +47,7 @@ import pytest
 from profiler.reference import assert_matches_reference, cross_backend_model
 
 from autoprec.profiler import Profile, TensorStats, profile
-from autoprec.profiler.stats import TENSOR_KINDS
+from autoprec.profiler.layout import TENSOR_KINDS
 
 pytest.importorskip("jax")
 
@@ -48,6 +56,8 @@ _STEPS = 3
 _BATCH = 8
 _MAGNITUDE_RTOL = 1e-3
 _MOVED_FRACTION = 0.005
+#: Binades below the largest magnitude of its kind in which a tensor is rounding noise.
+_NOISE_BINADES = 12
 
 #: Tensors whose statistics the JAX measurement must give exactly as NumPy does.
 _SPECIAL_TENSORS = {
@@ -63,12 +73,12 @@ _SPECIAL_TENSORS = {
 
 CHILD = textwrap.dedent(
     """
-    import contextlib, io, json, sys
+    import contextlib, dataclasses, io, json, sys
     from pathlib import Path
     sys.modules["tensorflow"] = None  # as on a machine with JAX and no TensorFlow
     import jax, keras, numpy as np
     import autoprec
-    from autoprec._backends import jax_probes
+    from autoprec._backends import jax_statistics as jax_probes
     from autoprec.layers import layer_paths
     from autoprec.profiler import ProbeSession, ProfileCallback, TensorStats, profile
     from profiler.reference import cross_backend_model
@@ -184,7 +194,11 @@ CHILD = textwrap.dedent(
                             keras.layers.Dense(2)])
     mlp.compile(optimizer="sgd",
                 loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-    auto = autoprec.AutoPrecision(auto=autoprec.AutoPlan(profile_steps=2, timing_rounds=1))
+    device = autoprec.hardware.detect()  # told bfloat16 pays, so the one-liner profiles here
+    device = dataclasses.replace(device, fast_dtypes=("bfloat16",), slow_dtypes=("float16",),
+                                 bfloat16_flops=2 * device.float32_flops)
+    auto = autoprec.AutoPrecision(hardware=device,
+                                  auto=autoprec.AutoPlan(profile_steps=2, timing_rounds=1))
     shown = io.StringIO()
     with contextlib.redirect_stdout(shown):
         mlp.fit(features, labels, batch_size=8, epochs=2, verbose=0, callbacks=[auto])
@@ -262,27 +276,68 @@ def _moved(first: TensorStats, second: TensorStats) -> int:
     return int(np.abs(first.histogram - second.histogram).sum()) // 2
 
 
+def _noise_slots(prof: Profile) -> set[tuple[str, str, str]]:
+    """Slots whose largest magnitude is below 2^-12 of the largest of their kind in the model."""
+    slots = _slots(prof)
+    largest: dict[str, float] = {}
+    for (_, kind, _), stats in slots.items():
+        largest[kind] = max(largest.get(kind, 0.0), stats.max_abs or 0.0)
+    return {
+        slot
+        for slot, stats in slots.items()
+        if (stats.max_abs or 0.0) < largest[slot[1]] * 2.0**-_NOISE_BINADES
+    }
+
+
+def _noise_layers(*profiles: Profile) -> set[str]:
+    """Layers with a rounding-noise gradient on any of `profiles`."""
+    return {
+        path
+        for prof in profiles
+        for path, kind, _ in _noise_slots(prof)
+        if kind in ("activation_gradients", "weight_gradients")
+    }
+
+
+def _smallest_differs(first: TensorStats, second: TensorStats) -> bool:
+    """Whether the smallest non-zero magnitudes differ beyond a binade, above rounding noise."""
+    smallest = (first.min_nonzero_abs, second.min_nonzero_abs)
+    if None in smallest:
+        return smallest != (None, None)
+    noise = max(first.max_abs or 0.0, second.max_abs or 0.0) * 2.0**-_NOISE_BINADES
+    if min(smallest) < noise:
+        return False  # set by each CPU's cancellation
+    return abs(math.log2(smallest[0] / smallest[1])) >= 1.0
+
+
 def _differences(expected: Profile, actual: Profile) -> list[str]:
     """Every slot where `actual` is outside the tolerances (module docstring) of `expected`."""
     wrong = []
     expected_slots, actual_slots = _slots(expected), _slots(actual)
     if set(expected_slots) != set(actual_slots):
         return [f"slots differ: {sorted(set(expected_slots) ^ set(actual_slots))}"]
+    noise = _noise_slots(expected) & _noise_slots(actual)
     for slot, first in expected_slots.items():
         second = actual_slots[slot]
-        for field in ("count", "zeros", "nonfinite", "nan"):
+        exact = (
+            ("count", "nonfinite", "nan")
+            if slot in noise
+            else ("count", "zeros", "nonfinite", "nan")
+        )
+        for field in exact:
             if getattr(first, field) != getattr(second, field):
                 wrong.append(f"{slot} {field}: {getattr(first, field)} != {getattr(second, field)}")
+        if slot in noise:
+            continue
         for field in ("max_abs", "sum_abs", "sum_squares"):
             error = _relative(getattr(first, field), getattr(second, field))
             if error > _MAGNITUDE_RTOL:
                 wrong.append(f"{slot} {field}: relative difference {error:.2e}")
-        smallest = (first.min_nonzero_abs, second.min_nonzero_abs)
-        if (None in smallest and smallest != (None, None)) or (
-            None not in smallest and abs(math.log2(smallest[0] / smallest[1])) >= 1.0
-        ):
-            wrong.append(f"{slot} min_nonzero_abs: {smallest}")
-        if _moved(first, second) > max(1, _MOVED_FRACTION * first.count):
+        if _smallest_differs(first, second):
+            wrong.append(
+                f"{slot} min_nonzero_abs: {(first.min_nonzero_abs, second.min_nonzero_abs)}"
+            )
+        if _moved(first, second) > max(2, _MOVED_FRACTION * first.count):
             wrong.append(f"{slot} histogram: {_moved(first, second)} of {first.count} moved")
     return wrong
 
@@ -326,10 +381,35 @@ def test_jax_profile_has_the_same_json_and_verdicts(recorded):
         assert actual["layers"][path]["class_name"] == layer["class_name"]
         for kind in TENSOR_KINDS:
             assert actual["layers"][path][kind].keys() == layer[kind].keys(), (path, kind)
-    assert jax_profile.float16_unsafe_layers == tensorflow_profile.float16_unsafe_layers
+    # Verdicts read from rounding-noise gradients are each CPU's; every other verdict matches.
+    noise = _noise_layers(tensorflow_profile, jax_profile)
+    assert noise <= {"attention/query_dense", "attention/key_dense"}, noise
+    assert [p for p in jax_profile.float16_unsafe_layers if p not in noise] == [
+        p for p in tensorflow_profile.float16_unsafe_layers if p not in noise
+    ]
+    for prof in (tensorflow_profile, jax_profile):
+        for path in noise & set(prof.float16_unsafe_layers):
+            assert "gradients" in prof.float16_unsafe_reasons[path], (
+                path,
+                prof.float16_unsafe_reasons,
+            )
     assert "attention" in jax_profile.float16_unsafe_layers  # its logits overflow float16
     assert jax_profile.suggested_loss_scale == tensorflow_profile.suggested_loss_scale
-    assert jax_profile.summary().splitlines()[3:] == tensorflow_profile.summary().splitlines()[3:]
+
+    def rows(prof: Profile) -> list[list[str]]:  # column widths follow the noise layers'
+        lines = [line.split() for line in prof.summary().splitlines()[3:]]
+        return [words for words in lines if not words or words[0] not in noise]
+
+    def same(first: str, second: str) -> bool:  # printed figures: 3 digits, rounded either way
+        try:
+            return math.isclose(float(first), float(second), rel_tol=1e-2)
+        except ValueError:
+            return first == second
+
+    jax_rows, tensorflow_rows = rows(jax_profile), rows(tensorflow_profile)
+    assert [len(row) for row in jax_rows] == [len(row) for row in tensorflow_rows]
+    for jax_row, tensorflow_row in zip(jax_rows, tensorflow_rows):
+        assert all(map(same, jax_row, tensorflow_row)), (jax_row, tensorflow_row)
 
 
 def test_jax_measurement_matches_numpy_on_special_values(recorded):

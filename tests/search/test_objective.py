@@ -79,7 +79,7 @@ def _enqueue(study, context, label, assignment):
 
 def test_a_16_bit_head_that_holds_a_short_trial_is_refused_for_its_rounding_floor():
     keras.utils.set_random_seed(0)
-    budget = Budget("val_mae", max_relative_drop=0.35)  # loose enough for 2 train steps
+    budget = Budget("val_mae", max_relative_drop=0.5)  # loose enough for 2 train steps anywhere
     with prepared_search(far_regression(), far_targets(), budget, proxy_batches=1) as prepared:
         context = prepared.context
         uniform = context.uniform_assignment("bfloat16")
