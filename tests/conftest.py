@@ -109,3 +109,65 @@ def local_with_fast_bfloat16():
         slow_dtypes=("float16",),
         bfloat16_flops=device.bfloat16_flops or 2 * (device.float32_flops or 1e11),
     )
+
+
+#: Test modules whose shared fixtures take minutes on 2 cores: the whole module is `long`.
+LONG_MODULES = (
+    "tests/profiler/test_jax_profile.py",
+    "tests/test_bench_fp8.py",
+    "tests/test_bench_guard.py",
+    "tests/test_bench_oneliner.py",
+    "tests/test_gpu_bench.py",
+)
+
+#: Tests that take over ~14 s on 2 cores (measured with `--durations`; parametrized ones by
+#: name, every case): `long`, run by CI after the default suite (`pytest -m long`).
+LONG_TESTS = (
+    "4",
+    "tests/auto/test_decide.py::test_automatic_mode_gets_costs_for_a_keras_hub_bert_fed_dicts",
+    "tests/cli/test_commands.py::test_search_reuses_a_profile_and_refuses_another_models",
+    "tests/cli/test_commands.py::test_search_with_workers_shares_one_journal_study",
+    "tests/cost/test_measure.py::test_calibrate_times_a_keras_hub_bert_at_the_shapes_of_its_dict_batch",
+    "tests/demo/test_run.py::test_cli_demo_quick_exits_zero",
+    "tests/demo/test_run.py::test_run_demo_quick_prints_the_verdicts_its_figures_support",
+    "tests/hardware/test_builtin.py::test_names_cover_the_rtx_table_and_cpu_classes",
+    "tests/profiler/test_runner.py::test_mirrored_strategy_sums_replicas",
+    "tests/profiler/test_runner.py::test_profile_leaves_weights_optimizer_and_graph_unchanged",
+    "tests/runtime/test_composite.py::test_random_plans_train_keras_hub_models",
+    "tests/runtime/test_float8.py::test_float8_sub_layers_of_attention_survive_save_and_load",
+    "tests/runtime/test_float8.py::test_the_guard_promotes_a_float8_layer_whose_scale_lags_a_growing_amax",
+    "tests/runtime/test_float8_jax.py::test_float8_trains_saves_and_is_guarded_on_jax",
+    "tests/runtime/test_saving.py::test_sigkill_while_saving_never_leaves_a_broken_plan",
+    "tests/search/test_confirmation.py::test_measuring_adds_rounds_only_while_undecided_and_stops_at_the_time_cap",
+    "tests/search/test_driver.py::test_failing_confirmation_falls_back_to_the_next_plan",
+    "tests/search/test_driver.py::test_measured_step_confirms_the_final_plan_against_uniform_plans",
+    "tests/search/test_driver.py::test_search_finds_mixed_plan_where_uniform_policies_fail",
+    "tests/search/test_driver.py::test_the_plan_costs_no_more_than_any_uniform_or_heuristic_plan_within_budget",
+    "tests/search/test_float8_search.py::test_a_search_on_fp8_hardware_puts_wide_dense_layers_in_float8_and_keeps_the_head_out",
+    "tests/search/test_floor.py::test_round_to_keeps_8_significant_bits_in_bfloat16_and_11_in_float16",
+    "tests/search/test_resume.py::test_search_killed_mid_study_resumes_without_losing_or_duplicating_trials",
+    "tests/search/test_selection.py::test_a_measured_choice_records_its_step_times",
+    "tests/search/test_selection.py::test_finalists_are_keras_global_policies_and_protections_the_profile_lets_go",
+    "tests/search/test_study.py::test_keyboard_interrupt_keeps_finished_trials_and_plan",
+    "tests/search/test_study.py::test_resume_accumulates_without_duplicate_warm_starts",
+    "tests/search/test_study.py::test_two_processes_share_one_study",
+    "tests/search/test_workers.py::test_two_processes_search_one_study_and_the_caller_gets_its_best_plan",
+    "tests/test_backends.py::test_autoprec_imports_on_jax_without_tensorflow",
+    "tests/test_callback.py::test_mirrored_strategy_on_two_logical_cpus",
+    "tests/test_callback.py::test_one_liner_with_a_budget_runs_a_short_search_before_training",
+    "tests/test_docs.py::test_tutorial_runs_top_to_bottom",
+    "tests/test_examples.py::test_example_runs_in_smoke_mode",
+    "tests/test_jax_guard_and_search.py::test_guard_and_search_on_jax",
+    "tests/test_model_zoo.py::test_guard_rescues_a_float16_plan_whose_inputs_overflow",
+    "tests/test_model_zoo.py::test_one_liner_trains_and_its_checkpoint_reloads_whole",
+    "tests/test_model_zoo.py::test_short_search_runs_every_trial",
+    "tests/test_multi_device.py::test_jax_data_parallel_promotes_a_layer_that_overflows_on_one_replica",
+)
+
+
+def pytest_collection_modifyitems(config, items):
+    """Marks the tests of `LONG_MODULES` and `LONG_TESTS` `long`."""
+    for item in items:
+        node = item.nodeid.split("[")[0]
+        if node.split("::")[0] in LONG_MODULES or node in LONG_TESTS:
+            item.add_marker(pytest.mark.long)

@@ -73,3 +73,18 @@ def test_automatic_mode_gets_costs_for_a_keras_hub_bert_fed_dicts(caplog):
     assert callback.estimate is not None and callback.estimate.batch_size == 8
     assert callback.estimate.layer_seconds["bert_backbone/token_embedding"] > 0
     assert np.isfinite(history.history["loss"]).all()
+
+
+def test_the_one_liner_describes_and_traces_the_model_once():
+    from autoprec.cost import TRACES
+    from autoprec.layers import DESCRIPTIONS
+
+    model = sequence_model()
+    descriptions, traces = DESCRIPTIONS.reads, TRACES.reads
+    callback = AutoPrecision(hardware="rtx2080ti", auto=AutoPlan(profile_steps=2), verbose=0)
+    model.fit(padded_dataset([7, 7, 7]), verbose=0, callbacks=[callback])
+    # The profile, the costs, the heuristic, the estimate and the plan read one description
+    # and one trace at fit's batch signature; every further ask is answered from them.
+    assert DESCRIPTIONS.reads - descriptions == 1
+    assert TRACES.reads - traces == 1
+    assert DESCRIPTIONS.hits + TRACES.hits > 0
