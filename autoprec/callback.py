@@ -212,9 +212,10 @@ class AutoPrecision(PlanCallback):
         if self.auto.budget is None and not self._fast_reduced_dtypes():
             self._decide_at_once()
             return
-        if self.auto.batch_size is None:
-            self._batch_reader = FirstBatchSize(self.model)
-            self._batch_reader.install()
+        # fit's first batch gives the shapes costs are timed at (its size, unless
+        # `AutoPlan(batch_size=...)` names another).
+        self._batch_reader = FirstBatchSize(self.model)
+        self._batch_reader.install()
         self._profiler = ProfileCallback(
             steps=self.auto.profile_steps, float8_ranges=self._float8_is_fast()
         )
@@ -351,12 +352,12 @@ class AutoPrecision(PlanCallback):
 
     def _first_batch(self) -> tuple[int, Any]:
         """Returns the batch size to time costs at (`auto.batch_size`, else fit's first
-        batch's) and inputs shaped as fit's first batch (`None` when none was read)."""
-        if self.auto.batch_size is not None:
-            return self.auto.batch_size, None
+        batch's) and inputs of that many samples shaped as fit's first batch (`None`
+        when none was read)."""
         reader, self._batch_reader = self._batch_reader, None
         size = reader.read() if reader is not None else None
-        sample = reader.read_inputs() if reader is not None else None
+        size = self.auto.batch_size or size
+        sample = reader.read_inputs(size) if reader is not None else None
         if reader is not None:
             reader.remove()
             rebuild_train_function(self.model)  # traced lazily, without the reader

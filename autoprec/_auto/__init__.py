@@ -16,28 +16,23 @@ Modules, each importable by `autoprec.callback` and re-exported here:
 """
 
 from .auto_plan import AutoPlan
-from .decide import FALLBACK_BATCH_SIZE, decide_plan, float32_reasons, measure_costs, search_plan
+from .decide import FALLBACK_BATCH_SIZE, decide_plan, measure_costs, search_plan
 from .first_batch import RECORDED_DIMENSIONS, FirstBatchSize
 from .plan_report import report_lines
 from .race import (
-    CLASSIFICATION_LOSS_WORDS,
     PER_LAYER,
-    has_classification_loss,
     race_candidates,
     race_lines,
     race_winner_plan,
 )
 
 __all__ = [
-    "CLASSIFICATION_LOSS_WORDS",
     "FALLBACK_BATCH_SIZE",
     "PER_LAYER",
     "RECORDED_DIMENSIONS",
     "AutoPlan",
     "FirstBatchSize",
     "decide_plan",
-    "float32_reasons",
-    "has_classification_loss",
     "measure_costs",
     "race_candidates",
     "race_lines",

@@ -1,8 +1,7 @@
 """The automatic mode's decision: the heuristic plan from the profile and the costs, or the search.
 
 - `decide_plan`: the heuristic plan from the profile and the costs at the batch size
-  `fit` uses, with the evidence of why each float32 layer stayed float32
-  (`float32_reasons`);
+  `fit` uses, with the evidence of each layer that leaves its uniform start;
 - `measure_costs`: the layer costs timed on this device;
 - `search_plan`: the short Optuna search run instead of the heuristic when a budget is given.
 """
@@ -16,7 +15,7 @@ from typing import Any
 import keras
 
 from .. import cost
-from .._core.dtypes import BFLOAT16, FLOAT16, FLOAT32
+from .._core.dtypes import BFLOAT16, FLOAT8, FLOAT16, FLOAT32
 from ..cost import CostTable, Estimate
 from ..hardware import HardwareProfile, is_local, resolve_hardware
 from ..plan import PrecisionPlan
@@ -24,11 +23,7 @@ from ..profiler import Profile
 from ..search import (
     SearchResult,
     SearchSettings,
-    compute_layers,
-    float16_unsafe_layers,
     heuristic_plan,
-    is_sensitive,
-    output_layers,
     search,
 )
 from .auto_plan import AutoPlan
@@ -78,7 +73,7 @@ def decide_plan(
     """
     hardware_profile = resolve_hardware(hardware)
     allowed = [FLOAT32] + [
-        dtype for dtype in (BFLOAT16, FLOAT16) if hardware_profile.is_fast(dtype)
+        dtype for dtype in (BFLOAT16, FLOAT16, FLOAT8) if hardware_profile.is_fast(dtype)
     ]
     costs = None
     try:
@@ -102,7 +97,6 @@ def decide_plan(
     plan = plan.with_metadata(
         hardware=hardware_profile.name,
         predicted_speedup=estimate.speedup if estimate is not None else None,
-        evidence=float32_reasons(model, plan, profile, allowed),
     )
     return plan, estimate
 
@@ -172,44 +166,3 @@ def search_plan(
         verbose=0,
         settings=SearchSettings(profile=profile, batch_size=batch_size),
     )
-
-
-def float32_reasons(
-    model: keras.Model, plan: PrecisionPlan, profile: Profile | None, allowed: Sequence[str]
-) -> dict[str, dict[str, str]]:
-    """Returns `{path: {"reason": ...}}` for each computing layer the plan keeps in float32.
-
-    Args:
-        model: the model the plan is for.
-        plan: the plan, with `layer_info` (as `heuristic_plan` returns it).
-        profile: the recorded profile, or `None`.
-        allowed: the dtypes the plan could use on this device.
-
-    Returns:
-        One entry per float32 compute layer, saying why it stayed float32.
-
-    Example:
-
-    ```python
-    float32_reasons(model, plan, prof, ["float32", "bfloat16"])["head"]["reason"]
-    ```
-    """
-    infos = plan.layer_info
-    outputs = output_layers(model, infos)
-    unsafe = float16_unsafe_layers(profile) if profile is not None else {}
-    reasons: dict[str, dict[str, str]] = {}
-    for path in compute_layers(infos):
-        if plan.layers.get(path) != FLOAT32:
-            continue
-        if path in outputs:
-            reason = "model output: kept float32 for the loss"
-        elif is_sensitive(infos[path]):
-            reason = f"{infos[path].class_name} is numerically sensitive (exp/normalisation)"
-        elif path in unsafe and BFLOAT16 not in allowed:
-            reason = f"float16 unsafe ({unsafe[path]}); bfloat16 not fast on this device"
-        elif len(allowed) == 1:
-            reason = "no 16-bit dtype runs fast on this device"
-        else:
-            reason = "16-bit measured no faster than float32 here"
-        reasons[path] = {"reason": reason}
-    return reasons

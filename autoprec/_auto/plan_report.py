@@ -21,7 +21,8 @@ def report_lines(
         dtypes: `{path: dtype}` each layer computes in.
 
     Returns:
-        One line of counts and predicted speedup, then a line per float32 layer (at most 8).
+        One line of counts and predicted speedup, the uniform policy the plan started
+        from, then a line per layer that left it (at most 8), with its evidence.
 
     Example:
 
@@ -37,16 +38,52 @@ def report_lines(
         + (f"; predicted speedup {speedup:.2f}x over float32" if speedup else "")
         + f" on {plan.metadata.get('hardware')}"
     ]
-    evidence = {
-        path: entry
-        for path, entry in (plan.metadata.get("evidence") or {}).items()
-        if dtypes.get(path, "float32") == "float32"
-    }
-    for path, entry in list(evidence.items())[:8]:
-        lines.append(f"  float32 {path}: {_float32_reason(entry)}")
-    if len(evidence) > 8:
-        lines.append(f"  ... and {len(evidence) - 8} more float32 layer(s); see plan.summary()")
+    start = plan.metadata.get("start")
+    if isinstance(start, Mapping) and start.get("policy"):
+        lines.append("  " + start_line(start))
+    departures = _departures(plan, dtypes)
+    for path, (dtype, reason) in list(departures.items())[:8]:
+        lines.append(f"  {dtype} {path}: {reason}")
+    if len(departures) > 8:
+        lines.append(f"  ... and {len(departures) - 8} more; see plan.metadata['evidence']")
     return lines
+
+
+def start_line(start: Mapping[str, Any]) -> str:
+    """Returns the line saying which uniform policy the plan started from, and why.
+
+    Args:
+        start: `plan.metadata["start"]`, as `heuristic_plan` records it.
+
+    Returns:
+        E.g. `"start: uniform bfloat16, predicted fastest (float32 5.6 ms, bfloat16
+        4.4 ms; predicted for rtx4090)"`.
+
+    Example:
+
+    ```python
+    start_line(plan.metadata["start"])
+    ```
+    """
+    steps = start.get("predicted_step_ms") or {}
+    figures = ", ".join(f"{dtype} {ms:.3f} ms" for dtype, ms in steps.items())
+    why = f"predicted fastest ({figures}; {start.get('costs')})" if figures else "no cost table"
+    return f"start: uniform {start['policy']}, {why}"
+
+
+def _departures(plan: PrecisionPlan, dtypes: Mapping[str, str]) -> dict[str, tuple[str, str]]:
+    """`{path: (dtype, reason)}`: the heuristic's departures, or the search's float32 layers."""
+    found = {}
+    for path, entry in (plan.metadata.get("evidence") or {}).items():
+        if not isinstance(entry, Mapping):
+            continue
+        dtype = dtypes.get(path, "float32")
+        if entry.get("kind") is not None:
+            if dtype == entry.get("dtype") or entry.get("dtype") is None:
+                found[path] = (dtype, f"{entry['kind']}: {entry.get('reason', '')}")
+        elif dtype == "float32":
+            found[path] = (dtype, _float32_reason(entry))
+    return found
 
 
 def _float32_reason(entry: Mapping[str, Any]) -> str:

@@ -9,7 +9,6 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
 
 import keras
 
@@ -19,7 +18,12 @@ from ..hardware import HardwareProfile
 from ..plan import PrecisionPlan
 from ..profiler import Profile
 from ..runtime.step_race import RaceResult
-from ..search import float8_unsafe_layers, float16_unsafe_layers, output_layers
+from ..search import (
+    float8_unsafe_layers,
+    float16_unsafe_layers,
+    has_classification_loss,
+    output_layers,
+)
 
 #: The name of the per-layer plan among the plans timed inside `fit`.
 PER_LAYER = "per-layer"
@@ -88,45 +92,6 @@ def race_candidates(
             seen.append(dtypes)
             unique[name] = candidate
     return unique
-
-
-#: Words in a loss's name that make it a classification loss (outputs may round to 16 bits).
-CLASSIFICATION_LOSS_WORDS = ("crossentropy", "hinge")
-
-
-def has_classification_loss(model: keras.Model) -> bool:
-    """Returns whether every loss `model` is compiled with is a classification loss.
-
-    Args:
-        model: a compiled model.
-
-    Returns:
-        `True` for cross-entropy or hinge losses (strings, `keras.losses` objects or
-        functions, for each output); `False` for any other loss, or none.
-
-    Example:
-
-    ```python
-    model.compile("adam", "sparse_categorical_crossentropy")
-    has_classification_loss(model)  # True
-    ```
-    """
-    losses = [loss for loss in keras.tree.flatten(getattr(model, "loss", None)) if loss is not None]
-    if not losses:
-        return False
-
-    def name_of(loss: Any) -> str:
-        if isinstance(loss, str):
-            return loss
-        name = getattr(loss, "name", None) or type(loss).__name__
-        if type(loss).__name__ in ("function", "LossFunctionWrapper"):
-            name = getattr(loss, "__name__", None) or getattr(loss, "name", "")
-        return str(name)
-
-    return all(
-        any(word in name_of(loss).lower().replace("_", "") for word in CLASSIFICATION_LOSS_WORDS)
-        for loss in losses
-    )
 
 
 def race_lines(result: RaceResult, estimate: Estimate | None) -> list[str]:

@@ -39,7 +39,8 @@ is confirmed with longer training when the decision was close or the fidelity lo
 Modules: `budget` (`Budget`), `settings` (`SearchSettings`), `space` (compute layers,
 groups, allowed dtypes, float16 feasibility, plans from assignments with their
 containers' dtypes), `floor` (the output rounding floor and its rule), `heuristic`
-(`heuristic_plan`), `evaluator` (proxy and short training), `fidelity` (trivial
+(`heuristic_plan`), `departures` (the heuristic's moves off the uniform start, with
+their evidence), `plan_costs` (`PlanCosts`), `losses` (what the loss says of the outputs), `evaluator` (proxy and short training), `fidelity` (trivial
 baseline, lengthened training, confirmation reasons), `record` (`TrialRecord`: what a
 trial keeps in its `user_attrs`), `storage` (storages and study locks), `study` (opening
 the study, its pruner, reading its trials), `warm_start` (the plans every study starts
@@ -66,6 +67,7 @@ from .fidelity import (
     trivial_baseline,
 )
 from .heuristic import heuristic_plan
+from .losses import CLASSIFICATION_LOSS_WORDS, has_classification_loss, rounding_floor_outputs
 from .record import TrialRecord
 from .result import ParetoPoint, SearchResult
 from .settings import SearchSettings, StudyCallback
@@ -87,6 +89,7 @@ from .storage import resolve_storage
 from .workers import search_in_processes
 
 __all__ = [
+    "CLASSIFICATION_LOSS_WORDS",
     "SearchSettings",
     "StudyCallback",
     "LOW_FIDELITY_STEPS",
@@ -109,6 +112,7 @@ __all__ = [
     "float8_unsafe_layers",
     "float16_unsafe_layers",
     "group_layers",
+    "has_classification_loss",
     "heuristic_plan",
     "is_sensitive",
     "longer_batches",
@@ -119,6 +123,7 @@ __all__ = [
     "neighbours",
     "output_layers",
     "resolve_storage",
+    "rounding_floor_outputs",
     "run_profiler",
     "search",
     "search_in_processes",

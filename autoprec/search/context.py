@@ -27,7 +27,7 @@ from .floor import (
     measure_floor,
     output_paths,
 )
-from .heuristic import PlanCosts
+from .plan_costs import PlanCosts
 from .record import TrainedOutcome, TrialRecord
 from .space import Group, plan_from_assignment
 

@@ -28,7 +28,7 @@ from .confirmation import say
 from .context import SearchContext
 from .evaluator import Evaluator
 from .fidelity import FidelityCheck, check_reference
-from .heuristic import PlanCosts
+from .plan_costs import PlanCosts
 from .record import TrainedOutcome, assignment_key
 from .request import SearchRequest
 from .space import (

@@ -6,9 +6,11 @@ import logging
 
 import keras
 import numpy as np
+import pytest
 from auto.auto_models import padded_dataset, sequence_model, sequences
 from conftest import local_with_fast_bfloat16
 
+import autoprec
 from autoprec import AutoPrecision, cost
 from autoprec._auto import decide_plan
 from autoprec.callback import AutoPlan
@@ -40,8 +42,21 @@ def test_automatic_mode_measures_costs_on_a_padded_dataset(caplog):
     assert "cost model unavailable" not in caplog.text
     assert callback.estimate is not None and callback.estimate.source == "measured"
     assert callback.estimate.batch_size == 8
-    at_seven = cost.estimate(model, callback.plan, "rtx4090", batch_size=8, x=sequences(8, 7))
-    assert callback.estimate.activation_bytes_per_sample == at_seven.activation_bytes_per_sample
+    # The costs were timed at the first batch's shapes: the table timed there (the model back
+    # in float32, as it was timed) gives the same estimate.
+    autoprec.apply_plan(model, autoprec.PrecisionPlan.uniform(model, "float32"))
+    hardware = local_with_fast_bfloat16()
+    dtypes = ["float32", "bfloat16"]
+    at = {
+        length: cost.estimate(
+            model,
+            callback.plan,
+            costs=cost.calibrate(model, sequences(8, length), dtypes=dtypes, hardware=hardware),
+            batch_size=8,
+        ).activation_bytes_per_sample
+        for length in (7, 15)
+    }
+    assert callback.estimate.activation_bytes_per_sample == at[7] != at[15]
 
 
 def test_automatic_mode_gets_costs_for_a_keras_hub_bert_fed_dicts(caplog):
@@ -88,3 +103,21 @@ def test_the_one_liner_describes_and_traces_the_model_once():
     assert DESCRIPTIONS.reads - descriptions == 1
     assert TRACES.reads - traces == 1
     assert DESCRIPTIONS.hits + TRACES.hits > 0
+
+
+@pytest.mark.parametrize("hardware", ["rtx4090", "local"])
+def test_a_batch_size_asked_for_is_priced_with_fits_shapes_on_dict_and_dynamic_inputs(
+    hardware, caplog
+):
+    model = sequence_model()
+    if hardware == "local":
+        hardware = local_with_fast_bfloat16()
+    callback = AutoPrecision(
+        hardware=hardware, auto=AutoPlan(profile_steps=1, batch_size=64), verbose=0
+    )
+    with caplog.at_level(logging.INFO, logger="autoprec"):
+        model.fit(padded_dataset([7, 15, 9]), verbose=0, callbacks=[callback])
+    assert "cost model unavailable" not in caplog.text
+    assert "deciding from parameters" not in caplog.text
+    assert callback.estimate is not None and callback.estimate.batch_size == 64
+    assert callback.plan.metadata["start"]["predicted_step_ms"]

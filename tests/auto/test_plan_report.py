@@ -45,4 +45,4 @@ def test_the_report_lists_at_most_eight_float32_layers():
     lines = report_lines(_plan(evidence), None, {path: "float32" for path in evidence})
     assert lines[1] == "  float32 layer_0: float16 unsafe: overflows float16"
     assert len(lines) == 1 + 8 + 1
-    assert lines[-1] == "  ... and 2 more float32 layer(s); see plan.summary()"
+    assert lines[-1] == "  ... and 2 more; see plan.metadata['evidence']"

@@ -2,31 +2,15 @@
 
 from __future__ import annotations
 
-import keras
 import numpy as np
 from auto.auto_models import mlp, mlp_data
 from conftest import local_with_fast_bfloat16
 
 from autoprec import AutoPrecision, PrecisionPlan
-from autoprec._auto import has_classification_loss, race_candidates
+from autoprec._auto import race_candidates
 from autoprec._core.rounds import judge_rounds
 from autoprec.callback import AutoPlan
 from autoprec.hardware import resolve_hardware
-
-
-def test_has_classification_loss_reads_strings_objects_and_functions():
-    model = mlp()
-    for loss, expected in [
-        ("sparse_categorical_crossentropy", True),
-        (keras.losses.SparseCategoricalCrossentropy(from_logits=True), True),
-        (keras.losses.binary_crossentropy, True),
-        ("mse", False),
-        (keras.losses.Huber(), False),
-    ]:
-        model.compile("adam", loss)
-        assert has_classification_loss(model) is expected, loss
-    model.compile("adam", None)
-    assert has_classification_loss(model) is False
 
 
 def test_race_candidates_are_uniform_as_keras_sets_them_and_the_per_layer_plan():
