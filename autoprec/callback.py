@@ -12,6 +12,7 @@ from ._auto import (
     AutoPlan,
     FirstBatchSize,
     decide_plan,
+    decision_budget,
     race_candidates,
     race_lines,
     race_winner_plan,
@@ -163,6 +164,8 @@ class AutoPrecision(PlanCallback):
         self._race: StepRace | None = None
         self._race_plans: dict[str, PrecisionPlan] = {}
         self._per_layer_plan: PrecisionPlan | None = None
+        self._started_at: float | None = None
+        self._decision: dict[str, Any] = {}
 
     # ------------------------------------------------------------------ Keras hooks
 
@@ -212,6 +215,7 @@ class AutoPrecision(PlanCallback):
         if self.auto.budget is None and not self._fast_reduced_dtypes():
             self._decide_at_once()
             return
+        self._started_at = time.perf_counter()
         # fit's first batch gives the shapes costs are timed at (its size, unless
         # `AutoPlan(batch_size=...)` names another).
         self._batch_reader = FirstBatchSize(self.model)
@@ -293,6 +297,8 @@ class AutoPrecision(PlanCallback):
             self._apply(quiet=True)
             self._report()
             return
+        decided_at = time.perf_counter()
+        budget = decision_budget(self.auto, self._epoch_estimate(decided_at))
         plan, self.estimate = decide_plan(
             self.model,
             self.profile,
@@ -300,10 +306,14 @@ class AutoPrecision(PlanCallback):
             batch_size=batch_size,
             verbose=self.verbose,
             sample=sample,
+            time_budget=budget,
         )
-        candidates = self._timed_candidates(plan)
+        spent = time.perf_counter() - decided_at
+        self._decision = {"decision_seconds": spent, "budget_seconds": round(budget, 3)}
+        candidates = self._timed_candidates(plan) if spent < budget else {}
         if len(candidates) < 2:
-            self.plan = plan
+            why = "" if spent < budget else "the decision's time ran out before the race"
+            self.plan = plan.with_metadata(measured=self._decision_record(0, 0, why))
             self._apply(quiet=True)
             self._report()
             return
@@ -338,6 +348,10 @@ class AutoPrecision(PlanCallback):
         result = race.result()
         race.close()
         self.plan = race_winner_plan(self._race_plans, result, self._per_layer_plan)
+        self._decision["decision_seconds"] += result.added_seconds
+        measured = dict(self.plan.metadata.get("measured") or {})
+        measured.update(self._decision_record(len(self._race_plans), result.rounds_run))
+        self.plan = self.plan.with_metadata(measured=measured)
         lines = race_lines(result, self.estimate)
         if self.plan.metadata.get("predicted_speedup") is None:
             self.estimate = None  # a uniform plan won: the estimate was the per-layer plan's
@@ -349,6 +363,35 @@ class AutoPrecision(PlanCallback):
     def _report(self) -> None:
         for line in report_lines(self.plan, self.estimate, self.handle.dtypes):
             show_message(line, self.verbose)
+        measured = self.plan.metadata.get("measured") or {}
+        if "decision_seconds" in measured and "budget_seconds" in measured:
+            timed = measured.get("candidates_timed", 0)
+            show_message(
+                f"autoprec: deciding took {measured['decision_seconds']:.1f} s (budget "
+                f"{measured['budget_seconds']:.1f} s): {timed} candidate(s) timed in "
+                f"{measured.get('rounds', 0)} round(s)"
+                + (f"; {measured['why']}" if measured.get("why") else ""),
+                self.verbose,
+            )
+
+    def _epoch_estimate(self, now: float) -> float | None:
+        """The first epoch's length, estimated from the steps run so far (tracing included)."""
+        steps = (self.params or {}).get("steps")
+        if self._started_at is None or not steps or self._step < 1:
+            return None
+        return (now - self._started_at) / self._step * steps
+
+    def _decision_record(self, candidates: int, rounds: int, why: str = "") -> dict[str, Any]:
+        """What the decision cost, for `plan.metadata["measured"]`."""
+        record = {
+            "decision_seconds": round(float(self._decision.get("decision_seconds", 0.0)), 3),
+            "budget_seconds": self._decision.get("budget_seconds"),
+            "candidates_timed": candidates,
+            "rounds": rounds,
+        }
+        if why:
+            record["why"] = why
+        return record
 
     def _first_batch(self) -> tuple[int, Any]:
         """Returns the batch size to time costs at (`auto.batch_size`, else fit's first

@@ -15,7 +15,7 @@ Modules, each importable by `autoprec.callback` and re-exported here:
   the plan it keeps.
 """
 
-from .auto_plan import AutoPlan
+from .auto_plan import DECISION_CAP_SECONDS, DECISION_SHARE, AutoPlan, decision_budget
 from .decide import FALLBACK_BATCH_SIZE, decide_plan, measure_costs, search_plan
 from .first_batch import RECORDED_DIMENSIONS, FirstBatchSize
 from .plan_report import report_lines
@@ -27,12 +27,15 @@ from .race import (
 )
 
 __all__ = [
+    "DECISION_CAP_SECONDS",
+    "DECISION_SHARE",
     "FALLBACK_BATCH_SIZE",
     "PER_LAYER",
     "RECORDED_DIMENSIONS",
     "AutoPlan",
     "FirstBatchSize",
     "decide_plan",
+    "decision_budget",
     "measure_costs",
     "race_candidates",
     "race_lines",

@@ -14,6 +14,36 @@ from .._core.config import ConfigValue
 from ..errors import PlanError
 from ..search import Budget
 
+#: The share of the first epoch the decision may take by default (`AutoPlan.decision_seconds`).
+DECISION_SHARE = 0.1
+
+#: The most seconds the decision may take by default, however long the epoch.
+DECISION_CAP_SECONDS = 60.0
+
+
+def decision_budget(auto: AutoPlan, epoch_seconds: float | None) -> float:
+    """Returns the seconds the decision may take: `auto.decision_seconds`, else the default.
+
+    Args:
+        auto: the settings.
+        epoch_seconds: the first epoch's estimated length, or `None` when unknown.
+
+    Returns:
+        `auto.decision_seconds` when set; else `DECISION_SHARE` of the epoch, at most
+        `DECISION_CAP_SECONDS` (the cap where the epoch's length is unknown).
+
+    Example:
+
+    ```python
+    decision_budget(AutoPlan(), epoch_seconds=300.0)  # 30.0
+    ```
+    """
+    if auto.decision_seconds is not None:
+        return float(auto.decision_seconds)
+    if epoch_seconds is None:
+        return DECISION_CAP_SECONDS
+    return min(DECISION_CAP_SECONDS, DECISION_SHARE * float(epoch_seconds))
+
 
 @dataclasses.dataclass(frozen=True)
 class AutoPlan(ConfigValue):
@@ -47,6 +77,12 @@ class AutoPlan(ConfigValue):
             kept, a difference inside the measured noise going to the simpler plan
             (`plan.metadata["measured"]` records what was timed). These steps train
             the model as usual. 0 keeps the predicted plan without timing.
+        decision_seconds: the most seconds the decision may add to `fit` where
+            costs are measured here: per-layer timing stops when they run out (the
+            layers left get predicted costs), and the whole steps raced inside `fit`
+            decide. `None`: `DECISION_SHARE` of the first epoch (estimated from the
+            profiled steps), at most `DECISION_CAP_SECONDS`. The report says what
+            the decision took (`plan.metadata["measured"]`).
 
     Raises:
         PlanError: for a `budget` without `x` and `validation_data` (or data
@@ -71,12 +107,22 @@ class AutoPlan(ConfigValue):
     validation_data: Any = dataclasses.field(default=None, compare=False)
     n_trials: int = 20
     timing_rounds: int = 5
+    decision_seconds: float | None = None
 
     def __post_init__(self) -> None:
         for name in ("profile_steps", "n_trials"):
             _require_count(name, getattr(self, name))
         if self.timing_rounds != 0:
             _require_count("timing_rounds", self.timing_rounds, "or 0 (no timing)")
+        if self.decision_seconds is not None and (
+            isinstance(self.decision_seconds, bool)
+            or not isinstance(self.decision_seconds, (int, float))
+            or not self.decision_seconds >= 0
+        ):
+            raise PlanError(
+                f"AutoPlan: decision_seconds must be a number of seconds >= 0 or None (a share "
+                f"of the first epoch), got {self.decision_seconds!r}."
+            )
         if self.batch_size is not None:
             _require_count("batch_size", self.batch_size, "or None (the batch size fit uses)")
         if self.budget is not None and not isinstance(self.budget, Budget):
@@ -104,7 +150,7 @@ class AutoPlan(ConfigValue):
         return (
             f"AutoPlan(profile_steps={self.profile_steps}, batch_size={self.batch_size}, "
             f"budget={self.budget!r}{data}, n_trials={self.n_trials}, "
-            f"timing_rounds={self.timing_rounds})"
+            f"timing_rounds={self.timing_rounds}, decision_seconds={self.decision_seconds})"
         )
 
 

@@ -42,6 +42,7 @@ def decide_plan(
     calibrate_costs: bool = True,
     verbose: int = 0,
     sample: Any = None,
+    time_budget: float | None = None,
 ) -> tuple[PrecisionPlan, Estimate | None]:
     """Returns the heuristic plan for `model` and the estimate behind it.
 
@@ -61,6 +62,8 @@ def decide_plan(
             or any nesting of them, `batch_size` samples), whose shapes costs are
             timed or predicted at; `None` builds them from the model's inputs,
             which needs every dimension besides the batch to be known.
+        time_budget: seconds the costs measured here may take (`calibrate`'s
+            `time_budget`); `None`: no limit.
 
     Returns:
         `(plan, estimate)`; `estimate` is `None` if no cost model could be built.
@@ -80,7 +83,7 @@ def decide_plan(
         if calibrate_costs and is_local(hardware):
             if sample is None:
                 sample = cost.sample_inputs(model, batch_size)
-            costs = measure_costs(model, sample, allowed, hardware_profile, verbose)
+            costs = measure_costs(model, sample, allowed, hardware_profile, verbose, time_budget)
         else:
             costs = cost.predict_costs(model, hardware_profile, batch_size=batch_size, x=sample)
     except Exception as error:  # costs improve the plan; their absence must not stop training
@@ -107,6 +110,7 @@ def measure_costs(
     dtypes: Sequence[str],
     hardware: HardwareProfile,
     verbose: int,
+    time_budget: float | None = None,
 ) -> CostTable:
     """Returns the layer costs measured on this device for `sample`'s batch size (`cost.calibrate`).
 
@@ -116,6 +120,7 @@ def measure_costs(
         dtypes: the compute dtypes to time.
         hardware: the detected device's profile, for fallback predictions.
         verbose: 1 shows a `keras.utils.Progbar` while timing, 0 none.
+        time_budget: seconds the timing may take; the layers left get predicted costs.
 
     Returns:
         The measured `CostTable` (cached per device and layer signature).
@@ -127,7 +132,12 @@ def measure_costs(
     ```
     """
     return cost.calibrate(
-        model, sample, dtypes=dtypes, verbose=int(verbose >= 1), hardware=hardware
+        model,
+        sample,
+        dtypes=dtypes,
+        verbose=int(verbose >= 1),
+        hardware=hardware,
+        time_budget=time_budget,
     )
 
 

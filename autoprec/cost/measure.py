@@ -28,6 +28,7 @@ import dataclasses
 import logging
 import math
 import os
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -184,6 +185,7 @@ def calibrate(
     use_cache: bool = True,
     verbose: int = 1,
     measure_mixed_steps: bool = True,
+    time_budget: float | None = None,
 ) -> CostTable:
     """Measures every layer's forward+backward time in each dtype on this device.
 
@@ -228,6 +230,10 @@ def calibrate(
             steps and one compilation each, the first time) that learn the
             boundary cost and `relative_error`; without them `relative_error` is
             `DEFAULT_RELATIVE_ERROR` (or the noise of the uniform steps, if larger).
+        time_budget: seconds calibration may take, whole steps first; a layer not
+            timed (nor cached) when they have run out gets the roofline prediction,
+            flagged in its `source` and counted in `stats["out_of_time"]`. `None`:
+            no limit.
 
     Returns:
         A `CostTable` with `source="measured"`; `stats` counts `"timed"`,
@@ -248,8 +254,9 @@ def calibrate(
     ```
     """
     measuring_backend("calibrate()")
+    deadline = None if time_budget is None else time.perf_counter() + float(time_budget)
     setting = _setting(model, x, dtypes, hardware, cache_dir, use_cache)
-    stats = {"timed": 0, "cached": 0, "fallback": 0}
+    stats = {"timed": 0, "cached": 0, "fallback": 0, "out_of_time": 0}
     # Whole steps are timed first, in a process not yet crowded by per-layer functions.
     steps = _whole_steps(measure_model_step, setting)
     plans = _mixed_plans(model, steps, setting.profile) if measure_mixed_steps else {}
@@ -263,7 +270,7 @@ def calibrate(
         plans={name: plan.dtypes for name, plan in plans.items()},
     )
     dispatch_seconds = _dispatch_seconds(setting.cache, repeats)
-    timing = _LayerTiming(setting, repeats, stats, dispatch_seconds, None)
+    timing = _LayerTiming(setting, repeats, stats, dispatch_seconds, None, deadline)
     table = _measured_table(model, setting, _measure_layers(model, timing, verbose), stats)
     table.cast_seconds = _measure_casts(setting.dtypes, setting.cache, repeats, dispatch_seconds)
     attribute_step_overhead(table, whole.uniform)
@@ -342,6 +349,7 @@ class _LayerTiming:
     stats: dict[str, int]
     dispatch_seconds: float
     bar: keras.utils.Progbar | None
+    deadline: float | None = None
 
 
 def _measure_layers(
@@ -380,6 +388,9 @@ def _time_one_call(
     if value is not None:
         timing.stats["cached"] += 1
         return value, "cached"
+    if timing.deadline is not None and time.perf_counter() > timing.deadline:
+        timing.stats["out_of_time"] += 1
+        raise TimeoutError("out of the time budget; predicted")
     value = time_layer(layer, call, dtype, setting.batch_size, timing.repeats, setting.jit_compile)
     value = max(value - timing.dispatch_seconds, 0.05 * value)
     setting.cache.put(key, value, f"{call.class_name} {call.path} {dtype}")

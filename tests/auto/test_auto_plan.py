@@ -34,3 +34,16 @@ def test_a_budget_needs_the_search_data_and_the_data_a_budget():
         AutoPlan(budget="val_accuracy", x=data, validation_data=data)
     searching = AutoPlan(budget=budget, x=data, validation_data=data)
     assert "x=(ndarray(4, 3), ndarray(4,))" in repr(searching)
+
+
+def test_the_decision_budget_is_a_share_of_the_epoch_under_a_cap():
+    from autoprec._auto import DECISION_CAP_SECONDS, DECISION_SHARE, decision_budget
+
+    assert decision_budget(AutoPlan(), 100.0) == DECISION_SHARE * 100.0
+    assert decision_budget(AutoPlan(), 1e6) == DECISION_CAP_SECONDS
+    assert decision_budget(AutoPlan(), None) == DECISION_CAP_SECONDS
+    assert decision_budget(AutoPlan(decision_seconds=7), 1e6) == 7.0
+    for wrong in (-1, "ten", True):
+        with pytest.raises(PlanError, match="decision_seconds"):
+            AutoPlan(decision_seconds=wrong)
+    assert AutoPlan.from_config(AutoPlan(decision_seconds=3.5).get_config()).decision_seconds == 3.5

@@ -121,3 +121,30 @@ def test_a_batch_size_asked_for_is_priced_with_fits_shapes_on_dict_and_dynamic_i
     assert "deciding from parameters" not in caplog.text
     assert callback.estimate is not None and callback.estimate.batch_size == 64
     assert callback.plan.metadata["start"]["predicted_step_ms"]
+
+
+def test_the_decision_stays_within_its_budget_and_says_what_it_cost(capsys):
+    model = sequence_model()
+    hardware = local_with_fast_bfloat16()
+    # No time at all: nothing is timed per layer (all predicted) and nothing is raced.
+    callback = AutoPrecision(
+        hardware=hardware,
+        auto=AutoPlan(profile_steps=1, decision_seconds=0.0),
+        guard=None,
+    )
+    model.fit(padded_dataset([7, 15, 9]), verbose=0, callbacks=[callback])
+    output = capsys.readouterr().out
+    measured = callback.plan.metadata["measured"]
+    assert measured["budget_seconds"] == 0.0 and measured["candidates_timed"] == 0
+    assert "the decision's time ran out before the race" in measured["why"]
+    assert "autoprec: deciding took " in output and "(budget 0.0 s): 0 candidate(s)" in output
+    assert "timing the whole train step" not in output
+    # A budget: the race runs, and its rounds are counted in the decision's cost.
+    model = sequence_model()
+    callback = AutoPrecision(
+        hardware=hardware, auto=AutoPlan(profile_steps=1, decision_seconds=120.0)
+    )
+    model.fit(padded_dataset([7, 15, 9] * 4), verbose=0, callbacks=[callback])
+    measured = callback.plan.metadata["measured"]
+    assert measured["budget_seconds"] == 120.0 and measured["candidates_timed"] >= 2
+    assert 0 < measured["decision_seconds"] < 120.0

@@ -163,3 +163,21 @@ def test_calibrate_times_nested_dict_and_list_inputs_with_a_dynamic_sequence(
     # The shared branch has the same signature in both models: its timings come from the cache.
     assert listed.stats["cached"] > 0
     assert listed.layers["embedding"].seconds == nested.layers["embedding"].seconds
+
+
+def test_a_time_budget_stops_per_layer_timing_and_predicts_the_rest(tmp_path):
+    model = build_mlp()
+    x = np.random.default_rng(0).normal(size=(16, 8)).astype("float32")
+    table = cost.calibrate(
+        model, x, dtypes=["float32"], cache_dir=tmp_path, verbose=0, time_budget=0.0
+    )
+    assert table.stats["timed"] == 0 and table.stats["out_of_time"] >= 1
+    assert all(
+        record.source.startswith("predicted")
+        for record in table.layers.values()
+        if record.seconds["float32"]
+    )
+    # The whole steps were timed first: the table still matches the measured step.
+    assert table.stats["model_step"] >= 1
+    timed = cost.calibrate(model, x, dtypes=["float32"], cache_dir=tmp_path, verbose=0)
+    assert timed.stats["timed"] >= 1 and timed.stats["out_of_time"] == 0
