@@ -204,7 +204,8 @@ def unsafe_rows(name: str, build, sample, batches) -> list[dict[str, Any]]:
     model = build()
     hot = _hot_layer(model)
     x = sample(8)
-    y = np.zeros((8, 128) if isinstance(x, dict) else (8,), "int32")
+    per_token = len(model.outputs[0].shape) == 3  # a language model's targets are tokens
+    y = np.zeros((8, 128) if per_token else (8,), "int32")
     profile = autoprec.profile(model, (x, y), steps=2, batch_size=4, verbose=0)
     unsafe = [path for path, layer in profile.layers.items() if not layer.float16_safe]
     rows = []
@@ -242,7 +243,9 @@ def measured_rows(rounds: int, steps: int) -> list[dict[str, Any]]:
         model = _classifier(build())
         x = sample(batch)
         y = np.zeros((batch,), "int32")
-        table = cost.calibrate(model, x, dtypes=("float32", "bfloat16"), hardware=hardware)
+        table = cost.calibrate(
+            model, x, dtypes=("float32", "bfloat16"), hardware=hardware, verbose=0
+        )
         plan = autoprec.heuristic_plan(
             model, costs=table, hardware=hardware, dtypes=("float32", "bfloat16")
         )
