@@ -486,8 +486,18 @@ def model_fingerprint(model_or_infos) -> str:
 
 
 def is_fully_built(model: keras.layers.Layer) -> bool:
-    """Returns whether `model` and every layer under it are built."""
-    return bool(model.built) and all(layer.built for _, layer in iter_layers(model))
+    """Returns whether `model` and every layer under it are built.
+
+    A model with no `call` of its own (a keras.io GAN, whose `train_step` calls its
+    sub-models) is never built itself: it counts as built once every layer under it is.
+    """
+    layers = [layer for _, layer in iter_layers(model)]
+    if not all(layer.built for layer in layers):
+        return False
+    if model.built:
+        return True
+    no_call = isinstance(model, keras.Model) and type(model).call is keras.Model.call
+    return no_call and bool(layers)
 
 
 def attention_logits(

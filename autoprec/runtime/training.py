@@ -39,6 +39,7 @@ from .saving import attach_plan
 from .step_logs import SkippedStepLogs
 from .telemetry import GuardTelemetry, remove_installed_telemetry
 from .tensorboard import TrainingLog
+from .train_steps import unscaled_float16_reason
 from .watch import GuardWatch
 
 logger = logging.getLogger("autoprec")
@@ -143,7 +144,9 @@ class PlanCallback(keras.callbacks.Callback):
         # fit calls this before any callback's on_train_begin: an optimizer wrapped now is
         # the one a BackupAndRestore placed before this callback restores into.
         if self.plan is not None and is_fully_built(model) and model.optimizer is not None:
-            self._wrap_optimizer(self.plan.uses_float16, has_16bit=self._plan_has_16bit())
+            # A model whose own train_step scales no loss gets no float16 (see `_apply_changed`).
+            uses_float16 = self.plan.uses_float16 and unscaled_float16_reason(model) is None
+            self._wrap_optimizer(uses_float16, has_16bit=self._plan_has_16bit())
 
     def on_epoch_begin(self, epoch, logs=None) -> None:
         if self._watch is not None:
@@ -252,6 +255,8 @@ class PlanCallback(keras.callbacks.Callback):
         """Sets the policies, checks new 16-bit kernels, adds loss scaling, retraces if needed."""
         model = self.model
         compiled = [getattr(model, name, None) for name in COMPILED_FUNCTIONS]
+        if self.plan.uses_float16:
+            self.plan = self._without_unscaled_float16(self.plan)
         self.handle = self._apply_plan(self.plan)
         if check_kernels and self.guard is not None and self.guard.check_kernels:
             self._fall_back_missing_kernels()
@@ -337,6 +342,25 @@ class PlanCallback(keras.callbacks.Callback):
 
     def _plan_has_16bit(self) -> bool:
         return any(dtype != FLOAT32 for dtype in self.plan.resolve().values())
+
+    def _without_unscaled_float16(self, plan: PrecisionPlan) -> PrecisionPlan:
+        """The plan with its float16 layers in bfloat16 (or float32) where no loss scale reaches them."""
+        reason = unscaled_float16_reason(self.model)
+        if reason is None:
+            return plan
+        target = BFLOAT16 if self._bfloat16_is_fast() else FLOAT32
+        float16_layers = [path for path, dtype in plan.resolve().items() if dtype == FLOAT16]
+        if not float16_layers:
+            return plan
+        evidence = dict(plan.metadata.get("evidence") or {})
+        for path in float16_layers:
+            plan = plan.with_dtype(path, target)
+            evidence[path] = {"kind": "budget", "from": FLOAT16, "dtype": target, "reason": reason}
+        show_message(
+            f"autoprec: {reason}. Its {len(float16_layers)} float16 layer(s) run in {target}.",
+            self.verbose,
+        )
+        return plan.with_metadata(evidence=evidence)
 
     def _wrap_optimizer(self, uses_float16: bool, has_16bit: bool) -> None:
         """Adds loss scaling where float16 runs, step skipping where only bfloat16 does (guarded)."""
