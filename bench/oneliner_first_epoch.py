@@ -9,14 +9,21 @@ median of each, the ratio of the one-liner's first epoch and whole fit to the pl
 fit's, the plan kept and how long deciding took (`plan.metadata["measured"]`).
 
 ```bash
-python bench/oneliner_first_epoch.py --models mobilenetv2 --epochs 3 --rounds 1
+python bench/oneliner_first_epoch.py --models all --epochs 3 --rounds 1
+python bench/oneliner_first_epoch.py --models all --epochs 3 --fast-bfloat16
 ```
+
+`--models all` runs eight models from 4 to 400 layers (DenseNet121; MobileNetV2 has 151).
+`--fast-bfloat16` tells the one-liner that bfloat16 runs fast here, so that it profiles,
+times costs within its decision budget and races its candidates on this CPU (what it
+measures is real; only what it is told pays is forced).
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import dataclasses
 import os
 import statistics
 import sys
@@ -28,23 +35,66 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
-from common import host  # noqa: E402
+from common import host, models  # noqa: E402
 from common.report import markdown_table  # noqa: E402
 
 import autoprec  # noqa: E402
 
-#: Models by name: a builder of an uncompiled model and its input shape.
+
+def _images(samples: int, size: int = 64):
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(samples, size, size, 3)).astype("float32")
+    return x, rng.integers(0, 10, samples)
+
+
+def _tokens(samples: int, length: int = 64, per_token: bool = False):
+    rng = np.random.default_rng(0)
+    x = rng.integers(1, 1000, (samples, length)).astype("int32")
+    return x, (np.roll(x, -1, axis=1) if per_token else rng.integers(0, 10, samples))
+
+
+def _features(samples: int):
+    rng = np.random.default_rng(0)
+    return rng.normal(size=(samples, 784)).astype("float32"), rng.integers(0, 10, samples)
+
+
+def _application(name: str):
+    return lambda: getattr(keras.applications, name)(
+        input_shape=(64, 64, 3), weights=None, classes=10
+    )
+
+
+#: Models by name: a builder of an uncompiled model, and its data (`samples -> (x, y)`).
 MODELS = {
-    "mobilenetv2": lambda: keras.applications.MobileNetV2(
-        input_shape=(64, 64, 3), weights=None, classes=10
+    "mobilenetv2": (_application("MobileNetV2"), _images),
+    "resnet50": (_application("ResNet50"), _images),
+    "densenet121": (_application("DenseNet121"), _images),
+    "resnet_small": (lambda: models.resnet(32), lambda n: _images(n, 32)),
+    "mlp": (lambda: models.mlp(784, 1024, 3), _features),
+    "gru": (lambda: models.gru_classifier(64, units=256), _tokens),
+    "encoder": (
+        lambda: models.encoder_classifier(length=64, width=256, heads=4, blocks=4, hidden=1024),
+        _tokens,
     ),
-    "resnet50": lambda: keras.applications.ResNet50(
-        input_shape=(64, 64, 3), weights=None, classes=10
-    ),
-    "densenet121": lambda: keras.applications.DenseNet121(
-        input_shape=(64, 64, 3), weights=None, classes=10
+    "decoder": (
+        lambda: models.decoder_lm(
+            length=64, vocabulary=1000, width=256, heads=4, blocks=4, hidden=1024
+        ),
+        lambda n: _tokens(n, per_token=True),
     ),
 }
+
+
+def fast_bfloat16_here():
+    """This device as `detect()` sees it, told that bfloat16 runs fast: the one-liner then
+    profiles, times costs and races its candidates here (what it measures is real)."""
+    device = autoprec.hardware.detect()
+    return dataclasses.replace(
+        device,
+        fast_dtypes=("bfloat16",),
+        slow_dtypes=("float16",),
+        bfloat16_flops=device.bfloat16_flops or 2 * (device.float32_flops or 1e11),
+    )
 
 
 class EpochEnds(keras.callbacks.Callback):
@@ -58,33 +108,32 @@ class EpochEnds(keras.callbacks.Callback):
         self.ends.append(time.perf_counter() - self.started)
 
 
-def timed_fit(name: str, weights: list, data, epochs: int, one_liner: bool):
+def timed_fit(name: str, weights: list, data, epochs: int, one_liner: bool, hardware="local"):
     """Returns the epoch ends of one fit of a fresh copy, and the one-liner's plan."""
-    model = MODELS[name]()
+    model = MODELS[name][0]()
     model.set_weights(weights)
-    model.compile("adam", "sparse_categorical_crossentropy")
+    model.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=name == "decoder"))
     timer = EpochEnds()
     callbacks = [timer]
     callback = None
     if one_liner:
-        callback = autoprec.AutoPrecision(verbose=0)
+        callback = autoprec.AutoPrecision(hardware=hardware, verbose=0)
         callbacks.append(callback)
     x, y = data
     model.fit(x, y, batch_size=32, epochs=epochs, verbose=0, callbacks=callbacks)
     return timer.ends, (callback.plan if callback is not None else None)
 
 
-def measure(name: str, epochs: int, rounds: int, steps: int) -> list:
+def measure(name: str, epochs: int, rounds: int, steps: int, hardware="local") -> list:
     """Returns one table row for `name`: first epoch and whole fit, with and without."""
     keras.utils.set_random_seed(0)
-    weights = MODELS[name]().get_weights()
-    rng = np.random.default_rng(0)
-    x = rng.normal(size=(32 * steps, 64, 64, 3)).astype("float32")
-    data = (x, rng.integers(0, 10, len(x)))
+    build, make_data = MODELS[name]
+    weights = build().get_weights()
+    data = make_data(32 * steps)
     plain, auto, plan = [], [], None
     for _ in range(rounds):
         plain.append(timed_fit(name, weights, data, epochs, one_liner=False)[0])
-        ends, plan = timed_fit(name, weights, data, epochs, one_liner=True)
+        ends, plan = timed_fit(name, weights, data, epochs, one_liner=True, hardware=hardware)
         auto.append(ends)
     first = [ends[0] for ends in auto], [ends[0] for ends in plain]
     whole = [ends[-1] for ends in auto], [ends[-1] for ends in plain]
@@ -100,6 +149,7 @@ def measure(name: str, epochs: int, rounds: int, steps: int) -> list:
         f"{statistics.median(whole[0]) / statistics.median(whole[1]):.2f}x",
         ", ".join(f"{count} {dtype}" for dtype, count in counts.items() if count),
         measured.get("decision_seconds", "-"),
+        measured.get("candidates_timed", "-"),
     ]
 
 
@@ -109,12 +159,22 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--steps", type=int, default=30, help="steps an epoch")
+    parser.add_argument(
+        "--fast-bfloat16",
+        action="store_true",
+        help="tell the one-liner bfloat16 runs fast here: it then profiles, times and races",
+    )
     args = parser.parse_args(argv)
+    hardware = fast_bfloat16_here() if args.fast_bfloat16 else "local"
     print(
         f"host: {host.cpu_model()}, {host.cores()} cores, 16-bit flags: "
         f"{', '.join(host.sixteen_bit_flags()) or 'none'}; load {host.load():.1f}"
     )
-    rows = [measure(name, args.epochs, args.rounds, args.steps) for name in args.models.split(",")]
+    names = list(MODELS) if args.models == "all" else args.models.split(",")
+    rows = []
+    for name in names:
+        rows.append(measure(name, args.epochs, args.rounds, args.steps, hardware))
+        print(" | ".join(str(cell) for cell in rows[-1]), flush=True)
     header = [
         "model",
         "first epoch s, plain (min / median)",
@@ -125,6 +185,7 @@ def main(argv: list[str] | None = None) -> None:
         "fit ratio",
         "plan kept",
         "deciding s",
+        "candidates timed",
     ]
     print(markdown_table(header, rows))
 
