@@ -7,120 +7,120 @@ train step with an error far from its cause. `find_missing_kernels` calls each
 16-bit layer once, alone, forward and backward, on a tiny batch shaped like what
 it sees in the model; `fallback_plan` moves every failing layer to the next
 wider dtype (float16 -> bfloat16 -> float32) and records why in the plan.
+A container is called with its sub-layers in their planned dtypes; what the
+call raises tells a missing kernel from a layer whose own arithmetic mixes
+dtypes, and from a check that could not call the layer at all
+(`autoprec.runtime.layer_check`): the last changes nothing.
 """
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import logging
 import weakref
 from collections.abc import Mapping, Sequence
 
 import keras
-import numpy as np
 
-from .._core.dtypes import FLOAT8, FLOAT32, POLICY_FOR_DTYPE, is_float8_policy, wider_dtypes
-from ..cost import LayerCall, ModelTrace, synthetic_arguments, trace_model
-from ..errors import AutoprecError, BackendError
+from .._core.dtypes import FLOAT8, FLOAT32, POLICY_FOR_DTYPE, is_float8_policy
+from ..cost import LayerCall, ModelTrace, trace_model
+from ..errors import AutoprecError
 from ..layers import describe_model, layer_paths, layer_policy
 from ..plan import PrecisionPlan
+from .composite import harmonize_outputs
+from .layer_check import CHECK_FAILED, MISSING_KERNEL, MIXED_ARITHMETIC, check_layer, subtree
 
 logger = logging.getLogger("autoprec")
 
-#: `{model: {(path, dtype): MissingKernel or None}}`: the 16-bit kernels checked on each model.
+#: `{model: {key: MissingKernel or None}}`: the layers checked on each model, a key being
+#: the layer's path and dtype with its sub-layers' (`_check_keys`).
 _CHECKED_KERNELS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 @dataclasses.dataclass(frozen=True)
 class MissingKernel:
-    """A layer that cannot run in its planned dtype here.
+    """A layer that cannot run in its planned dtype here, or could not be checked.
 
     Attributes:
         path: the layer's stable path.
         dtype: the planned dtype that failed.
-        fallback: the dtype the layer falls back to.
-        error: the first line of the error the device raised.
+        fallback: the dtype the layer and its sub-layers fall back to (`dtype`
+            where the check failed: nothing changes).
+        error: the first line of the error the device raised, or the evidence
+            (`"its own arithmetic mixes float32 tensors it makes with bfloat16
+            ones: ..."`), or why the check could not call the layer.
+        kind: `"missing_kernel"` (the device has no kernel for the dtype),
+            `"mixed_arithmetic"` (the layer's own call mixes dtypes),
+            `"dtype_failure"` (another failure only in 16-bit) or
+            `"check_failed"` (the check could not call the layer alone).
     """
 
     path: str
     dtype: str
     fallback: str
     error: str
+    kind: str = MISSING_KERNEL
 
 
-def _run_once(layer: keras.layers.Layer, args: list, kwargs: dict) -> None:
-    """Calls the layer forward, and backward where the backend allows it."""
-    if keras.backend.backend() == "tensorflow":
-        import tensorflow as tf
-
-        with tf.GradientTape() as tape:
-            outputs = layer(*args, **kwargs)
-            floats = [
-                tf.reduce_sum(tf.cast(tensor, "float32"))
-                for tensor in tf.nest.flatten(outputs)
-                if tensor.dtype.is_floating
-            ]
-            total = tf.add_n(floats) if floats else None
-        if total is not None and layer.trainable_weights:
-            tape.gradient(total, layer.trainable_weights)
-        return
-    outputs = layer(*args, **kwargs)
-    for tensor in keras.tree.flatten(outputs):
-        keras.ops.convert_to_numpy(tensor)
+def _depth(path: str) -> int:
+    return path.count("/")
 
 
-def _error_summary(error: Exception) -> str:
-    """Returns the line of a (possibly Keras-wrapped) error that names the missing kernel."""
-    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
-    keywords = (
-        "could not find device",
-        "not in the list of allowed",
-        "no registered",
-        "not supported",
-        "not implemented",
-        "kernel",
-    )
-    for keyword in keywords:
-        for line in lines:
-            if keyword in line.lower():
-                return f"{type(error).__name__}: {line}"[:300]
-    return f"{type(error).__name__}: {lines[0] if lines else ''}"[:300]
-
-
-def _fails(layer: keras.layers.Layer, call: LayerCall, dtype: str) -> str | None:
-    """Returns the error of running `layer` in `dtype`, or `None` if it runs."""
-    if any(is_float8_policy(layer_policy(inner)) for inner in layer_paths(layer).values()):
+def _check_one(
+    paths: dict[str, keras.layers.Layer],
+    path: str,
+    call: LayerCall,
+    current: dict[str, str],
+) -> MissingKernel | None:
+    """Checks one layer with its sub-layers in `current`; logs a failed check."""
+    layers = subtree(paths, path)
+    if any(is_float8_policy(layer_policy(inner)) for inner in layers.values()):
         return None  # Keras' float8 gradients run only compiled: the whole step shows them
-    rng = np.random.default_rng(0)
-    try:
-        arguments = synthetic_arguments(call, 2, dtype, rng, value_range=(0.5, 1.5))
-    except BackendError:  # an argument that cannot be rebuilt: nothing to check
+    dtypes = {key: current[key] for key in layers if current.get(key) in POLICY_FOR_DTYPE}
+    if path not in dtypes or all(dtype == FLOAT32 for dtype in dtypes.values()):
         return None
-    original = layer_policy(layer)
-    layer.dtype_policy = POLICY_FOR_DTYPE[dtype]
-    try:
-        _run_once(layer, *arguments)
-    except Exception as error:  # the device's error type differs per backend
-        return _error_summary(error)
-    finally:
-        layer.dtype_policy = original
-    return None
+    container = path.rpartition("/")[0]
+    found = check_layer(layers, path, call, dtypes, current.get(container) if container else None)
+    if not found.kind:
+        return None
+    if found.kind == CHECK_FAILED:
+        logger.info(
+            "autoprec: kernel check could not call %s alone (%s); its dtype is unchanged",
+            path,
+            found.error,
+        )
+    else:
+        current.update(dict.fromkeys(layers, found.fallback))  # as `plan.with_dtype` sets it
+    return MissingKernel(path, dtypes[path], found.fallback, found.error, found.kind)
 
 
 def find_missing_kernels(
-    model: keras.Model, dtypes: Mapping[str, str], trace: ModelTrace | None = None
+    model: keras.Model,
+    dtypes: Mapping[str, str],
+    trace: ModelTrace | None = None,
+    planned: Mapping[str, str] | None = None,
 ) -> list[MissingKernel]:
     """Returns the layers that cannot run forward and backward in their planned dtype here.
+
+    Each layer is called alone, its sub-layers (a container's) in their planned
+    dtypes, innermost first; a container is checked with what its sub-layers
+    fell back to. What the call raises tells the finding's `kind`.
 
     Args:
         model: a built model, with the policies it had before the plan (the
             trace runs the whole model once).
-        dtypes: `{path: dtype}` the plan gives each layer.
+        dtypes: `{path: dtype}` of the layers to check.
         trace: an `autoprec.cost.ModelTrace` of the model; traced here if omitted.
+        planned: `{path: dtype}` the whole plan gives, for sub-layers not in
+            `dtypes`; `dtypes` by default.
 
     Returns:
         One `MissingKernel` per failing layer, with the dtype it falls back to
-        (float16 -> bfloat16 -> float32, each tried in turn).
+        (float16 -> bfloat16 -> float32 for a missing kernel; its own dtype
+        with its sub-layers alike, its container's dtype or float32 for mixed
+        arithmetic), and one of `kind` `"check_failed"` per layer the check
+        could not call (logged; nothing to change).
 
     Example:
 
@@ -128,7 +128,8 @@ def find_missing_kernels(
     missing = autoprec.runtime.kernels.find_missing_kernels(model, plan.resolve(describe_model(model)))
     ```
     """
-    if all(dtype == FLOAT32 for dtype in dtypes.values()):
+    current = {**(planned or {}), **dtypes}
+    if all(dtype == FLOAT32 for dtype in current.values()):
         return []
     if trace is None:
         try:
@@ -136,32 +137,53 @@ def find_missing_kernels(
         except AutoprecError as error:
             logger.info("autoprec: kernel check skipped: %s", error)
             return []
+    harmonize_outputs(model)  # sub-layer outputs cast as `apply_plan` casts them in fit
     infos = describe_model(model)
     paths = layer_paths(model)
     missing = []
-    for path, dtype in dtypes.items():
+    for path in sorted(dtypes, key=_depth, reverse=True):
         info = infos.get(path)
         calls = trace.calls.get(path, ())
-        if dtype == FLOAT32 or info is None or info.pass_through or not calls:
+        if info is None or info.pass_through or not calls:
             continue
         if info.is_container and info.follows is not None:
             continue  # a nested model: its layers are checked one by one
-        error = _fails(paths[path], calls[0], dtype)
-        if error is None:
-            continue
-        missing.append(MissingKernel(path, dtype, _fallback(paths[path], calls[0], dtype), error))
+        found = _check_one(paths, path, calls[0], current)
+        if found is not None:
+            missing.append(found)
     return missing
 
 
+def _check_keys(dtypes: Mapping[str, str]) -> dict[str, tuple]:
+    """Returns `{path: key}` of the layers to check: the layer with its sub-layers' dtypes."""
+    ordered = sorted(dtypes)
+    keys = {}
+    for path, dtype in dtypes.items():
+        if dtype not in POLICY_FOR_DTYPE:
+            continue
+        prefix = path + "/"
+        inner = []
+        for other in ordered[bisect.bisect_left(ordered, prefix) :]:
+            if not other.startswith(prefix):
+                break
+            inner.append((other, dtypes[other]))
+        if dtype != FLOAT32 or any(value not in (FLOAT32, FLOAT8) for _, value in inner):
+            keys[path] = (path, dtype, tuple(inner))
+    return keys
+
+
 def unchecked_kernels(model: keras.Model, dtypes: Mapping[str, str]) -> dict[str, str]:
-    """Returns the 16-bit `{path: dtype}` of `dtypes` whose kernel was not checked on this model yet.
+    """Returns the `{path: dtype}` of `dtypes` whose layer was not checked on this model yet.
+
+    A layer counts with its sub-layers' dtypes: a container checked with other
+    sub-layer dtypes is checked again.
 
     Args:
         model: the model.
         dtypes: `{path: dtype}` a plan gives each layer.
 
     Returns:
-        The pairs `missing_kernels_once` would check now (empty: it answers from memory).
+        The layers `missing_kernels_once` would check now (empty: it answers from memory).
 
     Example:
 
@@ -171,25 +193,23 @@ def unchecked_kernels(model: keras.Model, dtypes: Mapping[str, str]) -> dict[str
     ```
     """
     checked = _CHECKED_KERNELS.get(model, {})
-    return {
-        path: dtype
-        for path, dtype in dtypes.items()
-        if dtype not in (FLOAT32, FLOAT8) and (path, dtype) not in checked
-    }
+    return {path: dtypes[path] for path, key in _check_keys(dtypes).items() if key not in checked}
 
 
 def missing_kernels_once(model: keras.Model, dtypes: Mapping[str, str]) -> list[MissingKernel]:
-    """Returns `find_missing_kernels` for `dtypes`, checking each (layer, dtype) of a model once.
+    """Returns the `find_missing_kernels` findings that change `dtypes`, checking each layer once.
 
-    Pairs already checked on this model are answered from memory; the others are
-    checked now, with the model in the policies it has (those before any plan).
+    Layers already checked on this model with the same dtypes (their own and
+    their sub-layers') are answered from memory; the others are checked now,
+    with the model in the policies it has (those before any plan). Layers the
+    check could not call are logged when checked and left out.
 
     Args:
         model: a built model, with the policies it had before the plan.
         dtypes: `{path: dtype}` the plan gives each layer.
 
     Returns:
-        One `MissingKernel` per layer of `dtypes` whose dtype has no kernel here.
+        One `MissingKernel` per layer of `dtypes` that cannot run in its dtype here.
 
     Example:
 
@@ -198,30 +218,27 @@ def missing_kernels_once(model: keras.Model, dtypes: Mapping[str, str]) -> list[
     ```
     """
     checked = _CHECKED_KERNELS.setdefault(model, {})
-    unchecked = unchecked_kernels(model, dtypes)
+    keys = _check_keys(dtypes)
+    unchecked = {path: dtypes[path] for path, key in keys.items() if key not in checked}
     if unchecked:
-        found = {(item.path, item.dtype): item for item in find_missing_kernels(model, unchecked)}
-        for path, dtype in unchecked.items():
-            checked[(path, dtype)] = found.get((path, dtype))
-    return [
-        checked[(path, dtype)]
-        for path, dtype in dtypes.items()
-        if checked.get((path, dtype)) is not None
-    ]
+        found = {item.path: item for item in find_missing_kernels(model, unchecked, planned=dtypes)}
+        for path in unchecked:
+            checked[keys[path]] = found.get(path)
+    findings = [checked.get(key) for key in keys.values()]
+    return [item for item in findings if item is not None and item.kind != CHECK_FAILED]
 
 
-def _fallback(layer: keras.layers.Layer, call: LayerCall, dtype: str) -> str:
-    """Returns the nearest wider dtype the layer runs in; float32 ends the ladder."""
-    for wider in wider_dtypes(dtype):
-        if wider == FLOAT32 or not _fails(layer, call, wider):
-            return wider
-    return FLOAT32
+_MESSAGES = {
+    MISSING_KERNEL: "autoprec: %s has no %s kernel here (%s); it runs in %s",
+    MIXED_ARITHMETIC: "autoprec: %s cannot run in %s as planned (%s); it runs in %s",
+}
+_OTHER_MESSAGE = "autoprec: %s fails in %s alone but runs in float32 (%s); it runs in %s"
 
 
 def fallback_plan(
     plan: PrecisionPlan, missing: Sequence[MissingKernel], step: int = 0
 ) -> PrecisionPlan:
-    """Returns `plan` with each missing-kernel layer moved to its fallback dtype, logged as events.
+    """Returns `plan` with each failing layer and its sub-layers moved to its fallback dtype, logged.
 
     Args:
         plan: the plan to change.
@@ -229,7 +246,9 @@ def fallback_plan(
         step: the train step recorded in each event.
 
     Returns:
-        A new plan; each change is a `"missing_kernel"` event in `plan.events`.
+        A new plan; each change is an event in `plan.events` whose `kind` is the
+        finding's (`"missing_kernel"`, `"mixed_arithmetic"`, `"dtype_failure"`);
+        findings of kind `"check_failed"` change nothing.
 
     Example:
 
@@ -238,20 +257,17 @@ def fallback_plan(
     ```
     """
     for item in missing:
+        if item.kind == CHECK_FAILED:
+            continue  # the check could not tell: the plan stays as it is
         event = {
             "step": step,
-            "kind": "missing_kernel",
+            "kind": item.kind,
             "layer": item.path,
             "from": item.dtype,
             "to": item.fallback,
             "evidence": item.error,
         }
         plan = plan.with_dtype(item.path, item.fallback).with_event(event)
-        logger.warning(
-            "autoprec: %s has no %s kernel here (%s); it runs in %s",
-            item.path,
-            item.dtype,
-            item.error,
-            item.fallback,
-        )
+        message = _MESSAGES.get(item.kind, _OTHER_MESSAGE)
+        logger.warning(message, item.path, item.dtype, item.error, item.fallback)
     return plan

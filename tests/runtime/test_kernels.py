@@ -7,7 +7,7 @@ import numpy as np
 
 from autoprec import AutoPrecision, PrecisionPlan
 from autoprec.layers import layer_paths
-from autoprec.runtime.kernels import find_missing_kernels
+from autoprec.runtime.kernels import fallback_plan, find_missing_kernels
 
 
 class LogGamma(keras.layers.Layer):
@@ -68,3 +68,90 @@ def test_float16_falls_back_to_bfloat16_where_only_that_is_missing():
     assert "lgamma" not in missing  # lgamma has a float16 kernel
     assert missing["det"].fallback == "float32"  # neither 16-bit kernel exists
     assert model.get_layer("det").compute_dtype == "float32"  # the check leaves policies alone
+
+
+def _backbone_model(backbone, names, head_from=None):
+    inputs = {name: keras.Input((6,), dtype="int32", name=name) for name in names}
+    outputs = backbone(inputs)
+    outputs = outputs[head_from] if head_from else outputs
+    model = keras.Model(inputs, keras.layers.Dense(1, name="head")(outputs))
+    model.compile(optimizer="sgd", loss="mse")
+    return model
+
+
+def _token_batch(names):
+    rng = np.random.default_rng(0)
+    return {
+        name: np.ones((8, 6), "int32") if "mask" in name else rng.integers(1, 32, (8, 6))
+        for name in names
+    }
+
+
+def test_a_mixtral_moe_block_whose_experts_differ_from_it_falls_back_whole_and_trains():
+    import keras_hub
+
+    backbone = keras_hub.models.MixtralBackbone(
+        vocabulary_size=32,
+        num_layers=1,
+        num_query_heads=2,
+        hidden_dim=8,
+        intermediate_dim=16,
+        num_key_value_heads=1,
+        num_experts=2,
+        top_k=1,
+    )
+    names = ["token_ids", "padding_mask"]
+    model = _backbone_model(backbone, names)
+    block = "mixtral_backbone/transformer_layer_0/sparse_moe_block"
+    plan = PrecisionPlan.uniform(model, "bfloat16").with_dtype(f"{block}/expert_bank", "float32")
+    found = find_missing_kernels(model, plan.resolve())
+    assert [(item.path, item.kind) for item in found] == [(block, "mixed_arithmetic")]
+    assert "its own arithmetic mixes float32 tensors it makes with bfloat16 ones" in found[0].error
+    fallen = fallback_plan(plan, found)
+    assert fallen.resolve()[f"{block}/expert_bank"] == fallen.resolve()[block]
+    callback = AutoPrecision(fallen, verbose=0)
+    history = model.fit(
+        _token_batch(names),
+        np.zeros((8, 6, 1), "float32"),
+        batch_size=4,
+        verbose=0,
+        callbacks=[callback],
+    )
+    assert np.isfinite(history.history["loss"][0])
+
+
+def test_t5_attention_layers_are_checked_as_called_and_nothing_is_misreported(caplog):
+    import keras_hub
+
+    backbone = keras_hub.models.T5Backbone(
+        vocabulary_size=32,
+        num_layers=2,
+        num_heads=2,
+        hidden_dim=8,
+        intermediate_dim=16,
+        key_value_dim=4,
+        dropout=0.0,
+    )
+    names = [
+        "encoder_token_ids",
+        "encoder_padding_mask",
+        "decoder_token_ids",
+        "decoder_padding_mask",
+    ]
+    model = _backbone_model(backbone, names, head_from="decoder_sequence_output")
+    plan = PrecisionPlan.uniform(model, "bfloat16")
+    with caplog.at_level("INFO", logger="autoprec"):
+        found = find_missing_kernels(model, plan.resolve())
+    changing = [item for item in found if item.kind != "check_failed"]
+    assert changing == []  # no layer is claimed to lack a kernel
+    for item in found:  # a call the check could not make is said so, and changes nothing
+        assert f"kernel check could not call {item.path} alone" in caplog.text
+    assert fallback_plan(plan, found).resolve() == plan.resolve()
+    history = model.fit(
+        _token_batch(names),
+        np.zeros((8, 6, 1), "float32"),
+        batch_size=4,
+        verbose=0,
+        callbacks=[AutoPrecision(fallback_plan(plan, found), verbose=0)],
+    )
+    assert np.isfinite(history.history["loss"][0])

@@ -1,0 +1,358 @@
+"""Call one layer alone, with its sub-layers in their planned dtypes, and say why it fails.
+
+A layer checked before training can fail for three reasons, told apart by what
+its call raises, never by its class: the device has no kernel for the dtype
+(`MISSING_KERNEL`), the layer's own arithmetic meets tensors of two dtypes
+(`MIXED_ARITHMETIC`: a dtype-mismatch error in its planned dtypes while the
+same call in float32 runs), or the check itself cannot call the layer alone
+(`CHECK_FAILED`: its arguments cannot be rebuilt, or it fails in float32 too).
+A layer that fails only in 16-bit for another reason is `DTYPE_FAILURE`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import re
+from collections.abc import Iterator, Mapping
+
+import keras
+import numpy as np
+
+from .._core.dtypes import FLOAT32, POLICY_FOR_DTYPE, wider_dtypes
+from ..cost import LayerCall, synthetic_arguments
+from ..errors import BackendError
+from ..layers import layer_policy
+
+MISSING_KERNEL = "missing_kernel"
+MIXED_ARITHMETIC = "mixed_arithmetic"
+DTYPE_FAILURE = "dtype_failure"
+CHECK_FAILED = "check_failed"
+
+_KERNEL_KEYWORDS = (
+    "could not find device",
+    "not in the list of allowed",
+    "no registered",
+    "not supported",
+    "not implemented",
+    "kernel",
+)
+_MISMATCH_PATTERNS = (
+    re.compile(r"type (\w+) that does not match type (\w+)"),
+    re.compile(r"expected to be a (\w+) tensor but is a (\w+) tensor"),
+    re.compile(r"must have the same dtype.*?(\w+) vs\.? (\w+)"),
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class LayerCheck:
+    """What calling one layer alone in its planned dtypes showed.
+
+    Attributes:
+        kind: `MISSING_KERNEL`, `MIXED_ARITHMETIC`, `DTYPE_FAILURE` or
+            `CHECK_FAILED`; `""` when the layer runs.
+        error: the first telling line of the error, or why the check failed.
+        fallback: the dtype the layer and its sub-layers run in instead (the
+            planned dtype where the check failed or the layer runs).
+    """
+
+    kind: str = ""
+    error: str = ""
+    fallback: str = FLOAT32
+
+
+def subtree(paths: Mapping[str, keras.layers.Layer], path: str) -> dict[str, keras.layers.Layer]:
+    """Returns the layer at `path` and every layer under it, by path.
+
+    Args:
+        paths: `{path: layer}` of a model, from `autoprec.layers.layer_paths`.
+        path: the layer's path.
+
+    Returns:
+        `{path: layer}`, the layer first.
+
+    Example:
+
+    ```python
+    subtree(layer_paths(model), "bidirectional")  # the wrapper, both LSTMs and their cells
+    ```
+    """
+    prefix = path + "/"
+    return {key: layer for key, layer in paths.items() if key == path or key.startswith(prefix)}
+
+
+@contextlib.contextmanager
+def planned_policies(
+    layers: Mapping[str, keras.layers.Layer], dtypes: Mapping[str, str]
+) -> Iterator[None]:
+    """Sets each layer of `layers` named in `dtypes` to that dtype's policy, then puts them back.
+
+    Args:
+        layers: `{path: layer}`.
+        dtypes: `{path: dtype}` (`"float32"`, `"bfloat16"` or `"float16"`);
+            layers not named keep their policy.
+
+    Returns:
+        A context manager.
+
+    Example:
+
+    ```python
+    with planned_policies(subtree(paths, "moe"), {"moe": "bfloat16"}):
+        paths["moe"](x)
+    ```
+    """
+    originals = {}
+    try:
+        for path, layer in layers.items():
+            if dtypes.get(path) in POLICY_FOR_DTYPE:
+                originals[path] = layer_policy(layer)
+                layer.dtype_policy = POLICY_FOR_DTYPE[dtypes[path]]
+        yield
+    finally:
+        for path, policy in originals.items():
+            layers[path].dtype_policy = policy
+
+
+def run_once(layer: keras.layers.Layer, args: list, kwargs: dict) -> None:
+    """Calls the layer forward, and backward where the backend allows it.
+
+    Args:
+        layer: a built layer.
+        args: positional arguments.
+        kwargs: keyword arguments.
+
+    Returns:
+        `None`; whatever the call raises propagates.
+
+    Example:
+
+    ```python
+    run_once(keras.layers.Dense(2), [np.ones((2, 3), "float32")], {})
+    ```
+    """
+    if keras.backend.backend() == "tensorflow":
+        import tensorflow as tf
+
+        with tf.GradientTape() as tape:
+            outputs = layer(*args, **kwargs)
+            floats = [
+                tf.reduce_sum(tf.cast(tensor, "float32"))
+                for tensor in tf.nest.flatten(outputs)
+                if hasattr(tensor, "dtype") and tensor.dtype.is_floating
+            ]
+            total = tf.add_n(floats) if floats else None
+        if total is not None and layer.trainable_weights:
+            tape.gradient(total, layer.trainable_weights)
+        return
+    outputs = layer(*args, **kwargs)
+    for tensor in keras.tree.flatten(outputs):
+        keras.ops.convert_to_numpy(tensor)
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def _lines(error: Exception) -> list[str]:
+    text = _ANSI.sub("", str(error))
+    return [line.strip() for line in text.splitlines() if line.strip()]
+
+
+#: TensorFlow's C++ names of the float dtypes, as eager errors write them.
+_TF_NAMES = {"float": "float32", "half": "float16", "double": "float64"}
+
+
+def _dtype_name(name: str) -> str:
+    return _TF_NAMES.get(name, name)
+
+
+def error_summary(error: Exception) -> str:
+    """Returns `"ErrorType: line"`, the line of a (possibly Keras-wrapped) error that tells most.
+
+    Args:
+        error: what a layer call raised.
+
+    Returns:
+        The line naming a missing kernel or a dtype mismatch where there is
+        one, else the first line; at most 300 characters.
+
+    Example:
+
+    ```python
+    error_summary(TypeError("Input 'y' of 'Mul' Op has type float32 ..."))
+    ```
+    """
+    lines = _lines(error)
+    for line in lines:
+        if any(pattern.search(line) for pattern in _MISMATCH_PATTERNS):
+            return f"{type(error).__name__}: {line}"[:300]
+    for keyword in _KERNEL_KEYWORDS:
+        for line in lines:
+            if keyword in line.lower():
+                return f"{type(error).__name__}: {line}"[:300]
+    return f"{type(error).__name__}: {lines[0] if lines else ''}"[:300]
+
+
+def mismatched_dtypes(error: Exception) -> tuple[str, str] | None:
+    """Returns the two dtypes a dtype-mismatch error names, or `None` for another error.
+
+    Args:
+        error: what a layer call raised.
+
+    Returns:
+        `(dtype, other dtype)` as the error names them, or `None`.
+
+    Example:
+
+    ```python
+    mismatched_dtypes(TypeError("... has type float32 that does not match type bfloat16 ..."))
+    ```
+    """
+    if (
+        not isinstance(error, (TypeError, ValueError))
+        and "InvalidArgument" not in type(error).__name__
+    ):
+        return None
+    for line in _lines(error):
+        for pattern in _MISMATCH_PATTERNS:
+            match = pattern.search(line)
+            if match:
+                return _dtype_name(match.group(1)), _dtype_name(match.group(2))
+    return None
+
+
+def is_missing_kernel(error: Exception) -> bool:
+    """Returns whether `error` is the device saying it has no kernel for an operation's dtype.
+
+    Args:
+        error: what a layer call raised.
+
+    Returns:
+        Whether a line of the error names a missing kernel or a refused dtype.
+
+    Example:
+
+    ```python
+    is_missing_kernel(error)  # True for "Could not find device for node: {{node Lgamma}}"
+    ```
+    """
+    if mismatched_dtypes(error) is not None:
+        return False
+    text = " ".join(_lines(error)).lower()
+    return any(keyword in text for keyword in _KERNEL_KEYWORDS)
+
+
+def call_error(
+    layers: Mapping[str, keras.layers.Layer],
+    path: str,
+    call: LayerCall,
+    dtypes: Mapping[str, str],
+) -> Exception | None:
+    """Returns what calling the layer at `path` alone raises with `layers` in `dtypes`.
+
+    Args:
+        layers: the layer and its sub-layers, from `subtree`.
+        path: the layer's path.
+        call: a recorded call of the layer, from `autoprec.cost.trace_model`.
+        dtypes: `{path: dtype}` of the layer and its sub-layers for this call.
+
+    Returns:
+        The exception the call forward and backward (in training mode; the
+        layer's non-trainable variables are put back) raised, or `None` if it ran.
+
+    Raises:
+        BackendError: when the recorded call's arguments cannot be rebuilt.
+
+    Example:
+
+    ```python
+    error = call_error(subtree(paths, "moe"), "moe", trace.calls["moe"][0], plan.resolve())
+    ```
+    """
+    rng = np.random.default_rng(0)
+    args, kwargs = synthetic_arguments(call, 2, dtypes[path], rng, value_range=(0.5, 1.5))
+    kwargs["training"] = True  # as in a train step (Keras drops it where `call` takes none)
+    state = [(variable, variable.numpy()) for variable in layers[path].non_trainable_variables]
+    with planned_policies(layers, dtypes):
+        try:
+            run_once(layers[path], args, kwargs)
+        except Exception as error:  # the device's error type differs per backend
+            return error
+        finally:
+            for variable, value in state:  # moving statistics and seeds as they were
+                variable.assign(value)
+    return None
+
+
+def _uniform(layers: Mapping[str, keras.layers.Layer], dtype: str) -> dict[str, str]:
+    return {key: dtype for key in layers}
+
+
+def _runs_in(layers, path: str, call: LayerCall, dtype: str) -> bool:
+    return call_error(layers, path, call, _uniform(layers, dtype)) is None
+
+
+def _mixed_arithmetic(error: Exception, dtype: str) -> str:
+    """Returns the evidence of a mixed-dtype failure: which dtypes met, and the error's line."""
+    named = mismatched_dtypes(error) or (FLOAT32, dtype)
+    made = next((name for name in named if name != dtype), FLOAT32)
+    return f"its own arithmetic mixes {made} tensors it makes with {dtype} ones: " + (
+        error_summary(error)
+    )
+
+
+def check_layer(
+    layers: Mapping[str, keras.layers.Layer],
+    path: str,
+    call: LayerCall,
+    dtypes: Mapping[str, str],
+    container_dtype: str | None = None,
+) -> LayerCheck:
+    """Returns why the layer at `path` cannot run in its planned dtypes, and what it runs in.
+
+    Args:
+        layers: the layer and its sub-layers, from `subtree`, in the policies
+            they had before the plan.
+        path: the layer's path.
+        call: a recorded call of the layer, from `autoprec.cost.trace_model`.
+        dtypes: `{path: dtype}` the plan gives the layer and its sub-layers.
+        container_dtype: the planned dtype of the layer's container, if any.
+
+    Returns:
+        A `LayerCheck`: `kind` `""` when the layer runs as planned. A missing
+        kernel or another 16-bit failure falls back along the widening ladder;
+        mixed arithmetic to the layer's own dtype with its sub-layers alike,
+        then its container's dtype, then float32; a failed check changes nothing.
+
+    Example:
+
+    ```python
+    found = check_layer(subtree(paths, "sampling"), "sampling", call, {"sampling": "bfloat16"})
+    found.kind, found.fallback  # ("mixed_arithmetic", "float32")
+    ```
+    """
+    dtype = dtypes[path]
+    try:
+        error = call_error(layers, path, call, dtypes)
+        if error is None:
+            return LayerCheck(fallback=dtype)
+        wide = call_error(layers, path, call, _uniform(layers, FLOAT32))
+    except BackendError as cannot:
+        return LayerCheck(CHECK_FAILED, f"{cannot}", dtype)
+    if wide is not None:
+        return LayerCheck(CHECK_FAILED, error_summary(wide), dtype)
+    if mismatched_dtypes(error) is not None:
+        mixed = len(set(dtypes.values())) > 1  # sub-layers in other dtypes: try them alike
+        for candidate in dict.fromkeys([dtype if mixed else None, container_dtype]):
+            if candidate in (None, FLOAT32) or candidate not in POLICY_FOR_DTYPE:
+                continue
+            if candidate == dtype and not mixed:
+                continue
+            if _runs_in(layers, path, call, candidate):
+                return LayerCheck(MIXED_ARITHMETIC, _mixed_arithmetic(error, dtype), candidate)
+        return LayerCheck(MIXED_ARITHMETIC, _mixed_arithmetic(error, dtype), FLOAT32)
+    kind = MISSING_KERNEL if is_missing_kernel(error) else DTYPE_FAILURE
+    for wider in wider_dtypes(dtype):
+        if wider == FLOAT32 or _runs_in(layers, path, call, wider):
+            return LayerCheck(kind, error_summary(error), wider)
+    return LayerCheck(kind, error_summary(error), FLOAT32)
