@@ -130,7 +130,6 @@ LONG_MODULES = (
 #: The longest tests on 2 cores (measured with `--durations=0`: the default run's longest,
 #: down to ~4.5 s a test; parametrized ones by name, every case): `long`, run by CI after the default suite (`pytest -m long`).
 LONG_TESTS = (
-    "4",
     "tests/auto/test_decide.py::test_automatic_mode_gets_costs_for_a_keras_hub_bert_fed_dicts",
     "tests/auto/test_decide.py::test_automatic_mode_measures_costs_on_a_padded_dataset",
     "tests/auto/test_race.py::test_the_one_liner_keeps_the_plan_whose_whole_step_measured_fastest",

@@ -22,6 +22,7 @@ from search.search_models import (
     wide_classifier,
 )
 
+from autoprec import PrecisionPlan, cost
 from autoprec.errors import AutoprecError
 from autoprec.hardware import resolve_hardware
 from autoprec.search import Budget, SearchSettings, TrialRecord, heuristic_plan, search
@@ -343,3 +344,39 @@ def test_search_on_a_backend_without_the_guard_is_refused_naming_the_supported_o
     assert completed.returncode == 0, completed.stderr[-3000:]
     assert "REFUSED autoprec.search runs on Keras' TensorFlow and JAX backends" in completed.stdout
     assert "this Keras runs 'numpy'" in completed.stdout
+
+
+def test_the_search_returns_a_plan_predicted_no_slower_than_any_uniform_policy():
+    inputs = keras.Input((256,))
+    hidden = keras.layers.Dense(1024, activation="relu", name="wide")(inputs)
+    hidden = keras.layers.LayerNormalization(name="norm")(hidden)
+    outputs = keras.layers.Dense(10, activation="softmax", name="head")(hidden)
+    model = keras.Model(inputs, outputs)
+    model.compile("adam", "sparse_categorical_crossentropy")
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(256, 256)).astype("float32")
+    y = rng.integers(0, 10, 256)
+    result = search(
+        model,
+        (x[:192], y[:192]),
+        (x[192:], y[192:]),
+        budget=Budget("val_loss", max_relative_drop=1.0),  # every uniform policy is within it
+        hardware="rtx4090",
+        n_trials=4,
+        verbose=0,
+        settings=SearchSettings(
+            dtypes=["float32", "bfloat16"],
+            steps_per_trial=2,
+            batch_size=64,
+            cost_batch_size=4096,
+            baseline=None,  # random labels: numerics and costs only
+        ),
+    )
+    table = cost.predict_costs(model, "rtx4090", batch_size=4096)
+
+    def step(plan) -> float:
+        return cost.estimate(model, plan, costs=table, batch_size=4096).step_seconds
+
+    chosen = step(result.plan)
+    for dtype in ("float32", "bfloat16"):
+        assert chosen <= step(PrecisionPlan.uniform(model, dtype)) * 1.0001, dtype
