@@ -112,8 +112,9 @@ def local_with_fast_bfloat16():
 
 
 #: Test modules whose shared fixtures (a JAX child process, a benchmark run) take tens of
-#: seconds to minutes on 2 cores: the whole module is `long`.
-LONG_MODULES = (
+#: seconds to minutes on 2 cores: the whole module is `slow` (`pytest -m slow`), so that
+#: CI's `long` stage stays within its time.
+SLOW_MODULES = (
     "tests/backends/test_jax_probes.py",
     "tests/backends/test_jax_sinks.py",
     "tests/backends/test_jax_telemetry.py",
@@ -125,7 +126,11 @@ LONG_MODULES = (
     "tests/test_bench_oneliner.py",
     "tests/test_gpu_bench.py",
     "tests/test_multi_device.py",
+    "tests/runtime/test_float8_jax.py",
 )
+
+#: Whole modules of `long` tests.
+LONG_MODULES = ("tests/test_reload_keras_hub.py",)
 
 #: The longest tests on 2 cores (measured with `--durations=0`: the default run's longest,
 #: down to ~4.5 s a test; parametrized ones by name, every case): `long`, run by CI after the default suite (`pytest -m long`).
@@ -229,8 +234,11 @@ LONG_TESTS = (
 
 
 def pytest_collection_modifyitems(config, items):
-    """Marks the tests of `LONG_MODULES` and `LONG_TESTS` `long`."""
+    """Marks the tests of `SLOW_MODULES` `slow`, those of `LONG_MODULES` and `LONG_TESTS` `long`."""
     for item in items:
         node = item.nodeid.split("[")[0]
-        if node.split("::")[0] in LONG_MODULES or node in LONG_TESTS:
+        module = node.split("::")[0]
+        if module in SLOW_MODULES:
+            item.add_marker(pytest.mark.slow)
+        elif module in LONG_MODULES or node in LONG_TESTS:
             item.add_marker(pytest.mark.long)

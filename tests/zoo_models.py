@@ -1,4 +1,4 @@
-"""Tiny keras-hub models of four families, random weights, with data made here (no downloads).
+"""Tiny keras-hub models of seven families, random weights, with data made here (no downloads).
 
 Each builder returns a compiled model and `(x, y)` NumPy training data shaped as `fit`
 feeds it (dict inputs with dynamic sequence dimensions for the text models).
@@ -116,4 +116,79 @@ ZOO = {
     "gpt2": gpt2_causal_lm,
     "vit": vit_classifier,
     "bart": bart_seq2seq,
+}
+
+
+def _causal_lm(backbone, task_class, seed: int):
+    model = task_class(backbone=backbone, preprocessor=None)
+    rng = np.random.default_rng(seed)
+    x = _tokens(rng)
+    y = np.roll(x["token_ids"], -1, axis=1)
+    return _compile(model), (x, y)
+
+
+def gemma_causal_lm(seed: int = 0):
+    """A decoder with tied embeddings and RMS norms: keras-hub's Gemma (2 blocks, width 32)."""
+    import keras_hub
+
+    keras.utils.set_random_seed(seed)
+    backbone = keras_hub.models.GemmaBackbone(
+        vocabulary_size=VOCABULARY,
+        num_layers=2,
+        num_query_heads=2,
+        num_key_value_heads=1,
+        hidden_dim=32,
+        intermediate_dim=64,
+        head_dim=16,
+    )
+    return _causal_lm(backbone, keras_hub.models.GemmaCausalLM, seed)
+
+
+def mixtral_causal_lm(seed: int = 0):
+    """A mixture of experts: keras-hub's Mixtral (1 block, 2 experts, top 1, width 16)."""
+    import keras_hub
+
+    keras.utils.set_random_seed(seed)
+    backbone = keras_hub.models.MixtralBackbone(
+        vocabulary_size=VOCABULARY,
+        num_layers=1,
+        num_query_heads=2,
+        num_key_value_heads=1,
+        hidden_dim=16,
+        intermediate_dim=32,
+        num_experts=2,
+        top_k=1,
+    )
+    return _causal_lm(backbone, keras_hub.models.MixtralCausalLM, seed)
+
+
+def resnet_classifier(seed: int = 0):
+    """A convolutional image backbone: keras-hub's ResNet (2 stages of basic blocks, 32x32 images)."""
+    import keras_hub
+
+    keras.utils.set_random_seed(seed)
+    backbone = keras_hub.models.ResNetBackbone(
+        input_conv_filters=[64],
+        input_conv_kernel_sizes=[3],
+        stackwise_num_filters=[64, 32],
+        stackwise_num_blocks=[1, 1],
+        stackwise_num_strides=[1, 2],
+        block_type="basic_block",
+        image_shape=(32, 32, 3),
+    )
+    model = keras_hub.models.ResNetImageClassifier(
+        backbone=backbone, num_classes=3, preprocessor=None
+    )
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(SAMPLES, 32, 32, 3)).astype("float32")
+    y = (x[:, :, :, 0].mean(axis=(1, 2)) > 0).astype("int32")
+    return _compile(model), (x, y)
+
+
+#: Families `keras.models.load_model` is checked to reload exactly (tests/test_reload_keras_hub.py).
+RELOAD_ZOO = {
+    **ZOO,
+    "gemma": gemma_causal_lm,
+    "mixtral": mixtral_causal_lm,
+    "resnet": resnet_classifier,
 }

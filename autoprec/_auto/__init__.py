@@ -16,7 +16,13 @@ Modules, each importable by `autoprec.callback` and re-exported here:
 """
 
 from .auto_plan import DECISION_CAP_SECONDS, DECISION_SHARE, AutoPlan, decision_budget
-from .decide import FALLBACK_BATCH_SIZE, decide_plan, measure_costs, search_plan
+from .decide import (
+    FALLBACK_BATCH_SIZE,
+    MIN_CALIBRATION_SECONDS,
+    decide_plan,
+    measure_costs,
+    search_plan,
+)
 from .first_batch import RECORDED_DIMENSIONS, FirstBatchSize
 from .plan_report import report_lines
 from .race import (
@@ -30,6 +36,7 @@ __all__ = [
     "DECISION_CAP_SECONDS",
     "DECISION_SHARE",
     "FALLBACK_BATCH_SIZE",
+    "MIN_CALIBRATION_SECONDS",
     "PER_LAYER",
     "RECORDED_DIMENSIONS",
     "AutoPlan",

@@ -30,6 +30,10 @@ from .auto_plan import AutoPlan
 
 logger = logging.getLogger("autoprec")
 
+#: The shortest decision budget costs are timed here within (whole steps first take seconds):
+#: below it, costs are predicted for the device and the race inside `fit` measures.
+MIN_CALIBRATION_SECONDS = 15.0
+
 #: The batch size costs are timed at when `fit` ran no step to read it from.
 FALLBACK_BATCH_SIZE = 32
 
@@ -63,7 +67,8 @@ def decide_plan(
             timed or predicted at; `None` builds them from the model's inputs,
             which needs every dimension besides the batch to be known.
         time_budget: seconds the costs measured here may take (`calibrate`'s
-            `time_budget`); `None`: no limit.
+            `time_budget`); below `MIN_CALIBRATION_SECONDS` costs are predicted for the
+            device instead; `None`: no limit.
 
     Returns:
         `(plan, estimate)`; `estimate` is `None` if no cost model could be built.
@@ -79,8 +84,16 @@ def decide_plan(
         dtype for dtype in (BFLOAT16, FLOAT16, FLOAT8) if hardware_profile.is_fast(dtype)
     ]
     costs = None
+    too_short = time_budget is not None and time_budget < MIN_CALIBRATION_SECONDS
+    if calibrate_costs and is_local(hardware) and too_short:
+        logger.info(
+            "autoprec: a %.1f s decision budget is too short to time costs here; costs are "
+            "predicted for %s and the whole steps timed inside fit decide",
+            time_budget,
+            hardware_profile.name,
+        )
     try:
-        if calibrate_costs and is_local(hardware):
+        if calibrate_costs and is_local(hardware) and not too_short:
             if sample is None:
                 sample = cost.sample_inputs(model, batch_size)
             costs = measure_costs(model, sample, allowed, hardware_profile, verbose, time_budget)

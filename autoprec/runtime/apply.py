@@ -34,6 +34,7 @@ from .float8 import (
     reset_float8_state,
     sync_float8_variables,
 )
+from .policy_map import write_nested_policies
 
 
 @dataclasses.dataclass
@@ -205,6 +206,7 @@ def apply_plan(
     original_policies, applied, skipped = _set_policies(model, paths, dtypes, source)
     sync_float8_variables(paths[path] for path in original_policies)
     keep_nested_float8_policies(model)
+    write_nested_policies(model)
     harmonize_outputs(model)
     reset_compiled_functions(model)
     applied_plan = PrecisionPlan(

@@ -71,4 +71,6 @@ def test_the_one_liner_times_nothing_where_costs_are_predicted_or_timing_is_off(
     ):
         model = mlp()
         model.fit(x, y, batch_size=16, epochs=1, verbose=0, callbacks=[callback])
-        assert "measured" not in callback.plan.metadata
+        decision = callback.plan.metadata["measured"]
+        assert decision["candidates_timed"] == 0 and decision["rounds"] == 0
+        assert "winner" not in decision

@@ -76,10 +76,11 @@ def test_keras_own_save_reloads_optimizer_state_and_the_plan(tmp_path):
         np.testing.assert_array_equal(
             keras.ops.convert_to_numpy(expected), keras.ops.convert_to_numpy(actual)
         )
-    # Keras alone rebuilds nested sub-layers with their container's policy ...
+    # Keras alone rebuilds nested sub-layers from the policy map their container wrote ...
     assert layer_paths(model)["attention/softmax"].compute_dtype == "float32"
-    assert layer_paths(reloaded)["attention/softmax"].compute_dtype == "float16"
-    # ... and the plan Keras wrote among the assets puts them back.
+    assert layer_paths(reloaded)["attention/softmax"].compute_dtype == "float32"
+    assert layer_paths(reloaded)["attention/query_dense"].compute_dtype == "float16"
+    # ... and the plan Keras wrote among the assets is applied by autoprec.load_model.
     restored = autoprec.load_model(tmp_path / "plain.keras")
     assert layer_paths(restored)["attention/softmax"].compute_dtype == "float32"
     assert layer_paths(restored)["attention/query_dense"].compute_dtype == "float16"

@@ -1,0 +1,169 @@
+"""Per-layer dtypes in a model's own Keras config, as a `DTypePolicyMap` where a layer builds its own.
+
+Keras writes each layer's dtype policy into the config it saves, but a layer
+that builds its sub-layers itself (a keras-hub backbone, `MultiHeadAttention`,
+keras-hub's `TransformerDecoder`) writes only its own: it passes that one
+`dtype=` to every sub-layer it builds, so a plan that gave its sub-layers other
+dtypes reloads as one dtype. Such a container accepts a
+`keras.dtype_policies.DTypePolicyMap` as its `dtype`, and each sub-layer it
+builds from the map looks up its own path in it: Keras' own form for per-layer
+policies. `write_nested_policies` makes these containers write such a map, so
+that `keras.models.load_model`, with or without autoprec imported, rebuilds every
+layer in the dtype it trained in.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any
+
+import keras
+
+from ..layers import is_graph_model, layer_paths, layer_policy
+
+#: Marks a container whose `get_config` already writes the model's policy map.
+_WRITES_MAP = "_autoprec_writes_policy_map"
+
+
+def policy_map_of(
+    model: keras.layers.Layer, default: keras.dtype_policies.DTypePolicy
+) -> keras.dtype_policies.DTypePolicyMap:
+    """Returns a `DTypePolicyMap` of every built layer under `model`, keyed by Keras' layer path.
+
+    Args:
+        model: the model (or layer) whose layers' policies the map records.
+        default: the policy of a path the map does not name.
+
+    Returns:
+        The map, `{layer.path: the policy it computes with}`.
+
+    Example:
+
+    ```python
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2, dtype="mixed_bfloat16")])
+    policy_map_of(model, keras.dtype_policies.get("float32"))["dense"].name  # "mixed_bfloat16"
+    ```
+    """
+    entries: dict[str, Any] = {}
+    for layer in [model, *layer_paths(model).values()]:
+        if layer.path and layer.path not in entries:
+            entries[layer.path] = layer_policy(layer)
+    return keras.dtype_policies.DTypePolicyMap(default_policy=default, policy_map=entries)
+
+
+def map_groups(model: keras.Model) -> dict[str, list[str]]:
+    """Returns, for each outermost container that builds its own sub-layers, the paths under it.
+
+    Each group reloads from one `DTypePolicyMap` (a keras-hub task's head is built
+    from its backbone's policy, the backbone's sub-layers from that same policy).
+
+    Args:
+        model: a built model.
+
+    Returns:
+        `{container path: [paths of the layers under it]}` (`""` for `model` itself).
+
+    Example:
+
+    ```python
+    map_groups(keras_hub_causal_lm)  # {"": ["gpt2_backbone", "gpt2_backbone/...", ...]}
+    ```
+    """
+    paths = {"": model, **layer_paths(model)}
+    owners = [path for path, layer in paths.items() if _builds_own_sub_layers(layer, path, paths)]
+    groups: dict[str, list[str]] = {}
+    for owner in owners:
+        if any(owner != other and _is_under(owner, other) for other in owners):
+            continue
+        groups[owner] = [path for path in paths if path != owner and _is_under(path, owner)]
+    return groups
+
+
+def write_nested_policies(model: keras.Model) -> int:
+    """Makes every container that builds its own sub-layers save their policies in its config.
+
+    Each such container's `get_config` writes, from then on, its `dtype` as a
+    `DTypePolicyMap` of every layer of `model` as it is at that moment, so every
+    later `model.save` (a `ModelCheckpoint` included) stores the dtypes each layer
+    has then. A layer without weights of its own (`Softmax`, `Dropout`) is never
+    built, so Keras gives it no path: rebuilt from the map it takes the map's
+    default, which is the dtype most such layers of the group have (a plan that
+    gives them others is restored by `autoprec.load_model`). A container whose config already describes its
+    layers (a functional or `Sequential` model) is left as it is, and so is one
+    whose config has no `dtype` (a keras-hub task: its backbone writes the map, and
+    the task's own layers, built from the backbone's policy, find their entries in it).
+
+    Args:
+        model: the model whose dtype policies were just set.
+
+    Returns:
+        How many containers write a policy map.
+
+    Example:
+
+    ```python
+    autoprec.apply_plan(model, plan)
+    write_nested_policies(model)
+    model.save("model.keras")  # keras.models.load_model restores every layer's dtype
+    ```
+    """
+    root = weakref.ref(model)
+    paths = {"": model, **layer_paths(model)}
+    writing = 0
+    for owner, members in map_groups(model).items():
+        for path in [owner, *members]:
+            layer = paths[path]
+            if not getattr(layer, _WRITES_MAP, False):
+                if not _builds_own_sub_layers(layer, path, paths):
+                    continue
+                own_get_config = layer.get_config
+                writer = _config_with_map(layer, own_get_config, root, owner)
+                object.__setattr__(layer, "get_config", writer)
+                object.__setattr__(layer, _WRITES_MAP, True)
+            writing += 1
+    return writing
+
+
+def _config_with_map(layer: keras.layers.Layer, own_get_config, root: weakref.ref, owner: str):
+    def get_config():
+        config = own_get_config()
+        model = root()
+        if model is None or "dtype" not in config:
+            return config
+        policy_map = policy_map_of(model, default=_group_default(model, owner, layer))
+        return {**config, "dtype": keras.dtype_policies.serialize(policy_map)}
+
+    return get_config
+
+
+def _group_default(model: keras.Model, owner: str, layer: keras.layers.Layer):
+    """The policy most of the group's nameless layers have, else `layer`'s own."""
+    counts: dict[str, int] = {}
+    policies = {}
+    for path, member in layer_paths(model).items():
+        if _is_under(path, owner) and not member.path:
+            policy = layer_policy(member)
+            counts[policy.name] = counts.get(policy.name, 0) + 1
+            policies.setdefault(policy.name, policy)
+    if not counts:
+        return layer_policy(layer)
+    return policies[max(counts, key=counts.get)]
+
+
+def _is_under(path: str, container: str) -> bool:
+    return not container or path.startswith(container + "/")
+
+
+def _builds_own_sub_layers(layer: keras.layers.Layer, path: str, paths: dict) -> bool:
+    """Whether `layer` owns sub-layers its config does not describe one by one."""
+    prefix = f"{path}/" if path else ""
+    if not any(other.startswith(prefix) and other != path for other in paths):
+        return False
+    if not is_graph_model(layer):
+        return True
+    # A functional model's config lists its layers, each with its own dtype, unless its
+    # class writes a config of its own (a keras-hub backbone does).
+    try:
+        return "layers" not in layer.get_config()
+    except (NotImplementedError, TypeError):
+        return False
