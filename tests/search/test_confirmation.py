@@ -20,6 +20,7 @@ from autoprec.search.confirmation import (
     chosen_step_timing,
     confirm_plan,
     measure_until_decided,
+    next_rounds,
     order_by_measurement,
     rank_by_measurement,
     verdict_line,
@@ -304,3 +305,13 @@ def test_measuring_adds_rounds_only_while_undecided_and_stops_at_the_time_cap():
             assert wants_more_rounds(judge_rounds(first), max_rounds=8)
         capped = measure_until_decided(context.evaluator, plans, max_seconds=0.0)
         assert [len(figures) for figures in capped.values()] == [MIN_ROUNDS, MIN_ROUNDS]
+
+
+def test_more_rounds_never_take_a_plan_past_the_cap():
+    # A plan that left the tie and rejoined it has fewer rounds than the others.
+    rounds = {"a": [1.0] * 10, "b": [1.0] * 5, "c": [1.0] * 15}
+    assert next_rounds(rounds, ["a", "b", "c"], min_rounds=5, max_rounds=15) == (["a", "b"], 5)
+    rounds = {"a": [1.0] * 12, "b": [1.0] * 5}
+    names, batch = next_rounds(rounds, ["a", "b"], min_rounds=5, max_rounds=15)
+    assert names == ["a", "b"] and batch == 3 and 12 + batch <= 15
+    assert next_rounds({"a": [1.0] * 15, "b": [1.0] * 15}, ["a", "b"]) == ([], 0)
