@@ -176,7 +176,7 @@ LONG_TESTS = (
     "tests/runtime/test_training.py::test_a_second_fit_reapplies_rechecks_and_retraces_nothing",
     "tests/search/test_candidates.py::test_protections_are_the_softmax_normalisation_and_output_layers_in_model_order",
     "tests/search/test_confirmation.py::test_a_plan_that_misses_the_budget_trained_longer_gives_way_to_the_next",
-    "tests/search/test_confirmation.py::test_measuring_adds_rounds_only_while_undecided_and_stops_at_the_time_cap",
+    "tests/search/test_timing.py::test_measuring_adds_rounds_only_while_undecided_and_stops_at_the_time_cap",
     "tests/search/test_confirmation.py::test_order_by_measurement_times_each_candidate_and_reorders_real_trials",
     "tests/search/test_driver.py::test_failing_confirmation_falls_back_to_the_next_plan",
     "tests/search/test_driver.py::test_failing_trial_is_marked_failed_and_search_goes_on",

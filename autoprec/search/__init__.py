@@ -47,14 +47,14 @@ the study, its pruner, reading its trials), `warm_start` (the plans every study 
 with), `same_assignment` (an assignment trained once across processes), `context`
 (`SearchContext`), `objective` (the trial objective), `plan_writer` (the best plan so
 far on disk), `explore` (neighbour moves), `candidates` (the finalists and their order
-for ties), `rounds` (the measured ranking's verdict), `confirmation` (the measured
+for ties), `rounds` (the measured ranking's verdict), `timing` (train steps timed in
+interleaved rounds, more while undecided), `confirmation` (the measured
 ranking and the longer confirmation), the stages `request`, `preparation`, `trials`,
 `finalists` (evaluating the finalists) and `selection`, `driver` (`search()`), `result`
 (`SearchResult`), `workers` (`search_in_processes`).
 """
 
 from .budget import Budget
-from .confirmation import measure_step_rounds, measure_step_seconds
 from .driver import search
 from .evaluator import Evaluator, ProxyResult, clone_for_search
 from .explore import Neighbour, explorer, neighbours
@@ -86,6 +86,7 @@ from .space import (
     run_profiler,
 )
 from .storage import resolve_storage
+from .timing import measure_step_rounds, measure_step_seconds
 from .workers import search_in_processes
 
 __all__ = [

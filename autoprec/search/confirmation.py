@@ -15,7 +15,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -26,17 +25,13 @@ from .._core.messages import show_message
 from ..plan import PrecisionPlan
 from .candidates import SEARCHED, finalist_plan
 from .context import SearchContext
-from .evaluator import Evaluator
 from .fidelity import confirmation_reasons, longer_batches
 from .record import TrialRecord
-from .rounds import MAX_ROUNDS, MIN_ROUNDS, RoundsVerdict, judge_rounds, wants_more_rounds
+from .rounds import RoundsVerdict, judge_rounds
+from .timing import measure_step_seconds, measure_until_decided
 
 logger = logging.getLogger("autoprec")
 
-#: Seconds the measured ranking may spend adding rounds after its first `MIN_ROUNDS`.
-MEASUREMENT_SECONDS = 120.0
-#: Steps of one timed round (and of the warm-up before the rounds).
-ROUND_STEPS = 5
 #: Plans confirmed at the higher fidelity, down the ranking, before falling back to float32.
 CONFIRMATION_ATTEMPTS = 3
 
@@ -280,97 +275,6 @@ def verdict_line(ranking: MeasuredRanking) -> str:
     )
 
 
-def measure_until_decided(
-    evaluator: Evaluator,
-    plans: Mapping[str, PrecisionPlan],
-    *,
-    min_rounds: int = MIN_ROUNDS,
-    max_rounds: int = MAX_ROUNDS,
-    max_seconds: float = MEASUREMENT_SECONDS,
-) -> dict[str, list[float]]:
-    """Times plans in interleaved rounds until the fastest is ahead beyond the noise, or a cap.
-
-    Every plan is timed `min_rounds` rounds (`measure_step_rounds`: one compiled copy
-    each, a warm-up of `ROUND_STEPS` steps, then rounds of `ROUND_STEPS` steps in a
-    rotating order). While `judge_rounds` finds the fastest within the noise of
-    another plan (`wants_more_rounds`), the contenders are timed again, in batches of
-    at most `min_rounds` rounds, until `max_rounds` rounds or until another batch
-    would end after `max_seconds`.
-
-    Args:
-        evaluator: the `Evaluator` whose model and first training batch are timed.
-        plans: `{name: plan}`.
-        min_rounds: rounds of every plan.
-        max_rounds: rounds of a contender at most.
-        max_seconds: seconds after which no batch of rounds is started.
-
-    Returns:
-        `{name: seconds per step of each round}`, in the order of `plans`.
-
-    Example:
-
-    ```python
-    rounds = measure_until_decided(evaluator, {"float32": float32_plan, "searched": plan})
-    judge_rounds(rounds).leader
-    ```
-    """
-    started = time.perf_counter()
-    names = list(plans)
-    figures = measure_step_rounds(evaluator, [plans[name] for name in names], rounds=min_rounds)
-    rounds = {name: list(values) for name, values in zip(names, figures)}
-    batch_seconds, batch_plans = time.perf_counter() - started, len(names)
-    while True:
-        verdict = judge_rounds(rounds)
-        if not wants_more_rounds(verdict, max_rounds):
-            return rounds
-        contenders, batch = next_rounds(rounds, verdict.contenders, min_rounds, max_rounds)
-        if len(contenders) < 2:
-            return rounds
-        estimate = batch_seconds * len(contenders) / max(batch_plans, 1)
-        if time.perf_counter() - started + estimate > max_seconds:
-            return rounds
-        batch_started = time.perf_counter()
-        more = measure_step_rounds(evaluator, [plans[name] for name in contenders], rounds=batch)
-        for name, values in zip(contenders, more):
-            rounds[name].extend(values)
-        batch_seconds, batch_plans = time.perf_counter() - batch_started, len(contenders)
-
-
-def next_rounds(
-    rounds: Mapping[str, Sequence[float]],
-    contenders: Sequence[str],
-    min_rounds: int = MIN_ROUNDS,
-    max_rounds: int = MAX_ROUNDS,
-) -> tuple[list[str], int]:
-    """Chooses the contenders to time again and how many rounds, never past `max_rounds`.
-
-    A contender that left the tie and rejoined it has fewer rounds than one that
-    never left; each batch times the contenders still under `max_rounds`, in as many
-    rounds as the most-timed of them has left (at most `min_rounds`).
-
-    Args:
-        rounds: `{name: seconds per step of each round}` so far.
-        contenders: the plans within the noise of the fastest.
-        min_rounds: the largest batch of rounds.
-        max_rounds: rounds of a plan at most.
-
-    Returns:
-        `(names, rounds)`: the contenders to time and the rounds of the batch.
-
-    Example:
-
-    ```python
-    next_rounds({"a": [1.0] * 10, "b": [1.0] * 5, "c": [1.0] * 15}, ["a", "b", "c"])
-    # (["a", "b"], 5)
-    ```
-    """
-    names = [name for name in contenders if len(rounds[name]) < max_rounds]
-    if not names:
-        return [], 0
-    done = max(len(rounds[name]) for name in names)
-    return names, min(min_rounds, max_rounds - done)
-
-
 @dataclasses.dataclass(frozen=True)
 class StepTiming:
     """The chosen plan's measured step beside float32's.
@@ -561,58 +465,3 @@ def _attempt(
 def finite_or_none(value: float | None) -> float | None:
     """Returns `value` as a float, or `None` when missing or not finite."""
     return float(value) if value is not None and math.isfinite(value) else None
-
-
-def measure_step_seconds(
-    evaluator: Evaluator, plans: Sequence[PrecisionPlan], rounds: int = 3
-) -> list[float]:
-    """Times each plan's train step on this device in interleaved rounds: the fastest round.
-
-    Each plan runs on its own compiled copy of the model, traced and warmed up once
-    (5 steps); each round times 5 steps of every plan (their mean), the plans' order
-    rotating from round to round so that none is always timed first; a plan's figure is
-    its fastest round (`measure_step_rounds` gives them all).
-
-    Args:
-        evaluator: the `Evaluator` whose model and first training batch are timed.
-        plans: the plans to time.
-        rounds: how many times each plan is timed.
-
-    Returns:
-        Seconds per train step of each plan, in the order of `plans`.
-
-    Example:
-
-    ```python
-    evaluator = Evaluator(model, train_batches, val_batches)
-    float32, bfloat16 = measure_step_seconds(
-        evaluator, [PrecisionPlan.uniform(model, "float32"), PrecisionPlan.uniform(model, "bfloat16")]
-    )
-    ```
-    """
-    return [min(figures) for figures in measure_step_rounds(evaluator, plans, rounds)]
-
-
-def measure_step_rounds(
-    evaluator: Evaluator, plans: Sequence[PrecisionPlan], rounds: int = 5
-) -> list[list[float]]:
-    """Times each plan's train step in interleaved, rotating rounds and returns every round.
-
-    See `Evaluator.step_rounds`: one compiled copy per plan, nothing retraced between rounds.
-
-    Args:
-        evaluator: the `Evaluator` whose model and first training batch are timed.
-        plans: the plans to time.
-        rounds: how many times each plan is timed.
-
-    Returns:
-        For each plan, in the order of `plans`, its seconds per step in each round.
-
-    Example:
-
-    ```python
-    figures = measure_step_rounds(evaluator, [float32_plan, mixed_plan], rounds=5)
-    [min(f) for f in figures], [sorted(f)[2] for f in figures]  # fastest and median rounds
-    ```
-    """
-    return evaluator.step_rounds(list(plans), rounds=rounds, steps=ROUND_STEPS)

@@ -33,6 +33,7 @@ __all__ = [
     "compare",
     "judge_rounds",
     "measured_ranking",
+    "next_rounds",
     "wants_more_rounds",
 ]
 
@@ -76,3 +77,38 @@ def measured_ranking(rounds: Mapping[str, Sequence[float]]) -> list[str]:
     ```
     """
     return list(judge_rounds(rounds).order)
+
+
+def next_rounds(
+    rounds: Mapping[str, Sequence[float]],
+    contenders: Sequence[str],
+    min_rounds: int = MIN_ROUNDS,
+    max_rounds: int = MAX_ROUNDS,
+) -> tuple[list[str], int]:
+    """Chooses the contenders to time again and how many rounds, never past `max_rounds`.
+
+    A contender that left the tie and rejoined it has fewer rounds than one that
+    never left; each batch times the contenders still under `max_rounds`, in as many
+    rounds as the most-timed of them has left (at most `min_rounds`).
+
+    Args:
+        rounds: `{name: seconds per step of each round}` so far.
+        contenders: the plans within the noise of the fastest.
+        min_rounds: the largest batch of rounds.
+        max_rounds: rounds of a plan at most.
+
+    Returns:
+        `(names, rounds)`: the contenders to time and the rounds of the batch.
+
+    Example:
+
+    ```python
+    next_rounds({"a": [1.0] * 10, "b": [1.0] * 5, "c": [1.0] * 15}, ["a", "b", "c"])
+    # (["a", "b"], 5)
+    ```
+    """
+    names = [name for name in contenders if len(rounds[name]) < max_rounds]
+    if not names:
+        return [], 0
+    done = max(len(rounds[name]) for name in names)
+    return names, min(min_rounds, max_rounds - done)

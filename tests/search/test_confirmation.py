@@ -3,7 +3,7 @@ and the longer confirmation.
 
 The ranking's decision (`judge_rounds`, `measured_ranking`, `rank_by_measurement`) is fed
 measured rounds as plain values, so that its cases cannot flake on a loaded machine;
-`order_by_measurement`, `measure_until_decided` and `confirm_plan` run on real small
+`order_by_measurement` and `confirm_plan` run on real small
 models, asserting on structure and decisions, never on timings.
 """
 
@@ -19,8 +19,6 @@ from autoprec.search.confirmation import (
     MeasuredRanking,
     chosen_step_timing,
     confirm_plan,
-    measure_until_decided,
-    next_rounds,
     order_by_measurement,
     rank_by_measurement,
     verdict_line,
@@ -32,6 +30,7 @@ from autoprec.search.rounds import (
     compare,
     judge_rounds,
     measured_ranking,
+    next_rounds,
     wants_more_rounds,
 )
 
@@ -287,24 +286,6 @@ def test_the_verdict_line_names_the_winner_and_its_margin_or_the_tie(ranked):
     assert record["rounds"]["searched"] == tied["searched"]
     assert record["trials"] == {"searched": 5, "float32": 0}
     assert set(record["against_fastest"]) == {"float32"}  # the fastest is the searched plan
-
-
-def test_measuring_adds_rounds_only_while_undecided_and_stops_at_the_time_cap():
-    with prepared_search(hardware="local") as prepared:
-        context = prepared.context
-        plans = {
-            "float32": context.float32_plan(),
-            "uniform bfloat16": context.plan_for(context.uniform_assignment("bfloat16")),
-        }
-        rounds = measure_until_decided(context.evaluator, plans, max_rounds=8)
-        assert set(rounds) == set(plans)
-        counts = sorted(len(figures) for figures in rounds.values())
-        assert counts[0] >= MIN_ROUNDS and counts[-1] <= 8
-        if counts[-1] > MIN_ROUNDS:  # more rounds were added: the first five were a tie
-            first = {name: figures[:MIN_ROUNDS] for name, figures in rounds.items()}
-            assert wants_more_rounds(judge_rounds(first), max_rounds=8)
-        capped = measure_until_decided(context.evaluator, plans, max_seconds=0.0)
-        assert [len(figures) for figures in capped.values()] == [MIN_ROUNDS, MIN_ROUNDS]
 
 
 def test_more_rounds_never_take_a_plan_past_the_cap():
