@@ -212,7 +212,9 @@ def _path_name(path: tuple) -> str:
     return "x" + "".join(f'["{key}"]' if isinstance(key, str) else f"[{key}]" for key in path)
 
 
-def random_inputs(specs: Any, batch_size: int, seed: int = 0) -> Any:
+def random_inputs(
+    specs: Any, batch_size: int, seed: int = 0, unknown_length: int | None = None
+) -> Any:
     """Returns random NumPy arrays of `batch_size` samples in the structure of `specs`.
 
     Float arrays hold standard-normal values, integer arrays zeros (valid
@@ -224,13 +226,17 @@ def random_inputs(specs: Any, batch_size: int, seed: int = 0) -> Any:
             (the structure a model takes its inputs in).
         batch_size: the leading dimension of every array.
         seed: the seed of the random values.
+        unknown_length: the size given to a dimension other than the batch that
+            `specs` leave unknown (a padded sequence length), for checks whose
+            outcome does not depend on it; by default such a dimension is refused.
 
     Returns:
         Arrays in the structure of `specs`.
 
     Raises:
         PlanError: naming the input, when a dimension other than the batch is
-            unknown (`None`): only a real batch tells it.
+            unknown (`None`) and `unknown_length` is not given: only a real batch
+            tells it.
 
     Example:
 
@@ -242,6 +248,9 @@ def random_inputs(specs: Any, batch_size: int, seed: int = 0) -> Any:
     rng = np.random.default_rng(seed)
     arrays = []
     for path, spec in keras.tree.flatten_with_path(specs):
+        if unknown_length is not None:
+            known = tuple(unknown_length if dim is None else dim for dim in spec.shape[1:])
+            spec = dataclasses.replace(spec, shape=(None, *known) if spec.shape else ())
         if any(dim is None for dim in spec.shape[1:]):
             name = spec.name or _path_name(path)
             raise PlanError(
@@ -273,13 +282,17 @@ def _symbolic_inputs(model: keras.Model) -> Any:
     return symbolic[0] if len(symbolic) == 1 else list(symbolic)
 
 
-def sample_inputs(model: keras.Model, batch_size: int = _CAPTURE_BATCH) -> Any:
+def sample_inputs(
+    model: keras.Model, batch_size: int = _CAPTURE_BATCH, unknown_length: int | None = None
+) -> Any:
     """Returns random inputs of `batch_size` samples matching a built model's inputs.
 
     Args:
         model: a Functional or Sequential model (subclassed models have no
             symbolic inputs; pass a sample batch to the functions that need one).
         batch_size: number of samples.
+        unknown_length: the size of an input dimension besides the batch that the
+            model leaves unknown (`random_inputs`); refused by default.
 
     Returns:
         NumPy arrays in the structure the model takes: one array, or a list, a
@@ -287,7 +300,8 @@ def sample_inputs(model: keras.Model, batch_size: int = _CAPTURE_BATCH) -> Any:
 
     Raises:
         PlanError: if the model has no symbolic inputs, or an input has an unknown
-            dimension besides the batch (a sequence length): pass a batch then.
+            dimension besides the batch (a sequence length)
+            and `unknown_length` is not given: pass a batch then.
 
     Example:
 
@@ -306,7 +320,7 @@ def sample_inputs(model: keras.Model, batch_size: int = _CAPTURE_BATCH) -> Any:
         lambda tensor: dataclasses.replace(spec_of(tensor), name=getattr(tensor, "name", "")),
         symbolic,
     )
-    return random_inputs(specs, batch_size)
+    return random_inputs(specs, batch_size, unknown_length=unknown_length)
 
 
 class _Recorder:

@@ -24,10 +24,10 @@ from collections.abc import Mapping, Sequence
 import keras
 
 from .._core.dtypes import FLOAT8, FLOAT32, POLICY_FOR_DTYPE, is_float8_policy
-from ..cost import LayerCall, ModelTrace, trace_model
-from ..errors import AutoprecError
+from ..cost import LayerCall, ModelTrace
 from ..layers import describe_model, layer_paths, layer_policy
 from ..plan import PrecisionPlan
+from .check_trace import trace_for_check
 from .composite import harmonize_outputs
 from .layer_check import CHECK_FAILED, MISSING_KERNEL, MIXED_ARITHMETIC, check_layer, subtree
 
@@ -132,10 +132,8 @@ def find_missing_kernels(
     if all(dtype == FLOAT32 for dtype in current.values()):
         return []
     if trace is None:
-        try:
-            trace = trace_model(model)
-        except AutoprecError as error:
-            logger.info("autoprec: kernel check skipped: %s", error)
+        trace = trace_for_check(model)
+        if trace is None:
             return []
     harmonize_outputs(model)  # sub-layer outputs cast as `apply_plan` casts them in fit
     infos = describe_model(model)

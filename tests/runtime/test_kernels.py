@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import keras
 import numpy as np
+import pytest
 
 from autoprec import AutoPrecision, PrecisionPlan
 from autoprec.layers import layer_paths
@@ -155,3 +156,64 @@ def test_t5_attention_layers_are_checked_as_called_and_nothing_is_misreported(ca
         callbacks=[AutoPrecision(fallback_plan(plan, found), verbose=0)],
     )
     assert np.isfinite(history.history["loss"][0])
+
+
+class Jitter(keras.layers.Layer):
+    """Adds float32 noise drawn in `call`: its own arithmetic mixes dtypes in 16-bit."""
+
+    def call(self, inputs):
+        return inputs + 0.1 * keras.random.normal(keras.ops.shape(inputs))
+
+
+def _jitter_model():
+    tokens = keras.Input((None,), dtype="int32", name="tokens")
+    hidden = keras.layers.Embedding(12, 4, name="embedding")(tokens)
+    hidden = Jitter(name="jitter")(keras.layers.Dense(4, name="dense")(hidden))
+    pooled = keras.layers.GlobalAveragePooling1D(name="pool")(hidden)
+    return keras.Model(tokens, keras.layers.Dense(1, name="out")(pooled))
+
+
+def _masked_lstm_model():
+    tokens = keras.Input((None,), dtype="int32", name="tokens")
+    hidden = keras.layers.Embedding(12, 4, mask_zero=True, name="embedding")(tokens)
+    hidden = keras.layers.Bidirectional(keras.layers.LSTM(3), name="bidirectional")(hidden)
+    return keras.Model(tokens, keras.layers.Dense(1, name="out")(hidden))
+
+
+def _lstm_plan(model):
+    plan = PrecisionPlan.uniform(model, "bfloat16").with_dtype("bidirectional", "float32")
+    for side in ("forward_layer", "backward_layer"):
+        plan = plan.with_dtype(f"bidirectional/{side}/cell", "float16")
+    return plan
+
+
+@pytest.mark.parametrize(
+    "build, make_plan, moved",
+    [
+        (_jitter_model, lambda model: PrecisionPlan.uniform(model, "bfloat16"), {"jitter"}),
+        (
+            _masked_lstm_model,
+            _lstm_plan,
+            {"bidirectional/forward_layer", "bidirectional/backward_layer"},
+        ),
+    ],
+    ids=["noise_made_in_call", "masked_bidirectional_lstm"],
+)
+def test_inputs_of_unknown_length_are_checked_at_a_probe_length_before_fit_trains(
+    build, make_plan, moved, caplog
+):
+    model = build()
+    model.compile(optimizer="sgd", loss="mse")
+    callback = AutoPrecision(make_plan(model), verbose=0)
+    x = np.random.default_rng(0).integers(1, 12, size=(8, 11)).astype("int32")
+    with caplog.at_level("INFO", logger="autoprec"):
+        history = model.fit(
+            x, np.zeros((8, 1), "float32"), batch_size=4, verbose=0, callbacks=[callback]
+        )
+    assert np.isfinite(history.history["loss"][0])
+    assert "kernel check skipped" not in caplog.text
+    events = [event for event in callback.plan.events if event["kind"] == "mixed_arithmetic"]
+    assert {event["layer"] for event in events} == moved
+    paths = layer_paths(model)
+    assert all(paths[path].compute_dtype == "float32" for path in moved)
+    assert paths["dense" if "jitter" in moved else "out"].compute_dtype == "bfloat16"

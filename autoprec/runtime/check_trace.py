@@ -1,0 +1,148 @@
+"""What the kernel check calls each layer with: one forward pass of the model, however it takes inputs.
+
+The check calls every 16-bit layer alone on tensors shaped as the layer sees them
+in the model (`autoprec.cost.trace_model`). `trace_for_check` finds that pass for
+the models `fit` trains: a Functional model whose inputs leave a length unknown
+(a keras-hub backbone's padded sequence) at `PROBE_LENGTH`; a model with no call of
+its own (a keras.io VAE or GAN stepping its sub-models in its own `train_step`)
+through each nested model that has inputs; a subclassed model through the shapes it
+was built with (`get_build_config`). Which kernels exist and which dtypes meet does
+not depend on the length or the values.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import keras
+import numpy as np
+
+from ..cost import LayerCall, ModelTrace, sample_inputs, trace_model
+from ..errors import AutoprecError
+from ..layers import layer_paths
+
+logger = logging.getLogger("autoprec")
+
+#: The length a model input's unknown dimension (a padded sequence length) takes in
+#: the check.
+PROBE_LENGTH = 8
+#: Samples of the check's batch.
+PROBE_BATCH = 2
+
+
+def trace_for_check(model: keras.Model) -> ModelTrace | None:
+    """Returns a forward pass of `model` whose calls the kernel check replays, or `None`.
+
+    Tried in order: the model's own inputs; the same with unknown lengths at
+    `PROBE_LENGTH`; each nested model that has inputs (its calls under its path in
+    `model`); the shapes the model was built with, as floats, then as integer
+    zeros (token ids). `None` when none runs; that is logged and nothing is checked.
+
+    Args:
+        model: a built model, in the policies it had before the plan.
+
+    Returns:
+        A `ModelTrace` keyed by `model`'s layer paths (its `edges` empty where it
+        joins nested models' passes), or `None`.
+
+    Example:
+
+    ```python
+    trace = trace_for_check(model)
+    sorted(trace.calls) if trace is not None else "nothing to check"
+    ```
+    """
+    try:
+        return trace_model(model)
+    except AutoprecError as error:
+        reason = str(error)
+    for way, attempt in (
+        (f"at a length of {PROBE_LENGTH}", _at_probe_length),
+        ("through its nested models", _through_nested_models),
+        ("at the shapes it was built with", _at_built_shapes),
+    ):
+        try:
+            trace = attempt(model)
+        except Exception as error:  # the model refused the probe: the next way, or nothing
+            reason += f"; {way} it raised {_first_line(error)}"
+            continue
+        if trace is not None:
+            logger.debug("autoprec: kernel check of %r traced %s", model.name, way)
+            return trace
+    logger.info("autoprec: kernel check skipped: %s", reason)
+    return None
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return f"{type(error).__name__}: {text.splitlines()[0]}" if text else type(error).__name__
+
+
+def _at_probe_length(model: keras.Model) -> ModelTrace | None:
+    """The model's own inputs, unknown lengths at `PROBE_LENGTH`; `None` without inputs."""
+    try:
+        sample = sample_inputs(model, PROBE_BATCH, unknown_length=PROBE_LENGTH)
+    except AutoprecError:
+        return None  # no symbolic inputs at all
+    return trace_model(model, sample)
+
+
+def _through_nested_models(model: keras.Model) -> ModelTrace | None:
+    """Each nested model with inputs, traced alone, its calls under its path in `model`."""
+    outer_path = {id(layer): path for path, layer in layer_paths(model).items()}
+    calls: dict[str, tuple[LayerCall, ...]] = {}
+    covered: list[str] = []
+    for path, layer in layer_paths(model).items():
+        if not isinstance(layer, keras.Model) or any(path.startswith(p + "/") for p in covered):
+            continue
+        trace = _nested_trace(layer)
+        if trace is None:
+            continue
+        covered.append(path)
+        for inner, inner_layer in layer_paths(layer).items():
+            if inner in trace.calls and id(inner_layer) in outer_path:
+                calls[outer_path[id(inner_layer)]] = trace.calls[inner]
+    return ModelTrace(calls=calls, edges=()) if calls else None
+
+
+def _nested_trace(model: keras.Model) -> ModelTrace | None:
+    """A nested model's trace from its own inputs (unknown lengths probed), or `None`."""
+    try:
+        return trace_model(model)
+    except AutoprecError:
+        pass
+    try:
+        return _at_probe_length(model)
+    except Exception:  # the nested model refused the probe length: left unchecked
+        return None
+
+
+def _at_built_shapes(model: keras.Model) -> ModelTrace | None:
+    """The shapes `get_build_config` records, as floats, then as token ids; `None` without."""
+    config = model.get_build_config() if model.built else None
+    shapes = (config or {}).get("input_shape")
+    if shapes is None:
+        return None
+    failure: Exception | None = None
+    for make in (_normal_floats, _token_zeros):
+        sample = keras.tree.map_shape_structure(make, shapes)
+        try:
+            return trace_model(model, sample)
+        except Exception as error:  # floats refused: token ids next
+            failure = error
+    raise failure
+
+
+def _probe_shape(shape: Any) -> tuple[int, ...]:
+    dims = tuple(shape)
+    rest = tuple(PROBE_LENGTH if dim is None else int(dim) for dim in dims[1:])
+    return (PROBE_BATCH, *rest) if dims else ()
+
+
+def _normal_floats(shape: Any) -> np.ndarray:
+    return np.random.default_rng(0).standard_normal(_probe_shape(shape)).astype("float32")
+
+
+def _token_zeros(shape: Any) -> np.ndarray:
+    return np.zeros(_probe_shape(shape), "int32")
