@@ -10,7 +10,7 @@ outputs pass 65504) rules uniform float16 out: the per-layer plan against float3
 Last, measured rows on this CPU: small models, costs timed here for float32 and
 bfloat16, the plan's whole train step against each uniform policy's, interleaved.
 
-Run: `python bench/uniform_first.py [--quick] [--json out.json]`.
+Run: `python bench/uniform_first.py [--quick | --measured-only] [--json out.json]`.
 """
 
 from __future__ import annotations
@@ -284,6 +284,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", help="write the rows here")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--only", help="comma-separated model names")
+    parser.add_argument(
+        "--measured-only", action="store_true", help="only the rows measured on this CPU"
+    )
     args = parser.parse_args(argv)
     print(f"host: {host.cpu_model()}, {host.cores()} cores; {host.sixteen_bit_flags()}")
     chosen = workloads()
@@ -295,6 +298,8 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     results: dict[str, Any] = {"host": host.cpu_model(), "predicted": [], "unsafe": []}
     for name, (build, sample, batches) in chosen.items():
+        if args.measured_only:
+            break
         try:
             results["predicted"] += predicted_rows(name, build, sample, batches, cards)
             results["unsafe"] += unsafe_rows(name, build, sample, batches[-1:])

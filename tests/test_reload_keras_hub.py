@@ -25,9 +25,17 @@ import zoo_models
 
 import autoprec
 from autoprec.layers import describe_model
+from autoprec.runtime.composite import dtype_clashes
 
 DTYPES = ("float32", "bfloat16", "float16")
 TESTS = Path(__file__).resolve().parent
+
+#: Why a random plan on Gemma reloads close but not bitwise: its backbone scales the
+#: embeddings by `ops.cast(ops.sqrt(hidden_dim), x.dtype)`, a constant made when the
+#: functional graph is built. Trained, the graph was built in float32 and the plan set
+#: afterwards (the float16 embeddings meet a float32 constant); reloaded, it is built in
+#: the plan's dtypes (a float16 constant).
+GEMMA_GRAPH = "known defect: a keras-hub graph constant cast at construction (GEMMA_GRAPH)"
 
 #: Families checked in every CI run; the others are `slow`.
 IN_CI = ("gemma",)
@@ -157,6 +165,7 @@ def train_and_save(name: str, make_plan, directory: Path) -> dict:
         "saved": saved,
         "batch_file": batch_file,
         "dtypes": own_dtypes(model),
+        "clashes": [clash.describe() for clash in dtype_clashes(model)],
         "predictions": keras.ops.convert_to_numpy(model.predict(batch, verbose=0)),
         "loss_scale": None if scale is None else float(keras.ops.convert_to_numpy(scale)),
     }
@@ -186,6 +195,12 @@ def assert_same(trained: dict, found: dict, door: str) -> None:
 
 def assert_dtypes_and_close(trained: dict, found: dict, door: str) -> None:
     assert found["dtypes"] == trained["dtypes"], f"{trained['name']} ({door})"
+    if trained["clashes"] and found["predicted"] is not True:
+        # A sub-layer in another dtype than the composite layer whose own arithmetic
+        # combines its outputs runs through autoprec's output casts, which Keras'
+        # door does not rebuild (autoprec.load_model does).
+        assert found["predicted"].startswith("TypeError"), found["predicted"]
+        return
     assert found["predicted"] is True, f"{trained['name']} ({door}): {found['predicted']}"
     # Keras rebuilds each layer from the map as autoprec set it, but runs the model
     # without autoprec's output casts: 16-bit rounding differs, the dtypes do not.
@@ -194,12 +209,17 @@ def assert_dtypes_and_close(trained: dict, found: dict, door: str) -> None:
 
 def test_every_door_reloads_every_layer_s_dtype_and_autoprec_s_is_exact(trained):
     assert len(set(trained["dtypes"].values())) >= 2
-    found = load_in_fresh_process(trained["saved"], trained["batch_file"], "keras", "autoprec")
-    assert found["autoprec_imported"]
-    assert_same(trained, found["autoprec"], "autoprec")
-    assert_dtypes_and_close(trained, found["keras"], "keras")
+    # One door a process, as a user loads: a layer keras-hub names itself
+    # (`mixtral_sparse_moe_block`) is named `..._1` by a second load in one process.
+    found = {
+        door: load_in_fresh_process(trained["saved"], trained["batch_file"], door)
+        for door in ("keras", "autoprec")
+    }
+    assert all(found[door]["autoprec_imported"] for door in found)
+    assert_same(trained, found["autoprec"]["autoprec"], "autoprec")
+    assert_dtypes_and_close(trained, found["keras"]["keras"], "keras")
     for door in ("keras", "autoprec"):
-        assert found[door]["loss_scale"] == trained["loss_scale"], door
+        assert found[door][door]["loss_scale"] == trained["loss_scale"], door
     alone = load_in_fresh_process(trained["saved"], trained["batch_file"], "keras_only")
     assert not alone["autoprec_imported"]
     assert_dtypes_and_close(trained, alone["keras_only"], "keras_only")
@@ -207,12 +227,17 @@ def test_every_door_reloads_every_layer_s_dtype_and_autoprec_s_is_exact(trained)
 
 @pytest.mark.parametrize(
     "name",
-    [pytest.param(name, marks=pytest.mark.slow) for name in ("gpt2", "bart", "gemma")],
+    [
+        pytest.param("gpt2", marks=pytest.mark.slow),
+        pytest.param("bart", marks=pytest.mark.slow),
+        pytest.param("gemma", marks=[pytest.mark.slow, pytest.mark.xfail(reason=GEMMA_GRAPH)]),
+    ],
 )
 def test_a_random_plan_reloads_exactly_through_autoprec_and_by_name_through_keras(name, tmp_path):
     trained = train_and_save(name, random_plan, tmp_path)
     assert set(trained["dtypes"].values()) == {"float32", "mixed_bfloat16", "mixed_float16"}
-    found = load_in_fresh_process(trained["saved"], trained["batch_file"], "keras", "autoprec")
-    assert_same(trained, found["autoprec"], "autoprec")
-    assert found["autoprec"]["loss_scale"] == trained["loss_scale"]
-    assert found["keras"]["dtypes"] == trained["dtypes"]  # every layer Keras names
+    by_keras = load_in_fresh_process(trained["saved"], trained["batch_file"], "keras")["keras"]
+    by_autoprec = load_in_fresh_process(trained["saved"], trained["batch_file"], "autoprec")
+    assert_same(trained, by_autoprec["autoprec"], "autoprec")
+    assert by_autoprec["autoprec"]["loss_scale"] == trained["loss_scale"]
+    assert by_keras["dtypes"] == trained["dtypes"]  # every layer Keras names

@@ -14,7 +14,9 @@ layer in the dtype it trained in.
 
 from __future__ import annotations
 
+import re
 import weakref
+from collections.abc import Mapping
 from typing import Any
 
 import keras
@@ -44,11 +46,73 @@ def policy_map_of(
     policy_map_of(model, keras.dtype_policies.get("float32"))["dense"].name  # "mixed_bfloat16"
     ```
     """
-    entries: dict[str, Any] = {}
+    layers: dict[str, keras.layers.Layer] = {}
     for layer in [model, *layer_paths(model).values()]:
-        if layer.path and layer.path not in entries:
-            entries[layer.path] = layer_policy(layer)
-    return keras.dtype_policies.DTypePolicyMap(default_policy=default, policy_map=entries)
+        if layer.path and layer.path not in layers:
+            layers[layer.path] = layer
+    entries = {path: layer_policy(layer) for path, layer in layers.items()}
+    return keras.dtype_policies.DTypePolicyMap(
+        default_policy=default, policy_map=name_patterns(entries, layers)
+    )
+
+
+def name_patterns(
+    entries: Mapping[str, Any], layers: Mapping[str, keras.layers.Layer]
+) -> dict[str, Any]:
+    r"""Returns `entries` keyed by patterns that also match a Keras-made name's other numbers.
+
+    A layer created without a name is named by Keras from its class and a counter
+    of the process (`mixtral_sparse_moe_block`, then `..._1`): a model built again
+    in another process, or twice in one, names it with another number, and an
+    exact path would miss it. Each such segment becomes `name(?:_\d+)?`, a regular
+    expression `DTypePolicyMap` matches in full; a path keeps its exact form where
+    its pattern would match another layer of the model.
+
+    Args:
+        entries: `{Keras layer path: policy}`.
+        layers: `{Keras layer path: layer}` of the model, for the layers' classes.
+
+    Returns:
+        `{key: policy}`: a pattern where one is unambiguous, else the exact path.
+
+    Example:
+
+    ```python
+    name_patterns({"block/dense_3": policy}, {"block": block, "block/dense_3": dense})
+    # {"block/dense(?:_\d+)?": policy}, where "block" was named by its user
+    ```
+    """
+    patterns = {path: _path_pattern(path, layers) for path in entries}
+    keyed: dict[str, Any] = {}
+    for path, pattern in patterns.items():
+        unambiguous = pattern is not None and (
+            [other for other in layers if re.fullmatch(pattern, other)] == [path]
+            and list(patterns.values()).count(pattern) == 1
+        )
+        keyed[pattern if unambiguous else path] = entries[path]
+    return keyed
+
+
+def _path_pattern(path: str, layers: Mapping[str, keras.layers.Layer]) -> str | None:
+    """`path` as a regular expression, each Keras-made name open to any number; `None` if none."""
+    segments = path.split("/")
+    parts = []
+    for index, segment in enumerate(segments):
+        layer = layers.get("/".join(segments[: index + 1]))
+        stem = _snake_case(type(layer).__name__) if layer is not None else None
+        if stem and re.fullmatch(rf"{re.escape(stem)}(?:_\d+)?", segment):
+            parts.append(rf"{re.escape(stem)}(?:_\d+)?")
+        else:
+            parts.append(re.escape(segment))
+    pattern = "/".join(parts)
+    return pattern if pattern != re.escape(path) else None
+
+
+def _snake_case(name: str) -> str:
+    """A class name as Keras names an instance of it (`MixtralSparseMoeBlock` -> `mixtral_sparse_moe_block`)."""
+    name = re.sub(r"\W+", "", name)
+    name = re.sub("(.)([A-Z][a-z]+)", r"\1_\2", name)
+    return re.sub("([a-z])([A-Z])", r"\1_\2", name).lower()
 
 
 def map_groups(model: keras.Model) -> dict[str, list[str]]:

@@ -62,3 +62,48 @@ def test_the_map_follows_later_policy_changes():
     query = layer_paths(model)["attention/query_dense"]
     assert written[query.path].name == "float32"
     assert policy_map_of(model, keras.dtype_policies.get("float32"))[query.path].name == "float32"
+
+
+@keras.saving.register_keras_serializable(package="autoprec_tests")
+class Block(keras.layers.Layer):
+    """Builds its sub-layers itself, unnamed, from its own `dtype` (as keras-hub's blocks do)."""
+
+    def __init__(self, units=4, **kwargs):
+        super().__init__(**kwargs)
+        self.units = units
+        self.dense = keras.layers.Dense(units, dtype=self.dtype_policy)
+        self.norm = keras.layers.LayerNormalization(dtype=self.dtype_policy)
+
+    def build(self, input_shape):
+        self.dense.build(input_shape)
+        self.norm.build((*input_shape[:-1], self.units))
+
+    def call(self, inputs):
+        return self.norm(self.dense(inputs))
+
+    def get_config(self):
+        return {**super().get_config(), "units": self.units}
+
+
+def _block_model() -> keras.Model:
+    inputs = keras.Input((3,))
+    return keras.Model(inputs, keras.layers.Dense(1, name="out")(Block(name="block")(inputs)))
+
+
+def test_a_reload_that_numbers_keras_made_names_otherwise_finds_every_dtype(tmp_path):
+    _block_model()  # a model built before: Keras numbers the next unnamed layers on
+    model = _block_model()
+    paths = layer_paths(model)
+    assert paths["block/dense"].path != "block/dense"  # numbered by the process
+    plan = PrecisionPlan.uniform(model, "float32").with_dtype("block/dense", "bfloat16")
+    autoprec.apply_plan(model, plan.with_dtype("block/norm", "float16"))
+    written = keras.dtype_policies.deserialize(model.get_layer("block").get_config()["dtype"])
+    assert written["block/dense_999"].name == "mixed_bfloat16"  # any number Keras gives it
+    assert written["out"].name == "float32"
+    model.save(tmp_path / "m.keras")
+    reloaded = keras.saving.load_model(tmp_path / "m.keras")
+    again = layer_paths(reloaded)
+    assert again["block/dense"].path != paths["block/dense"].path  # numbered otherwise
+    assert again["block/dense"].compute_dtype == "bfloat16"
+    assert again["block/norm"].compute_dtype == "float16"
+    assert again["block"].compute_dtype == "float32" and again["out"].compute_dtype == "float32"
