@@ -9,8 +9,10 @@ from typing import Any
 
 from ._auto import (
     FALLBACK_BATCH_SIZE,
+    UNPROFILED_STEPS,
     AutoPlan,
     FirstBatchSize,
+    StepClock,
     decide_plan,
     decision_budget,
     race_candidates,
@@ -21,7 +23,6 @@ from ._auto import (
 )
 from ._core.dtypes import BFLOAT16, FLOAT8, FLOAT16, FLOAT32
 from ._core.messages import show_message
-from ._core.models import rebuild_train_function
 from .cost import Estimate
 from .errors import BackendError, PlanError
 from .hardware import HardwareProfile, is_local, resolve_hardware
@@ -61,7 +62,8 @@ class AutoPrecision(PlanCallback):
 
     With no plan, it decides one itself (settings in `auto`, an
     `autoprec.AutoPlan`): the first `auto.profile_steps` steps run in the
-    model's own policies with profiler probes, then the heuristic plan is built
+    model's own policies with profiler probes (none where the only fast dtype
+    is bfloat16, whose range is float32's), then the heuristic plan is built
     from the recorded ranges and the layer costs at the batch size `fit` uses
     (read from its first batch, or `auto.batch_size`), measured on this device
     (cached) or predicted for `hardware`. Where costs are measured here, the
@@ -69,7 +71,10 @@ class AutoPrecision(PlanCallback):
     16-bit policies the device runs fast and the per-layer plan, interleaved
     (`auto.timing_rounds`), and the fastest is kept, a difference inside the
     measured noise going to the simpler plan; these steps train the model as
-    any others. The plan is applied and training goes on.
+    any others. The decision stays within `auto.decision_seconds` (default a
+    tenth of the first epoch, at most 60 s), traces counted: where it cannot
+    afford to trace the candidates, the simpler plan (float32) is kept. The
+    plan is applied and training goes on.
     Where the device runs no 16-bit dtype fast (`hardware.is_fast`), nothing
     can be won: the model trains in float32 at once, nothing profiled or timed,
     and one line says so (`plan.metadata["measured"]` records the decision).
@@ -164,7 +169,7 @@ class AutoPrecision(PlanCallback):
         self._race: StepRace | None = None
         self._race_plans: dict[str, PrecisionPlan] = {}
         self._per_layer_plan: PrecisionPlan | None = None
-        self._started_at: float | None = None
+        self._clock: StepClock | None = None
         self._decision: dict[str, Any] = {}
 
     # ------------------------------------------------------------------ Keras hooks
@@ -187,11 +192,16 @@ class AutoPrecision(PlanCallback):
             super().on_train_batch_end(batch, logs)
             return
         self._step += 1
+        if self._clock is not None:
+            self._clock.step_ended()
         if self._profiler is not None:
             self._profiler.on_train_batch_end(batch, logs)
             if self._profiler.profile is not None:
                 self._decide_and_apply()
-        else:
+            return
+        steps = (self.params or {}).get("steps")
+        last_of_epoch = steps is not None and batch + 1 >= steps
+        if self._clock is None or self._clock.steps >= UNPROFILED_STEPS or last_of_epoch:
             self._decide_and_apply()
 
     def on_epoch_end(self, epoch, logs=None) -> None:
@@ -215,11 +225,20 @@ class AutoPrecision(PlanCallback):
         if self.auto.budget is None and not self._fast_reduced_dtypes():
             self._decide_at_once()
             return
-        self._started_at = time.perf_counter()
+        self._clock = StepClock()
         # fit's first batch gives the shapes costs are timed at (its size, unless
         # `AutoPlan(batch_size=...)` names another).
         self._batch_reader = FirstBatchSize(self.model)
         self._batch_reader.install()
+        if self.auto.budget is None and not self._range_limited_dtypes():
+            # bfloat16 keeps float32's exponent range: no recorded range can rule it out.
+            self._waiting_for_a_batch = True
+            show_message(
+                "autoprec: bfloat16 keeps float32's range, nothing to profile; deciding after "
+                f"{UNPROFILED_STEPS} steps",
+                self.verbose,
+            )
+            return
         self._profiler = ProfileCallback(
             steps=self.auto.profile_steps, float8_ranges=self._float8_is_fast()
         )
@@ -254,6 +273,10 @@ class AutoPrecision(PlanCallback):
         except Exception:  # noqa: BLE001 - an unknown device: profile and decide as before
             return [BFLOAT16]
         return [dtype for dtype in (BFLOAT16, FLOAT16, FLOAT8) if hardware.is_fast(dtype)]
+
+    def _range_limited_dtypes(self) -> list[str]:
+        """The fast dtypes a recorded range can rule out (float16, float8): what a profile decides."""
+        return [dtype for dtype in self._fast_reduced_dtypes() if dtype in (FLOAT16, FLOAT8)]
 
     def _decide_at_once(self) -> None:
         """Keeps float32 without profiling or timing: no 16-bit dtype runs fast on the device."""
@@ -298,7 +321,10 @@ class AutoPrecision(PlanCallback):
             self._report()
             return
         decided_at = time.perf_counter()
-        budget = decision_budget(self.auto, self._epoch_estimate(decided_at))
+        steps = (self.params or {}).get("steps")
+        clock = self._clock or StepClock()
+        budget = decision_budget(self.auto, clock.epoch_estimate(steps))
+        trace = clock.trace_seconds() or 0.0
         plan, self.estimate = decide_plan(
             self.model,
             self.profile,
@@ -307,12 +333,23 @@ class AutoPrecision(PlanCallback):
             verbose=self.verbose,
             sample=sample,
             time_budget=budget,
+            trace_seconds=trace,
         )
         spent = time.perf_counter() - decided_at
         self._decision = {"decision_seconds": spent, "budget_seconds": round(budget, 3)}
-        candidates = self._timed_candidates(plan) if spent < budget else {}
+        candidates = self._timed_candidates(plan)
+        if len(candidates) >= 2 and spent + len(candidates) * trace > budget:
+            # The race would trace every candidate: out of budget, fit keeps the simpler plan.
+            name, simpler = next(iter(candidates.items()))
+            plan = simpler.with_metadata(hardware=plan.metadata.get("hardware"))
+            why = (
+                f"timing {len(candidates)} candidates needs {len(candidates)} traces of about "
+                f"{trace:.1f} s, over the {budget:.1f} s budget: keeping {name}, the simpler plan"
+            )
+            self.estimate, candidates = None, {}
+        else:
+            why = ""
         if len(candidates) < 2:
-            why = "" if spent < budget else "the decision's time ran out before the race"
             self.plan = plan.with_metadata(measured=self._decision_record(0, 0, why))
             self._apply(quiet=True)
             self._report()
@@ -374,13 +411,6 @@ class AutoPrecision(PlanCallback):
                 self.verbose,
             )
 
-    def _epoch_estimate(self, now: float) -> float | None:
-        """The first epoch's length, estimated from the steps run so far (tracing included)."""
-        steps = (self.params or {}).get("steps")
-        if self._started_at is None or not steps or self._step < 1:
-            return None
-        return (now - self._started_at) / self._step * steps
-
     def _decision_record(self, candidates: int, rounds: int, why: str = "") -> dict[str, Any]:
         """What the decision cost, for `plan.metadata["measured"]`."""
         record = {
@@ -402,8 +432,9 @@ class AutoPrecision(PlanCallback):
         size = self.auto.batch_size or size
         sample = reader.read_inputs(size) if reader is not None else None
         if reader is not None:
+            # The traced step keeps the reader (it records one batch, once): a plan that
+            # changes nothing runs it on; one that does, and the race, trace their own.
             reader.remove()
-            rebuild_train_function(self.model)  # traced lazily, without the reader
         if size is None:
             logger.info(
                 "autoprec: no batch seen before deciding; costs timed at batch size %d",

@@ -11,6 +11,7 @@ fit's, the plan kept and how long deciding took (`plan.metadata["measured"]`).
 ```bash
 python bench/oneliner_first_epoch.py --models all --epochs 3 --rounds 1
 python bench/oneliner_first_epoch.py --models all --epochs 3 --fast-bfloat16
+python bench/oneliner_first_epoch.py --models resnet50,encoder --decision-seconds 60
 ```
 
 `--models all` runs eight models from 4 to 400 layers (DenseNet121; MobileNetV2 has 151).
@@ -108,7 +109,15 @@ class EpochEnds(keras.callbacks.Callback):
         self.ends.append(time.perf_counter() - self.started)
 
 
-def timed_fit(name: str, weights: list, data, epochs: int, one_liner: bool, hardware="local"):
+def timed_fit(
+    name: str,
+    weights: list,
+    data,
+    epochs: int,
+    one_liner: bool,
+    hardware="local",
+    decision_seconds: float | None = None,
+):
     """Returns the epoch ends of one fit of a fresh copy, and the one-liner's plan."""
     model = MODELS[name][0]()
     model.set_weights(weights)
@@ -117,14 +126,22 @@ def timed_fit(name: str, weights: list, data, epochs: int, one_liner: bool, hard
     callbacks = [timer]
     callback = None
     if one_liner:
-        callback = autoprec.AutoPrecision(hardware=hardware, verbose=0)
+        auto = autoprec.AutoPlan(decision_seconds=decision_seconds)
+        callback = autoprec.AutoPrecision(hardware=hardware, auto=auto, verbose=0)
         callbacks.append(callback)
     x, y = data
     model.fit(x, y, batch_size=32, epochs=epochs, verbose=0, callbacks=callbacks)
     return timer.ends, (callback.plan if callback is not None else None)
 
 
-def measure(name: str, epochs: int, rounds: int, steps: int, hardware="local") -> list:
+def measure(
+    name: str,
+    epochs: int,
+    rounds: int,
+    steps: int,
+    hardware="local",
+    decision_seconds: float | None = None,
+) -> list:
     """Returns one table row for `name`: first epoch and whole fit, with and without."""
     keras.utils.set_random_seed(0)
     build, make_data = MODELS[name]
@@ -133,7 +150,9 @@ def measure(name: str, epochs: int, rounds: int, steps: int, hardware="local") -
     plain, auto, plan = [], [], None
     for _ in range(rounds):
         plain.append(timed_fit(name, weights, data, epochs, one_liner=False)[0])
-        ends, plan = timed_fit(name, weights, data, epochs, one_liner=True, hardware=hardware)
+        ends, plan = timed_fit(
+            name, weights, data, epochs, True, hardware, decision_seconds=decision_seconds
+        )
         auto.append(ends)
     first = [ends[0] for ends in auto], [ends[0] for ends in plain]
     whole = [ends[-1] for ends in auto], [ends[-1] for ends in plain]
@@ -164,6 +183,11 @@ def main(argv: list[str] | None = None) -> None:
         action="store_true",
         help="tell the one-liner bfloat16 runs fast here: it then profiles, times and races",
     )
+    parser.add_argument(
+        "--decision-seconds",
+        type=float,
+        help="AutoPlan(decision_seconds=...): the decision's budget (default its own)",
+    )
     args = parser.parse_args(argv)
     hardware = fast_bfloat16_here() if args.fast_bfloat16 else "local"
     print(
@@ -173,7 +197,9 @@ def main(argv: list[str] | None = None) -> None:
     names = list(MODELS) if args.models == "all" else args.models.split(",")
     rows = []
     for name in names:
-        rows.append(measure(name, args.epochs, args.rounds, args.steps, hardware))
+        rows.append(
+            measure(name, args.epochs, args.rounds, args.steps, hardware, args.decision_seconds)
+        )
         print(" | ".join(str(cell) for cell in rows[-1]), flush=True)
     header = [
         "model",

@@ -111,6 +111,19 @@ def local_with_fast_bfloat16():
     )
 
 
+def local_with_fast_16bit():
+    """This device told that bfloat16 and float16 both run fast: ranges then decide, so it profiles."""
+    import dataclasses
+
+    device = local_with_fast_bfloat16()
+    return dataclasses.replace(
+        device,
+        fast_dtypes=("bfloat16", "float16"),
+        slow_dtypes=(),
+        float16_flops=device.bfloat16_flops,
+    )
+
+
 #: Test modules whose shared fixtures (a JAX child process, a benchmark run) take tens of
 #: seconds to minutes on 2 cores: the whole module is `slow` (`pytest -m slow`), so that
 #: CI's `long` stage stays within its time.

@@ -12,7 +12,12 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import build_mlp, classification_data, local_with_fast_bfloat16
+from conftest import (
+    build_mlp,
+    classification_data,
+    local_with_fast_16bit,
+    local_with_fast_bfloat16,
+)
 
 import autoprec
 from autoprec import AutoPrecision, FlooredLossScaleOptimizer, PlanError, PrecisionPlan
@@ -305,8 +310,8 @@ def test_one_liner_profiles_decides_applies_and_reports(classification, capsys, 
     x, y = classification
     model = _compiled(build_mlp())
     callback = AutoPrecision(
-        hardware=local_with_fast_bfloat16(),
-        auto=AutoPlan(profile_steps=2),
+        hardware=local_with_fast_16bit(),  # float16's ranges are in question: it profiles
+        auto=AutoPlan(profile_steps=2, decision_seconds=120.0),
         plan_path=tmp_path / "auto.json",
     )
     history = model.fit(x, y, epochs=2, batch_size=16, verbose=0, callbacks=[callback])
@@ -331,6 +336,46 @@ def test_one_liner_profiles_decides_applies_and_reports(classification, capsys, 
         assert paths[path].compute_dtype == dtype
     assert PrecisionPlan.load(tmp_path / "auto.json") == plan
     assert all(np.isfinite(history.history["loss"]))
+
+
+def test_where_only_bfloat16_runs_fast_nothing_is_profiled_and_the_race_fits_its_budget(
+    classification, capsys
+):
+    x, y = (np.concatenate([part] * 8) for part in classification)  # room for the race
+    model = _compiled(build_mlp())
+    callback = AutoPrecision(
+        hardware=local_with_fast_bfloat16(), auto=AutoPlan(decision_seconds=120.0)
+    )
+    history = model.fit(x, y, epochs=2, batch_size=16, verbose=0, callbacks=[callback])
+    output = capsys.readouterr().out
+    assert "bfloat16 keeps float32's range, nothing to profile; deciding after 3 steps" in output
+    assert "profiling" not in output and callback.profile is None
+    assert "timed the whole train step of float32, mixed_bfloat16" in output
+    measured = callback.plan.metadata["measured"]
+    assert measured["candidates_timed"] >= 2 and measured["winner"] in measured["rounds_ms"]
+    assert all(np.isfinite(history.history["loss"]))
+    # The default budget, a tenth of a short first epoch, cannot pay for two traces: the
+    # simpler plan, float32, with the reason.
+    model = _compiled(build_mlp())
+    callback = AutoPrecision(hardware=local_with_fast_bfloat16(), verbose=0)
+    functions = TrainFunctions()
+    model.fit(x, y, epochs=1, batch_size=16, verbose=0, callbacks=[callback, functions])
+    why = callback.plan.metadata["measured"]["why"]
+    assert "traces of about" in why and why.endswith("keeping float32, the simpler plan")
+    assert set(callback.handle.dtypes.values()) == {"float32"}
+    # Nothing changed: the step fit traced first runs on, not traced again.
+    assert len(set(functions.seen)) == 1 and len(functions.seen) == len(x) // 16
+
+
+class TrainFunctions(keras.callbacks.Callback):
+    """Records which compiled train function ran each step."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen: list[int] = []
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.seen.append(id(self.model.train_function))
 
 
 @pytest.mark.parametrize("hardware", ["cpu-generic", "local"])

@@ -31,6 +31,7 @@ from .race import (
     race_lines,
     race_winner_plan,
 )
+from .step_clock import UNPROFILED_STEPS, StepClock
 
 __all__ = [
     "DECISION_CAP_SECONDS",
@@ -39,8 +40,10 @@ __all__ = [
     "MIN_CALIBRATION_SECONDS",
     "PER_LAYER",
     "RECORDED_DIMENSIONS",
+    "UNPROFILED_STEPS",
     "AutoPlan",
     "FirstBatchSize",
+    "StepClock",
     "decide_plan",
     "decision_budget",
     "measure_costs",

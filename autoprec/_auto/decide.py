@@ -47,6 +47,7 @@ def decide_plan(
     verbose: int = 0,
     sample: Any = None,
     time_budget: float | None = None,
+    trace_seconds: float = 0.0,
 ) -> tuple[PrecisionPlan, Estimate | None]:
     """Returns the heuristic plan for `model` and the estimate behind it.
 
@@ -69,6 +70,10 @@ def decide_plan(
         time_budget: seconds the costs measured here may take (`calibrate`'s
             `time_budget`); below `MIN_CALIBRATION_SECONDS` costs are predicted for the
             device instead; `None`: no limit.
+        trace_seconds: what one trace of the train step costs here (`StepClock`):
+            timing costs traces a whole step per dtype and two mixed ones, so
+            costs are predicted when those traces alone would not leave
+            `MIN_CALIBRATION_SECONDS` of `time_budget`.
 
     Returns:
         `(plan, estimate)`; `estimate` is `None` if no cost model could be built.
@@ -84,12 +89,15 @@ def decide_plan(
         dtype for dtype in (BFLOAT16, FLOAT16, FLOAT8) if hardware_profile.is_fast(dtype)
     ]
     costs = None
-    too_short = time_budget is not None and time_budget < MIN_CALIBRATION_SECONDS
+    traces = (len(allowed) + 2) * trace_seconds  # calibrate's whole uniform and mixed steps
+    too_short = time_budget is not None and time_budget < MIN_CALIBRATION_SECONDS + traces
     if calibrate_costs and is_local(hardware) and too_short:
         logger.info(
-            "autoprec: a %.1f s decision budget is too short to time costs here; costs are "
-            "predicted for %s and the whole steps timed inside fit decide",
+            "autoprec: a %.1f s decision budget is too short to time costs here (%.1f s of "
+            "it would trace whole steps); costs are predicted for %s and the whole steps "
+            "timed inside fit decide",
             time_budget,
+            traces,
             hardware_profile.name,
         )
     try:

@@ -13,7 +13,7 @@ from .._core.messages import show_message
 from .._core.models import inner_optimizer, rebuild_train_function, strategy_scope, sync_fit_state
 from ..errors import PlanError
 from ..hardware import HardwareProfile, resolve_hardware
-from ..layers import is_fully_built, layer_paths
+from ..layers import is_fully_built, layer_paths, layer_policy
 from ..plan import PrecisionPlan
 from .applied import COMPILED_FUNCTIONS, AppliedState, applied_state, keep_applied_state
 from .apply import PlanHandle, apply_plan
@@ -288,11 +288,11 @@ class PlanCallback(keras.callbacks.Callback):
     def _keeps_compiled_functions(self, state: AppliedState | None, has_16bit: bool) -> bool:
         """Whether the traced functions still fit: same dtypes, optimizer and telemetry."""
         model = self.model
-        if (
-            state is None
-            or state.dtypes != self.handle.dtypes
-            or state.optimizer is not model.optimizer
-        ):
+        if state is None:
+            # A plan that leaves every layer's policy as it was and needs no telemetry runs
+            # the step fit already traced (the one-liner keeping float32 after its first steps).
+            return not has_16bit and self._policies_unchanged()
+        if state.dtypes != self.handle.dtypes or state.optimizer is not model.optimizer:
             return False
         telemetry = (
             state.telemetry if state.telemetry is not None and state.telemetry.installed else None
@@ -304,6 +304,14 @@ class PlanCallback(keras.callbacks.Callback):
             self._watch.telemetry = telemetry
             return True
         return self._watch is None or not has_16bit
+
+    def _policies_unchanged(self) -> bool:
+        """Whether the applied plan left every layer in the policy it had before."""
+        paths = layer_paths(self.model)
+        return all(
+            path in paths and layer_policy(paths[path]).name == policy.name
+            for path, policy in self.handle.original_policies.items()
+        )
 
     def _apply_plan(self, plan: PrecisionPlan) -> PlanHandle:
         """`apply_plan` in strict mode, its error saying how to train with a partial plan."""

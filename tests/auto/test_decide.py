@@ -126,7 +126,8 @@ def test_a_batch_size_asked_for_is_priced_with_fits_shapes_on_dict_and_dynamic_i
 def test_the_decision_stays_within_its_budget_and_says_what_it_cost(capsys):
     model = sequence_model()
     hardware = local_with_fast_bfloat16()
-    # No time at all: nothing is timed per layer (all predicted) and nothing is raced.
+    # No time at all: nothing is timed per layer (all predicted), nothing is raced, and fit
+    # keeps the simpler plan.
     callback = AutoPrecision(
         hardware=hardware,
         auto=AutoPlan(profile_steps=1, decision_seconds=0.0),
@@ -136,7 +137,8 @@ def test_the_decision_stays_within_its_budget_and_says_what_it_cost(capsys):
     output = capsys.readouterr().out
     measured = callback.plan.metadata["measured"]
     assert measured["budget_seconds"] == 0.0 and measured["candidates_timed"] == 0
-    assert "the decision's time ran out before the race" in measured["why"]
+    assert "over the 0.0 s budget: keeping float32, the simpler plan" in measured["why"]
+    assert set(callback.handle.dtypes.values()) == {"float32"}
     assert "autoprec: deciding took " in output and "(budget 0.0 s): 0 candidate(s)" in output
     assert "timing the whole train step" not in output
     # A budget: the race runs, and its rounds are counted in the decision's cost.

@@ -40,7 +40,10 @@ def test_race_candidates_are_uniform_as_keras_sets_them_and_the_per_layer_plan()
 def test_the_one_liner_keeps_the_plan_whose_whole_step_measured_fastest(capsys):
     model = mlp()
     x, y = mlp_data()
-    callback = AutoPrecision(hardware=local_with_fast_bfloat16(), auto=AutoPlan(profile_steps=2))
+    callback = AutoPrecision(
+        hardware=local_with_fast_bfloat16(),
+        auto=AutoPlan(profile_steps=2, decision_seconds=120.0),  # time to trace and race
+    )
     model.fit(x, y, batch_size=16, epochs=1, verbose=0, callbacks=[callback])
     measured = callback.plan.metadata["measured"]
     names = list(measured["rounds_ms"])
