@@ -325,6 +325,9 @@ class AutoPrecision(PlanCallback):
         clock = self._clock or StepClock()
         budget = decision_budget(self.auto, clock.epoch_estimate(steps))
         trace = clock.trace_seconds() or 0.0
+        # The race's traces come first (float32, each fast uniform policy, the per-layer
+        # plan): per-layer costs are timed with what they leave.
+        race_reserve = (len(self._fast_reduced_dtypes()) + 2) * trace
         plan, self.estimate = decide_plan(
             self.model,
             self.profile,
@@ -332,7 +335,7 @@ class AutoPrecision(PlanCallback):
             batch_size=batch_size,
             verbose=self.verbose,
             sample=sample,
-            time_budget=budget,
+            time_budget=max(budget - race_reserve, 0.0),
             trace_seconds=trace,
         )
         spent = time.perf_counter() - decided_at
