@@ -29,7 +29,7 @@ from .hardware import HardwareProfile, is_local, resolve_hardware
 from .plan import PrecisionPlan
 from .profiler import Profile, ProfileCallback
 from .runtime.guard import Guard
-from .runtime.kernels import fallback_plan, missing_kernels_once
+from .runtime.kernels import checked_plan
 from .runtime.loss_scale import LossScale
 from .runtime.step_race import StepRace
 from .runtime.training import DEFAULT_GUARD, PlanCallback
@@ -375,9 +375,7 @@ class AutoPrecision(PlanCallback):
         if self.guard is not None and self.guard.check_kernels:
             # A plan whose kernel is missing here would fail inside fit's step: fall back first.
             for name, candidate in candidates.items():
-                missing = missing_kernels_once(self.model, candidate.resolve())
-                if missing:
-                    candidates[name] = fallback_plan(candidate, missing, step=self._step)
+                candidates[name] = checked_plan(self.model, candidate, step=self._step)
         if any(candidate.uses_float16 for candidate in candidates.values()):
             self._wrap_optimizer(uses_float16=True, has_16bit=True)  # float16 steps are scaled
         return candidates

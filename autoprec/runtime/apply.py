@@ -27,14 +27,14 @@ from ..layers import (
     model_fingerprint,
 )
 from ..plan import PrecisionPlan
-from .composite import check_plan_runs, harmonize_outputs
+from .composite import check_plan_runs
 from .float8 import (
     has_float8_path,
     keep_nested_float8_policies,
     reset_float8_state,
     sync_float8_variables,
 )
-from .policy_map import write_nested_policies
+from .policy_map import unnamed_layer_dtypes, write_nested_policies
 
 
 @dataclasses.dataclass
@@ -159,10 +159,11 @@ def apply_plan(
     (`runtime/float8.extend_optimizer`); call that yourself between `apply_plan`
     and a `fit` without the callback. Policies are set on every layer, sub-layers included,
     because Keras' policy setter does not cascade into containers such as
-    `MultiHeadAttention`. A sub-layer whose dtype differs from its container's
-    (a layer whose own `call` combines its sub-layers' outputs, such as keras-hub's
-    `TransformerEncoder`) returns its outputs cast to the container's compute dtype,
-    so no plan can make that arithmetic mix dtypes (`runtime/composite.py`).
+    `MultiHeadAttention`. Nothing else is added: the model computes as Keras
+    rebuilds it from the saved file. A plan whose dtypes meet in a layer's own
+    arithmetic (a sub-layer's output added to its container's tensors in another
+    dtype) is moved to one dtype there by `AutoPrecision`'s check before `fit`
+    steps (`runtime/kernels.py`); `x=` refuses such a plan here.
     Compiled functions are reset so the next `fit`/`evaluate`/`predict` retraces.
 
     Args:
@@ -206,8 +207,10 @@ def apply_plan(
     original_policies, applied, skipped = _set_policies(model, paths, dtypes, source)
     sync_float8_variables(paths[path] for path in original_policies)
     keep_nested_float8_policies(model)
+    for path, dtype in unnamed_layer_dtypes(model, applied).items():
+        paths[path].dtype_policy = policy_name(dtype)  # as a reload from the policy map gives it
+        applied[path] = dtype
     write_nested_policies(model)
-    harmonize_outputs(model)
     reset_compiled_functions(model)
     applied_plan = PrecisionPlan(
         applied,

@@ -134,6 +134,44 @@ def _at_built_shapes(model: keras.Model) -> ModelTrace | None:
     raise failure
 
 
+def probe_inputs(model: keras.Model) -> Any:
+    """Returns a small batch `model` runs on, made as the kernel check makes it, or `None`.
+
+    Tried in order: the model's own inputs (unknown lengths at `PROBE_LENGTH`), then
+    the shapes it was built with, as floats, then as integer zeros (token ids).
+
+    Args:
+        model: a built model, in the policies it had before the plan.
+
+    Returns:
+        `PROBE_BATCH` samples in the structure the model takes, or `None` when the
+        model refuses every probe (a model with no call of its own).
+
+    Example:
+
+    ```python
+    batch = probe_inputs(model)
+    model(batch) if batch is not None else "nothing to call"
+    ```
+    """
+    config = model.get_build_config() if model.built else None
+    shapes = (config or {}).get("input_shape")
+    makers = [lambda: sample_inputs(model, PROBE_BATCH, unknown_length=PROBE_LENGTH)]
+    if shapes is not None:
+        makers += [
+            lambda make=make: keras.tree.map_shape_structure(make, shapes)
+            for make in (_normal_floats, _token_zeros)
+        ]
+    for make_batch in makers:
+        try:
+            batch = make_batch()
+            model(batch, training=False)
+        except Exception:  # this probe is refused: the next one
+            continue
+        return batch
+    return None
+
+
 def _probe_shape(shape: Any) -> tuple[int, ...]:
     dims = tuple(shape)
     rest = tuple(PROBE_LENGTH if dim is None else int(dim) for dim in dims[1:])

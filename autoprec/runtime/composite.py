@@ -1,38 +1,26 @@
-"""Sub-layer outputs in their container's dtype, so no plan can crash a composite layer.
+"""Where a plan's dtypes meet inside a composite layer, and whether the model runs under it.
 
-Keras casts a layer's *inputs* to its compute dtype, never its outputs. A composite layer
-that combines its sub-layers' outputs with plain tensor arithmetic in its own `call`
-(`x = self.attention(x) + residual`, as keras-hub's `TransformerEncoder` and
-`TransformerDecoder` and many user layers do) therefore fails under a plan that gives the
-container and a sub-layer, or two sub-layers, different dtypes: TensorFlow's `AddV2` does
-not mix bfloat16 and float32.
-
-`harmonize_outputs` wraps, once per model, the `call` of every direct sub-layer of a
-layer whose `call` is its own code (not a Sequential or Functional graph, whose nodes
-Keras already casts). At trace time the wrapper compares the sub-layer's compute dtype
-with its container's: where they differ, the sub-layer's floating outputs are cast to the
-container's compute dtype, so the container's own arithmetic sees one dtype. Where they
-agree, nothing is added to the graph. Policies can change afterwards (a guard promotion):
-the wrappers read the dtypes at the next trace, as Keras reads policies.
+Keras casts a layer's *inputs* to its compute dtype, never its outputs, and a saved
+file records policies, not casts. A composite layer that combines its sub-layers'
+outputs with plain tensor arithmetic in its own `call` (`x = self.attention(x) +
+residual`, as many user layers do) therefore runs a plan only where the tensors it
+combines share a dtype: TensorFlow's `AddV2` does not mix bfloat16 and float32.
+autoprec adds no cast of its own, so a model trains as Keras rebuilds it from the
+file; `AutoPrecision`'s check moves such a layer and its sub-layers to one dtype
+(`runtime/layer_check.py`). `dtype_clashes` lists the sub-layers whose dtype differs
+from their container's, and `check_plan_runs` runs the model once and names them when
+it fails.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import re
-import weakref
-from collections.abc import Callable
 
 import keras
 
-from .._core.models import swap_attribute
 from ..errors import PlanError
 from ..layers import is_graph_model, layer_paths
-
-# Layers whose `call` already carries the output cast (weakly held: a discarded clone
-# is not kept alive).
-_HARMONIZED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,7 +82,8 @@ def dtype_clashes(model: keras.Model) -> list[DtypeClash]:
         model: a built Keras model, with the policies a plan gave it.
 
     Returns:
-        One `DtypeClash` per such sub-layer (outputs `harmonize_outputs` casts).
+        One `DtypeClash` per such sub-layer (where its output meets its container's
+        tensors, they meet in two dtypes).
 
     Example:
 
@@ -111,66 +100,9 @@ def dtype_clashes(model: keras.Model) -> list[DtypeClash]:
     return clashes
 
 
-def harmonize_outputs(model: keras.Model) -> int:
-    """Casts, from the next trace on, each composite layer's sub-layer outputs to its dtype.
-
-    Idempotent: a sub-layer is wrapped once, whatever plans are applied later; the
-    wrapper reads both dtypes at trace time, and adds no operation where they agree.
-
-    Args:
-        model: a built Keras model.
-
-    Returns:
-        How many sub-layers were wrapped by this call.
-
-    Example:
-
-    ```python
-    harmonize_outputs(model)
-    model.fit(x, y)  # a bfloat16 attention inside a float32 block returns float32
-    ```
-    """
-    wrapped = 0
-    for _, layer, _, container in composite_children(model):
-        if layer in _HARMONIZED:
-            continue
-        swap_attribute(layer, "call", _cast_outputs(layer, container, layer.call))
-        _HARMONIZED[layer] = True
-        wrapped += 1
-    return wrapped
-
-
 def _compute_dtype(layer: object) -> str | None:
     dtype = getattr(layer, "compute_dtype", None)
     return keras.backend.standardize_dtype(dtype) if dtype else None
-
-
-def _cast_outputs(layer: keras.layers.Layer, container: object, original: Callable) -> Callable:
-    # The container is held weakly: a wrapper must not keep a discarded model alive.
-    container_ref = weakref.ref(container)
-
-    @functools.wraps(original)
-    def call(*args, **kwargs):
-        outputs = original(*args, **kwargs)
-        owner = container_ref()
-        target = _compute_dtype(owner) if owner is not None else None
-        if target is None or not keras.backend.is_float_dtype(target):
-            return outputs
-        if _compute_dtype(layer) == target:
-            return outputs
-        return keras.tree.map_structure(lambda value: _cast_float(value, target), outputs)
-
-    return call
-
-
-def _cast_float(value: object, dtype: str) -> object:
-    value_dtype = getattr(value, "dtype", None)
-    if value_dtype is None or not keras.ops.is_tensor(value):
-        return value
-    name = keras.backend.standardize_dtype(value_dtype)
-    if name == dtype or not keras.backend.is_float_dtype(name):
-        return value
-    return keras.ops.cast(value, dtype)
 
 
 def check_plan_runs(model: keras.Model, inputs: object) -> None:

@@ -28,8 +28,9 @@ from ..cost import LayerCall, ModelTrace
 from ..layers import describe_model, layer_paths, layer_policy
 from ..plan import PrecisionPlan
 from .check_trace import trace_for_check
-from .composite import harmonize_outputs
 from .layer_check import CHECK_FAILED, MISSING_KERNEL, MIXED_ARITHMETIC, check_layer, subtree
+from .own_call import check_own_call, needs_own_call_check
+from .policy_map import unnamed_layer_dtypes
 
 logger = logging.getLogger("autoprec")
 
@@ -117,9 +118,9 @@ def find_missing_kernels(
 
     Returns:
         One `MissingKernel` per failing layer, with the dtype it falls back to
-        (float16 -> bfloat16 -> float32 for a missing kernel; its own dtype
-        with its sub-layers alike, its container's dtype or float32 for mixed
-        arithmetic), and one of `kind` `"check_failed"` per layer the check
+        (float16 -> bfloat16 -> float32 for a missing kernel; one dtype for the
+        layer and its sub-layers alike for mixed arithmetic, so that Keras runs
+        the plan as it is saved), and one of `kind` `"check_failed"` per layer the check
         could not call (logged; nothing to change).
 
     Example:
@@ -135,7 +136,6 @@ def find_missing_kernels(
         trace = trace_for_check(model)
         if trace is None:
             return []
-    harmonize_outputs(model)  # sub-layer outputs cast as `apply_plan` casts them in fit
     infos = describe_model(model)
     paths = layer_paths(model)
     missing = []
@@ -223,7 +223,37 @@ def missing_kernels_once(model: keras.Model, dtypes: Mapping[str, str]) -> list[
         for path in unchecked:
             checked[keys[path]] = found.get(path)
     findings = [checked.get(key) for key in keys.values()]
-    return [item for item in findings if item is not None and item.kind != CHECK_FAILED]
+    findings = [item for item in findings if item is not None and item.kind != CHECK_FAILED]
+    return findings + _own_call_findings(model, dtypes, findings, checked)
+
+
+def _own_call_findings(
+    model: keras.Model,
+    dtypes: Mapping[str, str],
+    findings: Sequence[MissingKernel],
+    checked: dict,
+) -> list[MissingKernel]:
+    """A subclassed model's own call, with its layers where their checks left them."""
+    after = dict(dtypes)
+    for item in sorted(findings, key=lambda found: _depth(found.path)):
+        after.update(dict.fromkeys(subtree(after, item.path), item.fallback))
+    if not needs_own_call_check(model, after):
+        return []
+    key = ("", tuple(sorted(after.items())))
+    if key not in checked:
+        checked[key] = check_own_call(model, after)
+    found = checked[key]
+    if not found.kind:
+        return []
+    infos = describe_model(model)
+    return [
+        MissingKernel(path, dtype, found.fallback, found.error, found.kind)
+        for path, dtype in after.items()
+        if "/" not in path
+        and path in infos
+        and infos[path].follows is None
+        and any(value != found.fallback for value in subtree(after, path).values())
+    ]
 
 
 _MESSAGES = {
@@ -234,7 +264,10 @@ _OTHER_MESSAGE = "autoprec: %s fails in %s alone but runs in float32 (%s); it ru
 
 
 def fallback_plan(
-    plan: PrecisionPlan, missing: Sequence[MissingKernel], step: int = 0
+    plan: PrecisionPlan,
+    missing: Sequence[MissingKernel],
+    step: int = 0,
+    logged: set[tuple[str, ...]] | None = None,
 ) -> PrecisionPlan:
     """Returns `plan` with each failing layer and its sub-layers moved to its fallback dtype, logged.
 
@@ -242,6 +275,8 @@ def fallback_plan(
         plan: the plan to change.
         missing: what `find_missing_kernels` returned.
         step: the train step recorded in each event.
+        logged: findings already logged (`(path, dtype, fallback, kind)`), which are
+            not logged again; the ones logged now are added. `None` logs every one.
 
     Returns:
         A new plan; each change is an event in `plan.events` whose `kind` is the
@@ -266,6 +301,56 @@ def fallback_plan(
             "evidence": item.error,
         }
         plan = plan.with_dtype(item.path, item.fallback).with_event(event)
+        key = (item.path, item.dtype, item.fallback, item.kind)
+        if logged is not None and key in logged:
+            continue
+        if logged is not None:
+            logged.add(key)
         message = _MESSAGES.get(item.kind, _OTHER_MESSAGE)
         logger.warning(message, item.path, item.dtype, item.error, item.fallback)
+    return plan
+
+
+#: Rounds of check and fallback `checked_plan` runs at most (a fallback can change the
+#: dtype unnamed layers take, and so what the next round checks).
+CHECK_ROUNDS = 4
+
+
+def checked_plan(
+    model: keras.Model,
+    plan: PrecisionPlan,
+    step: int = 0,
+    logged: set[tuple[str, ...]] | None = None,
+) -> PrecisionPlan:
+    """Returns `plan` with every layer that cannot run as planned here moved to what it runs in.
+
+    Checks the dtypes `apply_plan` will set (layers Keras leaves without a path take
+    their policy map's default, `unnamed_layer_dtypes`), falls back what fails
+    (`fallback_plan`), and checks again until nothing changes.
+
+    Args:
+        model: a built model, with the policies it had before the plan.
+        plan: the plan to check.
+        step: the train step recorded in each event.
+        logged: findings already logged, for `fallback_plan`.
+
+    Returns:
+        The plan as the model runs it, each change an event in `plan.events`.
+
+    Example:
+
+    ```python
+    plan = checked_plan(model, plan)
+    autoprec.apply_plan(model, plan)
+    model.fit(x, y)  # no layer meets a dtype it cannot take
+    ```
+    """
+    for _ in range(CHECK_ROUNDS):
+        dtypes = plan.resolve()
+        dtypes.update(unnamed_layer_dtypes(model, dtypes))
+        missing = missing_kernels_once(model, dtypes)
+        fallen = fallback_plan(plan, missing, step=step, logged=logged) if missing else plan
+        if fallen.resolve() == plan.resolve():
+            break
+        plan = fallen
     return plan

@@ -14,12 +14,12 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 
 import keras
 import numpy as np
 
-from .._core.dtypes import FLOAT32, POLICY_FOR_DTYPE, wider_dtypes
+from .._core.dtypes import FLOAT32, POLICY_FOR_DTYPE, WIDENING_LADDER, wider_dtypes
 from ..cost import LayerCall, synthetic_arguments
 from ..errors import BackendError
 from ..layers import layer_policy
@@ -301,6 +301,37 @@ def _mixed_arithmetic(error: Exception, dtype: str) -> str:
     )
 
 
+def alike_candidates(planned: Iterable[str], container_dtype: str | None = None) -> list[str]:
+    """Returns the dtypes to try, in order, for a layer and its sub-layers alike.
+
+    Where the layer and its sub-layers are planned in several dtypes, the widest of
+    them comes first (a sub-layer moved wider on evidence, a range or a missing
+    kernel, keeps what it needs), then the dtypes wider than it. A layer planned in
+    one dtype tries its container's dtype where that is another 16-bit dtype. Both
+    end at float32.
+
+    Args:
+        planned: the dtypes the plan gives the layer and its sub-layers.
+        container_dtype: the planned dtype of the layer's container, if any.
+
+    Returns:
+        The dtypes, nearest first, float32 last.
+
+    Example:
+
+    ```python
+    alike_candidates(["float16", "bfloat16"])  # ["bfloat16", "float32"]
+    ```
+    """
+    ladder = [name for name in set(planned) if name in WIDENING_LADDER]
+    if len(ladder) > 1:
+        widest = max(ladder, key=WIDENING_LADDER.index)
+        return [widest, *wider_dtypes(widest)] if widest != FLOAT32 else [FLOAT32]
+    if container_dtype in POLICY_FOR_DTYPE and container_dtype not in (*ladder, FLOAT32):
+        return [container_dtype, FLOAT32]
+    return [FLOAT32]
+
+
 def check_layer(
     layers: Mapping[str, keras.layers.Layer],
     path: str,
@@ -321,8 +352,9 @@ def check_layer(
     Returns:
         A `LayerCheck`: `kind` `""` when the layer runs as planned. A missing
         kernel or another 16-bit failure falls back along the widening ladder;
-        mixed arithmetic to the layer's own dtype with its sub-layers alike,
-        then its container's dtype, then float32; a failed check changes nothing.
+        mixed arithmetic to one dtype for the layer and its sub-layers alike
+        (`alike_candidates`: the widest they were planned in, or the container's),
+        so that Keras runs the plan as it is saved; a failed check changes nothing.
 
     Example:
 
@@ -342,15 +374,11 @@ def check_layer(
     if wide is not None:
         return LayerCheck(CHECK_FAILED, error_summary(wide), dtype)
     if mismatched_dtypes(error) is not None:
-        mixed = len(set(dtypes.values())) > 1  # sub-layers in other dtypes: try them alike
-        for candidate in dict.fromkeys([dtype if mixed else None, container_dtype]):
-            if candidate in (None, FLOAT32) or candidate not in POLICY_FOR_DTYPE:
-                continue
-            if candidate == dtype and not mixed:
-                continue
-            if _runs_in(layers, path, call, candidate):
-                return LayerCheck(MIXED_ARITHMETIC, _mixed_arithmetic(error, dtype), candidate)
-        return LayerCheck(MIXED_ARITHMETIC, _mixed_arithmetic(error, dtype), FLOAT32)
+        evidence = _mixed_arithmetic(error, dtype)
+        for candidate in alike_candidates(dtypes.values(), container_dtype):
+            if candidate == FLOAT32 or _runs_in(layers, path, call, candidate):
+                return LayerCheck(MIXED_ARITHMETIC, evidence, candidate)
+        return LayerCheck(MIXED_ARITHMETIC, evidence, FLOAT32)
     kind = MISSING_KERNEL if is_missing_kernel(error) else DTYPE_FAILURE
     for wider in wider_dtypes(dtype):
         if wider == FLOAT32 or _runs_in(layers, path, call, wider):

@@ -14,6 +14,7 @@ layer in the dtype it trained in.
 
 from __future__ import annotations
 
+import collections
 import re
 import weakref
 from collections.abc import Mapping
@@ -25,6 +26,8 @@ from ..layers import is_graph_model, layer_paths, layer_policy
 
 #: Marks a container whose `get_config` already writes the model's policy map.
 _WRITES_MAP = "_autoprec_writes_policy_map"
+#: Non-empty while `_rebuilt_apart` reads containers' configs (no policy map is written then).
+_READING_CONFIGS: list[bool] = []
 
 
 def policy_map_of(
@@ -82,7 +85,8 @@ def name_patterns(
     # {"block/dense(?:_\d+)?": policy}, where "block" was named by its user
     ```
     """
-    patterns = {path: _path_pattern(path, layers) for path in entries}
+    apart = _rebuilt_apart(layers)
+    patterns = {path: _path_pattern(path, layers, apart) for path in entries}
     keyed: dict[str, Any] = {}
     for path, pattern in patterns.items():
         unambiguous = pattern is not None and (
@@ -93,10 +97,49 @@ def name_patterns(
     return keyed
 
 
-def _path_pattern(path: str, layers: Mapping[str, keras.layers.Layer]) -> str | None:
-    """`path` as a regular expression, each Keras-made name open to any number; `None` if none."""
+def _rebuilt_apart(layers: Mapping[str, keras.layers.Layer]) -> set[str]:
+    """Paths of layers their container rebuilds from a config of their own (a wrapped layer).
+
+    `Bidirectional` and `TimeDistributed` write their inner layers' configs and
+    deserialize them when they are rebuilt, outside their own name scope: reloaded,
+    such a layer's path no longer starts with its container's.
+    """
+    apart = set()
+    for path, layer in layers.items():
+        container = layers.get(path.rpartition("/")[0]) if "/" in path else None
+        if container is None or is_graph_model(container):
+            continue
+        _READING_CONFIGS.append(True)  # inner configs are read plain: no map inside a map
+        try:
+            config = type(container).get_config(container)
+        except (NotImplementedError, TypeError):
+            continue
+        finally:
+            _READING_CONFIGS.pop()
+        if any(
+            isinstance(value, dict)
+            and isinstance(value.get("config"), dict)
+            and value["config"].get("name") == layer.name
+            for value in config.values()
+        ):
+            apart.add(path)
+    return apart
+
+
+def _path_pattern(
+    path: str, layers: Mapping[str, keras.layers.Layer], apart: set[str] = frozenset()
+) -> str | None:
+    """`path` as a regular expression, each Keras-made name open to any number; `None` if none.
+
+    The part before a layer rebuilt apart from its container (`_rebuilt_apart`) is
+    optional: the pattern finds the layer where a reload puts it.
+    """
     segments = path.split("/")
     parts = []
+    optional_until = max(
+        (index for index in range(1, len(segments)) if "/".join(segments[: index + 1]) in apart),
+        default=0,
+    )
     for index, segment in enumerate(segments):
         layer = layers.get("/".join(segments[: index + 1]))
         stem = _snake_case(type(layer).__name__) if layer is not None else None
@@ -105,6 +148,8 @@ def _path_pattern(path: str, layers: Mapping[str, keras.layers.Layer]) -> str | 
         else:
             parts.append(re.escape(segment))
     pattern = "/".join(parts)
+    if optional_until:
+        pattern = f"(?:{'/'.join(parts[:optional_until])}/)?{'/'.join(parts[optional_until:])}"
     return pattern if pattern != re.escape(path) else None
 
 
@@ -141,6 +186,43 @@ def map_groups(model: keras.Model) -> dict[str, list[str]]:
             continue
         groups[owner] = [path for path in paths if path != owner and _is_under(path, owner)]
     return groups
+
+
+def unnamed_layer_dtypes(model: keras.Model, dtypes: Mapping[str, str]) -> dict[str, str]:
+    """Returns the dtype each layer Keras leaves without a path takes from its policy map.
+
+    A layer without weights of its own (`ReLU`, `Dropout`, `Softmax`) is never built,
+    so Keras gives it no path; a container that builds it from a `DTypePolicyMap`
+    hands it the map's default policy, and no entry can name it. The default is the
+    dtype most such layers of the group are planned in; `apply_plan` gives them all
+    that dtype, so the model trains as a reload rebuilds it.
+
+    Args:
+        model: a built model.
+        dtypes: `{path: dtype}` a plan gives each layer.
+
+    Returns:
+        `{path: dtype}` of the layers whose dtype that changes.
+
+    Example:
+
+    ```python
+    unnamed_layer_dtypes(keras_hub_resnet, plan.resolve())  # {"...stack0_block0_out": "float16"}
+    ```
+    """
+    paths = {"": model, **layer_paths(model)}
+    changed: dict[str, str] = {}
+    for members in map_groups(model).values():
+        unnamed = [
+            path
+            for path in members
+            if not paths[path].path and dtypes.get(path) in ("float32", "bfloat16", "float16")
+        ]
+        counts = collections.Counter(dtypes[path] for path in unnamed)
+        if counts:
+            default = counts.most_common(1)[0][0]
+            changed.update({path: default for path in unnamed if dtypes[path] != default})
+    return changed
 
 
 def write_nested_policies(model: keras.Model) -> int:
@@ -192,7 +274,7 @@ def _config_with_map(layer: keras.layers.Layer, own_get_config, root: weakref.re
     def get_config():
         config = own_get_config()
         model = root()
-        if model is None or "dtype" not in config:
+        if model is None or "dtype" not in config or _READING_CONFIGS:
             return config
         policy_map = policy_map_of(model, default=_group_default(model, owner, layer))
         return {**config, "dtype": keras.dtype_policies.serialize(policy_map)}

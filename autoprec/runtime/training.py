@@ -26,7 +26,7 @@ from .guard import (
     check_guard_backend,
     promotion_target,
 )
-from .kernels import fallback_plan, missing_kernels_once, unchecked_kernels
+from .kernels import checked_plan, unchecked_kernels
 from .loss_scale import (
     LossScale,
     add_loss_scaling,
@@ -326,16 +326,12 @@ class PlanCallback(keras.callbacks.Callback):
 
     def _fall_back_missing_kernels(self) -> None:
         """Moves 16-bit layers without a kernel here to a wider dtype; each (layer, dtype) once."""
-        if unchecked_kernels(self.model, self.handle.dtypes):
+        restored = bool(unchecked_kernels(self.model, self.handle.dtypes))
+        if restored:
             self.handle.restore()  # check 16-bit layers alone, with the model as it was
-            missing = missing_kernels_once(self.model, self.handle.dtypes)
-            self.handle = self._apply_plan(self.handle.plan)
-        else:
-            missing = missing_kernels_once(self.model, self.handle.dtypes)
-        if missing:
-            self.handle = self._apply_plan(
-                fallback_plan(self.handle.plan, missing, step=self._step)
-            )
+        plan = checked_plan(self.model, self.handle.plan, step=self._step)
+        if restored or plan is not self.handle.plan:
+            self.handle = self._apply_plan(plan)
 
     def _extend_optimizer(self, state: AppliedState | None) -> None:
         """Rebuilds the optimizer for new float8 variables, state kept; `restore` then puts back the new one."""
@@ -513,7 +509,7 @@ class PlanCallback(keras.callbacks.Callback):
             plan = plan.with_dtype(path, target).with_event(event)
             lines.append(f"autoprec guard: step {step}: {path} {before} -> {target} ({why})")
         self.plan = plan
-        self._apply(quiet=True, check_kernels=False)
+        self._apply(quiet=True)  # a promoted layer runs checked, as every plan does
         for line in lines:
             _show_guard_line(line, self.verbose)
 

@@ -15,6 +15,7 @@ from .._core.dtypes import BFLOAT16, FLOAT8, FLOAT32, widen
 from .._core.messages import show_message
 from ..layers import LayerInfo
 from ..plan import PrecisionPlan
+from ..runtime.kernels import checked_plan
 from .budget import Budget
 from .evaluator import Evaluator
 from .floor import (
@@ -54,6 +55,7 @@ class SearchContext:
         cache: `{assignment key: TrainedOutcome}` trained by this process.
         floor_rule: when an output rounding floor breaks the budget (`FloorRule`).
         floors: `{16-bit outputs: OutputFloor or None}` measured by this process.
+        logged_fallbacks: the kernel check's findings logged so far (each once).
     """
 
     model: keras.Model
@@ -73,6 +75,7 @@ class SearchContext:
     floors: dict[tuple[tuple[str, str], ...], OutputFloor | None] = dataclasses.field(
         default_factory=dict
     )
+    logged_fallbacks: set[tuple[str, ...]] = dataclasses.field(default_factory=set)
 
     @property
     def train_steps(self) -> int:
@@ -115,8 +118,15 @@ class SearchContext:
         return self.plan_for(self.uniform_assignment(FLOAT32))
 
     def plan_for(self, assignment: Mapping[str, str], **kwargs: object) -> PrecisionPlan:
-        """Returns the plan of a per-layer assignment (`kwargs` go to `plan_from_assignment`)."""
-        return plan_from_assignment(self.model, self.infos, self.normalise(assignment), **kwargs)
+        """Returns the plan of a per-layer assignment, as the model can run it.
+
+        `kwargs` go to `plan_from_assignment`. A layer the kernel check finds cannot
+        run in its assigned dtype here (a missing kernel, or dtypes meeting in its own
+        arithmetic) takes the dtype it runs in, with the evidence in the plan's events,
+        logged once per search: no trial is spent on a plan that cannot train.
+        """
+        plan = plan_from_assignment(self.model, self.infos, self.normalise(assignment), **kwargs)
+        return checked_plan(self.model, plan, logged=self.logged_fallbacks)
 
     def trial_assignment(self, trial: optuna.trial.FrozenTrial) -> dict[str, str]:
         """Returns the per-layer assignment a trial evaluated (its record's, else its params)."""

@@ -1,4 +1,4 @@
-"""Composite layers that add their sub-layers' outputs in `call` run under any plan."""
+"""Composite layers that add their sub-layers' outputs in `call`: one dtype where dtypes meet."""
 
 from __future__ import annotations
 
@@ -6,11 +6,13 @@ import keras
 import numpy as np
 import pytest
 import zoo_models
+from reload_checks import assert_same_outputs
 
 import autoprec
 from autoprec.errors import PlanError
 from autoprec.layers import describe_model
-from autoprec.runtime.composite import check_plan_runs, dtype_clashes, harmonize_outputs
+from autoprec.runtime.composite import check_plan_runs, dtype_clashes
+from autoprec.runtime.layer_check import alike_candidates
 
 DTYPES = ("float32", "bfloat16", "float16")
 
@@ -84,8 +86,16 @@ def set_policies_by_hand(model: keras.Model, dtypes: dict[str, str]) -> None:
         paths[path].dtype_policy = {"float32": "float32", "bfloat16": "mixed_bfloat16"}[dtype]
 
 
+def mixed_arithmetic_events(plan: autoprec.PrecisionPlan) -> dict[str, tuple[str, str]]:
+    return {
+        event["layer"]: (event["from"], event["to"])
+        for event in plan.events
+        if event["kind"] == "mixed_arithmetic"
+    }
+
+
 @pytest.mark.parametrize("build", [functional_with_residual_pair, TwoBlockModel])
-def test_mixed_sub_layers_crash_plain_keras_and_train_under_a_plan(build):
+def test_a_plan_whose_dtypes_meet_in_a_layers_arithmetic_trains_in_one_dtype_there(build, tmp_path):
     x, y = data()
     mixed = {"pair/left": "bfloat16", "block/left": "bfloat16", "pair_2/right": "bfloat16"}
     plain = compiled(build())
@@ -96,37 +106,87 @@ def test_mixed_sub_layers_crash_plain_keras_and_train_under_a_plan(build):
 
     model = compiled(build())
     model(x[:1])
+    planned = {path: dtype for path, dtype in mixed.items() if path in describe_model(model)}
     plan = autoprec.PrecisionPlan.uniform(model, "float32")
-    for path in mixed:
-        if path in describe_model(model):
-            plan = plan.with_dtype(path, "bfloat16")
+    for path, dtype in planned.items():
+        plan = plan.with_dtype(path, dtype)
+    callback = autoprec.AutoPrecision(plan)
+    saved = tmp_path / "model.keras"
     history = model.fit(
-        x, y, epochs=2, batch_size=16, verbose=0, callbacks=[autoprec.AutoPrecision(plan)]
+        x,
+        y,
+        epochs=2,
+        batch_size=16,
+        verbose=0,
+        callbacks=[callback, keras.callbacks.ModelCheckpoint(saved)],
     )
     assert np.isfinite(history.history["loss"]).all()
-    assert [clash.layer_dtype for clash in dtype_clashes(model)] == ["bfloat16"] * len(
-        [p for p in mixed if p in describe_model(model)]
-    )
+    # Each container that adds a bfloat16 branch to float32 tensors runs in its widest
+    # planned dtype, float32, with its sub-layers alike: no dtype meets another.
+    moved = mixed_arithmetic_events(callback.plan)
+    containers = {path.rsplit("/", 1)[0] for path in planned}
+    assert set(moved) == containers, callback.plan.events
+    assert all(change == ("float32", "float32") for change in moved.values())
+    assert dtype_clashes(model) == []
+    # What trained is what Keras rebuilds: same dtypes, same predictions, bitwise.
+    reloaded = keras.models.load_model(saved)
+    assert_same_outputs(model, reloaded, x)
 
 
-def test_outputs_take_the_container_dtype_and_follow_later_policy_changes():
-    x, _ = data()
-    model = functional_with_residual_pair()
+def test_a_sub_layer_moved_wider_takes_its_container_along_not_back():
+    # A float16 block whose `left` branch is float32 (a range departure): the block runs
+    # in float32 alike, never in float16 (the evidence for `left` is kept).
+    x, y = data()
+    model = compiled(functional_with_residual_pair())
     model(x[:1])
-    pair = model.get_layer("pair")
-    pair.left.dtype_policy = "mixed_bfloat16"
-    assert harmonize_outputs(model) == 6
-    assert harmonize_outputs(model) == 0  # wrapped once
-    assert keras.backend.standardize_dtype(pair.left(x).dtype) == "float32"
-    # A later policy change (a promotion) is read when the layer is next called.
-    pair.dtype_policy = "mixed_bfloat16"
-    pair.right.dtype_policy = "mixed_bfloat16"
-    pair.norm.dtype_policy = "mixed_bfloat16"
-    assert keras.backend.standardize_dtype(pair.left(x).dtype) == "bfloat16"
-    pair.left.dtype_policy = "float32"
-    assert keras.backend.standardize_dtype(pair.left(x).dtype) == "bfloat16"
-    assert [clash.layer for clash in dtype_clashes(model)] == ["pair/left"]
-    assert "'pair/left' computes in float32 inside 'pair'" in dtype_clashes(model)[0].describe()
+    plan = autoprec.PrecisionPlan.uniform(model, "float16").with_dtype("pair/left", "float32")
+    callback = autoprec.AutoPrecision(plan)
+    model.fit(x, y, epochs=1, batch_size=16, verbose=0, callbacks=[callback])
+    paths = autoprec.layers.layer_paths(model)
+    assert {paths[p].compute_dtype for p in ("pair", "pair/left", "pair/right", "pair/norm")} == {
+        "float32"
+    }
+    assert paths["pair_2/left"].compute_dtype == "float16"  # the other block keeps its plan
+    assert mixed_arithmetic_events(callback.plan) == {"pair": ("float16", "float32")}
+
+
+def test_alike_candidates_start_from_the_widest_planned_dtype():
+    assert alike_candidates(["float16", "bfloat16"]) == ["bfloat16", "float32"]
+    assert alike_candidates(["float16", "float32"]) == ["float32"]
+    assert alike_candidates(["bfloat16"], container_dtype="float16") == ["float16", "float32"]
+    assert alike_candidates(["bfloat16"], container_dtype="bfloat16") == ["float32"]
+
+
+@keras.saving.register_keras_serializable(package="autoprec_tests")
+class OverflowingPair(keras.layers.Layer):
+    """A composite layer whose `left` branch overflows float16 on large inputs."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.left = keras.layers.Dense(4, kernel_initializer=keras.initializers.Constant(100.0))
+        self.right = keras.layers.Dense(4)
+
+    def call(self, inputs):
+        return self.left(inputs) + self.right(inputs)
+
+
+def test_a_guard_promotion_inside_a_composite_layer_moves_the_layer_with_it():
+    inputs = keras.Input((4,))
+    hidden = OverflowingPair(name="pair")(inputs)
+    outputs = keras.layers.Dense(1, name="out", kernel_initializer="zeros")(hidden)
+    model = keras.Model(inputs, outputs)
+    model.compile(optimizer=keras.optimizers.SGD(1e-12), loss="mse")
+    x = np.concatenate([np.ones((16, 4)), np.full((32, 4), 1000.0)]).astype("float32")
+    y = np.zeros((48, 1), "float32")
+    callback = autoprec.AutoPrecision(autoprec.PrecisionPlan.uniform(model, "float16"))
+    history = model.fit(x, y, batch_size=4, shuffle=False, verbose=0, callbacks=[callback])
+    kinds = [event["kind"] for event in callback.plan.events]
+    assert "promotion" in kinds, callback.plan.events
+    paths = autoprec.layers.layer_paths(model)
+    pair_dtypes = {paths[p].compute_dtype for p in ("pair", "pair/left", "pair/right")}
+    assert len(pair_dtypes) == 1 and pair_dtypes != {"float16"}, pair_dtypes
+    assert np.isfinite(history.history["loss"]).all()
+    assert all(np.isfinite(weight).all() for weight in model.get_weights())
 
 
 @keras.saving.register_keras_serializable(package="autoprec_tests")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import keras
 import numpy as np
 import pytest
+from reload_checks import assert_same_outputs
 
 from autoprec import AutoPrecision, PrecisionPlan
 from autoprec.layers import layer_paths
@@ -88,7 +89,9 @@ def _token_batch(names):
     }
 
 
-def test_a_mixtral_moe_block_whose_experts_differ_from_it_falls_back_whole_and_trains():
+def test_a_mixtral_moe_block_whose_experts_differ_from_it_falls_back_with_its_decoder_and_reloads(
+    tmp_path,
+):
     import keras_hub
 
     backbone = keras_hub.models.MixtralBackbone(
@@ -106,19 +109,32 @@ def test_a_mixtral_moe_block_whose_experts_differ_from_it_falls_back_whole_and_t
     block = "mixtral_backbone/transformer_layer_0/sparse_moe_block"
     plan = PrecisionPlan.uniform(model, "bfloat16").with_dtype(f"{block}/expert_bank", "float32")
     found = find_missing_kernels(model, plan.resolve())
-    assert [(item.path, item.kind) for item in found] == [(block, "mixed_arithmetic")]
+    decoder = block.rsplit("/", 1)[0]
+    # The block's own routing mixes dtypes; then the decoder layer that adds the block's
+    # float32 output to its bfloat16 residual does: both run in float32 with their
+    # sub-layers alike, a plan Keras runs as it is saved.
+    assert [(item.path, item.kind) for item in found] == [
+        (block, "mixed_arithmetic"),
+        (decoder, "mixed_arithmetic"),
+    ]
     assert "its own arithmetic mixes float32 tensors it makes with bfloat16 ones" in found[0].error
     fallen = fallback_plan(plan, found)
-    assert fallen.resolve()[f"{block}/expert_bank"] == fallen.resolve()[block]
+    decoder_dtypes = {d for p, d in fallen.resolve().items() if p.startswith(decoder)}
+    assert decoder_dtypes == {"float32"}
+    assert fallen.resolve()["mixtral_backbone/token_embedding"] == "bfloat16"
     callback = AutoPrecision(fallen, verbose=0)
+    saved = tmp_path / "mixtral.keras"
+    batch = _token_batch(names)
     history = model.fit(
-        _token_batch(names),
+        batch,
         np.zeros((8, 6, 1), "float32"),
         batch_size=4,
         verbose=0,
-        callbacks=[callback],
+        callbacks=[callback, keras.callbacks.ModelCheckpoint(saved)],
     )
     assert np.isfinite(history.history["loss"][0])
+    reloaded = keras.models.load_model(saved)  # Keras' own door runs what trained
+    assert_same_outputs(model, reloaded, batch)
 
 
 def test_t5_attention_layers_are_checked_as_called_and_nothing_is_misreported(caplog):
@@ -191,11 +207,8 @@ def _lstm_plan(model):
     "build, make_plan, moved",
     [
         (_jitter_model, lambda model: PrecisionPlan.uniform(model, "bfloat16"), {"jitter"}),
-        (
-            _masked_lstm_model,
-            _lstm_plan,
-            {"bidirectional/forward_layer", "bidirectional/backward_layer"},
-        ),
+        # Keras casts each recurrent call's inputs: the cells' own dtype runs as planned.
+        (_masked_lstm_model, _lstm_plan, set()),
     ],
     ids=["noise_made_in_call", "masked_bidirectional_lstm"],
 )

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import keras
 import numpy as np
+import pytest
+from reload_checks import assert_same_outputs
 
 import autoprec
 from autoprec.runtime.kernels import fallback_plan, find_missing_kernels
@@ -61,27 +63,64 @@ def test_a_vae_sampling_layer_runs_in_float32_because_its_own_arithmetic_mixes_d
     _fit_two_steps(model, fallen, x, np.zeros((8, 1), "float32"))
 
 
-def test_a_masked_bidirectional_lstm_whose_cells_differ_from_the_wrapper_runs_them_alike():
+def _bidirectional_lstm(wrapper: str, recurrent: str, cell: str):
     inputs = keras.Input((5,), dtype="int32")
     embedded = keras.layers.Embedding(10, 4, mask_zero=True, name="embedding")(inputs)
     lstm = keras.layers.LSTM(3, return_sequences=True)
     hidden = keras.layers.Bidirectional(lstm, name="bidirectional")(embedded)
     outputs = keras.layers.TimeDistributed(keras.layers.Dense(1), name="head")(hidden)
     model = keras.Model(inputs, outputs)
-    plan = autoprec.PrecisionPlan.uniform(model, "bfloat16").with_dtype("bidirectional", "float32")
+    plan = autoprec.PrecisionPlan.uniform(model, "bfloat16").with_dtype("bidirectional", wrapper)
     for side in ("forward_layer", "backward_layer"):
-        plan = plan.with_dtype(f"bidirectional/{side}/cell", "float16")
-    found = find_missing_kernels(model, plan.resolve())
-    assert {(item.path, item.kind, item.fallback) for item in found} == {
-        ("bidirectional/forward_layer", "mixed_arithmetic", "float32"),
-        ("bidirectional/backward_layer", "mixed_arithmetic", "float32"),
-    }
-    assert all("SelectV2" in item.error for item in found)
-    fallen = fallback_plan(plan, found).resolve()
-    assert fallen["bidirectional/forward_layer/cell"] == "float32"  # its container's dtype
-    assert fallen["head/layer"] == "bfloat16"
-    x = np.random.default_rng(0).integers(0, 10, size=(8, 5)).astype("int32")
-    _fit_two_steps(model, fallback_plan(plan, found), x, np.zeros((8, 5, 1), "float32"))
+        plan = plan.with_dtype(f"bidirectional/{side}", recurrent)
+        plan = plan.with_dtype(f"bidirectional/{side}/cell", cell)
+    return model, plan, (8, 5), (8, 5, 1), "bidirectional/backward_layer/cell"
+
+
+def _time_distributed_gru(wrapper: str, recurrent: str, cell: str):
+    inputs = keras.Input((3, 5), dtype="int32")
+    embedded = keras.layers.Embedding(10, 4, mask_zero=True, name="embedding")(inputs)
+    hidden = keras.layers.TimeDistributed(keras.layers.GRU(3), name="sentences")(embedded)
+    flat = keras.layers.Flatten(name="flatten")(hidden)  # ends the words' mask
+    outputs = keras.layers.Dense(1, name="out")(flat)
+    model = keras.Model(inputs, outputs)
+    plan = autoprec.PrecisionPlan.uniform(model, "bfloat16").with_dtype("sentences", wrapper)
+    plan = plan.with_dtype("sentences/layer", recurrent).with_dtype("sentences/layer/cell", cell)
+    return model, plan, (8, 3, 5), (8, 1), "sentences/layer/cell"
+
+
+@pytest.mark.parametrize("build", [_bidirectional_lstm, _time_distributed_gru])
+@pytest.mark.parametrize(
+    ("wrapper", "recurrent", "cell"),
+    [
+        ("float32", "float32", "float16"),
+        ("float16", "float32", "bfloat16"),
+        ("bfloat16", "float16", "float32"),
+    ],
+)
+def test_a_masked_recurrent_layer_in_a_wrapper_trains_in_any_dtypes_and_reloads(
+    build, wrapper, recurrent, cell, tmp_path
+):
+    # Keras casts each call's inputs, and the recurrent layer's masked select sees one
+    # dtype: nothing moves, and what trained is what Keras rebuilds, cell dtype included.
+    model, plan, x_shape, y_shape, cell_path = build(wrapper, recurrent, cell)
+    assert find_missing_kernels(model, plan.resolve()) == []
+    x = np.random.default_rng(0).integers(0, 10, size=x_shape).astype("int32")
+    saved = tmp_path / "recurrent.keras"
+    model.compile(optimizer="sgd", loss="mse")
+    callback = autoprec.AutoPrecision(plan, verbose=0)
+    model.fit(
+        x,
+        np.zeros(y_shape, "float32"),
+        batch_size=4,
+        verbose=0,
+        callbacks=[callback, keras.callbacks.ModelCheckpoint(saved)],
+    )
+    assert callback.plan.resolve()[cell_path] == cell
+    reloaded = keras.models.load_model(saved)
+    trained = sorted(layer.compute_dtype for layer in model._flatten_layers())
+    assert sorted(layer.compute_dtype for layer in reloaded._flatten_layers()) == trained
+    assert_same_outputs(model, reloaded, x)
 
 
 def test_a_layer_the_check_cannot_call_alone_is_said_so_and_keeps_its_dtype(caplog):
