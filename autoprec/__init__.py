@@ -101,3 +101,9 @@ class _Package(_types.ModuleType):
 
 
 _sys.modules[__name__].__class__ = _Package
+
+
+if "keras" in _sys.modules:
+    # Keras is loaded already: register the classes a saved model's file may name (the
+    # loss-scale optimizer of a float16 plan), so `keras.models.load_model` finds them.
+    _importlib.import_module(f"{__name__}.runtime.loss_scale")

@@ -13,6 +13,7 @@ from .._core.dtypes import (
     FLOAT8,
     FLOAT16,
     canonical_float8_source,
+    dtype_of_policy,
     is_float8_policy,
     policy_name,
 )
@@ -34,7 +35,7 @@ from .float8 import (
     reset_float8_state,
     sync_float8_variables,
 )
-from .policy_map import unnamed_layer_dtypes, write_nested_policies
+from .policy_map import lists_own_layers, unnamed_layer_dtypes, write_nested_policies
 
 
 @dataclasses.dataclass
@@ -275,6 +276,9 @@ def _set_policies(
                 continue
             dtype = dtypes[path]
             original_policies[path] = layer_policy(layer)
+            if lists_own_layers(layer):  # a reload rebuilds it in the default policy
+                applied[path] = dtype_of_policy(original_policies[path])
+                continue
             entering_float8 = dtype == FLOAT8 and not is_float8_policy(original_policies[path])
             layer.dtype_policy = policy_name(dtype, source)
             if entering_float8:

@@ -86,28 +86,41 @@ def name_patterns(
     ```
     """
     apart = _rebuilt_apart(layers)
-    patterns = {path: _path_pattern(path, layers, apart) for path in entries}
     keyed: dict[str, Any] = {}
-    for path, pattern in patterns.items():
-        unambiguous = pattern is not None and (
-            [other for other in layers if re.fullmatch(pattern, other)] == [path]
-            and list(patterns.values()).count(pattern) == 1
-        )
-        keyed[pattern if unambiguous else path] = entries[path]
-    return keyed
+    for open_names in (True, False):  # Keras-made names open to any number, else as they are
+        patterns = {
+            path: _path_pattern(path, layers, apart, open_names)
+            for path in entries
+            if path not in keyed.values()
+        }
+        for path, pattern in patterns.items():
+            if pattern is not None and (
+                [other for other in layers if re.fullmatch(pattern, other)] == [path]
+                and list(patterns.values()).count(pattern) == 1
+            ):
+                keyed[pattern] = path
+    paths_keyed = set(keyed.values())
+    result = {pattern: entries[path] for pattern, path in keyed.items()}
+    result.update({path: entries[path] for path in entries if path not in paths_keyed})
+    return result
 
 
 def _rebuilt_apart(layers: Mapping[str, keras.layers.Layer]) -> set[str]:
     """Paths of layers their container rebuilds from a config of their own (a wrapped layer).
 
     `Bidirectional` and `TimeDistributed` write their inner layers' configs and
-    deserialize them when they are rebuilt, outside their own name scope: reloaded,
-    such a layer's path no longer starts with its container's.
+    deserialize them when they are rebuilt, outside their own name scope, and a
+    subclassed model is built again outside its own: reloaded, such a layer's path no
+    longer starts with its container's.
     """
     apart = set()
     for path, layer in layers.items():
-        container = layers.get(path.rpartition("/")[0]) if "/" in path else None
+        container_path = path.rpartition("/")[0]
+        container = layers.get(container_path) if "/" in path else None
         if container is None or is_graph_model(container):
+            continue
+        if "/" not in container_path and isinstance(container, keras.Model):
+            apart.add(path)  # a subclassed model's layers reload outside its name scope
             continue
         _READING_CONFIGS.append(True)  # inner configs are read plain: no map inside a map
         try:
@@ -127,12 +140,16 @@ def _rebuilt_apart(layers: Mapping[str, keras.layers.Layer]) -> set[str]:
 
 
 def _path_pattern(
-    path: str, layers: Mapping[str, keras.layers.Layer], apart: set[str] = frozenset()
+    path: str,
+    layers: Mapping[str, keras.layers.Layer],
+    apart: set[str] = frozenset(),
+    open_names: bool = True,
 ) -> str | None:
     """`path` as a regular expression, each Keras-made name open to any number; `None` if none.
 
     The part before a layer rebuilt apart from its container (`_rebuilt_apart`) is
-    optional: the pattern finds the layer where a reload puts it.
+    optional: the pattern finds the layer where a reload puts it. With `open_names`
+    off, names are kept as they are (only that part is optional).
     """
     segments = path.split("/")
     parts = []
@@ -143,7 +160,7 @@ def _path_pattern(
     for index, segment in enumerate(segments):
         layer = layers.get("/".join(segments[: index + 1]))
         stem = _snake_case(type(layer).__name__) if layer is not None else None
-        if stem and re.fullmatch(rf"{re.escape(stem)}(?:_\d+)?", segment):
+        if open_names and stem and re.fullmatch(rf"{re.escape(stem)}(?:_\d+)?", segment):
             parts.append(rf"{re.escape(stem)}(?:_\d+)?")
         else:
             parts.append(re.escape(segment))
@@ -300,16 +317,39 @@ def _is_under(path: str, container: str) -> bool:
     return not container or path.startswith(container + "/")
 
 
+def lists_own_layers(layer: keras.layers.Layer) -> bool:
+    """Returns whether `layer` is a Sequential or functional model whose config lists its layers.
+
+    Keras rebuilds such a model from that list, each layer with its own dtype, and the
+    model itself in the default policy (a functional config has no `dtype`;
+    `Sequential.from_config` does not pass it on), so a plan leaves its own policy as it is.
+
+    Args:
+        layer: any layer or model.
+
+    Returns:
+        `True` for a plain Sequential or functional model; `False` for a class that
+        writes a config of its own (a keras-hub backbone) and for any other layer.
+
+    Example:
+
+    ```python
+    lists_own_layers(keras.Sequential([keras.layers.Dense(2)]))  # True
+    ```
+    """
+    if not is_graph_model(layer):
+        return False
+    try:
+        return "layers" in layer.get_config()
+    except (NotImplementedError, TypeError):
+        return True
+
+
 def _builds_own_sub_layers(layer: keras.layers.Layer, path: str, paths: dict) -> bool:
     """Whether `layer` owns sub-layers its config does not describe one by one."""
     prefix = f"{path}/" if path else ""
     if not any(other.startswith(prefix) and other != path for other in paths):
         return False
-    if not is_graph_model(layer):
-        return True
     # A functional model's config lists its layers, each with its own dtype, unless its
     # class writes a config of its own (a keras-hub backbone does).
-    try:
-        return "layers" not in layer.get_config()
-    except (NotImplementedError, TypeError):
-        return False
+    return not lists_own_layers(layer)
