@@ -125,6 +125,10 @@ def decide_plan(
     return plan, estimate
 
 
+#: Layers of one class the one-liner times; the others of the class are predicted from them.
+LAYERS_PER_KIND = 2
+
+
 def measure_costs(
     model: keras.Model,
     sample: Any,
@@ -144,7 +148,9 @@ def measure_costs(
         time_budget: seconds the timing may take; the layers left get predicted costs.
 
     Returns:
-        The measured `CostTable` (cached per device and layer signature).
+        The measured `CostTable` (cached per device and layer signature): of each layer
+        class, `LAYERS_PER_KIND` layers timed and the others predicted as they showed
+        (what a kind costs in a dtype here is what is uncertain, not each instance).
 
     Example:
 
@@ -159,6 +165,7 @@ def measure_costs(
         verbose=int(verbose >= 1),
         hardware=hardware,
         time_budget=time_budget,
+        layers_per_kind=LAYERS_PER_KIND,
     )
 
 

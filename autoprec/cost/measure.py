@@ -45,6 +45,7 @@ from .cache import MeasurementCache, default_cache_dir, layer_signature
 from .counting import count_costs
 from .layer_cost import LayerCost
 from .roofline import predicted_layer_seconds, roofline_record
+from .sampling import kind_scales, sample_kinds, scaled_seconds
 from .steps import StepTiming, attribute_step_overhead, measure_whole_steps, whole_step_dtypes
 from .table import CostTable, LayerCostRecord
 from .timers import (
@@ -186,6 +187,7 @@ def calibrate(
     verbose: int = 1,
     measure_mixed_steps: bool = True,
     time_budget: float | None = None,
+    layers_per_kind: int | None = None,
 ) -> CostTable:
     """Measures every layer's forward+backward time in each dtype on this device.
 
@@ -234,6 +236,11 @@ def calibrate(
             timed (nor cached) when they have run out gets the roofline prediction,
             flagged in its `source` and counted in `stats["out_of_time"]`. `None`:
             no limit.
+        layers_per_kind: time at most this many layers of each class (the most
+            expensive, then others spread over the kind's sizes); the others of the
+            kind get their roofline prediction scaled as the timed ones showed
+            (`autoprec.cost.sampling`), counted in `stats["scaled"]`, unless cached.
+            `None` (default): every layer is timed.
 
     Returns:
         A `CostTable` with `source="measured"`; `stats` counts `"timed"`,
@@ -256,7 +263,7 @@ def calibrate(
     measuring_backend("calibrate()")
     deadline = None if time_budget is None else time.perf_counter() + float(time_budget)
     setting = _setting(model, x, dtypes, hardware, cache_dir, use_cache)
-    stats = {"timed": 0, "cached": 0, "fallback": 0, "out_of_time": 0}
+    stats = {"timed": 0, "cached": 0, "fallback": 0, "out_of_time": 0, "scaled": 0}
     # Whole steps are timed first, in a process not yet crowded by per-layer functions.
     steps = _whole_steps(measure_model_step, setting)
     plans = _mixed_plans(model, steps, setting.profile) if measure_mixed_steps else {}
@@ -270,7 +277,9 @@ def calibrate(
         plans={name: plan.dtypes for name, plan in plans.items()},
     )
     dispatch_seconds = _dispatch_seconds(setting.cache, repeats)
-    timing = _LayerTiming(setting, repeats, stats, dispatch_seconds, None, deadline)
+    timing = _LayerTiming(
+        setting, repeats, stats, dispatch_seconds, None, deadline, layers_per_kind
+    )
     table = _measured_table(model, setting, _measure_layers(model, timing, verbose), stats)
     table.cast_seconds = _measure_casts(setting.dtypes, setting.cache, repeats, dispatch_seconds)
     attribute_step_overhead(table, whole.uniform)
@@ -350,6 +359,7 @@ class _LayerTiming:
     dispatch_seconds: float
     bar: keras.utils.Progbar | None
     deadline: float | None = None
+    per_kind: int | None = None
 
 
 def _measure_layers(
@@ -359,21 +369,62 @@ def _measure_layers(
     setting = timing.setting
     dtypes, batch_size = setting.dtypes, setting.batch_size
     work = [path for path, cost in setting.counts.items() if _measurable(cost)]
-    if verbose and work:
-        total = sum(len(_layer_dtypes(setting.counts[path], dtypes)) for path in work)
-        bar = keras.utils.Progbar(total, unit_name="timing")
-        timing = dataclasses.replace(timing, bar=bar)
+    sample = sample_kinds(setting.counts, work, timing.per_kind, setting.profile, batch_size)
+    if verbose and sample.timed:
+        total = sum(len(_layer_dtypes(setting.counts[path], dtypes)) for path in sample.timed)
+        timing = dataclasses.replace(timing, bar=keras.utils.Progbar(total, unit_name="timing"))
     paths = layer_paths(model)
     layers: dict[str, LayerCostRecord] = {}
+    timed: dict[str, dict[str, float | None]] = {}
     for path, cost in setting.counts.items():
         layer_dtypes = _layer_dtypes(cost, dtypes)
         if path not in work:
             seconds, source = dict.fromkeys(layer_dtypes, 0.0), "measured"
+        elif path in sample.predicted_from:
+            seconds = _cached_seconds(paths[path], setting.trace.calls[path], cost, timing)
+            if seconds is None:
+                continue  # predicted below, as the timed layers of its kind showed
+            source = "cached"
         else:
             seconds, source = _measure_layer(paths[path], setting.trace.calls[path], cost, timing)
+            if not source.startswith("predicted"):
+                timed[path] = seconds
         layers[path] = roofline_record(cost, seconds, batch_size, layer_dtypes, source)
+    scales = kind_scales(timed, setting.counts, setting.profile, batch_size)
+    for path, kind in sample.predicted_from.items():
+        if path in layers:
+            continue
+        cost = setting.counts[path]
+        layer_dtypes = _layer_dtypes(cost, dtypes)
+        seconds = scaled_seconds(cost, layer_dtypes, scales, setting.profile, batch_size)
+        source = f"predicted, scaled as the timed {kind} layers showed"
+        layers[path] = roofline_record(cost, seconds, batch_size, layer_dtypes, source)
+        timing.stats["scaled"] += 1
+    layers = {path: layers[path] for path in setting.counts}
     _subtract_children(layers, setting.counts)
     return layers
+
+
+def _call_key(layer: keras.layers.Layer, call: LayerCall, dtype: str, setting: _Setting) -> str:
+    """The cache key of one recorded call of `layer` in `dtype` on this device."""
+    return setting.cache.key(
+        {"layer": layer_signature(layer, call, setting.batch_size), "dtype": dtype}
+    )
+
+
+def _cached_seconds(
+    layer: keras.layers.Layer, calls: Sequence[LayerCall], cost: LayerCost, timing: _LayerTiming
+) -> dict[str, float | None] | None:
+    """One layer's seconds per dtype from the cache alone; `None` if any call is not cached."""
+    setting = timing.setting
+    seconds: dict[str, float | None] = {}
+    for dtype in _layer_dtypes(cost, setting.dtypes):
+        values = [setting.cache.get(_call_key(layer, call, dtype, setting)) for call in calls]
+        if any(value is None for value in values):
+            return None
+        seconds[dtype] = sum(values)
+    timing.stats["cached"] += sum(len(calls) for _ in seconds)  # as `_time_one_call` counts
+    return seconds
 
 
 def _time_one_call(
@@ -381,9 +432,7 @@ def _time_one_call(
 ) -> tuple[float, str]:
     """Returns `(seconds, "cached" | "measured")` of one recorded call of `layer` in `dtype`."""
     setting = timing.setting
-    key = setting.cache.key(
-        {"layer": layer_signature(layer, call, setting.batch_size), "dtype": dtype}
-    )
+    key = _call_key(layer, call, dtype, setting)
     value = setting.cache.get(key)
     if value is not None:
         timing.stats["cached"] += 1
