@@ -35,6 +35,7 @@ from .float8 import (
     reset_float8_state,
     sync_float8_variables,
 )
+from .graph_constants import align_graph_constants
 from .policy_map import lists_own_layers, unnamed_layer_dtypes, write_nested_policies
 
 
@@ -80,6 +81,7 @@ class PlanHandle:
                     restored.append(layer)
         sync_float8_variables(restored)
         keep_nested_float8_policies(self.model)
+        align_graph_constants(self.model)
         reset_compiled_functions(self.model)
 
 
@@ -212,6 +214,7 @@ def apply_plan(
         paths[path].dtype_policy = policy_name(dtype)  # as a reload from the policy map gives it
         applied[path] = dtype
     write_nested_policies(model)
+    align_graph_constants(model)
     reset_compiled_functions(model)
     applied_plan = PrecisionPlan(
         applied,
