@@ -357,6 +357,13 @@ class AutoPrecision(PlanCallback):
             self._apply(quiet=True)
             self._report()
             return
+        if self.guard is not None and self.guard.check_kernels:
+            # A plan that cannot run as planned would fail inside fit's step: checked first,
+            # and only once the race is on (the check calls each 16-bit layer).
+            candidates = {
+                name: checked_plan(self.model, candidate, step=self._step)
+                for name, candidate in candidates.items()
+            }
         self._race_plans, self._per_layer_plan = candidates, plan
         self._race = StepRace(self.model, candidates, rounds=self.auto.timing_rounds)
         show_message(
@@ -372,10 +379,6 @@ class AutoPrecision(PlanCallback):
         candidates = race_candidates(
             self.model, plan, self.profile, resolve_hardware(self.hardware)
         )
-        if self.guard is not None and self.guard.check_kernels:
-            # A plan whose kernel is missing here would fail inside fit's step: fall back first.
-            for name, candidate in candidates.items():
-                candidates[name] = checked_plan(self.model, candidate, step=self._step)
         if any(candidate.uses_float16 for candidate in candidates.values()):
             self._wrap_optimizer(uses_float16=True, has_16bit=True)  # float16 steps are scaled
         return candidates

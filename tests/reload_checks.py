@@ -17,17 +17,17 @@ def assert_same_outputs(model: keras.Model, reloaded: keras.Model, x) -> None:
 
 @keras.saving.register_keras_serializable(package="autoprec_reload")
 class ResidualModel(keras.Model):
-    """A subclassed model whose own `call` adds two layers' outputs; it builds its layers in
-    its own policy, as keras-hub's models do (so a policy map reaches them)."""
+    """A subclassed model whose own `call` adds two layers' outputs; it builds and names its
+    layers in its own policy, as keras-hub's models do (so a policy map reaches them)."""
 
     def __init__(self, width: int = 8, **kwargs):
         super().__init__(**kwargs)
         self.width = width
         policy = self.dtype_policy
-        self.embed = keras.layers.Dense(width, dtype=policy)
-        self.branch = keras.layers.Dense(width, activation="relu", dtype=policy)
-        self.norm = keras.layers.LayerNormalization(dtype=policy)
-        self.head = keras.layers.Dense(1, dtype=policy)
+        self.embed = keras.layers.Dense(width, dtype=policy, name="embed")
+        self.branch = keras.layers.Dense(width, activation="relu", dtype=policy, name="branch")
+        self.norm = keras.layers.LayerNormalization(dtype=policy, name="norm")
+        self.head = keras.layers.Dense(1, dtype=policy, name="head")
 
     def call(self, inputs):
         hidden = self.embed(inputs)

@@ -23,14 +23,14 @@ from collections.abc import Mapping, Sequence
 
 import keras
 
-from .._core.dtypes import FLOAT8, FLOAT32, POLICY_FOR_DTYPE, is_float8_policy
+from .._core.dtypes import FLOAT8, FLOAT32, POLICY_FOR_DTYPE, dtype_of_policy, is_float8_policy
 from ..cost import LayerCall, ModelTrace
 from ..layers import describe_model, layer_paths, layer_policy
 from ..plan import PrecisionPlan
 from .check_trace import trace_for_check
 from .layer_check import CHECK_FAILED, MISSING_KERNEL, MIXED_ARITHMETIC, check_layer, subtree
 from .own_call import check_own_call, needs_own_call_check
-from .policy_map import unnamed_layer_dtypes
+from .policy_map import lists_own_layers, unnamed_layer_dtypes
 
 logger = logging.getLogger("autoprec")
 
@@ -325,7 +325,8 @@ def checked_plan(
     """Returns `plan` with every layer that cannot run as planned here moved to what it runs in.
 
     Checks the dtypes `apply_plan` will set (layers Keras leaves without a path take
-    their policy map's default, `unnamed_layer_dtypes`), falls back what fails
+    their policy map's default, `unnamed_layer_dtypes`; a plain Sequential or
+    functional sub-model keeps its own policy), falls back what fails
     (`fallback_plan`), and checks again until nothing changes.
 
     Args:
@@ -345,8 +346,14 @@ def checked_plan(
     model.fit(x, y)  # no layer meets a dtype it cannot take
     ```
     """
+    paths = layer_paths(model)
+    kept = {  # Keras rebuilds these in their own policy: apply_plan leaves it
+        path: dtype_of_policy(layer_policy(layer))
+        for path, layer in paths.items()
+        if lists_own_layers(layer)
+    }
     for _ in range(CHECK_ROUNDS):
-        dtypes = plan.resolve()
+        dtypes = {**plan.resolve(), **kept}
         dtypes.update(unnamed_layer_dtypes(model, dtypes))
         missing = missing_kernels_once(model, dtypes)
         fallen = fallback_plan(plan, missing, step=step, logged=logged) if missing else plan
