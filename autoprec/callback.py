@@ -357,13 +357,7 @@ class AutoPrecision(PlanCallback):
             self._apply(quiet=True)
             self._report()
             return
-        if self.guard is not None and self.guard.check_kernels:
-            # A plan that cannot run as planned would fail inside fit's step: checked first,
-            # and only once the race is on (the check calls each 16-bit layer).
-            candidates = {
-                name: checked_plan(self.model, candidate, step=self._step)
-                for name, candidate in candidates.items()
-            }
+        candidates = self._checked(candidates)
         self._race_plans, self._per_layer_plan = candidates, plan
         self._race = StepRace(self.model, candidates, rounds=self.auto.timing_rounds)
         show_message(
@@ -371,6 +365,16 @@ class AutoPrecision(PlanCallback):
             "over the next steps of fit",
             self.verbose,
         )
+
+    def _checked(self, candidates: dict[str, PrecisionPlan]) -> dict[str, PrecisionPlan]:
+        """The race's candidates as the model runs them (checked once the race is on: the
+        check calls each 16-bit layer, work the race would waste where it is not run)."""
+        if self.guard is None or not self.guard.check_kernels:
+            return candidates
+        return {
+            name: checked_plan(self.model, candidate, step=self._step)
+            for name, candidate in candidates.items()
+        }
 
     def _timed_candidates(self, plan: PrecisionPlan) -> dict[str, PrecisionPlan]:
         """The plans to time inside fit (none where costs are predicted, not measured here)."""
