@@ -76,13 +76,14 @@ def name_patterns(
         layers: `{Keras layer path: layer}` of the model, for the layers' classes.
 
     Returns:
-        `{key: policy}`: a pattern where one is unambiguous, else the exact path.
+        `{key: policy}`: a pattern where one is unambiguous, else the exact path, each
+        anchored (`^...$`) so that every Keras version matches it in full.
 
     Example:
 
     ```python
     name_patterns({"block/dense_3": policy}, {"block": block, "block/dense_3": dense})
-    # {"block/dense(?:_\d+)?": policy}, where "block" was named by its user
+    # {"^block/dense(?:_\d+)?$": policy}, where "block" was named by its user
     ```
     """
     apart = _rebuilt_apart(layers)
@@ -100,8 +101,11 @@ def name_patterns(
             ):
                 keyed[pattern] = path
     paths_keyed = set(keyed.values())
-    result = {pattern: entries[path] for pattern, path in keyed.items()}
-    result.update({path: entries[path] for path in entries if path not in paths_keyed})
+    # Anchored: Keras 3.10 matches a key with `re.search`, later versions in full.
+    result = {f"^{pattern}$": entries[path] for pattern, path in keyed.items()}
+    result.update(
+        {f"^{re.escape(path)}$": entries[path] for path in entries if path not in paths_keyed}
+    )
     return result
 
 
@@ -233,13 +237,23 @@ def unnamed_layer_dtypes(model: keras.Model, dtypes: Mapping[str, str]) -> dict[
         unnamed = [
             path
             for path in members
-            if not paths[path].path and dtypes.get(path) in ("float32", "bfloat16", "float16")
+            if not paths[path].path
+            and dtypes.get(path) in ("float32", "bfloat16", "float16")
+            and _takes_plans(paths[path])
         ]
         counts = collections.Counter(dtypes[path] for path in unnamed)
         if counts:
             default = counts.most_common(1)[0][0]
             changed.update({path: default for path in unnamed if dtypes[path] != default})
     return changed
+
+
+def _takes_plans(layer: keras.layers.Layer) -> bool:
+    """Whether a plan sets `layer`'s policy: not quantized, and computing in floating point."""
+    policy = layer_policy(layer)
+    if getattr(policy, "quantization_mode", None) not in (None, "float8"):
+        return False
+    return keras.backend.is_float_dtype(str(getattr(policy, "compute_dtype", "float32")))
 
 
 def write_nested_policies(model: keras.Model) -> int:
