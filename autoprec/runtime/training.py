@@ -329,7 +329,7 @@ class PlanCallback(keras.callbacks.Callback):
         restored = bool(unchecked_kernels(self.model, self.handle.dtypes))
         if restored:
             self.handle.restore()  # check 16-bit layers alone, with the model as it was
-        plan = checked_plan(self.model, self.handle.plan, step=self._step)
+        plan = checked_plan(self.model, self.plan, step=self._step)  # the plan as asked for
         if restored or plan is not self.handle.plan:
             self.handle = self._apply_plan(plan)
 

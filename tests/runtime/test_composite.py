@@ -217,15 +217,8 @@ def test_check_plan_runs_names_the_clash_when_a_plan_still_cannot_run():
     assert model.get_layer("adds").compute_dtype == "bfloat16"
 
 
-#: A random plan on GPT-2 (seeds 1 and 2) passes the check alone and whole in eager mode,
-#: then raises a dtype mismatch in `TransformerDecoder.call` inside `fit`'s compiled step.
-GPT2_RANDOM_PLAN = "known defect: the check does not see a GPT-2 block's mismatch in fit's step"
-
-
 def _family(name: str):
-    if name == "gpt2":
-        return pytest.param(name, marks=pytest.mark.xfail(reason=GPT2_RANDOM_PLAN, strict=False))
-    return name if name == "bert" else pytest.param(name, marks=pytest.mark.slow)
+    return name if name in ("bert", "gpt2") else pytest.param(name, marks=pytest.mark.slow)
 
 
 @pytest.mark.parametrize("name", [_family(name) for name in sorted(zoo_models.ZOO)])
