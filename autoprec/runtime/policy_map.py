@@ -118,6 +118,7 @@ def _rebuilt_apart(layers: Mapping[str, keras.layers.Layer]) -> set[str]:
     longer starts with its container's.
     """
     apart = set()
+    inner_names: dict[str, set[str]] = {}  # container path -> names its own config holds
     for path, layer in layers.items():
         container_path = path.rpartition("/")[0]
         container = layers.get(container_path) if "/" in path else None
@@ -126,21 +127,27 @@ def _rebuilt_apart(layers: Mapping[str, keras.layers.Layer]) -> set[str]:
         if "/" not in container_path and isinstance(container, keras.Model):
             apart.add(path)  # a subclassed model's layers reload outside its name scope
             continue
-        _READING_CONFIGS.append(True)  # inner configs are read plain: no map inside a map
-        try:
-            config = type(container).get_config(container)
-        except (NotImplementedError, TypeError):
-            continue
-        finally:
-            _READING_CONFIGS.pop()
-        if any(
-            isinstance(value, dict)
-            and isinstance(value.get("config"), dict)
-            and value["config"].get("name") == layer.name
-            for value in config.values()
-        ):
+        if container_path not in inner_names:
+            inner_names[container_path] = _names_in_config(container)
+        if layer.name in inner_names[container_path]:
             apart.add(path)
     return apart
+
+
+def _names_in_config(container: keras.layers.Layer) -> set[str]:
+    """The names of the layers `container`'s own config holds whole (read once, with no map)."""
+    _READING_CONFIGS.append(True)  # inner configs are read plain: no map inside a map
+    try:
+        config = type(container).get_config(container)
+    except (NotImplementedError, TypeError):
+        return set()
+    finally:
+        _READING_CONFIGS.pop()
+    return {
+        value["config"].get("name")
+        for value in config.values()
+        if isinstance(value, dict) and isinstance(value.get("config"), dict)
+    }
 
 
 def _path_pattern(
