@@ -17,6 +17,7 @@ from ._auto import (
     decision_budget,
     race_candidates,
     race_lines,
+    race_traces,
     race_winner_plan,
     report_lines,
     search_plan,
@@ -71,9 +72,10 @@ class AutoPrecision(PlanCallback):
     16-bit policies the device runs fast and the per-layer plan, interleaved
     (`auto.timing_rounds`), and the fastest is kept, a difference inside the
     measured noise going to the simpler plan; these steps train the model as
-    any others. The decision stays within `auto.decision_seconds` (default a
-    tenth of the first epoch, at most 60 s), traces counted: where it cannot
-    afford to trace the candidates, the simpler plan (float32) is kept. The
+    any others (float32 runs the step `fit` traced). The decision stays within
+    `auto.decision_seconds` (default a tenth of the whole fit, at most a fifth of
+    the first epoch and 60 s), traces counted: where it cannot afford to trace
+    the candidates, the simpler plan (float32) is kept. The
     plan is applied and training goes on.
     Where the device runs no 16-bit dtype fast (`hardware.is_fast`), nothing
     can be won: the model trains in float32 at once, nothing profiled or timed,
@@ -323,10 +325,11 @@ class AutoPrecision(PlanCallback):
         decided_at = time.perf_counter()
         steps = (self.params or {}).get("steps")
         clock = self._clock or StepClock()
-        budget = decision_budget(self.auto, clock.epoch_estimate(steps))
+        epochs = (self.params or {}).get("epochs")
+        budget = decision_budget(self.auto, clock.epoch_estimate(steps), epochs)
         trace = clock.trace_seconds() or 0.0
-        # The race's traces come first (float32, each fast uniform policy, the per-layer
-        # plan): per-layer costs are timed with what they leave.
+        # The race's traces come first (each fast uniform policy, the per-layer plan, the
+        # kept plan's own; float32 runs fit's): per-layer costs are timed with what they leave.
         race_reserve = (len(self._fast_reduced_dtypes()) + 2) * trace
         plan, self.estimate = decide_plan(
             self.model,
@@ -341,12 +344,13 @@ class AutoPrecision(PlanCallback):
         spent = time.perf_counter() - decided_at
         self._decision = {"decision_seconds": spent, "budget_seconds": round(budget, 3)}
         candidates = self._timed_candidates(plan)
-        if len(candidates) >= 2 and spent + len(candidates) * trace > budget:
-            # The race would trace every candidate: out of budget, fit keeps the simpler plan.
+        traces = race_traces(self.model, candidates) if len(candidates) >= 2 else 0
+        if traces and spent + traces * trace > budget:
+            # The race's traces would not fit: out of budget, fit keeps the simpler plan.
             name, simpler = next(iter(candidates.items()))
             plan = simpler.with_metadata(hardware=plan.metadata.get("hardware"))
             why = (
-                f"timing {len(candidates)} candidates needs {len(candidates)} traces of about "
+                f"timing {len(candidates)} candidates needs {traces} traces of about "
                 f"{trace:.1f} s, over the {budget:.1f} s budget: keeping {name}, the simpler plan"
             )
             self.estimate, candidates = None, {}
@@ -415,6 +419,7 @@ class AutoPrecision(PlanCallback):
                 f"autoprec: deciding took {measured['decision_seconds']:.1f} s (budget "
                 f"{measured['budget_seconds']:.1f} s): {timed} candidate(s) timed in "
                 f"{measured.get('rounds', 0)} round(s)"
+                + (f", {measured['traces']} traced" if "traces" in measured else "")
                 + (f"; {measured['why']}" if measured.get("why") else ""),
                 self.verbose,
             )

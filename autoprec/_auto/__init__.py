@@ -10,12 +10,18 @@ Modules, each importable by `autoprec.callback` and re-exported here:
   batch size; `search_plan`, the short Optuna search run instead of the heuristic
   when a budget is given.
 - `plan_report`: `report_lines`, the report printed when the automatic plan is applied.
-- `race`: `race_candidates` / `race_lines` / `race_winner_plan`, the plans whose whole
-  train step is timed inside `fit` before one is kept, the report of that timing and
-  the plan it keeps.
+- `race`: `race_candidates` / `race_traces` / `race_lines` / `race_winner_plan`, the
+  plans whose whole train step is timed inside `fit` before one is kept, the traces
+  that costs, the report of that timing and the plan it keeps.
 """
 
-from .auto_plan import DECISION_CAP_SECONDS, DECISION_SHARE, AutoPlan, decision_budget
+from .auto_plan import (
+    DECISION_CAP_SECONDS,
+    DECISION_SHARE,
+    FIRST_EPOCH_SHARE,
+    AutoPlan,
+    decision_budget,
+)
 from .decide import (
     FALLBACK_BATCH_SIZE,
     MIN_CALIBRATION_SECONDS,
@@ -29,6 +35,7 @@ from .race import (
     PER_LAYER,
     race_candidates,
     race_lines,
+    race_traces,
     race_winner_plan,
 )
 from .step_clock import UNPROFILED_STEPS, StepClock
@@ -36,6 +43,7 @@ from .step_clock import UNPROFILED_STEPS, StepClock
 __all__ = [
     "DECISION_CAP_SECONDS",
     "DECISION_SHARE",
+    "FIRST_EPOCH_SHARE",
     "FALLBACK_BATCH_SIZE",
     "MIN_CALIBRATION_SECONDS",
     "PER_LAYER",
@@ -49,6 +57,7 @@ __all__ = [
     "measure_costs",
     "race_candidates",
     "race_lines",
+    "race_traces",
     "race_winner_plan",
     "report_lines",
     "search_plan",

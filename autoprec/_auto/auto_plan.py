@@ -14,35 +14,46 @@ from .._core.config import ConfigValue
 from ..errors import PlanError
 from ..search import Budget
 
-#: The share of the first epoch the decision may take by default (`AutoPlan.decision_seconds`).
+#: The share of the whole fit the decision may take by default (`AutoPlan.decision_seconds`).
 DECISION_SHARE = 0.1
 
-#: The most seconds the decision may take by default, however long the epoch.
+#: The most of the first epoch the decision may take by default, however long the fit.
+FIRST_EPOCH_SHARE = 0.2
+
+#: The most seconds the decision may take by default, however long the fit.
 DECISION_CAP_SECONDS = 60.0
 
 
-def decision_budget(auto: AutoPlan, epoch_seconds: float | None) -> float:
+def decision_budget(auto: AutoPlan, epoch_seconds: float | None, epochs: int | None = 1) -> float:
     """Returns the seconds the decision may take: `auto.decision_seconds`, else the default.
+
+    What a plan can win grows with the fit, so the default is a share of the
+    whole fit (`DECISION_SHARE` of `epochs` first epochs), bounded by what the
+    first epoch may carry (`FIRST_EPOCH_SHARE` of it) and by `DECISION_CAP_SECONDS`.
 
     Args:
         auto: the settings.
         epoch_seconds: the first epoch's estimated length, or `None` when unknown.
+        epochs: the epochs `fit` runs (`params["epochs"]`); `None` counts as one.
 
     Returns:
-        `auto.decision_seconds` when set; else `DECISION_SHARE` of the epoch, at most
-        `DECISION_CAP_SECONDS` (the cap where the epoch's length is unknown).
+        `auto.decision_seconds` when set; else `min(DECISION_SHARE * epochs,
+        FIRST_EPOCH_SHARE)` of the epoch, at most `DECISION_CAP_SECONDS` (the cap
+        where the epoch's length is unknown).
 
     Example:
 
     ```python
-    decision_budget(AutoPlan(), epoch_seconds=300.0)  # 30.0
+    decision_budget(AutoPlan(), epoch_seconds=300.0)  # 30.0: a tenth of a one-epoch fit
+    decision_budget(AutoPlan(), epoch_seconds=100.0, epochs=5)  # 20.0: a fifth of the first
     ```
     """
     if auto.decision_seconds is not None:
         return float(auto.decision_seconds)
     if epoch_seconds is None:
         return DECISION_CAP_SECONDS
-    return min(DECISION_CAP_SECONDS, DECISION_SHARE * float(epoch_seconds))
+    share = min(DECISION_SHARE * max(int(epochs or 1), 1), FIRST_EPOCH_SHARE)
+    return min(DECISION_CAP_SECONDS, share * float(epoch_seconds))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,9 +91,10 @@ class AutoPlan(ConfigValue):
         decision_seconds: the most seconds the decision may add to `fit` where
             costs are measured here: per-layer timing stops when they run out (the
             layers left get predicted costs), and the whole steps raced inside `fit`
-            decide. `None`: `DECISION_SHARE` of the first epoch (estimated from the
-            profiled steps), at most `DECISION_CAP_SECONDS`. The report says what
-            the decision took (`plan.metadata["measured"]`).
+            decide. `None`: `DECISION_SHARE` of the whole fit, at most
+            `FIRST_EPOCH_SHARE` of the first epoch (estimated from the profiled
+            steps) and `DECISION_CAP_SECONDS` (`decision_budget`). The report says
+            what the decision took (`plan.metadata["measured"]`).
 
     Raises:
         PlanError: for a `budget` without `x` and `validation_data` (or data

@@ -2,6 +2,7 @@
 
 - `race_candidates`: the plans whose whole train step is timed inside `fit` before
   one is kept (float32, the uniform 16-bit and float8 plans, the per-layer plan);
+- `race_traces`: how many train steps the timing traces (what it costs beyond its steps);
 - `race_lines`: the report of that timing;
 - `race_winner_plan`: the plan the timing chose, its measurement in its metadata.
 """
@@ -15,6 +16,7 @@ import keras
 from .._core.dtypes import BFLOAT16, FLOAT8, FLOAT16, FLOAT32
 from ..cost import Estimate
 from ..hardware import HardwareProfile
+from ..layers import layer_paths, layer_policy
 from ..plan import PrecisionPlan
 from ..profiler import Profile
 from ..runtime.step_race import RaceResult
@@ -92,6 +94,36 @@ def race_candidates(
             seen.append(dtypes)
             unique[name] = candidate
     return unique
+
+
+def race_traces(model: keras.Model, candidates: Mapping[str, PrecisionPlan]) -> int:
+    """Returns how many train steps timing `candidates` inside `fit` traces, at most.
+
+    A candidate that leaves every layer's dtype as it is runs the step `fit`
+    already traced; each other candidate is traced once, and a 16-bit plan kept
+    is traced once more with the guard's telemetry.
+
+    Args:
+        model: the model `fit` trains, in the policies it runs now.
+        candidates: the plans to time, by name.
+
+    Returns:
+        The number of traces.
+
+    Example:
+
+    ```python
+    race_traces(model, {"float32": f32, "mixed_bfloat16": bf16})  # 2 on a float32 model
+    ```
+    """
+    paths = layer_paths(model)
+    running = {path: layer_policy(layer).compute_dtype for path, layer in paths.items()}
+    traced = [
+        name
+        for name, candidate in candidates.items()
+        if any(running.get(path) != dtype for path, dtype in candidate.resolve().items())
+    ]
+    return len(traced) + (1 if traced else 0)
 
 
 def race_lines(result: RaceResult, estimate: Estimate | None) -> list[str]:

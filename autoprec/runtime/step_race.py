@@ -59,6 +59,7 @@ class RaceResult:
     rounds_run: int
     seconds: float
     added_seconds: float
+    traces: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         """Returns the result as JSON-ready values (milliseconds), for `plan.metadata["measured"]`."""
@@ -66,6 +67,7 @@ class RaceResult:
             "what": "whole train step inside fit, candidate plans interleaved",
             "steps": self.steps,
             "rounds": self.rounds_run,
+            "traces": self.traces,
             "seconds": round(self.seconds, 4),
             "added_seconds": round(self.added_seconds, 4),
             "rounds_ms": {
@@ -111,9 +113,12 @@ class StepRace:
     `steps_per_round` timed steps of every candidate (a round's figure is their
     mean). After `rounds` rounds, rounds are added while the fastest plan is
     within the noise of another (`wants_more_rounds`), up to `max_rounds`. Switching candidates sets the policies and puts
-    back the candidate's traced train function: nothing is traced twice.
-    `close()` puts back every layer's policy as it was before the race (the caller
-    then applies the winner as it would any plan).
+    back the candidate's traced train function: nothing is traced twice. A
+    candidate that leaves every layer's policy as it was (float32, where `fit`
+    started in float32) runs the train function `fit` already traced.
+    `close()` puts back every layer's policy as it was before the race and the
+    train function that runs them (the caller then applies the winner as it would
+    any plan: a winner that changes nothing keeps `fit`'s own trace).
 
     Args:
         model: the model `fit` trains (built, compiled).
@@ -150,9 +155,14 @@ class StepRace:
         self.max_rounds = max(max_rounds, rounds)
         self._paths = layer_paths(model)
         self._original = {path: layer_policy(layer) for path, layer in self._paths.items()}
+        # fit's own train function, traced for the policies in `_original` (read at the
+        # first step: fit builds it after a race made before fit); None once stale.
+        self._fit_function: Callable[..., Any] | None = None
+        self._fit_function_stale = False
         self._float8_layers: list[keras.layers.Layer] = []
         self._float8_saved: dict[int, list] = {}
         self._prepare_float8()
+        self._traces = 0
         self._schedule: list[tuple[int, bool]] = []
         for index in range(len(self.candidates)):
             self._schedule += [(index, False)] * (1 + steps_per_round)
@@ -181,6 +191,8 @@ class StepRace:
         now = time.perf_counter()
         if self._first_begin is None:
             self._first_begin = now
+            if not self._fit_function_stale:
+                self._fit_function = self.model.train_function
         index, _ = self._schedule[self._position]
         if index != self._current:
             self._use(index)
@@ -237,11 +249,18 @@ class StepRace:
             rounds_run=self._rounds_run,
             seconds=seconds,
             added_seconds=max(added, 0.0),
+            traces=self._traces,
         )
 
     def close(self) -> None:
-        """Puts back the policies every layer had before the race; the train function is stale."""
+        """Puts back the policies every layer had before the race, and a train function that runs them."""
         self._restore_policies()
+        if self._current is not None:  # a candidate's train function is in place
+            if self._fit_function is not None:
+                self.model.train_function = self._fit_function
+            else:  # float8 candidates extended the optimizer: fit's own trace is stale
+                rebuild_train_function(self.model)
+        self._current = None
         self._finished = True
 
     # ------------------------------------------------------------------ internals
@@ -275,6 +294,7 @@ class StepRace:
             for variable in float8_variables(variable_layer):
                 variable.trainable = True
         extend_optimizer(self.model)
+        self._fit_function_stale = True  # traced with the optimizer before it was extended
         self._restore_policies()
 
     def _keep_float8_state(self, index: int) -> None:
@@ -291,6 +311,13 @@ class StepRace:
             self._float8_saved[current] = float8_state(self._float8_layers)
         if index in self._float8_saved:
             put_float8_state(self._float8_saved[index])
+
+    def _policies_unchanged(self) -> bool:
+        return all(
+            layer_policy(layer).name == self._original[path].name
+            for path, layer in self._paths.items()
+            if path in self._original
+        )
 
     def _restore_policies(self) -> None:
         for path, policy in self._original.items():
@@ -310,8 +337,13 @@ class StepRace:
                 # one would train with stale state, so every other candidate traces again.
                 for other in self.candidates:
                     other.train_function = None
+                self._fit_function, self._fit_function_stale = None, True
             candidate.dtypes = dict(handle.dtypes)
-            rebuild_train_function(self.model)
+            if self._fit_function is not None and self._policies_unchanged():
+                self.model.train_function = self._fit_function  # fit's own trace runs it
+            else:
+                rebuild_train_function(self.model)
+                self._traces += 1
             candidate.train_function = self.model.train_function
             return
         source = candidate.plan.float8_source

@@ -36,10 +36,20 @@ def test_a_budget_needs_the_search_data_and_the_data_a_budget():
     assert "x=(ndarray(4, 3), ndarray(4,))" in repr(searching)
 
 
-def test_the_decision_budget_is_a_share_of_the_epoch_under_a_cap():
-    from autoprec._auto import DECISION_CAP_SECONDS, DECISION_SHARE, decision_budget
+def test_the_decision_budget_is_a_share_of_the_fit_under_caps():
+    from autoprec._auto import (
+        DECISION_CAP_SECONDS,
+        DECISION_SHARE,
+        FIRST_EPOCH_SHARE,
+        decision_budget,
+    )
 
     assert decision_budget(AutoPlan(), 100.0) == DECISION_SHARE * 100.0
+    assert decision_budget(AutoPlan(), 100.0, epochs=None) == DECISION_SHARE * 100.0
+    # A longer fit can win more: a larger share of its first epoch, up to FIRST_EPOCH_SHARE.
+    assert decision_budget(AutoPlan(), 100.0, epochs=2) == pytest.approx(2 * DECISION_SHARE * 100)
+    assert decision_budget(AutoPlan(), 100.0, epochs=50) == pytest.approx(FIRST_EPOCH_SHARE * 100)
+    assert decision_budget(AutoPlan(), 1e6, epochs=50) == DECISION_CAP_SECONDS
     assert decision_budget(AutoPlan(), 1e6) == DECISION_CAP_SECONDS
     assert decision_budget(AutoPlan(), None) == DECISION_CAP_SECONDS
     assert decision_budget(AutoPlan(decision_seconds=7), 1e6) == 7.0

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import keras
 import numpy as np
 from auto.auto_models import mlp, mlp_data
 from conftest import local_with_fast_bfloat16
 
 from autoprec import AutoPrecision, PrecisionPlan
-from autoprec._auto import race_candidates
+from autoprec._auto import race_candidates, race_traces
 from autoprec._core.rounds import judge_rounds
 from autoprec.callback import AutoPlan
 from autoprec.hardware import resolve_hardware
@@ -37,6 +38,35 @@ def test_race_candidates_are_uniform_as_keras_sets_them_and_the_per_layer_plan()
     assert "mixed_float16" not in race_candidates(model, plan, None, resolve_hardware("rtx4090"))
 
 
+class StepFunctions(keras.callbacks.Callback):
+    """Keeps the compiled train function in place after each step (the objects, kept alive)."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen: list = []
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.seen.append(self.model.train_function)
+
+
+def test_the_race_traces_each_plan_that_changes_a_dtype_and_the_kept_one():
+    model = mlp()
+    model(np.zeros((1, 64), "float32"))
+    cpu = resolve_hardware("cpu-avx512-bf16")
+    plan = PrecisionPlan.uniform(model, "float32").with_dtype("hidden", "bfloat16")
+    candidates = race_candidates(model, plan, None, cpu)
+    # float32 runs the step fit traced; mixed_bfloat16 and the per-layer plan one each;
+    # a 16-bit plan kept once more, with the guard's telemetry.
+    assert race_traces(model, candidates) == 3
+    assert race_traces(model, {"float32": candidates["float32"]}) == 0
+    # A model built under mixed_bfloat16: float32 is the plan that needs its trace.
+    for layer in model.layers:
+        layer.dtype_policy = "mixed_bfloat16"
+    assert (
+        race_traces(model, {name: candidates[name] for name in ("float32", "mixed_bfloat16")}) == 2
+    )
+
+
 def test_the_one_liner_keeps_the_plan_whose_whole_step_measured_fastest(capsys):
     model = mlp()
     x, y = mlp_data()
@@ -44,11 +74,18 @@ def test_the_one_liner_keeps_the_plan_whose_whole_step_measured_fastest(capsys):
         hardware=local_with_fast_bfloat16(),
         auto=AutoPlan(profile_steps=2, decision_seconds=120.0),  # time to trace and race
     )
-    model.fit(x, y, batch_size=16, epochs=1, verbose=0, callbacks=[callback])
+    functions = StepFunctions()
+    model.fit(x, y, batch_size=16, epochs=1, verbose=0, callbacks=[callback, functions])
     measured = callback.plan.metadata["measured"]
     names = list(measured["rounds_ms"])
     assert names[0] == "float32" and len(names) >= 2
     assert measured["rounds"] >= 5
+    # float32 raced on the step fit had traced; a 16-bit plan kept is traced once more.
+    assert measured["traces"] == len(names) - 1
+    distinct = {id(function): function for function in functions.seen}
+    kept_16_bit = measured["winner"] != "float32"
+    assert len(distinct) == 1 + measured["traces"] + kept_16_bit
+    assert (functions.seen[-1] is functions.seen[0]) == (not kept_16_bit)
     # The kept plan is the verdict on the recorded rounds, and it is what the model runs.
     verdict = judge_rounds(measured["rounds_ms"], names.index)
     assert measured["winner"] == verdict.leader

@@ -20,8 +20,11 @@ class _Racing(keras.callbacks.Callback):
         super().__init__()
         self.race = race
         self.steps_after = 0
+        self.fit_function = None
 
     def on_train_batch_begin(self, batch, logs=None):
+        if self.fit_function is None:
+            self.fit_function = self.model.train_function  # what fit traced for its policies
         if not self.race.finished:
             self.race.begin_step()
 
@@ -67,9 +70,14 @@ def test_the_race_times_every_plan_in_interleaved_rounds_inside_fit():
     assert all(len(figures) == result.rounds_run for figures in result.rounds.values())
     assert result.verdict is not None and result.winner in candidates
     assert result.verdict == judge_rounds(result.rounds, list(candidates).index)
-    # Each plan traced once, then its own function put back at every switch.
+    # float32, the policies fit started with, runs fit's own trace; mixed_bfloat16 is
+    # traced once; each plan's function is put back at every switch.
     functions = [candidate.train_function for candidate in race.candidates]
-    assert functions[0] is not functions[1] and None not in functions
+    assert functions[0] is racing.fit_function
+    assert functions[1] is not functions[0] and functions[1] is not None
+    assert result.traces == 1 and result.to_dict()["traces"] == 1
+    # close() put back fit's own trace with the policies it runs, whichever plan ran last.
+    assert model.train_function is racing.fit_function
     # The steps trained the model; close() put back the policies the model had.
     after = model.get_weights()
     assert all(np.isfinite(w).all() for w in after)
