@@ -343,8 +343,17 @@ class AutoPrecision(PlanCallback):
         )
         spent = time.perf_counter() - decided_at
         self._decision = {"decision_seconds": spent, "budget_seconds": round(budget, 3)}
-        candidates = self._timed_candidates(plan)
-        traces = race_traces(self.model, candidates) if len(candidates) >= 2 else 0
+        self._race_or_apply(plan, spent, budget, trace)
+
+    def _race_or_apply(
+        self, plan: PrecisionPlan, spent: float, budget: float, trace: float
+    ) -> None:
+        """Starts timing the candidates inside fit where the budget pays their traces; else
+        applies `plan` (the simpler one, float32, where the race was out of budget)."""
+        optimizer = self.model.optimizer
+        candidates = self._timed_candidates(plan)  # may add loss scaling for float16 ones
+        reuse_fit_step = self.model.optimizer is optimizer
+        traces = race_traces(self.model, candidates, reuse_fit_step) if len(candidates) > 1 else 0
         if traces and spent + traces * trace > budget:
             # The race's traces would not fit: out of budget, fit keeps the simpler plan.
             name, simpler = next(iter(candidates.items()))
@@ -363,7 +372,9 @@ class AutoPrecision(PlanCallback):
             return
         candidates = self._checked(candidates)
         self._race_plans, self._per_layer_plan = candidates, plan
-        self._race = StepRace(self.model, candidates, rounds=self.auto.timing_rounds)
+        self._race = StepRace(
+            self.model, candidates, rounds=self.auto.timing_rounds, reuse_fit_step=reuse_fit_step
+        )
         show_message(
             f"autoprec: timing the whole train step of {', '.join(candidates)} "
             "over the next steps of fit",

@@ -18,6 +18,7 @@ import time
 import traceback
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 _TESTS_DIR = Path(__file__).resolve().parent
@@ -106,6 +107,37 @@ def _check_callback_float16() -> dict:
         "loss_scale": history.history.get("loss_scale"),
         "weights_finite": all(bool(np.isfinite(w).all()) for w in model.get_weights()),
     }
+
+
+def _check_race() -> dict:
+    """The one-liner's race inside a JAX fit: with bfloat16 only, then with float16 too."""
+    import dataclasses
+
+    import numpy as np
+    from conftest import classification_data, local_with_fast_bfloat16
+
+    import autoprec
+
+    x, y = (np.concatenate([part] * 8) for part in classification_data())  # room to race
+    results = {}
+    fast = local_with_fast_bfloat16()
+    both = dataclasses.replace(fast, fast_dtypes=("bfloat16", "float16"), slow_dtypes=())
+    for name, hardware in (("bfloat16", fast), ("float16", both)):
+        model = _child_mlp()
+        callback = autoprec.AutoPrecision(
+            hardware=hardware, auto=autoprec.AutoPlan(decision_seconds=120.0), verbose=0
+        )
+        history = model.fit(x, y, epochs=2, batch_size=16, verbose=0, callbacks=[callback])
+        measured = callback.plan.metadata["measured"]
+        results[name] = {
+            "timed": list(measured.get("rounds_ms", {})),
+            "traces": measured.get("traces"),
+            "winner": measured.get("winner"),
+            "dtypes": sorted(set(callback.handle.dtypes.values())),
+            "loss": [float(value) for value in history.history["loss"]],
+            "weights_finite": all(bool(np.isfinite(w).all()) for w in model.get_weights()),
+        }
+    return results
 
 
 def _train_on_overflow(floor: float | None) -> dict:
@@ -310,6 +342,7 @@ def _run_child(results_path: str, plan_path: str, work_dir: str) -> None:
         "environment": _check_environment,
         "uniform_plans": _check_uniform_plans,
         "callback_float16": _check_callback_float16,
+        "race": _check_race,
         "loss_scale_floor": _check_loss_scale_floor,
         "save_load": lambda: _check_save_load(work_dir),
         "plan_from_tensorflow": lambda: _check_plan_from_tensorflow(plan_path),
@@ -415,6 +448,18 @@ def test_float16_plan_wraps_optimizer_and_trains_finitely_on_jax(jax_results):
     assert result["loss_scale"] == [2.0**15, 2.0**15]
     assert all(value == value and abs(value) < 1e6 for value in result["loss"])
     assert result["weights_finite"]
+
+
+def test_the_one_liner_races_its_candidates_inside_a_jax_fit(jax_results):
+    results = _value(jax_results, "race")
+    # float32 runs the step fit traced; with loss scaling added for float16 it is traced again.
+    assert results["bfloat16"]["timed"][:2] == ["float32", "mixed_bfloat16"]
+    assert results["bfloat16"]["traces"] == len(results["bfloat16"]["timed"]) - 1
+    assert "mixed_float16" in results["float16"]["timed"]
+    assert results["float16"]["traces"] == len(results["float16"]["timed"])
+    for result in results.values():
+        assert result["winner"] in result["timed"]
+        assert result["weights_finite"] and all(np.isfinite(result["loss"]))
 
 
 def test_loss_scale_floor_holds_under_persistent_overflow_on_jax(jax_results):

@@ -96,7 +96,9 @@ def race_candidates(
     return unique
 
 
-def race_traces(model: keras.Model, candidates: Mapping[str, PrecisionPlan]) -> int:
+def race_traces(
+    model: keras.Model, candidates: Mapping[str, PrecisionPlan], reuse_fit_step: bool = True
+) -> int:
     """Returns how many train steps timing `candidates` inside `fit` traces, at most.
 
     A candidate that leaves every layer's dtype as it is runs the step `fit`
@@ -106,6 +108,8 @@ def race_traces(model: keras.Model, candidates: Mapping[str, PrecisionPlan]) -> 
     Args:
         model: the model `fit` trains, in the policies it runs now.
         candidates: the plans to time, by name.
+        reuse_fit_step: whether `fit`'s own trace can run (`StepRace`'s
+            `reuse_fit_step`); `False` traces every candidate.
 
     Returns:
         The number of traces.
@@ -121,7 +125,8 @@ def race_traces(model: keras.Model, candidates: Mapping[str, PrecisionPlan]) -> 
     traced = [
         name
         for name, candidate in candidates.items()
-        if any(running.get(path) != dtype for path, dtype in candidate.resolve().items())
+        if not reuse_fit_step
+        or any(running.get(path) != dtype for path, dtype in candidate.resolve().items())
     ]
     return len(traced) + (1 if traced else 0)
 

@@ -126,6 +126,9 @@ class StepRace:
         rounds: interleaved rounds timed before the verdict is read.
         steps_per_round: timed steps of each candidate per round (also its warm-up steps).
         max_rounds: rounds at most, while the verdict is undecided.
+        reuse_fit_step: run a candidate that changes no policy on the train function
+            the model has at the first step; pass `False` where the optimizer was
+            replaced since `fit` traced it (loss scaling added for the race).
 
     Example:
 
@@ -145,6 +148,7 @@ class StepRace:
         rounds: int = 5,
         steps_per_round: int = 2,
         max_rounds: int = 9,
+        reuse_fit_step: bool = True,
     ) -> None:
         if not candidates:
             raise ValueError("StepRace: no candidate plans to time.")
@@ -158,7 +162,7 @@ class StepRace:
         # fit's own train function, traced for the policies in `_original` (read at the
         # first step: fit builds it after a race made before fit); None once stale.
         self._fit_function: Callable[..., Any] | None = None
-        self._fit_function_stale = False
+        self._fit_function_stale = not reuse_fit_step
         self._float8_layers: list[keras.layers.Layer] = []
         self._float8_saved: dict[int, list] = {}
         self._prepare_float8()
