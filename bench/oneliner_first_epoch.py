@@ -6,7 +6,9 @@ trained for `--epochs` epochs twice in this process: without a callback and with
 epoch is timed from the start of `fit`, so the first epoch includes tracing in both
 runs. The two fits alternate `--rounds` times; the table gives the minimum and the
 median of each, the ratio of the one-liner's first epoch and whole fit to the plain
-fit's, the plan kept and how long deciding took (`plan.metadata["measured"]`).
+fit's, the median of the epochs after the first (each fit's own), the plan kept
+and how long deciding took (`plan.metadata["measured"]`); each round's seconds
+per epoch are printed above it.
 
 ```bash
 python bench/oneliner_first_epoch.py --models all --epochs 3 --rounds 1
@@ -134,6 +136,17 @@ def timed_fit(
     return timer.ends, (callback.plan if callback is not None else None)
 
 
+def _epoch_seconds(ends: list[float]) -> str:
+    """Each epoch's own seconds, from the ends `EpochEnds` recorded."""
+    return " ".join(f"{end - start:.2f}" for start, end in zip([0.0, *ends], ends))
+
+
+def _dtype_counts(plan) -> str:
+    """How many layers the plan gives each dtype ("155 float32")."""
+    counts = collections.Counter(plan.resolve().values())
+    return ", ".join(f"{count} {dtype}" for dtype, count in counts.items() if count)
+
+
 def measure(
     name: str,
     epochs: int,
@@ -148,16 +161,26 @@ def measure(
     weights = build().get_weights()
     data = make_data(32 * steps)
     plain, auto, plan = [], [], None
-    for _ in range(rounds):
+    for index in range(1, rounds + 1):
         plain.append(timed_fit(name, weights, data, epochs, one_liner=False)[0])
         ends, plan = timed_fit(
             name, weights, data, epochs, True, hardware, decision_seconds=decision_seconds
         )
         auto.append(ends)
+        decided = plan.metadata.get("measured") or {}
+        raced = decided.get("median_ms") or {}
+        print(
+            f"  {name} round {index}, seconds per epoch: plain {_epoch_seconds(plain[-1])}"
+            f" | one-liner {_epoch_seconds(ends)}; kept {_dtype_counts(plan)}"
+            + ("; race medians " + ", ".join(f"{k} {v:.0f} ms" for k, v in raced.items()))
+            * bool(raced)
+            + (f"; {decided['why']}" if decided.get("why") else ""),
+            flush=True,
+        )
     first = [ends[0] for ends in auto], [ends[0] for ends in plain]
     whole = [ends[-1] for ends in auto], [ends[-1] for ends in plain]
+    later = [ends[-1] - ends[0] for ends in auto], [ends[-1] - ends[0] for ends in plain]
     measured = dict(plan.metadata.get("measured") or {})
-    counts = collections.Counter(plan.resolve().values())
     return [
         name,
         f"{min(first[1]):.1f} / {statistics.median(first[1]):.1f}",
@@ -166,7 +189,8 @@ def measure(
         f"{statistics.median(whole[1]):.1f}",
         f"{statistics.median(whole[0]):.1f}",
         f"{statistics.median(whole[0]) / statistics.median(whole[1]):.2f}x",
-        ", ".join(f"{count} {dtype}" for dtype, count in counts.items() if count),
+        f"{statistics.median(later[1]):.1f} / {statistics.median(later[0]):.1f}",
+        _dtype_counts(plan),
         measured.get("decision_seconds", "-"),
         measured.get("candidates_timed", "-"),
     ]
@@ -195,6 +219,12 @@ def main(argv: list[str] | None = None) -> None:
         f"{', '.join(host.sixteen_bit_flags()) or 'none'}; load {host.load():.1f}"
     )
     names = list(MODELS) if args.models == "all" else args.models.split(",")
+    unknown = [name for name in names if name not in MODELS]
+    if unknown:
+        parser.error(
+            f"--models: unknown model(s) {', '.join(unknown)}; choose from "
+            f"{', '.join(MODELS)} (comma-separated) or all"
+        )
     rows = []
     for name in names:
         rows.append(
@@ -209,6 +239,7 @@ def main(argv: list[str] | None = None) -> None:
         f"{args.epochs} epochs s, plain",
         f"{args.epochs} epochs s, one-liner",
         "fit ratio",
+        "later epochs s, plain / one-liner (median)",
         "plan kept",
         "deciding s",
         "candidates timed",
