@@ -4,11 +4,11 @@ A fresh copy of each model (same initial weights, same data, same batches) is
 trained for `--epochs` epochs twice in this process: without a callback and with
 `autoprec.AutoPrecision()` at its defaults (`hardware="local"`). The end of each
 epoch is timed from the start of `fit`, so the first epoch includes tracing in both
-runs. The two fits alternate `--rounds` times; the table gives the minimum and the
-median of each, the ratio of the one-liner's first epoch and whole fit to the plain
-fit's, the median of the epochs after the first (each fit's own), the plan kept
-and how long deciding took (`plan.metadata["measured"]`); each round's seconds
-per epoch are printed above it.
+runs. The two fits alternate `--rounds` times (the plain fit first in odd rounds,
+second in even ones); the table gives the minimum and the median of each, the ratio
+of the one-liner's first epoch and whole fit to the plain fit's, the median of the
+epochs after the first (each fit's own), the plan kept and how long deciding took
+(`plan.metadata["measured"]`); each round's seconds per epoch are printed above it.
 
 ```bash
 python bench/oneliner_first_epoch.py --models all --epochs 3 --rounds 1
@@ -162,11 +162,17 @@ def measure(
     data = make_data(32 * steps)
     plain, auto, plan = [], [], None
     for index in range(1, rounds + 1):
-        plain.append(timed_fit(name, weights, data, epochs, one_liner=False)[0])
-        ends, plan = timed_fit(
-            name, weights, data, epochs, True, hardware, decision_seconds=decision_seconds
-        )
-        auto.append(ends)
+        # The order alternates: a fit that always ran second would meet a warmer process.
+        for one_liner in (False, True) if index % 2 else (True, False):
+            ends, kept = timed_fit(
+                name, weights, data, epochs, one_liner, hardware, decision_seconds
+            )
+            if one_liner:
+                auto.append(ends)
+                plan = kept
+            else:
+                plain.append(ends)
+        ends = auto[-1]
         decided = plan.metadata.get("measured") or {}
         raced = decided.get("median_ms") or {}
         print(
