@@ -2,28 +2,19 @@
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from bench_scripts import run_bench
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "bench" / "oneliner_first_epoch.py"
 
 
-def _run(*arguments: str, timeout: float = 240) -> subprocess.CompletedProcess:
-    environment = {**os.environ, "PYTHONPATH": str(ROOT), "TF_CPP_MIN_LOG_LEVEL": "3"}
-    return subprocess.run(
-        [sys.executable, str(SCRIPT), *arguments],
-        cwd=ROOT,
-        env=environment,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+def _run(*arguments: str) -> subprocess.CompletedProcess:
+    return run_bench(SCRIPT.name, *arguments, timeout=240)
 
 
 @pytest.fixture(scope="module")

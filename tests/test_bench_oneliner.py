@@ -6,12 +6,12 @@ import ast
 import importlib.util
 import json
 import math
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from bench_scripts import run_bench
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "bench" / "oneliner.py"
@@ -19,15 +19,7 @@ CANDIDATES = {"float32", "mixed_bfloat16", "one-liner", "search"}
 
 
 def _run(*arguments: str, timeout: float = 180) -> subprocess.CompletedProcess:
-    environment = {**os.environ, "PYTHONPATH": str(ROOT), "TF_CPP_MIN_LOG_LEVEL": "3"}
-    return subprocess.run(
-        [sys.executable, str(SCRIPT), *arguments],
-        cwd=ROOT,
-        env=environment,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+    return run_bench(SCRIPT.name, *arguments, timeout=timeout)
 
 
 @pytest.fixture(scope="module")
