@@ -87,12 +87,7 @@ def __dir__() -> list[str]:
 
 
 class _Package(_types.ModuleType):
-    """The package module: `autoprec.search` stays the function when its subpackage loads.
-
-    Importing `autoprec.search` (the subpackage) sets it as an attribute of the package;
-    the public name `search` is the function, so that assignment is ignored and the
-    function is resolved by `__getattr__` as every other name.
-    """
+    """The package module: `autoprec.search` stays the function when its subpackage loads."""
 
     def __setattr__(self, name: str, value: _Any) -> None:
         if isinstance(value, _types.ModuleType) and _SUBMODULE_OF.get(name) == name:

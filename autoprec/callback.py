@@ -7,7 +7,10 @@ import os
 import time
 from typing import Any
 
-from ._auto import (
+from ._core.dtypes import BFLOAT16, FLOAT8, FLOAT16, FLOAT32
+from ._core.messages import show_message
+from .cost import Estimate
+from .decision import (
     FALLBACK_BATCH_SIZE,
     UNPROFILED_STEPS,
     AutoPlan,
@@ -22,9 +25,6 @@ from ._auto import (
     report_lines,
     search_plan,
 )
-from ._core.dtypes import BFLOAT16, FLOAT8, FLOAT16, FLOAT32
-from ._core.messages import show_message
-from .cost import Estimate
 from .errors import BackendError, PlanError
 from .hardware import HardwareProfile, is_local, resolve_hardware
 from .plan import PrecisionPlan
@@ -348,8 +348,8 @@ class AutoPrecision(PlanCallback):
     def _race_or_apply(
         self, plan: PrecisionPlan, spent: float, budget: float, trace: float
     ) -> None:
-        """Starts timing the candidates inside fit where the budget pays their traces; else
-        applies `plan` (the simpler one, float32, where the race was out of budget)."""
+        """Starts timing the candidates inside fit where the budget pays their traces; else applies
+        `plan` (the simpler one, float32, where the race was out of budget)."""
         optimizer = self.model.optimizer
         candidates = self._timed_candidates(plan)  # may add loss scaling for float16 ones
         reuse_fit_step = self.model.optimizer is optimizer
@@ -382,8 +382,8 @@ class AutoPrecision(PlanCallback):
         )
 
     def _checked(self, candidates: dict[str, PrecisionPlan]) -> dict[str, PrecisionPlan]:
-        """The race's candidates as the model runs them (checked once the race is on: the
-        check calls each 16-bit layer, work the race would waste where it is not run)."""
+        """The race's candidates as the model runs them (checked once the race is on: the check
+        calls each 16-bit layer, work the race would waste where it is not run)."""
         if self.guard is None or not self.guard.check_kernels:
             return candidates
         return {
@@ -448,9 +448,8 @@ class AutoPrecision(PlanCallback):
         return record
 
     def _first_batch(self) -> tuple[int, Any]:
-        """Returns the batch size to time costs at (`auto.batch_size`, else fit's first
-        batch's) and inputs of that many samples shaped as fit's first batch (`None`
-        when none was read)."""
+        """Returns the batch size to time costs at (`auto.batch_size`, else fit's first batch's) and
+        inputs of that many samples shaped as fit's first batch (`None` when none was read)."""
         reader, self._batch_reader = self._batch_reader, None
         size = reader.read() if reader is not None else None
         size = self.auto.batch_size or size

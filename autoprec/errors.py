@@ -1,8 +1,4 @@
-"""Exceptions raised by autoprec.
-
-Every error names what was wrong (the file, the field or the layer) and how to
-fix it, so that a user can act on the message alone.
-"""
+"""Exceptions raised by autoprec."""
 
 
 class AutoprecError(Exception):

@@ -1,24 +1,4 @@
-"""Stable paths for every layer of any Keras model, the model fingerprint and pass-through layers.
-
-Keras' own `layer.path` is `None` for some sub-layers (the softmax inside
-`MultiHeadAttention`) and for every layer of an unbuilt subclassed model, and
-auto-generated names (`dense_3`) depend on how many layers the process created
-before. autoprec therefore names layers itself:
-
-* children of a `Sequential` or Functional model are named by their layer name,
-  with auto-generated names (`dense_7`) renumbered locally (`dense`, `dense_1`, ...
-  in order of appearance) so two builds of one architecture get the same paths;
-* children of any other layer (subclassed models, custom layers,
-  `MultiHeadAttention`) are named by the attribute that holds them, with a leading
-  underscore dropped; layers held in lists/tuples get `attr/0`, `attr/1`, in dicts
-  `attr/key`;
-* paths join names with `/` and do not include the root model's name.
-
-Pass-through layers do no floating-point arithmetic worth a dtype (see
-`PASS_THROUGH_CLASSES`); they *follow* the layer that feeds them, so a plan never
-inserts a cast around a `Flatten`. Nested models follow their first computing
-layer for the same reason.
-"""
+"""Stable paths for every layer of any Keras model, the model fingerprint and pass-through layers."""
 
 from __future__ import annotations
 

@@ -30,7 +30,7 @@ LAYERS: dict[str, int] = {
     "plan": 7,
     "runtime": 8,
     "search": 9,
-    "_auto": 10,
+    "decision": 10,
     "callback": 11,
     "cli": 12,
     "demo": 12,
@@ -147,7 +147,7 @@ def test_no_import_cycles():
 
 
 #: Top-level private parts that the whole package imports: internal by design, not private names.
-INTERNAL_PARTS = ("_core", "_backends", "_version", "_auto")
+INTERNAL_PARTS = ("_core", "_backends", "_version")
 
 
 def _is_private(name: str) -> bool:
@@ -338,10 +338,14 @@ def test_lazy_imports_are_only_optional_dependencies():
     )
 
 
-# --- The shape: module and function sizes, a test file per module -------------------------
+# --- The shape: package, module and function sizes ------------------------------------------
+
+#: `autoprec/` as a whole (every `.py` file, docstrings included) stays under this many lines;
+#: each merge lowers it, down to 20,000.
+MAX_PACKAGE_LINES = 26_600
 
 #: No module of `autoprec/` is longer than this many lines.
-MAX_MODULE_LINES = 600
+MAX_MODULE_LINES = 800
 
 #: No function of `autoprec/` has more than this many lines of code (its docstring,
 #: blank lines and comment lines not counted; nested functions count in their parent).
@@ -353,9 +357,6 @@ OVERSIZED_MODULES: dict[str, str] = {}
 
 #: Functions (`module:qualified name`) allowed past `MAX_FUNCTION_CODE_LINES`, each with why.
 OVERSIZED_FUNCTIONS: dict[str, str] = {}
-
-#: Modules without a `test_<name>.py` of their own, each with where they are tested instead.
-UNTESTED_MODULES: dict[str, str] = {}
 
 #: Private names used across modules (`module:line ...` as `private_name_uses` writes them,
 #: without the line), each with why.
@@ -424,29 +425,15 @@ def _oversized_functions() -> dict[str, int]:
     return found
 
 
-def _test_file_names() -> set[str]:
-    return {path.name for path in (ROOT / "tests").rglob("test_*.py")}
-
-
-def _modules_without_a_test_file() -> list[str]:
-    names = _test_file_names()
-    missing = []
-    for module, path in _modules().items():
-        if path.name in ("__init__.py", "__main__.py"):
-            continue
-        if f"test_{path.stem.lstrip('_')}.py" not in names:
-            missing.append(module)
-    return missing
-
-
 def _private_uses_without_lines() -> set[str]:
     return {re.sub(r":\d+ ", " ", use) for use in private_name_uses()}
 
 
 def test_no_module_is_longer_than_the_limit():
     found = {m: n for m, n in _oversized_modules().items() if m not in OVERSIZED_MODULES}
-    assert not found, f"modules over {MAX_MODULE_LINES} lines (split them by job): " + ", ".join(
-        f"{module} ({lines})" for module, lines in sorted(found.items())
+    assert not found, (
+        f"modules over {MAX_MODULE_LINES} lines (move what belongs elsewhere to its own concept's module): "
+        + ", ".join(f"{module} ({lines})" for module, lines in sorted(found.items()))
     )
 
 
@@ -459,11 +446,11 @@ def test_no_function_is_longer_than_the_limit():
     )
 
 
-def test_every_module_has_a_test_file_of_its_name():
-    missing = [m for m in _modules_without_a_test_file() if m not in UNTESTED_MODULES]
-    assert not missing, (
-        "modules without a tests/**/test_<name>.py (add one that tests the module "
-        "itself): " + ", ".join(missing)
+def test_the_package_stays_under_its_line_budget():
+    total = sum(len(path.read_text().splitlines()) for path in _modules().values())
+    assert total <= MAX_PACKAGE_LINES, (
+        f"autoprec/ is {total} lines, over {MAX_PACKAGE_LINES}: merge what is built twice "
+        "before adding more"
     )
 
 
@@ -476,18 +463,13 @@ def test_the_shape_allow_lists_only_shrink():
             if f not in _oversized_functions()
         ),
         *(
-            f"UNTESTED_MODULES[{m!r}]"
-            for m in UNTESTED_MODULES
-            if m not in _modules_without_a_test_file()
-        ),
-        *(
             f"PRIVATE_NAME_USES[{u!r}]"
             for u in PRIVATE_NAME_USES
             if u not in _private_uses_without_lines()
         ),
     ]
     assert not stale, "allow-list entries no longer needed (remove them): " + ", ".join(stale)
-    for allow_list in (OVERSIZED_MODULES, OVERSIZED_FUNCTIONS, UNTESTED_MODULES, PRIVATE_NAME_USES):
+    for allow_list in (OVERSIZED_MODULES, OVERSIZED_FUNCTIONS, PRIVATE_NAME_USES):
         assert all(reason.strip() for reason in allow_list.values()), "each entry says why"
 
 

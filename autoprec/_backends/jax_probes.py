@@ -1,43 +1,5 @@
-"""JAX side of the profiler: statistics measured inside the pure train step and returned with its logs.
-
-The profiler (backend neutral) decides *what* to record; this module records
-it inside Keras' JAX train step, a pure function that cannot update a
-variable from inside. Every value leaves the compiled step as an output, so
-nothing waits on a host callback and the step runs as one SPMD program on
-several devices (a `keras.distribution` shards the batch; every reduction
-below is then over the whole batch):
-
-- **forward values** (layer outputs, attention logits) are measured inside the
-  differentiated loss function, where they cannot be returned directly. Each
-  one's statistics, written as base-256 digits (exact small integers in
-  float32), are multiplied by a zero-valued *sink* input and added to the
-  loss: the loss does not change (it gains an exact `0.0`) and the gradient
-  with respect to the sink is the digits themselves;
-- **activation gradients** pass through a `jax.custom_vjp` identity whose
-  backward rule measures the incoming gradient and returns its digits as the
-  gradient of another sink;
-- **weights and weight gradients** are measured in the wrapped
-  `optimizer.stateless_apply`, outside the differentiated function.
-
-The sinks travel as extra entries of the trainable list the train step
-differentiates, right after the model's own values (so the guard telemetry's
-carrier, which another wrapper appends last, stays last whichever wraps the
-other); the wrapped `compute_loss_and_updates` and `stateless_apply` take
-exactly those entries off before Keras sees them. How many sinks a step needs
-is known only once its forward pass is traced, so before the first step of
-each batch signature the wrapped train function runs the model's forward
-pass abstractly (`jax.eval_shape` of `model.stateless_call`: nothing is
-computed or emitted, and no train step is active, so no other wrapper records
-anything), which lists the probes in call order; the traced step then has one
-sink per probe.
-The step's statistics come back in its logs under one key that the wrapped
-train function takes out before `fit` sees the logs; that wrapper feeds the
-train step one batch at a time, so with `steps_per_execution > 1` every
-step's statistics are kept. The host adds the steps up in int64/float64.
-
-The sinks and each trace's record of them are `jax_sinks`; the measurement
-of one tensor and the host's sums are `jax_statistics`.
-"""
+"""JAX side of the profiler: statistics measured inside the pure train step and returned with its
+logs."""
 
 from __future__ import annotations
 
@@ -95,23 +57,7 @@ def _inverse_loss_scale(optimizer: Any, optimizer_variables: list) -> jax.Array 
 
 
 class ProbeHooks:
-    """The profiler's step hooks on JAX: statistics returned with each pure train step's logs.
-
-    The `autoprec._backends.probe_hooks.ProbeHooks` interface (see the module
-    docstring for how the values leave the step). Wraps, on the instances,
-    the model's `train_step`, `compute_loss_and_updates` and
-    `make_train_function` and the optimizer's `stateless_apply`.
-
-    Args:
-        xla: unused (JAX always compiles with XLA); kept for the common interface.
-
-    Example:
-
-    ```python
-    hooks = ProbeHooks()
-    hooks.install_step(model, {id(model.layers[0].kernel): ("dense", "kernel")}, replace)
-    ```
-    """
+    """The profiler's step hooks on JAX: statistics returned with each pure train step's logs."""
 
     def __init__(self, xla: bool = True) -> None:
         del xla
@@ -136,7 +82,8 @@ class ProbeHooks:
     # -- installing
 
     def install_step(self, model: keras.Model, owners: WeightOwners, replace: Replace) -> None:
-        """Wraps the train step, the loss function, the train function's builder and `stateless_apply`."""
+        """Wraps the train step, the loss function, the train function's builder and
+        `stateless_apply`."""
         trainable = list(model.trainable_variables)
         self._trainable_count = len(trainable)
         positions = {
@@ -153,13 +100,8 @@ class ProbeHooks:
         )
 
     def rebuild_train_function(self, model: keras.Model) -> None:
-        """Rebuilds the train function; inside `fit`, first puts the step's state back in the variables.
-
-        Between two steps `fit` keeps the state outside the variables, and under
-        a `keras.distribution` building the train function reads each variable's
-        sharding; `jax_state_sync()` (Keras' way for a callback to reach the
-        state) puts it back, and `fit` takes it up again at the next step.
-        """
+        """Rebuilds the train function; inside `fit`, first puts the step's state back in the
+        variables."""
         model.jax_state_sync()
         model.make_train_function(force=True)
 
@@ -239,15 +181,7 @@ class ProbeHooks:
     def _ensure_layout(
         self, model: keras.Model, state: Any, data: Any
     ) -> tuple[list[Slot], list[Slot]]:
-        """The probes of the forward pass for batches like `data`, in call order.
-
-        Found by running the model's forward pass abstractly (`jax.eval_shape`
-        of `model.stateless_call`, as the loss function calls it: nothing is
-        computed or emitted), once per batch signature. The wrapped train
-        function asks before each jitted step, while no train step is active,
-        so no other wrapper of the train step, the optimizer or the layers
-        records anything in this pass; the traced step finds the answer here.
-        """
+        """The probes of the forward pass for batches like `data`, in call order."""
         key = _signature(data)
         if key in self._layouts:
             return self._layouts[key]
@@ -356,35 +290,12 @@ class ProbeHooks:
 
 
 def is_float_tensor(value: object) -> bool:
-    """Returns whether `value` is a JAX array (or tracer) with a floating-point dtype.
-
-    Args:
-        value: anything found in a layer's arguments or outputs.
-
-    Returns:
-        `True` for a float JAX array or tracer; `False` for NumPy arrays and the rest.
-
-    Example:
-
-    ```python
-    is_float_tensor(jnp.ones(2, "float16"))  # True
-    ```
-    """
+    """Returns whether `value` is a JAX array (or tracer) with a floating-point dtype."""
     return isinstance(value, jax.Array) and jnp.issubdtype(value.dtype, jnp.floating)
 
 
 def xla_can_host_probes() -> bool:
-    """Returns whether the probes compile under XLA: always, since JAX compiles every step with it.
-
-    Returns:
-        `True`.
-
-    Example:
-
-    ```python
-    xla_can_host_probes()  # True
-    ```
-    """
+    """Returns whether the probes compile under XLA: always, since JAX compiles every step with it."""
     return True
 
 
@@ -394,26 +305,7 @@ def write_histograms(
     step: int = 0,
     description: Callable[[str], str] | None = None,
 ) -> None:
-    """Writes exponent histograms as TensorBoard summaries with TensorFlow's writer, if installed.
-
-    TensorBoard event files are written by TensorFlow's summary writer, as Keras'
-    own `TensorBoard` callback does on the JAX backend.
-
-    Args:
-        logdir: where the event file goes.
-        series: the histograms, one `HistogramSeries` entry per tag.
-        step: the step the summaries are written at.
-        description: if given, returns the text shown under a tag.
-
-    Raises:
-        BackendError: if TensorFlow cannot be imported in this process.
-
-    Example:
-
-    ```python
-    write_histograms("logs", [("dense/output", np.array([-2, 0]), np.array([3, 5]))])
-    ```
-    """
+    """Writes exponent histograms as TensorBoard summaries with TensorFlow's writer, if installed."""
     try:
         from . import tensorflow_tensorboard
     except ImportError as error:

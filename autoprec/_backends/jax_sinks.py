@@ -1,26 +1,5 @@
-"""JAX side of the profiler's probes: how one traced train step's measurements leave it, through sinks.
-
-Keras' JAX train step is a pure function, and the values the profiler
-measures inside its differentiated loss function cannot be returned from
-there directly. Each probe gets a *sink*, a zero-valued float32 input of
-`SINK_SIZE` values that the step differentiates beside the model's weights:
-
-- a **forward value** (a layer output, attention logits) is measured, its
-  statistics written as base-256 digits (exact small integers in float32),
-  multiplied by its sink and added to the loss: the loss gains an exact `0.0`
-  and the gradient with respect to the sink is the digits themselves;
-- an **activation gradient** passes through `observe`, a `jax.custom_vjp`
-  identity whose backward rule measures the incoming gradient and returns its
-  digits as the gradient of the sink;
-- **weights and weight gradients** (in the optimizer's `stateless_apply`,
-  outside the differentiated function) and forward values outside the loss
-  function are measured directly.
-
-`StepTrace` is one trace's record of all this: which probes the abstract pass
-found, in call order, which sinks the real pass consumes, and at the end the
-step's measurements by slot (`StepTrace.statistics`). `jax_probes` wires it
-into the train step.
-"""
+"""JAX side of the profiler's probes: how one traced train step's measurements leave it, through
+sinks."""
 
 from __future__ import annotations
 
@@ -43,21 +22,8 @@ SINK_SIZE = _WORDS * len(_DIGIT_SHIFTS)
 
 
 def encode(counts: jax.Array, floats: jax.Array) -> jax.Array:
-    """Writes one measurement as base-256 digits in float32, exact under any add or matmul precision.
-
-    Args:
-        counts: int32 `[RAW_COUNT_SLOTS]` counts of `tensor_statistics`.
-        floats: float32 values in `STEP_FLOAT_SLOTS` order.
-
-    Returns:
-        A float32 `[SINK_SIZE]` array of integers in `[0, 255]`.
-
-    Example:
-
-    ```python
-    digits = encode(*tensor_statistics(jnp.array([0.5, -3.0])))
-    ```
-    """
+    """Writes one measurement as base-256 digits in float32, exact under any add or matmul
+    precision."""
     words = jnp.concatenate(
         [
             lax.bitcast_convert_type(counts.astype(jnp.int32), jnp.uint32),
@@ -70,21 +36,7 @@ def encode(counts: jax.Array, floats: jax.Array) -> jax.Array:
 
 
 def decode(encoded: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """Reads back the measurement that `encode` wrote.
-
-    Args:
-        encoded: a float32 `[SINK_SIZE]` array, e.g. the gradient of a sink.
-
-    Returns:
-        `(counts, floats)` as `tensor_statistics` returns them (all zeros, a
-        count of 0, where no gradient flowed into the sink).
-
-    Example:
-
-    ```python
-    counts, floats = decode(encode(counts, floats))
-    ```
-    """
+    """Reads back the measurement that `encode` wrote."""
     digits = jnp.round(encoded).astype(jnp.uint32).reshape(_WORDS, len(_DIGIT_SHIFTS))
     shifts = jnp.asarray(_DIGIT_SHIFTS, jnp.uint32)
     words = jnp.sum(digits << shifts[None, :], axis=1, dtype=jnp.uint32)  # disjoint bits
@@ -95,25 +47,7 @@ def decode(encoded: jax.Array) -> tuple[jax.Array, jax.Array]:
 
 @jax.custom_vjp
 def observe(value: jax.Array, sink: jax.Array, multiplier: jax.Array) -> jax.Array:
-    """Returns `value`, through an identity whose gradient rule measures the gradient flowing back.
-
-    Args:
-        value: the tensor whose gradient is measured.
-        sink: a float32 `[SINK_SIZE]` input of the differentiated function.
-        multiplier: float32 scalar applied to the gradient before measuring it
-            (the inverse loss scale); the gradient passed on is unchanged.
-
-    Returns:
-        `value`; the gradient with respect to `sink` is the `encode`d
-        measurement of `value`'s gradient.
-
-    Example:
-
-    ```python
-    sink = jnp.zeros((SINK_SIZE,), jnp.float32)
-    digits = jax.grad(lambda s: jnp.sum(observe(x, s, jnp.float32(1.0)) ** 2))(sink)
-    ```
-    """
+    """Returns `value`, through an identity whose gradient rule measures the gradient flowing back."""
     del sink, multiplier
     return value
 
@@ -133,27 +67,7 @@ observe.defvjp(_observe_forward, _observe_backward)
 
 @dataclasses.dataclass
 class StepTrace:
-    """What one trace of the wrapped train step has recorded so far (trace-time Python state).
-
-    In the abstract pass (`discovering`) the probes only list their slots in
-    call order; in the real pass they consume the sinks in the same order.
-    The sinks travel in the trainable list right after the model's own
-    `trainable_count` values.
-
-    Args:
-        discovering: whether this is the abstract pass, which only lists probes.
-        multiplier: the inverse loss scale of the step (`None`: no scaling).
-        forward_sites: the forward probes the abstract pass found, in call order.
-        backward_sites: the gradient probes the abstract pass found, in call order.
-        trainable_count: how many trainable values the model itself has.
-
-    Example:
-
-    ```python
-    trace = StepTrace(discovering=False, multiplier=None, forward_sites=[slot])
-    trainable = trace.with_sinks(trainable)
-    ```
-    """
+    """What one trace of the wrapped train step has recorded so far (trace-time Python state)."""
 
     discovering: bool
     multiplier: Any
@@ -200,7 +114,8 @@ class StepTrace:
         return [*trainable[:count], *trainable[end:]]
 
     def take_sink_gradients(self, grads: list, trainable: list) -> tuple[list, list]:
-        """Takes the sinks' gradients (kept for `statistics`) and the sinks off the optimizer's lists."""
+        """Takes the sinks' gradients (kept for `statistics`) and the sinks off the optimizer's
+        lists."""
         count, end = self.trainable_count, self.trainable_count + self.sink_count
         if self.sink_count and len(grads) >= end:
             self.sink_gradients = grads[count:end]
@@ -232,7 +147,8 @@ class StepTrace:
     # -- recording
 
     def measure(self, slot: Slot, tensor: Any, multiplier: Any = None) -> None:
-        """Measures a value outside the differentiated function into the step's rows (not when discovering)."""
+        """Measures a value outside the differentiated function into the step's rows (not when
+        discovering)."""
         if not self.discovering:
             self.direct.append((slot, *tensor_statistics(tensor, multiplier)))
 

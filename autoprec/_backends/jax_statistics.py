@@ -1,19 +1,5 @@
-"""JAX side of the profiler's measurement: one tensor's raw statistics, and their totals on the host.
-
-`tensor_statistics` is what every probe of `jax_probes` computes inside the
-compiled train step (`tensorflow_statistics` is the TensorFlow counterpart);
-`host_statistics` and `combine_totals` add the steps up on the host, in
-int64/float64.
-
-**How a tensor is measured** gives the TensorFlow module's numbers (its XLA
-path) in fewer kernels: the float32 bit pattern of `|x|` shifted right by 23
-bits gives the biased exponent (0: zero, 255: inf or NaN), a subnormal's
-exact exponent comes from its mantissa, and one scatter-add counts both and
-the NaNs; the smallest non-zero magnitude is the minimum of `bits - 1` taken
-as unsigned; the sums are taken over finite values rescaled by the power of
-two of the largest (the exponent is returned, and the host scales back in
-float64, since JAX computes in float32 by default).
-"""
+"""JAX side of the profiler's measurement: one tensor's raw statistics, and their totals on the
+host."""
 
 from __future__ import annotations
 
@@ -50,14 +36,7 @@ def _power_of_two(exponent: jax.Array) -> jax.Array:
 
 
 def _flat_statistics(flat: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """Raw statistics of a 1-D float32 array: int32 counts and float32 `STEP_FLOAT_SLOTS`.
-
-    Three passes, each one XLA kernel: one scatter-add counts every slot at
-    once (the exponents, the exact subnormal exponents, the NaNs), one
-    variadic reduction gives the largest finite magnitude and the smallest
-    non-zero bit pattern, one more the rescaled sums. Fewer kernels than
-    separate reductions keep the compile time of a probed step down.
-    """
+    """Raw statistics of a 1-D float32 array: int32 counts and float32 `STEP_FLOAT_SLOTS`."""
     magnitude = jnp.abs(flat)
     bits = lax.bitcast_convert_type(magnitude, jnp.int32)
     # A subnormal |x| is m * 2^-149 with integer m < 2^23: floor(log2(m)) is the
@@ -108,22 +87,7 @@ def _flat_statistics(flat: jax.Array) -> tuple[jax.Array, jax.Array]:
 
 
 def tensor_statistics(tensor: Any, multiplier: Any = None) -> tuple[jax.Array, jax.Array]:
-    """Computes one tensor's raw statistics, inside a traced step or eagerly.
-
-    Args:
-        tensor: any floating-point array; measured in float32.
-        multiplier: optional float32 scalar applied first (to undo a loss scale).
-
-    Returns:
-        `(counts, floats)`: int32 `[RAW_COUNT_SLOTS]` counts and float32 values in
-        `STEP_FLOAT_SLOTS` order (`host_statistics` turns rows of them into totals).
-
-    Example:
-
-    ```python
-    counts, floats = tensor_statistics(jnp.array([0.5, -3.0, 0.0]))
-    ```
-    """
+    """Computes one tensor's raw statistics, inside a traced step or eagerly."""
     flat = jnp.ravel(lax.stop_gradient(jnp.asarray(tensor))).astype(jnp.float32)
     if multiplier is not None:
         flat = flat * jnp.asarray(multiplier, jnp.float32)
@@ -131,24 +95,7 @@ def tensor_statistics(tensor: Any, multiplier: Any = None) -> tuple[jax.Array, j
 
 
 def host_statistics(counts: np.ndarray, floats: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Adds up measurements (rows of `tensor_statistics`) into int64 counts and float64 floats.
-
-    Rows that measured nothing (a gradient that never flowed) are left out.
-
-    Args:
-        counts: `[rows, RAW_COUNT_SLOTS]` integer counts.
-        floats: `[rows, 5]` float32 values in `STEP_FLOAT_SLOTS` order.
-
-    Returns:
-        `(counts, floats)` as `autoprec.profiler.TensorStats.from_raw` takes them:
-        int64 `[RAW_COUNT_SLOTS]` and float64 `[max, min non-zero, sum |x|, sum x^2]`.
-
-    Example:
-
-    ```python
-    counts, floats = host_statistics(*jax.device_get(tensor_statistics(x)))
-    ```
-    """
+    """Adds up measurements (rows of `tensor_statistics`) into int64 counts and float64 floats."""
     counts = np.asarray(counts, np.int64).reshape(-1, RAW_COUNT_SLOTS)
     floats = np.asarray(floats, np.float64).reshape(-1, len(STEP_FLOAT_SLOTS))
     live = counts.sum(axis=1) > 0
@@ -168,38 +115,14 @@ def host_statistics(counts: np.ndarray, floats: np.ndarray) -> tuple[np.ndarray,
 
 
 def empty_totals() -> tuple[np.ndarray, np.ndarray]:
-    """Returns the totals of a slot that measured nothing yet.
-
-    Returns:
-        `(counts, floats)`: int64 zeros `[RAW_COUNT_SLOTS]` and float64
-        `[0, inf, 0, 0]` (no largest, no smallest non-zero, no sums).
-
-    Example:
-
-    ```python
-    counts, floats = empty_totals()  # counts.sum() == 0, floats[1] == inf
-    ```
-    """
+    """Returns the totals of a slot that measured nothing yet."""
     return np.zeros(RAW_COUNT_SLOTS, np.int64), np.array([0.0, np.inf, 0.0, 0.0])
 
 
 def combine_totals(
     totals: Iterable[tuple[np.ndarray, np.ndarray]],
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Adds host totals of one slot: counts and sums add, maxima and minima combine.
-
-    Args:
-        totals: `(counts, floats)` pairs as `host_statistics` returns them.
-
-    Returns:
-        One `(counts, floats)` pair in the same layout.
-
-    Example:
-
-    ```python
-    both = combine_totals([host_statistics(*first), host_statistics(*second)])
-    ```
-    """
+    """Adds host totals of one slot: counts and sums add, maxima and minima combine."""
     items = list(totals)
     counts = np.sum([counts for counts, _ in items], axis=0)
     floats = np.stack([floats for _, floats in items])

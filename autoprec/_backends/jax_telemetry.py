@@ -1,29 +1,4 @@
-"""JAX side of the guard's telemetry: the whole frame is built inside the pure train step.
-
-A JAX train step is a pure function: it cannot assign to a variable from
-inside. Everything the telemetry (a `StepRecorder`) records is reduced to the
-step's frame inside the compiled step, and the frame leaves it through one
-unordered host callback per step:
-
-- the forward values leave the differentiated loss function as one extra
-  entry of its auxiliary outputs;
-- the activation-gradient maxima (a gradient function is traced on its own)
-  leave as a gradient: the step differentiates one more input, a *carrier*
-  vector with one slot per recorded layer, threaded through the forward pass
-  by each float16 layer's observing identity, whose backward function writes
-  the layer's amax into its slot (integer maximum of the bits, so no NaN is
-  lost). The carrier's gradient reaches the optimizer beside the weights',
-  and is taken off there. Keras' float8 layers carry their gradient amax out
-  the same way.
-
-Under `jax.jit` with Keras' distribution API (`keras.distribution.DataParallel`,
-`ModelParallel`) the step has global semantics: each amax is a reduction over
-the whole global batch (XLA adds the cross-device maximum), and an unordered
-`jax.debug.callback` runs once per step, on one device, with the global frame.
-No ordered effect is involved, so several devices are fine. The history, count
-and status live on the host; reading them waits for the callbacks still to run
-(`jax.effects_barrier`).
-"""
+"""JAX side of the guard's telemetry: the whole frame is built inside the pure train step."""
 
 from __future__ import annotations
 
@@ -44,88 +19,24 @@ from .telemetry_hooks import TelemetryHooksBase, advance_history, cleared_status
 
 
 def bitcast(tensor: Any, dtype: str) -> jax.Array:
-    """Returns `tensor`'s bits read as `dtype` of the same width, with `lax.bitcast_convert_type`.
-
-    Args:
-        tensor: a JAX array (a tracer inside a traced step) or a NumPy value.
-        dtype: a dtype name NumPy knows (`"int16"`, `"bfloat16"`, ...) whose
-            item size is that of `tensor`.
-
-    Returns:
-        A `jax.Array` of `dtype` with `tensor`'s shape.
-
-    Example:
-
-    ```python
-    bitcast(jnp.float32(1.0), "int32")  # 1065353216
-    ```
-    """
+    """Returns `tensor`'s bits read as `dtype` of the same width, with `lax.bitcast_convert_type`."""
     return jax.lax.bitcast_convert_type(jnp.asarray(tensor), jnp.dtype(dtype))
 
 
 def every_replica(flag: Any) -> Any:
-    """Returns `flag` itself: a JAX step computes on the global batch, so a flag is already global.
-
-    Args:
-        flag: a boolean scalar computed inside the train step.
-
-    Returns:
-        The same flag.
-
-    Example:
-
-    ```python
-    every_replica(jnp.all(jnp.isfinite(loss)))
-    ```
-    """
+    """Returns `flag` itself: a JAX step computes on the global batch, so a flag is already global."""
     return flag
 
 
 def host_callback(function: Callable[..., None], *values: Any) -> None:
-    """Calls `function` once on the host with `values` as NumPy arrays, from inside a compiled step.
-
-    The call is unordered (an ordered effect cannot run on several devices):
-    under `jax.jit` with sharded values it runs once, on one device, with the
-    global values. `jax.effects_barrier()` waits for it.
-
-    Args:
-        function: the host function.
-        *values: arrays of the traced step.
-
-    Example:
-
-    ```python
-    host_callback(print, frame)
-    ```
-    """
+    """Calls `function` once on the host with `values` as NumPy arrays, from inside a compiled step."""
     jax.debug.callback(function, *values, ordered=False)
 
 
 def carrier_identity(
     index: int, measure: Callable[[Any], Any]
 ) -> Callable[[Any, Any], tuple[Any, Any]]:
-    """Returns an identity of `(value, carrier)` whose gradient records the amax of `value`'s.
-
-    The backward function puts the amax bits of the gradient flowing back into
-    `value` into slot `index` of the carrier's gradient (the larger of those
-    bits and the ones already there, as int32: NaN above inf, none lost). A
-    carrier threaded through every call has one reader each time, so its
-    gradient is never a sum.
-
-    Args:
-        index: the recorded layer's slot in the carrier.
-        measure: returns a tensor's amax as the int32 bits of a float32.
-
-    Returns:
-        A function `(value, carrier) -> (value, carrier)`.
-
-    Example:
-
-    ```python
-    identity = carrier_identity(0, lambda x: bitcast(jnp.max(jnp.abs(x)), "int32"))
-    value, carrier = identity(value, jnp.zeros((3,), jnp.float32))  # float32 value
-    ```
-    """
+    """Returns an identity of `(value, carrier)` whose gradient records the amax of `value`'s."""
 
     @jax.custom_vjp
     def identity(value, carrier):
@@ -155,18 +66,7 @@ class _StepState:
 
 
 class TelemetryHooks(TelemetryHooksBase):
-    """The telemetry's state and step wrappers on JAX: the frame leaves the pure step for the host.
-
-    Built from the history's first value (see `TelemetryHooksBase`); the
-    history, count and status are kept on the host.
-
-    Example:
-
-    ```python
-    hooks = TelemetryHooks(np.zeros((8, 2, 4), np.float32))
-    hooks.read_history().shape  # (8, 2, 4)
-    ```
-    """
+    """The telemetry's state and step wrappers on JAX: the frame leaves the pure step for the host."""
 
     #: JAX measures every step: XLA fuses the reductions into the layers' own loops.
     measures_bfloat16_lazily = False
@@ -187,7 +87,8 @@ class TelemetryHooks(TelemetryHooksBase):
     def step_wrappers(
         self, model: keras.Model, recorder: StepRecorder, owners: Mapping[int, int]
     ) -> list[tuple[object, str, Callable]]:
-        """Returns the wrappers of the JAX trainer's pure train step, its loss function and `stateless_apply`."""
+        """Returns the wrappers of the JAX trainer's pure train step, its loss function and
+        `stateless_apply`."""
         optimizer = model.optimizer
         scale_position = None
         if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
@@ -212,11 +113,7 @@ class TelemetryHooks(TelemetryHooksBase):
         ]
 
     def watch_gradient(self, recorder: StepRecorder, trace: Any, index: int, value: Any) -> Any:
-        """Returns `value` through the carrier's identity (as is outside the loss function).
-
-        The amax of the gradient reaches the optimizer as the carrier's
-        gradient, where `stateless_apply` records it into `trace`.
-        """
+        """Returns `value` through the carrier's identity (as is outside the loss function)."""
         step = self._step
         if step is None or step.trace is not trace or not step.in_loss:
             return value  # not differentiated through this step's carrier

@@ -1,27 +1,4 @@
-"""JAX side of cost calibration: compiled forward+backward steps, casts and device placement.
-
-`autoprec.cost` decides *what* to time (which layer, on which shapes, in which
-dtype) and how to take the median; this module builds the zero-argument
-functions it times on the JAX backend. Each function runs one compiled
-(`jax.jit`) computation on the default JAX device (a GPU when JAX has one) and
-waits for it with `jax.block_until_ready`, so the time taken is device time,
-not dispatch time.
-
-**A layer's step** is the JAX counterpart of the TensorFlow one: the layer's
-forward pass and a vector-Jacobian product with fixed random upstream
-gradients (`jax.vjp`, as `tape.gradient(..., output_gradients=...)`), for its
-trainable weights and its floating-point inputs. The weights, the other
-(non-trainable) state and the inputs are arguments of the compiled function,
-not constants baked into it. The layer is called through `__call__` inside a
-`keras.StatelessScope` rather than through `layer.stateless_call`: only
-`__call__` enters Keras' autocast scope, so that a `mixed_*` layer reads its
-float32 kernels in its 16-bit compute dtype (`stateless_call` calls `call`
-directly, and the matmul would silently promote to float32). Updated
-non-trainable state (BatchNormalization's moving statistics, seed
-generators) is returned, so XLA cannot drop the work that computes it.
-
-JAX always compiles here: eager op-by-op JAX is not how a model trains.
-"""
+"""JAX side of cost calibration: compiled forward+backward steps, casts and device placement."""
 
 from __future__ import annotations
 
@@ -55,12 +32,7 @@ def to_device(value: Any) -> Any:
 
 
 def random_tensor(shape: tuple[int, ...], dtype: str, rng: np.random.Generator) -> jax.Array:
-    """Returns standard-normal values in `dtype` on the default device, drawn from `rng`.
-
-    Drawn and cast on the host (`ml_dtypes` for the 16-bit types), then copied
-    once: a device-side draw would compile a random-number program for every
-    new shape, which costs more than the draw itself.
-    """
+    """Returns standard-normal values in `dtype` on the default device, drawn from `rng`."""
     values = rng.standard_normal(shape, dtype=np.float32).astype(jnp.dtype(dtype))
     return jax.device_put(values)
 
@@ -70,11 +42,7 @@ def _symbolic(value: Any) -> Any:
 
 
 def _build(layer: keras.layers.Layer, args: list, kwargs: dict) -> list:
-    """Builds `layer` for its arguments; returns `(shape, dtype)` of its float outputs.
-
-    A symbolic call (Keras tensors: shapes only) builds the layer without
-    compiling its forward pass op by op; an eager call is the fallback.
-    """
+    """Builds `layer` for its arguments; returns `(shape, dtype)` of its float outputs."""
     symbolic_args, symbolic_kwargs = jax.tree_util.tree_map(_symbolic, (args, kwargs))
     try:
         outputs = layer(*symbolic_args, **symbolic_kwargs)
@@ -91,17 +59,7 @@ def _build(layer: keras.layers.Layer, args: list, kwargs: dict) -> list:
 def layer_step(
     layer: keras.layers.Layer, args: list, kwargs: dict, jit_compile: bool = True
 ) -> Callable[[], Any]:
-    """Returns a function running one compiled forward+backward of a built-on-call `layer`.
-
-    Args:
-        layer: a standalone layer (built here by one eager call if it is not).
-        args: positional call arguments (JAX arrays or Python values).
-        kwargs: keyword call arguments.
-        jit_compile: ignored: on JAX the step is always compiled.
-
-    Returns:
-        A zero-argument function that runs the step and waits for its results.
-    """
+    """Returns a function running one compiled forward+backward of a built-on-call `layer`."""
     del jit_compile
     output_specs = _build(layer, args, kwargs)
     leaves, treedef = jax.tree_util.tree_flatten((args, kwargs))
@@ -156,11 +114,7 @@ def empty_step() -> Callable[[], Any]:
 
 
 def cast_step(dtype: str, elements: int) -> Callable[[], Any]:
-    """Returns a function casting `elements` float32 values to `dtype` and back (compiled).
-
-    Both results are returned, so XLA materialises the 16-bit copy instead of
-    fusing the two casts into one pass.
-    """
+    """Returns a function casting `elements` float32 values to `dtype` and back (compiled)."""
     source = random_tensor((elements,), "float32", np.random.default_rng(0))
     target = jnp.dtype(dtype)
 

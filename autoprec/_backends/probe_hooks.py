@@ -1,26 +1,4 @@
-"""The one interface between the profiler's `ProbeSession` and a Keras backend.
-
-`autoprec.profiler.ProbeSession` decides *what* a train step records: which
-layers' outputs, which weights, under which names. What differs per backend is
-*how* the values are measured inside the compiled step and how they leave it,
-and that is all a backend module provides, under the same names:
-
-- `tensorflow`: statistic variables (one copy per replica under a
-  `tf.distribute` strategy) updated inside the traced step by custom-gradient
-  identities and a wrapped `apply_gradients`;
-- `jax_probes`: the train step is a pure function, so each step's statistics
-  are returned with its logs: forward values and activation gradients leave
-  the differentiated loss function as gradients of zero-valued "sink" inputs,
-  weights and weight gradients come from the wrapped `stateless_apply`, and
-  the host adds the steps up.
-
-Each module has a `ProbeHooks` class (the protocol below, built with
-`ProbeHooks(xla)`), `is_float_tensor(value)`, `xla_can_host_probes()` and
-`write_histograms(logdir, series, step, description)`;
-`autoprec._backends.profiler_backend()` picks the module once for the active
-backend. A slot names one recorded tensor: `(layer path, kind, key)`, with the
-kinds of `autoprec.profiler.stats.TENSOR_KINDS`.
-"""
+"""The one interface between the profiler's `ProbeSession` and a Keras backend."""
 
 from __future__ import annotations
 
@@ -57,11 +35,7 @@ class ProbeHooks(Protocol):
         """Number of slots seen so far (0 until the first probed step is traced)."""
 
     def install_step(self, model: Any, owners: WeightOwners, replace: Replace) -> None:
-        """Wraps the model's train step and its optimizer so that each step records.
-
-        Weights and weight gradients are recorded here, under
-        `(path, "weights", name)` and `(path, "weight_gradients", name)`.
-        """
+        """Wraps the model's train step and its optimizer so that each step records."""
 
     def rebuild_train_function(self, model: Any) -> None:
         """Rebuilds the model's train function, also between two steps of a running `fit`."""
@@ -73,10 +47,7 @@ class ProbeHooks(Protocol):
         """Records a forward value that needs no gradient (an internal such as attention logits)."""
 
     def read(self) -> dict[Slot, tuple[np.ndarray, np.ndarray]]:
-        """Returns `{slot: (int64 counts, float64 floats)}` summed over steps and replicas.
-
-        The counts and floats are those `autoprec.profiler.TensorStats.from_raw` takes.
-        """
+        """Returns `{slot: (int64 counts, float64 floats)}` summed over steps and replicas."""
 
     def steps_recorded(self) -> int:
         """Returns the number of train steps run with the probes so far."""

@@ -1,29 +1,4 @@
-"""The one interface between the guard's telemetry and a Keras backend.
-
-`autoprec.runtime.telemetry.GuardTelemetry` decides *what* a train step
-records (which layers, which slots of the frame, when a step failed) with
-`keras.ops`, the same on every backend. What differs is *where* the values
-live and how they leave the compiled step, and that is all a backend module
-provides, under the same names:
-
-- `tensorflow_telemetry`: the history, count and status are variables (one
-  copy per replica under a `tf.distribute` strategy, combined on reading)
-  updated inside the step; a step whose gradients are non-finite on any
-  replica is skipped on every replica;
-- `jax_telemetry`: the train step is a pure function with global semantics
-  (under `keras.distribution` too), so the step's frame is built inside it
-  (the forward values leave the differentiated loss function as an
-  auxiliary output, the activation-gradient maxima as the gradient of one
-  more input) and reaches the host through one unordered host callback per
-  step; the history is kept on the host.
-
-Each module has a `TelemetryHooks` class (the `TelemetryHooks` protocol below,
-built with `TelemetryHooks(history)` from the history's first value), a
-`bitcast(tensor, dtype)` function and `every_replica(flag)` (a flag computed
-inside the step, made to hold on every replica); `autoprec._backends.telemetry_backend()`
-picks the module once for the active backend. The hooks call back into the
-telemetry through the `StepRecorder` protocol.
-"""
+"""The one interface between the guard's telemetry and a Keras backend."""
 
 from __future__ import annotations
 
@@ -39,11 +14,7 @@ Replace = Callable[[object, str, object], None]
 
 @runtime_checkable
 class StepRecorder(Protocol):
-    """The backend-neutral side of the telemetry, called by a backend's step hooks.
-
-    A trace is the recorder's own record of one traced train step (in one
-    replica's thread); the hooks only pass it back.
-    """
+    """The backend-neutral side of the telemetry, called by a backend's step hooks."""
 
     def begin_step(self, data: Any) -> Any:
         """Measures the step's input batch and opens its trace in this thread; returns it."""
@@ -93,17 +64,10 @@ class TelemetryHooks(Protocol):
         owners: Mapping[int, int],
         replace: Replace,
     ) -> None:
-        """Wraps the model's train step and its optimizer so that each step is recorded.
-
-        `owners` maps `id(variable)` of a trainable weight to its recorded layer's index.
-        """
+        """Wraps the model's train step and its optimizer so that each step is recorded."""
 
     def watch_gradient(self, recorder: StepRecorder, trace: Any, index: int, value: Any) -> Any:
-        """Returns `value` through an identity whose gradient's amax is recorded for layer `index`.
-
-        Called on each float output of a float16 layer while the step is traced;
-        the amax reaches the frame of that same step.
-        """
+        """Returns `value` through an identity whose gradient's amax is recorded for layer `index`."""
 
     def read_history(self) -> np.ndarray:
         """Returns the history `[steps, rows, slots]`, combined over replicas (largest values)."""

@@ -1,20 +1,4 @@
-"""TensorFlow side of the profiler: statistic variables updated by probes inside the traced step.
-
-The profiler (backend neutral) decides *what* to record; this module records
-it inside the compiled train step (`ProbeHooks`, the interface of
-`probe_hooks`; `jax_probes` is the JAX side). Each probed tensor is measured by
-`tensorflow_statistics.tensor_statistics`; the histograms go to TensorBoard
-through `tensorflow_tensorboard`. The TensorFlow side of cost calibration is
-`tensorflow_timing`, that of the guard's telemetry `tensorflow_telemetry`.
-
-**Accumulators** are `tf.Variable`s created once, under `tf.init_scope`, the
-first time a probe is traced; they are not Keras weights (not tracked by any
-layer), so a model's weights and saved files never see them. They are created
-with `synchronization=ON_READ, aggregation=SUM`, so under a
-`tf.distribute.MirroredStrategy` every replica updates its own copy; the
-copies are read one by one and combined (sums for counts, max/min for
-extremes).
-"""
+"""TensorFlow side of the profiler: statistic variables updated by probes inside the traced step."""
 
 from __future__ import annotations
 
@@ -32,42 +16,12 @@ _NAME_UNSAFE = re.compile(r"[^A-Za-z0-9_.\-]")
 
 
 def variable_name(name: str, fallback: str) -> str:
-    """Returns `name` made safe for a `tf.Variable` (odd characters as `_`, 120 at most).
-
-    Args:
-        name: a readable name, e.g. a layer path.
-        fallback: the name used when nothing of `name` is left.
-
-    Returns:
-        The variable name.
-
-    Example:
-
-    ```python
-    variable_name("block/dense 1", "tensor")  # "block_dense_1"
-    ```
-    """
+    """Returns `name` made safe for a `tf.Variable` (odd characters as `_`, 120 at most)."""
     return _NAME_UNSAFE.sub("_", name)[:120] or fallback
 
 
 class StatisticsCache:
-    """Statistics already computed in one traced train step, by tensor.
-
-    One tensor can be the output of several probed layers (a layer returning
-    its last sub-layer's output, as MultiHeadAttention does) and the same
-    gradient can flow into several of them. With a cache each such tensor is
-    measured once and its statistics are added to every accumulator that
-    observes it. A probe's output is registered as an alias of its input, so
-    an outer layer that returns an inner layer's probed output hits the cache.
-    Create one per trace; it holds graph tensors.
-
-    Example:
-
-    ```python
-    cache = StatisticsCache()
-    counts, floats = cache.statistics(outputs, False, None)  # measured once per trace
-    ```
-    """
+    """Statistics already computed in one traced train step, by tensor."""
 
     def __init__(self) -> None:
         self._entries: dict[tuple, tuple[tf.Tensor, tf.Tensor]] = {}
@@ -93,22 +47,7 @@ class StatisticsCache:
 
 
 class TensorAccumulator:
-    """Statistic variables of one probed tensor, accumulated over steps.
-
-    Variables are created on construction under `tf.init_scope` (so this may be
-    called while a `tf.function` is being traced) and are not tracked by Keras.
-
-    Args:
-        name: a readable name, used for the variable names.
-
-    Example:
-
-    ```python
-    accumulator = TensorAccumulator("dense/output")
-    accumulator.update(tf.constant([1.0, -3.0]), xla=False)
-    counts, floats = accumulator.read()
-    ```
-    """
+    """Statistic variables of one probed tensor, accumulated over steps."""
 
     def __init__(self, name: str):
         safe_name = variable_name(name, "tensor")
@@ -128,14 +67,7 @@ class TensorAccumulator:
         multiplier: tf.Tensor | None = None,
         cache: StatisticsCache | None = None,
     ) -> None:
-        """Adds the statistics of `tensor` (in the current graph or eagerly).
-
-        Args:
-            tensor: the tensor to measure.
-            xla: whether the graph is compiled with XLA.
-            multiplier: optional factor applied before measuring (inverse loss scale).
-            cache: statistics already computed in this trace, shared by tensor.
-        """
+        """Adds the statistics of `tensor` (in the current graph or eagerly)."""
         if cache is None or not tf.is_symbolic_tensor(tensor):
             counts, floats = tensor_statistics(tensor, xla, multiplier)
         else:
@@ -166,15 +98,7 @@ class TensorAccumulator:
 
 
 class StepCounter:
-    """Counts train steps run with probes (per replica; read as the largest replica count).
-
-    Example:
-
-    ```python
-    counter = StepCounter()
-    counter.increment(data)  # inside the traced train step
-    ```
-    """
+    """Counts train steps run with probes (per replica; read as the largest replica count)."""
 
     def __init__(self):
         with tf.init_scope():
@@ -182,12 +106,7 @@ class StepCounter:
             self.variable = _statistic_variable(tf.constant(0, tf.int64), "autoprec_steps")
 
     def increment(self, batch: object = None) -> None:
-        """Adds one step (call inside the traced train step).
-
-        Args:
-            batch: the step's input batch; the increment waits for it, so a
-                step whose input iterator is exhausted is not counted.
-        """
+        """Adds one step (call inside the traced train step)."""
         inputs = [value for value in tf.nest.flatten(batch) if isinstance(value, tf.Tensor)]
         with tf.control_dependencies(inputs[:1]):
             self.variable.assign_add(tf.constant(1, tf.int64))
@@ -220,26 +139,7 @@ def probe(
     gradient_multiplier: tf.Tensor | None = None,
     cache: StatisticsCache | None = None,
 ) -> tf.Tensor:
-    """Returns `tensor` through an identity that records it and its gradient.
-
-    Args:
-        tensor: the tensor to observe.
-        forward: accumulator for the tensor's values (or `None`).
-        backward: accumulator for the gradient flowing back into it (or `None`).
-        xla: whether the graph is compiled with XLA.
-        gradient_multiplier: optional factor applied to gradients before
-            recording (the inverse loss scale); the gradient passed on is unchanged.
-        cache: statistics already computed in this trace (see `StatisticsCache`).
-
-    Returns:
-        A tensor equal to `tensor`, with the same gradient.
-
-    Example:
-
-    ```python
-    outputs = probe(outputs, TensorAccumulator("dense"), TensorAccumulator("dense/grad"), False)
-    ```
-    """
+    """Returns `tensor` through an identity that records it and its gradient."""
 
     @tf.custom_gradient
     def identity(value):
@@ -266,62 +166,19 @@ def record(
     multiplier: tf.Tensor | None = None,
     cache: StatisticsCache | None = None,
 ) -> None:
-    """Records a tensor that needs no gradient (weights, weight gradients, internals).
-
-    Args:
-        accumulator: where the statistics are added up.
-        tensor: the tensor, or `tf.IndexedSlices` (its values are recorded).
-        xla: selects the XLA-friendly ops when the step compiles with XLA.
-        multiplier: a factor the values are multiplied by first, e.g. `1 / loss scale`.
-        cache: the trace's `StatisticsCache`, so a tensor seen twice is measured once.
-
-    Example:
-
-    ```python
-    record(TensorAccumulator("dense/kernel"), layer.kernel.value, xla=False)
-    ```
-    """
+    """Records a tensor that needs no gradient (weights, weight gradients, internals)."""
     if isinstance(tensor, tf.IndexedSlices):
         tensor = tensor.values
     accumulator.update(tensor, xla, multiplier, cache)
 
 
 def is_float_tensor(value: object) -> bool:
-    """Returns whether `value` is a TensorFlow tensor with a floating-point dtype.
-
-    Args:
-        value: anything found in a layer's arguments or outputs.
-
-    Returns:
-        `True` for a float `tf.Tensor`; `False` for NumPy arrays and the rest.
-
-    Example:
-
-    ```python
-    is_float_tensor(tf.constant([1.0], tf.float16))  # True
-    ```
-    """
+    """Returns whether `value` is a TensorFlow tensor with a floating-point dtype."""
     return isinstance(value, tf.Tensor) and value.dtype.is_floating
 
 
 def inverse_loss_scale(optimizer: object) -> tf.Tensor | None:
-    """Returns `1 / loss scale` of a Keras optimizer as a tensor, or `None` without scaling.
-
-    Call inside the traced train step, before the loss is scaled, so that the
-    value read is the one the step uses.
-
-    Args:
-        optimizer: the model's optimizer.
-
-    Returns:
-        A float32 scalar, or `None` when the optimizer scales no loss.
-
-    Example:
-
-    ```python
-    inverse_loss_scale(keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD()))
-    ```
-    """
+    """Returns `1 / loss scale` of a Keras optimizer as a tensor, or `None` without scaling."""
     scales = getattr(optimizer, "scale_loss", None)
     if scales is None:
         return None
@@ -333,25 +190,7 @@ def inverse_loss_scale(optimizer: object) -> tf.Tensor | None:
 
 
 class ProbeHooks:
-    """The profiler's step hooks on TensorFlow: statistic variables updated inside the traced step.
-
-    The `autoprec._backends.probe_hooks.ProbeHooks` interface. The wrapped
-    train step counts the step, reads the inverse loss scale and opens a
-    `StatisticsCache` for its trace; layer outputs pass through `probe`, and
-    the wrapped `apply_gradients` records each weight and its gradient. The
-    accumulators (`TensorAccumulator`) are created the first time a slot is
-    traced.
-
-    Args:
-        xla: whether the train step is compiled with XLA (selects XLA-friendly ops).
-
-    Example:
-
-    ```python
-    hooks = ProbeHooks(xla=False)
-    hooks.install_step(model, {id(model.layers[0].kernel): ("dense", "kernel")}, replace)
-    ```
-    """
+    """The profiler's step hooks on TensorFlow: statistic variables updated inside the traced step."""
 
     def __init__(self, xla: bool = False) -> None:
         self._xla = xla
@@ -431,7 +270,8 @@ class ProbeHooks:
         return self._accumulators[slot]
 
     def probe(self, tensor: tf.Tensor, forward, backward) -> tf.Tensor:
-        """Returns `tensor` through `probe`, recording it and its gradient in the slots' accumulators."""
+        """Returns `tensor` through `probe`, recording it and its gradient in the slots'
+        accumulators."""
         return probe(
             tensor,
             self._accumulator(forward),
@@ -458,17 +298,7 @@ _XLA_SUPPORT: dict[str, bool] = {}
 
 
 def xla_can_host_probes() -> bool:
-    """Returns whether a probe compiles under XLA on this machine (checked once per process).
-
-    Returns:
-        `True` when a probed step compiled with `jit_compile=True` runs.
-
-    Example:
-
-    ```python
-    jit_compile = model.jit_compile and xla_can_host_probes()
-    ```
-    """
+    """Returns whether a probe compiles under XLA on this machine (checked once per process)."""
     if "result" not in _XLA_SUPPORT:
         _XLA_SUPPORT["result"] = _try_xla_probe()
     return _XLA_SUPPORT["result"]

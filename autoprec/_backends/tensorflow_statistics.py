@@ -1,18 +1,4 @@
-"""TensorFlow side of the profiler's measurement: the raw statistics of one tensor, in-graph.
-
-`tensor_statistics` is what every probe of `tensorflow` (the in-step
-accumulators and hooks) computes; `jax_statistics` is the JAX counterpart.
-
-**How a tensor is measured** (a handful of passes over the data, no sorting):
-the float32 bit pattern of `|x|` is shifted right by 23 bits, which gives the
-biased binary exponent (0: zero or subnormal, 255: inf or NaN), and those are
-counted with `tf.math.bincount` (`unsorted_segment_sum` under XLA, which cannot
-compile a bincount). The smallest non-zero magnitude comes from the minimum of
-`bits - 1` taken as unsigned (zeros wrap to the largest value), the largest
-magnitude and the sums from plain reductions. Two rare cases take a slower,
-exact branch through `tf.cond`: float32 subnormals (resolved into exact
-exponents) and non-finite or huge values (masked and rescaled sums).
-"""
+"""TensorFlow side of the profiler's measurement: the raw statistics of one tensor, in-graph."""
 
 from __future__ import annotations
 
@@ -44,12 +30,7 @@ FLOAT_SLOTS = ("max_abs", "min_nonzero_abs", "sum_abs", "sum_squares")
 
 
 def _count_values(indices: tf.Tensor, slots: int, xla: bool) -> tf.Tensor:
-    """Counts occurrences of each integer in `[0, slots)` (int32 result).
-
-    `DenseBincount` is called directly: `tf.math.bincount` adds a full
-    `reduce_max` pass over the indices to size its output, which a fixed
-    number of slots does not need.
-    """
+    """Counts occurrences of each integer in `[0, slots)` (int32 result)."""
     if xla:
         return tf.math.unsorted_segment_sum(tf.ones_like(indices), indices, slots)
     return tf.raw_ops.DenseBincount(
@@ -58,11 +39,7 @@ def _count_values(indices: tf.Tensor, slots: int, xla: bool) -> tf.Tensor:
 
 
 def _sum_of_squares(values: tf.Tensor) -> tf.Tensor:
-    """Sum of squares of a 1-D float32 tensor in one pass (`L2Loss` is half of it).
-
-    `tensordot` of a vector with itself is several times slower, and
-    `reduce_sum(square(x))` takes two passes and a temporary.
-    """
+    """Sum of squares of a 1-D float32 tensor in one pass (`L2Loss` is half of it)."""
     return 2.0 * tf.nn.l2_loss(values)
 
 
@@ -112,13 +89,7 @@ def _masked_rescaled_sums(bits: tf.Tensor, magnitude: tf.Tensor) -> tf.Tensor:
 
 
 def _flat_statistics(flat: tf.Tensor, xla: bool) -> tuple[tf.Tensor, tf.Tensor]:
-    """Raw statistics of a 1-D float32 tensor: int64 counts and float64 `FLOAT_SLOTS`.
-
-    The rare exact branches (subnormals; non-finite or huge values) run on a
-    slice of the data that is empty unless needed: `tf.cond` would cost far
-    more graph-building and start-up time per probe. XLA needs static shapes,
-    so there every branch runs in full (fused into the same few passes).
-    """
+    """Raw statistics of a 1-D float32 tensor: int64 counts and float64 `FLOAT_SLOTS`."""
     magnitude = tf.abs(flat)
     bits = tf.bitcast(magnitude, tf.int32)
     biased_counts = _count_values(
@@ -167,22 +138,7 @@ _COMBINE_BY_MIN = (False, True, False, False)
 
 
 def combine_floats(current: tf.Tensor, new: tf.Tensor) -> tf.Tensor:
-    """Accumulates float slots (last axis): max of maxima, min of minima, sums of sums.
-
-    Args:
-        current: float64 values in `FLOAT_SLOTS` order, accumulated so far.
-        new: float64 values in the same order, of one more measurement.
-
-    Returns:
-        The combined values, in `FLOAT_SLOTS` order.
-
-    Example:
-
-    ```python
-    combine_floats(tf.constant([2.0, 0.5, 3.0, 5.0], tf.float64),
-                   tf.constant([1.0, 0.25, 1.0, 1.0], tf.float64))  # [2, 0.25, 4, 6]
-    ```
-    """
+    """Accumulates float slots (last axis): max of maxima, min of minima, sums of sums."""
     return tf.where(
         _COMBINE_BY_MAX,
         tf.maximum(current, new),
@@ -192,11 +148,7 @@ def combine_floats(current: tf.Tensor, new: tf.Tensor) -> tf.Tensor:
 
 @functools.cache
 def _statistics_function(xla: bool) -> Callable:
-    """Returns a `tf.function` computing `(counts, floats)` of a 1-D tensor, traced once.
-
-    Calling one traced function per probe keeps each probe to a handful of ops in
-    the train step's graph, so tracing a large model stays fast.
-    """
+    """Returns a `tf.function` computing `(counts, floats)` of a 1-D tensor, traced once."""
 
     @tf.function(
         input_signature=[tf.TensorSpec([None], tf.float32)],
@@ -212,24 +164,7 @@ def _statistics_function(xla: bool) -> Callable:
 def tensor_statistics(
     tensor: tf.Tensor, xla: bool = False, multiplier: tf.Tensor | None = None
 ) -> tuple[tf.Tensor, tf.Tensor]:
-    """Computes the raw statistics of one tensor (see the module docstring).
-
-    Args:
-        tensor: any floating-point tensor; measured in float32.
-        xla: whether the graph is compiled with XLA (selects XLA-friendly ops).
-        multiplier: optional float32 scalar applied first (to undo a loss scale).
-
-    Returns:
-        `(counts, floats)`: int64 `[RAW_COUNT_SLOTS]` counts and float64 values
-        in `FLOAT_SLOTS` order.
-
-    Example:
-
-    ```python
-    counts, floats = tensor_statistics(tf.constant([0.0, 1.0, -3.0]))
-    floats.numpy()  # [3.0, 1.0, 4.0, 10.0]
-    ```
-    """
+    """Computes the raw statistics of one tensor (see the module docstring)."""
     return _statistics_function(xla)(_flatten(tensor, multiplier))
 
 

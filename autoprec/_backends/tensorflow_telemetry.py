@@ -1,22 +1,4 @@
-"""TensorFlow side of the guard's telemetry: per-replica variables updated inside the step.
-
-The values are computed with `keras.ops` by the telemetry (a `StepRecorder`);
-this module wraps `model.train_step` and `optimizer.apply_gradients`, and
-keeps the history, the step count and the status in variables created with
-`synchronization=ON_READ`, so that under a `tf.distribute` strategy every
-replica updates its own copy from its part of the global batch; the host reads
-the copies and combines them (the largest values: the amax over the whole
-global batch).
-
-Under a strategy with several replicas, Keras' `LossScaleOptimizer` decides
-whether to skip a step from the first replica's gradients alone (the
-gradients are summed across replicas later, inside the inner optimizer's
-update): an overflow on another replica's part of the batch would reach every
-replica's weights as NaN. While the telemetry is installed, a step whose
-gradients are non-finite on any replica has them non-finite on every replica
-(one all-reduced flag; the smallest gradient is made NaN where another
-replica's was not finite), so the step is skipped everywhere.
-"""
+"""TensorFlow side of the guard's telemetry: per-replica variables updated inside the step."""
 
 from __future__ import annotations
 
@@ -35,21 +17,7 @@ from .tensorflow import variable_name
 
 
 def replica_local_variable(initial_value: np.ndarray, name: str) -> tf.Variable:
-    """Returns a variable each replica updates on its own, created outside any trace.
-
-    Args:
-        initial_value: the variable's first value (its shape and dtype too).
-        name: the variable's name.
-
-    Returns:
-        A `tf.Variable` with `synchronization=ON_READ`, not tracked by Keras.
-
-    Example:
-
-    ```python
-    count = replica_local_variable(np.int64(0), "autoprec_guard_steps")
-    ```
-    """
+    """Returns a variable each replica updates on its own, created outside any trace."""
     with tf.init_scope():
         return tf.Variable(
             initial_value,
@@ -61,36 +29,12 @@ def replica_local_variable(initial_value: np.ndarray, name: str) -> tf.Variable:
 
 
 def replica_values(variable: tf.Variable) -> list[np.ndarray]:
-    """Returns the value of every replica's copy of `variable`, as NumPy arrays.
-
-    Args:
-        variable: a variable from `replica_local_variable`.
-
-    Returns:
-        One array per replica (one without a distribution strategy).
-
-    Example:
-
-    ```python
-    replica_values(count)  # [array(3)]
-    ```
-    """
+    """Returns the value of every replica's copy of `variable`, as NumPy arrays."""
     return [np.asarray(local.numpy()) for local in _local_copies(variable)]
 
 
 def assign_every_replica(variable: tf.Variable, value: np.ndarray) -> None:
-    """Sets every replica's copy of `variable` to `value` (from the host, between steps).
-
-    Args:
-        variable: a variable from `replica_local_variable`.
-        value: the new value, of the variable's shape.
-
-    Example:
-
-    ```python
-    assign_every_replica(count, np.int64(0))
-    ```
-    """
+    """Sets every replica's copy of `variable` to `value` (from the host, between steps)."""
     for local in _local_copies(variable):
         local.assign(value)
 
@@ -101,60 +45,19 @@ def _local_copies(variable: tf.Variable) -> tuple:
 
 
 def bitcast(tensor: Any, dtype: str) -> tf.Tensor:
-    """Returns `tensor`'s bits read as `dtype` of the same width, with `tf.bitcast`, scalars included.
-
-    `tf.bitcast` takes only tensors: NumPy values and Python floats are
-    converted to one first.
-
-    Args:
-        tensor: a `tf.Tensor`, a NumPy value or a Python float.
-        dtype: the name of a TensorFlow dtype whose item size is that of `tensor`.
-
-    Returns:
-        A `tf.Tensor` of `dtype` with `tensor`'s shape.
-
-    Example:
-
-    ```python
-    bitcast(np.float16(1.0), "int16")  # 15360, 0x3C00
-    ```
-    """
+    """Returns `tensor`'s bits read as `dtype` of the same width, with `tf.bitcast`, scalars
+    included."""
     return tf.bitcast(tf.convert_to_tensor(tensor), tf.as_dtype(dtype))
 
 
 def replicas_in_sync() -> int:
-    """Returns how many replicas run the step being traced (1 outside a strategy).
-
-    Returns:
-        The replica context's `num_replicas_in_sync` (1 in a cross-replica context).
-
-    Example:
-
-    ```python
-    replicas_in_sync()  # 2 inside MirroredStrategy.run on two devices
-    ```
-    """
+    """Returns how many replicas run the step being traced (1 outside a strategy)."""
     context = tf.distribute.get_replica_context()
     return 1 if context is None else int(context.num_replicas_in_sync)
 
 
 def every_replica(flag: Any) -> tf.Tensor:
-    """Returns whether `flag` holds on every replica (one all-reduce; `flag` itself on one replica).
-
-    Call inside the replica function of the train step.
-
-    Args:
-        flag: a boolean scalar computed from this replica's part of the batch.
-
-    Returns:
-        A boolean scalar, the same on every replica.
-
-    Example:
-
-    ```python
-    finite = every_replica(tf.reduce_all(tf.math.is_finite(loss)))
-    ```
-    """
+    """Returns whether `flag` holds on every replica (one all-reduce; `flag` itself on one replica)."""
     flag = tf.convert_to_tensor(flag, tf.bool)
     if replicas_in_sync() == 1:
         return flag
@@ -164,22 +67,7 @@ def every_replica(flag: Any) -> tf.Tensor:
 
 
 def loss_scale(model: keras.Model) -> tf.Tensor:
-    """Returns the loss scale the model's optimizer applies now, as a float32 scalar (1 without).
-
-    Call inside the traced train step, before the step updates the scale.
-
-    Args:
-        model: a compiled model.
-
-    Returns:
-        The scale's value (a read of the optimizer's `dynamic_scale` variable).
-
-    Example:
-
-    ```python
-    loss_scale(model)  # 32768.0 under a LossScaleOptimizer
-    ```
-    """
+    """Returns the loss scale the model's optimizer applies now, as a float32 scalar (1 without)."""
     optimizer = model.optimizer
     if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
         return ops.cast(ops.convert_to_tensor(optimizer.dynamic_scale), "float32")
@@ -187,17 +75,8 @@ def loss_scale(model: keras.Model) -> tf.Tensor:
 
 
 class TelemetryHooks(TelemetryHooksBase):
-    """The telemetry's state and step wrappers on TensorFlow: per-replica variables written in the step.
-
-    Built from the history's first value (see `TelemetryHooksBase`).
-
-    Example:
-
-    ```python
-    hooks = TelemetryHooks(np.zeros((8, 2, 4), np.float32))
-    hooks.read_status()  # array([0, 0], dtype=int32)
-    ```
-    """
+    """The telemetry's state and step wrappers on TensorFlow: per-replica variables written in the
+    step."""
 
     #: bfloat16 layers are measured in a conditional branch that only failing steps take.
     measures_bfloat16_lazily = True
@@ -208,24 +87,14 @@ class TelemetryHooks(TelemetryHooksBase):
         self._status = replica_local_variable(cleared_status(), "autoprec_guard_status")
 
     def integer_amax_is_fast(self, xla: bool) -> bool:
-        """Returns whether the amax may reduce bit patterns as 16/32-bit integers.
-
-        Under XLA, and on CPU, it can (and is faster than `max(abs(x))` for 16-bit
-        tensors). Outside XLA, TensorFlow has no GPU kernel for a 16-bit integer
-        maximum: the reduction would be placed on the CPU, copying every tensor.
-
-        Args:
-            xla: whether the train step is compiled with XLA.
-
-        Returns:
-            `True` under XLA or when TensorFlow sees no GPU.
-        """
+        """Returns whether the amax may reduce bit patterns as 16/32-bit integers."""
         return xla or not tf.config.list_logical_devices("GPU")
 
     def step_wrappers(
         self, model: keras.Model, recorder: StepRecorder, owners: Mapping[int, int]
     ) -> list[tuple[object, str, Callable]]:
-        """Returns the wrappers of `model.train_step` (frame written in the step) and `apply_gradients`."""
+        """Returns the wrappers of `model.train_step` (frame written in the step) and
+        `apply_gradients`."""
         optimizer = model.optimizer
         return [
             (model, "train_step", self._wrap_train_step(model, recorder)),
@@ -237,12 +106,7 @@ class TelemetryHooks(TelemetryHooksBase):
         ]
 
     def watch_gradient(self, recorder: StepRecorder, trace: Any, index: int, value: Any) -> Any:
-        """Returns `value` through a custom-gradient identity recording the gradient's amax.
-
-        The gradient function runs inside the step's own graph, so the amax
-        goes into the trace that is active when it runs (`trace` is that of the
-        forward pass, the same step).
-        """
+        """Returns `value` through a custom-gradient identity recording the gradient's amax."""
 
         @ops.custom_gradient
         def identity(value):

@@ -1,12 +1,4 @@
-"""TensorFlow's TensorBoard output: exponent histograms, scalars and text as event files.
-
-The profiler's `Profile.to_tensorboard` writes its exponent histograms with
-`write_histograms` (on JAX too, through `jax_probes`, where TensorFlow is
-installed), and the runtime's TensorBoard logger writes the guard's scalars and
-plan tables with `SummaryWriter`. Every summary is written in the TensorBoard
-plugin's own format with `tf.summary.write`, so TensorBoard itself need not be
-installed to write them.
-"""
+"""TensorFlow's TensorBoard output: exponent histograms, scalars and text as event files."""
 
 from __future__ import annotations
 
@@ -25,26 +17,7 @@ def write_histograms(
     step: int = 0,
     description: Callable[[str], str] | None = None,
 ) -> None:
-    """Writes exponent histograms as TensorBoard histogram summaries.
-
-    Each histogram is stored in TensorBoard's own histogram format (a
-    `[k, 3]` tensor of left edge, right edge and count, plugin `histograms`),
-    with bucket edges in log2 units, so no TensorBoard install is needed to
-    write it.
-
-    Args:
-        logdir: the TensorBoard log directory.
-        series: `(tag, exponents, counts)` triples; bucket `i` spans
-            `[exponents[i], exponents[i] + 1)`.
-        step: the summary step.
-        description: optional function returning a description for a tag.
-
-    Example:
-
-    ```python
-    write_histograms("logs", [("dense/output", np.array([-2, 0]), np.array([3, 5]))])
-    ```
-    """
+    """Writes exponent histograms as TensorBoard histogram summaries."""
     from tensorflow.core.framework import summary_pb2
 
     writer = tf.summary.create_file_writer(str(logdir))
@@ -69,21 +42,7 @@ def write_histograms(
 
 
 def read_histograms(logdir: str | os.PathLike) -> dict[str, np.ndarray]:
-    """Reads back the histogram summaries that `write_histograms` wrote.
-
-    Args:
-        logdir: the TensorBoard log directory.
-
-    Returns:
-        `{tag: [k, 3] array}` of left edge, right edge and count per bucket
-        (the last one written of a tag, over every event file of `logdir`).
-
-    Example:
-
-    ```python
-    read_histograms("logs")["dense/output"][:, 2]  # [3.0, 5.0]
-    ```
-    """
+    """Reads back the histogram summaries that `write_histograms` wrote."""
     from tensorflow.core.util import event_pb2
 
     found: dict[str, np.ndarray] = {}
@@ -106,19 +65,7 @@ def _write_plugin_summary(tag: str, tensor: tf.Tensor, step: int, plugin: str) -
 
 
 class SummaryWriter:
-    """Writes scalars and text next to Keras' own TensorBoard logs (one event file per run).
-
-    Args:
-        logdir: the TensorBoard log directory (a sub-folder is fine).
-
-    Example:
-
-    ```python
-    writer = SummaryWriter("logs/autoprec")
-    writer.write(3, {"loss_scale": 1024.0}, {"plan": "**dense**: float16"})
-    writer.close()
-    ```
-    """
+    """Writes scalars and text next to Keras' own TensorBoard logs (one event file per run)."""
 
     def __init__(self, logdir: str | os.PathLike) -> None:
         self._writer = tf.summary.create_file_writer(str(logdir))

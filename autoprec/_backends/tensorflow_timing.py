@@ -1,11 +1,4 @@
-"""TensorFlow side of cost calibration: compiled forward+backward steps, casts and dispatch.
-
-`autoprec.cost` decides *what* to time (which layer, on which shapes, in which
-dtype) and how to take the median; this module builds the zero-argument
-functions it times on the TensorFlow backend (`jax_timing` provides the same
-names on JAX). Each `*_step` returns a function that runs once and waits for
-the result.
-"""
+"""TensorFlow side of cost calibration: compiled forward+backward steps, casts and dispatch."""
 
 from __future__ import annotations
 

@@ -1,4 +1,1 @@
-"""Helpers every stage shares: dtypes and their widening ladder, atomic I/O, data, Keras, timing.
-
-Nothing here imports a stage of autoprec; every stage may import from here.
-"""
+"""Helpers every stage shares: dtypes and their widening ladder, atomic I/O, data, Keras, timing."""

@@ -12,25 +12,7 @@ Value = TypeVar("Value", bound="ConfigValue")
 
 
 class ConfigValue:
-    """A frozen dataclass of settings that round-trips through a plain dict, as Keras objects do.
-
-    Subclasses are `@dataclasses.dataclass(frozen=True)` classes; they get
-    `get_config()` and `from_config(config)`, which refuses unknown keys with a message
-    that lists the fields.
-
-    Example:
-
-    ```python
-    import dataclasses
-    from autoprec._core.config import ConfigValue
-
-    @dataclasses.dataclass(frozen=True)
-    class Window(ConfigValue):
-        steps: int = 10
-
-    Window.from_config(Window(steps=3).get_config())  # Window(steps=3)
-    ```
-    """
+    """A frozen dataclass of settings that round-trips through a plain dict, as Keras objects do."""
 
     def get_config(self) -> dict[str, Any]:
         """Returns the settings as a plain dict (`from_config` builds them back)."""
@@ -38,17 +20,7 @@ class ConfigValue:
 
     @classmethod
     def from_config(cls: type[Value], config: Mapping[str, Any]) -> Value:
-        """Returns the settings that `get_config()` described; unknown keys are refused.
-
-        Args:
-            config: a dict with some or all of the fields.
-
-        Returns:
-            The settings, the missing fields at their defaults.
-
-        Raises:
-            AutoprecError: for a key that is not a field (the message lists the fields).
-        """
+        """Returns the settings that `get_config()` described; unknown keys are refused."""
         fields = [field.name for field in dataclasses.fields(cls)]
         unknown = sorted(set(config) - set(fields))
         if unknown:

@@ -47,11 +47,7 @@ def is_array_tuple(data: Any) -> bool:
 
 
 def input_part(batch: Any) -> Any:
-    """Returns the model-input part of a batch: `x` of `(x, y)` / `(x, y, w)`, else `batch`.
-
-    As in Keras, only a tuple is `(x,)`, `(x, y)` or `(x, y, w)`: a list is a
-    multi-input model's inputs. A dataset or an iterator gives its first element's inputs.
-    """
+    """Returns the model-input part of a batch: `x` of `(x, y)` / `(x, y, w)`, else `batch`."""
     if is_dataset(batch) or (hasattr(batch, "__iter__") and hasattr(batch, "__next__")):
         batch = next(iter(batch))
     if isinstance(batch, tuple) and len(batch) in (1, 2, 3):
@@ -78,11 +74,7 @@ def slice_batch(inputs: Any, count: int) -> Any:
 
 
 def batch_size_of(inputs: Any, error_class: type[Exception] = AutoprecError) -> int:
-    """Returns the leading dimension of the first array in `inputs`.
-
-    Raises:
-        error_class: if `inputs` holds no array.
-    """
+    """Returns the leading dimension of the first array in `inputs`."""
     arrays = flat_arrays(inputs)
     if not arrays:
         raise error_class(
@@ -124,28 +116,7 @@ def take_batches(
     what: str,
     error_class: type[Exception] = AutoprecError,
 ) -> list[tuple]:
-    """Returns up to `steps` `(x, y)` NumPy batches from any supported data.
-
-    Args:
-        data: `(x, y)` arrays (batched by `batch_size`), a `tf.data.Dataset`, a
-            `keras.utils.PyDataset` or an iterable of `(x, y)` batches.
-        batch_size: samples per batch for array data.
-        steps: the most batches taken; `None` takes all.
-        what: the argument's name, used in error messages.
-        error_class: the exception raised for unsupported or empty data.
-
-    Returns:
-        A list of `(x, y)` pairs of NumPy arrays (nested as the data is).
-
-    Raises:
-        error_class: if `data` is of an unsupported type or holds no batch.
-
-    Example:
-
-    ```python
-    batches = take_batches((x, y), batch_size=32, steps=4, what="x")
-    ```
-    """
+    """Returns up to `steps` `(x, y)` NumPy batches from any supported data."""
     if is_array_tuple(data):
         batches: Iterator[tuple] = _array_batches(data, batch_size)
     elif is_dataset(data) or _is_py_dataset(data) or hasattr(data, "__iter__"):
@@ -181,22 +152,7 @@ def _chain_first(first: Any, rest: Iterator) -> Iterator:
 def fit_arguments(
     data: Any, steps: int, batch_size: int, what: str, error_class: type[Exception] = AutoprecError
 ) -> tuple[dict[str, Any], Any]:
-    """Returns `(model.fit keyword arguments for at least `steps` steps, sample inputs)`.
-
-    Args:
-        data: `(x, y)` or `(x, y, sample_weight)` arrays, a `tf.data.Dataset`, a
-            generator of batches or a `keras.utils.PyDataset`.
-        steps: training steps the arguments must cover.
-        batch_size: samples per batch for array data.
-        what: the caller's name, used in error messages.
-        error_class: the exception raised for unsupported or empty data.
-
-    Returns:
-        The keyword arguments for `model.fit` and one batch of inputs (to build a model).
-
-    Raises:
-        error_class: if `data` is of an unsupported type or empty.
-    """
+    """Returns `(model.fit keyword arguments for at least `steps` steps, sample inputs)`."""
     if is_dataset(data):
         cardinality = int(data.cardinality())
         sample = next(iter(data.take(1)), None)

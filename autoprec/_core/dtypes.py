@@ -1,12 +1,5 @@
-"""Compute dtypes a plan may assign, the Keras policies that realise them, and the one widening ladder.
-
-float8 is the fourth dtype, for the layers Keras has a float8 path for (`Dense`,
-`EinsumDense`): their matrix products quantize inputs and kernel to E4M3 and output
-gradients to E5M2 with delayed per-tensor scaling, and the rest of the layer computes
-in the float8 layer's *source* dtype (bfloat16 unless a plan says otherwise, as
-`float8_from_mixed_bfloat16`). Every other layer that a float8 decision reaches
-(a follower, a rule's class glob) computes in that source dtype.
-"""
+"""Compute dtypes a plan may assign, the Keras policies that realise them, and the one widening
+ladder."""
 
 from __future__ import annotations
 
@@ -60,18 +53,7 @@ _ALIASES = {
 
 
 def canonical_dtype(value: object, where: str = "dtype") -> str:
-    """Returns the canonical compute dtype name for `value`.
-
-    Args:
-        value: a dtype name such as `"float16"`, `"bf16"` or `"mixed_bfloat16"`.
-        where: what is being parsed, named in the error message.
-
-    Returns:
-        One of `"float32"`, `"bfloat16"`, `"float16"`, `"float8"`.
-
-    Raises:
-        PlanError: if `value` is not a known dtype.
-    """
+    """Returns the canonical compute dtype name for `value`."""
     if isinstance(value, str) and value.strip().lower() in _ALIASES:
         return _ALIASES[value.strip().lower()]
     raise PlanError(
@@ -81,24 +63,7 @@ def canonical_dtype(value: object, where: str = "dtype") -> str:
 
 
 def canonical_float8_source(value: object, where: str = "float8_source") -> str:
-    """Returns the dtype a float8 layer's non-matmul work computes in.
-
-    Args:
-        value: `None` (bfloat16) or a compute dtype name.
-        where: what is being parsed, named in the error message.
-
-    Returns:
-        One of `"bfloat16"`, `"float16"`, `"float32"`.
-
-    Raises:
-        PlanError: if `value` is not one of them.
-
-    Example:
-
-    ```python
-    canonical_float8_source("fp16")  # "float16"
-    ```
-    """
+    """Returns the dtype a float8 layer's non-matmul work computes in."""
     if value is None:
         return BFLOAT16
     dtype = canonical_dtype(value, where)
@@ -110,21 +75,7 @@ def canonical_float8_source(value: object, where: str = "float8_source") -> str:
 
 
 def policy_name(dtype: str, float8_source: str = BFLOAT16) -> str:
-    """Returns the Keras dtype policy name that realises a plan dtype.
-
-    Args:
-        dtype: a plan dtype (aliases accepted).
-        float8_source: for float8, the dtype of the layer's non-matmul work.
-
-    Returns:
-        `"float32"`, `"mixed_bfloat16"`, `"mixed_float16"` or `"float8_from_<source policy>"`.
-
-    Example:
-
-    ```python
-    policy_name("float8")  # "float8_from_mixed_bfloat16"
-    ```
-    """
+    """Returns the Keras dtype policy name that realises a plan dtype."""
     name = canonical_dtype(dtype)
     if name == FLOAT8:
         return f"float8_from_{POLICY_FOR_DTYPE[canonical_float8_source(float8_source)]}"
@@ -159,24 +110,7 @@ WIDENING_LADDER: tuple[str, ...] = (FLOAT16, BFLOAT16, FLOAT32)
 
 
 def wider_dtypes(dtype: str, float8_source: str = BFLOAT16) -> tuple[str, ...]:
-    """Returns the dtypes wider than `dtype` on the widening ladder, nearest first.
-
-    float8 widens to its source dtype first (bfloat16 by default), then on from there.
-
-    Args:
-        dtype: a plan dtype (any alias `canonical_dtype` accepts).
-        float8_source: the source dtype of float8 layers.
-
-    Returns:
-        `("bfloat16", "float32")` for float16 and for float8, `("float32",)` for
-        bfloat16, `()` for float32.
-
-    Example:
-
-    ```python
-    wider_dtypes("float16")  # ("bfloat16", "float32")
-    ```
-    """
+    """Returns the dtypes wider than `dtype` on the widening ladder, nearest first."""
     name = canonical_dtype(dtype)
     if name == FLOAT8:
         source = canonical_float8_source(float8_source)
@@ -185,21 +119,7 @@ def wider_dtypes(dtype: str, float8_source: str = BFLOAT16) -> tuple[str, ...]:
 
 
 def widen(dtype: str, allowed: tuple[str, ...] | list[str] = PLAN_DTYPES) -> str:
-    """Returns `dtype` if allowed, else the nearest wider dtype in `allowed` (float32 at the end).
-
-    Args:
-        dtype: the wanted compute dtype.
-        allowed: the dtypes that may be used.
-
-    Returns:
-        The first of `dtype` and its wider dtypes that is in `allowed`, else `"float32"`.
-
-    Example:
-
-    ```python
-    widen("float16", allowed=("float32", "bfloat16"))  # "bfloat16"
-    ```
-    """
+    """Returns `dtype` if allowed, else the nearest wider dtype in `allowed` (float32 at the end)."""
     for candidate in (canonical_dtype(dtype), *wider_dtypes(dtype)):
         if candidate in allowed:
             return candidate
@@ -207,20 +127,7 @@ def widen(dtype: str, allowed: tuple[str, ...] | list[str] = PLAN_DTYPES) -> str
 
 
 def count_dtypes(dtypes: Iterable[str]) -> dict[str, int]:
-    """Returns how many times each compute dtype occurs, for every dtype (widest first).
-
-    Args:
-        dtypes: compute dtype names, e.g. the values of a `{path: dtype}` mapping.
-
-    Returns:
-        `{"float32": n, "bfloat16": n, "float16": n}`, and `"float8": n` when any is float8.
-
-    Example:
-
-    ```python
-    count_dtypes(["float16", "float32", "float16"])  # {"float32": 1, "bfloat16": 0, "float16": 2}
-    ```
-    """
+    """Returns how many times each compute dtype occurs, for every dtype (widest first)."""
     counts = dict.fromkeys(PLAN_DTYPES, 0)
     for dtype in dtypes:
         counts[canonical_dtype(dtype)] += 1

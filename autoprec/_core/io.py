@@ -10,18 +10,7 @@ from typing import Any
 
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
-    """Writes `text` to `path` atomically: temp file in the same folder, fsync, rename.
-
-    A crash or kill at any point leaves either the old file or the new one, never a
-    truncated mix.
-
-    Args:
-        path: destination file; its folder is created if missing.
-        text: the full content.
-
-    Returns:
-        The destination as a `Path`.
-    """
+    """Writes `text` to `path` atomically: temp file in the same folder, fsync, rename."""
     destination = Path(path)
     destination.parent.mkdir(parents=True, exist_ok=True)
     handle, temp_name = tempfile.mkstemp(
@@ -58,16 +47,7 @@ def atomic_write_json(path: str | os.PathLike, data: Any) -> Path:
 
 
 def read_json_file(path: str | os.PathLike, error_class: type[Exception], what: str) -> Any:
-    """Reads a JSON file, raising `error_class` with the file name on any failure.
-
-    Args:
-        path: the file to read.
-        error_class: the exception class to raise (e.g. `PlanError`).
-        what: what the file should hold, e.g. `"precision plan"`, used in messages.
-
-    Returns:
-        The decoded JSON value.
-    """
+    """Reads a JSON file, raising `error_class` with the file name on any failure."""
     file_path = Path(path)
     try:
         text = file_path.read_text(encoding="utf-8")

@@ -12,21 +12,7 @@ from ..errors import AutoprecError
 
 
 def strategy_scope(model: keras.Model) -> contextlib.AbstractContextManager:
-    """Returns the model's `tf.distribute` strategy scope, or a no-op context without one.
-
-    Args:
-        model: any Keras model.
-
-    Returns:
-        A context manager: enter it to create variables on the model's devices.
-
-    Example:
-
-    ```python
-    with strategy_scope(model):
-        model.optimizer.build(model.trainable_variables)
-    ```
-    """
+    """Returns the model's `tf.distribute` strategy scope, or a no-op context without one."""
     strategy = getattr(model, "distribute_strategy", None)
     if strategy is not None and hasattr(strategy, "scope"):
         return strategy.scope()
@@ -39,21 +25,7 @@ def inner_optimizer(optimizer: Any) -> Any:
 
 
 def fresh_optimizer(optimizer: Any) -> keras.optimizers.Optimizer:
-    """Returns a new optimizer of the same class and config, without state or loss scaling.
-
-    Args:
-        optimizer: a Keras optimizer (a `LossScaleOptimizer` is unwrapped), or
-            `None` for a default `Adam`.
-
-    Returns:
-        An unbuilt optimizer.
-
-    Example:
-
-    ```python
-    optimizer = fresh_optimizer(model.optimizer)
-    ```
-    """
+    """Returns a new optimizer of the same class and config, without state or loss scaling."""
     if optimizer is None:
         return keras.optimizers.Adam()
     inner = inner_optimizer(optimizer)
@@ -61,19 +33,7 @@ def fresh_optimizer(optimizer: Any) -> keras.optimizers.Optimizer:
 
 
 def compile_arguments(model: keras.Model, what: str) -> dict[str, Any]:
-    """Returns the model's compile arguments with a fresh optimizer, to compile a copy alike.
-
-    Args:
-        model: a compiled Keras model.
-        what: the caller's name, used in error messages.
-
-    Returns:
-        `{"optimizer", "loss", "loss_weights", "metrics", "weighted_metrics",
-        "jit_compile"}` as far as the model was compiled with them.
-
-    Raises:
-        AutoprecError: if the model is not compiled.
-    """
+    """Returns the model's compile arguments with a fresh optimizer, to compile a copy alike."""
     if getattr(model, "optimizer", None) is None or not getattr(model, "compiled", False):
         raise AutoprecError(
             f"{what}: model {model.name!r} is not compiled. Compile it with the optimizer, "
@@ -103,12 +63,7 @@ def _is_plain(value: Any) -> bool:
 
 
 def recompile(model: keras.Model, arguments: Mapping[str, Any]) -> None:
-    """Compiles `model` with `compile_arguments` output and a fresh copy of its optimizer.
-
-    Args:
-        model: the model to compile.
-        arguments: what `compile_arguments` returned (not modified).
-    """
+    """Compiles `model` with `compile_arguments` output and a fresh copy of its optimizer."""
     remaining = dict(arguments)
     optimizer = remaining.pop("optimizer")
     remaining = {key: value for key, value in remaining.items() if value is not None}
@@ -130,28 +85,7 @@ def _deserialize_tree(value: Any, key: str) -> Any:
 
 
 def swap_attribute(owner: object, name: str, value: object) -> Callable[[], None]:
-    """Sets `owner.name = value` on the instance itself and returns the function that undoes it.
-
-    Used to wrap a layer's or a model's method for a while (probes, telemetry):
-    the undo puts back the instance's own attribute, or removes the override so
-    the class attribute shows again.
-
-    Args:
-        owner: any object (a layer, a model, an optimizer).
-        name: the attribute to set.
-        value: its temporary value.
-
-    Returns:
-        A zero-argument function restoring the previous state; calling it twice is harmless.
-
-    Example:
-
-    ```python
-    undo = swap_attribute(layer, "call", traced_call)
-    ...
-    undo()
-    ```
-    """
+    """Sets `owner.name = value` on the instance itself and returns the function that undoes it."""
     had_own = name in vars(owner)
     previous = vars(owner).get(name)
     object.__setattr__(owner, name, value)
@@ -166,43 +100,13 @@ def swap_attribute(owner: object, name: str, value: object) -> Callable[[], None
 
 
 def rebuild_train_function(model: keras.Model) -> None:
-    """Rebuilds `model`'s train function from inside `fit`, so new policies take effect.
-
-    `fit` built its train function before `on_train_begin`; setting it to `None`
-    there would break `fit`, so it is rebuilt instead. On JAX the variables `fit`
-    holds in its own state are written back first (`jax_state_sync`): under a
-    `keras.distribution` building the function reads each variable's sharding.
-
-    Args:
-        model: the model `fit` trains.
-
-    Example:
-
-    ```python
-    rebuild_train_function(self.model)  # in a callback, after changing policies
-    ```
-    """
+    """Rebuilds `model`'s train function from inside `fit`, so new policies take effect."""
     sync_fit_state(model)
     model.make_train_function(force=True)
 
 
 def sync_fit_state(model: keras.Model) -> None:
-    """Writes the variables JAX's `fit` holds in its own state back to the model, mid-`fit`.
-
-    Call it before swapping the optimizer or rebuilding the train function inside
-    `fit`: the next step then reads its state from the model's variables (the new
-    optimizer's included). A no-op on other backends and outside `fit`.
-
-    Args:
-        model: the model `fit` trains.
-
-    Example:
-
-    ```python
-    sync_fit_state(model)
-    model.optimizer = wrapped_optimizer
-    ```
-    """
+    """Writes the variables JAX's `fit` holds in its own state back to the model, mid-`fit`."""
     sync = getattr(model, "jax_state_sync", None)
     if callable(sync):
         sync()

@@ -1,16 +1,4 @@
-"""The verdict on timed plans: which one leads, beyond the noise of its interleaved rounds.
-
-Pure functions of interleaved timing rounds (`{name: seconds per step of each round}`),
-so that every case can be checked with plain numbers. The plan with the fastest
-median leads when each other plan is slower beyond the measured noise
-(`compare`: the median of the round-by-round differences, against `SEPARATION`
-standard errors of those differences and at least `NOISE_FLOOR` of the step). Plans
-within the noise of the fastest are a tie, and a tie goes to the simplest of them
-(the caller says what is simple): a mixed plan is never kept on a gain its rounds
-cannot show. While undecided, a timer adds rounds (`wants_more_rounds`) up to
-`MAX_ROUNDS`. The search's measured ranking and the one-liner's timing inside `fit`
-both decide with `judge_rounds`.
-"""
+"""The verdict on timed plans: which one leads, beyond the noise of its interleaved rounds."""
 
 from __future__ import annotations
 
@@ -100,19 +88,7 @@ def compare(fastest: Sequence[float], other: Sequence[float]) -> Comparison:
 
 @dataclasses.dataclass(frozen=True)
 class RoundsVerdict:
-    """What the timed rounds decide.
-
-    Attributes:
-        order: the plans' names, first choice first (the leader, then the others
-            ranked the same way among themselves).
-        leader: the first choice: the fastest when it is separated from every other
-            plan, else the simplest of the plans tied with it.
-        fastest: the plan with the fastest median.
-        contenders: the fastest and every plan within its noise, fastest first.
-        comparisons: `{name: Comparison}` of every other plan against the fastest.
-        medians: `{name: median seconds per step}`.
-        rounds: `{name: rounds timed}`.
-    """
+    """What the timed rounds decide."""
 
     order: tuple[str, ...]
     leader: str
@@ -151,32 +127,7 @@ class RoundsVerdict:
 def judge_rounds(
     rounds: Mapping[str, Sequence[float]], simplicity: Callable[[str], int]
 ) -> RoundsVerdict:
-    """Decides from the rounds: the fastest plan beyond the noise, or a tie to the simplest.
-
-    The plan with the fastest median (the simpler among equal medians) is compared
-    with each other plan (`compare`). The plans not separated from it are its
-    contenders; the simplest of them leads (among equals the fastest median). The
-    rest are ranked the same way among themselves.
-
-    Args:
-        rounds: `{name: seconds per step of each round}`, interleaved; a plan timed in
-            more rounds than another is compared over the rounds both have.
-        simplicity: how simple each plan is (lower is simpler): ties go lower.
-
-    Returns:
-        The `RoundsVerdict`.
-
-    Raises:
-        ValueError: `rounds` is empty or a plan has no round.
-
-    Example:
-
-    ```python
-    rank = {"float32": 0, "mixed_bfloat16": 1}.get
-    verdict = judge_rounds({"mixed_bfloat16": [0.90, 1.00, 1.20], "float32": [0.89, 1.05, 1.10]}, rank)
-    verdict.leader, verdict.verdict  # ("float32", "tie")
-    ```
-    """
+    """Decides from the rounds: the fastest plan beyond the noise, or a tie to the simplest."""
     empty = [name for name, figures in rounds.items() if len(figures) == 0]
     if not rounds or empty:
         raise ValueError(
@@ -214,22 +165,7 @@ def judge_rounds(
 
 
 def wants_more_rounds(verdict: RoundsVerdict, max_rounds: int = MAX_ROUNDS) -> bool:
-    """Whether the contenders should be timed in more rounds: undecided, and under `max_rounds`.
-
-    Args:
-        verdict: the verdict of the rounds so far.
-        max_rounds: the most rounds a plan is timed.
-
-    Returns:
-        `True` while the fastest is within the noise of another plan and the
-        contenders have been timed in fewer than `max_rounds` rounds.
-
-    Example:
-
-    ```python
-    wants_more_rounds(judge_rounds({"a": [1.0, 1.1], "b": [1.05, 1.0]}))  # True: a tie so far
-    ```
-    """
+    """Whether the contenders should be timed in more rounds: undecided, and under `max_rounds`."""
     if verdict.decided:
         return False
     return min(verdict.rounds[name] for name in verdict.contenders) < max_rounds

@@ -10,11 +10,7 @@ from collections.abc import Callable, Mapping
 
 @dataclasses.dataclass(frozen=True)
 class Timing:
-    """Seconds of each timed call of one function.
-
-    Attributes:
-        samples: the timed calls' seconds, in the order they ran.
-    """
+    """Seconds of each timed call of one function."""
 
     samples: tuple[float, ...]
 
@@ -43,33 +39,7 @@ def time_interleaved(
     slow_factor: float | None = None,
     slow_rounds: int = 2,
 ) -> dict[str, Timing]:
-    """Times several functions in alternating rounds whose order rotates.
-
-    Interleaving keeps ratios honest on a machine whose load drifts. A function
-    is "slow" when its last warm-up call took over `slow_seconds`, or over
-    `slow_factor` times the fastest function's: a slow function is timed apart,
-    after the interleaved rounds, at most `slow_rounds` times, so that it neither
-    dominates the run time nor slows the calls timed right after it.
-
-    Args:
-        functions: `{name: zero-argument function}`.
-        rounds: timed calls of each function that is not slow (at least 1).
-        warmup: untimed calls of each function first (at least 1: the last is
-            used to tell slow functions).
-        slow_seconds: absolute threshold for a slow function; `None` for none.
-        slow_factor: threshold relative to the fastest warm-up; `None` for none.
-        slow_rounds: timed calls of a slow function.
-
-    Returns:
-        `{name: Timing}`, in the order of `functions`.
-
-    Example:
-
-    ```python
-    timings = time_interleaved({"a": lambda: sum(range(1000)), "b": lambda: None}, rounds=5)
-    timings["a"].median / timings["b"].median
-    ```
-    """
+    """Times several functions in alternating rounds whose order rotates."""
     warm: dict[str, float] = {}
     for name, function in functions.items():
         for _ in range(max(warmup - 1, 0)):

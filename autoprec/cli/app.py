@@ -14,22 +14,7 @@ from .quiet import autoprec_messages, configure_framework_logging, quiet_framewo
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Runs the `autoprec` command and returns its exit code.
-
-    Args:
-        argv: arguments without the program name; `sys.argv[1:]` if `None`.
-
-    Returns:
-        0 on success, 2 on a usage error (a flag, file or field to fix), 1 on a
-        failure (an internal error, or `diff --exit-code` finding differences).
-
-    Example:
-
-    ```python
-    from autoprec.cli import main
-    main(["hardware", "rtx4090"])
-    ```
-    """
+    """Runs the `autoprec` command and returns its exit code."""
     configure_framework_logging()
     parser = build_parser()
     args = parser.parse_args(argv)

@@ -1,9 +1,4 @@
-"""What the commands read: models, data, plans, profiles, budgets and dtypes, checked.
-
-Every problem raises `UsageError` with one line naming the file or flag and how to
-fix it. Keras, TensorFlow and the library stages are imported inside the functions
-that need them, so that parsing the command line stays fast.
-"""
+"""What the commands read: models, data, plans, profiles, budgets and dtypes, checked."""
 
 from __future__ import annotations
 
@@ -31,16 +26,7 @@ class UsageError(AutoprecError, ValueError):
 
 
 def load_keras_model(path: str, require_compiled: bool = True):
-    """Loads a `.keras` model (its stored plan re-applied), checking the file first.
-
-    Args:
-        path: the `.keras` file.
-        require_compiled: refuse a model saved without `compile` (profile and search
-            need its loss, optimizer and metrics).
-
-    Returns:
-        The Keras model.
-    """
+    """Loads a `.keras` model (its stored plan re-applied), checking the file first."""
     model_path = Path(path)
     if not model_path.exists():
         raise UsageError(f"{model_path}: no such model file; give a .keras file saved by Keras.")
@@ -73,16 +59,7 @@ def load_keras_model(path: str, require_compiled: bool = True):
 
 
 def load_data(spec: str) -> dict[str, Any]:
-    """Loads training and validation data from a `.npz` file or a `module:function` spec.
-
-    Args:
-        spec: `DATA.npz` holding `x_train, y_train, x_val, y_val`, or
-            `module:function` returning `(train_data, val_data)` (each a `(x, y)`
-            tuple or a `tf.data.Dataset`).
-
-    Returns:
-        `{"train": ..., "val": ...}`.
-    """
+    """Loads training and validation data from a `.npz` file or a `module:function` spec."""
     if spec.endswith(".npz"):
         path = Path(spec)
         if not path.exists():
@@ -131,14 +108,7 @@ def load_data(spec: str) -> dict[str, Any]:
 
 
 def read_json_kind(path: str) -> tuple[str, Any]:
-    """Reads a JSON file and says whether it is a `"plan"` or a `"profile"`.
-
-    Args:
-        path: the file.
-
-    Returns:
-        `(kind, decoded JSON)`.
-    """
+    """Reads a JSON file and says whether it is a `"plan"` or a `"profile"`."""
     from .._core.io import read_json_file
 
     data = read_json_file(path, UsageError, "plan or profile")
@@ -160,15 +130,7 @@ def is_model_archive(path: str) -> bool:
 
 
 def load_plan(path: str):
-    """Loads a precision plan from a plan JSON file or from a `.keras` model saved with one.
-
-    Args:
-        path: `plan.json`, or a `.keras` file written by `autoprec.save_model` or
-            `autoprec export`.
-
-    Returns:
-        The `PrecisionPlan`.
-    """
+    """Loads a precision plan from a plan JSON file or from a `.keras` model saved with one."""
     if is_model_archive(path):
         return load_plan_from_model(path)
     from ..plan import PrecisionPlan
@@ -198,15 +160,7 @@ def load_plan_from_model(path: str):
 
 
 def load_profile_for(path: str, model) -> Any:
-    """Loads a profile written by `autoprec profile` and checks it was recorded for `model`.
-
-    Args:
-        path: the profile JSON file.
-        model: the model the search runs on.
-
-    Returns:
-        The `autoprec.Profile`.
-    """
+    """Loads a profile written by `autoprec profile` and checks it was recorded for `model`."""
     from ..layers import model_fingerprint
     from ..profiler.stats import Profile
 
@@ -257,19 +211,7 @@ def parse_dtypes(text: str | None) -> tuple[str, ...] | None:
 
 
 def search_keyword_arguments(args: argparse.Namespace, budget, profile) -> dict[str, Any]:
-    """Returns the keyword arguments of `autoprec.search` for the `search` command's flags.
-
-    The one place where flags become search arguments: the data and the model are
-    passed positionally by the caller.
-
-    Args:
-        args: the parsed `search` flags.
-        budget: the parsed `--budget`.
-        profile: the `Profile` of `--profile`, or `None` to profile during the search.
-
-    Returns:
-        A dict to pass as `**arguments` to `search` (and `search_in_processes`).
-    """
+    """Returns the keyword arguments of `autoprec.search` for the `search` command's flags."""
     from ..search import SearchSettings
 
     return {

@@ -27,19 +27,7 @@ def _verbose(text: str) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """Returns the `autoprec` argument parser.
-
-    Returns:
-        An `OneLineParser` with the global flags (`--version`, `--debug`) and one
-        subcommand per command of `autoprec.cli.commands`, each with its handler.
-
-    Example:
-
-    ```python
-    args = build_parser().parse_args(["demo", "--quick"])
-    args.handler(args)
-    ```
-    """
+    """Returns the `autoprec` argument parser."""
     parser = OneLineParser(
         prog="autoprec",
         description="Per-layer automatic mixed precision for Keras 3.",

@@ -1,8 +1,4 @@
-"""A quiet command line: no TensorFlow start-up lines, autoprec's own messages on stderr.
-
-These settings are the command's, not the library's: they are made only inside
-the `autoprec` process (by `main`), never when autoprec is imported.
-"""
+"""A quiet command line: no TensorFlow start-up lines, autoprec's own messages on stderr."""
 
 from __future__ import annotations
 
@@ -43,15 +39,7 @@ FRAMEWORK_MODULES = ("keras", "tensorflow")
 
 @contextlib.contextmanager
 def quiet_framework_imports() -> Iterator[None]:
-    """Drops the framework's native start-up lines from stderr while a command runs.
-
-    TensorFlow writes lines such as `oneDNN custom operations are on` and `Could not
-    find cuda drivers` from native code while it loads, before it reads
-    `TF_CPP_MIN_LOG_LEVEL`. For as long as the context lasts, the first import of
-    Keras or TensorFlow, wherever a command makes it, runs with the file
-    descriptor 2 pointed at a temporary file; what was written there is replayed on
-    stderr without those lines. Other imports are not touched.
-    """
+    """Drops the framework's native start-up lines from stderr while a command runs."""
     configure_framework_logging()
     finder = _QuietFinder()
     sys.meta_path.insert(0, finder)
@@ -125,11 +113,7 @@ def _native_stderr_filtered() -> Iterator[None]:
 
 @contextlib.contextmanager
 def autoprec_messages(verbose: int = 1) -> Iterator[None]:
-    """Shows the `autoprec` logger's messages on stderr for the duration of a command.
-
-    Args:
-        verbose: 0 warnings only, 1 progress (INFO), 2 details (DEBUG).
-    """
+    """Shows the `autoprec` logger's messages on stderr for the duration of a command."""
     package_logger = logging.getLogger("autoprec")
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("%(message)s"))

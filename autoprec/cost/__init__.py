@@ -1,34 +1,4 @@
-"""What each layer costs in each dtype: FLOP/byte counts, roofline predictions and measurements.
-
-Three steps, each usable alone:
-
-* `trace_model(model)` runs one small forward pass with temporary hooks on every
-  layer's `call` and records the shapes each layer sees and which layer feeds
-  which (`ModelTrace`);
-* `count_costs(model)` turns those shapes into forward/backward FLOPs and bytes
-  (`LayerCost`), and `predict_costs(model, hardware, batch_size=batch_size)` turns counts
-  into seconds with a roofline model of a `HardwareProfile`;
-* `calibrate(model, batch)` measures each layer's forward+backward time in each
-  dtype on this device instead (cached; on the TensorFlow or JAX backend, JAX
-  timing in `autoprec._backends.jax`), plus the cost of casts and whole-model
-  steps under uniform policies (float32 and each 16-bit dtype the device runs
-  fast): what the summed layers miss becomes a fixed per-step overhead shared by
-  all dtypes and a per-dtype scale of layer times, so that a uniform plan's
-  estimate equals its measured step; and two mixed plans' whole steps, whose
-  difference from their prediction becomes a cost per dtype boundary (the
-  alternating plan) and the table's own prediction error, `relative_error`
-  (the half-and-half plan, held out of the fit).
-
-Both give a `CostTable`; `estimate(model, plan, hardware, costs=table)` sums it for a
-plan: step time, speedup over float32, memory and the largest batch that fits.
-
-Modules, in the order they build on each other: `trace` (shapes, edges, sample
-inputs and synthetic arguments), `counting` (`LayerCost`), `table`
-(`CostTable`), `timers` (one layer, cast or empty call timed on the backend),
-`roofline` (`predict_costs`), `cache`, `steps` (whole training steps and the
-correction they give), `estimate`, `boundaries` (the mixed plans timed whole, the
-boundary cost and the prediction error fitted from them), `measure` (`calibrate`).
-"""
+"""What each layer costs in each dtype: FLOP/byte counts, roofline predictions and measurements."""
 
 from .boundaries import (
     MIN_RELATIVE_ERROR,

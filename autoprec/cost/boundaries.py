@@ -1,15 +1,4 @@
-"""Dtype boundaries: the mixed plans `calibrate` times whole, and what a boundary costs a step.
-
-Per-layer timings miss what a whole step pays where two layers of different
-dtypes meet: beyond the cast timed alone, the lost fusion, layout changes and
-the dispatch of the extra ops. `mixed_plans` builds the plans that show it (16-bit
-and float32 alternating among the layers with weights: many boundaries; the first
-half 16-bit: one or two), `calibrate` times them beside the uniform steps, and
-`fit_boundary_cost` turns the difference between the measured and the predicted
-alternating step into the table's `boundary_seconds`, then checks the fit on
-the half-and-half step, which it did not use: that check, with the noise of the
-measurements, is the table's `relative_error`.
-"""
+"""Dtype boundaries: the mixed plans `calibrate` times whole, and what a boundary costs a step."""
 
 from __future__ import annotations
 
@@ -33,16 +22,7 @@ PATTERNS = ("alternating", "half")
 
 @dataclasses.dataclass(frozen=True)
 class MixedPlan:
-    """A mixed-dtype plan whose whole step `calibrate` times.
-
-    Attributes:
-        name: `"<pattern> <dtype>"`, e.g. `"alternating bfloat16"`; keys
-            `CostTable.measured_plan_seconds`.
-        dtype: the 16-bit dtype of the plan's 16-bit layers.
-        pattern: `"alternating"` (fitted) or `"half"` (held out to check the fit).
-        dtypes: `{path: dtype}` of every layer of the model (containers included),
-            as `clone_with_policies` applies it and `estimate` reads it.
-    """
+    """A mixed-dtype plan whose whole step `calibrate` times."""
 
     name: str
     dtype: str
@@ -51,12 +31,7 @@ class MixedPlan:
 
 
 def _units(paths: Mapping[str, keras.layers.Layer]) -> dict[str, str]:
-    """Returns `{path: unit path}`: the outermost layer around it that is not a graph model.
-
-    A composite layer (MultiHeadAttention, a keras-hub TransformerEncoder) is one
-    unit: its sub-layers get one dtype, so that no plan breaks a layer adding
-    its sub-layers' outputs in its own `call`.
-    """
+    """Returns `{path: unit path}`: the outermost layer around it that is not a graph model."""
     units = {}
     for path in paths:
         parts = path.split("/")
@@ -71,32 +46,7 @@ def _units(paths: Mapping[str, keras.layers.Layer]) -> dict[str, str]:
 
 
 def mixed_assignment(model: keras.Model, dtype: str, pattern: str) -> dict[str, str]:
-    """Returns `{path: dtype}` of every layer of `model` under one mixed pattern.
-
-    The units with weights (a layer, or a composite layer with its sub-layers)
-    take `dtype` and float32 in turn (`"alternating"`, the first one in `dtype`)
-    or `dtype` for the first half of them (`"half"`); a unit without weights
-    takes the dtype of the last unit with weights before it (float32 before the
-    first); a nested Functional or Sequential model takes its first layer's.
-
-    Args:
-        model: the model (Functional, Sequential or subclassed).
-        dtype: the 16-bit dtype.
-        pattern: `"alternating"` or `"half"`.
-
-    Returns:
-        The assignment (float32 everywhere when the model has fewer than two
-        units with weights).
-
-    Raises:
-        ValueError: if `pattern` is not one of `PATTERNS`.
-
-    Example:
-
-    ```python
-    mixed_assignment(model, "bfloat16", "alternating")  # {"dense": "bfloat16", "dense_1": ...}
-    ```
-    """
+    """Returns `{path: dtype}` of every layer of `model` under one mixed pattern."""
     if pattern not in PATTERNS:
         raise ValueError(f"mixed_assignment: pattern {pattern!r} is not one of {PATTERNS}.")
     dtype = canonical_dtype(dtype, "mixed_assignment")
@@ -134,24 +84,7 @@ def mixed_assignment(model: keras.Model, dtype: str, pattern: str) -> dict[str, 
 
 
 def mixed_plans(model: keras.Model, dtypes: Sequence[str]) -> dict[str, MixedPlan]:
-    """Returns the mixed plans `calibrate` times: alternating per dtype, half for the first.
-
-    Args:
-        model: the model.
-        dtypes: the 16-bit dtypes (float32 is skipped), in order of preference.
-
-    Returns:
-        `{name: MixedPlan}`: `"alternating <dtype>"` for each dtype and `"half
-        <dtype>"` for the first one (the held-out check of the fit); none when the
-        model has fewer than two units with weights, and no half plan where it
-        equals the alternating one.
-
-    Example:
-
-    ```python
-    list(mixed_plans(model, ["bfloat16"]))  # ["alternating bfloat16", "half bfloat16"]
-    ```
-    """
+    """Returns the mixed plans `calibrate` times: alternating per dtype, half for the first."""
     plans: dict[str, MixedPlan] = {}
     halves = [canonical_dtype(dtype) for dtype in dtypes if canonical_dtype(dtype) != FLOAT32]
     for position, dtype in enumerate(halves):
@@ -168,25 +101,7 @@ def mixed_plans(model: keras.Model, dtypes: Sequence[str]) -> dict[str, MixedPla
 
 
 def boundaries(table: CostTable, dtypes: Mapping[str, str]) -> list[tuple[str, int]]:
-    """Returns `(16-bit dtype, elements per sample)` of each boundary between two layers.
-
-    A boundary is an edge of `table.edges` between two layers (not a model input)
-    whose dtypes differ under `dtypes`; its dtype is the 16-bit side's (the
-    consumer's when both are 16-bit), as `estimate` counts casts.
-
-    Args:
-        table: the cost table (its edges).
-        dtypes: `{path: dtype}` naming every layer the edges touch (float32 elsewhere).
-
-    Returns:
-        One entry per boundary.
-
-    Example:
-
-    ```python
-    len(boundaries(table, mixed_assignment(model, "bfloat16", "alternating")))
-    ```
-    """
+    """Returns `(16-bit dtype, elements per sample)` of each boundary between two layers."""
     found = []
     for producer, consumer, elements in table.edges:
         if producer is None:
@@ -198,13 +113,7 @@ def boundaries(table: CostTable, dtypes: Mapping[str, str]) -> list[tuple[str, i
 
 
 def _fit_one(table: CostTable, plan: MixedPlan, residual: float) -> dict[str, float]:
-    """Returns the boundary figures that make `plan`'s step `residual` seconds longer.
-
-    The residual is spread over the plan's boundaries in proportion to their
-    casts timed alone (evenly when no cast was timed); a negative residual (the
-    casts cost less inside the step than alone) takes off at most the casts
-    themselves: a boundary never makes a step faster.
-    """
+    """Returns the boundary figures that make `plan`'s step `residual` seconds longer."""
     crossing = [
         elements * table.batch_size
         for dtype, elements in boundaries(table, plan.dtypes)
@@ -228,45 +137,7 @@ def fit_boundary_cost(
     measured: Mapping[str, float],
     noise: float | None = None,
 ) -> None:
-    """Learns `table.boundary_seconds` from measured mixed steps and sets `relative_error`.
-
-    For each measured alternating plan, the residual (measured step minus the
-    step `estimate` predicts with no boundary cost) is spread over its
-    boundaries of that dtype in proportion to the casts timed alone (fixed +
-    per element, forward and backward): each boundary then costs the whole step
-    `k` times its cast more, with `k` fitted so that the alternating step's
-    estimate equals its measurement. `k` is at least -1 (a boundary whose casts
-    cost less inside the step than alone costs at least nothing: it never makes
-    a step faster); when no cast was timed, a positive residual is spread evenly
-    over the boundaries. A residual smaller than `noise` (as a fraction of the
-    step) is not fitted: the spread of the rounds explains it as well. A dtype
-    with no alternating step of its own takes the mean of the others'
-    (`CostTable.boundary_cost`).
-
-    `table.relative_error` is then the largest of `noise`, `MIN_RELATIVE_ERROR`
-    and `|predicted / measured - 1|` of every measured mixed step after the fit;
-    the half-and-half steps were not used by the fit, so theirs is a held-out
-    error. Without a half-and-half step it is the largest of `noise` and
-    `DEFAULT_RELATIVE_ERROR` (and the alternating steps' errors). The signed
-    errors, before and after the boundary cost, go to `table.prediction_errors`.
-
-    Args:
-        model: the model the table is for.
-        table: the measured table, its uniform steps already attributed
-            (`attribute_step_overhead`); updated in place.
-        plans: the plans timed (`mixed_plans`).
-        measured: `{plan name: measured whole-step seconds}` of those that ran.
-        noise: the relative spread of the measured steps' timed rounds
-            (`steps.WholeSteps.noise`), or `None` when unknown.
-
-    Example:
-
-    ```python
-    plans = mixed_plans(model, ["bfloat16"])
-    fit_boundary_cost(model, table, plans, {"alternating bfloat16": 0.052}, noise=0.01)
-    table.boundary_seconds["bfloat16"], table.relative_error
-    ```
-    """
+    """Learns `table.boundary_seconds` from measured mixed steps and sets `relative_error`."""
     runs = {name: plans[name] for name in measured if name in plans and measured[name] > 0}
     table.boundary_seconds = {}
     table.measured_plan_seconds = {name: float(measured[name]) for name in runs}

@@ -20,18 +20,7 @@ _CACHE_FORMAT = 1
 
 
 def default_cache_dir() -> Path:
-    """Returns the cost cache folder: `$AUTOPREC_CACHE_DIR`, else `$XDG_CACHE_HOME/autoprec`.
-
-    Returns:
-        The folder (not created): `$AUTOPREC_CACHE_DIR` when set, else `autoprec`
-        under `$XDG_CACHE_HOME` or `~/.cache`.
-
-    Example:
-
-    ```python
-    autoprec.cost.default_cache_dir()  # PosixPath('/home/me/.cache/autoprec')
-    ```
-    """
+    """Returns the cost cache folder: `$AUTOPREC_CACHE_DIR`, else `$XDG_CACHE_HOME/autoprec`."""
     configured = os.environ.get("AUTOPREC_CACHE_DIR")
     if configured:
         return Path(configured).expanduser()
@@ -40,22 +29,7 @@ def default_cache_dir() -> Path:
 
 
 class MeasurementCache:
-    """One small JSON file per measurement under `<dir>/costs/<device>/`, written atomically.
-
-    Args:
-        directory: the cache folder (`default_cache_dir()`), or `None` for no
-            cache: `get` finds nothing and `put` writes nothing.
-        device: the device's name; it keys every entry and names the sub-folder.
-        versions: framework versions, which key every entry.
-
-    Example:
-
-    ```python
-    cache = MeasurementCache(default_cache_dir(), "local-cpu", {"keras": "3.15.1"})
-    key = cache.key({"cast": "bfloat16", "elements": 1024})
-    cache.put(key, 1e-5, "cast"); cache.get(key)  # 1e-05
-    ```
-    """
+    """One small JSON file per measurement under `<dir>/costs/<device>/`, written atomically."""
 
     def __init__(self, directory: Path | None, device: str, versions: Mapping[str, str]):
         self.directory = None
@@ -66,14 +40,7 @@ class MeasurementCache:
         self.versions = dict(versions)
 
     def key(self, payload: Any) -> str:
-        """Returns the file stem of a measurement: a hash of `payload`, the device and versions.
-
-        Args:
-            payload: a JSON-like mapping describing what is measured.
-
-        Returns:
-            32 hex digits.
-        """
+        """Returns the file stem of a measurement: a hash of `payload`, the device and versions."""
         text = json.dumps(
             {"format": _CACHE_FORMAT, "device": self.device, "versions": self.versions, **payload},
             sort_keys=True,
@@ -82,14 +49,7 @@ class MeasurementCache:
         return hashlib.sha256(text.encode("utf-8")).hexdigest()[:32]
 
     def get(self, key: str) -> float | None:
-        """Returns the cached seconds under `key`, or `None` (no cache, no entry, unreadable).
-
-        Args:
-            key: from `key`.
-
-        Returns:
-            Seconds, or `None`.
-        """
+        """Returns the cached seconds under `key`, or `None` (no cache, no entry, unreadable)."""
         if self.directory is None:
             return None
         file_path = self.directory / f"{key}.json"
@@ -100,13 +60,7 @@ class MeasurementCache:
             return None
 
     def put(self, key: str, seconds: float, description: str) -> None:
-        """Writes `seconds` under `key` (nothing without a cache; a write error is ignored).
-
-        Args:
-            key: from `key`.
-            seconds: the measurement.
-            description: what was measured, kept beside it for a reader of the file.
-        """
+        """Writes `seconds` under `key` (nothing without a cache; a write error is ignored)."""
         if self.directory is None:
             return
         try:
@@ -118,23 +72,7 @@ class MeasurementCache:
 
 
 def layer_signature(layer: keras.layers.Layer, call: LayerCall, batch_size: int) -> dict:
-    """Returns what keys one layer's timing: class, config (no name or dtype), arguments, batch.
-
-    Args:
-        layer: the layer timed.
-        call: the recorded call it is timed as.
-        batch_size: the batch timed.
-
-    Returns:
-        A JSON-serialisable dict.
-
-    Example:
-
-    ```python
-    call = autoprec.cost.trace_model(model).calls["dense"][0]
-    layer_signature(layer_paths(model)["dense"], call, 32)["batch_size"]  # 32
-    ```
-    """
+    """Returns what keys one layer's timing: class, config (no name or dtype), arguments, batch."""
     try:
         config = dict(layer.get_config())
     except Exception:
@@ -150,21 +88,7 @@ def layer_signature(layer: keras.layers.Layer, call: LayerCall, batch_size: int)
 
 
 def model_signature(model: keras.Model) -> Any:
-    """Returns what keys a whole-step timing of `model`: its config, else its fingerprint.
-
-    Args:
-        model: the model.
-
-    Returns:
-        The model's config as plain JSON values, or `{"fingerprint": ...}` when
-        it has no serialisable config.
-
-    Example:
-
-    ```python
-    model_signature(model)["name"]
-    ```
-    """
+    """Returns what keys a whole-step timing of `model`: its config, else its fingerprint."""
     try:
         return json.loads(json.dumps(model.get_config(), sort_keys=True, default=repr))
     except Exception:

@@ -1,9 +1,4 @@
-"""Copies of a model under other policies: every layer in one dtype, or each named layer in its own.
-
-What the whole-step timers (`steps`) train: `keras.models.clone_model` copies with
-fresh weights, each layer given the `mixed_*` (or float8) policy of its dtype,
-the model itself left as it was.
-"""
+"""Copies of a model under other policies: every layer in one dtype, or each named layer in its own."""
 
 from __future__ import annotations
 
@@ -58,29 +53,7 @@ def _set_policy(layer: keras.layers.Layer, dtype: str) -> None:
 
 
 def clone_with_policies(model: keras.Model, dtypes: Mapping[str, str]) -> keras.Model:
-    """Returns a copy of `model` (fresh weights) with each named layer in its dtype.
-
-    As `clone_with_uniform_policy`, per layer: each layer named by its stable
-    path (`autoprec.layers.layer_paths`) gets the `mixed_*` policy of its dtype
-    (`"float32"` for float32); the others keep theirs. Policies are set on the
-    layers named only (they do not cascade): name the leaf layers.
-
-    Args:
-        model: a Functional or Sequential model.
-        dtypes: `{layer path: compute dtype}`.
-
-    Returns:
-        The copy.
-
-    Raises:
-        PlanError: if a path is not a layer of `model`, or a dtype is unknown.
-
-    Example:
-
-    ```python
-    copy = autoprec.cost.clone_with_policies(model, {"dense": "bfloat16"})
-    ```
-    """
+    """Returns a copy of `model` (fresh weights) with each named layer in its dtype."""
     names = {
         path: canonical_dtype(dtype, f"clone_with_policies[{path!r}]")
         for path, dtype in dtypes.items()

@@ -1,9 +1,4 @@
-"""The per-model driver of cost counting: one `LayerCost` per layer of a model, from its trace.
-
-`count_costs` traces the model (or takes a `ModelTrace`), counts every call of
-every layer with the formula of its kind (`formulas.count_call`) and sums a
-layer's calls into its `LayerCost`.
-"""
+"""The per-model driver of cost counting: one `LayerCost` per layer of a model, from its trace."""
 
 from __future__ import annotations
 
@@ -35,28 +30,7 @@ def _merge_counts(path: str, class_name: str, counts: list[dict]) -> LayerCost:
 
 
 def count_costs(model: keras.Model, trace: ModelTrace | None = None) -> dict[str, LayerCost]:
-    """Returns the per-sample FLOPs and memory traffic of every layer of `model`.
-
-    Layers are counted from the shapes they saw (`trace_model`); a layer called
-    several times (shared) counts every call. Containers count nothing themselves
-    except `MultiHeadAttention` (its q.k and softmax.v einsums; the projections are
-    its inner `EinsumDense` layers) and recurrent layers (the whole recurrence; their
-    cells count nothing).
-
-    Args:
-        model: a built Keras model.
-        trace: a `ModelTrace` of the model; traced with random inputs when omitted.
-
-    Returns:
-        `{stable_path: LayerCost}` for every layer, in traversal order.
-
-    Example:
-
-    ```python
-    costs = autoprec.cost.count_costs(model)
-    costs["dense"].matmul_flops  # 2 * 8 * 16 per sample for Dense(16) on 8 features
-    ```
-    """
+    """Returns the per-sample FLOPs and memory traffic of every layer of `model`."""
     trace = trace or trace_model(model)
     paths = layer_paths(model)
     infos = describe_model(model)

@@ -31,12 +31,7 @@ USABLE_MEMORY_FRACTION = 0.9
 
 
 class PlanLayers(Protocol):
-    """What `estimate` reads of a plan: `layers`, `{path: dtype}` (an `autoprec.PrecisionPlan`).
-
-    Any object with a `layers` mapping qualifies; the cost stage does not
-    import the plan stage. A `float8_source` attribute, where the plan has one,
-    names the dtype of its float8 layers' non-matmul work (bfloat16 otherwise).
-    """
+    """What `estimate` reads of a plan: `layers`, `{path: dtype}` (an `autoprec.PrecisionPlan`)."""
 
     @property
     def layers(self) -> Mapping[str, str]:
@@ -145,13 +140,7 @@ def _plan_float8_source(plan: object) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class _PlanDtypes:
-    """What each layer of a plan computes in, for its own time and for the tensors it passes.
-
-    `layer(path)` is the dtype of the layer's time: float8 only for a layer with
-    a float8 path, which every other layer a float8 decision reaches runs in the
-    source dtype instead; `activation(path)` is the dtype of the tensors the
-    layer reads and writes: a float8 layer's are in its source dtype.
-    """
+    """What each layer of a plan computes in, for its own time and for the tensors it passes."""
 
     resolve: Callable[..., str]
     class_names: Mapping[str, str]
@@ -257,14 +246,7 @@ def _step_seconds(
     batch_size: int,
     activation_dtype_of: Callable[[str | None], str] | None = None,
 ) -> _Step:
-    """Sums layers, casts, boundaries and overhead of one plan.
-
-    Each layer costs its time in `dtype_of(path)`; casts and boundaries sit
-    where `activation_dtype_of` (default `dtype_of`) differs between a producer
-    and its consumer. The learned boundary cost applies between two layers only:
-    a model input cast to a 16-bit first layer is part of that dtype's uniform
-    step, whose measurement already holds it (`layer_time_scale_by_dtype`).
-    """
+    """Sums layers, casts, boundaries and overhead of one plan."""
     activation_dtype_of = activation_dtype_of or dtype_of
     layer_seconds = {path: table.seconds(path, dtype_of(path), batch_size) for path in table.layers}
     infeasible = tuple(path for path, value in layer_seconds.items() if math.isinf(value))
@@ -286,14 +268,7 @@ def _step_seconds(
 def _memory_bytes(
     model: keras.Model, table: CostTable, dtypes: _PlanDtypes
 ) -> tuple[float, float, float]:
-    """Returns `(activation bytes per sample, parameter bytes, optimizer bytes)` under a plan.
-
-    Activations kept for backward are stored in each layer's activation dtype
-    (a float8 layer's source dtype: Keras keeps its dequantized inputs), model
-    inputs in float32; parameters are float32 master weights, their gradients,
-    the 16-bit copies of the weights of 16-bit and float8 layers and the 8-bit
-    copies of float8 layers' weights.
-    """
+    """Returns `(activation bytes per sample, parameter bytes, optimizer bytes)` under a plan."""
     activation_bytes = sum(
         record.saved_elements_per_sample * ITEMSIZE[dtypes.activation(path)]
         for path, record in table.layers.items()

@@ -1,12 +1,4 @@
-"""FLOP and element counts of one layer call, by a formula per layer kind.
-
-`count_call` turns the shapes one call of a layer saw (a `LayerCall`) into the
-fields of a `LayerCost`: matmul layers (`Dense`, `EinsumDense`, convolutions),
-attention, recurrent layers, embeddings, normalisations, poolings, merges,
-activations and the pass-through layers of `autoprec.layers`. `Dense` and
-`EinsumDense` calls also count what their float8 path quantizes: inputs, kernel
-and output gradients.
-"""
+"""FLOP and element counts of one layer call, by a formula per layer kind."""
 
 from __future__ import annotations
 
@@ -190,12 +182,7 @@ def _einsum_flops(equation: str, shape_a: Sequence[int], shape_b: Sequence[int])
 
 
 def _einsum_gemm_dims(equation: str, kernel_shape: Sequence[int]) -> tuple[int, int]:
-    """Returns `(contraction, output features)` of an input-kernel einsum seen as one GEMM.
-
-    The contraction is the product of the kernel axes the output drops, the
-    output features that of the kernel axes it keeps (batch-like axes shared by
-    input, kernel and output count in neither).
-    """
+    """Returns `(contraction, output features)` of an input-kernel einsum seen as one GEMM."""
     operands, _, output = equation.replace(" ", "").partition("->")
     inputs_term, _, kernel_term = operands.partition(",")
     contraction = features = 1
@@ -379,25 +366,7 @@ def _count_activation_layer(call: LayerCall, layer) -> dict[str, Any]:
 def count_call(
     call: LayerCall, layer: Any, info: LayerInfo | None, parent_class: str
 ) -> dict[str, Any]:
-    """Returns the cost fields of one call of `layer` (empty for free layers).
-
-    Args:
-        call: the shapes the call saw, from a `ModelTrace`.
-        layer: the Keras layer called.
-        info: the layer's `LayerInfo` (whether it is a container), or `None`.
-        parent_class: class name of the layer that holds `layer` (`""` at the top):
-            the cells of a recurrent layer count nothing themselves.
-
-    Returns:
-        `{LayerCost field: value}` for this call; `count_costs` sums the calls.
-
-    Example:
-
-    ```python
-    trace = autoprec.cost.trace_model(model)
-    count_call(trace.calls["dense"][0], model.get_layer("dense"), None, "")["matmul_flops"]
-    ```
-    """
+    """Returns the cost fields of one call of `layer` (empty for free layers)."""
     class_name = type(layer).__name__
     if class_name == "MultiHeadAttention":
         return _count_attention(call, layer)

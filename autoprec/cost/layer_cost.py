@@ -1,11 +1,4 @@
-"""The `LayerCost` value: one layer's per-sample FLOPs and elements, and the bytes they move.
-
-A `LayerCost` holds forward and backward FLOPs (matmul and vector), elements
-read, written and kept for the backward pass, and weight elements; it turns
-them into bytes for a batch in a dtype (`bytes_moved`), float8's quantize
-passes and amax histories included (`float8_quantize_bytes`). The constants
-here are the bytes per element of each dtype and what Keras' float8 path adds.
-"""
+"""The `LayerCost` value: one layer's per-sample FLOPs and elements, and the bytes they move."""
 
 from __future__ import annotations
 
@@ -37,30 +30,7 @@ FLOAT8_QUANTIZE_FLOPS = 5
 
 @dataclasses.dataclass(frozen=True)
 class LayerCost:
-    """Per-sample arithmetic and memory traffic of one layer, independent of dtype.
-
-    Attributes:
-        path: stable path.
-        class_name: layer class.
-        matmul_flops: forward FLOPs in matmuls/convolutions (tensor-core eligible), per sample.
-        vector_flops: forward elementwise/reduction FLOPs, per sample.
-        backward_matmul_flops: backward matmul FLOPs (input and weight gradients), per sample.
-        backward_vector_flops: backward elementwise FLOPs, per sample.
-        activation_elements: elements read and written in the forward pass, per sample.
-        saved_elements: elements kept for the backward pass, per sample.
-        weight_elements: weight elements the layer reads (not per sample).
-        matmul_dims: matmul/conv dimensions that 16-bit tensor cores want aligned.
-        kernels: approximate number of kernels launched forward+backward.
-        note: how the count was made when not from an exact formula.
-        float8_matmuls: matrix products with a Keras float8 path (calls of a `Dense`
-            or `EinsumDense` layer); 0 for every other layer.
-        float8_dims: the GEMM dimensions of those products, contraction and output
-            features of each (an `EinsumDense` kernel's axes grouped as its einsum
-            groups them), which FP8 kernels want multiples of 16.
-        float8_quantized_elements: elements of inputs and output gradients the float8
-            path quantizes, per sample.
-        float8_kernel_elements: kernel elements it quantizes per step (every call).
-    """
+    """Per-sample arithmetic and memory traffic of one layer, independent of dtype."""
 
     path: str
     class_name: str
@@ -100,21 +70,7 @@ class LayerCost:
         return self.float8_matmuls > 0
 
     def bytes_moved(self, dtype: str, batch_size: int, float8_source: str = BFLOAT16) -> float:
-        """Returns bytes read and written forward+backward for a batch in `dtype`.
-
-        Activations move in the compute dtype (backward ~2x forward traffic);
-        float32 master weights are read, cast to 16-bit and read again. A float8
-        layer moves what it moves in `float8_source` plus its quantize passes
-        (`float8_quantize_bytes`).
-
-        Args:
-            dtype: a plan dtype.
-            batch_size: samples per step.
-            float8_source: the dtype of a float8 layer's non-matmul work.
-
-        Returns:
-            Bytes.
-        """
+        """Returns bytes read and written forward+backward for a batch in `dtype`."""
         if dtype == FLOAT8:
             return self.bytes_moved(float8_source, batch_size) + self.float8_quantize_bytes(
                 batch_size, float8_source
@@ -130,34 +86,13 @@ class LayerCost:
         return self.float8_quantized_elements * batch_size + self.float8_kernel_elements
 
     def float8_quantize_bytes(self, batch_size: int, float8_source: str = BFLOAT16) -> float:
-        """Returns the bytes the float8 path's quantize work moves in one step.
-
-        Each quantized value is read in `float8_source` by its quantize pass and
-        written in 8 bits, and read again by its amax reduction; each amax history
-        is rolled (read and written) and reduced (read) once per product.
-
-        Args:
-            batch_size: samples per step.
-            float8_source: the dtype the quantized tensors arrive in.
-
-        Returns:
-            Bytes (0 for a layer without a float8 path).
-        """
+        """Returns the bytes the float8 path's quantize work moves in one step."""
         per_value = 2 * ITEMSIZE[float8_source] + FLOAT8_ITEMSIZE
         histories = self.float8_matmuls * FLOAT8_QUANTIZED_TENSORS * FLOAT8_AMAX_HISTORY * 4 * 3
         return self.float8_quantized_values(batch_size) * per_value + histories
 
     def to_dict(self) -> dict[str, Any]:
-        """Returns the fields as a JSON-ready dict, its dimension tuples as lists.
-
-        Returns:
-            `{field: value}` for every field of the dataclass.
-
-        Example:
-
-        >>> LayerCost("dense", "Dense", matmul_dims=(8, 16)).to_dict()["matmul_dims"]
-        [8, 16]
-        """
+        """Returns the fields as a JSON-ready dict, its dimension tuples as lists."""
         data = dataclasses.asdict(self)
         data["matmul_dims"] = list(self.matmul_dims)
         data["float8_dims"] = list(self.float8_dims)

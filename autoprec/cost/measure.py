@@ -1,26 +1,4 @@
-"""Calibration: every layer's forward+backward seconds per dtype measured on this device.
-
-`calibrate` times each computing layer alone (`timers`), casts between float32
-and each 16-bit dtype, whole training steps of uniform-policy copies of the
-model and of two mixed plans (`steps`, `boundaries`); what the summed layers miss
-of a uniform step becomes a shared per-step overhead and a per-dtype scale of
-layer times, what they miss of the mixed steps a cost per dtype boundary, and
-the mixed step left out of that fit tells how far the table's predictions can
-be trusted (`CostTable.relative_error`). Every measurement is cached (`cache`).
-
-float8 is timed only on a device with FP8 tensor cores (the local device and the
-profile it is described by must both have them: never on a CPU, where Keras'
-float8 path is emulated), and only for `Dense` and `EinsumDense` layers, the
-ones with a float8 path; its whole step is not timed (its layer times take the
-table's `layer_time_scale`).
-
-A dtype the device runs slowly (float16 on a CPU under TensorFlow) has its
-whole step timed alone, after two warm-up steps: its layers can run slower
-inside the whole step than alone (ResNet50 in float16 on a CPU: 1.4x; float16
-kernels there slow down on values in float16's subnormal range, which real
-gradients reach and random timing inputs do not), so its per-layer sum alone
-would predict it badly.
-"""
+"""Calibration: every layer's forward+backward seconds per dtype measured on this device."""
 
 from __future__ import annotations
 
@@ -90,24 +68,7 @@ def _measurable(cost: LayerCost) -> bool:
 
 
 def float8_timeable(profile: HardwareProfile) -> bool:
-    """Returns whether `calibrate` may time float8 on this device described by `profile`.
-
-    Both `profile` and the detected local device must have FP8 tensor cores:
-    float8 on a device without them (every CPU) is emulated, slower than the
-    16-bit dtypes, and timing it would only spend time.
-
-    Args:
-        profile: what `calibrate` was told this device is.
-
-    Returns:
-        Whether float8 is timed.
-
-    Example:
-
-    ```python
-    float8_timeable(autoprec.hardware.get("cpu-generic"))  # False
-    ```
-    """
+    """Returns whether `calibrate` may time float8 on this device described by `profile`."""
     if not profile.supports_float8:
         return False
     return profile.detected or detect().supports_float8
@@ -301,11 +262,7 @@ def _whole_steps(requested: bool | str | Sequence[str], setting: _Setting) -> li
 def _mixed_plans(
     model: keras.Model, steps: Sequence[str], profile: HardwareProfile
 ) -> dict[str, MixedPlan]:
-    """Returns the mixed plans to time: those of the fast 16-bit dtypes whose uniform step is timed.
-
-    Both uniform steps (float32 and the dtype) must be timed: the boundary cost is
-    what the mixed step shows beyond their corrections.
-    """
+    """Returns the mixed plans to time: those of the fast 16-bit dtypes whose uniform step is timed."""
     if FLOAT32 not in steps:
         return {}
     halves = [dtype for dtype in steps if dtype != FLOAT32 and profile.support(dtype) == FAST]
@@ -481,11 +438,7 @@ def _measure_layer(
 
 
 def _subtract_children(layers: dict[str, LayerCostRecord], counts: Mapping[str, LayerCost]) -> None:
-    """Removes the children's time from containers timed whole (MultiHeadAttention).
-
-    A standalone `MultiHeadAttention` runs its projections too; those are timed
-    as its inner `EinsumDense` layers, so the container keeps only the rest.
-    """
+    """Removes the children's time from containers timed whole (MultiHeadAttention)."""
     for path, record in layers.items():
         prefix = path + "/"
         children = [other for other in layers if other.startswith(prefix)]

@@ -38,32 +38,7 @@ def predicted_layer_seconds(
     batch_size: int,
     float8_source: str = BFLOAT16,
 ) -> float | None:
-    """Returns roofline forward+backward seconds of one layer in `dtype` (`None`: infeasible).
-
-    `max(compute time, memory time) + kernels x op overhead`, where matmul FLOPs
-    run at the dtype's peak (float32 peak when 16-bit dimensions are not
-    multiples of `hardware.alignment`), vector FLOPs at the float32 vector rate,
-    and a dtype without native kernels is multiplied by `hardware.slow_penalty`.
-    float8 is `predicted_float8_seconds`.
-
-    Args:
-        cost: the layer's `LayerCost`.
-        hardware: the device profile.
-        dtype: plan dtype.
-        batch_size: samples per step.
-        float8_source: for float8, the dtype of the layer's non-matmul work.
-
-    Returns:
-        Seconds, or `None` where the device cannot run `dtype` (float8: also a
-        layer without a float8 path).
-
-    Example:
-
-    ```python
-    cost = autoprec.cost.count_costs(model)["dense"]
-    autoprec.cost.predicted_layer_seconds(cost, autoprec.hardware.get("rtx4090"), "float16", 64)
-    ```
-    """
+    """Returns roofline forward+backward seconds of one layer in `dtype` (`None`: infeasible)."""
     if dtype == FLOAT8:
         return predicted_float8_seconds(cost, hardware, batch_size, float8_source)
     support = hardware.support(dtype)
@@ -101,21 +76,7 @@ def _work_seconds(
 
 
 def float8_matmul_rate(cost: LayerCost, hardware: HardwareProfile, float8_source: str) -> float:
-    """Returns the FLOP/s a float8 layer's matrix products reach (roofline, before efficiency).
-
-    The FP8 tensor-core rate when every GEMM dimension (`LayerCost.float8_dims`)
-    is a multiple of `hardware.float8_alignment`; else the products run
-    unquantized in the source dtype (its rate when aligned to
-    `hardware.alignment`, else float32's).
-
-    Args:
-        cost: a layer with a float8 path.
-        hardware: a device with FP8 tensor cores.
-        float8_source: the dtype of the layer's non-matmul work.
-
-    Returns:
-        Peak FLOP/s.
-    """
+    """Returns the FLOP/s a float8 layer's matrix products reach (roofline, before efficiency)."""
     if all(dim % max(hardware.float8_alignment, 1) == 0 for dim in cost.float8_dims):
         return hardware.peak_flops(FLOAT8)
     aligned = all(dim % max(hardware.alignment, 1) == 0 for dim in cost.matmul_dims)
@@ -125,30 +86,7 @@ def float8_matmul_rate(cost: LayerCost, hardware: HardwareProfile, float8_source
 def float8_quantize_seconds(
     cost: LayerCost, hardware: HardwareProfile, batch_size: int, float8_source: str = BFLOAT16
 ) -> float:
-    """Returns the seconds a float8 layer's scaling work adds to one step.
-
-    Its memory passes (`LayerCost.float8_quantize_bytes`: inputs, kernel and
-    output gradients read in the source dtype and written in 8 bits, their amax
-    reductions and history updates) run as separate kernels after one another,
-    `FLOAT8_EXTRA_KERNELS` launches per product, not overlapped with the matrix
-    products.
-
-    Args:
-        cost: a layer with a float8 path.
-        hardware: the device profile.
-        batch_size: samples per step.
-        float8_source: the dtype the quantized tensors arrive in.
-
-    Returns:
-        Seconds.
-
-    Example:
-
-    ```python
-    cost = autoprec.cost.count_costs(model)["dense"]
-    float8_quantize_seconds(cost, autoprec.hardware.get("rtx4090"), 64)
-    ```
-    """
+    """Returns the seconds a float8 layer's scaling work adds to one step."""
     vector_rate = hardware.float32_flops * VECTOR_EFFICIENCY
     flops = cost.float8_quantized_values(batch_size) * FLOAT8_QUANTIZE_FLOPS
     bytes_moved = cost.float8_quantize_bytes(batch_size, float8_source)
@@ -159,32 +97,7 @@ def float8_quantize_seconds(
 def predicted_float8_seconds(
     cost: LayerCost, hardware: HardwareProfile, batch_size: int, float8_source: str = BFLOAT16
 ) -> float | None:
-    """Returns roofline forward+backward seconds of a float8 layer (`None`: no float8 here).
-
-    The layer's three matrix products (forward, input gradient, weight gradient)
-    run at the FP8 rate (`float8_matmul_rate`: the source dtype's when a GEMM
-    dimension is not a multiple of 16), the rest of the layer as in its source
-    dtype, plus the quantize and scaling work (`float8_quantize_seconds`). A
-    layer whose products are small or memory-bound comes out slower than in
-    its source dtype: the scaling work costs more than the products gain.
-
-    Args:
-        cost: the layer's `LayerCost`.
-        hardware: the device profile.
-        batch_size: samples per step.
-        float8_source: the dtype of the layer's non-matmul work (bfloat16 by default).
-
-    Returns:
-        Seconds, or `None` for a layer without a float8 path (`LayerCost.has_float8_path`)
-        or a device without FP8 tensor cores (`HardwareProfile.supports_float8`).
-
-    Example:
-
-    ```python
-    cost = autoprec.cost.count_costs(model)["dense"]
-    predicted_float8_seconds(cost, autoprec.hardware.get("rtx4090"), 64)
-    ```
-    """
+    """Returns roofline forward+backward seconds of a float8 layer (`None`: no float8 here)."""
     source = canonical_float8_source(float8_source)
     support = hardware.support(source)
     if not (cost.has_float8_path and hardware.supports_float8) or support == UNSUPPORTED:
@@ -216,27 +129,7 @@ def roofline_record(
     source: str,
     float8_source: str = BFLOAT16,
 ) -> LayerCostRecord:
-    """Returns one layer's `LayerCostRecord`: `seconds` and the counts behind them at `batch_size`.
-
-    Args:
-        cost: the layer's counts.
-        seconds: `{dtype: seconds or None}`.
-        batch_size: samples per step the FLOPs and bytes are for.
-        dtypes: the dtypes whose bytes moved are recorded (float8 only where
-            `seconds` has it).
-        source: where the seconds come from (`"predicted"`, `"measured"`, ...).
-        float8_source: the dtype of a float8 layer's non-matmul work.
-
-    Returns:
-        The record.
-
-    Example:
-
-    ```python
-    cost = autoprec.cost.count_costs(model)["dense"]
-    roofline_record(cost, {"float32": 1e-4}, 32, ["float32"], "measured").forward_flops
-    ```
-    """
+    """Returns one layer's `LayerCostRecord`: `seconds` and the counts behind them at `batch_size`."""
     return LayerCostRecord(
         path=cost.path,
         class_name=cost.class_name,
@@ -322,28 +215,7 @@ def predict_plan_costs(
     dtypes: Sequence[str] = COMPUTE_DTYPES,
     float8_source: str = BFLOAT16,
 ) -> CostTable:
-    """Predicts costs as `predict_costs` does, float8 layers' non-matmul work in `float8_source`.
-
-    What `estimate` predicts a plan with: a plan's float8 layers compute
-    everything but their matrix products in its `float8_source`.
-
-    Args:
-        model: a built Keras model.
-        hardware: `"local"`, a profile name or a `HardwareProfile`.
-        batch_size: samples per training step.
-        x: a batch whose shapes are traced (see `predict_costs`).
-        dtypes: dtypes to predict.
-        float8_source: `"bfloat16"`, `"float16"` or `"float32"`.
-
-    Returns:
-        A `CostTable` with `source="predicted"`.
-
-    Example:
-
-    ```python
-    table = predict_plan_costs(model, "h100", dtypes=["float32", "float8"], float8_source="float16")
-    ```
-    """
+    """Predicts costs as `predict_costs` does, float8 layers' non-matmul work in `float8_source`."""
     profile = resolve_hardware(hardware)
     trace = trace_model(model, None if x is None else input_part(x))
     counts = count_costs(model, trace)

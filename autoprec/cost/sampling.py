@@ -1,13 +1,4 @@
-"""Time a few layers of each kind, and predict the rest of that kind from what they showed.
-
-What is uncertain about a layer's cost in a dtype on a device is mostly its kind's:
-whether this CPU's bfloat16 convolutions are slower than float32's, how far its
-matmuls gain. `calibrate(layers_per_kind=N)` times, of each layer class, the most
-expensive layer and the others spread over the kind's sizes (by the roofline
-prediction), up to `N`; every other layer of the kind gets its roofline prediction
-scaled, per dtype, by measured over predicted seconds of the timed ones. Layers whose
-measurement is cached keep it.
-"""
+"""Time a few layers of each kind, and predict the rest of that kind from what they showed."""
 
 from __future__ import annotations
 

@@ -1,13 +1,5 @@
-"""Whole training steps: copies of a model timed under uniform or mixed policies, and what
-they correct in a table.
-
-`measure_train_steps` (and `time_train_steps`, which keeps every round) times
-copies of a model under uniform policies and named mixed plans, interleaved;
-`measure_whole_steps` does so for `calibrate`, cached; and
-`attribute_step_overhead` turns what the summed layers of a `CostTable` miss of
-each measured uniform step into a shared per-step overhead and a per-dtype
-scale (what the mixed steps show beyond that is `boundaries`' job).
-"""
+"""Whole training steps: copies of a model timed under uniform or mixed policies, and what they
+correct in a table."""
 
 from __future__ import annotations
 
@@ -54,10 +46,7 @@ def _random_targets(clone: keras.Model, inputs: Any) -> Any:
 def _step_function(
     model: keras.Model, batch: Any, plan: str | Mapping[str, str], jit_compile: bool
 ) -> Callable[[], Any]:
-    """Returns a zero-argument function running one training step of a copy of `model`.
-
-    `plan` is a dtype (every layer in it) or `{path: dtype}` (`clone_with_policies`).
-    """
+    """Returns a zero-argument function running one training step of a copy of `model`."""
     inputs = input_part(batch)
     targets = target_part(batch)
     if isinstance(plan, str):
@@ -89,33 +78,7 @@ def time_train_steps(
     *,
     plans: Mapping[str, Mapping[str, str]] | None = None,
 ) -> dict[str, Timing]:
-    """Times whole training steps as `measure_train_steps` does, keeping every timed round.
-
-    Args:
-        model: a Functional or Sequential model.
-        batch: `x` or `(x, y)`, any nesting of arrays.
-        dtypes: uniform compute dtypes, one copy each.
-        repeats: timed rounds, after the warm-up steps.
-        jit_compile: whether to compile the steps with XLA.
-        warmup: steps of each copy before the timed ones.
-        plans: `{name: {layer path: dtype}}`: mixed plans timed in the same rounds
-            (`clone_with_policies`); a plan whose copy cannot be built or run one
-            step (a composite layer adding sub-layer outputs of different dtypes)
-            is left out, logged.
-
-    Returns:
-        `{dtype or plan name: Timing}` (`Timing.samples`: the timed rounds).
-
-    Raises:
-        BackendError: on a Keras backend other than TensorFlow or JAX.
-
-    Example:
-
-    ```python
-    timings = time_train_steps(model, (x, y), ["float32"], plans={"one": {"dense": "bf16"}})
-    timings["one"].median
-    ```
-    """
+    """Times whole training steps as `measure_train_steps` does, keeping every timed round."""
     measuring_backend("measure_train_steps()")
     names = [canonical_dtype(dtype) for dtype in dtypes]
     functions = {dtype: _step_function(model, batch, dtype, jit_compile) for dtype in names}
@@ -146,45 +109,7 @@ def measure_train_steps(
     *,
     plans: Mapping[str, Mapping[str, str]] | None = None,
 ) -> dict[str, float]:
-    """Times whole training steps of copies of `model` under uniform policies, interleaved.
-
-    Each copy (fresh weights, same architecture, every layer under the dtype's
-    `mixed_*` policy) is compiled with the model's optimizer class (Adam if
-    none; float16 wrapped in `LossScaleOptimizer`) and loss (mean squared error
-    on random targets when the batch has no targets or the model is not
-    compiled), so the user's model, its weights and optimizer state are
-    untouched. The copies are timed in alternating rounds, so that their ratios
-    hold on a loaded machine. Works on the TensorFlow and JAX backends (Keras'
-    own `train_on_batch`; on JAX the batch is placed on the device once).
-
-    Args:
-        model: a Functional or Sequential model.
-        batch: `x` or `(x, y)`; `x` may be a dict, a list or a nested structure
-            of arrays, as the model takes it.
-        dtypes: uniform compute dtypes, one copy each.
-        repeats: timed rounds (median), after the warm-up steps; a copy whose
-            last warm-up step takes over half a second is timed twice, alone,
-            after the others.
-        jit_compile: whether to compile the steps with XLA.
-        warmup: steps of each copy before the timed ones (the first traces its
-            step; the last, timed apart, tells whether the copy is slow).
-        plans: `{name: {layer path: dtype}}`: mixed plans (per-layer `mixed_*`
-            policies on a copy, `clone_with_policies`) timed in the same rounds;
-            one that cannot run is left out (`time_train_steps`).
-
-    Returns:
-        `{dtype or plan name: median seconds of one train_on_batch step}`.
-
-    Raises:
-        BackendError: on a Keras backend other than TensorFlow or JAX.
-
-    Example:
-
-    ```python
-    steps = autoprec.cost.measure_train_steps(model, (x[:32], y[:32]), ["float32", "bfloat16"])
-    steps["bfloat16"] / steps["float32"]
-    ```
-    """
+    """Times whole training steps of copies of `model` under uniform policies, interleaved."""
     timings = time_train_steps(model, batch, dtypes, repeats, jit_compile, warmup, plans=plans)
     return {name: timing.median for name, timing in timings.items()}
 
@@ -197,29 +122,7 @@ def measure_train_step(
     jit_compile: bool = False,
     warmup: int = 2,
 ) -> float:
-    """Times one whole training step of a copy of `model` under a uniform policy.
-
-    One dtype of `measure_train_steps`; see there for how the copy is made.
-
-    Args:
-        model: a Functional or Sequential model.
-        batch: `x` or `(x, y)`.
-        dtype: uniform compute dtype of the copy.
-        repeats: timed steps (median), after the warm-up steps; 2 when the
-            last warm-up step takes over half a second.
-        jit_compile: whether to compile the step with XLA.
-        warmup: steps before the timed ones (the first traces the step function;
-            the last tells whether the step is slow).
-
-    Returns:
-        Median seconds of one `train_on_batch` step.
-
-    Example:
-
-    ```python
-    seconds = autoprec.cost.measure_train_step(model, (x[:32], y[:32]), "bfloat16")
-    ```
-    """
+    """Times one whole training step of a copy of `model` under a uniform policy."""
     dtype = canonical_dtype(dtype)
     return measure_train_steps(model, batch, [dtype], repeats, jit_compile, warmup)[dtype]
 
@@ -229,26 +132,7 @@ def whole_step_dtypes(
     dtypes: Sequence[str],
     profile: HardwareProfile,
 ) -> list[str]:
-    """Returns the dtypes whose uniform whole step `calibrate` times, float32 first.
-
-    Args:
-        requested: `calibrate`'s `measure_model_step`: `True` or `"all"`,
-            `"fast"`, `False`, or dtype names.
-        dtypes: the dtypes `calibrate` times per layer.
-        profile: the device, for `"fast"`.
-
-    Returns:
-        The chosen dtypes in the order of `dtypes`.
-
-    Raises:
-        PlanError: if `requested` names a dtype not in `dtypes`.
-
-    Example:
-
-    ```python
-    whole_step_dtypes("fast", ["float32", "float16"], resolve_hardware("cpu"))  # ["float32"]
-    ```
-    """
+    """Returns the dtypes whose uniform whole step `calibrate` times, float32 first."""
     if requested is False or requested is None:
         return []
     keyword = requested.strip().lower() if isinstance(requested, str) else None
@@ -269,16 +153,7 @@ def whole_step_dtypes(
 
 @dataclasses.dataclass
 class StepTiming:
-    """Where and how `calibrate` times whole steps: cache, repeats, XLA, counters.
-
-    Attributes:
-        cache: the measurement cache.
-        repeats: timed rounds (at least 3 are run).
-        jit_compile: whether steps are compiled with XLA.
-        stats: counters `measure_whole_steps` updates (`"model_step"` and
-            `"model_steps_timed"` for the uniform steps, `"mixed_step"` and
-            `"mixed_steps_timed"` for the mixed plans).
-    """
+    """Where and how `calibrate` times whole steps: cache, repeats, XLA, counters."""
 
     cache: MeasurementCache
     repeats: int
@@ -288,15 +163,7 @@ class StepTiming:
 
 @dataclasses.dataclass(frozen=True)
 class WholeSteps:
-    """The whole steps `measure_whole_steps` measured (or read from the cache).
-
-    Attributes:
-        uniform: `{dtype: median seconds}` of the uniform steps.
-        mixed: `{plan name: median seconds}` of the mixed plans that ran.
-        noise: the relative spread of their timed rounds (`step_spread` over the
-            median), the median over the steps (one step disturbed by another
-            process does not set it alone); `None` when no step has one.
-    """
+    """The whole steps `measure_whole_steps` measured (or read from the cache)."""
 
     uniform: dict[str, float]
     mixed: dict[str, float]
@@ -304,26 +171,7 @@ class WholeSteps:
 
 
 def step_spread(timing: Timing) -> float | None:
-    """Returns the spread of a timing's rounds, in seconds (`None`: one round).
-
-    `1.4826 * MAD`: the standard deviation of one step, for normal noise, from
-    the median absolute deviation of the rounds (robust to a round disturbed by
-    another process). It is the spread of one step, not the smaller standard
-    error of the median: two steps timed at another moment differ by about this
-    much.
-
-    Args:
-        timing: the timed rounds.
-
-    Returns:
-        Seconds, or `None` with fewer than two rounds.
-
-    Example:
-
-    ```python
-    step_spread(Timing((0.010, 0.011, 0.013)))  # 0.0014826
-    ```
-    """
+    """Returns the spread of a timing's rounds, in seconds (`None`: one round)."""
     samples = timing.samples
     if len(samples) < 2:
         return None
@@ -340,34 +188,8 @@ def measure_whole_steps(
     *,
     plans: Mapping[str, Mapping[str, str]] | None = None,
 ) -> WholeSteps:
-    """Returns the measured whole steps, uniform and mixed, cached; none if the model cannot be copied.
-
-    The uniform dtypes the device runs fast and the mixed plans of fast dtypes
-    only are timed together, interleaved (all again when one is missing from
-    the cache, so their ratios come from one run); each slow one alone after
-    two warm-up steps (twice when a step takes over half a second). Each step's
-    median and the spread of its rounds (`step_spread`) are cached; a
-    mixed plan that cannot run is cached as such and not tried again.
-
-    Args:
-        model: the model whose copies are timed.
-        batch: `x` or `(x, y)`, any nesting of arrays.
-        dtypes: the uniform dtypes to time (`whole_step_dtypes`).
-        profile: the device, which tells fast dtypes from slow ones.
-        timing: cache, repeats, XLA and the counters updated.
-        plans: `{name: {layer path: dtype}}` of the mixed plans to time
-            (`boundaries.mixed_plans`).
-
-    Returns:
-        A `WholeSteps`.
-
-    Example:
-
-    ```python
-    steps = measure_whole_steps(model, (x, y), ["float32"], profile, StepTiming(cache, 3, False, {}))
-    steps.uniform["float32"]
-    ```
-    """
+    """Returns the measured whole steps, uniform and mixed, cached; none if the model cannot be
+    copied."""
     timing.stats.update(
         {"model_step": 0, "model_steps_timed": 0, "mixed_step": 0, "mixed_steps_timed": 0}
     )
@@ -461,11 +283,7 @@ def _time_group(
 def _whole_step_key(
     model: keras.Model, batch: Any, payload: Mapping[str, Any], timing: StepTiming
 ) -> str:
-    """Returns the cache key of one whole step of `model` on `batch`'s shapes.
-
-    `payload` says which: `{"dtype": dtype}` for a uniform step (the key of
-    earlier versions), `{"plan": name, "dtypes": [...]}` for a mixed plan.
-    """
+    """Returns the cache key of one whole step of `model` on `batch`'s shapes."""
     shapes = [list(array.shape) for array in flat_arrays(batch)]
     return timing.cache.key(
         {
@@ -478,11 +296,7 @@ def _whole_step_key(
 
 
 def _uniform_step_parts(table: CostTable, dtype: str) -> tuple[float, float]:
-    """Returns `(summed raw layer seconds, cast seconds)` of a uniform `dtype` plan.
-
-    Casts are those `estimate` counts for a uniform plan: model inputs arrive
-    in float32.
-    """
+    """Returns `(summed raw layer seconds, cast seconds)` of a uniform `dtype` plan."""
     layers = 0.0
     for record in table.layers.values():
         seconds = record.seconds.get(dtype)
@@ -500,25 +314,7 @@ def _uniform_step_parts(table: CostTable, dtype: str) -> tuple[float, float]:
 
 
 def attribute_step_overhead(table: CostTable, measured: Mapping[str, float]) -> None:
-    """Makes each measured uniform step's estimate equal its measurement, in place.
-
-    The residual (measured step minus summed layers and casts) that every
-    measured dtype shows becomes the shared `step_overhead_seconds` (optimizer,
-    loss, framework); what remains of each dtype's step is spread over its layers
-    as `layer_time_scale_by_dtype[dtype]`. With float32 alone: overhead when the
-    residual is positive, else a scale.
-
-    Args:
-        table: a measured `CostTable`, corrected in place.
-        measured: `{dtype: measured whole-step seconds}`.
-
-    Example:
-
-    ```python
-    attribute_step_overhead(table, {"float32": 0.050, "bfloat16": 0.040})
-    table.time_scale("bfloat16")
-    ```
-    """
+    """Makes each measured uniform step's estimate equal its measurement, in place."""
     parts = {dtype: _uniform_step_parts(table, dtype) for dtype in measured}
     parts = {dtype: part for dtype, part in parts.items() if math.isfinite(part[0])}
     if not parts:

@@ -1,9 +1,4 @@
-"""Random tensors shaped like a recorded layer call, to run a layer alone.
-
-`synthetic_arguments` rebuilds the arguments `trace_model` recorded for one call
-of a layer as random tensors of the same shapes (`synthetic_tensor` each), at any
-batch size and compute dtype: what the kernel check and the per-layer timers run.
-"""
+"""Random tensors shaped like a recorded layer call, to run a layer alone."""
 
 from __future__ import annotations
 

@@ -22,22 +22,7 @@ DEFAULT_RELATIVE_ERROR = 0.10
 
 @dataclasses.dataclass
 class LayerCostRecord:
-    """Cost of one layer in each dtype for one batch (a row of a `CostTable`).
-
-    Attributes:
-        path: stable path.
-        class_name: layer class.
-        seconds: forward+backward seconds per dtype for the table's batch size
-            (`None`: infeasible on the device). `"float8"` is there only for a
-            `Dense` or `EinsumDense` layer on a device with FP8 tensor cores.
-        forward_flops: forward FLOPs for the batch.
-        backward_flops: backward FLOPs for the batch.
-        bytes_moved: bytes moved forward+backward per dtype for the batch.
-        saved_elements_per_sample: activation elements kept for backward, per sample.
-        weight_elements: weight elements of the layer.
-        source: `"measured"`, `"predicted"`, `"cached"` or `"predicted (fallback: ...)"`.
-        note: how the FLOPs were counted when not by an exact formula.
-    """
+    """Cost of one layer in each dtype for one batch (a row of a `CostTable`)."""
 
     path: str
     class_name: str

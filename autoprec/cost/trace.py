@@ -1,10 +1,4 @@
-"""What one forward pass shows of a model: the shapes each layer sees and which layer feeds which.
-
-`trace_model` records every layer call (`LayerCall`: argument and output
-`TensorSpec`s) and the tensors passed between layers (`Edge`); `synthetic_arguments`
-rebuilds a recorded call's arguments as random tensors of the same shapes, to run
-a layer alone.
-"""
+"""What one forward pass shows of a model: the shapes each layer sees and which layer feeds which."""
 
 from __future__ import annotations
 
@@ -34,15 +28,7 @@ UNSUPPORTED_ARGUMENT = "<unsupported argument>"
 
 @dataclasses.dataclass(frozen=True)
 class TensorSpec:
-    """Shape (batch dimension `None`) and dtype of one tensor a layer received or returned.
-
-    Attributes:
-        shape: the dimensions, the batch first (`None`); another `None` is a
-            dimension only a real batch tells.
-        dtype: the dtype's name.
-        name: the model input's name, where the spec is of one (for messages;
-            not compared).
-    """
+    """Shape (batch dimension `None`) and dtype of one tensor a layer received or returned."""
 
     shape: tuple[int | None, ...]
     dtype: str
@@ -66,11 +52,7 @@ class TensorSpec:
 
 @dataclasses.dataclass(frozen=True)
 class MappingArgument:
-    """A dict argument of a layer call: each key with its recorded value, in order.
-
-    Attributes:
-        items: `(key, value)` pairs; a value is any `ArgumentValue`.
-    """
+    """A dict argument of a layer call: each key with its recorded value, in order."""
 
     items: tuple[tuple[str, ArgumentValue], ...]
 
@@ -95,16 +77,7 @@ def _tensor_specs(value: ArgumentValue) -> list[TensorSpec]:
 
 @dataclasses.dataclass(frozen=True)
 class LayerCall:
-    """What one call of a layer received and returned.
-
-    Attributes:
-        path: stable path of the layer.
-        class_name: the layer's class name.
-        arguments: call arguments in order as `(name, value)`; a value is a
-            `TensorSpec`, a tuple of `TensorSpec` (list arguments) or a plain
-            Python scalar.
-        outputs: every tensor the call returned, flattened.
-    """
+    """What one call of a layer received and returned."""
 
     path: str
     class_name: str
@@ -167,21 +140,7 @@ def _dtype_name(value: Any) -> str:
 
 
 def spec_of(tensor: Any) -> TensorSpec:
-    """Returns the `TensorSpec` of an array, tensor or symbolic tensor (batch dimension `None`).
-
-    Args:
-        tensor: anything with a `shape` and a `dtype`; its unknown dimensions
-            stay `None`.
-
-    Returns:
-        The spec, with its leading (batch) dimension `None`.
-
-    Example:
-
-    ```python
-    spec_of(np.zeros((4, 32), "int32"))  # TensorSpec(shape=(None, 32), dtype='int32')
-    ```
-    """
+    """Returns the `TensorSpec` of an array, tensor or symbolic tensor (batch dimension `None`)."""
     shape = tuple(int(dim) if dim is not None else None for dim in tensor.shape)
     if shape:
         shape = (None, *shape[1:])
@@ -215,36 +174,7 @@ def _path_name(path: tuple) -> str:
 def random_inputs(
     specs: Any, batch_size: int, seed: int = 0, unknown_length: int | None = None
 ) -> Any:
-    """Returns random NumPy arrays of `batch_size` samples in the structure of `specs`.
-
-    Float arrays hold standard-normal values, integer arrays zeros (valid
-    indices for an `Embedding`) and boolean arrays `True`, each in its spec's
-    dtype.
-
-    Args:
-        specs: a `TensorSpec`, or a dict, list or tuple of them nested in any way
-            (the structure a model takes its inputs in).
-        batch_size: the leading dimension of every array.
-        seed: the seed of the random values.
-        unknown_length: the size given to a dimension other than the batch that
-            `specs` leave unknown (a padded sequence length), for checks whose
-            outcome does not depend on it; by default such a dimension is refused.
-
-    Returns:
-        Arrays in the structure of `specs`.
-
-    Raises:
-        PlanError: naming the input, when a dimension other than the batch is
-            unknown (`None`) and `unknown_length` is not given: only a real batch
-            tells it.
-
-    Example:
-
-    ```python
-    specs = {"ids": TensorSpec((None, 16), "int32"), "x": [TensorSpec((None, 4), "float32")]}
-    random_inputs(specs, 8)["x"][0].shape  # (8, 4)
-    ```
-    """
+    """Returns random NumPy arrays of `batch_size` samples in the structure of `specs`."""
     rng = np.random.default_rng(seed)
     arrays = []
     for path, spec in keras.tree.flatten_with_path(specs):
@@ -285,31 +215,7 @@ def _symbolic_inputs(model: keras.Model) -> Any:
 def sample_inputs(
     model: keras.Model, batch_size: int = _CAPTURE_BATCH, unknown_length: int | None = None
 ) -> Any:
-    """Returns random inputs of `batch_size` samples matching a built model's inputs.
-
-    Args:
-        model: a Functional or Sequential model (subclassed models have no
-            symbolic inputs; pass a sample batch to the functions that need one).
-        batch_size: number of samples.
-        unknown_length: the size of an input dimension besides the batch that the
-            model leaves unknown (`random_inputs`); refused by default.
-
-    Returns:
-        NumPy arrays in the structure the model takes: one array, or a list, a
-        dict or a nested structure of them (`random_inputs`).
-
-    Raises:
-        PlanError: if the model has no symbolic inputs, or an input has an unknown
-            dimension besides the batch (a sequence length)
-            and `unknown_length` is not given: pass a batch then.
-
-    Example:
-
-    ```python
-    x = autoprec.cost.sample_inputs(model, batch_size=4)
-    model(x).shape[0]  # 4
-    ```
-    """
+    """Returns random inputs of `batch_size` samples matching a built model's inputs."""
     symbolic = _symbolic_inputs(model)
     if symbolic is None or not keras.tree.flatten(symbolic):
         raise PlanError(
@@ -436,30 +342,7 @@ def _prune_edges(
 
 
 def trace_model(model: keras.Model, sample: Any = None) -> ModelTrace:
-    """Runs one inference forward pass with temporary hooks and records every layer's shapes.
-
-    Args:
-        model: a built Keras model.
-        sample: model inputs as the model takes them: an array, or a list, a dict
-            or any nesting of them (a few samples suffice; their shapes besides
-            the batch are recorded as they are). By default random inputs built
-            from the model's symbolic inputs (`sample_inputs`), which needs every
-            dimension besides the batch to be known.
-
-    Returns:
-        A `ModelTrace`. The model is left exactly as it was (hooks removed,
-        inference mode: no statistic updates). The model is traced once per
-        structure, layer policies and batch signature (the inputs' shapes and
-        dtypes besides the batch): later calls return the same trace
-        (`TRACES` counts traces and reuses).
-
-    Example:
-
-    ```python
-    trace = autoprec.cost.trace_model(model)
-    trace.calls["dense"][0].outputs[0].shape  # (None, 16)
-    ```
-    """
+    """Runs one inference forward pass with temporary hooks and records every layer's shapes."""
     paths = layer_paths(model)
     key = (
         structure_key(model),
@@ -470,21 +353,7 @@ def trace_model(model: keras.Model, sample: Any = None) -> ModelTrace:
 
 
 def batch_signature(batch: Any) -> tuple:
-    """Returns what a trace depends on in a batch: each array's shape besides the batch, and dtype.
-
-    Args:
-        batch: model inputs, an array or any nesting of them.
-
-    Returns:
-        A hashable tuple, one `(shape without the batch, dtype name)` per array
-        (other leaves by their type and value).
-
-    Example:
-
-    ```python
-    batch_signature(np.zeros((8, 4), "float32"))  # (((4,), 'float32'),)
-    ```
-    """
+    """Returns what a trace depends on in a batch: each array's shape besides the batch, and dtype."""
     signature = []
     for leaf in keras.tree.flatten(batch):
         if is_array(leaf):

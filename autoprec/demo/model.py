@@ -1,24 +1,4 @@
-"""The demo's models and their data: generated here, nothing is downloaded.
-
-The demo model, `build_pressure_model`, reads raw sensor traces and predicts an
-absolute pressure in hPa. It is built so that the choice of dtype per layer matters,
-and so that each uniform 16-bit policy loses something:
-
-- `sensor_proj` reads raw, unnormalised counts in (-100000, 100000): they exceed
-  float16's largest value (65504), so uniform `mixed_float16` turns them into `inf`
-  and the loss into NaN (and TensorFlow runs float16 on slow fallback kernels on a CPU);
-- `smooth` is a depthwise convolution over time: little arithmetic per byte, where
-  TensorFlow's bfloat16 CPU kernels ran 1.6x to 2.4x slower than float32's on an AMD
-  EPYC with AVX512-BF16;
-- `wide_1`, `wide_2`, `wide_3` are 1024-wide matmuls, where bfloat16 can pay: about 2x
-  per layer on that EPYC and on a GPU with tensor cores, slower on some Xeons (hence
-  the measurement);
-- `head` predicts about 1013 hPa with a few hPa of signal: bfloat16's 8 significant
-  bits space its values 4 hPa apart there, so a bfloat16 head cannot resolve the signal
-  and uniform `mixed_bfloat16` misses the loss budget; float32 keeps it.
-
-`build_model` and `make_data` are the smaller demo classifier of the tutorial.
-"""
+"""The demo's models and their data: generated here, nothing is downloaded."""
 
 from __future__ import annotations
 

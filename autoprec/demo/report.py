@@ -1,11 +1,4 @@
-"""The demo's report: the verdicts, tables and host line printed from a run's figures.
-
-Every sentence `verdicts` returns is read from the figures the same run measured: the
-train steps of every policy timed side by side in interleaved rounds, their minimum
-and median, and the loss of each policy trained from the same weights. Where the plan
-is not faster than the best uniform policy within budget by more than the timing
-noise, it says so.
-"""
+"""The demo's report: the verdicts, tables and host line printed from a run's figures."""
 
 from __future__ import annotations
 
@@ -392,24 +385,7 @@ def _number(value: float | None) -> str:
 def layer_table(
     plan: PrecisionPlan, profile: Profile | None, costs_evidence: Mapping[str, Any]
 ) -> str:
-    """Returns the printed table of the plan: each layer's range, float16 fit, costs and dtype.
-
-    Args:
-        plan: the searched `PrecisionPlan` (its `layers` and `layer_info`).
-        profile: the `Profile` the search used (each layer's `activation.max_abs` and
-            `float16_safe`), or `None` (shown as `-`).
-        costs_evidence: `{layer path: {"seconds": {dtype: seconds}}}`, as the plan's
-            `metadata["evidence"]` holds it; a layer without one shows `-`.
-
-    Returns:
-        The table's text, one row per layer of the plan, in the plan's order.
-
-    Example:
-
-    ```python
-    print(layer_table(result.plan, profile, result.plan.metadata.get("evidence", {})))
-    ```
-    """
+    """Returns the printed table of the plan: each layer's range, float16 fit, costs and dtype."""
     headers = ("layer", "class", "max |x|", "f16 fits", "f32 ms", "bf16 ms", "chosen")
     rows = []
     for path, dtype in plan.layers.items():

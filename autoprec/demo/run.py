@@ -1,10 +1,4 @@
-"""The demo's run: profile, search, train and time the demo model, and print each result.
-
-`run_demo` is what `autoprec demo` runs. It measures the figures (`describe_host`, the
-step times of every policy timed side by side in interleaved rounds, each policy's
-validation metric after the same training from the same weights) and prints them
-through `autoprec.demo.report`.
-"""
+"""The demo's run: profile, search, train and time the demo model, and print each result."""
 
 from __future__ import annotations
 
@@ -162,12 +156,7 @@ def keras_global_policy(name: str):
 
 
 def _train_all(plans: dict[str, Any], initial_weights, data, settings) -> dict[str, dict]:
-    """Trains a fresh copy of the model under each plan or Keras policy from the same weights.
-
-    The plan trains through `AutoPrecision`; each baseline is a model built under Keras'
-    own global policy and trained as Keras trains it, without autoprec, so a baseline
-    reported as diverged diverged under plain Keras.
-    """
+    """Trains a fresh copy of the model under each plan or Keras policy from the same weights."""
     (x, y), (x_val, y_val) = data
     models, results = {}, {}
     for name, plan in plans.items():
@@ -204,12 +193,7 @@ def _train_all(plans: dict[str, Any], initial_weights, data, settings) -> dict[s
 
 
 def _time_steps(models: dict[str, Any], initial_weights, batch, rounds: int) -> dict[str, Timing]:
-    """Train-step seconds per model, timed side by side in interleaved rounds.
-
-    The order rotates every round. A policy whose warm-up step is over 10x slower than
-    the fastest (float16 on fallback kernels) is timed apart, with at most 3 steps,
-    so it neither dominates the run time nor slows the steps timed right after it.
-    """
+    """Train-step seconds per model, timed side by side in interleaved rounds."""
     x, y = batch
     for model in models.values():
         model.set_weights(initial_weights)
@@ -430,10 +414,7 @@ def _search_step(model, data, settings, device, profile_: Profile, output) -> Se
 
 
 def _print_results(figures: dict[str, Any], settings, host, timed_apart: list[str]) -> None:
-    """Step 3 of 3: prints the training and timing, the results table and the verdicts.
-
-    Stores the printed verdicts in `figures["verdicts"]`.
-    """
+    """Step 3 of 3: prints the training and timing, the results table and the verdicts."""
     apart = f"; {', '.join(timed_apart)} timed apart (over 10x slower)" if timed_apart else ""
     print(
         f"[3/3] trained {settings['epochs']} epochs per policy from the same weights; "

@@ -79,11 +79,7 @@ def _active_backend() -> str:
 
 
 def _cpu_bfloat16_per_cycle(flags: set[str], float32_per_cycle: float) -> float | None:
-    """Returns the bfloat16 FLOP/cycle/core claimed for a detected CPU, or `None`.
-
-    AMX tiles are a large, real gain; AVX512-BF16 dot products double the peak on
-    paper only (see `_CPU_BFLOAT16_NOTE`), so they get float32's rate.
-    """
+    """Returns the bfloat16 FLOP/cycle/core claimed for a detected CPU, or `None`."""
     if "amx_bf16" in flags:
         return 1024
     if "avx512_bf16" in flags:

@@ -1,20 +1,4 @@
-"""Floating-point format facts and exponent-histogram maths, for every stage above.
-
-Everything here takes plain values (floats, NumPy arrays) and returns plain
-values. Format limits come from `ml_dtypes.finfo`, never from hand-typed
-constants. Modules, in the order they build on each other:
-
-* `formats`: the range facts of each format (`FloatFormat`, `float_format`,
-  `COMPUTE_FORMATS`);
-* `histogram`: the exponent histogram of a tensor and the fractions of it that
-  overflow, underflow or turn subnormal in a format, at a loss scale;
-* `loss_scaling`: headroom below a format's max and the loss scales that fit
-  a gradient range;
-* `float8_scaling`: what Keras' per-tensor-scaled float8 cast flushes to zero or
-  clips, with its delayed scale.
-
-Every name is importable from `autoprec.numerics` itself.
-"""
+"""Floating-point format facts and exponent-histogram maths, for every stage above."""
 
 from .float8_scaling import (
     FLOAT8_FLUSH_TOLERANCE,

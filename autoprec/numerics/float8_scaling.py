@@ -1,17 +1,4 @@
-"""Float8 under per-tensor scaling: the values Keras' scaled float8 cast flushes or clips.
-
-Keras' float8 path (`Dense` and
-`EinsumDense` under a `float8_from_*` policy) multiplies a tensor by
-`format max / amax` before casting it to E4M3 (inputs, kernel) or E5M2
-(output gradients), with the amax taken from a history of earlier steps
-(margin 0). Its threshold is then no power of two, so the one histogram bin
-that straddles it is split by a power law fitted to its neighbouring bins'
-counts (between the bin's edges, narrowed to the tensor's smallest and
-largest magnitudes where those fall inside it): those fractions are
-estimates, exact when the threshold is a power of two and otherwise off by
-at most that one bin's share. They are fractions of the finite
-*non-zero* values (zeros stay exact in float8).
-"""
+"""Float8 under per-tensor scaling: the values Keras' scaled float8 cast flushes or clips."""
 
 from __future__ import annotations
 
@@ -59,11 +46,7 @@ def _bin_bounds(low: float | None, high: float | None) -> tuple[np.ndarray, np.n
 
 
 def _octave_slopes(counts: np.ndarray) -> np.ndarray:
-    """Returns each bin's local slope `b` of `log2(count)` per octave, from its neighbours.
-
-    The central difference of the neighbouring bins where both hold values,
-    a one-sided difference where one does, 0 (log-uniform) where none does.
-    """
+    """Returns each bin's local slope `b` of `log2(count)` per octave, from its neighbours."""
     with np.errstate(divide="ignore"):
         logs = np.where(counts > 0, np.log2(np.maximum(counts, 1.0)), -np.inf)
     below = np.concatenate([[-np.inf], logs[:-1]])
@@ -91,13 +74,7 @@ def _share_below(offset: np.ndarray, width: np.ndarray, slope: np.ndarray) -> np
 def _count_below(
     histogram: np.ndarray, threshold: float, low: float | None = None, high: float | None = None
 ) -> float:
-    """Returns how many histogram values lie below `threshold` (the straddling bin estimated).
-
-    Inside the bin that straddles the threshold, the values are taken to
-    follow the power law that the neighbouring bins' counts suggest (a
-    density `2^(b u)` in `u = log2|x|`, `b` from `_octave_slopes`): flat in
-    `|x|` near zero for a density that crosses zero, decaying in a tail.
-    """
+    """Returns how many histogram values lie below `threshold` (the straddling bin estimated)."""
     counts = np.asarray(histogram, dtype=np.float64)
     lower, upper = _bin_bounds(low, high)
     share = np.where(upper <= threshold, 1.0, 0.0)
@@ -111,24 +88,7 @@ def _count_below(
 
 
 def float8_scale(amax: float, dtype: str | FloatFormat = FLOAT8_E4M3) -> float:
-    """Returns the factor Keras multiplies a tensor by before casting it to float8: `max / amax`.
-
-    This is `1 / keras.quantizers.compute_float8_scale(amax, ...)` with margin 0.
-    Keras keeps the previous scale when the amax is 0 or not finite; without
-    one, this returns 1.0 then.
-
-    Args:
-        amax: the amax the scale is computed from.
-        dtype: the float8 format (`"float8_e4m3fn"` or `"float8_e5m2"`).
-
-    Returns:
-        A positive factor.
-
-    Example:
-
-    >>> float8_scale(2.0, "e4m3")
-    224.0
-    """
+    """Returns the factor Keras multiplies a tensor by before casting it to float8: `max / amax`."""
     if not amax > 0 or not math.isfinite(amax):
         return 1.0
     return format_for(dtype).max / amax
@@ -140,29 +100,8 @@ def float8_flush_fraction(
     dtype: str | FloatFormat = FLOAT8_E4M3,
     min_abs: float | None = None,
 ) -> float:
-    """Returns the fraction of non-zero values that round to zero in float8 after per-tensor scaling.
-
-    The tensor is multiplied by `float8_scale(amax, dtype)` as Keras does;
-    a value rounds to zero when its scaled magnitude is below half the
-    format's smallest subnormal (E4M3: 2^-10, E5M2: 2^-17). See the module
-    docstring for the straddling bin.
-
-    Args:
-        histogram: exponent histogram (`HISTOGRAM_BINS` counts).
-        amax: the amax the scale is computed from (the tensor's largest magnitude).
-        dtype: the float8 format.
-        min_abs: the tensor's smallest non-zero magnitude, when known (sharpens the estimate).
-
-    Returns:
-        A fraction of the finite non-zero values, in [0, 1].
-
-    Example:
-
-    >>> from autoprec.numerics.histogram import exponent_histogram
-    >>> histogram, _, _ = exponent_histogram([448.0, 1.0, 2.0**-11, 2.0**-12])
-    >>> float8_flush_fraction(histogram, 448.0, "e4m3")
-    0.5
-    """
+    """Returns the fraction of non-zero values that round to zero in float8 after per-tensor
+    scaling."""
     counts = np.asarray(histogram, dtype=np.int64)
     total = int(counts.sum())
     if total == 0:
@@ -179,34 +118,7 @@ def float8_saturation_fraction(
     min_abs: float | None = None,
     clip_tolerance: float = 0.0,
 ) -> float:
-    """Returns the fraction of non-zero values above float8's max after scaling by `scale_amax`.
-
-    Scaled by `max / scale_amax`, a value exceeds the format's max (and Keras
-    clips it there) exactly when `|x| > scale_amax`, whichever the format:
-    this happens when the scale comes from an amax smaller than the tensor's
-    own, as with Keras' delayed scaling when the amax grows.
-
-    Args:
-        histogram: exponent histogram (`HISTOGRAM_BINS` counts).
-        scale_amax: the (positive) amax the scale was computed from.
-        amax: the tensor's own largest magnitude, when known (sharpens the estimate).
-        min_abs: the tensor's smallest non-zero magnitude, when known.
-        clip_tolerance: count only values clipped by more than this relative
-            amount (`|x| > scale_amax * (1 + clip_tolerance)`).
-
-    Returns:
-        A fraction of the finite non-zero values, in [0, 1].
-
-    Raises:
-        ValueError: if `scale_amax` is not a positive finite number.
-
-    Example:
-
-    >>> from autoprec.numerics.histogram import exponent_histogram
-    >>> histogram, _, _ = exponent_histogram([1.0, 2.0, 3.0, 8.0])
-    >>> float8_saturation_fraction(histogram, scale_amax=4.0, amax=8.0)
-    0.25
-    """
+    """Returns the fraction of non-zero values above float8's max after scaling by `scale_amax`."""
     if not scale_amax > 0 or not math.isfinite(scale_amax):
         raise ValueError(f"scale_amax must be a positive finite number, got {scale_amax!r}")
     counts = np.asarray(histogram, dtype=np.int64)
@@ -219,25 +131,7 @@ def float8_saturation_fraction(
 
 
 def amax_growth(step_amax: Sequence[float], min_history: int = 1) -> float | None:
-    """Returns the largest factor by which a step's amax exceeded the amax of every earlier step.
-
-    Args:
-        step_amax: the amax of each step in order (or, as the profiler keeps
-            them, the running maximum after each step: the same result).
-        min_history: judge only steps with at least this many earlier steps.
-
-    Returns:
-        The largest `step_amax[t] / max(step_amax[:t])` over the judged steps
-        with an earlier positive amax (at most 1.0 when the amax never grew),
-        or `None` when there is no such step.
-
-    Example:
-
-    >>> amax_growth([1.0, 1.5, 1.2, 6.0])
-    4.0
-    >>> amax_growth([1.0, 3.0, 3.0], min_history=2)
-    1.0
-    """
+    """Returns the largest factor by which a step's amax exceeded the amax of every earlier step."""
     ratios = []
     largest = 0.0
     for step, value in enumerate(step_amax):
@@ -256,32 +150,8 @@ def float8_delayed_saturation_fraction(
     clip_tolerance: float = 0.0,
     min_history: int = 1,
 ) -> float | None:
-    """Returns the fraction of non-zero values Keras' delayed float8 scale clips to the format's max.
-
-    Step `t` is scaled by the largest amax of steps `<= t - delay` (Keras:
-    `delay` 2, the history being longer than the steps given), and its values
-    above that amax saturate (see `float8_saturation_fraction`). Steps
-    whose history holds fewer than `min_history` steps, or no positive amax,
-    are not judged.
-
-    Args:
-        step_histograms: each step's exponent histogram.
-        step_amax: each step's amax, or an upper bound of it (the running maximum).
-        delay: steps between an amax and the first step scaled by it.
-        clip_tolerance: count only values clipped by more than this relative amount.
-        min_history: steps the history of a judged step holds at least.
-
-    Returns:
-        The clipped fraction of the judged steps' non-zero values, or `None`
-        when no step could be judged.
-
-    Example:
-
-    >>> from autoprec.numerics.histogram import exponent_histogram
-    >>> steps = [exponent_histogram([v, v / 2])[0] for v in (1.0, 1.0, 1.5)]
-    >>> float8_delayed_saturation_fraction(steps, [1.0, 1.0, 1.5])  # 1.5 > 1.0 is clipped
-    0.5
-    """
+    """Returns the fraction of non-zero values Keras' delayed float8 scale clips to the format's
+    max."""
     if delay < 1:
         raise ValueError(f"delay must be at least 1, got {delay!r}")
     judged, values, clipped = False, 0, 0.0

@@ -1,9 +1,4 @@
-"""Floating-point format facts: range limits of each format, read from `ml_dtypes.finfo`.
-
-Format limits come from `ml_dtypes.finfo`, never from hand-typed constants:
-`float_format("float16").max` is 65504, and `COMPUTE_FORMATS` holds the facts of
-the three compute dtypes (`"float16"`, `"bfloat16"`, `"float32"`) by name.
-"""
+"""Floating-point format facts: range limits of each format, read from `ml_dtypes.finfo`."""
 
 from __future__ import annotations
 
@@ -22,20 +17,7 @@ FORMAT_ALIASES = {"e4m3": "float8_e4m3fn", "e5m2": "float8_e5m2"}
 
 @dataclasses.dataclass(frozen=True)
 class FloatFormat:
-    """Range facts of one floating-point format, taken from `ml_dtypes.finfo`.
-
-    Attributes:
-        name: `"float16"`, `"bfloat16"`, `"float32"`, `"float8_e4m3fn"` or
-            `"float8_e5m2"`.
-        max: largest finite value (float16: 65504).
-        min_normal: smallest positive normal value (float16: 2^-14).
-        min_subnormal: smallest positive subnormal value (float16: 2^-24).
-        eps: distance from 1.0 to the next larger value (float16: 2^-10).
-        max_exponent: `floor(log2(max))` (float16: 15).
-        min_normal_exponent: `log2(min_normal)` (float16: -14).
-        min_subnormal_exponent: `log2(min_subnormal)` (float16: -24).
-        mantissa_bits: explicit mantissa bits (float16: 10, E4M3: 3, E5M2: 2).
-    """
+    """Range facts of one floating-point format, taken from `ml_dtypes.finfo`."""
 
     name: str
     max: float
@@ -50,22 +32,7 @@ class FloatFormat:
 
 @functools.cache
 def float_format(name: str) -> FloatFormat:
-    """Returns the range facts of a float format, read from `ml_dtypes.finfo`.
-
-    Args:
-        name: `"float16"`, `"bfloat16"`, `"float32"`, `"float8_e4m3fn"` (or
-            `"e4m3"`) or `"float8_e5m2"` (or `"e5m2"`).
-
-    Returns:
-        A `FloatFormat` (named by the canonical name).
-
-    Example:
-
-    >>> float_format("float16").max
-    65504.0
-    >>> float_format("e4m3").name, float_format("e4m3").max
-    ('float8_e4m3fn', 448.0)
-    """
+    """Returns the range facts of a float format, read from `ml_dtypes.finfo`."""
     name = FORMAT_ALIASES.get(name, name)
     info = ml_dtypes.finfo(name)
     maximum = float(info.max)
@@ -103,21 +70,7 @@ COMPUTE_FORMATS: Mapping[str, FloatFormat] = MappingProxyType(
 
 
 def format_for(dtype: str | FloatFormat | np.dtype | type) -> FloatFormat:
-    """Returns the `FloatFormat` for a format, a format name (`"e4m3"` too) or a NumPy dtype.
-
-    Args:
-        dtype: a `FloatFormat` (returned as is), a format name accepted by
-            `float_format`, or a NumPy dtype or scalar type (`np.float16`,
-            `ml_dtypes.bfloat16`, ...).
-
-    Returns:
-        The `FloatFormat`.
-
-    Example:
-
-    >>> format_for(np.float16).max
-    65504.0
-    """
+    """Returns the `FloatFormat` for a format, a format name (`"e4m3"` too) or a NumPy dtype."""
     if isinstance(dtype, FloatFormat):
         return dtype
     if isinstance(dtype, str):

@@ -1,8 +1,4 @@
-"""Loss-scale maths: headroom below a format's max and the power-of-two scales that fit gradients.
-
-Every function takes an exponent histogram (see `histogram`) or a largest
-magnitude and returns plain values.
-"""
+"""Loss-scale maths: headroom below a format's max and the power-of-two scales that fit gradients."""
 
 from __future__ import annotations
 
@@ -30,16 +26,7 @@ UNDERFLOW_TOLERANCE = 1e-3
 
 
 def headroom_bits(max_abs: float, dtype: str | FloatFormat = FLOAT16) -> float:
-    """Returns `log2(max / max_abs)`: how many doublings `max_abs` can take before overflow.
-
-    Args:
-        max_abs: largest finite magnitude of a tensor.
-        dtype: the format.
-
-    Returns:
-        Bits of headroom; negative when `max_abs` already overflows, `inf` for
-        an all-zero tensor.
-    """
+    """Returns `log2(max / max_abs)`: how many doublings `max_abs` can take before overflow."""
     if max_abs <= 0:
         return math.inf
     return math.log2(format_for(dtype).max / max_abs)
@@ -50,24 +37,7 @@ def suggested_loss_scale(
     dtype: str | FloatFormat = FLOAT16,
     margin_bits: int = LOSS_SCALE_MARGIN_BITS,
 ) -> float:
-    """Returns the largest power-of-two loss scale that keeps gradients below `dtype`'s max.
-
-    The scale `2^k` is the largest with `max_abs * 2^k * 2^margin_bits <= max`,
-    clipped to [`MIN_LOSS_SCALE`, `MAX_LOSS_SCALE`].
-
-    Args:
-        max_abs: largest finite gradient magnitude (unscaled).
-        dtype: the format the gradients are computed in.
-        margin_bits: bits kept free below the maximum.
-
-    Returns:
-        A power of two.
-
-    Example:
-
-    >>> suggested_loss_scale(1.0)  # 65504 / 2 = 32752 -> 2^14
-    16384.0
-    """
+    """Returns the largest power-of-two loss scale that keeps gradients below `dtype`'s max."""
     if not max_abs > 0 or not math.isfinite(max_abs):
         return MAX_LOSS_SCALE if max_abs == 0 else MIN_LOSS_SCALE
     maximum = format_for(dtype).max
@@ -86,16 +56,7 @@ def suggested_loss_scale(
 def smallest_significant_exponent(
     histogram: np.ndarray, tolerance: float = UNDERFLOW_TOLERANCE
 ) -> int | None:
-    """Returns the lowest exponent below which at most `tolerance` of non-zero values lie.
-
-    Args:
-        histogram: exponent histogram (`HISTOGRAM_BINS` counts).
-        tolerance: fraction of finite non-zero values allowed below the result.
-
-    Returns:
-        An exponent `e` (values from `2^e` up count as significant), or `None`
-        for a histogram without values.
-    """
+    """Returns the lowest exponent below which at most `tolerance` of non-zero values lie."""
     counts = np.asarray(histogram, dtype=np.int64)
     total = int(counts.sum())
     if total == 0:
@@ -111,16 +72,7 @@ def required_loss_scale(
     dtype: str | FloatFormat = FLOAT16,
     tolerance: float = UNDERFLOW_TOLERANCE,
 ) -> float:
-    """Returns the smallest power-of-two scale that lifts significant values above flush-to-zero.
-
-    Args:
-        histogram: exponent histogram of gradients.
-        dtype: the format.
-        tolerance: see `smallest_significant_exponent`.
-
-    Returns:
-        A power of two (1.0 or less when nothing would underflow).
-    """
+    """Returns the smallest power-of-two scale that lifts significant values above flush-to-zero."""
     exponent = smallest_significant_exponent(histogram, tolerance)
     if exponent is None:
         return 1.0
@@ -134,21 +86,6 @@ def loss_scale_covers_range(
     dtype: str | FloatFormat = FLOAT16,
     tolerance: float = UNDERFLOW_TOLERANCE,
 ) -> bool:
-    """Returns whether one loss scale fits both ends of the gradient range in `dtype`.
-
-    True when, at `suggested_loss_scale(max_abs)`, at most `tolerance` of the
-    elements flush to zero (so the largest gradients stay below the maximum
-    with margin *and* the small significant ones become representable).
-
-    Args:
-        histogram: exponent histogram of the (unscaled) gradients.
-        count: number of elements.
-        max_abs: largest finite gradient magnitude.
-        dtype: the format.
-        tolerance: fraction of elements allowed to flush to zero.
-
-    Returns:
-        Whether such a scale exists.
-    """
+    """Returns whether one loss scale fits both ends of the gradient range in `dtype`."""
     scale = suggested_loss_scale(max_abs, dtype)
     return underflow_fraction(histogram, count, dtype, scale) <= tolerance

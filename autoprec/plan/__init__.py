@@ -1,9 +1,4 @@
-"""Precision plans: the compute dtype of every layer, with the evidence behind it, as a JSON value.
-
-A `PrecisionPlan` is an immutable value: `with_dtype`, `with_rule`, `with_metadata`
-and `with_event` return new plans. It saves to and loads from versioned JSON,
-turns into a Keras `DTypePolicyMap`, and `diff` says what two plans assign differently.
-"""
+"""Precision plans: the compute dtype of every layer, with the evidence behind it, as a JSON value."""
 
 from .diff import PlanDiff
 from .plan import METADATA_SLOTS, PrecisionPlan

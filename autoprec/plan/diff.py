@@ -66,21 +66,7 @@ class PlanDiff:
 
 
 def diff_plans(first: PlanView, second: PlanView) -> PlanDiff:
-    """Returns what `first` and `second` decide differently: layers, rules and default.
-
-    Args:
-        first: a plan (`self` of `PrecisionPlan.diff`).
-        second: the plan to compare it with.
-
-    Returns:
-        A `PlanDiff`, empty exactly when the two plans decide the same.
-
-    Example:
-
-    ```python
-    diff_plans(plan, plan.with_dtype("dense", "float32")).changed
-    ```
-    """
+    """Returns what `first` and `second` decide differently: layers, rules and default."""
     mine, theirs = first.layers, second.layers
     changed = tuple(
         (path, mine[path], theirs[path])
@@ -98,7 +84,8 @@ def diff_plans(first: PlanView, second: PlanView) -> PlanDiff:
 
 
 def _rule_lines(before: tuple[PlanRule, ...], after: tuple[PlanRule, ...]) -> list[str]:
-    """Returns `- rule ...` / `+ rule ...` lines, numbered by position, turning `before` into `after`."""
+    """Returns `- rule ...` / `+ rule ...` lines, numbered by position, turning `before` into
+    `after`."""
     lines = []
     matcher = difflib.SequenceMatcher(a=before, b=after, autojunk=False)
     for tag, first_start, first_end, second_start, second_end in matcher.get_opcodes():

@@ -12,14 +12,7 @@ from .view import PlanView
 
 
 def is_dtype(value: object) -> bool:
-    """Returns whether `value` is a dtype name autoprec accepts (aliases included).
-
-    Example:
-
-    ```python
-    is_dtype("bf16"), is_dtype("dense")  # (True, False)
-    ```
-    """
+    """Returns whether `value` is a dtype name autoprec accepts (aliases included)."""
     try:
         canonical_dtype(value)
     except PlanError:
@@ -28,30 +21,7 @@ def is_dtype(value: object) -> bool:
 
 
 def layers_with_dtype(plan: PlanView, path_or_glob: str, dtype: str) -> dict[str, str]:
-    """Returns the plan's decided layers with those `path_or_glob` names set to `dtype`.
-
-    An exact path also names every layer under it (a container's sub-layers); a
-    glob (`fnmatch`, `*` crosses `/`) names every matching layer. Followers keep
-    following.
-
-    Args:
-        plan: the plan.
-        path_or_glob: a stable layer path or a glob over paths.
-        dtype: `"float32"`, `"bfloat16"` or `"float16"` (aliases accepted).
-
-    Returns:
-        `{path: dtype}` for the new plan's `layers`.
-
-    Raises:
-        PlanError: if the arguments come dtype first, the dtype is unknown, the
-            path or glob matches no layer (naming the closest), or only followers.
-
-    Example:
-
-    ```python
-    layers_with_dtype(plan, "attention/*", "float32")
-    ```
-    """
+    """Returns the plan's decided layers with those `path_or_glob` names set to `dtype`."""
     known = list(plan.layer_info) or list(plan.layers)
     if path_or_glob not in known and is_dtype(path_or_glob) and not is_dtype(dtype):
         raise PlanError(
@@ -95,23 +65,6 @@ def _float8_targets(plan: PlanView, path_or_glob: str, decided: list[str]) -> li
 
 
 def layers_with_rule(plan: PlanView, rule: PlanRule) -> dict[str, str]:
-    """Returns the plan's decided layers with those `rule` matches set to its dtype.
-
-    Args:
-        plan: the plan.
-        rule: the rule `with_rule` appends.
-
-    Returns:
-        `{path: dtype}` for the new plan's `layers`.
-
-    Raises:
-        PlanError: if the rule cannot match a layer the plan decides (see `rule_targets`).
-
-    Example:
-
-    ```python
-    layers_with_rule(plan, PlanRule(class_name="Softmax", dtype="float32"))
-    ```
-    """
+    """Returns the plan's decided layers with those `rule` matches set to its dtype."""
     targets = rule_targets(rule, plan.layers, plan.followers, plan.layer_info)
     return {**plan.layers, **dict.fromkeys(targets, rule.dtype)}

@@ -12,24 +12,8 @@ from .view import PlanView
 
 
 def to_dtype_policy_map(plan: PlanView) -> Any:
-    """Returns a Keras `DTypePolicyMap` keyed by Keras layer paths, defaulting to the plan's default.
-
-    A layer for which Keras has no path (e.g. the softmax inside
-    `MultiHeadAttention`) is keyed by its own path, which Keras never looks up;
-    `autoprec.apply_plan` sets those. The first layer to claim a key keeps it.
-
-    Args:
-        plan: the plan.
-
-    Returns:
-        A `keras.dtype_policies.DTypePolicyMap`.
-
-    Example:
-
-    ```python
-    model = build(dtype=to_dtype_policy_map(plan))
-    ```
-    """
+    """Returns a Keras `DTypePolicyMap` keyed by Keras layer paths, defaulting to the plan's
+    default."""
     import keras
 
     policy_map = keras.dtype_policies.DTypePolicyMap(
@@ -50,22 +34,7 @@ def to_dtype_policy_map(plan: PlanView) -> Any:
 def dtypes_from_policy_map(
     infos: Mapping[str, LayerInfo], policy_map: Any
 ) -> tuple[dict[str, str], str]:
-    """Returns the `{path: dtype}` a Keras `DTypePolicyMap` gives a model's layers, and its default.
-
-    Args:
-        infos: the model's layers, from `autoprec.layers.describe_model(model)`.
-        policy_map: a `keras.dtype_policies.DTypePolicyMap` keyed by Keras layer paths;
-            a layer it does not cover gets its default policy.
-
-    Returns:
-        `(layers, default)`, dtypes as plan dtype names.
-
-    Example:
-
-    ```python
-    layers, default = dtypes_from_policy_map(describe_model(model), policy_map)
-    ```
-    """
+    """Returns the `{path: dtype}` a Keras `DTypePolicyMap` gives a model's layers, and its default."""
     layers = {
         path: dtype_of_policy(policy_map[info.keras_path or path]) for path, info in infos.items()
     }

@@ -17,25 +17,8 @@ def decided_layers(
     layer_info: Mapping[str, LayerInfo],
     followers: Mapping[str, str],
 ) -> dict[str, str]:
-    """Returns the layers a plan decides: explicit entries less followers, plus rule/default fill-ins.
-
-    Args:
-        explicit: `{path: dtype}` as given to the plan (canonical dtypes).
-        rules: the plan's ordered rules.
-        default: the plan's default dtype.
-        layer_info: the model's layers; empty for a hand-written plan, whose
-            explicit entries are then all decisions.
-        followers: `{follower: followed path}` from `layer_info`.
-
-    Returns:
-        `{path: dtype}` in the model's layer order, then explicit paths the model lacks.
-
-    Example:
-
-    ```python
-    decided_layers({"dense": "float16"}, (), "float32", {}, {})  # {"dense": "float16"}
-    ```
-    """
+    """Returns the layers a plan decides: explicit entries less followers, plus rule/default
+    fill-ins."""
     if not layer_info:
         return dict(explicit)
     own = {path: dtype for path, dtype in explicit.items() if path not in followers}
@@ -52,23 +35,7 @@ def decided_layers(
 
 
 def dtype_for(plan: PlanView, path: str, class_name: str | None = None) -> str:
-    """Returns the compute dtype for a layer: exact path, then rules in order, then default.
-
-    Args:
-        plan: the plan.
-        path: stable layer path; a follower resolves to the layer it follows.
-        class_name: the layer's class name, used by class rules; looked up in
-            `plan.layer_info` when omitted.
-
-    Returns:
-        `"float32"`, `"bfloat16"` or `"float16"`.
-
-    Example:
-
-    ```python
-    dtype_for(plan, "dropout")  # the dtype of the layer the Dropout follows
-    ```
-    """
+    """Returns the compute dtype for a layer: exact path, then rules in order, then default."""
     seen = set()
     while path not in plan.layers and path in plan.followers and path not in seen:
         seen.add(path)
@@ -83,22 +50,7 @@ def dtype_for(plan: PlanView, path: str, class_name: str | None = None) -> str:
 
 
 def resolve(plan: PlanView, infos: Mapping[str, LayerInfo] | None = None) -> dict[str, str]:
-    """Returns the dtype of every layer in `infos`, followers taking their source's dtype.
-
-    Args:
-        plan: the plan.
-        infos: the model's layers (`autoprec.layers.describe_model(model)`); by
-            default the layers the plan was made for.
-
-    Returns:
-        `{path: dtype}` for every path in `infos`.
-
-    Example:
-
-    ```python
-    resolve(plan)["dropout"]
-    ```
-    """
+    """Returns the dtype of every layer in `infos`, followers taking their source's dtype."""
     if infos is None:
         infos = plan.layer_info
     own = {
@@ -110,20 +62,7 @@ def resolve(plan: PlanView, infos: Mapping[str, LayerInfo] | None = None) -> dic
 
 
 def every_layer(plan: PlanView) -> dict[str, str]:
-    """Returns `{path: dtype}` of the decided layers and the followers, in the model's order.
-
-    Args:
-        plan: the plan.
-
-    Returns:
-        Every layer `plan.layer_info` describes, then decided paths it does not.
-
-    Example:
-
-    ```python
-    list(every_layer(plan))  # ["dense", "dropout", "dense_1", "dense_2"]
-    ```
-    """
+    """Returns `{path: dtype}` of the decided layers and the followers, in the model's order."""
     if not plan.layer_info:
         return dict(plan.layers)
     resolved = resolve(plan)
@@ -137,26 +76,7 @@ def resolve_followers(
     default: str,
     float8_source: str = BFLOAT16,
 ) -> dict[str, str]:
-    """Returns `own` completed with each follower's dtype: the dtype of the layer it follows.
-
-    A follower of a float8 layer computes in the float8 source dtype: no follower
-    (a pass-through layer, a nested model) has a float8 path of its own.
-
-    Args:
-        own: `{path: dtype}` of the layers that decide their own dtype.
-        infos: the model's layers, with `follows` set on followers.
-        default: the dtype of a follower whose chain reaches no decided layer.
-        float8_source: the dtype a follower of a float8 layer takes.
-
-    Returns:
-        `{path: dtype}` for the paths of `infos` that resolve, in their order.
-
-    Example:
-
-    ```python
-    resolve_followers({"dense": "bfloat16"}, describe_model(mlp), "float32")["dropout"]
-    ```
-    """
+    """Returns `own` completed with each follower's dtype: the dtype of the layer it follows."""
     resolved = dict(own)
 
     def lookup(path: str, depth: int = 0) -> str:

@@ -1,9 +1,4 @@
-"""`PrecisionPlan`: the compute dtype of every layer, with the evidence behind it, as a JSON value.
-
-The plan is a frozen value; its operations live beside it, one job each: `lookup`
-(which dtype a layer gets), `edits` and `rules` (what `with_dtype` and `with_rule`
-set), `diff`, `keras_export`, `summary` and `serialize` (JSON).
-"""
+"""`PrecisionPlan`: the compute dtype of every layer, with the evidence behind it, as a JSON value."""
 
 from __future__ import annotations
 

@@ -86,25 +86,7 @@ class PlanRule:
 
 
 def coerce_rule(rule: PlanRule | Mapping[str, Any], index: int, source: str = "") -> PlanRule:
-    """Returns `rule` as a validated `PlanRule` (from a `PlanRule` or a JSON-style dict).
-
-    Args:
-        rule: a `PlanRule` or a dict like `{"class": "Softmax", "dtype": "float32"}`.
-        index: the rule's position, named in error messages (`rules[index]`).
-        source: what to call the input in error messages (a file name), if any.
-
-    Returns:
-        A `PlanRule` with a canonical dtype.
-
-    Raises:
-        PlanError: naming `rules[index]` and how to fix it.
-
-    Example:
-
-    ```python
-    coerce_rule({"class": "Softmax", "dtype": "fp32"}, 0).dtype  # "float32"
-    ```
-    """
+    """Returns `rule` as a validated `PlanRule` (from a `PlanRule` or a JSON-style dict)."""
     where = f"{source}: rules[{index}]" if source else f"rules[{index}]"
     if isinstance(rule, PlanRule):
         return PlanRule(
@@ -136,26 +118,7 @@ def coerce_rule(rule: PlanRule | Mapping[str, Any], index: int, source: str = ""
 def rule_from_arguments(
     path: str | None, class_name: str | None, dtype: str | None, index: int
 ) -> PlanRule:
-    """Returns the validated rule that `with_rule(path=..., class_name=..., dtype=...)` asks for.
-
-    Args:
-        path: glob on layer paths, or `None`.
-        class_name: glob on layer class names, or `None`.
-        dtype: the compute dtype (aliases accepted); `None` is refused.
-        index: the position the rule will take in the plan's `rules`.
-
-    Returns:
-        A `PlanRule` with a canonical dtype.
-
-    Raises:
-        PlanError: if `dtype` is missing, or neither glob is given.
-
-    Example:
-
-    ```python
-    rule_from_arguments(None, "Softmax", "fp32", 0)  # PlanRule(class_name="Softmax", dtype="float32")
-    ```
-    """
+    """Returns the validated rule that `with_rule(path=..., class_name=..., dtype=...)` asks for."""
     if dtype is None:
         raise PlanError(
             "with_rule: missing dtype; write e.g. with_rule(class_name='Softmax', dtype='float32')."
@@ -168,23 +131,7 @@ def rule_from_arguments(
 def first_rule_dtype(
     rules: Iterable[PlanRule], path: str, class_name: str | None, default: str
 ) -> str:
-    """Returns the dtype of the first rule matching the layer, else `default`.
-
-    Args:
-        rules: the ordered rules.
-        path: the layer's stable path.
-        class_name: the layer's class name, or `None` when unknown.
-        default: the dtype when no rule matches.
-
-    Returns:
-        A dtype name.
-
-    Example:
-
-    ```python
-    first_rule_dtype([PlanRule(class_name="Softmax", dtype="float32")], "s", "Softmax", "bfloat16")
-    ```
-    """
+    """Returns the dtype of the first rule matching the layer, else `default`."""
     for rule in rules:
         if rule.dtype == FLOAT8 and not float8_eligible(class_name):
             continue  # a float8 rule reaches only the layers with a float8 path
@@ -199,29 +146,7 @@ def rule_targets(
     followers: Mapping[str, str],
     layer_info: Mapping[str, LayerInfo],
 ) -> list[str]:
-    """Returns the decided layers that `rule` matches; refuses a rule that can match none.
-
-    Args:
-        rule: the rule `with_rule` adds.
-        layers: the plan's decided layers (`PrecisionPlan.layers`).
-        followers: the plan's followers.
-        layer_info: the plan's layer descriptions; empty for a hand-written plan.
-
-    Returns:
-        The paths in `layers` that the rule matches (empty for a plan of rules only).
-
-    Raises:
-        PlanError: if the plan knows its layers and the rule matches none it decides
-            (naming the classes it has), if it matches only followers (naming the
-            layer to set), or if a class rule meets named layers without a class.
-
-    Example:
-
-    ```python
-    rule_targets(PlanRule(class_name="Softmax", dtype="float32"), plan.layers,
-                 plan.followers, plan.layer_info)  # ["attention/softmax"]
-    ```
-    """
+    """Returns the decided layers that `rule` matches; refuses a rule that can match none."""
     if not layer_info:
         return _hand_named_targets(rule, layers)
 

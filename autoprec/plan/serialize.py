@@ -23,23 +23,7 @@ _PlanT = TypeVar("_PlanT")
 
 
 def plan_to_dict(plan: PlanView) -> dict[str, Any]:
-    """Returns the plan as a JSON-ready dict (the format in `docs/plan-format.md`).
-
-    Followers are written too, with their derived dtype and `follows`, so the
-    file lists every layer; reading derives their dtype again.
-
-    Args:
-        plan: the plan.
-
-    Returns:
-        A dict of JSON types.
-
-    Example:
-
-    ```python
-    plan_to_dict(plan)["format_version"]  # 1
-    ```
-    """
+    """Returns the plan as a JSON-ready dict (the format in `docs/plan-format.md`)."""
     layers = {}
     for path, dtype in every_layer(plan).items():
         info = plan.layer_info.get(path)
@@ -87,29 +71,7 @@ def _expect(value: Any, types: type | tuple[type, ...], field: str, source: str)
 
 
 def plan_from_dict(cls: type[_PlanT], data: Any, source: str) -> _PlanT:
-    """Returns the plan of class `cls` that a decoded plan JSON value describes.
-
-    Old files load unchanged: entries for layers that follow another (pass-through
-    layers, nested models) are read for their description; their dtype is derived
-    again from the layer they follow.
-
-    Args:
-        cls: the plan class (`PrecisionPlan`).
-        data: the decoded JSON object.
-        source: what to call the input in error messages (a file name).
-
-    Returns:
-        An instance of `cls`.
-
-    Raises:
-        PlanError: naming `source` and the field that is wrong, and how to fix it.
-
-    Example:
-
-    ```python
-    plan = plan_from_dict(PrecisionPlan, {"format_version": 1, "default": "bfloat16"}, "<dict>")
-    ```
-    """
+    """Returns the plan of class `cls` that a decoded plan JSON value describes."""
     _expect(data, dict, "<top level>", source)
     _check_format(data, source)
     default = canonical_dtype(data.get("default", FLOAT32), f"{source}: default")

@@ -13,20 +13,7 @@ _HEADERS = ("layer", "class", "dtype", "params", "")
 
 
 def plan_summary(plan: PlanView) -> str:
-    """Returns a text table: path, class, dtype, parameters, and totals per dtype.
-
-    Args:
-        plan: the plan.
-
-    Returns:
-        The table as a string (print it).
-
-    Example:
-
-    ```python
-    print(plan_summary(plan))
-    ```
-    """
+    """Returns a text table: path, class, dtype, parameters, and totals per dtype."""
     rows = summary_rows(plan)
     title = (
         f"PrecisionPlan for {plan.model_name or 'model'} "
@@ -37,21 +24,7 @@ def plan_summary(plan: PlanView) -> str:
 
 
 def summary_rows(plan: PlanView) -> list[Row]:
-    """Returns one row per layer, decided layers and followers, in the model's order.
-
-    Args:
-        plan: the plan.
-
-    Returns:
-        `(path, class name, dtype, parameters, note)` tuples; the class is `"?"` and
-        the parameters 0 for a layer the plan has no description of.
-
-    Example:
-
-    ```python
-    summary_rows(plan)[0]  # ("dense", "Dense", "bfloat16", 144, "")
-    ```
-    """
+    """Returns one row per layer, decided layers and followers, in the model's order."""
     rows = []
     for path, dtype in every_layer(plan).items():
         info = plan.layer_info.get(path)

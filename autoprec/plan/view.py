@@ -11,18 +11,7 @@ from .rules import PlanRule
 
 @runtime_checkable
 class PlanView(Protocol):
-    """What the modules of `autoprec.plan` read from a plan; `PrecisionPlan` is one.
-
-    The operations (lookup, edits, diff, Keras export, summary, JSON) take a
-    `PlanView` rather than the class, so they sit below `plan.py`, which delegates
-    to them.
-
-    Example:
-
-    ```python
-    isinstance(autoprec.PrecisionPlan(default="bfloat16"), PlanView)  # True
-    ```
-    """
+    """What the modules of `autoprec.plan` read from a plan; `PrecisionPlan` is one."""
 
     @property
     def layers(self) -> Mapping[str, str]: ...

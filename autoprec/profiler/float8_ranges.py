@@ -1,13 +1,4 @@
-"""Float8 ranges: how a `Dense`/`EinsumDense` layer's tensors fit float8 under Keras' scaling.
-
-Keras' float8 path scales each of three tensors (`FLOAT8_TENSORS`) by
-`format max / amax`, the amax taken from earlier steps.
-`Float8TensorRange.measure` turns one tensor's `TensorStats` (over the window
-and after each observed step) into its flush-to-zero and delayed-scale
-saturation fractions and its amax growth per step; `Float8Ranges` holds a
-layer's three and judges them (`safe`, `unsafe_reason`). A `LayerProfile`'s
-`float8` is one. The JSON is `profile_json`'s job; the methods delegate.
-"""
+"""Float8 ranges: how a `Dense`/`EinsumDense` layer's tensors fit float8 under Keras' scaling."""
 
 from __future__ import annotations
 

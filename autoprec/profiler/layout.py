@@ -1,13 +1,4 @@
-"""The layout of a profile: the names of what it holds and the read-only shapes of its values.
-
-The constants name the groups of a `LayerProfile` (`TENSOR_KINDS`), its keys
-(`OUTPUT_KEY`, `ATTENTION_LOGITS`), the model's own entry (`ROOT_PATH`) and
-the tensors Keras' float8 path quantizes (`FLOAT8_TENSORS`,
-`FLOAT8_FORMAT_NAMES`). The protocols (`StatsView`, `Float8RangeView`,
-`Float8RangesView`, `LayerView`, `ProfileView`) are what merging (`merge`)
-and the JSON (`profile_json`) read from the values, so that both sit below
-the classes that delegate to them (as `autoprec.plan.view` does for plans).
-"""
+"""The layout of a profile: the names of what it holds and the read-only shapes of its values."""
 
 from __future__ import annotations
 
@@ -48,14 +39,7 @@ FLOAT8_FORMAT_NAMES: Mapping[str, str] = types.MappingProxyType(
 
 @runtime_checkable
 class StatsView(Protocol):
-    """The summed fields of one tensor's statistics; `TensorStats` is one.
-
-    Example:
-
-    ```python
-    isinstance(TensorStats.from_values([1.0, 0.0]), StatsView)  # True
-    ```
-    """
+    """The summed fields of one tensor's statistics; `TensorStats` is one."""
 
     @property
     def count(self) -> int: ...
@@ -87,14 +71,7 @@ class StatsView(Protocol):
 
 @runtime_checkable
 class Float8RangeView(Protocol):
-    """How one tensor fits its float8 format; `Float8TensorRange` is one.
-
-    Example:
-
-    ```python
-    isinstance(prof.layers["dense"].float8.kernel, Float8RangeView)  # True
-    ```
-    """
+    """How one tensor fits its float8 format; `Float8TensorRange` is one."""
 
     @property
     def format(self) -> str: ...
@@ -123,14 +100,7 @@ class Float8RangeView(Protocol):
 
 @runtime_checkable
 class Float8RangesView(Protocol):
-    """The float8 ranges of one layer's recorded tensors; `Float8Ranges` is one.
-
-    Example:
-
-    ```python
-    isinstance(prof.layers["dense"].float8, Float8RangesView)  # True
-    ```
-    """
+    """The float8 ranges of one layer's recorded tensors; `Float8Ranges` is one."""
 
     @property
     def tensors(self) -> Mapping[str, Float8RangeView]: ...
@@ -138,14 +108,7 @@ class Float8RangesView(Protocol):
 
 @runtime_checkable
 class LayerView(Protocol):
-    """What was recorded for one layer; `LayerProfile` is one.
-
-    Example:
-
-    ```python
-    isinstance(prof.layers["dense"], LayerView)  # True
-    ```
-    """
+    """What was recorded for one layer; `LayerProfile` is one."""
 
     @property
     def class_name(self) -> str: ...
@@ -174,14 +137,7 @@ class LayerView(Protocol):
 
 @runtime_checkable
 class ProfileView(Protocol):
-    """A whole profile; `Profile` is one.
-
-    Example:
-
-    ```python
-    isinstance(autoprec.Profile.load("profile.json"), ProfileView)  # True
-    ```
-    """
+    """A whole profile; `Profile` is one."""
 
     @property
     def layers(self) -> Mapping[str, LayerView]: ...

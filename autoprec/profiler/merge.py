@@ -1,12 +1,4 @@
-"""Merging statistics: one `TensorStats` for several tensors, steps, devices or replicas.
-
-Statistics merge by the rules the backends use to combine steps and replicas:
-counts and sums add up, the largest magnitude is the largest of them and the
-smallest non-zero magnitude the smallest. `TensorStats.merge` and the merged
-views of a `LayerProfile` (`activation`, `forward`, `gradient`, ...) delegate
-here; the functions read the statistics through `layout.StatsView` and build
-the result with the class they are given, so they sit below `TensorStats`.
-"""
+"""Merging statistics: one `TensorStats` for several tensors, steps, devices or replicas."""
 
 from __future__ import annotations
 
@@ -21,22 +13,7 @@ _Stats = TypeVar("_Stats", bound=StatsView)
 
 
 def merge_stats(cls: type[_Stats], stats: Iterable[_Stats | None]) -> _Stats | None:
-    """Returns the statistics of the union of several tensors, or `None` for none.
-
-    Args:
-        cls: the class of the result (`TensorStats`).
-        stats: the statistics to merge; `None` items are skipped.
-
-    Returns:
-        One `cls` whose counts and sums are the totals of `stats`, or `None`
-        when there is nothing to merge.
-
-    Example:
-
-    ```python
-    merge_stats(TensorStats, [layer.activations["output/0"], layer.activations["output/1"]])
-    ```
-    """
+    """Returns the statistics of the union of several tensors, or `None` for none."""
     items = [item for item in stats if item is not None]
     if not items:
         return None
@@ -55,19 +32,5 @@ def merge_stats(cls: type[_Stats], stats: Iterable[_Stats | None]) -> _Stats | N
 
 
 def merge_groups(cls: type[_Stats], *groups: Mapping[str, _Stats]) -> _Stats | None:
-    """Returns the statistics of every tensor of some `{name: statistics}` groups together.
-
-    Args:
-        cls: the class of the result (`TensorStats`).
-        *groups: groups of a `LayerProfile`, e.g. its `activations` and `internals`.
-
-    Returns:
-        The merged statistics, or `None` when the groups are empty.
-
-    Example:
-
-    ```python
-    merge_groups(TensorStats, layer.activation_gradients, layer.weight_gradients)
-    ```
-    """
+    """Returns the statistics of every tensor of some `{name: statistics}` groups together."""
     return merge_stats(cls, (stats for group in groups for stats in group.values()))

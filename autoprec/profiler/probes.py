@@ -1,23 +1,4 @@
-"""In-step probes: which layers are probed, and the session that installs, reads and removes them.
-
-A `ProbeSession` replaces, on the instances, each probed layer's `call` by a
-wrapper that passes its outputs through the backend's recording identity
-(forward values and the gradient flowing back into them), and lets the
-backend's step hooks wrap the train step and the optimizer for weights and
-weight gradients (`autoprec._backends.probe_hooks`: statistic variables on
-TensorFlow, statistics returned with each step's logs on JAX). `remove()`
-restores the original methods and rebuilds the train function.
-
-With `enable_float8_ranges()`, a `Dense` or `EinsumDense` layer also records
-what a float8 decision needs (`autoprec.profiler.Float8Ranges`): its
-inputs (recorded in its wrapped `call`, and in `quantized_call`, which Keras
-runs instead under a float8 policy), and, when it has an activation, the values
-and gradients between its matmul and its activation (the gradient Keras
-quantizes to E5M2; without an activation that is the output gradient already
-recorded). `observe_step()` after each step keeps the running statistics of
-those tensors and of the kernel, from which each step's histogram and amax
-follow.
-"""
+"""In-step probes: which layers are probed, and the session that installs, reads and removes them."""
 
 from __future__ import annotations
 
@@ -63,14 +44,7 @@ def _is_multi_head_attention(layer: keras.layers.Layer) -> bool:
 
 
 def _probe_targets(model: keras.Model, include_pass_through: bool) -> dict[str, keras.layers.Layer]:
-    """Layers whose outputs are probed, by stable path.
-
-    Layers a recurrent layer runs once per time step inside its loop (its cell
-    and everything under it) are left out: a value measured inside a loop
-    (a TensorFlow while loop, a JAX scan) cannot leave it as the step's
-    statistics. The recurrent layer's own outputs are probed, and the cell's
-    weights and weight gradients are recorded as for any layer.
-    """
+    """Layers whose outputs are probed, by stable path."""
     paths = layer_paths(model)
     loop_prefixes = tuple(
         path + "/" for path, layer in paths.items() if isinstance(layer, keras.layers.RNN)
@@ -132,10 +106,7 @@ def _copy_keras_attributes(source: object, target: object) -> None:
 
 
 def _kernel_values(layer: keras.layers.Layer) -> np.ndarray | None:
-    """A float kernel's values read on the host (for a kernel the optimizer does not record).
-
-    Read before training: on JAX, `fit` keeps the values outside the variables.
-    """
+    """A float kernel's values read on the host (for a kernel the optimizer does not record)."""
     kernel = getattr(layer, KERNEL_WEIGHT, None)
     if kernel is None or not _is_float_value(kernel):
         return None

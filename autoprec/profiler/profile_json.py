@@ -1,13 +1,4 @@
-"""The profile's JSON: each value as a JSON-ready dict, and read back with errors naming the field.
-
-`Profile.save` writes what `profile_to_dict` returns; reading checks every
-field and raises `ProfileError` naming the file and the field at fault, so an
-edited or truncated profile is refused with a message. The functions sit
-below the classes, whose `to_dict`/`from_dict` delegate to them: they read the
-values through the shapes of `layout` and build them with the class they are
-given (`cls`), each level handing its children to the children's own
-`from_dict` (`read_stats`, `read_float8`, ...).
-"""
+"""The profile's JSON: each value as a JSON-ready dict, and read back with errors naming the field."""
 
 from __future__ import annotations
 
@@ -41,21 +32,7 @@ _Stats = TypeVar("_Stats", bound=StatsView)
 
 
 def tensor_stats_to_dict(stats: StatsView) -> dict[str, Any]:
-    """Returns one tensor's statistics as a JSON-ready dict.
-
-    Args:
-        stats: the statistics (a `TensorStats`).
-
-    Returns:
-        A dict of JSON types; the histogram is written as `{exponent: count}`
-        for its non-empty bins, under `"exponents"`.
-
-    Example:
-
-    ```python
-    tensor_stats_to_dict(prof.layers["dense"].activation)["exponents"]  # {"-3": 12, ...}
-    ```
-    """
+    """Returns one tensor's statistics as a JSON-ready dict."""
     exponents = numerics.bin_exponents()
     return {
         "count": stats.count,
@@ -73,26 +50,7 @@ def tensor_stats_to_dict(stats: StatsView) -> dict[str, Any]:
 
 
 def tensor_stats_from_dict(cls: type[_Stats], data: object, where: str) -> _Stats:
-    """Builds one tensor's statistics from `tensor_stats_to_dict` output.
-
-    Args:
-        cls: the class to build (`TensorStats`).
-        data: the decoded JSON value.
-        where: the value's place in the file, named in errors.
-
-    Returns:
-        A `cls`.
-
-    Raises:
-        ProfileError: naming `where` and the field when `data` is malformed or
-            its count is not the sum of its zeros, non-finite values and histogram.
-
-    Example:
-
-    ```python
-    tensor_stats_from_dict(TensorStats, {"count": 0, ...}, "profile.json: layers['dense']")
-    ```
-    """
+    """Builds one tensor's statistics from `tensor_stats_to_dict` output."""
     mapping = _require_mapping(data, where)
     histogram = _read_histogram(mapping.get("exponents"), f"{where}.exponents")
     min_nonzero = mapping.get("min_nonzero_abs")
@@ -119,20 +77,7 @@ def tensor_stats_from_dict(cls: type[_Stats], data: object, where: str) -> _Stat
 
 
 def float8_range_to_dict(item: Float8RangeView) -> dict[str, Any]:
-    """Returns how one tensor fits its float8 format as a JSON-ready dict.
-
-    Args:
-        item: the range (a `Float8TensorRange`).
-
-    Returns:
-        A dict of its fields.
-
-    Example:
-
-    ```python
-    float8_range_to_dict(prof.layers["dense"].float8.kernel)["flush_fraction"]
-    ```
-    """
+    """Returns how one tensor fits its float8 format as a JSON-ready dict."""
     return {
         "format": item.format,
         "amax": item.amax,
@@ -146,25 +91,7 @@ def float8_range_to_dict(item: Float8RangeView) -> dict[str, Any]:
 
 
 def float8_range_from_dict(cls: type[_T], data: object, where: str) -> _T:
-    """Builds how one tensor fits its float8 format from `float8_range_to_dict` output.
-
-    Args:
-        cls: the class to build (`Float8TensorRange`).
-        data: the decoded JSON value.
-        where: the value's place in the file, named in errors.
-
-    Returns:
-        A `cls`.
-
-    Raises:
-        ProfileError: naming `where` and the field when `data` is malformed.
-
-    Example:
-
-    ```python
-    float8_range_from_dict(Float8TensorRange, data, "profile.json: layers['dense'].float8.kernel")
-    ```
-    """
+    """Builds how one tensor fits its float8 format from `float8_range_to_dict` output."""
     mapping = _require_mapping(data, where)
     return cls(
         format=_require_float8_format(mapping.get("format"), f"{where}.format"),
@@ -181,20 +108,7 @@ def float8_range_from_dict(cls: type[_T], data: object, where: str) -> _T:
 
 
 def float8_ranges_to_dict(ranges: Float8RangesView) -> dict[str, Any]:
-    """Returns a layer's float8 ranges as a JSON-ready dict of its recorded tensors.
-
-    Args:
-        ranges: the ranges (a `Float8Ranges`).
-
-    Returns:
-        `{tensor name: float8_range_to_dict(range)}`, in `FLOAT8_TENSORS` order.
-
-    Example:
-
-    ```python
-    list(float8_ranges_to_dict(prof.layers["dense"].float8))  # ["inputs", "kernel", ...]
-    ```
-    """
+    """Returns a layer's float8 ranges as a JSON-ready dict of its recorded tensors."""
     return {name: float8_range_to_dict(item) for name, item in ranges.tensors.items()}
 
 
@@ -204,28 +118,7 @@ def float8_ranges_from_dict(
     where: str,
     read_range: Callable[[object, str], Float8RangeView],
 ) -> _T:
-    """Builds a layer's float8 ranges from `float8_ranges_to_dict` output.
-
-    Args:
-        cls: the class to build (`Float8Ranges`).
-        data: the decoded JSON value.
-        where: the value's place in the file, named in errors.
-        read_range: reads one tensor's range from its value and place
-            (`Float8TensorRange.from_dict`).
-
-    Returns:
-        A `cls`, its tensors given by name.
-
-    Raises:
-        ProfileError: naming `where` when a tensor is not one of `FLOAT8_TENSORS`,
-            or the field at fault when a range is malformed.
-
-    Example:
-
-    ```python
-    float8_ranges_from_dict(Float8Ranges, data, where, Float8TensorRange.from_dict)
-    ```
-    """
+    """Builds a layer's float8 ranges from `float8_ranges_to_dict` output."""
     mapping = _require_mapping(data, where)
     unknown = sorted(set(mapping) - set(FLOAT8_TENSORS))
     if unknown:
@@ -243,21 +136,7 @@ def float8_ranges_from_dict(
 
 
 def layer_to_dict(layer: LayerView) -> dict[str, Any]:
-    """Returns what was recorded for one layer as a JSON-ready dict.
-
-    Args:
-        layer: the layer's profile (a `LayerProfile`).
-
-    Returns:
-        A dict with its class name, dtype, one `{key: statistics}` dict per
-        kind of `TENSOR_KINDS`, and `"float8"` when it has float8 ranges.
-
-    Example:
-
-    ```python
-    layer_to_dict(prof.layers["dense"])["weights"]["kernel"]["max_abs"]
-    ```
-    """
+    """Returns what was recorded for one layer as a JSON-ready dict."""
     data: dict[str, Any] = {"class_name": layer.class_name, "dtype": layer.dtype}
     for kind in TENSOR_KINDS:
         data[kind] = {
@@ -276,31 +155,7 @@ def layer_from_dict(
     read_stats: Callable[[object, str], StatsView],
     read_float8: Callable[[object, str], Float8RangesView],
 ) -> _T:
-    """Builds one layer's profile from `layer_to_dict` output.
-
-    Args:
-        cls: the class to build (`LayerProfile`).
-        path: the layer's path (its key in the profile's layers).
-        data: the decoded JSON value.
-        where: the value's place in the file, named in errors.
-        read_stats: reads one tensor's statistics from its value and place
-            (`TensorStats.from_dict`).
-        read_float8: reads the float8 ranges from their value and place
-            (`Float8Ranges.from_dict`).
-
-    Returns:
-        A `cls`; kinds missing from `data` are empty, its dtype defaults to
-        float32 and its float8 ranges to `None`.
-
-    Raises:
-        ProfileError: naming `where` and the field when `data` is malformed.
-
-    Example:
-
-    ```python
-    layer_from_dict(LayerProfile, "dense", data, where, TensorStats.from_dict, Float8Ranges.from_dict)
-    ```
-    """
+    """Builds one layer's profile from `layer_to_dict` output."""
     mapping = _require_mapping(data, where)
     groups = {}
     for kind in TENSOR_KINDS:
@@ -319,21 +174,7 @@ def layer_from_dict(
 
 
 def profile_to_dict(profile: ProfileView) -> dict[str, Any]:
-    """Returns a whole profile as the JSON-ready dict `Profile.save` writes.
-
-    Args:
-        profile: the profile (a `Profile`).
-
-    Returns:
-        A dict with the format version, the model's name and fingerprint, the
-        steps recorded, the histogram's exponent range and every layer.
-
-    Example:
-
-    ```python
-    profile_to_dict(prof)["format_version"]  # 1
-    ```
-    """
+    """Returns a whole profile as the JSON-ready dict `Profile.save` writes."""
     return {
         "format_version": FORMAT_VERSION,
         "kind": FORMAT_KIND,

@@ -1,18 +1,4 @@
-"""The profile: `LayerProfile` (what was recorded for one layer) and `Profile` (every layer).
-
-A `LayerProfile` holds a layer's `TensorStats` by kind (`TENSOR_KINDS`), their
-merged views (forward values, gradients) and the float16 and bfloat16 verdicts
-with their reasons, and, for a `Dense` or `EinsumDense` layer, its
-`Float8Ranges` (`float8_ranges`). A `Profile` holds the layers in model order,
-the model-wide figures and verdicts, and assembles the rows, matrices and
-series that `views` renders (summary table, heat map, TensorBoard). Merging is
-`merge`'s job and the JSON `profile_json`'s; the methods delegate.
-
-The names of the profile's layout (`OUTPUT_KEY`, `ATTENTION_LOGITS`,
-`TENSOR_KINDS`, `ROOT_PATH`, `FLOAT8_TENSORS`), `FORMAT_VERSION`,
-`TensorStats`, `Float8Ranges` and `Float8TensorRange` are importable from here
-as well (`docs/api.md` names some of them as `autoprec.profiler.stats.<name>`).
-"""
+"""The profile: `LayerProfile` (what was recorded for one layer) and `Profile` (every layer)."""
 
 from __future__ import annotations
 

@@ -1,14 +1,4 @@
-"""`TensorStats`: the frozen statistics of one tensor, summed over the recorded steps.
-
-A backend's probes sum, for each tensor, its element count, zeros, non-finite
-values (and how many are NaN), largest and smallest non-zero magnitude, sum
-of magnitudes and of squares, and an exponent histogram (see
-`autoprec.numerics`); `TensorStats.from_raw` reads those accumulators, and
-`TensorStats.from_values` computes the same on the host. The derived figures
-(mean, RMS, the fractions that overflow, flush to zero or are subnormal in a
-format, headroom, the float16 loss scale) come from `autoprec.numerics`.
-Merging is `merge`'s job and the JSON `profile_json`'s; the methods delegate.
-"""
+"""`TensorStats`: the frozen statistics of one tensor, summed over the recorded steps."""
 
 from __future__ import annotations
 

@@ -1,9 +1,4 @@
-"""Views of a profile's numbers: the summary table, the exponent heat map, TensorBoard histograms.
-
-Everything here renders plain values (`SummaryRow`s, fraction matrices,
-histogram series) that `autoprec.profiler.Profile` assembles; nothing here
-reads a Keras model.
-"""
+"""Views of a profile's numbers: the summary table, the exponent heat map, TensorBoard histograms."""
 
 from __future__ import annotations
 
@@ -41,24 +36,7 @@ FLOAT8_TENSOR_LABELS = {"inputs": "in", "kernel": "kernel", "output_gradients": 
 
 @dataclasses.dataclass(frozen=True)
 class Float8Cells:
-    """A float8-eligible layer's float8 figures in the summary table, as plain numbers.
-
-    Attributes:
-        flush_fraction: the largest fraction of a tensor's non-zero values
-            rounding to zero in float8 after per-tensor scaling.
-        flush_tensor: which tensor that is (`"inputs"`, `"kernel"`,
-            `"output_gradients"`), or `None` when none was recorded.
-        saturation_fraction: the largest fraction clipped by Keras' delayed
-            scale, or `None` when not measured.
-        amax_growth: the largest amax growth per step, or `None` when not measured.
-        safe: whether the layer is float8-safe.
-
-    Example:
-
-    ```python
-    cells = Float8Cells(0.45, "inputs", 0.0, 1.02, False)
-    ```
-    """
+    """A float8-eligible layer's float8 figures in the summary table, as plain numbers."""
 
     flush_fraction: float
     flush_tensor: str | None
@@ -69,31 +47,7 @@ class Float8Cells:
 
 @dataclasses.dataclass(frozen=True)
 class SummaryRow:
-    """One layer's line of the summary table, as plain numbers.
-
-    Attributes:
-        path: the layer's stable path.
-        class_name: the layer's class name.
-        max_forward: largest forward magnitude, or `None` when none was recorded.
-        float16_overflow_fraction: fraction of forward values that overflow float16.
-        float16_exceeds_max: whether a forward value is above 65504.
-        float16_underflow_fraction: fraction of forward values that flush to zero in float16.
-        bfloat16_underflow_fraction: same in bfloat16.
-        max_gradient: largest gradient magnitude, or `None` when none was recorded.
-        loss_scale: the suggested float16 loss scale, or `None`.
-        gradient_underflow_fraction: fraction of gradients flushing to zero at `loss_scale`.
-        float16_headroom_bits: doublings the largest forward value can take in float16.
-        float16_safe: whether the layer fits float16.
-        float8: the layer's float8 figures (`Float8Cells`), `None` for layers
-            without float8 ranges.
-
-    Example:
-
-    ```python
-    row = SummaryRow("dense", "Dense", 3.0, 0.0, False, 0.0, 0.0, 0.1, 2.0**10, 0.0, 14.4, True)
-    print(summary_table("model", 1, 2.0**10, [row]))
-    ```
-    """
+    """One layer's line of the summary table, as plain numbers."""
 
     path: str
     class_name: str
@@ -173,27 +127,7 @@ def summary_table(
     rows: Sequence[SummaryRow],
     max_rows: int | None = None,
 ) -> str:
-    """Returns the text table of `Profile.summary`: one line per layer, riskiest for float16 first.
-
-    Rows with float8 figures (`SummaryRow.float8`) add the `FLOAT8_COLUMNS`
-    to the whole table, and the title counts the float8-unsafe layers.
-
-    Args:
-        model_name: the profiled model's name (`"model"` when empty).
-        steps: train steps recorded.
-        loss_scale: the model-wide float16 loss scale, or `None`.
-        rows: one `SummaryRow` per layer, in any order.
-        max_rows: show at most this many layers (all when `None`).
-
-    Returns:
-        A title line, a header, a rule and the rows, joined by newlines.
-
-    Example:
-
-    ```python
-    print(summary_table("model", 20, None, [], max_rows=10))
-    ```
-    """
+    """Returns the text table of `Profile.summary`: one line per layer, riskiest for float16 first."""
     ordered = sorted(rows, key=_risk_key)
     if max_rows is not None:
         ordered = ordered[:max_rows]
@@ -223,23 +157,7 @@ def write_tensorboard(
     series: Iterable[tuple[str, np.ndarray, np.ndarray]],
     step: int = 0,
 ) -> None:
-    """Writes exponent histograms as TensorBoard histograms (with TensorFlow's summary writer).
-
-    Args:
-        logdir: TensorBoard log directory.
-        series: `(tag, exponents, counts)` triples, one histogram each.
-        step: the summary step to write at.
-
-    Raises:
-        BackendError: on a Keras backend without profiler probes, or on JAX where
-            TensorFlow cannot be imported.
-
-    Example:
-
-    ```python
-    write_tensorboard("logs", [("dense/activations", np.array([-1, 0]), np.array([3, 5]))])
-    ```
-    """
+    """Writes exponent histograms as TensorBoard histograms (with TensorFlow's summary writer)."""
     backend = profiler_backend("Profile.to_tensorboard")
     backend.write_histograms(logdir, series, step=step)
 
@@ -278,32 +196,7 @@ def heat_map(
     labels: Sequence[str],
     panels: Sequence[tuple[str, np.ndarray]],
 ) -> Path:
-    """Saves a heat map of exponent histograms: rows by binary exponent, format ranges marked.
-
-    Colour is the fraction of a row's elements in each binary exponent. The
-    float16 and bfloat16 normal ranges are shaded and their flush-to-zero and
-    overflow limits drawn as lines.
-
-    Args:
-        path: image file to write (format from the suffix, e.g. `.png`).
-        labels: one label per row (layer paths).
-        panels: `(title, matrix)` per panel; each matrix has one row per label
-            and `numerics.HISTOGRAM_BINS` columns of fractions.
-
-    Returns:
-        The written path.
-
-    Raises:
-        ImportError: if matplotlib is not installed.
-
-    Example:
-
-    ```python
-    fractions = np.zeros((1, numerics.HISTOGRAM_BINS))
-    fractions[0, 149] = 1.0  # every value in [1, 2)
-    heat_map("ranges.png", ["dense"], [("forward values", fractions)])
-    ```
-    """
+    """Saves a heat map of exponent histograms: rows by binary exponent, format ranges marked."""
     try:
         from matplotlib.colors import LogNorm
         from matplotlib.figure import Figure

@@ -1,9 +1,4 @@
-"""`AppliedState`: what a model runs after a callback applied a plan, kept on the model itself.
-
-A later `fit` (same callback or another one with the same plan) reads it to
-re-apply, re-check and retrace nothing when the model still runs that plan with
-the same compiled functions and optimizer.
-"""
+"""`AppliedState`: what a model runs after a callback applied a plan, kept on the model itself."""
 
 from __future__ import annotations
 
@@ -25,24 +20,7 @@ COMPILED_FUNCTIONS = ("train_function", "test_function", "predict_function")
 
 @dataclasses.dataclass
 class AppliedState:
-    """What a model runs: the plan asked for and as applied, and what it was set up with.
-
-    Attributes:
-        requested: the plan the callback was asked to apply.
-        handle: the `PlanHandle` of the plan as applied.
-        guard: the `Guard` it was applied with, or `None`.
-        optimizer: the model's optimizer after wrapping.
-        unwrapped_optimizer: the optimizer before autoprec wrapped it, or `None`.
-        telemetry: the installed `GuardTelemetry`, or `None`.
-        train_function: the compiled train function it runs.
-
-    Example:
-
-    ```python
-    state = applied_state(model)
-    state is not None and state.runs(model, plan, guard)
-    ```
-    """
+    """What a model runs: the plan asked for and as applied, and what it was set up with."""
 
     requested: PrecisionPlan
     handle: PlanHandle

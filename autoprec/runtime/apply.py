@@ -86,11 +86,7 @@ class PlanHandle:
 
 
 def reset_compiled_functions(model: keras.Model) -> None:
-    """Makes `fit`, `evaluate` and `predict` retrace so new dtype policies take effect.
-
-    Call this outside of `fit`. Inside a callback use
-    `model.make_train_function(force=True)` instead (see `AutoPrecision`).
-    """
+    """Makes `fit`, `evaluate` and `predict` retrace so new dtype policies take effect."""
     for attribute in ("train_function", "test_function", "predict_function"):
         if hasattr(model, attribute):
             setattr(model, attribute, None)
@@ -99,17 +95,7 @@ def reset_compiled_functions(model: keras.Model) -> None:
 def check_plan_fits(
     plan: PrecisionPlan, infos: Mapping[str, LayerInfo], model_name: str
 ) -> list[str]:
-    """Returns the problems that stop `plan` from applying exactly to a model.
-
-    Args:
-        plan: the plan to check.
-        infos: the model's layers, from `describe_model`.
-        model_name: the model's name, used in messages.
-
-    Returns:
-        One message per problem (unknown layers with closest matches, class or
-        weight-shape differences); empty when the plan fits.
-    """
+    """Returns the problems that stop `plan` from applying exactly to a model."""
     problems = []
     unknown = [path for path in plan.layers if path not in infos]
     if unknown:

@@ -1,14 +1,5 @@
-"""What the kernel check calls each layer with: one forward pass of the model, however it takes inputs.
-
-The check calls every 16-bit layer alone on tensors shaped as the layer sees them
-in the model (`autoprec.cost.trace_model`). `trace_for_check` finds that pass for
-the models `fit` trains: a Functional model whose inputs leave a length unknown
-(a keras-hub backbone's padded sequence) at `PROBE_LENGTH`; a model with no call of
-its own (a keras.io VAE or GAN stepping its sub-models in its own `train_step`)
-through each nested model that has inputs; a subclassed model through the shapes it
-was built with (`get_build_config`). Which kernels exist and which dtypes meet does
-not depend on the length or the values.
-"""
+"""What the kernel check calls each layer with: one forward pass of the model, however it takes
+inputs."""
 
 from __future__ import annotations
 
@@ -32,27 +23,7 @@ PROBE_BATCH = 2
 
 
 def trace_for_check(model: keras.Model) -> ModelTrace | None:
-    """Returns a forward pass of `model` whose calls the kernel check replays, or `None`.
-
-    Tried in order: the model's own inputs; the same with unknown lengths at
-    `PROBE_LENGTH`; each nested model that has inputs (its calls under its path in
-    `model`); the shapes the model was built with, as floats, then as integer
-    zeros (token ids). `None` when none runs; that is logged and nothing is checked.
-
-    Args:
-        model: a built model, in the policies it had before the plan.
-
-    Returns:
-        A `ModelTrace` keyed by `model`'s layer paths (its `edges` empty where it
-        joins nested models' passes), or `None`.
-
-    Example:
-
-    ```python
-    trace = trace_for_check(model)
-    sorted(trace.calls) if trace is not None else "nothing to check"
-    ```
-    """
+    """Returns a forward pass of `model` whose calls the kernel check replays, or `None`."""
     try:
         return trace_model(model)
     except AutoprecError as error:
@@ -135,25 +106,7 @@ def _at_built_shapes(model: keras.Model) -> ModelTrace | None:
 
 
 def probe_inputs(model: keras.Model) -> Any:
-    """Returns a small batch `model` runs on, made as the kernel check makes it, or `None`.
-
-    Tried in order: the model's own inputs (unknown lengths at `PROBE_LENGTH`), then
-    the shapes it was built with, as floats, then as integer zeros (token ids).
-
-    Args:
-        model: a built model, in the policies it had before the plan.
-
-    Returns:
-        `PROBE_BATCH` samples in the structure the model takes, or `None` when the
-        model refuses every probe (a model with no call of its own).
-
-    Example:
-
-    ```python
-    batch = probe_inputs(model)
-    model(batch) if batch is not None else "nothing to call"
-    ```
-    """
+    """Returns a small batch `model` runs on, made as the kernel check makes it, or `None`."""
     config = model.get_build_config() if model.built else None
     shapes = (config or {}).get("input_shape")
     makers = [lambda: sample_inputs(model, PROBE_BATCH, unknown_length=PROBE_LENGTH)]

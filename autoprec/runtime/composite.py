@@ -1,16 +1,4 @@
-"""Where a plan's dtypes meet inside a composite layer, and whether the model runs under it.
-
-Keras casts a layer's *inputs* to its compute dtype, never its outputs, and a saved
-file records policies, not casts. A composite layer that combines its sub-layers'
-outputs with plain tensor arithmetic in its own `call` (`x = self.attention(x) +
-residual`, as many user layers do) therefore runs a plan only where the tensors it
-combines share a dtype: TensorFlow's `AddV2` does not mix bfloat16 and float32.
-autoprec adds no cast of its own, so a model trains as Keras rebuilds it from the
-file; `AutoPrecision`'s check moves such a layer and its sub-layers to one dtype
-(`runtime/layer_check.py`). `dtype_clashes` lists the sub-layers whose dtype differs
-from their container's, and `check_plan_runs` runs the model once and names them when
-it fails.
-"""
+"""Where a plan's dtypes meet inside a composite layer, and whether the model runs under it."""
 
 from __future__ import annotations
 
@@ -25,14 +13,7 @@ from ..layers import is_graph_model, layer_paths
 
 @dataclasses.dataclass(frozen=True)
 class DtypeClash:
-    """Two dtypes meeting inside a composite layer.
-
-    Attributes:
-        container: the composite layer's path (`""` for the model itself).
-        container_dtype: the composite layer's compute dtype.
-        layer: the sub-layer's path.
-        layer_dtype: the sub-layer's compute dtype.
-    """
+    """Two dtypes meeting inside a composite layer."""
 
     container: str
     container_dtype: str
@@ -49,21 +30,7 @@ class DtypeClash:
 
 
 def composite_children(model: keras.Model) -> list[tuple[str, keras.layers.Layer, str, object]]:
-    """Returns the sub-layers whose outputs reach their container's own `call` code.
-
-    Args:
-        model: a built Keras model.
-
-    Returns:
-        `(path, layer, container_path, container)` for every direct sub-layer of a layer
-        (or a subclassed model) that is not a Sequential or Functional graph.
-
-    Example:
-
-    ```python
-    [path for path, *_ in composite_children(model)]  # ["block/attention", "block/norm"]
-    ```
-    """
+    """Returns the sub-layers whose outputs reach their container's own `call` code."""
     paths = layer_paths(model)
     found = []
     for path, layer in paths.items():
@@ -76,22 +43,7 @@ def composite_children(model: keras.Model) -> list[tuple[str, keras.layers.Layer
 
 
 def dtype_clashes(model: keras.Model) -> list[DtypeClash]:
-    """Returns each sub-layer whose compute dtype differs from its composite container's.
-
-    Args:
-        model: a built Keras model, with the policies a plan gave it.
-
-    Returns:
-        One `DtypeClash` per such sub-layer (where its output meets its container's
-        tensors, they meet in two dtypes).
-
-    Example:
-
-    ```python
-    for clash in dtype_clashes(model):
-        print(clash.describe())
-    ```
-    """
+    """Returns each sub-layer whose compute dtype differs from its composite container's."""
     clashes = []
     for path, layer, container_path, container in composite_children(model):
         layer_dtype, container_dtype = _compute_dtype(layer), _compute_dtype(container)
@@ -106,25 +58,7 @@ def _compute_dtype(layer: object) -> str | None:
 
 
 def check_plan_runs(model: keras.Model, inputs: object) -> None:
-    """Runs `model` once on the first sample of `inputs`; a failure names the layers that clash.
-
-    Args:
-        model: a built Keras model with a plan applied.
-        inputs: one batch of model inputs (an array, or a dict, list or nested
-            structure of arrays), as `fit` would feed it.
-
-    Raises:
-        PlanError: if the model cannot run under its current policies; the message
-            lists the sub-layers whose dtype differs from their container's and the
-            error the call raised.
-
-    Example:
-
-    ```python
-    autoprec.apply_plan(model, plan)
-    check_plan_runs(model, x_train[:1])
-    ```
-    """
+    """Runs `model` once on the first sample of `inputs`; a failure names the layers that clash."""
     first = keras.tree.map_structure(lambda value: value[:1], inputs)
     try:
         model(first, training=False)

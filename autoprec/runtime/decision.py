@@ -1,13 +1,4 @@
-"""What the guard does about one step: a pure function from plain values to a frozen decision.
-
-`decide(outcome, on_nan=..., dynamic_scale=..., floor=...)` takes what the host
-learnt about a step (`StepOutcome`: the failing step's `Attribution`, the loss
-scale it ran with, the float16 layers climbing toward 65504, whether the loss
-was finite) and returns a `GuardDecision`: the action, the layers to promote,
-the loss scale to set, the events to record and the lines to show. It touches no
-Keras object, so every branch is tested directly; `PlanCallback` carries the
-decision out.
-"""
+"""What the guard does about one step: a pure function from plain values to a frozen decision."""
 
 from __future__ import annotations
 
@@ -57,20 +48,7 @@ class StepOutcome:
 
 @dataclasses.dataclass(frozen=True)
 class GuardDecision:
-    """What to do about a step, as plain values.
-
-    Attributes:
-        action: a `GuardAction`.
-        layers: `{path: evidence}` to promote (`PROMOTE`) or to report (`WARN`).
-        loss_scale: the dynamic loss scale to set before acting, or `None` to
-            leave it.
-        failures_in_a_row: the run of failed steps whose gradients overflowed,
-            to pass to the next `decide`.
-        trigger: why the guard acts, for promotion events.
-        events: events to record in `plan.events`, in order.
-        lines: what to show or raise (`STOP`, `RAISE`, `SKIP`, `LOWER_SCALE`,
-            `WARN`: one line each).
-    """
+    """What to do about a step, as plain values."""
 
     action: GuardAction = GuardAction.NONE
     layers: Mapping[str, str] = dataclasses.field(default_factory=dict)

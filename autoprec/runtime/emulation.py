@@ -1,16 +1,4 @@
-"""Float16 numerics without float16 kernels: float32 math, float16 rounding at layer boundaries.
-
-TensorFlow's CPU kernels for float16 are element-by-element fallbacks, some 100 to 300
-times slower than float32 (a 2048-wide Dense train step: 19 s against 0.07 s), so a
-search for a GPU cannot train its float16 plans natively on a CPU. `Float16Emulation`
-gives those plans float16's numerics at float32's speed: an emulated layer computes in
-float32, but its floating inputs and outputs are rounded to float16 (and back). Values
-beyond 65504 become inf, small ones lose precision or flush to zero, and in the backward
-pass the gradients crossing those boundaries are rounded the same way (the gradient of a
-cast is a cast), so float16 overflow and underflow, and the loss scaling they need, show
-as they would on a GPU. Inside the layer the math keeps float32 accumulation, as
-float16 matrix units (tensor cores) do; weights are not rounded.
-"""
+"""Float16 numerics without float16 kernels: float32 math, float16 rounding at layer boundaries."""
 
 from __future__ import annotations
 
@@ -32,20 +20,7 @@ INPUTS_ONLY = "inputs"
 
 
 def round_to_float16(value: object) -> object:
-    """Rounds a floating tensor to the nearest float16 value, keeping its dtype; other values pass.
-
-    Args:
-        value: anything; float32 and float64 tensors are rounded.
-
-    Returns:
-        `value` rounded through float16 (inf beyond 65504), or `value` unchanged.
-
-    Example:
-
-    ```python
-    round_to_float16(keras.ops.convert_to_tensor([3001.0, 1e5]))  # [3000., inf]
-    ```
-    """
+    """Rounds a floating tensor to the nearest float16 value, keeping its dtype; other values pass."""
     dtype = getattr(value, "dtype", None)
     if dtype is None or not (keras.ops.is_tensor(value) or isinstance(value, keras.KerasTensor)):
         return value
@@ -56,24 +31,7 @@ def round_to_float16(value: object) -> object:
 
 
 def emulated_layers(dtypes: Mapping[str, str]) -> dict[str, str]:
-    """Returns `{path: how}` of the layers to emulate for a plan's resolved dtypes.
-
-    Float16 layers round both sides; float32 layers inside a float16 container round
-    their inputs (they read what the container computed in float16).
-
-    Args:
-        dtypes: `{path: dtype}` of every layer, as `PrecisionPlan.resolve` gives it.
-
-    Returns:
-        `{path: BOTH_SIDES or INPUTS_ONLY}`.
-
-    Example:
-
-    ```python
-    emulated_layers({"mha": "float16", "mha/softmax": "float32", "head": "float32"})
-    # {"mha": "inputs and outputs", "mha/softmax": "inputs"}
-    ```
-    """
+    """Returns `{path: how}` of the layers to emulate for a plan's resolved dtypes."""
     chosen = {path: BOTH_SIDES for path, dtype in dtypes.items() if dtype == FLOAT16}
     for path, dtype in dtypes.items():
         if dtype != FLOAT32 or path in chosen:
@@ -85,23 +43,7 @@ def emulated_layers(dtypes: Mapping[str, str]) -> dict[str, str]:
 
 
 def without_float16(plan: PrecisionPlan, infos: Mapping[str, LayerInfo]) -> PrecisionPlan:
-    """Returns `plan` with its float16 layers in float32: what runs while they are emulated.
-
-    Args:
-        plan: a plan for the model `infos` describes.
-        infos: the model's layers, from `autoprec.layers.describe_model`.
-
-    Returns:
-        A `PrecisionPlan` deciding every layer: float16 ones as float32, others as in `plan`.
-
-    Example:
-
-    ```python
-    infos = autoprec.layers.describe_model(model)
-    autoprec.apply_plan(model, without_float16(plan, infos))
-    emulation.set_layers(emulated_layers(plan.resolve(infos)))
-    ```
-    """
+    """Returns `plan` with its float16 layers in float32: what runs while they are emulated."""
     own = {
         path: FLOAT32 if dtype == FLOAT16 else dtype
         for path, dtype in plan.resolve(infos).items()
@@ -113,27 +55,7 @@ def without_float16(plan: PrecisionPlan, infos: Mapping[str, LayerInfo]) -> Prec
 
 
 class Float16Emulation:
-    """Wraps a model's layers once so that any of them can be emulated in float16 from one trace on.
-
-    Install it before anything else wraps the layers' `call` (probes, guard telemetry):
-    its wrappers stay in place and only read which layers are emulated when a function
-    is traced, so other wrappers can come and go on top of them. Changing the emulated
-    layers takes effect at the next trace (`reset_compiled_functions`, a recompile).
-
-    Args:
-        model: the model whose layers may be emulated (usually a private clone).
-
-    Example:
-
-    ```python
-    emulation = Float16Emulation(model)
-    emulation.install()
-    emulation.set_layers(emulated_layers(plan.resolve()))
-    model.compile(...)  # traces with the emulated layers
-    model.fit(x, y)
-    emulation.remove()
-    ```
-    """
+    """Wraps a model's layers once so that any of them can be emulated in float16 from one trace on."""
 
     def __init__(self, model: keras.Model) -> None:
         self.model = model
@@ -153,12 +75,7 @@ class Float16Emulation:
             self._undo.append(swap_attribute(layer, "call", self._wrap(path, layer.call)))
 
     def set_layers(self, layers: Mapping[str, str] | Iterable[str]) -> None:
-        """Sets the layers emulated from the next trace on.
-
-        Args:
-            layers: `{path: BOTH_SIDES or INPUTS_ONLY}` (see `emulated_layers`), or paths
-                (both sides); empty for none.
-        """
+        """Sets the layers emulated from the next trace on."""
         if isinstance(layers, Mapping):
             self.active = dict(layers)
         else:

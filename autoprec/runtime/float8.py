@@ -1,13 +1,4 @@
-"""Float8 layers at run time: their scaling variables, and an optimizer that knows them.
-
-Setting a built `Dense` or `EinsumDense` layer's policy to `float8_from_*` makes
-Keras quantize it: six "overwrite with gradient" variables appear (a scale and an
-amax history for inputs, kernel and output gradients). An optimizer built before
-does not know them, and a layer taken back out of float8 keeps them without a
-gradient. This module keeps both straight: the float8 variables are trainable
-exactly while their layer trains in float8, and `extend_optimizer` rebuilds a built
-optimizer for new variables with its state (iterations, moments, loss scale) kept.
-"""
+"""Float8 layers at run time: their scaling variables, and an optimizer that knows them."""
 
 from __future__ import annotations
 
@@ -26,32 +17,12 @@ FLOAT8_VARIABLES: tuple[str, ...] = tuple(sorted(FLOAT8_SCALING_VARIABLES))
 
 
 def has_float8_path(layer: object) -> bool:
-    """Returns whether Keras can train `layer` in float8 (a `Dense` or `EinsumDense`).
-
-    Example:
-
-    ```python
-    has_float8_path(keras.layers.Dense(8))  # True
-    ```
-    """
+    """Returns whether Keras can train `layer` in float8 (a `Dense` or `EinsumDense`)."""
     return isinstance(layer, (keras.layers.Dense, keras.layers.EinsumDense))
 
 
 def float8_variables(layer: keras.layers.Layer) -> list[keras.Variable]:
-    """Returns the float8 scaling variables a layer has (none before it was first quantized).
-
-    Args:
-        layer: any Keras layer.
-
-    Returns:
-        The layer's `inputs_scale`, `inputs_amax_history`, ... variables, in that order.
-
-    Example:
-
-    ```python
-    [v.name for v in float8_variables(model.get_layer("dense"))]
-    ```
-    """
+    """Returns the float8 scaling variables a layer has (none before it was first quantized)."""
     found = []
     for name in FLOAT8_VARIABLES:
         variable = getattr(layer, name, None)
@@ -61,25 +32,7 @@ def float8_variables(layer: keras.layers.Layer) -> list[keras.Variable]:
 
 
 def sync_float8_variables(layers: Iterable[keras.layers.Layer]) -> None:
-    """Makes each layer's float8 variables trainable exactly while it trains in float8.
-
-    A layer taken out of float8 keeps its scaling variables (Keras cannot remove
-    them), but they get no gradient then; out of the trainable set, no optimizer
-    warns about them or keeps moments for them. On JAX they stay trainable once
-    made: JAX's `fit` holds its variables in fixed lists for the whole run and its
-    optimizer must see exactly the variables it was built with. (Their gradient is
-    then zero, which overwrites them; `reset_float8_state` restarts them when the
-    layer goes back to float8.)
-
-    Args:
-        layers: the layers whose policies were just set.
-
-    Example:
-
-    ```python
-    sync_float8_variables(layer_paths(model).values())
-    ```
-    """
+    """Makes each layer's float8 variables trainable exactly while it trains in float8."""
     keep_trainable = keras.backend.backend() == "jax"
     for layer in layers:
         active = keep_trainable or is_float8_policy(layer_policy(layer))
@@ -89,27 +42,7 @@ def sync_float8_variables(layers: Iterable[keras.layers.Layer]) -> None:
 
 
 def extend_optimizer(model: keras.Model) -> bool:
-    """Rebuilds `model.optimizer` for trainable variables it was not built with, keeping its state.
-
-    A built Keras optimizer refuses variables it was not built with ("Unknown
-    variable"), and float8 layers add some. The optimizer (and a loss-scale
-    wrapper around it) is re-created from its config, built for the model's
-    trainable variables, and every state variable it had (iterations, moments,
-    the loss scale and its counters) is copied across by name.
-
-    Args:
-        model: a compiled model.
-
-    Returns:
-        Whether the optimizer was replaced.
-
-    Example:
-
-    ```python
-    layer.dtype_policy = "float8_from_mixed_bfloat16"
-    extend_optimizer(model)
-    ```
-    """
+    """Rebuilds `model.optimizer` for trainable variables it was not built with, keeping its state."""
     optimizer = getattr(model, "optimizer", None)
     inner = inner_optimizer(optimizer)
     if optimizer is None or not getattr(inner, "built", False):
@@ -152,29 +85,7 @@ def _copy_state(old: keras.optimizers.Optimizer, new: keras.optimizers.Optimizer
 
 
 def keep_nested_float8_policies(model: keras.Model) -> int:
-    """Records float8 sub-layer policies in their container's config, so `.keras` files reload them.
-
-    Keras saves the policy of each layer in a model's config, but a layer that
-    builds its own sub-layers (`MultiHeadAttention`, keras-hub's
-    `TransformerEncoder`) saves only its own: reloaded, its float8 `EinsumDense`
-    layers would be built without their scaling variables, and loading fails. Such
-    a container passes its policy to the sub-layers it builds, so it is given a
-    `keras.dtype_policies.DTypePolicyMap` keyed by their paths. A container that
-    holds one already has every entry brought up to date, float8 or not.
-
-    Args:
-        model: the model whose policies were just set.
-
-    Returns:
-        How many containers hold a policy map now.
-
-    Example:
-
-    ```python
-    keep_nested_float8_policies(model)
-    model.save("model.keras")  # keras.models.load_model restores the float8 sub-layers
-    ```
-    """
+    """Records float8 sub-layer policies in their container's config, so `.keras` files reload them."""
     paths = layer_paths(model)
     containers = [path for path, layer in paths.items() if _builds_sub_layers(layer, path, paths)]
     outermost = [
@@ -216,24 +127,7 @@ def _builds_sub_layers(layer: keras.layers.Layer, path: str, paths: dict) -> boo
 def restore_variables(
     model: keras.Model, saved: Mapping[int, tuple[keras.Variable, object]]
 ) -> None:
-    """Puts back saved variable values; float8 scaling variables made since start afresh.
-
-    A model's variable list grows when a layer first trains in float8, so values
-    are saved per variable (`{id(variable): (variable, value)}`), not by position.
-    A scaling variable that did not exist when the values were saved gets Keras'
-    initial value (scales 1, amax histories 0), as a freshly quantized layer has.
-
-    Args:
-        model: the model.
-        saved: `{id(variable): (variable, value)}` taken from `model.variables` earlier.
-
-    Example:
-
-    ```python
-    saved = {id(v): (v, keras.ops.convert_to_numpy(v)) for v in model.variables}
-    restore_variables(model, saved)
-    ```
-    """
+    """Puts back saved variable values; float8 scaling variables made since start afresh."""
     for variable in model.variables:
         entry = saved.get(id(variable))
         if entry is not None:
@@ -259,15 +153,7 @@ SATURATION_RATIO = 1.25
 
 @dataclasses.dataclass(frozen=True)
 class LaggingScale:
-    """A float8 tensor whose delayed scale no longer covers its amax: values saturate.
-
-    Attributes:
-        tensor: `"inputs"`, `"kernel"` or `"outputs_grad"`.
-        format_name: the 8-bit format it is quantized to.
-        amax: the tensor's latest amax.
-        covered_amax: the largest amax the scale in use represents (format max x scale;
-            Keras keeps the scale as `amax / format max`).
-    """
+    """A float8 tensor whose delayed scale no longer covers its amax: values saturate."""
 
     tensor: str
     format_name: str
@@ -289,26 +175,8 @@ class LaggingScale:
 
 
 def lagging_scales(layers: Mapping[str, keras.layers.Layer]) -> dict[str, LaggingScale]:
-    """Returns the float8 layers whose scale in use does not cover the latest amax, worst tensor each.
-
-    Keras divides each float8 tensor by a scale of `max(amax history) / format max`
-    computed on an earlier step; when the amax grows faster than the history follows, the
-    largest values saturate at the format's maximum. This reads each float8 layer's
-    scales and the newest entry of its amax histories (a few scalars, on the host).
-
-    Args:
-        layers: `{path: layer}` of the layers to check; those not in float8 are skipped.
-
-    Returns:
-        `{path: LaggingScale}` for the layers with a tensor whose amax exceeds its cover
-        by more than `SATURATION_RATIO`.
-
-    Example:
-
-    ```python
-    lagging_scales({"dense": model.get_layer("dense")})  # {} while the scales keep up
-    ```
-    """
+    """Returns the float8 layers whose scale in use does not cover the latest amax, worst tensor
+    each."""
     found = {}
     for path, layer in layers.items():
         if not is_float8_policy(layer_policy(layer)) or not float8_variables(layer):
@@ -329,23 +197,8 @@ def lagging_scales(layers: Mapping[str, keras.layers.Layer]) -> dict[str, Laggin
 
 
 def reset_float8_state(layer: keras.layers.Layer, only_if_lost: bool = False) -> bool:
-    """Restarts a layer's delayed scaling as a freshly quantized layer has it: scales 1, histories 0.
-
-    Args:
-        layer: a Dense/EinsumDense layer (one without float8 variables is left alone).
-        only_if_lost: restart only when a scale is not positive (on JAX, steps out of
-            float8 overwrite the scales with their zero gradient); a layer's scales
-            from its last float8 steps are otherwise kept.
-
-    Returns:
-        Whether the variables were reset.
-
-    Example:
-
-    ```python
-    reset_float8_state(model.get_layer("dense"))
-    ```
-    """
+    """Restarts a layer's delayed scaling as a freshly quantized layer has it: scales 1, histories
+    0."""
     variables = float8_variables(layer)
     if only_if_lost:
         scales = [v for v in variables if v.name.endswith("_scale")]
@@ -358,15 +211,7 @@ def reset_float8_state(layer: keras.layers.Layer, only_if_lost: bool = False) ->
 
 
 def float8_state(layers: Iterable[keras.layers.Layer]) -> list[tuple[keras.Variable, object]]:
-    """Returns a host copy of the layers' float8 scaling variables, for `put_float8_state`.
-
-    Example:
-
-    ```python
-    saved = float8_state(model.layers)
-    put_float8_state(saved)
-    ```
-    """
+    """Returns a host copy of the layers' float8 scaling variables, for `put_float8_state`."""
     return [
         (variable, keras.ops.convert_to_numpy(variable))
         for layer in layers
@@ -381,18 +226,7 @@ def put_float8_state(saved: Iterable[tuple[keras.Variable, object]]) -> None:
 
 
 def weight_variables(model: keras.Model) -> list[keras.Variable]:
-    """Returns the model's trainable variables without float8 scaling variables: its weights.
-
-    A float8 layer's scales and amax histories are trainable only so that Keras can
-    overwrite them with their "gradient" (the new scale); comparing gradients of two
-    plans compares the weights' gradients.
-
-    Example:
-
-    ```python
-    gradients = tape.gradient(loss, weight_variables(model))
-    ```
-    """
+    """Returns the model's trainable variables without float8 scaling variables: its weights."""
     scaling = {
         id(variable)
         for layer in layer_paths(model).values()

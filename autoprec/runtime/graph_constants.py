@@ -1,18 +1,4 @@
-"""Constants a graph made in its operand's dtype, made again in the dtype that operand has now.
-
-A model class that builds its functional graph in its own `__init__` (a keras-hub
-backbone) may make a constant from a symbolic tensor's dtype while it builds it:
-keras-hub's Gemma scales its embeddings by `ops.cast(ops.sqrt(hidden_dim), x.dtype)`.
-The constant is fixed in the graph in the dtype the model was built in. A plan applied
-afterwards changes the layer that makes `x`, but not the constant; a reload builds the
-graph again under the plan, and makes the constant in the new dtype. So that a model
-trains as it reloads, `align_graph_constants` gives each such constant (a floating
-tensor argument of a graph operation that is not a layer, in the dtype its symbolic
-operand had when the graph was built) the compute dtype of the layer that makes that
-operand now, and puts it back when the policies are. Graphs Keras rebuilds from a
-saved list of layers (a plain functional model) keep their constants as saved, and
-are left alone.
-"""
+"""Constants a graph made in its operand's dtype, made again in the dtype that operand has now."""
 
 from __future__ import annotations
 
@@ -28,22 +14,7 @@ _BUILT_ARGUMENTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def align_graph_constants(model: keras.Model) -> int:
-    """Makes each graph constant made from an operand's dtype again in that operand's dtype now.
-
-    Args:
-        model: a model whose layers' policies were just set (or put back).
-
-    Returns:
-        How many graph operations take a constant in another dtype than they were built
-        with.
-
-    Example:
-
-    ```python
-    autoprec.apply_plan(gemma_causal_lm, autoprec.PrecisionPlan.uniform(gemma_causal_lm, "bfloat16"))
-    align_graph_constants(gemma_causal_lm)  # 1: the embedding scale is a bfloat16 constant
-    ```
-    """
+    """Makes each graph constant made from an operand's dtype again in that operand's dtype now."""
     changed = 0
     for graph in [model, *layer_paths(model).values()]:
         if not is_graph_model(graph) or lists_own_layers(graph):

@@ -1,22 +1,4 @@
-"""The runtime guard: detect overflow in training, find the layers where it starts, promote them.
-
-Detection and attribution come from `autoprec.runtime.telemetry`: every step,
-inside the compiled train step, each 16-bit layer records the largest
-magnitude of its outputs, inputs, attention logits and gradients, and the host
-reads one status flag per step. When a step fails, `attribute_step` names the
-cause from that very step: the input batch (the data's fault, nothing
-promoted), the layers whose forward values left their format's range while
-their inputs were finite (all of them, promoted at once), or the backward pass
-(the dynamic loss scale is lowered first, down to its floor, and the layers are
-promoted only when no scale can help). `climbing_layers` finds float16 layers
-whose amax history climbs toward 65504, promoted before they overflow. What the
-guard does about a step is `autoprec.runtime.decision.decide`, a pure function.
-
-The telemetry runs on Keras' TensorFlow and JAX backends (`GUARD_BACKENDS`);
-elsewhere `check_guard_backend` refuses a `Guard` and says to pass `guard=None`.
-Float16 goes to bfloat16 where the device (`hardware=`) runs bfloat16 fast,
-else to float32; bfloat16 goes to float32.
-"""
+"""The runtime guard: detect overflow in training, find the layers where it starts, promote them."""
 
 from __future__ import annotations
 

@@ -1,17 +1,4 @@
-"""Detect layers whose planned 16-bit dtype has no kernel on this device, before training.
-
-Some operations have no float16 or bfloat16 kernel on some devices (on
-TensorFlow's CPU, `tf.linalg.det` has neither; `tf.math.lgamma` has float16 but
-not bfloat16). A plan that puts such a layer in 16-bit would fail at the first
-train step with an error far from its cause. `find_missing_kernels` calls each
-16-bit layer once, alone, forward and backward, on a tiny batch shaped like what
-it sees in the model; `fallback_plan` moves every failing layer to the next
-wider dtype (float16 -> bfloat16 -> float32) and records why in the plan.
-A container is called with its sub-layers in their planned dtypes; what the
-call raises tells a missing kernel from a layer whose own arithmetic mixes
-dtypes, and from a check that could not call the layer at all
-(`autoprec.runtime.layer_check`): the last changes nothing.
-"""
+"""Detect layers whose planned 16-bit dtype has no kernel on this device, before training."""
 
 from __future__ import annotations
 

@@ -1,13 +1,4 @@
-"""Call one layer alone, with its sub-layers in their planned dtypes, and say why it fails.
-
-A layer checked before training can fail for three reasons, told apart by what
-its call raises, never by its class: the device has no kernel for the dtype
-(`MISSING_KERNEL`), the layer's own arithmetic meets tensors of two dtypes
-(`MIXED_ARITHMETIC`: a dtype-mismatch error in its planned dtypes while the
-same call in float32 runs), or the check itself cannot call the layer alone
-(`CHECK_FAILED`: its arguments cannot be rebuilt, or it fails in float32 too).
-A layer that fails only in 16-bit for another reason is `DTYPE_FAILURE`.
-"""
+"""Call one layer alone, with its sub-layers in their planned dtypes, and say why it fails."""
 
 from __future__ import annotations
 
@@ -46,15 +37,7 @@ _MISMATCH_PATTERNS = (
 
 @dataclasses.dataclass(frozen=True)
 class LayerCheck:
-    """What calling one layer alone in its planned dtypes showed.
-
-    Attributes:
-        kind: `MISSING_KERNEL`, `MIXED_ARITHMETIC`, `DTYPE_FAILURE` or
-            `CHECK_FAILED`; `""` when the layer runs.
-        error: the first telling line of the error, or why the check failed.
-        fallback: the dtype the layer and its sub-layers run in instead (the
-            planned dtype where the check failed or the layer runs).
-    """
+    """What calling one layer alone in its planned dtypes showed."""
 
     kind: str = ""
     error: str = ""
@@ -62,21 +45,7 @@ class LayerCheck:
 
 
 def subtree(paths: Mapping[str, keras.layers.Layer], path: str) -> dict[str, keras.layers.Layer]:
-    """Returns the layer at `path` and every layer under it, by path.
-
-    Args:
-        paths: `{path: layer}` of a model, from `autoprec.layers.layer_paths`.
-        path: the layer's path.
-
-    Returns:
-        `{path: layer}`, the layer first.
-
-    Example:
-
-    ```python
-    subtree(layer_paths(model), "bidirectional")  # the wrapper, both LSTMs and their cells
-    ```
-    """
+    """Returns the layer at `path` and every layer under it, by path."""
     prefix = path + "/"
     return {key: layer for key, layer in paths.items() if key == path or key.startswith(prefix)}
 
@@ -85,23 +54,7 @@ def subtree(paths: Mapping[str, keras.layers.Layer], path: str) -> dict[str, ker
 def planned_policies(
     layers: Mapping[str, keras.layers.Layer], dtypes: Mapping[str, str]
 ) -> Iterator[None]:
-    """Sets each layer of `layers` named in `dtypes` to that dtype's policy, then puts them back.
-
-    Args:
-        layers: `{path: layer}`.
-        dtypes: `{path: dtype}` (`"float32"`, `"bfloat16"` or `"float16"`);
-            layers not named keep their policy.
-
-    Returns:
-        A context manager.
-
-    Example:
-
-    ```python
-    with planned_policies(subtree(paths, "moe"), {"moe": "bfloat16"}):
-        paths["moe"](x)
-    ```
-    """
+    """Sets each layer of `layers` named in `dtypes` to that dtype's policy, then puts them back."""
     originals = {}
     try:
         for path, layer in layers.items():
@@ -115,22 +68,7 @@ def planned_policies(
 
 
 def run_once(layer: keras.layers.Layer, args: list, kwargs: dict) -> None:
-    """Calls the layer forward, and backward where the backend allows it.
-
-    Args:
-        layer: a built layer.
-        args: positional arguments.
-        kwargs: keyword arguments.
-
-    Returns:
-        `None`; whatever the call raises propagates.
-
-    Example:
-
-    ```python
-    run_once(keras.layers.Dense(2), [np.ones((2, 3), "float32")], {})
-    ```
-    """
+    """Calls the layer forward, and backward where the backend allows it."""
     if keras.backend.backend() == "tensorflow":
         import tensorflow as tf
 
@@ -167,21 +105,7 @@ def _dtype_name(name: str) -> str:
 
 
 def error_summary(error: Exception) -> str:
-    """Returns `"ErrorType: line"`, the line of a (possibly Keras-wrapped) error that tells most.
-
-    Args:
-        error: what a layer call raised.
-
-    Returns:
-        The line naming a missing kernel or a dtype mismatch where there is
-        one, else the first line; at most 300 characters.
-
-    Example:
-
-    ```python
-    error_summary(TypeError("Input 'y' of 'Mul' Op has type float32 ..."))
-    ```
-    """
+    """Returns `"ErrorType: line"`, the line of a (possibly Keras-wrapped) error that tells most."""
     lines = _lines(error)
     for line in lines:
         if any(pattern.search(line) for pattern in _MISMATCH_PATTERNS):
@@ -194,20 +118,7 @@ def error_summary(error: Exception) -> str:
 
 
 def mismatched_dtypes(error: Exception) -> tuple[str, str] | None:
-    """Returns the two dtypes a dtype-mismatch error names, or `None` for another error.
-
-    Args:
-        error: what a layer call raised.
-
-    Returns:
-        `(dtype, other dtype)` as the error names them, or `None`.
-
-    Example:
-
-    ```python
-    mismatched_dtypes(TypeError("... has type float32 that does not match type bfloat16 ..."))
-    ```
-    """
+    """Returns the two dtypes a dtype-mismatch error names, or `None` for another error."""
     if (
         not isinstance(error, (TypeError, ValueError))
         and "InvalidArgument" not in type(error).__name__
@@ -222,20 +133,7 @@ def mismatched_dtypes(error: Exception) -> tuple[str, str] | None:
 
 
 def is_missing_kernel(error: Exception) -> bool:
-    """Returns whether `error` is the device saying it has no kernel for an operation's dtype.
-
-    Args:
-        error: what a layer call raised.
-
-    Returns:
-        Whether a line of the error names a missing kernel or a refused dtype.
-
-    Example:
-
-    ```python
-    is_missing_kernel(error)  # True for "Could not find device for node: {{node Lgamma}}"
-    ```
-    """
+    """Returns whether `error` is the device saying it has no kernel for an operation's dtype."""
     if mismatched_dtypes(error) is not None:
         return False
     text = " ".join(_lines(error)).lower()
@@ -248,27 +146,7 @@ def call_error(
     call: LayerCall,
     dtypes: Mapping[str, str],
 ) -> Exception | None:
-    """Returns what calling the layer at `path` alone raises with `layers` in `dtypes`.
-
-    Args:
-        layers: the layer and its sub-layers, from `subtree`.
-        path: the layer's path.
-        call: a recorded call of the layer, from `autoprec.cost.trace_model`.
-        dtypes: `{path: dtype}` of the layer and its sub-layers for this call.
-
-    Returns:
-        The exception the call forward and backward (in training mode; the
-        layer's non-trainable variables are put back) raised, or `None` if it ran.
-
-    Raises:
-        BackendError: when the recorded call's arguments cannot be rebuilt.
-
-    Example:
-
-    ```python
-    error = call_error(subtree(paths, "moe"), "moe", trace.calls["moe"][0], plan.resolve())
-    ```
-    """
+    """Returns what calling the layer at `path` alone raises with `layers` in `dtypes`."""
     rng = np.random.default_rng(0)
     args, kwargs = synthetic_arguments(call, 2, dtypes[path], rng, value_range=(0.5, 1.5))
     kwargs["training"] = True  # as in a train step (Keras drops it where `call` takes none)
@@ -302,27 +180,7 @@ def _mixed_arithmetic(error: Exception, dtype: str) -> str:
 
 
 def alike_candidates(planned: Iterable[str], container_dtype: str | None = None) -> list[str]:
-    """Returns the dtypes to try, in order, for a layer and its sub-layers alike.
-
-    Where the layer and its sub-layers are planned in several dtypes, the widest of
-    them comes first (a sub-layer moved wider on evidence, a range or a missing
-    kernel, keeps what it needs), then the dtypes wider than it. A layer planned in
-    one dtype tries its container's dtype where that is another 16-bit dtype. Both
-    end at float32.
-
-    Args:
-        planned: the dtypes the plan gives the layer and its sub-layers.
-        container_dtype: the planned dtype of the layer's container, if any.
-
-    Returns:
-        The dtypes, nearest first, float32 last.
-
-    Example:
-
-    ```python
-    alike_candidates(["float16", "bfloat16"])  # ["bfloat16", "float32"]
-    ```
-    """
+    """Returns the dtypes to try, in order, for a layer and its sub-layers alike."""
     ladder = [name for name in set(planned) if name in WIDENING_LADDER]
     if len(ladder) > 1:
         widest = max(ladder, key=WIDENING_LADDER.index)
@@ -339,30 +197,7 @@ def check_layer(
     dtypes: Mapping[str, str],
     container_dtype: str | None = None,
 ) -> LayerCheck:
-    """Returns why the layer at `path` cannot run in its planned dtypes, and what it runs in.
-
-    Args:
-        layers: the layer and its sub-layers, from `subtree`, in the policies
-            they had before the plan.
-        path: the layer's path.
-        call: a recorded call of the layer, from `autoprec.cost.trace_model`.
-        dtypes: `{path: dtype}` the plan gives the layer and its sub-layers.
-        container_dtype: the planned dtype of the layer's container, if any.
-
-    Returns:
-        A `LayerCheck`: `kind` `""` when the layer runs as planned. A missing
-        kernel or another 16-bit failure falls back along the widening ladder;
-        mixed arithmetic to one dtype for the layer and its sub-layers alike
-        (`alike_candidates`: the widest they were planned in, or the container's),
-        so that Keras runs the plan as it is saved; a failed check changes nothing.
-
-    Example:
-
-    ```python
-    found = check_layer(subtree(paths, "sampling"), "sampling", call, {"sampling": "bfloat16"})
-    found.kind, found.fallback  # ("mixed_arithmetic", "float32")
-    ```
-    """
+    """Returns why the layer at `path` cannot run in its planned dtypes, and what it runs in."""
     dtype = dtypes[path]
     try:
         error = call_error(layers, path, call, dtypes)

@@ -1,4 +1,5 @@
-"""Loss scaling: the `LossScale` settings and a Keras `LossScaleOptimizer` whose scale never falls below a floor."""
+"""Loss scaling: the `LossScale` settings and a Keras `LossScaleOptimizer` whose scale never falls
+below a floor."""
 
 from __future__ import annotations
 
@@ -71,26 +72,7 @@ class LossScale(ConfigValue):
 
 
 def resolve_loss_scale(loss_scale: LossScale | str | float | None, where: str) -> LossScale | None:
-    """Returns the `LossScale` a `loss_scale=` argument means, or `None` for no loss scaling.
-
-    Args:
-        loss_scale: a `LossScale`, `"dynamic"`, a positive number (a fixed
-            scale) or `None`.
-        where: the caller's name, for the error message.
-
-    Returns:
-        `LossScale()` for `"dynamic"`, `LossScale(number, dynamic=False)` for a
-        number, the `LossScale` itself, or `None`.
-
-    Raises:
-        PlanError: for anything else; the message lists the accepted values.
-
-    Example:
-
-    ```python
-    resolve_loss_scale(128, "AutoPrecision")  # LossScale(initial=128.0, ..., dynamic=False)
-    ```
-    """
+    """Returns the `LossScale` a `loss_scale=` argument means, or `None` for no loss scaling."""
     if loss_scale is None or isinstance(loss_scale, LossScale):
         return loss_scale
     if loss_scale == "dynamic":
@@ -254,45 +236,15 @@ class FlooredLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
 def step_skipping_optimizer(
     inner_optimizer: keras.optimizers.Optimizer,
 ) -> FlooredLossScaleOptimizer:
-    """Returns `inner_optimizer` wrapped to skip (and count) steps with non-finite gradients, unscaled.
-
-    The loss scale is fixed at 1, so nothing is scaled: this is what a plan with
-    bfloat16 but no float16 layers gets while the guard is on (bfloat16 has
-    float32's range and needs no loss scaling, but a NaN must still never reach
-    the weights). `current_loss_scale` reports `None` for it.
-
-    Args:
-        inner_optimizer: the optimizer to wrap.
-
-    Returns:
-        A `FlooredLossScaleOptimizer` with `fixed=True` and scale 1.
-
-    Example:
-
-    ```python
-    model.optimizer = step_skipping_optimizer(model.optimizer)
-    ```
-    """
+    """Returns `inner_optimizer` wrapped to skip (and count) steps with non-finite gradients,
+    unscaled."""
     wrapped = FlooredLossScaleOptimizer(inner_optimizer, initial_scale=1.0, floor=None, fixed=True)
     wrapped.scales_loss = False
     return wrapped
 
 
 def scales_loss(optimizer) -> bool:
-    """Returns whether `optimizer` scales the loss (a step-skipping wrapper does not).
-
-    Args:
-        optimizer: a Keras optimizer.
-
-    Returns:
-        `True` for a `LossScaleOptimizer` other than a `step_skipping_optimizer`.
-
-    Example:
-
-    ```python
-    scales_loss(model.optimizer)
-    ```
-    """
+    """Returns whether `optimizer` scales the loss (a step-skipping wrapper does not)."""
     return isinstance(optimizer, keras.optimizers.LossScaleOptimizer) and getattr(
         optimizer, "scales_loss", True
     )
@@ -310,30 +262,7 @@ def current_loss_scale(optimizer) -> float | None:
 def add_loss_scaling(
     model: keras.Model, settings: LossScale, where: str
 ) -> keras.optimizers.Optimizer | None:
-    """Wraps `model.optimizer` in a `FlooredLossScaleOptimizer` built from `settings`.
-
-    An optimizer that already scales the loss is kept; a step-skipping wrapper
-    (`step_skipping_optimizer`) is replaced by a scaling one around the same
-    inner optimizer, whose state is kept.
-
-    Args:
-        model: a compiled Keras model.
-        settings: the `LossScale` to scale with.
-        where: the caller's name, for the error message.
-
-    Returns:
-        The optimizer that was replaced (to put back when undoing), or `None`
-        when the model's optimizer already scaled the loss.
-
-    Raises:
-        PlanError: when the model has no optimizer.
-
-    Example:
-
-    ```python
-    original = add_loss_scaling(model, LossScale(), "PlanCallback")
-    ```
-    """
+    """Wraps `model.optimizer` in a `FlooredLossScaleOptimizer` built from `settings`."""
     optimizer = _compiled_optimizer(model, where)
     if isinstance(optimizer, keras.optimizers.LossScaleOptimizer) and scales_loss(optimizer):
         return None
@@ -355,24 +284,8 @@ def add_loss_scaling(
 
 
 def add_step_skipping(model: keras.Model, where: str) -> keras.optimizers.Optimizer | None:
-    """Wraps `model.optimizer` in a `step_skipping_optimizer`, unless it is a loss-scale optimizer already.
-
-    Args:
-        model: a compiled Keras model.
-        where: the caller's name, for the error message.
-
-    Returns:
-        The optimizer that was replaced, or `None` when nothing was wrapped.
-
-    Raises:
-        PlanError: when the model has no optimizer.
-
-    Example:
-
-    ```python
-    original = add_step_skipping(model, "PlanCallback")
-    ```
-    """
+    """Wraps `model.optimizer` in a `step_skipping_optimizer`, unless it is a loss-scale optimizer
+    already."""
     optimizer = _compiled_optimizer(model, where)
     if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
         return None
@@ -392,19 +305,5 @@ def _compiled_optimizer(model: keras.Model, where: str) -> keras.optimizers.Opti
 
 
 def is_dynamic_scale(optimizer) -> bool:
-    """Returns whether `optimizer` scales the loss with a dynamic scale that can be set now.
-
-    Args:
-        optimizer: a Keras optimizer.
-
-    Returns:
-        `True` for a built loss-scaling optimizer whose scale is not fixed.
-
-    Example:
-
-    ```python
-    if is_dynamic_scale(model.optimizer):
-        model.optimizer.dynamic_scale.assign(1024.0)
-    ```
-    """
+    """Returns whether `optimizer` scales the loss with a dynamic scale that can be set now."""
     return scales_loss(optimizer) and optimizer.built and not getattr(optimizer, "fixed", False)

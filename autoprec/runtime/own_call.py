@@ -1,15 +1,4 @@
-"""A subclassed model's own `call` under a plan: run once, and one dtype where it mixes two.
-
-Keras casts a layer's inputs to its compute dtype, never its outputs, and saves no
-cast a plan could add. A subclassed model whose own `call` combines its layers'
-outputs in plain arithmetic (`self.head(self.block(h) + h)`) therefore runs a plan
-only where the tensors it combines share a dtype, in training as after
-`keras.models.load_model`. `check_own_call` calls the whole model once on a probe
-batch with every layer in its planned dtype; where that raises a dtype mismatch, the
-model's layers take one dtype alike (the widest the plan gives them, then wider),
-which Keras runs as it is saved. Layers are checked alone first
-(`autoprec.runtime.layer_check`); this covers the one call no layer owns.
-"""
+"""A subclassed model's own `call` under a plan: run once, and one dtype where it mixes two."""
 
 from __future__ import annotations
 
@@ -32,22 +21,7 @@ from .layer_check import (
 
 
 def needs_own_call_check(model: keras.Model, dtypes: Mapping[str, str]) -> bool:
-    """Returns whether `model` has a `call` of its own in which two planned dtypes can meet.
-
-    Args:
-        model: a built model.
-        dtypes: `{path: dtype}` the plan gives each layer.
-
-    Returns:
-        `True` for a subclassed model whose top-level layers are planned in more
-        than one dtype, or in one other than the model's own compute dtype.
-
-    Example:
-
-    ```python
-    needs_own_call_check(functional_model, plan.resolve())  # False: Keras casts each node
-    ```
-    """
+    """Returns whether `model` has a `call` of its own in which two planned dtypes can meet."""
     if is_graph_model(model):
         return False
     top = {dtype for path, dtype in dtypes.items() if "/" not in path and dtype in POLICY_FOR_DTYPE}
@@ -56,25 +30,7 @@ def needs_own_call_check(model: keras.Model, dtypes: Mapping[str, str]) -> bool:
 
 
 def check_own_call(model: keras.Model, dtypes: Mapping[str, str]) -> LayerCheck:
-    """Returns whether `model`'s own `call` runs with its layers in `dtypes`, and what it runs in.
-
-    Args:
-        model: a built subclassed model (its policies are put back as they were).
-        dtypes: `{path: dtype}` of every layer, after each was checked alone.
-
-    Returns:
-        A `LayerCheck`: `kind` `""` where the call runs as planned, or where no probe
-        batch runs the model (a model with no call of its own: its nested models are
-        checked layer by layer); `"mixed_arithmetic"` with the dtype every layer
-        takes alike where the call mixes dtypes.
-
-    Example:
-
-    ```python
-    found = check_own_call(model, {"embed": "bfloat16", "head": "float32"})
-    found.kind, found.fallback  # ("mixed_arithmetic", "float32")
-    ```
-    """
+    """Returns whether `model`'s own `call` runs with its layers in `dtypes`, and what it runs in."""
     paths = layer_paths(model)
     with planned_policies(paths, dict.fromkeys(paths, FLOAT32)):  # a batch it runs on as it was
         batch = probe_inputs(model)

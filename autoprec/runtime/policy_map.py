@@ -1,16 +1,5 @@
-"""Per-layer dtypes in a model's own Keras config, as a `DTypePolicyMap` where a layer builds its own.
-
-Keras writes each layer's dtype policy into the config it saves, but a layer
-that builds its sub-layers itself (a keras-hub backbone, `MultiHeadAttention`,
-keras-hub's `TransformerDecoder`) writes only its own: it passes that one
-`dtype=` to every sub-layer it builds, so a plan that gave its sub-layers other
-dtypes reloads as one dtype. Such a container accepts a
-`keras.dtype_policies.DTypePolicyMap` as its `dtype`, and each sub-layer it
-builds from the map looks up its own path in it: Keras' own form for per-layer
-policies. `write_nested_policies` makes these containers write such a map, so
-that `keras.models.load_model`, with or without autoprec imported, rebuilds every
-layer in the dtype it trained in.
-"""
+"""Per-layer dtypes in a model's own Keras config, as a `DTypePolicyMap` where a layer builds its
+own."""
 
 from __future__ import annotations
 
@@ -33,22 +22,7 @@ _READING_CONFIGS: list[bool] = []
 def policy_map_of(
     model: keras.layers.Layer, default: keras.dtype_policies.DTypePolicy
 ) -> keras.dtype_policies.DTypePolicyMap:
-    """Returns a `DTypePolicyMap` of every built layer under `model`, keyed by Keras' layer path.
-
-    Args:
-        model: the model (or layer) whose layers' policies the map records.
-        default: the policy of a path the map does not name.
-
-    Returns:
-        The map, `{layer.path: the policy it computes with}`.
-
-    Example:
-
-    ```python
-    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2, dtype="mixed_bfloat16")])
-    policy_map_of(model, keras.dtype_policies.get("float32"))["dense"].name  # "mixed_bfloat16"
-    ```
-    """
+    """Returns a `DTypePolicyMap` of every built layer under `model`, keyed by Keras' layer path."""
     layers: dict[str, keras.layers.Layer] = {}
     for layer in [model, *layer_paths(model).values()]:
         if layer.path and layer.path not in layers:
@@ -62,30 +36,7 @@ def policy_map_of(
 def name_patterns(
     entries: Mapping[str, Any], layers: Mapping[str, keras.layers.Layer]
 ) -> dict[str, Any]:
-    r"""Returns `entries` keyed by patterns that also match a Keras-made name's other numbers.
-
-    A layer created without a name is named by Keras from its class and a counter
-    of the process (`mixtral_sparse_moe_block`, then `..._1`): a model built again
-    in another process, or twice in one, names it with another number, and an
-    exact path would miss it. Each such segment becomes `name(?:_\d+)?`, a regular
-    expression `DTypePolicyMap` matches in full; a path keeps its exact form where
-    its pattern would match another layer of the model.
-
-    Args:
-        entries: `{Keras layer path: policy}`.
-        layers: `{Keras layer path: layer}` of the model, for the layers' classes.
-
-    Returns:
-        `{key: policy}`: a pattern where one is unambiguous, else the exact path, each
-        anchored (`^...$`) so that every Keras version matches it in full.
-
-    Example:
-
-    ```python
-    name_patterns({"block/dense_3": policy}, {"block": block, "block/dense_3": dense})
-    # {"^block/dense(?:_\d+)?$": policy}, where "block" was named by its user
-    ```
-    """
+    r"""Returns `entries` keyed by patterns that also match a Keras-made name's other numbers."""
     apart = _rebuilt_apart(layers)
     keyed: dict[str, Any] = {}
     for open_names in (True, False):  # Keras-made names open to any number, else as they are
@@ -110,13 +61,7 @@ def name_patterns(
 
 
 def _rebuilt_apart(layers: Mapping[str, keras.layers.Layer]) -> set[str]:
-    """Paths of layers their container rebuilds from a config of their own (a wrapped layer).
-
-    `Bidirectional` and `TimeDistributed` write their inner layers' configs and
-    deserialize them when they are rebuilt, outside their own name scope, and a
-    subclassed model is built again outside its own: reloaded, such a layer's path no
-    longer starts with its container's.
-    """
+    """Paths of layers their container rebuilds from a config of their own (a wrapped layer)."""
     apart = set()
     inner_names: dict[str, set[str]] = {}  # container path -> names its own config holds
     for path, layer in layers.items():
@@ -156,12 +101,7 @@ def _path_pattern(
     apart: set[str] = frozenset(),
     open_names: bool = True,
 ) -> str | None:
-    """`path` as a regular expression, each Keras-made name open to any number; `None` if none.
-
-    The part before a layer rebuilt apart from its container (`_rebuilt_apart`) is
-    optional: the pattern finds the layer where a reload puts it. With `open_names`
-    off, names are kept as they are (only that part is optional).
-    """
+    """`path` as a regular expression, each Keras-made name open to any number; `None` if none."""
     segments = path.split("/")
     parts = []
     optional_until = max(
@@ -182,30 +122,15 @@ def _path_pattern(
 
 
 def _snake_case(name: str) -> str:
-    """A class name as Keras names an instance of it (`MixtralSparseMoeBlock` -> `mixtral_sparse_moe_block`)."""
+    """A class name as Keras names an instance of it (`MixtralSparseMoeBlock` ->
+    `mixtral_sparse_moe_block`)."""
     name = re.sub(r"\W+", "", name)
     name = re.sub("(.)([A-Z][a-z]+)", r"\1_\2", name)
     return re.sub("([a-z])([A-Z])", r"\1_\2", name).lower()
 
 
 def map_groups(model: keras.Model) -> dict[str, list[str]]:
-    """Returns, for each outermost container that builds its own sub-layers, the paths under it.
-
-    Each group reloads from one `DTypePolicyMap` (a keras-hub task's head is built
-    from its backbone's policy, the backbone's sub-layers from that same policy).
-
-    Args:
-        model: a built model.
-
-    Returns:
-        `{container path: [paths of the layers under it]}` (`""` for `model` itself).
-
-    Example:
-
-    ```python
-    map_groups(keras_hub_causal_lm)  # {"": ["gpt2_backbone", "gpt2_backbone/...", ...]}
-    ```
-    """
+    """Returns, for each outermost container that builds its own sub-layers, the paths under it."""
     paths = {"": model, **layer_paths(model)}
     owners = [path for path, layer in paths.items() if _builds_own_sub_layers(layer, path, paths)]
     groups: dict[str, list[str]] = {}
@@ -217,27 +142,7 @@ def map_groups(model: keras.Model) -> dict[str, list[str]]:
 
 
 def unnamed_layer_dtypes(model: keras.Model, dtypes: Mapping[str, str]) -> dict[str, str]:
-    """Returns the dtype each layer Keras leaves without a path takes from its policy map.
-
-    A layer without weights of its own (`ReLU`, `Dropout`, `Softmax`) is never built,
-    so Keras gives it no path; a container that builds it from a `DTypePolicyMap`
-    hands it the map's default policy, and no entry can name it. The default is the
-    dtype most such layers of the group are planned in; `apply_plan` gives them all
-    that dtype, so the model trains as a reload rebuilds it.
-
-    Args:
-        model: a built model.
-        dtypes: `{path: dtype}` a plan gives each layer.
-
-    Returns:
-        `{path: dtype}` of the layers whose dtype that changes.
-
-    Example:
-
-    ```python
-    unnamed_layer_dtypes(keras_hub_resnet, plan.resolve())  # {"...stack0_block0_out": "float16"}
-    ```
-    """
+    """Returns the dtype each layer Keras leaves without a path takes from its policy map."""
     paths = {"": model, **layer_paths(model)}
     changed: dict[str, str] = {}
     for members in map_groups(model).values():
@@ -264,33 +169,7 @@ def _takes_plans(layer: keras.layers.Layer) -> bool:
 
 
 def write_nested_policies(model: keras.Model) -> int:
-    """Makes every container that builds its own sub-layers save their policies in its config.
-
-    Each such container's `get_config` writes, from then on, its `dtype` as a
-    `DTypePolicyMap` of every layer of `model` as it is at that moment, so every
-    later `model.save` (a `ModelCheckpoint` included) stores the dtypes each layer
-    has then. A layer without weights of its own (`Softmax`, `Dropout`) is never
-    built, so Keras gives it no path: rebuilt from the map it takes the map's
-    default, which is the dtype most such layers of the group have (a plan that
-    gives them others is restored by `autoprec.load_model`). A container whose config already describes its
-    layers (a functional or `Sequential` model) is left as it is, and so is one
-    whose config has no `dtype` (a keras-hub task: its backbone writes the map, and
-    the task's own layers, built from the backbone's policy, find their entries in it).
-
-    Args:
-        model: the model whose dtype policies were just set.
-
-    Returns:
-        How many containers write a policy map.
-
-    Example:
-
-    ```python
-    autoprec.apply_plan(model, plan)
-    write_nested_policies(model)
-    model.save("model.keras")  # keras.models.load_model restores every layer's dtype
-    ```
-    """
+    """Makes every container that builds its own sub-layers save their policies in its config."""
     root = weakref.ref(model)
     paths = {"": model, **layer_paths(model)}
     writing = 0
@@ -339,25 +218,7 @@ def _is_under(path: str, container: str) -> bool:
 
 
 def lists_own_layers(layer: keras.layers.Layer) -> bool:
-    """Returns whether `layer` is a Sequential or functional model whose config lists its layers.
-
-    Keras rebuilds such a model from that list, each layer with its own dtype, and the
-    model itself in the default policy (a functional config has no `dtype`;
-    `Sequential.from_config` does not pass it on), so a plan leaves its own policy as it is.
-
-    Args:
-        layer: any layer or model.
-
-    Returns:
-        `True` for a plain Sequential or functional model; `False` for a class that
-        writes a config of its own (a keras-hub backbone) and for any other layer.
-
-    Example:
-
-    ```python
-    lists_own_layers(keras.Sequential([keras.layers.Dense(2)]))  # True
-    ```
-    """
+    """Returns whether `layer` is a Sequential or functional model whose config lists its layers."""
     if not is_graph_model(layer):
         return False
     try:

@@ -1,12 +1,4 @@
-"""`save_model` / `load_model`: a `.keras` file that carries its precision plan and loss scale.
-
-Keras keeps the dtype policies of top-level layers on reload but drops those
-set on nested sub-layers (the inner layers of `MultiHeadAttention`, layers of
-nested models), and a model whose optimizer was wrapped in a
-`LossScaleOptimizer` after `compile` reloads without its optimizer state. These
-two functions store the plan inside the `.keras` archive, save the optimizer
-state in the shape `compile` expects, and put everything back on load.
-"""
+"""`save_model` / `load_model`: a `.keras` file that carries its precision plan and loss scale."""
 
 from __future__ import annotations
 
@@ -32,19 +24,7 @@ PLAN_ASSET = "assets/" + PLAN_ENTRY
 
 
 def attach_plan(model: keras.Model, plan: PrecisionPlan) -> None:
-    """Records `plan` on `model` so that every save of it, autoprec's or Keras', keeps it.
-
-    Besides `save_model`, which finds the plan here, Keras' own `model.save` (and so
-    `ModelCheckpoint`) then writes the plan among the model's assets, and the compile
-    configuration it writes names the optimizer the model trains with now (a
-    `LossScaleOptimizer` wrapped after `compile` included), so that
-    `keras.models.load_model` restores the optimizer's state and the loss scale, and
-    `autoprec.load_model` the plan as well.
-
-    Args:
-        model: the model the plan was applied to.
-        plan: the plan as applied.
-    """
+    """Records `plan` on `model` so that every save of it, autoprec's or Keras', keeps it."""
     object.__setattr__(model, "_autoprec_plan", plan)
     if not getattr(model, "_autoprec_saves_whole", False):
         object.__setattr__(model, "_autoprec_saves_whole", True)
@@ -116,18 +96,7 @@ def save_model(
 
 
 def load_plan_from_archive(path: str | os.PathLike) -> PrecisionPlan | None:
-    """Returns the plan stored in a `.keras` archive, or `None` where it holds none.
-
-    Args:
-        path: a `.keras` file written by `save_model`, or by Keras' `model.save` (a
-            `ModelCheckpoint`) for a model autoprec applied a plan to.
-
-    Returns:
-        The `PrecisionPlan`, or `None`.
-
-    Raises:
-        PlanError: if `path` is not a zip archive, or its plan is not valid.
-    """
+    """Returns the plan stored in a `.keras` archive, or `None` where it holds none."""
     try:
         with zipfile.ZipFile(path) as archive:
             names = archive.namelist()

@@ -1,16 +1,4 @@
-"""Logs of a guarded run: a step the guard skipped leaves no NaN in the loss or the metrics.
-
-While the guard is on, a step with a non-finite loss or gradients updates no weight: the
-loss-scale optimizer skips it. Keras' metrics still take that step's NaN loss into their
-running means, so the whole epoch reports `loss: nan` and `TerminateOnNaN` ends a run the
-guard rescued. `SkippedStepLogs` wraps the train step once: where the step's loss is not
-finite, every metric variable goes back to its value before the step (inside the compiled
-step, no host synchronisation), and the logs gain `skipped_steps`, the steps the optimizer
-skipped in the current epoch. Under a `tf.distribute` strategy the step counts as skipped
-on every replica when its loss is not finite on one (one all-reduced flag), as the
-guard's telemetry makes the optimizer skip it on every replica. A real divergence is the guard's to report: it stops
-training, or raises, as `Guard.on_nan` says.
-"""
+"""Logs of a guarded run: a step the guard skipped leaves no NaN in the loss or the metrics."""
 
 from __future__ import annotations
 
@@ -30,23 +18,7 @@ _INSTALLED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 class SkippedStepLogs:
-    """Keeps a guarded run's logs finite and counts its skipped steps.
-
-    Install it once per model, before other wrappers of `train_step` (its wrapper stays
-    and reads `active` when the step is traced, so wrappers above it can come and go).
-
-    Args:
-        model: the compiled model whose train step is wrapped.
-
-    Example:
-
-    ```python
-    logs = SkippedStepLogs.for_model(model)
-    logs.activate()
-    model.fit(x, y)  # history.history["skipped_steps"], no NaN from skipped steps
-    logs.deactivate()
-    ```
-    """
+    """Keeps a guarded run's logs finite and counts its skipped steps."""
 
     def __init__(self, model: keras.Model) -> None:
         self.model = model
@@ -58,14 +30,7 @@ class SkippedStepLogs:
 
     @classmethod
     def for_model(cls, model: keras.Model) -> SkippedStepLogs:
-        """Returns the model's `SkippedStepLogs`, installing it on first use.
-
-        Args:
-            model: a compiled Keras model.
-
-        Returns:
-            The one `SkippedStepLogs` of `model`.
-        """
+        """Returns the model's `SkippedStepLogs`, installing it on first use."""
         logs = _INSTALLED.get(model)
         if logs is None:
             logs = cls(model)

@@ -1,17 +1,4 @@
-"""Candidate plans' whole train steps timed inside `fit`, interleaved, and the verdict on them.
-
-Per-layer costs do not add up to the whole step (casts at dtype boundaries, lost
-fusion, layout changes), so a plan decided from them is timed as `fit` runs it
-before it is kept:
-
-- `StepRace`: runs the next steps of `fit` under each candidate plan in turn
-  (each traced once, then interleaved rounds whose order rotates) and times them;
-  the steps train the model as usual, so only the slower candidates' extra time
-  and their traces are added to the first epoch.
-The verdict on the timed rounds is `autoprec._core.rounds.judge_rounds`, the rule the
-search's measured ranking uses: a difference inside the rounds' own noise goes to the
-simpler plan (the earlier candidate).
-"""
+"""Candidate plans' whole train steps timed inside `fit`, interleaved, and the verdict on them."""
 
 from __future__ import annotations
 
@@ -39,19 +26,7 @@ from .float8 import (
 
 @dataclasses.dataclass(frozen=True)
 class RaceResult:
-    """What the timed steps inside `fit` measured, and the plan they chose.
-
-    Attributes:
-        verdict: the `autoprec._core.rounds.RoundsVerdict` on the timed rounds (its
-            `leader` is the plan kept), or `None` when training ended before every
-            plan had a timed round.
-        rounds: `{name: seconds per step of each timed round}`.
-        steps: training steps run while timing (traces and warm-up included).
-        rounds_run: interleaved rounds timed.
-        seconds: wall time of those steps, switches between plans included.
-        added_seconds: what timing added to the epoch: `seconds` minus the same
-            number of steps at the winner's median step (and its own first step).
-    """
+    """What the timed steps inside `fit` measured, and the plan they chose."""
 
     verdict: RoundsVerdict | None
     rounds: Mapping[str, tuple[float, ...]]
@@ -105,41 +80,8 @@ class _Candidate:
 
 
 class StepRace:
-    """Times candidate plans' train steps inside `fit`: call `begin_step` and `end_step` around each step.
-
-    The first use of a candidate applies its plan and rebuilds the train function
-    (its trace is the candidate's first, untimed, step); `warmup_steps` more steps
-    are run untimed. Then come interleaved rounds in rotating order, each running
-    `steps_per_round` timed steps of every candidate (a round's figure is their
-    mean). After `rounds` rounds, rounds are added while the fastest plan is
-    within the noise of another (`wants_more_rounds`), up to `max_rounds`. Switching candidates sets the policies and puts
-    back the candidate's traced train function: nothing is traced twice. A
-    candidate that leaves every layer's policy as it was (float32, where `fit`
-    started in float32) runs the train function `fit` already traced.
-    `close()` puts back every layer's policy as it was before the race and the
-    train function that runs them (the caller then applies the winner as it would
-    any plan: a winner that changes nothing keeps `fit`'s own trace).
-
-    Args:
-        model: the model `fit` trains (built, compiled).
-        candidates: `{name: plan}`, simplest first.
-        rounds: interleaved rounds timed before the verdict is read.
-        steps_per_round: timed steps of each candidate per round (also its warm-up steps).
-        max_rounds: rounds at most, while the verdict is undecided.
-        reuse_fit_step: run a candidate that changes no policy on the train function
-            the model has at the first step; pass `False` where the optimizer was
-            replaced since `fit` traced it (loss scaling added for the race).
-
-    Example:
-
-    ```python
-    race = StepRace(model, {"float32": f32_plan, "per-layer": plan})
-    # inside a callback: race.begin_step() in on_train_batch_begin,
-    # finished = race.end_step() in on_train_batch_end
-    result = race.result()
-    race.close()
-    ```
-    """
+    """Times candidate plans' train steps inside `fit`: call `begin_step` and `end_step` around each
+    step."""
 
     def __init__(
         self,
@@ -257,7 +199,8 @@ class StepRace:
         )
 
     def close(self) -> None:
-        """Puts back the policies every layer had before the race, and a train function that runs them."""
+        """Puts back the policies every layer had before the race, and a train function that runs
+        them."""
         self._restore_policies()
         if self._current is not None:  # a candidate's train function is in place
             if self._fit_function is not None:
@@ -283,11 +226,8 @@ class StepRace:
         return judge_rounds(rounds, order.index)
 
     def _prepare_float8(self) -> None:
-        """Creates every float8 candidate's scaling variables and an optimizer that knows them, up front.
-
-        Extending the optimizer later would leave the candidates traced before it
-        training with the old one's state.
-        """
+        """Creates every float8 candidate's scaling variables and an optimizer that knows them, up
+        front."""
         float8_plans = [c.plan for c in self.candidates if c.plan.uses_float8]
         if not float8_plans:
             return
@@ -302,11 +242,7 @@ class StepRace:
         self._restore_policies()
 
     def _keep_float8_state(self, index: int) -> None:
-        """Saves the float8 scales of the candidate left and puts back those of the one entered.
-
-        Each float8 candidate goes on with its own delayed scaling; the other
-        candidates' steps do not touch it (on JAX they would overwrite it with zeros).
-        """
+        """Saves the float8 scales of the candidate left and puts back those of the one entered."""
         if not self._float8_layers:
             return
         sync_fit_state(self.model)

@@ -1,14 +1,4 @@
-"""The amax bits one traced train step records, and the frame they are reduced to.
-
-While the guard's telemetry traces a train step (in one replica's thread), a
-`StepTrace` collects every amax as an int32 scalar (the float32 bit pattern
-from `autoprec._backends.amax.amax_bits`), by recorded layer and slot. At the
-end of the step `build_frame` reduces them with one segment maximum to the
-step's frame (the layout of `telemetry_records`). A tensor is measured once
-per traced step however many layers read it; a bfloat16 layer's slots may be
-recorded *lazily*: measured in a conditional branch that only a failing step
-takes.
-"""
+"""The amax bits one traced train step records, and the frame they are reduced to."""
 
 from __future__ import annotations
 
@@ -38,22 +28,7 @@ _ACTIVE = threading.local()  # the step being traced, per replica thread
 
 
 class StepTrace:
-    """Tensors recorded while one train step is traced (in one replica's thread).
-
-    Every value is an int32 scalar: the float32 bit pattern of an amax.
-
-    Args:
-        integer: whether amaxes reduce bit patterns as integers (see `amax_bits`).
-        owner: the telemetry the step belongs to.
-        batch: the amax bits of the step's float input tensors.
-
-    Example:
-
-    ```python
-    trace = StepTrace(True, batch=[amax_bits(x)])
-    trace.add(0, OUTPUT, trace.amax(outputs))
-    ```
-    """
+    """Tensors recorded while one train step is traced (in one replica's thread)."""
 
     def __init__(self, integer: bool, owner: object = None, batch: list | None = None) -> None:
         self.integer = integer
@@ -127,11 +102,7 @@ class StepTrace:
         return ops.all(ops.less(ops.stack(self.all_gradients), infinity))
 
     def take_values(self) -> tuple[Any, list[int]]:
-        """Returns `(stacked bits, frame segments)` of the slots recorded so far, and drops them.
-
-        The measured tensors are forgotten too: they live in the function that
-        recorded them (JAX's differentiated loss function), which returns them.
-        """
+        """Returns `(stacked bits, frame segments)` of the slots recorded so far, and drops them."""
         values: list = []
         segments: list[int] = []
         for (index, slot), recorded in self.values.items():
@@ -154,39 +125,14 @@ def close_trace() -> None:
 
 
 def active_trace() -> StepTrace | None:
-    """Returns the trace open in this thread, or `None` outside a recorded train step.
-
-    Example:
-
-    ```python
-    active_trace()  # None
-    ```
-    """
+    """Returns the trace open in this thread, or `None` outside a recorded train step."""
     return getattr(_ACTIVE, "trace", None)
 
 
 def build_frame(
     trace: StepTrace, rows: int, scale: Any, extra: tuple[Any, list[int]] | None = None
 ) -> Any:
-    """Returns the step's frame: one segment maximum of every recorded scalar.
-
-    Args:
-        trace: the step's trace.
-        rows: recorded layers + 1 (the header row).
-        scale: the step's loss scale (float32 scalar).
-        extra: `(stacked bits, segments)` recorded elsewhere (JAX's loss function).
-
-    Returns:
-        A float32 `[rows, len(SLOTS)]` tensor; slots nothing was recorded in hold
-        `NOT_RECORDED`; the header holds the loss scale, the batch amax (0 without
-        float inputs) and 1.0 when a gradient was non-finite.
-
-    Example:
-
-    ```python
-    frame = build_frame(trace, len(paths) + 1, scale)
-    ```
-    """
+    """Returns the step's frame: one segment maximum of every recorded scalar."""
     values = [bit_view(scale, "int32")]
     segments = [HEADER_LOSS_SCALE]
     values.extend(trace.batch)
@@ -226,11 +172,7 @@ def _header_mask(rows: int, slot: int) -> Any:
 
 
 def _lazy_values(trace: StepTrace, triggers: list) -> Any:
-    """The lazily measured slots, computed only when a value already taken is non-finite.
-
-    The triggers are the batch's, the gradients' and the float16 layers' amax
-    bits: a non-finite value in a bfloat16 layer reaches the gradients.
-    """
+    """The lazily measured slots, computed only when a value already taken is non-finite."""
     entries = trace.lazy
     tensors = {id(part): part for _, parts in entries for part in parts if is_float_tensor(part)}
 

@@ -1,71 +1,4 @@
-"""Per-layer amax telemetry inside the compiled train step: what the guard reads when a step fails.
-
-While the guard is on, every 16-bit layer's `call` is wrapped (on the
-instance, as the profiler does) so that, inside the model's own compiled
-train step, it records four maxima of `|x|`:
-
-- `output`: the layer's float outputs;
-- `input`: the float inputs it received (already cast to its compute dtype);
-- `internal`: intermediates that can overflow inside the layer: the attention
-  logits of `MultiHeadAttention` (recomputed in float32, forward only);
-- `gradient`: its weight gradients (seen by the optimizer) and, for a
-  float16 layer, the gradients flowing back into its outputs (a
-  custom-gradient identity), both under the step's loss scale.
-
-A non-finite value shows as an infinite or NaN maximum. The step also records
-the largest magnitude of its input batch, its loss scale and whether any
-gradient (of any layer) was non-finite. Each step's values are appended to a
-short history kept on the device (the last `history_steps` steps, as
-Transformer Engine keeps an amax history for FP8). The host reads one small
-status tensor per step (did a step fail, did a float16 layer set a new amax
-record within `near_binades` binades of float16's largest value) and the
-history only when the status says so. No histograms: one reduction per recorded tensor.
-
-What it costs is kept to about one pass over each 16-bit layer's outputs:
-
-- A maximum of `|x|` is an integer maximum of the bit pattern with the sign
-  bit masked (`autoprec._backends.amax`): the amax and the finiteness flag at
-  once, with no float32 copy of a 16-bit tensor.
-- A tensor is measured once per traced step: a layer's input that another
-  recorded layer produced is not measured again, nor is the output of a
-  pass-through layer that cannot enlarge magnitudes (ReLU, max pooling,
-  reshapes, concatenation: its bound is the largest of its inputs', which the
-  pass-through layer's readers record as their input). Such a layer is never
-  attributed: its outputs leave the range only if its inputs did.
-- Activation gradients are recorded for float16 layers, whose gradients run
-  under a loss scale and can overflow; a bfloat16 layer has float32's range,
-  and its non-finite gradients show in its weight gradients and in the
-  gradients' finiteness flag. Attention logits are recomputed in float32 only
-  for float16 layers (a bfloat16 layer's logits cannot leave the range without
-  making its outputs non-finite).
-- The step's scalars are combined in one segment maximum and written to the
-  history with one update.
-
-The values are computed with `keras.ops`, the same on every backend; where
-they live and how they leave the compiled step is the backend's, behind one
-interface (`autoprec._backends.telemetry`): per-replica variables updated
-inside the step on TensorFlow (combined over replicas when read), one host
-callback per step and a host-side history on JAX. Under a `tf.distribute`
-strategy or `keras.distribution` the records are global: each amax is the
-largest over the whole global batch, every replica's part, one frame per step.
-On any other backend `GuardTelemetry` raises `BackendError`. The record types
-and the frame layout are in `telemetry_records`, a step's trace and its frame
-in `step_trace`.
-
-Outside XLA on a TensorFlow GPU (which has no 16-bit integer maximum kernel)
-the amax is `max(abs(x))` in the tensor's dtype instead.
-
-Example:
-
-```python
-telemetry = GuardTelemetry(model, {"dense": "float16", "head": "float32"})
-telemetry.install()
-model.make_train_function(force=True)
-model.fit(x, y, epochs=1)
-if telemetry.read_status().failed:
-    print(telemetry.read_records()[-1])
-```
-"""
+"""Per-layer amax telemetry inside the compiled train step: what the guard reads when a step fails."""
 
 from __future__ import annotations
 
@@ -158,25 +91,7 @@ def _copy_keras_attributes(source: object, target: object) -> None:
 
 
 def telemetry_paths(model: keras.Model, dtypes: Mapping[str, str]) -> list[str]:
-    """Returns the paths of the layers the telemetry records: 16-bit layers that compute.
-
-    Left out: float32 layers, input layers, nested Sequential/Functional models
-    (their outputs are their last layers'), pass-through layers (they copy or
-    select their input) and layers run inside a recurrent layer's loop.
-
-    Args:
-        model: the model.
-        dtypes: `{path: dtype}` the layers compute in (a `PlanHandle.dtypes`).
-
-    Returns:
-        The recorded paths, in model order.
-
-    Example:
-
-    ```python
-    telemetry_paths(model, {"dense": "float16", "head": "float32"})  # ["dense"]
-    ```
-    """
+    """Returns the paths of the layers the telemetry records: 16-bit layers that compute."""
     paths = layer_paths(model)
     loops = tuple(
         path + "/" for path, layer in paths.items() if isinstance(layer, keras.layers.RNN)
@@ -194,52 +109,14 @@ def telemetry_paths(model: keras.Model, dtypes: Mapping[str, str]) -> list[str]:
 
 
 def remove_installed_telemetry(model: keras.Model) -> None:
-    """Removes the telemetry an earlier `fit` left installed on `model`, if any.
-
-    A plan without 16-bit layers trains without telemetry: wrappers an earlier
-    plan installed (on JAX, a carrier among the trainable values) must not stay in
-    its train step. The caller rebuilds the train function.
-
-    Args:
-        model: the model.
-
-    Example:
-
-    ```python
-    remove_installed_telemetry(model)
-    model.make_train_function(force=True)
-    ```
-    """
+    """Removes the telemetry an earlier `fit` left installed on `model`, if any."""
     previous = _INSTALLED.get(id(model))
     if previous is not None and previous.model is model and previous.installed:
         previous.remove()
 
 
 class GuardTelemetry:
-    """Records every 16-bit layer's amax inside the compiled train step, with a short history.
-
-    The backend's hooks (`autoprec._backends.telemetry_backend().TelemetryHooks`)
-    keep the history and wrap the train step; they call this object back through
-    the `StepRecorder` methods (`begin_step` to `status_flags`).
-    They are the `hooks` attribute.
-
-    Args:
-        model: a compiled, built model.
-        dtypes: `{path: dtype}` the layers compute in, in model order.
-        history_steps: how many steps of history are kept on the device.
-        near_binades: a float16 amax within this many binades of float16's largest
-            value that sets a new record raises the status' `near_range` flag.
-
-    Raises:
-        BackendError: on a Keras backend other than TensorFlow and JAX.
-
-    Example:
-
-    ```python
-    telemetry = GuardTelemetry(model, handle.dtypes)
-    telemetry.install()
-    ```
-    """
+    """Records every 16-bit layer's amax inside the compiled train step, with a short history."""
 
     def __init__(
         self,
@@ -268,10 +145,7 @@ class GuardTelemetry:
     # ------------------------------------------------------------------ installing
 
     def install(self) -> None:
-        """Wraps the train step, the recorded layers' calls and the optimizer's update.
-
-        The caller rebuilds the train function (`model.make_train_function(force=True)`).
-        """
+        """Wraps the train step, the recorded layers' calls and the optimizer's update."""
         if self.installed:
             return
         previous = _INSTALLED.get(id(self.model))
@@ -454,16 +328,7 @@ class GuardTelemetry:
         return keras.tree.pack_sequence_as(outputs, observed)
 
     def _lazy(self, index: int) -> bool:
-        """Whether a layer's values are measured only in failing steps (bfloat16, if the hooks do).
-
-        A bfloat16 layer has float32's range: its values leave it only as inf or
-        NaN, which reach the gradients (or came with the batch), and it has no
-        climbing amax to watch. Where the backend's hooks say so (TensorFlow), its
-        outputs are measured, inside that same step, only when the step's
-        gradients or batch are non-finite (a conditional branch that normal steps
-        skip). JAX measures every step (XLA fuses the reductions into the layers'
-        own loops).
-        """
+        """Whether a layer's values are measured only in failing steps (bfloat16, if the hooks do)."""
         return self.hooks.measures_bfloat16_lazily and not self._float16[index]
 
     def _attention_sink(self, index: int) -> Callable[[], Callable[[Any], None] | None]:
@@ -491,14 +356,7 @@ class GuardTelemetry:
         return self.hooks.read_count()
 
     def read_records(self, new_only: bool = False) -> list[StepRecord]:
-        """Returns the recorded steps still in the history, oldest first.
-
-        Args:
-            new_only: only the steps recorded since the last call with `new_only=True`.
-
-        Returns:
-            One `StepRecord` per step (combined over replicas: the largest values).
-        """
+        """Returns the recorded steps still in the history, oldest first."""
         count = self.steps_recorded()
         available = min(count, self.history_steps)
         if new_only:

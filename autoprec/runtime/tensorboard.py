@@ -11,21 +11,7 @@ from ..errors import BackendError
 
 
 def training_scalars(dtypes: Mapping[str, str], loss_scale: float | None) -> dict[str, float]:
-    """Returns the per-epoch scalars: the loss scale and how many layers run in each dtype.
-
-    Args:
-        dtypes: `{path: dtype}` each layer computes in.
-        loss_scale: the current loss scale, or `None` without loss scaling.
-
-    Returns:
-        `{"autoprec/loss_scale": ..., "autoprec/layers_float32": ..., ...}`.
-
-    Example:
-
-    ```python
-    training_scalars({"dense": "float16"}, 32768.0)["autoprec/layers_float16"]  # 1
-    ```
-    """
+    """Returns the per-epoch scalars: the loss scale and how many layers run in each dtype."""
     scalars: dict[str, float] = {}
     if loss_scale is not None:
         scalars["autoprec/loss_scale"] = loss_scale
@@ -54,21 +40,7 @@ def events_text(events: Sequence[Mapping[str, Any]]) -> str:
 
 
 class TrainingLog:
-    """Writes autoprec's per-epoch scalars and text to a TensorBoard log directory.
-
-    Needs TensorFlow installed (any Keras backend): summaries are written with
-    `tf.summary`, the same way Keras' own `TensorBoard` callback writes them.
-
-    Args:
-        logdir: log directory; autoprec writes into `<logdir>/autoprec`.
-
-    Example:
-
-    ```python
-    model.fit(x, y, callbacks=[keras.callbacks.TensorBoard("logs"),
-                               autoprec.AutoPrecision(plan, tensorboard_dir="logs")])
-    ```
-    """
+    """Writes autoprec's per-epoch scalars and text to a TensorBoard log directory."""
 
     def __init__(self, logdir: str | os.PathLike) -> None:
         try:  # TensorFlow stays optional on the JAX backend

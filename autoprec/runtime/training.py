@@ -334,7 +334,8 @@ class PlanCallback(keras.callbacks.Callback):
             self.handle = self._apply_plan(plan)
 
     def _extend_optimizer(self, state: AppliedState | None) -> None:
-        """Rebuilds the optimizer for new float8 variables, state kept; `restore` then puts back the new one."""
+        """Rebuilds the optimizer for new float8 variables, state kept; `restore` then puts back the
+        new one."""
         before = inner_optimizer(self.model.optimizer)
         if not extend_optimizer(self.model):
             return
@@ -348,7 +349,8 @@ class PlanCallback(keras.callbacks.Callback):
         return any(dtype != FLOAT32 for dtype in self.plan.resolve().values())
 
     def _without_unscaled_float16(self, plan: PrecisionPlan) -> PrecisionPlan:
-        """The plan with its float16 layers in bfloat16 (or float32) where no loss scale reaches them."""
+        """The plan with its float16 layers in bfloat16 (or float32) where no loss scale reaches
+        them."""
         reason = unscaled_float16_reason(self.model)
         if reason is None:
             return plan
@@ -384,11 +386,7 @@ class PlanCallback(keras.callbacks.Callback):
             self._wrapped_optimizer = replaced
 
     def _install_telemetry(self, has_16bit: bool) -> None:
-        """Installs the guard's telemetry for the layers as applied (none without 16-bit layers).
-
-        While it runs, a step the guard skipped leaves the logs finite (`SkippedStepLogs`);
-        without 16-bit layers the logs are Keras' own, so a real divergence shows as NaN.
-        """
+        """Installs the guard's telemetry for the layers as applied (none without 16-bit layers)."""
         if self._watch is None:
             remove_installed_telemetry(self.model)
             return
@@ -557,7 +555,8 @@ def _check_loss_scale(name: str, loss_scale: LossScale | None, plan: PrecisionPl
 
 
 def _show_guard_line(line: str, verbose: int) -> None:
-    """Shows one guard warning once: on stdout while Keras prints (logged at INFO), else as a warning."""
+    """Shows one guard warning once: on stdout while Keras prints (logged at INFO), else as a
+    warning."""
     if verbose and keras.config.is_interactive_logging_enabled():
         show_message(line, verbose)
         logger.info(line)

@@ -1,4 +1,5 @@
-"""`GuardWatch`: what the guard carries between steps, and the read of each step into a `StepOutcome`."""
+"""`GuardWatch`: what the guard carries between steps, and the read of each step into a
+`StepOutcome`."""
 
 from __future__ import annotations
 
@@ -12,21 +13,8 @@ from .telemetry import GuardTelemetry
 
 
 class GuardWatch:
-    """The guard's state between steps of a `fit`: its telemetry, the run of failed steps, whether it stopped.
-
-    After each step, `observe` reads the telemetry's status flag (one small read)
-    and, only when it is set, that step's record; without telemetry (no 16-bit
-    layer to watch) it reads the logged loss. It returns what it learnt as a
-    `StepOutcome` for `autoprec.runtime.decision.decide`.
-
-    Example:
-
-    ```python
-    watch = GuardWatch()
-    watch.attach(telemetry)
-    outcome = watch.observe(step=12, logs={"loss": 0.3}, dtypes=handle.dtypes, near_binades=2.0)
-    ```
-    """
+    """The guard's state between steps of a `fit`: its telemetry, the run of failed steps, whether
+    it stopped."""
 
     def __init__(self) -> None:
         self.telemetry: GuardTelemetry | None = None
@@ -53,19 +41,8 @@ class GuardWatch:
         dtypes: Mapping[str, str],
         near_binades: float,
     ) -> StepOutcome | None:
-        """Returns what happened in the steps up to `step`, or `None` when there is nothing to act on.
-
-        Args:
-            step: the callback's count of train steps.
-            logs: Keras' batch logs (the loss is read when there is no telemetry).
-            dtypes: `{path: dtype}` the layers compute in.
-            near_binades: `Guard.near_binades`.
-
-        Returns:
-            A `StepOutcome` for the first failed step since the last read, or
-            for the climbing float16 layers, or for a non-finite loss; `None`
-            while the guard is stopped or all is well.
-        """
+        """Returns what happened in the steps up to `step`, or `None` when there is nothing to act
+        on."""
         if self.stopped:
             return None
         telemetry = self.telemetry
@@ -98,20 +75,7 @@ class GuardWatch:
 
 
 def is_finite_number(value: object) -> bool:
-    """Returns whether a logged value is a finite number (non-numbers count as finite).
-
-    Args:
-        value: a value from Keras' logs.
-
-    Returns:
-        `False` only for a number that is NaN or infinite.
-
-    Example:
-
-    ```python
-    is_finite_number(float("nan"))  # False
-    ```
-    """
+    """Returns whether a logged value is a finite number (non-numbers count as finite)."""
     try:
         return math.isfinite(float(value))
     except (TypeError, ValueError):

@@ -172,29 +172,7 @@ class Budget:
 
 
 def infer_mode(metric: str) -> str:
-    """Returns `"min"` or `"max"`: whether a lower or a higher value of `metric` is better.
-
-    The name (less a `val_` prefix and Keras' `_1`-style suffix) is split into
-    words; a word or a run of words found in `LOWER_IS_BETTER` or
-    `HIGHER_IS_BETTER` decides.
-
-    Args:
-        metric: a metric name such as `"val_sparse_categorical_accuracy"`.
-
-    Returns:
-        `"min"` or `"max"`.
-
-    Raises:
-        AutoprecError: when the name matches neither table, or both; the message
-            asks for `mode="min"` or `mode="max"`.
-
-    Example:
-
-    ```python
-    infer_mode("val_perplexity")  # "min"
-    infer_mode("val_auc_1")  # "max"
-    ```
-    """
+    """Returns `"min"` or `"max"`: whether a lower or a higher value of `metric` is better."""
     name = metric.lower()
     name = name[4:] if name.startswith("val_") else name
     name = re.sub(r"_\d+$", "", name)

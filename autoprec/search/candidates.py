@@ -1,15 +1,4 @@
-"""The plans the measured ranking compares beside the searched one, and how simple each is.
-
-Every finalist is a plan evaluated against the budget: float32, each uniform 16-bit
-plan and the heuristic's (the study's warm starts), Keras' own global policies as
-Keras applies them (`keras_global_plan`: every layer, containers included, in
-`mixed_bfloat16` or `mixed_float16`), and the best plan with one kind of default
-float32 protection dropped where the profile shows it unneeded (`dropped_protection`).
-`simplicity` orders them for ties: float32 < Keras global / uniform < heuristic <
-protection dropped < searched. `finalist_plan` gives the plan a finalist's trial
-evaluated, and `finalist_key` tells equal plans apart from plans equal only in their
-compute layers.
-"""
+"""The plans the measured ranking compares beside the searched one, and how simple each is."""
 
 from __future__ import annotations
 
@@ -42,20 +31,7 @@ PROTECTION_KINDS = ("softmax", "normalisation", "outputs")
 
 
 def keras_label(dtype: str) -> str:
-    """Returns the label of Keras' global policy for `dtype`: `"keras mixed_bfloat16"`.
-
-    Args:
-        dtype: `"bfloat16"`, `"float16"` or `"float8"`.
-
-    Returns:
-        The label.
-
-    Example:
-
-    ```python
-    keras_label("float16")  # "keras mixed_float16"
-    ```
-    """
+    """Returns the label of Keras' global policy for `dtype`: `"keras mixed_bfloat16"`."""
     return f"{KERAS_PREFIX}{policy_name(dtype)}"
 
 
@@ -78,23 +54,7 @@ def dropped_label(kind: str) -> str:
 
 
 def simplicity(name: str) -> int:
-    """Returns how simple a finalist is (lower is simpler): ties in the measured ranking go lower.
-
-    Args:
-        name: a finalist's name: `"float32"`, `"keras mixed_bfloat16"`, `"uniform
-            bfloat16"`, `"heuristic"`, `"no float32 softmax"`, `"searched"`; any other
-            name counts as a searched plan.
-
-    Returns:
-        0 for float32, 1 for Keras' global policies and the uniform plans, 2 for the
-        heuristic's plan, 3 for a plan with a protection dropped, 4 for the rest.
-
-    Example:
-
-    ```python
-    sorted(["searched", "heuristic", "float32"], key=simplicity)  # float32 first
-    ```
-    """
+    """Returns how simple a finalist is (lower is simpler): ties in the measured ranking go lower."""
     if name == FLOAT32:
         return 0
     if name.startswith((KERAS_PREFIX, UNIFORM_PREFIX)):
@@ -109,30 +69,7 @@ def simplicity(name: str) -> int:
 def keras_global_plan(
     context: SearchContext, dtype: str, keep_float32: Sequence[str] = ()
 ) -> PrecisionPlan:
-    """Returns Keras' global policy as Keras applies it: every layer in `dtype`, containers too.
-
-    `PrecisionPlan.uniform(model, dtype)`, no default protection: softmax,
-    normalisation and output layers compute in `dtype`, and so do containers such as
-    `MultiHeadAttention` (whose own arithmetic, the attention scores, then runs in
-    16-bit too). Only the user's `keep_float32` layers stay float32. For
-    `"float8"`: every Dense/EinsumDense layer in float8 (`float8_from_mixed_bfloat16`,
-    output layers included, as a Keras global float8 policy would), the rest bfloat16.
-
-    Args:
-        context: the search's context (its model).
-        dtype: `"bfloat16"` (`mixed_bfloat16`) or `"float16"` (`mixed_float16`).
-        keep_float32: the user's float32 globs.
-
-    Returns:
-        The `PrecisionPlan`.
-
-    Example:
-
-    ```python
-    plan = keras_global_plan(context, "bfloat16")
-    plan.layers == PrecisionPlan.uniform(context.model, "bfloat16").layers  # True
-    ```
-    """
+    """Returns Keras' global policy as Keras applies it: every layer in `dtype`, containers too."""
     plan = PrecisionPlan.uniform(context.model, dtype)
     if not keep_float32:
         return plan
@@ -156,21 +93,7 @@ def exact_plan(context: SearchContext, layers: Mapping[str, str], default: str) 
 
 
 def finalist_plan(context: SearchContext, trial: optuna.trial.FrozenTrial) -> PrecisionPlan:
-    """Returns the plan a trial evaluated: a Keras global policy exactly, else its assignment's.
-
-    Args:
-        context: the search's context.
-        trial: a trial of the study.
-
-    Returns:
-        The `PrecisionPlan`.
-
-    Example:
-
-    ```python
-    plan = finalist_plan(context, ranking.trials[0])
-    ```
-    """
+    """Returns the plan a trial evaluated: a Keras global policy exactly, else its assignment's."""
     record = TrialRecord.from_trial(trial)
     dtype = keras_dtype(record.warm_start)
     if dtype is None or not record.assignment:
@@ -187,24 +110,7 @@ def finalist_key(context: SearchContext, trial: optuna.trial.FrozenTrial) -> str
 
 
 def ranked_finalists(context: SearchContext, study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
-    """Returns the completed trials within budget, cheapest first, one per plan.
-
-    As `study.ranked_feasible`, except that a Keras global policy is kept apart from a
-    plan equal to it in the compute layers only (its containers differ).
-
-    Args:
-        context: the search's context.
-        study: the study.
-
-    Returns:
-        The trials, by predicted cost (the objective), lowest number among equals.
-
-    Example:
-
-    ```python
-    ranked = ranked_finalists(context, study)
-    ```
-    """
+    """Returns the completed trials within budget, cheapest first, one per plan."""
     feasible = [
         trial
         for trial in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
@@ -222,27 +128,7 @@ def ranked_finalists(context: SearchContext, study: optuna.Study) -> list[optuna
 def protections(
     compute: Sequence[str], infos: Mapping[str, LayerInfo], outputs: Sequence[str]
 ) -> dict[str, tuple[str, ...]]:
-    """Returns `{kind: compute paths}` of the default float32 protections, one entry per kind.
-
-    The kinds are `"softmax"` (`Softmax` layers), `"normalisation"` (the other
-    `SENSITIVE_CLASS_PATTERNS`: `*Normalization`, `LayerNorm*`, `RMSNorm*`) and
-    `"outputs"` (the layers producing the model's outputs).
-
-    Args:
-        compute: the compute layers' paths, in model order.
-        infos: `{path: LayerInfo}`.
-        outputs: the output layers' paths.
-
-    Returns:
-        `{kind: paths}` for every kind in `PROTECTION_KINDS` (empty where none).
-
-    Example:
-
-    ```python
-    protections(context.compute, context.infos, {"head"})
-    # {"softmax": ("attention/softmax",), "normalisation": ("norm",), "outputs": ("head",)}
-    ```
-    """
+    """Returns `{kind: compute paths}` of the default float32 protections, one entry per kind."""
     softmax = tuple(pattern for pattern in SENSITIVE_CLASS_PATTERNS if "Softmax" in pattern)
     normalisation = tuple(pattern for pattern in SENSITIVE_CLASS_PATTERNS if pattern not in softmax)
 
@@ -270,27 +156,7 @@ def sixteen_bit_dtype(assignment: Mapping[str, str]) -> str | None:
 
 
 def fits_profile(profile: Profile | None, path: str, dtype: str) -> bool:
-    """Whether the profile shows a layer's forward values and gradients fit `dtype`.
-
-    A sub-layer the profiler does not record (the softmax inside
-    `MultiHeadAttention`) is judged by its nearest recorded container, whose record
-    holds the values around it (the attention logits the softmax reads).
-
-    Args:
-        profile: the search's profile, or `None` (then nothing is shown to fit).
-        path: the layer's path.
-        dtype: `"bfloat16"` (`LayerProfile.bfloat16_safe`) or `"float16"`
-            (`LayerProfile.float16_safe`).
-
-    Returns:
-        `False` without a profile, or without a record of the layer or a container of it.
-
-    Example:
-
-    ```python
-    fits_profile(autoprec.profile(model, (x, y), steps=4), "norm", "float16")
-    ```
-    """
+    """Whether the profile shows a layer's forward values and gradients fit `dtype`."""
     if profile is None:
         return False
     layer, parts = None, path.split("/")
@@ -308,30 +174,7 @@ def dropped_protection(
     allowed: Mapping[str, Sequence[str]],
     profile: Profile | None,
 ) -> tuple[dict[str, dict[str, str]], dict[str, str]]:
-    """Returns the plans with one protection kind moved to the plan's 16-bit dtype, and why not.
-
-    For each kind (softmax, normalisation, output layers) the layers of that kind
-    that are float32 in `assignment` move to its 16-bit dtype (`sixteen_bit_dtype`)
-    where the layer may take it (`allowed`) and the profile shows its ranges fit it
-    (`fits_profile`). A kind with no such layer gives no plan.
-
-    Args:
-        assignment: `{compute path: dtype}` of the plan (the best within budget).
-        kinds: `{kind: paths}`, as `protections` returns it.
-        allowed: `{compute path: dtypes it may take}`.
-        profile: the search's profile, or `None`.
-
-    Returns:
-        `({label: assignment}, {label: why no plan})`, labels as `dropped_label(kind)`.
-
-    Example:
-
-    ```python
-    plans, skipped = dropped_protection({"dense": "bfloat16", "head": "float32"},
-                                        {"outputs": ("head",)}, allowed, profile)
-    plans  # {"no float32 outputs": {"dense": "bfloat16", "head": "bfloat16"}} if head fits
-    ```
-    """
+    """Returns the plans with one protection kind moved to the plan's 16-bit dtype, and why not."""
     dtype = sixteen_bit_dtype(assignment)
     plans: dict[str, dict[str, str]] = {}
     skipped: dict[str, str] = {}

@@ -1,14 +1,4 @@
-"""What the search does after its trials: time the finalists here, confirm the chosen one.
-
-The measured step has the last word over predicted costs (`order_by_measurement`):
-every finalist within budget (the best plan by predicted cost, float32, the uniform
-plans, the heuristic's, Keras' own global policies and the plans with a protection
-dropped) is timed in the same interleaved rounds, more rounds while the leader is
-within the noise of another plan, and a tie goes to the simpler plan (`rounds.py`). A
-plan chosen at a low fidelity or by a close margin is trained again for longer,
-against float32 trained as long, before it is returned (`confirm_plan`), falling back
-down the measured ranking.
-"""
+"""What the search does after its trials: time the finalists here, confirm the chosen one."""
 
 from __future__ import annotations
 
@@ -44,14 +34,7 @@ def say(verbose: int, text: str, *arguments: object) -> None:
 
 @dataclasses.dataclass(frozen=True)
 class TimedPlan:
-    """One plan the measured comparison times.
-
-    Attributes:
-        name: `"float32"`, a finalist's label (`"uniform bfloat16"`, `"keras
-            mixed_bfloat16"`, `"heuristic"`, `"no float32 softmax"`...) or `"searched"`.
-        plan: the plan.
-        trial: the trial that evaluated it, or `None` (float32 not among the trials).
-    """
+    """One plan the measured comparison times."""
 
     name: str
     plan: PrecisionPlan
@@ -60,27 +43,7 @@ class TimedPlan:
 
 @dataclasses.dataclass(frozen=True)
 class MeasuredRanking:
-    """The ranking of the trials within budget after their plans' steps were timed here.
-
-    Attributes:
-        trials: the trials, first choice first: the timed ones in the verdict's order,
-            then the others by predicted cost; it stops where float32 ranks when
-            float32 is not among the trials (empty when float32 measured first).
-        order: the timed plans' names, first choice first.
-        rounds: `{name: seconds per step of each round}`.
-        names: `{trial number: name}` of the timed trials.
-        replaced_by: the name of the plan that replaced the best plan by predicted
-            cost at the head of the ranking, or `None`.
-        replacing_trial: that plan's trial number, or `None`.
-        verdict: the `RoundsVerdict` (leader, tie or separation, noise).
-
-    Example:
-
-    ```python
-    ranking = order_by_measurement(context, ranked)
-    ranking.trials[0], ranking.fastest["float32"], ranking.verdict.verdict
-    ```
-    """
+    """The ranking of the trials within budget after their plans' steps were timed here."""
 
     trials: tuple[optuna.trial.FrozenTrial, ...]
     order: tuple[str, ...]
@@ -116,18 +79,7 @@ def finalist_name(context: SearchContext, trial: optuna.trial.FrozenTrial) -> st
 def measurement_candidates(
     context: SearchContext, ranked: Sequence[optuna.trial.FrozenTrial]
 ) -> list[TimedPlan]:
-    """Returns the plans to time: the best by predicted cost, float32, every finalist within budget.
-
-    Args:
-        context: the search's context.
-        ranked: the trials within budget, cheapest first (the first is the best by
-            predicted cost, timed as `"searched"` unless it is a warm start).
-
-    Returns:
-        The `TimedPlan`s, the best by predicted cost first, float32 second (first when
-        it is the best), then each warm start's label once (uniform plans, the
-        heuristic's, Keras' global policies, plans with a protection dropped).
-    """
+    """Returns the plans to time: the best by predicted cost, float32, every finalist within budget."""
     best = ranked[0]
     float32_trial = next((trial for trial in ranked if context.is_float32(trial)), None)
     candidates = [TimedPlan(finalist_name(context, best), finalist_plan(context, best), best)]
@@ -145,30 +97,7 @@ def rank_by_measurement(
     timed: Mapping[str, optuna.trial.FrozenTrial | None],
     rounds: Mapping[str, Sequence[float]],
 ) -> MeasuredRanking:
-    """Reorders the ranking by measured rounds: the pure decision of `order_by_measurement`.
-
-    The timed plans are ordered by `judge_rounds` (the fastest beyond the noise, or the
-    simplest of a tie); the trials not timed follow by predicted cost. Where float32
-    is not among the trials (a study resumed at another fidelity), the ranking stops
-    at float32: nothing ranked below it is chosen over it.
-
-    Args:
-        ranked: the trials within budget, cheapest first.
-        timed: `{name: trial or None}` of the timed plans (`"float32"`, warm start
-            labels, `"searched"`).
-        rounds: `{name: seconds of each round}` of the same plans.
-
-    Returns:
-        The `MeasuredRanking`.
-
-    Example:
-
-    ```python
-    ranking = rank_by_measurement(ranked, {"searched": ranked[0], "float32": None},
-                                  {"searched": [0.9, 1.0], "float32": [0.5, 0.6]})
-    ranking.trials  # (): float32, not among the trials, measured faster
-    ```
-    """
+    """Reorders the ranking by measured rounds: the pure decision of `order_by_measurement`."""
     verdict = judge_rounds(rounds)
     order = verdict.order
     names = {
@@ -201,30 +130,7 @@ def rank_by_measurement(
 def order_by_measurement(
     context: SearchContext, ranked: Sequence[optuna.trial.FrozenTrial]
 ) -> MeasuredRanking:
-    """Times every finalist within budget in the same interleaved rounds and ranks them.
-
-    Per-layer costs can rank a mixed plan ahead of a uniform one that the whole
-    step runs faster; the measured step has the last word. The finalists
-    (`measurement_candidates`) are timed at least `MIN_ROUNDS` rounds, and the plans
-    still within the noise of the fastest again, up to `MAX_ROUNDS` rounds and
-    `MEASUREMENT_SECONDS` (`measure_until_decided`); the fastest leads when it is
-    ahead of every other plan beyond the noise, else the simplest of the tie does
-    (`rank_by_measurement`). The confirmation falls back down this ranking.
-
-    Args:
-        context: the search's context (its evaluator times the plans).
-        ranked: the trials within budget, cheapest first.
-
-    Returns:
-        The `MeasuredRanking`.
-
-    Example:
-
-    ```python
-    ranking = order_by_measurement(context, ranked_finalists(context, study))
-    chosen = ranking.trials[0] if ranking.trials else None  # None: float32
-    ```
-    """
+    """Times every finalist within budget in the same interleaved rounds and ranks them."""
     candidates = measurement_candidates(context, ranked)
     rounds = measure_until_decided(
         context.evaluator, {candidate.name: candidate.plan for candidate in candidates}
@@ -237,15 +143,7 @@ def order_by_measurement(
 
 
 def verdict_line(ranking: MeasuredRanking) -> str:
-    """Returns the one line saying which plan the measured step chose, and by how much.
-
-    Args:
-        ranking: a `MeasuredRanking` with its verdict.
-
-    Returns:
-        `"autoprec.search: measured step (N interleaved rounds): ..."`: the leader, its
-        median against float32's, and whether it is ahead beyond the noise or won a tie.
-    """
+    """Returns the one line saying which plan the measured step chose, and by how much."""
     verdict = ranking.verdict
     if verdict is None:
         return "autoprec.search: measured step: no verdict."
@@ -277,15 +175,7 @@ def verdict_line(ranking: MeasuredRanking) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class StepTiming:
-    """The chosen plan's measured step beside float32's.
-
-    Attributes:
-        float32_seconds: float32's seconds per step.
-        plan_seconds: the chosen plan's seconds per step.
-        fastest: `{name: fastest round's seconds}` of every plan timed (`"chosen"` when
-            the chosen plan was timed on its own).
-        rounds: `{name: seconds of each round}` of the measured ranking's plans.
-    """
+    """The chosen plan's measured step beside float32's."""
 
     float32_seconds: float
     plan_seconds: float
@@ -304,17 +194,7 @@ def chosen_step_timing(
     plan: PrecisionPlan,
     ranking: MeasuredRanking | None,
 ) -> StepTiming:
-    """Returns the chosen plan's measured step, timing it (and float32) if the ranking did not.
-
-    Args:
-        context: the search's context.
-        chosen: the chosen trial, or `None` for float32.
-        plan: the chosen plan.
-        ranking: the measured ranking, or `None` when none was measured.
-
-    Returns:
-        The `StepTiming`.
-    """
+    """Returns the chosen plan's measured step, timing it (and float32) if the ranking did not."""
     fastest = dict(ranking.fastest) if ranking is not None else {}
     rounds = dict(ranking.rounds) if ranking is not None else {}
     names = ranking.names if ranking is not None else {}
@@ -331,14 +211,7 @@ def chosen_step_timing(
 
 @dataclasses.dataclass(frozen=True)
 class Confirmation:
-    """What the confirmation decided: the trial whose plan is returned, and its record.
-
-    Attributes:
-        chosen: the trial whose plan is returned, or `None` for float32.
-        record: the JSON record kept in `plan.metadata["search"]["confirmation"]`:
-            `run`, `reasons`, and when it ran `train_steps`, `reference_metric`,
-            `threshold`, `attempts`, `result` and `chosen_trial`.
-    """
+    """What the confirmation decided: the trial whose plan is returned, and its record."""
 
     chosen: optuna.trial.FrozenTrial | None
     record: Mapping[str, Any]
@@ -352,31 +225,7 @@ def confirm_plan(
     batch_size: int,
     confirm_steps: int | None,
 ) -> Confirmation:
-    """Confirms the chosen plan at a higher fidelity when needed; falls back down the ranking.
-
-    The first trial is confirmed when the search's fidelity was low or its margin close
-    (`confirmation_reasons`): it and float32 are trained `confirm_steps` steps (default
-    4 x the search's) from the same weights; a plan that misses the budget there gives
-    way to the next (`CONFIRMATION_ATTEMPTS` at most, then float32).
-
-    Args:
-        context: the search's context.
-        ranked: the trials within budget, first choice first.
-        spread: the float32 reference's seed-to-seed spread, or `None`.
-        train_data: the training data, to take the longer training's batches from.
-        batch_size: the batch size of array data.
-        confirm_steps: training steps of the confirmation; `0` never confirms.
-
-    Returns:
-        The `Confirmation`.
-
-    Example:
-
-    ```python
-    confirmation = confirm_plan(context, ranking.trials, None, (x, y), 32, None)
-    confirmation.chosen, confirmation.record["result"]
-    ```
-    """
+    """Confirms the chosen plan at a higher fidelity when needed; falls back down the ranking."""
     evaluator = context.evaluator
     if not ranked or context.is_float32(ranked[0]):
         chosen = ranked[0] if ranked else None

@@ -37,26 +37,7 @@ logger = logging.getLogger("autoprec")
 
 @dataclasses.dataclass
 class SearchContext:
-    """Everything a trial needs, built once per `search()` call.
-
-    Attributes:
-        model: the user's model (plans are built for it).
-        infos: `{path: LayerInfo}` of every layer.
-        compute: the compute layers' paths.
-        groups: the search space's groups.
-        allowed: `{compute path: dtypes it may take}`.
-        evaluator: the trials' `Evaluator`.
-        costs: the plans' predicted (or measured) step costs.
-        budget: the `Budget`.
-        reference: the float32 reference's budget metric.
-        float32_seconds: the float32 plan's step seconds.
-        verbose: the search's verbosity.
-        risk: `{compute path: risk of 16-bit}`, for the neighbour moves.
-        cache: `{assignment key: TrainedOutcome}` trained by this process.
-        floor_rule: when an output rounding floor breaks the budget (`FloorRule`).
-        floors: `{16-bit outputs: OutputFloor or None}` measured by this process.
-        logged_fallbacks: the kernel check's findings logged so far (each once).
-    """
+    """Everything a trial needs, built once per `search()` call."""
 
     model: keras.Model
     infos: Mapping[str, LayerInfo]
@@ -92,7 +73,8 @@ class SearchContext:
         return dtypes
 
     def normalise(self, assignment: Mapping[str, str]) -> dict[str, str]:
-        """Returns `{compute path: dtype}`: float32 where missing, widened to what each layer allows."""
+        """Returns `{compute path: dtype}`: float32 where missing, widened to what each layer
+        allows."""
         return {
             path: widen(assignment.get(path, FLOAT32), self.allowed[path]) for path in self.compute
         }
@@ -118,13 +100,7 @@ class SearchContext:
         return self.plan_for(self.uniform_assignment(FLOAT32))
 
     def plan_for(self, assignment: Mapping[str, str], **kwargs: object) -> PrecisionPlan:
-        """Returns the plan of a per-layer assignment, as the model can run it.
-
-        `kwargs` go to `plan_from_assignment`. A layer the kernel check finds cannot
-        run in its assigned dtype here (a missing kernel, or dtypes meeting in its own
-        arithmetic) takes the dtype it runs in, with the evidence in the plan's events,
-        logged once per search: no trial is spent on a plan that cannot train.
-        """
+        """Returns the plan of a per-layer assignment, as the model can run it."""
         plan = plan_from_assignment(self.model, self.infos, self.normalise(assignment), **kwargs)
         return checked_plan(self.model, plan, logged=self.logged_fallbacks)
 
@@ -151,19 +127,7 @@ class SearchContext:
         return output_paths(self.model, self.infos)
 
     def output_floor(self, assignment: Mapping[str, str]) -> OutputFloor | None:
-        """Returns the rounding floor a plan's 16-bit outputs put on the budget metric.
-
-        Measured once per set of 16-bit outputs (`autoprec.search.floor`) and judged
-        by `floor_rule` against the float32 reference; a refused set is shown once
-        (verbose searches).
-
-        Args:
-            assignment: `{compute path: dtype}` of the plan.
-
-        Returns:
-            The `OutputFloor`, or `None` when every output is float32 (or the floor
-            could not be measured: logged once).
-        """
+        """Returns the rounding floor a plan's 16-bit outputs put on the budget metric."""
         # A float8 output layer returns its outputs in its source dtype, bfloat16.
         normalised = {
             path: BFLOAT16 if dtype == FLOAT8 else dtype
@@ -249,12 +213,7 @@ class SearchContext:
         return outputs, sources, metric_of
 
     def floor_evidence(self) -> dict[str, dict[str, dict[str, Any]]]:
-        """Returns `{output path: {16-bit dtype: floor record}}` for each dtype an output may take.
-
-        Returns:
-            JSON-ready `OutputFloor.to_dict()` records of each output alone in each
-            16-bit dtype it is allowed, for the plan's `metadata["evidence"]`.
-        """
+        """Returns `{output path: {16-bit dtype: floor record}}` for each dtype an output may take."""
         evidence: dict[str, dict[str, dict[str, Any]]] = {}
         for path in dict.fromkeys(self.output_paths):
             for dtype in self.allowed.get(path, ()):
@@ -266,15 +225,7 @@ class SearchContext:
         return evidence
 
     def floor_metadata(self, study: optuna.Study | None = None) -> dict[str, Any]:
-        """Returns the search's floor record: the rule, each output's floors, the trials refused.
-
-        Args:
-            study: the study, whose refused trials are listed; `None` lists none.
-
-        Returns:
-            `{"rule", "outputs", "refused_trials"}`, JSON-ready, for
-            `plan.metadata["search"]["output_floor"]`.
-        """
+        """Returns the search's floor record: the rule, each output's floors, the trials refused."""
         refused = {}
         for trial in study.get_trials(deepcopy=False) if study is not None else ():
             record = trial.user_attrs.get(OUTPUT_FLOOR_ATTR)

@@ -1,21 +1,4 @@
-"""The heuristic's plan as a uniform start and the layers that leave it, each with its evidence.
-
-A plan starts from the fastest uniform policy the device runs fast and the profile
-allows, set on every layer as Keras' global `mixed_*` policy sets it (Keras computes
-normalisation and the loss in float32 inside such a policy already). A layer leaves it
-only with evidence, kept as a `Departure`:
-
-- `"range"`: the profile shows the dtype overflows or flushes the layer's values; the
-  layer (or the block around it, where that avoids casts) takes the next dtype on the
-  widening ladder;
-- `"cost"`: the layer (or its block) is predicted or measured faster in another dtype by
-  more than the prediction's error, and the whole step is predicted faster with its
-  casts;
-- `"float8"`: a Dense/EinsumDense layer whose float8 ranges fit is predicted faster in
-  float8 the same way;
-- `"budget"`: an output layer a regression loss reads, or a layer a user check fails;
-- `"user"`: a `keep_float32` glob.
-"""
+"""The heuristic's plan as a uniform start and the layers that leave it, each with its evidence."""
 
 from __future__ import annotations
 
@@ -34,15 +17,7 @@ MAX_PRICED_MOVES = 96
 
 @dataclasses.dataclass(frozen=True)
 class Departure:
-    """One layer's move off the plan's uniform start, and the evidence for it.
-
-    Attributes:
-        path: the layer's path.
-        start: the dtype of the uniform start.
-        dtype: the dtype the layer gets instead.
-        kind: `"range"`, `"cost"`, `"float8"`, `"budget"` or `"user"`.
-        reason: the evidence, with its figures and where they were measured.
-    """
+    """One layer's move off the plan's uniform start, and the evidence for it."""
 
     path: str
     start: str
@@ -57,15 +32,7 @@ class Departure:
 
 @dataclasses.dataclass(frozen=True)
 class Feasibility:
-    """What each compute layer may take: allowed dtypes, why others were removed, output floors.
-
-    Attributes:
-        compute: the compute layers, in model order.
-        allowed: `{path: allowed dtypes}` (`allowed_dtypes`).
-        removed: `{path: {dtype: why it is not allowed}}`.
-        floors: `{path: reason}` of output layers kept float32 for the loss
-            (`rounding_floor_outputs`).
-    """
+    """What each compute layer may take: allowed dtypes, why others were removed, output floors."""
 
     compute: tuple[str, ...]
     allowed: Mapping[str, tuple[str, ...]]
@@ -75,17 +42,7 @@ class Feasibility:
 
 @dataclasses.dataclass(frozen=True)
 class Start:
-    """The policy a plan starts from, and the predicted step of each policy weighed.
-
-    Attributes:
-        dtype: the start's dtype (`"float32"`, `"bfloat16"` or `"float16"`).
-        assignment: `{path: dtype}`: `dtype` on every layer but its departures.
-        departures: the layers the profile, the loss or the user keep off `dtype`.
-        step_seconds: `{dtype: predicted step seconds}` of every policy weighed
-            (empty without a cost table).
-        uniform: `{dtype: assignment}` of the policies that are uniform as the
-            profile allows them (no range departure): the plans never to lose to.
-    """
+    """The policy a plan starts from, and the predicted step of each policy weighed."""
 
     dtype: str
     assignment: Mapping[str, str]
@@ -94,7 +51,8 @@ class Start:
     uniform: Mapping[str, Mapping[str, str]]
 
     def to_dict(self, source: str) -> dict[str, object]:
-        """Returns `plan.metadata["start"]`: the policy, each one's predicted step, the costs' source."""
+        """Returns `plan.metadata["start"]`: the policy, each one's predicted step, the costs'
+        source."""
         return {
             "policy": self.dtype,
             "predicted_step_ms": {
@@ -105,22 +63,7 @@ class Start:
 
 
 def cost_source(table: CostTable | None, hardware: HardwareProfile) -> str:
-    """Says where a cost table's figures come from: `"predicted for rtx4090"`, `"measured on ..."`.
-
-    Args:
-        table: the cost table, or `None`.
-        hardware: the hardware the table is for.
-
-    Returns:
-        The words used in every reason built from the table.
-
-    Example:
-
-    ```python
-    cost_source(autoprec.cost.predict_costs(model, "rtx4090"), resolve_hardware("rtx4090"))
-    # "predicted for rtx4090"
-    ```
-    """
+    """Says where a cost table's figures come from: `"predicted for rtx4090"`, `"measured on ..."`."""
     if table is None:
         return "no cost table (parameter counts)"
     if str(table.source).startswith("predicted"):
@@ -129,21 +72,7 @@ def cost_source(table: CostTable | None, hardware: HardwareProfile) -> str:
 
 
 def ladder_assignment(dtype: str, feasibility: Feasibility) -> tuple[dict, tuple[Departure, ...]]:
-    """Returns `dtype` on every compute layer, each layer that may not take it widened.
-
-    Args:
-        dtype: the policy's dtype.
-        feasibility: what each layer may take.
-
-    Returns:
-        `(assignment, departures)`: the departures are the widened layers, with why.
-
-    Example:
-
-    ```python
-    assignment, departures = ladder_assignment("float16", feasibility)
-    ```
-    """
+    """Returns `dtype` on every compute layer, each layer that may not take it widened."""
     assignment: dict[str, str] = {}
     departures: list[Departure] = []
     for path in feasibility.compute:
@@ -168,28 +97,7 @@ def choose_start(
     hardware: HardwareProfile,
     costs: PlanCosts,
 ) -> Start:
-    """Returns the fastest policy among float32 and each 16-bit dtype in `dtypes`.
-
-    With a cost table, each policy's whole step (casts and boundaries included) is
-    predicted and the fastest kept, float32 on a tie. Without one, the start is
-    bfloat16 where the hardware runs it fast, else float16, else float32.
-
-    Args:
-        feasibility: what each layer may take.
-        dtypes: the dtypes the plan may use.
-        hardware: the hardware the plan is for.
-        costs: the cost view.
-
-    Returns:
-        The `Start`.
-
-    Example:
-
-    ```python
-    start = choose_start(feasibility, ("float32", "bfloat16"), hardware, costs)
-    start.dtype  # "bfloat16" where uniform bfloat16 is predicted fastest
-    ```
-    """
+    """Returns the fastest policy among float32 and each 16-bit dtype in `dtypes`."""
     options = {FLOAT32: ladder_assignment(FLOAT32, feasibility)}
     for dtype in (BFLOAT16, FLOAT16):
         if dtype in dtypes:
@@ -217,23 +125,7 @@ def range_blocks(
     feasibility: Feasibility,
     costs: PlanCosts,
 ) -> dict[str, str]:
-    """Widens the block around each range departure where that is predicted to save its casts.
-
-    Args:
-        assignment: the current `{path: dtype}`.
-        departures: `{path: Departure}` so far; updated with the block's members.
-        feasibility: what each layer may take.
-        costs: the cost view (with a table).
-
-    Returns:
-        The new assignment.
-
-    Example:
-
-    ```python
-    assignment = range_blocks(assignment, departures, feasibility, costs)
-    ```
-    """
+    """Widens the block around each range departure where that is predicted to save its casts."""
     result = dict(assignment)
     blocks = group_layers(list(feasibility.compute), "block")
     block_of = {path: tuple(block) for block in blocks for path in block}
@@ -274,30 +166,7 @@ def cost_departures(
     start: str,
     source: str,
 ) -> dict[str, str]:
-    """Moves layers (and blocks) to a dtype they are faster in, where the whole step gains too.
-
-    A move is priced when the layers' own time in the new dtype is below their
-    current time by more than the prediction's error (`PlanCosts.relative_error`);
-    it is kept when the whole step, its casts included, is then predicted faster.
-    Moves are priced best gain first, at most `MAX_PRICED_MOVES`.
-
-    Args:
-        assignment: the current `{path: dtype}`.
-        departures: `{path: Departure}` so far; updated with each move kept.
-        feasibility: what each layer may take.
-        costs: the cost view (with a table).
-        start: the start's dtype.
-        source: where the costs come from (`cost_source`).
-
-    Returns:
-        The new assignment.
-
-    Example:
-
-    ```python
-    assignment = cost_departures(assignment, departures, feasibility, costs, "bfloat16", source)
-    ```
-    """
+    """Moves layers (and blocks) to a dtype they are faster in, where the whole step gains too."""
     margin = costs.relative_error or 0.0
     result = dict(assignment)
     moves = _priced_moves(result, feasibility, costs, margin)

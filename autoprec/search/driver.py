@@ -1,9 +1,4 @@
-"""`search()`: the stages of a search, each returning a typed value.
-
-`prepare_space` (`SearchSpace`) -> `check_float32` (`ReferenceCheck`) -> `build_context`
-(`SearchContext`) -> `run_trials` (`TrialsRun`) -> `add_finalists` (`Finalists`) ->
-`rank_trials` (`Ranking`) -> `choose_plan` (`Choice`) -> `build_result` (`SearchResult`).
-"""
+"""`search()`: the stages of a search, each returning a typed value."""
 
 from __future__ import annotations
 
@@ -150,16 +145,7 @@ def search(
 
 
 def run_search(model: keras.Model, evaluator: Evaluator, request: SearchRequest) -> SearchResult:
-    """Runs the search's stages in order; each returns the value the next ones read.
-
-    Args:
-        model: the user's model.
-        evaluator: the trials' evaluator (closed by the caller).
-        request: the search's arguments.
-
-    Returns:
-        The `SearchResult`.
-    """
+    """Runs the search's stages in order; each returns the value the next ones read."""
     space = prepare_space(model, evaluator, request)
     with request.clock.stage("reference"):
         reference = check_float32(evaluator, request)
@@ -214,15 +200,7 @@ def _check_study(
 
 
 def check_metric(evaluator: Evaluator, budget: Budget) -> None:
-    """Refuses a budget metric the model does not report, listing those it does.
-
-    Args:
-        evaluator: the trials' evaluator (its model's metrics).
-        budget: the `Budget`.
-
-    Raises:
-        AutoprecError: the metric is not among the model's validation metrics.
-    """
+    """Refuses a budget metric the model does not report, listing those it does."""
     names = evaluator.metric_names()
     if budget.log_name not in names:
         available = ", ".join(f"val_{name}" for name in names)

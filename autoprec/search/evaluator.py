@@ -1,12 +1,5 @@
-"""The search's evaluator: runs one precision plan on a private copy of the model at a given fidelity.
-
-Level 2 (numerical proxy) compares loss and gradients on calibration batches with float32
-from the same weights; level 3 (short training) trains S steps from the same checkpoint on
-the same batches and evaluates the validation metrics. The user's model is never touched:
-the evaluator works on a clone (`keras.models.clone_model`) or, for models without
-`get_config`, on the model itself with every variable, policy and the compile state put
-back by `close()`.
-"""
+"""The search's evaluator: runs one precision plan on a private copy of the model at a given
+fidelity."""
 
 from __future__ import annotations
 
@@ -42,14 +35,7 @@ _PROXY_LOSS_SCALE = 2.0**10
 
 @dataclasses.dataclass(frozen=True)
 class ProxyResult:
-    """Level-2 figures of one plan against float32 from the same weights.
-
-    Attributes:
-        loss_relative_error: mean over batches of |loss - loss_float32| / |loss_float32|.
-        gradient_cosine: cosine similarity of all gradients (concatenated) with float32's.
-        gradient_relative_error: ||g - g_float32|| / ||g_float32||.
-        finite: whether every loss and gradient was finite.
-    """
+    """Level-2 figures of one plan against float32 from the same weights."""
 
     loss_relative_error: float
     gradient_cosine: float
@@ -78,12 +64,7 @@ def _json_float(value: float) -> float | None:
 
 
 def clone_for_search(model: keras.Model) -> tuple[keras.Model, bool]:
-    """Returns `(working_model, is_clone)`: a clone with the same weights, or the model itself.
-
-    Subclassed models without `get_config` cannot be cloned; the evaluator then works
-    on the model itself and `Evaluator.close()` puts back its variables, policies and
-    compile state.
-    """
+    """Returns `(working_model, is_clone)`: a clone with the same weights, or the model itself."""
     try:
         clone = keras.models.clone_model(model)
         clone.set_weights(model.get_weights())
@@ -99,15 +80,8 @@ def clone_for_search(model: keras.Model) -> tuple[keras.Model, bool]:
 
 
 class Evaluator:
-    """Runs plans on a private copy of a compiled model: proxy (level 2) and short training (level 3).
-
-    Args:
-        model: the user's compiled, built Keras model (left unchanged).
-        train_batches: `(x, y)` numpy batches, trained on in this order.
-        val_batches: `(x, y)` numpy batches for the budget metric.
-        proxy_batches: how many of the training batches the proxy uses.
-        seed: seed set before every evaluation (dropout, shuffling inside layers).
-    """
+    """Runs plans on a private copy of a compiled model: proxy (level 2) and short training (level
+    3)."""
 
     def __init__(
         self,
@@ -140,15 +114,7 @@ class Evaluator:
     # ------------------------------------------------------------------ float16 emulation
 
     def emulate_float16(self) -> bool:
-        """Trains and proxies float16 layers emulated from now on (float32 math, float16 rounding).
-
-        For devices whose float16 kernels are slow fallbacks (TensorFlow on a CPU):
-        see `autoprec.runtime.emulation`. Call it before the profiler or the guard wrap
-        the layers. Timing (`step_seconds`) always runs float16 natively.
-
-        Returns:
-            Whether emulation is on: only a private clone is emulated, never the user's model.
-        """
+        """Trains and proxies float16 layers emulated from now on (float32 math, float16 rounding)."""
         if not self.is_clone:
             return False
         if self._emulation is None:
@@ -162,11 +128,7 @@ class Evaluator:
         return self._emulation is not None
 
     def _native_plan(self, plan: PrecisionPlan) -> tuple[PrecisionPlan, bool]:
-        """Returns `(plan to apply, whether float16 is emulated)`; sets the emulated layers.
-
-        With emulation on, float16 layers are applied as float32 and rounded to float16
-        at their boundaries from the next trace on.
-        """
+        """Returns `(plan to apply, whether float16 is emulated)`; sets the emulated layers."""
         if self._emulation is None:
             return plan, False
         infos = describe_model(self.model)
@@ -227,22 +189,13 @@ class Evaluator:
         return list(logs)
 
     def set_train_batches(self, train_batches: list[tuple]) -> None:
-        """Replaces the batches every training run goes through (a longer or shorter fidelity).
-
-        Args:
-            train_batches: `(x, y)` numpy batches, trained on in this order; the
-                numerical proxy keeps its calibration batches.
-        """
+        """Replaces the batches every training run goes through (a longer or shorter fidelity)."""
         self.train_batches = list(train_batches)
         self.train_x, self.train_y = concatenate_batches(self.train_batches)
         self._float32_outputs = None
 
     def untrained_metrics(self) -> dict[str, float]:
-        """Returns the validation metrics of the initial weights in float32 (no training).
-
-        Returns:
-            `{metric: value}` from `evaluate` on the validation batches.
-        """
+        """Returns the validation metrics of the initial weights in float32 (no training)."""
         self._reset()
         float32_plan, _ = self._native_plan(PrecisionPlan.uniform(self.model, FLOAT32))
         apply_plan(self.model, float32_plan)
@@ -258,23 +211,7 @@ class Evaluator:
         batch_order: list[int] | None = None,
         keep_outputs: bool = False,
     ) -> dict[str, float]:
-        """Level 3: trains the plan for the given batches from the initial weights, then evaluates.
-
-        Every plan gets as many weight updates as there are batches: steps a loss scale
-        skipped (non-finite gradients while a dynamic scale comes down from 2**15, often
-        the first few of a float16 run) are trained again, once, on the batches they
-        skipped. A short trial would otherwise judge float16 by fewer updates than
-        float32; in a long training those few steps do not matter.
-
-        Args:
-            plan: the plan to train with.
-            batch_order: optional permutation of the training batches (reference spread).
-            keep_outputs: also keep the trained model's validation outputs, for
-                `float32_outputs` (pass it for the float32 plan trained in order).
-
-        Returns:
-            `{metric: value}` from `evaluate` on the validation batches.
-        """
+        """Level 3: trains the plan for the given batches from the initial weights, then evaluates."""
         self._reset()
         plan, emulated = self._native_plan(plan)
         recompile(self.model, self.compile_template)
@@ -308,33 +245,14 @@ class Evaluator:
         return {name: float(value) for name, value in logs.items()}
 
     def float32_outputs(self) -> object:
-        """Returns the float32 plan's validation outputs after training on the current batches.
-
-        The outputs kept by the last `train_and_evaluate(..., keep_outputs=True)` at
-        these batches (the float32 reference's), else the float32 plan trained now.
-
-        Returns:
-            What `model.predict` returns on the validation inputs (an array, or a list
-            or dict of arrays).
-        """
+        """Returns the float32 plan's validation outputs after training on the current batches."""
         if self._float32_outputs is None:
             float32_plan = PrecisionPlan.uniform(self.model, FLOAT32)
             self.train_and_evaluate(float32_plan, keep_outputs=True)
         return self._float32_outputs
 
     def validation_metrics(self, outputs: object) -> dict[str, float]:
-        """Returns the compiled loss and metrics of given outputs on the validation targets.
-
-        Nothing runs through the model: the outputs stand for its predictions, and the
-        loss (regularisation included, as `evaluate` reports it) and every compiled
-        metric are computed from them, under the names `evaluate` uses.
-
-        Args:
-            outputs: predictions for the validation inputs, in `model.predict`'s structure.
-
-        Returns:
-            `{metric: value}`, e.g. `{"loss": 1.3, "mae": 1.0}`.
-        """
+        """Returns the compiled loss and metrics of given outputs on the validation targets."""
         if not getattr(self.model, "compiled", False):
             recompile(self.model, self.compile_template)
         self.model.reset_metrics()
@@ -346,14 +264,7 @@ class Evaluator:
         return values
 
     def proxy(self, plan: PrecisionPlan) -> ProxyResult:
-        """Level 2: loss and gradients of the plan versus float32, same weights, same batches.
-
-        Args:
-            plan: the candidate plan.
-
-        Returns:
-            A `ProxyResult`.
-        """
+        """Level 2: loss and gradients of the plan versus float32, same weights, same batches."""
         if self._float32_gradients is None:
             self._float32_gradients = self._losses_and_gradients(
                 PrecisionPlan.uniform(self.model, "float32")
@@ -419,22 +330,7 @@ class Evaluator:
     def step_rounds(
         self, plans: list[PrecisionPlan], rounds: int = 5, steps: int = 5
     ) -> list[list[float]]:
-        """Times each plan's train step in interleaved, rotating rounds, each on its own copy.
-
-        Every plan gets a compiled clone of the model (same initial weights), traced
-        once and warmed up with `steps` steps; each round then times `steps` steps of
-        every plan (their mean), the plans' order rotating from round to round. Nothing
-        is retraced between rounds. Models that cannot be cloned are timed on the
-        working model, retracing each round (`step_seconds`).
-
-        Args:
-            plans: the plans to time.
-            rounds: how many times each plan is timed.
-            steps: steps per timed round (and warm-up steps).
-
-        Returns:
-            For each plan, in the order of `plans`, its seconds per step in each round.
-        """
+        """Times each plan's train step in interleaved, rotating rounds, each on its own copy."""
         if not self.is_clone:
             figures: list[list[float]] = [[] for _ in plans]
             order = list(range(len(plans)))
@@ -477,16 +373,7 @@ class Evaluator:
         return copy
 
     def step_seconds(self, plan: PrecisionPlan, steps: int = 5, warmup: int = 2) -> float:
-        """Measures the median train-step time of the plan on this device (weights reset after).
-
-        Args:
-            plan: the plan to time.
-            steps: timed steps.
-            warmup: untimed steps first (tracing).
-
-        Returns:
-            Median seconds per step.
-        """
+        """Measures the median train-step time of the plan on this device (weights reset after)."""
         self._reset()
         if self._emulation is not None:
             self._emulation.set_layers(())  # timing runs float16 natively

@@ -1,12 +1,4 @@
-"""Local moves around the best plan: flip one group (or layer) at a time, enqueued beside TPE.
-
-After the warm starts, the study explores around the cheapest plan within budget:
-each neighbour flips one group to a cheaper dtype (ranked by predicted gain, divided
-by the group's risk), or puts one group of a faster plan that missed the budget back
-to float32 (riskiest first: output layers, softmax and normalisation). Neighbours are
-enqueued as fixed-params trials carrying their per-layer assignment, one at a time and
-alternating with TPE's own proposals, so that Optuna stays the engine.
-"""
+"""Local moves around the best plan: flip one group (or layer) at a time, enqueued beside TPE."""
 
 from __future__ import annotations
 
@@ -31,14 +23,7 @@ _REPAIRED_PLANS = 2
 
 @dataclasses.dataclass(frozen=True)
 class Neighbour:
-    """A plan one move away from another, with why it is worth training.
-
-    Attributes:
-        assignment: the neighbour's `{compute path: dtype}`.
-        move: what changed, e.g. `"dtype:dense+3 -> bfloat16"`.
-        predicted_seconds: its predicted step time.
-        score: its rank, higher first (predicted gain over risk, or risk for a repair).
-    """
+    """A plan one move away from another, with why it is worth training."""
 
     assignment: dict[str, str]
     move: str
@@ -47,19 +32,7 @@ class Neighbour:
 
 
 def neighbours(context: SearchContext, study: optuna.Study) -> list[Neighbour]:
-    """Returns the untried neighbours of the study's best plan within budget, best first.
-
-    Cheaper moves from the best feasible plan (or float32) alternate with repairs of
-    the fastest plans that missed the budget (one group back to float32), both only
-    where the result is predicted faster than the best feasible plan.
-
-    Args:
-        context: the search's context (groups, allowed dtypes, costs, risk).
-        study: the study (its trials give the best plan and what was tried).
-
-    Returns:
-        Neighbours not yet tried or queued, best first.
-    """
+    """Returns the untried neighbours of the study's best plan within budget, best first."""
     trials = study.get_trials(deepcopy=False)
     records = {trial.number: TrialRecord.from_trial(trial) for trial in trials}
     tried = {record.assignment_key for record in records.values()}
@@ -156,17 +129,7 @@ def _repairs(
 def explorer(
     context: SearchContext,
 ) -> Callable[[optuna.Study, optuna.trial.FrozenTrial], None]:
-    """Returns the Optuna callback that enqueues the next neighbour when the queue is empty.
-
-    After `_NEIGHBOURS_IN_A_ROW` neighbour trials in a row, TPE proposes the next
-    trial itself.
-
-    Args:
-        context: the search's context.
-
-    Returns:
-        A callback `(study, frozen_trial)` for `study.optimize(callbacks=...)`.
-    """
+    """Returns the Optuna callback that enqueues the next neighbour when the queue is empty."""
 
     def callback(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
         trials = study.get_trials(deepcopy=False)

@@ -1,14 +1,4 @@
-"""How long the search trains: a reference that must beat a trivial baseline, and the confirmation.
-
-Before searching, the float32 reference must beat a trivial baseline at the search's
-fidelity by more than the budget allows (else every plan, chance included, would hold
-the budget): chance for accuracy-like metrics (1 / classes), 0.5 for AUC, the untrained
-model's metric otherwise. Training is lengthened (train steps doubled, up to a limit)
-until it does; a reference that still has not learned is an `AutoprecError`. Before
-returning, the chosen plan is confirmed at a higher fidelity (longer training from the
-same weights, against float32 trained as long) when the decision was close or the
-fidelity low.
-"""
+"""How long the search trains: a reference that must beat a trivial baseline, and the confirmation."""
 
 from __future__ import annotations
 
@@ -37,17 +27,7 @@ _CLOSE_FRACTION = 0.5
 
 @dataclasses.dataclass(frozen=True)
 class FidelityCheck:
-    """Whether the float32 reference learned enough at the search's fidelity for the budget.
-
-    Attributes:
-        train_steps: train steps of every trial (after any lengthening).
-        requested_steps: the `train_steps` asked for.
-        reference: the float32 reference's budget metric at `train_steps`.
-        baseline: the trivial baseline's value, or `None` when the check is off.
-        baseline_kind: what the baseline is, e.g. `"chance (1/10 classes)"`, `"untrained"`.
-        status: `"meaningful"` (the baseline misses the budget), `"loose budget"` (the
-            reference learned but the budget is looser than what it learned) or `"off"`.
-    """
+    """Whether the float32 reference learned enough at the search's fidelity for the budget."""
 
     train_steps: int
     requested_steps: int
@@ -64,26 +44,7 @@ class FidelityCheck:
 def trivial_baseline(
     evaluator: Evaluator, budget: Budget, untrained: dict[str, float] | None = None
 ) -> tuple[float, str]:
-    """Returns `(value, kind)`: what a model that learned nothing scores on the budget metric.
-
-    Accuracy-like metrics: chance, 1 / classes (classes from the model's output width,
-    2 for one output unit). AUC: 0.5. Any other metric: the untrained model's value.
-
-    Args:
-        evaluator: the search's evaluator (its model and validation data).
-        budget: the `Budget`.
-        untrained: the untrained float32 metrics, if already evaluated.
-
-    Returns:
-        The baseline's value and a short description of it.
-
-    Example:
-
-    ```python
-    value, kind = trivial_baseline(evaluator, Budget("val_accuracy", max_drop=0.01))
-    # (0.1, "chance (1/10 classes)")
-    ```
-    """
+    """Returns `(value, kind)`: what a model that learned nothing scores on the budget metric."""
     name = budget.log_name.lower()
     outputs = getattr(evaluator.model, "outputs", None) or []
     if budget.mode == "max" and len(outputs) == 1 and "top_k" not in name:
@@ -98,11 +59,7 @@ def trivial_baseline(
 
 
 def _noise_margin(budget: Budget, baseline: float, kind: str, samples: int) -> float:
-    """How much better than the baseline a reference must be to count as having learned.
-
-    For chance: one standard error of an accuracy at chance on `samples` validation
-    samples (a reference within it cannot be told from chance); else 1 % of the baseline.
-    """
+    """How much better than the baseline a reference must be to count as having learned."""
     if kind.startswith("chance") and 0.0 < baseline < 1.0:
         return math.sqrt(baseline * (1.0 - baseline) / max(samples, 1))
     return 0.01 * abs(baseline)
@@ -111,23 +68,7 @@ def _noise_margin(budget: Budget, baseline: float, kind: str, samples: int) -> f
 def longer_batches(
     train_data: Any, batch_size: int, steps: int, current: list[tuple]
 ) -> list[tuple]:
-    """Returns `steps` training batches: fresh ones where the data has them, else repeated in order.
-
-    Args:
-        train_data: the search's `train_data` (re-read unless it is an iterator).
-        batch_size: batch size for array data.
-        steps: batches wanted.
-        current: the batches the search trained on so far (the first ones).
-
-    Returns:
-        A list of `steps` `(x, y)` batches that starts with `current`.
-
-    Example:
-
-    ```python
-    batches = longer_batches((x, y), 32, 40, evaluator.train_batches)
-    ```
-    """
+    """Returns `steps` training batches: fresh ones where the data has them, else repeated in order."""
     taken = list(current)
     if not hasattr(train_data, "__next__"):
         taken = take_batches(train_data, batch_size, steps, what="search: train_data")
@@ -142,26 +83,7 @@ def check_reference(
     max_train_steps: int,
     baseline: float | str | None,
 ) -> tuple[dict[str, float], FidelityCheck]:
-    """Trains the float32 reference, lengthening training until it beats the trivial baseline.
-
-    The evaluator keeps the reference's validation outputs (`Evaluator.float32_outputs`):
-    the output rounding floor of a classifier is measured on them.
-
-    Args:
-        evaluator: the search's evaluator (its training batches are replaced when lengthened).
-        budget: the `Budget`.
-        train_data: the search's `train_data` (source of more batches).
-        batch_size: batch size for array data.
-        max_train_steps: the longest training tried.
-        baseline: `"auto"` (see `trivial_baseline`), a value, or `None` (no check).
-
-    Returns:
-        `(reference metrics, FidelityCheck)`.
-
-    Raises:
-        AutoprecError: the reference is not finite, or has not beaten the baseline
-            even at `max_train_steps`.
-    """
+    """Trains the float32 reference, lengthening training until it beats the trivial baseline."""
     requested = len(evaluator.train_batches)
     float32_plan = PrecisionPlan.uniform(evaluator.model, FLOAT32)
     metrics = evaluator.train_and_evaluate(float32_plan, keep_outputs=True)
@@ -230,18 +152,7 @@ def _finite_reference(metrics: dict[str, float], budget: Budget, steps: int) -> 
 def confirmation_reasons(
     budget: Budget, reference: float, violation: float, spread: float | None, train_steps: int
 ) -> list[str]:
-    """Returns why a plan chosen at the search's fidelity needs a longer confirmation (empty: none).
-
-    Args:
-        budget: the `Budget`.
-        reference: the float32 reference at the search's fidelity.
-        violation: the chosen plan's budget violation (<= 0: within budget).
-        spread: the reference's seed-to-seed spread, or `None` when not measured.
-        train_steps: the search's train steps.
-
-    Returns:
-        Reasons such as `"low fidelity (20 train steps < 64)"`.
-    """
+    """Returns why a plan chosen at the search's fidelity needs a longer confirmation (empty: none)."""
     reasons = []
     if train_steps < LOW_FIDELITY_STEPS:
         reasons.append(f"low fidelity ({train_steps} train steps < {LOW_FIDELITY_STEPS})")

@@ -1,21 +1,4 @@
-"""The finalists stage: after the trials, evaluate the plans the measured ranking must also weigh.
-
-Two kinds of plans are added to the study once its trials ran, each trained and held
-to the budget as every trial is, so that only plans within budget reach the measured
-ranking:
-
-- Keras' own global policies exactly as Keras applies them (`keras_global_plan`):
-  every layer, containers included, in `mixed_bfloat16`, and in `mixed_float16`
-  where float16 is among the search's dtypes. A trial carries compute layers only,
-  so these are trained here and added to the study as completed trials, judged as
-  the objective judges a trial (the output rounding floor first: a refused plan is
-  not trained; then the budget); where the plan is the same as a trial's already (a
-  model without containers), that trial stands for it.
-- The best plan within budget with one kind of default float32 protection
-  (softmax, normalisation, output layers) moved to its 16-bit dtype, where the
-  profile shows those layers' ranges fit it (`dropped_protection`): enqueued and run
-  through the trial objective.
-"""
+"""The finalists stage: after the trials, evaluate the plans the measured ranking must also weigh."""
 
 from __future__ import annotations
 
@@ -51,17 +34,7 @@ logger = logging.getLogger("autoprec")
 
 @dataclasses.dataclass(frozen=True)
 class Finalists:
-    """What the finalists stage added: the finalists' trials and why others are not.
-
-    Attributes:
-        trials: `{label: trial number}` of the finalists this stage evaluated, enqueued
-            or found in the study (a Keras global policy equal to a trial's plan names
-            that trial).
-        same_as: `{label: the label or "trial N" of the trial whose plan it is}` for
-            Keras global policies equal to another trial's plan.
-        skipped: `{label: why no plan}`.
-        base_trial: the trial whose plan the protections were dropped from, or `None`.
-    """
+    """What the finalists stage added: the finalists' trials and why others are not."""
 
     trials: Mapping[str, int]
     same_as: Mapping[str, str]
@@ -81,24 +54,7 @@ class Finalists:
 def add_finalists(
     context: SearchContext, request: SearchRequest, space: SearchSpace, run: TrialsRun
 ) -> Finalists:
-    """Evaluates Keras' global policies and the best plan with each protection dropped.
-
-    Args:
-        context: the search's context.
-        request: the search's arguments (`settings.keep_float32`, `catch`, callbacks).
-        space: the `SearchSpace` (dtypes, profile, output layers).
-        run: the `TrialsRun` (its study gets the finalists).
-
-    Returns:
-        The `Finalists`.
-
-    Example:
-
-    ```python
-    finalists = add_finalists(context, request, space, run)
-    finalists.trials  # {"keras mixed_bfloat16": 7, "no float32 softmax": 8}
-    ```
-    """
+    """Evaluates Keras' global policies and the best plan with each protection dropped."""
     study = run.study
     trials: dict[str, int] = {}
     same_as: dict[str, str] = {}
@@ -183,10 +139,7 @@ def _add_trial(
     metrics: Mapping[str, float] | None,
     floor: OutputFloor | None,
 ) -> int:
-    """Adds a judged plan to the study as a completed trial, as the objective records one.
-
-    `metrics` is `None` for a plan its output rounding floor refused (not trained).
-    """
+    """Adds a judged plan to the study as a completed trial, as the objective records one."""
     seconds, activation_bytes = context.costs.step(dict(compute))
     record = TrialRecord(
         assignment=dict(layers),

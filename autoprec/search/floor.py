@@ -1,34 +1,5 @@
-"""The output rounding floor: what a 16-bit output dtype costs the budget metric however long a plan trains.
-
-A layer that produces the model's outputs in bfloat16 rounds them to 8 significant
-bits: outputs near 1000 become multiples of 4, and a mean squared error cannot go
-below about 1.3 however long the model trains. A short trial cannot see this floor
-while the float32 reference is itself far from converged (its error is still much
-larger than the floor), so a plan with a 16-bit head can hold the budget in every
-trial and miss it once trained to convergence.
-
-The floor is measured on the validation data without training (`measure_floor`): the
-budget metric of the outputs a converged model would give, rounded to the output
-dtype, against the same outputs unrounded. Those outputs are the targets where the
-targets are values the output should reproduce (floating targets of the output's
-size: regression), else the float32 reference's own validation outputs (class labels:
-the floor is then the change in the loss, or the decisions that rounding flips,
-usually none). Rounding errors are applied both ways and averaged, so a first-order
-change (this particular set of outputs happens to round in a direction the metric
-likes or dislikes), which further training moves around, cancels and the systematic
-part stays; for a metric symmetric in the residual (MSE, MAE, Huber) against the
-targets this is exactly the metric of the rounded targets.
-
-`FloorRule` says when a floor breaks the budget. Since the float32 reference's
-converged metric is unknown at the search's fidelity, the rule is conservative: the
-floor may take at most `FLOOR_FRACTION` of the budget's allowance measured against
-the float32 reference once converged, assumed to be `CONVERGENCE_HEADROOM` times
-closer to zero than the best float32 metric the search has seen (for a metric where
-lower is better, or a higher-is-better metric below zero; a higher-is-better metric
-above zero, such as accuracy, only gains allowance as float32 improves, so its value
-seen is used). With `Budget("val_loss", max_relative_drop=0.02)` and float32 at 20,
-a floor may be at most 0.5 * 0.02 * 20 / 10 = 0.02.
-"""
+"""The output rounding floor: what a 16-bit output dtype costs the budget metric however long a plan
+trains."""
 
 from __future__ import annotations
 
@@ -61,47 +32,14 @@ _NUMPY_DTYPES = {BFLOAT16: np.dtype(ml_dtypes.bfloat16), FLOAT16: np.dtype(np.fl
 
 
 def round_to(values: Any, dtype: str) -> np.ndarray:
-    """Returns `values` rounded to `dtype` and back to float32 (nearest, ties to even).
-
-    Args:
-        values: an array (any float dtype).
-        dtype: `"bfloat16"` or `"float16"`.
-
-    Returns:
-        A float32 array of the rounded values (values beyond float16's range are inf).
-
-    Example:
-
-    ```python
-    round_to(np.array([1001.0, 1003.0]), "bfloat16")  # array([1000., 1004.])
-    ```
-    """
+    """Returns `values` rounded to `dtype` and back to float32 (nearest, ties to even)."""
     array = np.asarray(values, dtype=np.float32)
     with np.errstate(over="ignore"):
         return array.astype(_NUMPY_DTYPES[dtype]).astype(np.float32)
 
 
 def output_paths(model: keras.Model, infos: Mapping[str, LayerInfo]) -> tuple[str, ...]:
-    """Returns, for each of the model's outputs (flattened), the compute layer that produces it.
-
-    Pass-through layers after a compute layer (an `Activation("linear")`, a `Reshape`)
-    take its dtype, so the output is that layer's; an output of a nested model is the
-    compute layer producing it inside. A model without symbolic outputs (subclassed)
-    gives its last compute layer.
-
-    Args:
-        model: a built Keras model.
-        infos: `describe_model(model)`.
-
-    Returns:
-        One compute layer path per output, in `keras.tree.flatten` order of the outputs.
-
-    Example:
-
-    ```python
-    output_paths(model, describe_model(model))  # ("head",)
-    ```
-    """
+    """Returns, for each of the model's outputs (flattened), the compute layer that produces it."""
     paths = layer_paths(model)
     path_of = {id(layer): path for path, layer in paths.items()}
     compute = compute_layers(infos)
@@ -141,34 +79,7 @@ def converged_outputs(
     output_shapes: Sequence[tuple[int | None, ...] | None],
     float32_outputs: Callable[[], Any],
 ) -> tuple[list[np.ndarray], tuple[str, ...]]:
-    """Returns the outputs a converged model would give, one per model output, and their sources.
-
-    An output whose target is floating and of the output's size per sample (a
-    regression target) takes the targets, in the output's shape: a model trained to
-    convergence reproduces them. Any other output (class labels), or one whose shape
-    is not known, takes the float32 reference's validation output, asked for only then.
-
-    Args:
-        targets: the validation targets (an array, or a list or dict like the outputs).
-        output_shapes: each output's shape without the batch axis (`None`: unknown),
-            in `keras.tree.flatten` order.
-        float32_outputs: returns the float32 reference's validation outputs (its
-            `predict` structure); called at most once, and only when needed.
-
-    Returns:
-        `(outputs, sources)`: float32 arrays in `keras.tree.flatten` order, and for each
-        `TARGETS` or `FLOAT32_OUTPUTS`.
-
-    Raises:
-        ValueError: the float32 outputs are not one array per output.
-
-    Example:
-
-    ```python
-    outputs, sources = converged_outputs(y_val, [(1,)], lambda: model.predict(x_val))
-    sources  # ("targets",): a regression needs no prediction
-    ```
-    """
+    """Returns the outputs a converged model would give, one per model output, and their sources."""
     count = len(output_shapes)
     flat_targets = keras.tree.flatten(targets)
     if len(flat_targets) != count:
@@ -205,31 +116,8 @@ def measure_floor(
     rounded: Mapping[int, str],
     budget: Budget,
 ) -> float:
-    """Returns the floor the rounding of some outputs puts on a metric (0 or more; inf out of range).
-
-    The rounding error `e` of each rounded output is added and subtracted in turn;
-    the floor is how much worse the mean of both metrics is than the metric of the
-    unrounded outputs. A metric symmetric in the residual, measured against the
-    targets, gives exactly the metric of the rounded targets.
-
-    Args:
-        metric_of: returns `{metric: value}` for a list of outputs (flattened order).
-        outputs: the unrounded outputs (`converged_outputs`).
-        rounded: `{output index: dtype}` of the outputs rounded.
-        budget: the `Budget` (its metric, a key of `metric_of`'s result once `val_` is
-            dropped, and its mode).
-
-    Returns:
-        The floor in the metric's units; `math.inf` when an output leaves the dtype's
-        range (float16 above 65504).
-
-    Example:
-
-    ```python
-    mse = lambda outs: {"mse": float(np.mean((outs[0] - y) ** 2))}
-    measure_floor(mse, [y], {0: "bfloat16"}, Budget("val_mse", max_drop=0.1))  # ~1.3 near 1000
-    ```
-    """
+    """Returns the floor the rounding of some outputs puts on a metric (0 or more; inf out of
+    range)."""
     up, down = list(outputs), list(outputs)
     for index, dtype in rounded.items():
         error = round_to(outputs[index], dtype) - outputs[index]
@@ -247,21 +135,7 @@ def measure_floor(
 
 @dataclasses.dataclass(frozen=True)
 class FloorRule:
-    """When an output floor breaks the budget: a share of the allowance at a converged reference.
-
-    Attributes:
-        fraction: largest share of the budget's allowance the floor may take.
-        headroom: how many times closer to zero the float32 reference may get once
-            converged (for lower-is-better metrics, and higher-is-better ones below 0).
-
-    Example:
-
-    ```python
-    rule = FloorRule()
-    rule.limit(Budget("val_loss", max_relative_drop=0.02), 20.0)  # 0.02
-    rule.limit(Budget("val_accuracy", max_drop=0.01), 0.6)  # 0.005
-    ```
-    """
+    """When an output floor breaks the budget: a share of the allowance at a converged reference."""
 
     fraction: float = FLOOR_FRACTION
     headroom: float = CONVERGENCE_HEADROOM
@@ -277,7 +151,8 @@ class FloorRule:
         return self.fraction * budget.allowance(self.converged_reference(budget, reference))
 
     def break_even(self, budget: Budget, floor: float) -> float | None:
-        """Returns |converged float32 metric| below which `floor` is refused (inf: always; None: never)."""
+        """Returns |converged float32 metric| below which `floor` is refused (inf: always; None:
+        never)."""
         if budget.max_drop is not None and floor >= self.fraction * budget.max_drop:
             return math.inf
         if budget.max_relative_drop is None:
@@ -293,28 +168,7 @@ class FloorRule:
 
 @dataclasses.dataclass(frozen=True)
 class OutputFloor:
-    """The floor a plan's 16-bit outputs put on the budget metric, and whether it is refused.
-
-    Attributes:
-        metric: the budget metric, e.g. `"val_loss"`.
-        dtypes: `{output layer path: 16-bit dtype}` of the plan's rounded outputs.
-        floors: `{output layer path: floor of that output alone}`.
-        sources: `{output layer path: TARGETS or FLOAT32_OUTPUTS}`.
-        value: the floor of all of them together.
-        reference: the best float32 metric seen (at the search's fidelity).
-        converged_reference: the float32 metric the allowance is measured against.
-        limit: the largest floor the rule allows.
-        break_even: |converged float32 metric| below which the floor is refused
-            (`math.inf`: at any; `None`: never).
-        rule: the `FloorRule` that judged it.
-
-    Example:
-
-    ```python
-    floor = context.output_floor(assignment)
-    floor.refused, floor.reason
-    ```
-    """
+    """The floor a plan's 16-bit outputs put on the budget metric, and whether it is refused."""
 
     metric: str
     dtypes: Mapping[str, str]
@@ -386,28 +240,7 @@ def judge_floor(
     value: float,
     rule: FloorRule | None = None,
 ) -> OutputFloor:
-    """Returns the `OutputFloor` of measured floors under a rule.
-
-    Args:
-        budget: the `Budget`.
-        reference: the best float32 metric seen.
-        dtypes: `{output layer path: 16-bit dtype}`.
-        floors: `{output layer path: floor alone}`.
-        sources: `{output layer path: where its unrounded outputs came from}`.
-        value: the floor of all rounded outputs together.
-        rule: the `FloorRule`; default `FloorRule()`.
-
-    Returns:
-        The `OutputFloor`.
-
-    Example:
-
-    ```python
-    floor = judge_floor(Budget("val_loss", max_relative_drop=0.02), 20.0,
-                        {"head": "bfloat16"}, {"head": 1.33}, {"head": TARGETS}, 1.33)
-    floor.refused  # True: 1.33 > 0.02
-    ```
-    """
+    """Returns the `OutputFloor` of measured floors under a rule."""
     rule = FloorRule() if rule is None else rule
     return OutputFloor(
         metric=budget.metric,

@@ -168,11 +168,7 @@ def _never_slower(
     feasibility: Feasibility,
     costs: PlanCosts,
 ) -> dict[str, str]:
-    """Returns the fastest uniform policy instead of `assignment` where one is predicted faster.
-
-    A policy with no departure at all is priced as Keras sets it (`PrecisionPlan.uniform`:
-    containers and pass-through layers included).
-    """
+    """Returns the fastest uniform policy instead of `assignment` where one is predicted faster."""
     seconds = costs.step(assignment)[0]
     uniform_seconds = {}
     for dtype, uniform in start.uniform.items():

@@ -1,11 +1,4 @@
-"""What the compiled loss says about the output layers: may their predictions round to 16 bits?
-
-A classification loss (cross-entropy, hinge) reads class scores, which Keras casts to
-float32 before the loss: rounding them to 16 bits changes no decision. A regression
-loss reads the values themselves, and an output rounded to 16 bits puts an error floor
-on it that no training removes (bfloat16 keeps 8 significant bits: a relative error up
-to 2^-9). That floor is budget evidence: the plan keeps such an output layer in float32.
-"""
+"""What the compiled loss says about the output layers: may their predictions round to 16 bits?"""
 
 from __future__ import annotations
 
@@ -19,22 +12,7 @@ CLASSIFICATION_LOSS_WORDS = ("crossentropy", "hinge")
 
 
 def loss_names(model: keras.Model) -> list[str]:
-    """Returns the names of the losses `model` is compiled with, one per output that has one.
-
-    Args:
-        model: a Keras model, compiled or not.
-
-    Returns:
-        The names (strings as given, else the loss object's or function's name); empty
-        when the model is not compiled with a loss.
-
-    Example:
-
-    ```python
-    model.compile("adam", "mse")
-    loss_names(model)  # ["mse"]
-    ```
-    """
+    """Returns the names of the losses `model` is compiled with, one per output that has one."""
 
     def name_of(loss: Any) -> str:
         if isinstance(loss, str):
@@ -49,22 +27,7 @@ def loss_names(model: keras.Model) -> list[str]:
 
 
 def has_classification_loss(model: keras.Model) -> bool:
-    """Returns whether every loss `model` is compiled with is a classification loss.
-
-    Args:
-        model: a compiled model.
-
-    Returns:
-        `True` for cross-entropy or hinge losses (strings, `keras.losses` objects or
-        functions, for each output); `False` for any other loss, or none.
-
-    Example:
-
-    ```python
-    model.compile("adam", "sparse_categorical_crossentropy")
-    has_classification_loss(model)  # True
-    ```
-    """
+    """Returns whether every loss `model` is compiled with is a classification loss."""
     names = loss_names(model)
     return bool(names) and all(
         any(word in name.lower().replace("_", "") for word in CLASSIFICATION_LOSS_WORDS)
@@ -73,27 +36,7 @@ def has_classification_loss(model: keras.Model) -> bool:
 
 
 def rounding_floor_outputs(model: keras.Model, outputs: Iterable[str]) -> dict[str, str]:
-    """Returns `{path: reason}` for the output layers whose 16-bit rounding would floor the loss.
-
-    They are the model's output layers when the model is compiled with a loss that is
-    not a classification loss (`has_classification_loss`); none when it is, or when
-    the model is not compiled with a loss (the loss is then unknown: outputs round as
-    Keras' own mixed policies round them).
-
-    Args:
-        model: the model.
-        outputs: the paths of its output layers (`output_layers`).
-
-    Returns:
-        `{path: reason}`, each reason naming the loss.
-
-    Example:
-
-    ```python
-    model.compile("adam", "mse")
-    rounding_floor_outputs(model, {"head"})  # {"head": "the loss 'mse' reads ..."}
-    ```
-    """
+    """Returns `{path: reason}` for the output layers whose 16-bit rounding would floor the loss."""
     names = loss_names(model)
     if not names or has_classification_loss(model):
         return {}

@@ -1,15 +1,4 @@
-"""The objective of every trial: a plan's predicted cost, judged at rising fidelity.
-
-`trial_objective` records the trial's assignment (`TrialRecord`), refuses it when the
-rounding of its 16-bit outputs leaves a floor on the budget metric that no training
-removes (`autoprec.search.floor`: the trial completes untrained, its `output_floor`
-constraint > 0 and the floor's excess over its limit as its budget violation), reuses an
-outcome of the same assignment where one exists (this process's cache, a completed
-trial of the study, or the running trial evaluating it), else runs the cost step, the
-numerical proxy and short training, pruning between them. The objective's value is the
-predicted step time with activation memory as a tie-break; the budget violation is the
-trial's `budget` constraint.
-"""
+"""The objective of every trial: a plan's predicted cost, judged at rising fidelity."""
 
 from __future__ import annotations
 
@@ -34,30 +23,7 @@ _REUSED_LEVELS = ("profile", "proxy", "train")
 
 
 def trial_objective(context: SearchContext, trial: optuna.Trial) -> float:
-    """Returns a trial's predicted cost after judging its plan; prunes or constrains it.
-
-    Args:
-        context: the search's context.
-        trial: the running trial.
-
-    Returns:
-        The objective: predicted step seconds, with activation memory as a tie-break.
-
-    A plan whose 16-bit outputs leave a floor that breaks the budget once trained to
-    convergence (`SearchContext.output_floor`) is not trained: the trial records the
-    floor under `OUTPUT_FLOOR_ATTR`, sets its `output_floor` constraint (> 0) and
-    completes, so it is never returned, ranked or confirmed. Any trial with a 16-bit
-    output records its floor and sets that constraint (<= 0 when within the limit).
-
-    Raises:
-        optuna.TrialPruned: the cost or the proxy rules the plan out.
-
-    Example:
-
-    ```python
-    study.optimize(lambda trial: trial_objective(context, trial), n_trials=20)
-    ```
-    """
+    """Returns a trial's predicted cost after judging its plan; prunes or constrains it."""
     assignment = _suggested_assignment(context, trial)
     key = assignment_key(assignment)
     value = _record_prediction(context, trial, assignment, key)

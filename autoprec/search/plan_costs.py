@@ -14,11 +14,7 @@ from .space import plan_from_assignment
 
 
 class PlanCosts:
-    """Predicted step time and activation memory of plans, from a cost table or (missing) nothing.
-
-    Without a table, a plan's step time is proxied by its parameter count (16-bit
-    halves it), so that the search and the heuristic still rank plans.
-    """
+    """Predicted step time and activation memory of plans, from a cost table or (missing) nothing."""
 
     def __init__(self, model: keras.Model, table: CostTable | None, batch_size: int) -> None:
         self.model = model
@@ -63,11 +59,8 @@ class PlanCosts:
         return result
 
     def uniform_seconds(self, dtype: str) -> float:
-        """Returns the predicted step seconds of `PrecisionPlan.uniform(model, dtype)`: Keras' policy.
-
-        Every layer takes `dtype`, containers and pass-through layers included, as
-        Keras' global `mixed_*` policy sets them (a table is needed).
-        """
+        """Returns the predicted step seconds of `PrecisionPlan.uniform(model, dtype)`: Keras'
+        policy."""
         key = ("uniform", dtype)
         if key not in self._cache:
             plan = PrecisionPlan.uniform(self.model, dtype)

@@ -1,9 +1,4 @@
-"""What the search tells while its trials run: one log line per trial, the best plan so far on disk.
-
-Every process of a study writes the study's best feasible trial's plan (atomically)
-whenever the file does not hold it already (`plan_writer`); `plan_file_trial` reads
-which trial a plan file holds.
-"""
+"""What the search tells while its trials run: one log line per trial, the best plan so far on disk."""
 
 from __future__ import annotations
 
@@ -50,28 +45,7 @@ def log_trial(context: SearchContext, trial: optuna.trial.FrozenTrial) -> None:
 def plan_writer(
     context: SearchContext, plan_path: str | os.PathLike | None, metadata: dict
 ) -> Callable[[optuna.Study, optuna.trial.FrozenTrial], None]:
-    """Returns the Optuna callback that logs each trial and saves the best plan so far.
-
-    Every process of a study writes the study's best feasible trial (atomically) when
-    the file does not hold it already, then looks at the study again: when a better
-    trial finished meanwhile, its process may have written before this one wrote an
-    older best, so it writes again. The last write of any process is the best trial
-    its last look found, so the file never stays behind the study.
-
-    Args:
-        context: the search's context.
-        plan_path: where the plan goes, or `None` (log only).
-        metadata: the plan metadata every written plan carries.
-
-    Returns:
-        A callback `(study, frozen_trial)` for `study.optimize(callbacks=...)`.
-
-    Example:
-
-    ```python
-    study.optimize(objective, n_trials=5, callbacks=[plan_writer(context, "plan.json", {})])
-    ```
-    """
+    """Returns the Optuna callback that logs each trial and saves the best plan so far."""
     written: dict[str, int | None] = {"number": None}
 
     def callback(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
@@ -98,23 +72,7 @@ def plan_writer(
 
 
 def plan_file_trial(plan_path: str | os.PathLike, study_name: str) -> int | None:
-    """Returns the trial of study `study_name` whose plan the file holds, or `None`.
-
-    Args:
-        plan_path: a plan file written by the search (metadata `search.study_name`
-            and `search.best_trial`).
-        study_name: the study it should come from.
-
-    Returns:
-        The trial number, or `None` when the file is missing, unreadable, or from
-        another study.
-
-    Example:
-
-    ```python
-    assert plan_file_trial("plan.json", "mlp") == study.best_trial.number
-    ```
-    """
+    """Returns the trial of study `study_name` whose plan the file holds, or `None`."""
     try:
         data = json.loads(Path(plan_path).read_text(encoding="utf-8"))
         search = data["metadata"]["search"]

@@ -1,9 +1,4 @@
-"""The search's first stages: its space (costs, dtypes, profile, groups) and its float32 reference.
-
-`prepare_space` returns the `SearchSpace` (what each layer may be and what it costs),
-`check_float32` the `ReferenceCheck` (the float32 reference, lengthened until it
-learns, and its spread), and `build_context` the `SearchContext` every trial reads.
-"""
+"""The search's first stages: its space (costs, dtypes, profile, groups) and its float32 reference."""
 
 from __future__ import annotations
 
@@ -50,23 +45,7 @@ logger = logging.getLogger("autoprec")
 
 @dataclasses.dataclass(frozen=True)
 class SearchSpace:
-    """What each layer may be and what it costs: the first stage's value.
-
-    Attributes:
-        infos: `{path: LayerInfo}` of every layer.
-        compute: the compute layers' paths.
-        hardware: the hardware the costs are for (`None`: a local table given by the user).
-        table: the cost table, or `None`.
-        costs: the plans' step costs from `table`.
-        dtypes: the dtypes the search may use.
-        float16_trials: `"native"`, `"emulated"`, or `None` without float16.
-        profile: the profile read for float16 feasibility, or `None`.
-        unsafe: `{path: why}` of layers whose ranges float16 cannot hold.
-        allowed: `{compute path: dtypes it may take}`.
-        removed: `{path: {dtype: why}}` of dtypes taken out of a layer's choices.
-        outputs: the output layers' paths.
-        groups: the search space's groups.
-    """
+    """What each layer may be and what it costs: the first stage's value."""
 
     infos: Mapping[str, LayerInfo]
     compute: list[str]
@@ -84,16 +63,7 @@ class SearchSpace:
 
 
 def prepare_space(model: keras.Model, evaluator: Evaluator, request: SearchRequest) -> SearchSpace:
-    """Returns the search's space: costs (measured or predicted), dtypes, profile and groups.
-
-    Args:
-        model: the user's model.
-        evaluator: the trials' evaluator (its model is timed and profiled).
-        request: the search's arguments.
-
-    Returns:
-        The `SearchSpace`.
-    """
+    """Returns the search's space: costs (measured or predicted), dtypes, profile and groups."""
     settings = request.settings
     infos = describe_model(model)
     compute = compute_layers(infos)
@@ -156,11 +126,7 @@ def prepare_space(model: keras.Model, evaluator: Evaluator, request: SearchReque
 def _float16_trials(
     evaluator: Evaluator, requested: str, dtypes: Sequence[str], verbose: int
 ) -> str | None:
-    """Turns float16 emulation on where asked or needed; returns "native", "emulated" or None.
-
-    `"auto"` emulates where this device has no fast float16 kernels; `None` when float16
-    is not among the search's dtypes.
-    """
+    """Turns float16 emulation on where asked or needed; returns "native", "emulated" or None."""
     if FLOAT16 not in dtypes:
         return None
     emulate = requested == "emulated" or (
@@ -184,19 +150,8 @@ def load_costs(
     verbose: int,
     batch_size: int,
 ) -> tuple[HardwareProfile, CostTable]:
-    """Returns `(hardware profile, cost table)`: measured here for a local `hardware`, else predicted.
-
-    Args:
-        model: the model to time or predict.
-        hardware: `"local"`, a profile name or a `HardwareProfile`.
-        batch: a training batch (timed on a local device).
-        dtypes: what the user asked for (`None`: what the hardware runs fast).
-        verbose: above 1 shows the calibration's progress.
-        batch_size: the batch the costs are predicted for.
-
-    Returns:
-        The hardware profile and the cost table.
-    """
+    """Returns `(hardware profile, cost table)`: measured here for a local `hardware`, else
+    predicted."""
     profile = resolve_hardware(hardware)
     if is_local(hardware):
         # Time only what the search may use: float16 on a CPU costs minutes per model to time.
@@ -223,13 +178,7 @@ def _predicted_dtypes(profile: HardwareProfile) -> list[str]:
 
 @dataclasses.dataclass(frozen=True)
 class ReferenceCheck:
-    """The float32 reference the budget is measured from: the second stage's value.
-
-    Attributes:
-        metrics: the float32 plan's validation metrics at the search's fidelity.
-        fidelity: the trivial-baseline check (how long trials train).
-        spread: the reference's seed-to-seed standard deviation, or `None`.
-    """
+    """The float32 reference the budget is measured from: the second stage's value."""
 
     metrics: Mapping[str, float]
     fidelity: FidelityCheck
@@ -242,18 +191,7 @@ class ReferenceCheck:
 
 
 def check_float32(evaluator: Evaluator, request: SearchRequest) -> ReferenceCheck:
-    """Trains the float32 reference, lengthened until it beats a trivial baseline.
-
-    Args:
-        evaluator: the trials' evaluator (its train batches may be lengthened).
-        request: the search's arguments.
-
-    Returns:
-        The `ReferenceCheck`.
-
-    Raises:
-        AutoprecError: the reference has not learned even at `max_steps_per_trial`.
-    """
+    """Trains the float32 reference, lengthened until it beats a trivial baseline."""
     settings = request.settings
     metrics, fidelity = check_reference(
         evaluator,
@@ -308,18 +246,7 @@ def build_context(
     space: SearchSpace,
     reference: ReferenceCheck,
 ) -> SearchContext:
-    """Returns the context every trial reads, its cache holding the float32 reference.
-
-    Args:
-        model: the user's model.
-        evaluator: the trials' evaluator.
-        request: the search's arguments.
-        space: the `SearchSpace`.
-        reference: the `ReferenceCheck`.
-
-    Returns:
-        The `SearchContext`.
-    """
+    """Returns the context every trial reads, its cache holding the float32 reference."""
     float32_seconds, _ = space.costs.step({path: FLOAT32 for path in space.compute})
     context = SearchContext(
         model=model,
@@ -346,8 +273,8 @@ def build_context(
 
 
 def _risk(space: SearchSpace) -> dict[str, float]:
-    """Returns `{path: risk}` of 16-bit per layer: output layers 2, softmax/normalisation 1,
-    and 1 more where the profile found ranges float16 cannot hold."""
+    """Returns `{path: risk}` of 16-bit per layer: output layers 2, softmax/normalisation 1, and 1
+    more where the profile found ranges float16 cannot hold."""
     risk = {}
     for path in space.compute:
         value = 0.0
@@ -400,19 +327,7 @@ def search_metadata(
     train_steps: int,
     batch_size: int,
 ) -> dict[str, Any]:
-    """Returns the plan metadata every plan of the search carries (hardware, budget, settings).
-
-    Args:
-        request: the search's arguments.
-        space: the `SearchSpace`.
-        reference: the `ReferenceCheck`.
-        study: the study.
-        train_steps: training steps of each trial.
-        batch_size: the trials' batch size.
-
-    Returns:
-        `{"hardware", "budget", "search"}`, JSON-ready.
-    """
+    """Returns the plan metadata every plan of the search carries (hardware, budget, settings)."""
     spread = reference.spread
     return {
         "hardware": getattr(space.hardware, "name", None) or str(request.hardware),

@@ -1,11 +1,4 @@
-"""What the search keeps in Optuna's `user_attrs`: `TrialRecord`, `TrainedOutcome` and their keys.
-
-Every trial of a study records what it evaluated and what it found in its
-`user_attrs` (JSON values, shared by every process of the study). The keys are the
-constants below; nothing else in the search spells them. `TrialRecord.from_trial`
-reads a trial, `TrialRecord.to_user_attrs` gives the attrs a (partial) record
-writes, and `write_record` sets them on a running trial, stage by stage.
-"""
+"""What the search keeps in Optuna's `user_attrs`: `TrialRecord`, `TrainedOutcome` and their keys."""
 
 from __future__ import annotations
 
@@ -236,33 +229,14 @@ class TrialRecord:
 def write_record(
     trial: optuna.Trial, record: TrialRecord, *, with_none: Iterable[str] = ()
 ) -> None:
-    """Sets the fields a record holds as the running trial's user attrs (the others stay).
-
-    Args:
-        trial: the running trial.
-        record: the fields to write; unset fields are left as they are.
-        with_none: fields written even when `None`.
-
-    Example:
-
-    ```python
-    write_record(trial, TrialRecord(assignment_key=key, train_steps=20))
-    ```
-    """
+    """Sets the fields a record holds as the running trial's user attrs (the others stay)."""
     for key, value in record.to_user_attrs(with_none=with_none).items():
         trial.set_user_attr(key, value)
 
 
 @dataclasses.dataclass(frozen=True)
 class TrainedOutcome:
-    """What training one assignment found, reused by every trial of the same assignment.
-
-    Attributes:
-        metrics: `{metric: value}` after short training (NaN where not finite).
-        proxy: the numerical proxy as a dict, or `None` where it did not run.
-        proxy_score: the proxy's score, or `None`.
-        trial: the trial that trained it, or `"reference"` (the float32 reference).
-    """
+    """What training one assignment found, reused by every trial of the same assignment."""
 
     metrics: Mapping[str, float]
     proxy: Mapping[str, Any] | None
@@ -271,15 +245,7 @@ class TrainedOutcome:
 
 
 def stored_outcome(trial: optuna.trial.FrozenTrial) -> TrainedOutcome | None:
-    """Returns what a completed trial trained, or `None` when it trained nothing itself.
-
-    Args:
-        trial: a trial of the study.
-
-    Returns:
-        Its `TrainedOutcome` (metrics stored as `None` read back as NaN), or `None` when
-        it has no metrics or reused another trial's.
-    """
+    """Returns what a completed trial trained, or `None` when it trained nothing itself."""
     record = TrialRecord.from_trial(trial)
     if not record.trained_here:
         return None
@@ -291,20 +257,7 @@ def stored_outcome(trial: optuna.trial.FrozenTrial) -> TrainedOutcome | None:
 
 
 def assignment_key(assignment: Mapping[str, str]) -> str:
-    """Returns a short stable digest of a per-layer assignment (equal assignments, equal keys).
-
-    Args:
-        assignment: `{layer path: dtype}`.
-
-    Returns:
-        20 hex digits.
-
-    Example:
-
-    ```python
-    assignment_key({"dense": "bfloat16"}) == assignment_key({"dense": "bfloat16"})  # True
-    ```
-    """
+    """Returns a short stable digest of a per-layer assignment (equal assignments, equal keys)."""
     text = json.dumps(sorted(assignment.items()), separators=(",", ":"))
     return hashlib.sha1(text.encode()).hexdigest()[:20]
 

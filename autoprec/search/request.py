@@ -17,17 +17,7 @@ from .settings import SearchSettings
 
 
 class StageClock:
-    """Seconds spent in each stage of one search, added up as the search goes.
-
-    Example:
-
-    ```python
-    clock = StageClock()
-    with clock.stage("trials"):
-        study.optimize(objective, n_trials=5)
-    clock.seconds["trials"]
-    ```
-    """
+    """Seconds spent in each stage of one search, added up as the search goes."""
 
     def __init__(self) -> None:
         self.seconds: dict[str, float] = {}
@@ -45,25 +35,7 @@ class StageClock:
 
 @dataclasses.dataclass(frozen=True)
 class SearchRequest:
-    """What one `search()` call asked for beyond the model and data: its arguments, resolved.
-
-    Attributes:
-        budget: the `Budget`.
-        hardware: `search`'s `hardware=`.
-        n_trials: trials to run in this call.
-        timeout: seconds before no new trial starts.
-        storage: `search`'s `storage=`.
-        study_name: the study's name.
-        study: a study given instead of `storage`, or `None`.
-        sampler: an Optuna sampler, or `None`.
-        pruner: an Optuna pruner, or `None`.
-        settings: the `SearchSettings`.
-        verbose: the verbosity.
-        started: `time.perf_counter()` when the call started.
-        train_data: `search`'s `x`, to take longer training from.
-        max_train_steps: how far the reference check may lengthen training.
-        clock: the seconds spent in each stage.
-    """
+    """What one `search()` call asked for beyond the model and data: its arguments, resolved."""
 
     budget: Budget
     hardware: HardwareProfile | str

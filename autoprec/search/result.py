@@ -1,4 +1,5 @@
-"""What `search()` returns: `SearchResult`, its `ParetoPoint`s, the report text and the optional plot."""
+"""What `search()` returns: `SearchResult`, its `ParetoPoint`s, the report text and the optional
+plot."""
 
 from __future__ import annotations
 
@@ -19,18 +20,7 @@ _SHORT_NAMES = {FLOAT32: "f32", BFLOAT16: "bf16", FLOAT16: "f16", FLOAT8: "f8"}
 
 @dataclasses.dataclass(frozen=True)
 class ParetoPoint:
-    """One evaluated plan: predicted step time against the budget metric.
-
-    Attributes:
-        trial: Optuna trial number.
-        predicted_seconds: predicted seconds per training step.
-        metric: the budget metric after short training.
-        feasible: whether the plan met the budget.
-        counts: `{dtype: number of compute layers}`.
-        label: the warm start or finalist the trial evaluated (`"float32"`, `"uniform
-            bfloat16"`, `"heuristic"`, `"keras mixed_bfloat16"`, `"no float32 softmax"`...),
-            or `None` for a searched plan.
-    """
+    """One evaluated plan: predicted step time against the budget metric."""
 
     trial: int
     predicted_seconds: float
@@ -142,7 +132,8 @@ class SearchResult:
 
 
 def short_counts_text(counts: Mapping[str, int]) -> str:
-    """Returns `"2 bf16 / 1 f32 / 0 f16"`: layer counts of bfloat16, float32 and float16 (and float8 when any)."""
+    """Returns `"2 bf16 / 1 f32 / 0 f16"`: layer counts of bfloat16, float32 and float16 (and float8
+    when any)."""
     shown = (
         (BFLOAT16, FLOAT32, FLOAT16, FLOAT8) if counts.get(FLOAT8) else (BFLOAT16, FLOAT32, FLOAT16)
     )
@@ -150,21 +141,7 @@ def short_counts_text(counts: Mapping[str, int]) -> str:
 
 
 def measurement_text(measurement: Mapping) -> str:
-    """Returns the report's line on the measured ranking: rounds, leader, margin or tie.
-
-    Args:
-        measurement: `plan.metadata["search"]["measurement"]`.
-
-    Returns:
-        One line, e.g. `"measured: 5 interleaved rounds of 4 plans; heuristic leads at
-        12.3 ms median (1.08x float32), ahead beyond the noise"`.
-
-    Example:
-
-    ```python
-    measurement_text(result.plan.metadata["search"]["measurement"])
-    ```
-    """
+    """Returns the report's line on the measured ranking: rounds, leader, margin or tie."""
     medians = measurement.get("median_seconds") or {}
     count = max((measurement.get("rounds_timed") or {}).values(), default=0)
     leader = measurement.get("leader")

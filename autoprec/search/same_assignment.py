@@ -1,9 +1,4 @@
-"""One assignment, trained once: the outcome a trial of the study stored, or the wait for one.
-
-Trials of several processes may carry one assignment (two processes enqueued the same
-neighbour, or TPE sampled what another process runs). `wait_for_same_assignment`
-makes such a trial wait for the one evaluating it and reuse its `TrainedOutcome`.
-"""
+"""One assignment, trained once: the outcome a trial of the study stored, or the wait for one."""
 
 from __future__ import annotations
 
@@ -25,22 +20,7 @@ _MIN_WAIT_SECONDS = 120.0
 
 
 def trained_outcome(study: optuna.Study, key: str, train_steps: int) -> TrainedOutcome | None:
-    """Returns the outcome of a completed trial of the study that trained the same assignment.
-
-    Args:
-        study: the study.
-        key: the assignment's key (`TrialRecord.assignment_key`).
-        train_steps: the fidelity it must have been trained at.
-
-    Returns:
-        The first such trial's `TrainedOutcome`, or `None`.
-
-    Example:
-
-    ```python
-    outcome = trained_outcome(study, assignment_key(assignment), train_steps=20)
-    ```
-    """
+    """Returns the outcome of a completed trial of the study that trained the same assignment."""
     for other in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
         record = TrialRecord.from_trial(other)
         if record.assignment_key != key or record.train_steps != train_steps:
@@ -59,32 +39,7 @@ def wait_for_same_assignment(
     *,
     timeout: float | None = None,
 ) -> TrainedOutcome | None:
-    """Waits while another running trial evaluates the same assignment; returns its outcome.
-
-    A trial waits for another running trial with the same `key` and `train_steps`
-    that evaluates it (its record's `evaluating` set) or that has a lower number, so
-    that no two wait for each other; the waiting trial then reuses that trial's
-    outcome. While it waits, trials of dead processes are failed
-    (`optuna.storages.fail_stale_trials`, database storages with a heartbeat).
-
-    Args:
-        study: the study.
-        trial_number: the waiting trial's number.
-        key: the assignment's key (`TrialRecord.assignment_key`).
-        train_steps: the fidelity it is evaluated at (`TrialRecord.train_steps`).
-        timeout: seconds to wait at most; default the longer of 120 s and 3 x the
-            longest completed trial.
-
-    Returns:
-        The `TrainedOutcome` of a completed trial that trained the assignment, or `None`
-        when this trial is to evaluate it.
-
-    Example:
-
-    ```python
-    outcome = wait_for_same_assignment(trial.study, trial.number, key, train_steps=20)
-    ```
-    """
+    """Waits while another running trial evaluates the same assignment; returns its outcome."""
     deadline = None
     while True:
         stored = trained_outcome(study, key, train_steps)

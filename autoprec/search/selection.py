@@ -1,12 +1,4 @@
-"""The search's last stages: rank the trials within budget, confirm the choice, build the result.
-
-`rank_trials` orders the trials within budget by predicted cost (`ranked_finalists`:
-one per plan, Keras' global policies apart) and, where steps are timed here, by the
-measured step of every finalist (`order_by_measurement`); `choose_plan` confirms the
-first at a higher fidelity when needed (`confirm_plan`), falling back down that
-ranking, and times it; `build_result` writes the plan's metadata (the measured
-rounds, their noise and verdict, the finalists) and returns the `SearchResult`.
-"""
+"""The search's last stages: rank the trials within budget, confirm the choice, build the result."""
 
 from __future__ import annotations
 
@@ -42,13 +34,7 @@ logger = logging.getLogger("autoprec")
 
 @dataclasses.dataclass(frozen=True)
 class Ranking:
-    """The trials within budget, first choice first: the ranking stage's value.
-
-    Attributes:
-        trials: the trials, by measured step where measured, else by predicted cost.
-        measured: the `MeasuredRanking`, or `None` when no step was timed.
-        measure: whether the chosen plan's step is timed on this device.
-    """
+    """The trials within budget, first choice first: the ranking stage's value."""
 
     trials: tuple[optuna.trial.FrozenTrial, ...]
     measured: MeasuredRanking | None
@@ -56,16 +42,7 @@ class Ranking:
 
 
 def rank_trials(context: SearchContext, study: optuna.Study, request: SearchRequest) -> Ranking:
-    """Ranks the study's trials within budget, timing the best plans here when asked.
-
-    Args:
-        context: the search's context.
-        study: the study after the trials.
-        request: the search's arguments (`settings.measure_speedup`, `hardware`).
-
-    Returns:
-        The `Ranking`.
-    """
+    """Ranks the study's trials within budget, timing the best plans here when asked."""
     ranked = ranked_finalists(context, study)
     if not ranked:
         logger.warning(
@@ -84,16 +61,7 @@ def rank_trials(context: SearchContext, study: optuna.Study, request: SearchRequ
 
 @dataclasses.dataclass(frozen=True)
 class Choice:
-    """The plan the search returns, before its final metadata: the confirmation stage's value.
-
-    Attributes:
-        trial: the chosen trial, or `None` for float32.
-        plan: its plan.
-        confirmation: the `Confirmation`.
-        timing: its measured step beside float32's, or `None` when not timed.
-        replaced_by: the plan that replaced the searched plan by measurement, when the
-            chosen trial is that plan; else `None`.
-    """
+    """The plan the search returns, before its final metadata: the confirmation stage's value."""
 
     trial: optuna.trial.FrozenTrial | None
     plan: PrecisionPlan
@@ -105,17 +73,7 @@ class Choice:
 def choose_plan(
     context: SearchContext, ranking: Ranking, reference: ReferenceCheck, request: SearchRequest
 ) -> Choice:
-    """Confirms the ranking's first plan (falling back down it), then times the chosen one.
-
-    Args:
-        context: the search's context.
-        ranking: the `Ranking`.
-        reference: the `ReferenceCheck` (its spread decides whether to confirm).
-        request: the search's arguments.
-
-    Returns:
-        The `Choice`.
-    """
+    """Confirms the ranking's first plan (falling back down it), then times the chosen one."""
     settings = request.settings
     with request.clock.stage("confirmation"):
         confirmation = confirm_plan(
@@ -149,22 +107,7 @@ def build_result(
     ranking: Ranking | None = None,
     finalists: Finalists | None = None,
 ) -> SearchResult:
-    """Returns the `SearchResult`: the chosen plan with its metadata (saved to `plan_path`).
-
-    Args:
-        context: the search's context.
-        space: the `SearchSpace` (the per-layer evidence).
-        reference: the `ReferenceCheck`.
-        run: the `TrialsRun`.
-        choice: the `Choice`.
-        request: the search's arguments.
-        ranking: the `Ranking`; its measured rounds, noise and verdict are kept in
-            `metadata["search"]["measurement"]`.
-        finalists: the `Finalists`, kept in `metadata["search"]["finalists"]`.
-
-    Returns:
-        The `SearchResult`.
-    """
+    """Returns the `SearchResult`: the chosen plan with its metadata (saved to `plan_path`)."""
     metadata = _chosen_metadata(context, run, choice)
     search = dict(metadata.get("search", {}))
     if choice.replaced_by is not None:
@@ -219,15 +162,8 @@ def _chosen_metadata(context: SearchContext, run: TrialsRun, choice: Choice) -> 
 
 
 def evidence(context: SearchContext, space: SearchSpace) -> dict[str, dict]:
-    """Returns `{path: {"allowed", "removed", "seconds", "profile", "output_floor"}}`: why each layer could be what.
-
-    Args:
-        context: the search's context (allowed dtypes, costs).
-        space: the `SearchSpace` (removed dtypes, float16-unsafe layers).
-
-    Returns:
-        The per-layer evidence kept in `plan.metadata["evidence"]`.
-    """
+    """Returns `{path: {"allowed", "removed", "seconds", "profile", "output_floor"}}`: why each
+    layer could be what."""
     result: dict[str, dict] = {}
     floors = context.floor_evidence()
     for path in context.compute:

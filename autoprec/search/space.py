@@ -1,9 +1,4 @@
-"""What the search may choose: compute layers, their groups, and the dtypes each may take (level 1).
-
-Level 1 is profile and hardware feasibility: float16 is left out for layers whose
-profiled ranges do not fit it, and dtypes that do not run fast on the target hardware
-are left out unless asked for.
-"""
+"""What the search may choose: compute layers, their groups, and the dtypes each may take (level 1)."""
 
 from __future__ import annotations
 
@@ -42,13 +37,7 @@ _BLOCK_TOKEN = re.compile(r"^block\d*$")
 
 @dataclasses.dataclass(frozen=True)
 class Group:
-    """Layers that the search gives one dtype choice.
-
-    Attributes:
-        name: the Optuna parameter name (stable: derived from the first member's path).
-        paths: member layer paths, in model order.
-        choices: dtypes the search may pick for the group.
-    """
+    """Layers that the search gives one dtype choice."""
 
     name: str
     paths: tuple[str, ...]
@@ -130,20 +119,7 @@ def group_layers(
     separate: Iterable[str] = (),
     max_groups: int = 32,
 ) -> list[list[str]]:
-    """Splits compute layers (in model order) into groups of consecutive layers.
-
-    Args:
-        paths: compute-layer paths in model order.
-        group_by: `"layer"` (one group each), `"block"` (by block name such as
-            `conv2_block1` or `block_3`, or by top-level sub-model; unnamed stretches
-            between blocks form one group), `"auto"` (layer up to 24 layers, else
-            block), or an int: at most that many contiguous groups.
-        separate: paths that always form a group of their own (output layers).
-        max_groups: cap on the number of groups for `"block"`/`"auto"`.
-
-    Returns:
-        A list of groups, each a list of paths.
-    """
+    """Splits compute layers (in model order) into groups of consecutive layers."""
     separate = set(separate)
     if group_by == "auto":
         group_by = "layer" if len(paths) <= 24 else "block"
@@ -210,25 +186,7 @@ def make_groups(
 
 
 def float16_unsafe_layers(profile: Profile | None) -> dict[str, str]:
-    """Returns `{path: reason}` for the layers a profile says cannot run in float16.
-
-    A layer is unsafe when it is not `LayerProfile.float16_safe`: its forward values
-    (activations and internals) hold non-finite values, exceed 65504 or flush to zero
-    in float16, or its gradients are non-finite or span more than one loss scale fits.
-
-    Args:
-        profile: an `autoprec.profiler.Profile`, or `None`.
-
-    Returns:
-        `{path: reason}` in model order; empty when `profile` is `None`.
-
-    Example:
-
-    ```python
-    prof = autoprec.profile(model, (x, y), steps=4)
-    float16_unsafe_layers(prof)  # {"attention": "profile: forward values up to 1e+05 ..."}
-    ```
-    """
+    """Returns `{path: reason}` for the layers a profile says cannot run in float16."""
     if profile is None:
         return {}
     return {
@@ -262,24 +220,7 @@ def _unsafe_reason(layer: LayerProfile) -> str:
 
 
 def float8_unsafe_layers(profile: Profile | None) -> dict[str, str]:
-    """Returns `{path: reason}` for the layers a profile says cannot train in float8.
-
-    A Dense/EinsumDense layer is unsafe when, after per-tensor scaling, too many of its
-    inputs, kernel values or output gradients flush to zero or saturate in E4M3/E5M2,
-    or its amax grows faster than a delayed scale follows (`LayerProfile.float8_safe`).
-
-    Args:
-        profile: an `autoprec.profiler.Profile`, or `None`.
-
-    Returns:
-        `{path: reason}`; empty when `profile` is `None`.
-
-    Example:
-
-    ```python
-    float8_unsafe_layers(prof)  # {"embed": "profile: inputs: 31% of values flush to zero in E4M3 ..."}
-    ```
-    """
+    """Returns `{path: reason}` for the layers a profile says cannot train in float8."""
     if profile is None:
         return {}
     reasons = getattr(profile, "float8_unsafe_reasons", None) or {}
@@ -296,25 +237,7 @@ OUTPUT_FLOAT8_REASON = (
 def run_profiler(
     model: keras.Model, data: tuple, steps: int, batch_size: int = 32, float8_ranges: bool = False
 ) -> Profile | None:
-    """Profiles the model with `autoprec.profile`, or returns `None` with a logged warning.
-
-    Args:
-        model: a compiled Keras model.
-        data: `(x, y)` arrays.
-        steps: train steps to record.
-        batch_size: samples per step.
-        float8_ranges: also record float8 ranges (when float8 is among the search's dtypes).
-
-    Returns:
-        The `Profile`, or `None` when profiling fails (e.g. on a backend without
-        probes): level-1 profile feasibility is then skipped.
-
-    Example:
-
-    ```python
-    prof = run_profiler(model, (x, y), steps=4)
-    ```
-    """
+    """Profiles the model with `autoprec.profile`, or returns `None` with a logged warning."""
     try:
         return profile(
             model, data, steps=steps, batch_size=batch_size, verbose=0, float8_ranges=float8_ranges
@@ -337,11 +260,7 @@ def allowed_dtypes(
     float8_unsafe: Mapping[str, str] | None = None,
     outputs: Iterable[str] = (),
 ) -> tuple[dict[str, tuple[str, ...]], dict[str, dict[str, str]]]:
-    """Returns `({path: allowed dtypes}, {path: {dtype: why removed}})` for the compute layers.
-
-    float8 (where `dtypes` has it) is allowed only on Dense/EinsumDense layers, not on
-    the model's output layers and not where the profile's float8 ranges say no.
-    """
+    """Returns `({path: allowed dtypes}, {path: {dtype: why removed}})` for the compute layers."""
     dtypes = [canonical_dtype(dtype) for dtype in dtypes]
     float8_unsafe = float8_unsafe or {}
     outputs = set(outputs)
@@ -441,24 +360,7 @@ def _pays_off(table: CostTable, dtype: str) -> bool:
 def with_container_dtypes(
     infos: Mapping[str, LayerInfo], assignment: Mapping[str, str]
 ) -> dict[str, str]:
-    """Returns `assignment` with each unnamed container given its sub-layers' shared dtype.
-
-    Args:
-        infos: the model's layers (`describe_model`).
-        assignment: `{compute layer path: dtype}`; layers it does not name are float32.
-
-    Returns:
-        A new dict: `assignment`, plus `{container path: dtype}` for each container
-        whose compute sub-layers all have one 16-bit dtype (float8 layers count as
-        their bfloat16 source: a container itself has no float8 path).
-
-    Example:
-
-    ```python
-    with_container_dtypes(infos, {"mha/query": "bfloat16", "mha/key": "bfloat16", ...})["mha"]
-    # "bfloat16" when every compute layer under "mha/" is bfloat16
-    ```
-    """
+    """Returns `assignment` with each unnamed container given its sub-layers' shared dtype."""
     result = dict(assignment)
     compute = compute_layers(infos)
     for path, info in infos.items():
@@ -480,14 +382,7 @@ def plan_from_assignment(
     assignment: Mapping[str, str],
     **kwargs: object,
 ) -> PrecisionPlan:
-    """Returns the plan giving each path of `assignment` its dtype (float32 elsewhere).
-
-    A container the assignment does not name (`MultiHeadAttention`, a keras-hub
-    `TransformerEncoder`) gets the dtype its compute sub-layers share when they all
-    agree, as a Keras global policy would set it, so its own arithmetic (attention
-    scores, residual additions) runs in that dtype without casts around it; it stays
-    float32 when they differ.
-    """
+    """Returns the plan giving each path of `assignment` its dtype (float32 elsewhere)."""
     return PrecisionPlan(
         with_container_dtypes(infos, assignment),
         default=FLOAT32,

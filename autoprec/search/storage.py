@@ -1,9 +1,4 @@
-"""Where a study lives and how its processes take turns: storages and study locks.
-
-`resolve_storage` opens what a `storage=` argument names (journal files, database URLs
-with a heartbeat); `claim_study_lock` / `release_study_lock` give one process of a
-study, on any machine, a lock that every Optuna storage can hold.
-"""
+"""Where a study lives and how its processes take turns: storages and study locks."""
 
 from __future__ import annotations
 
@@ -31,36 +26,7 @@ def resolve_storage(
     heartbeat_interval: int | None = HEARTBEAT_INTERVAL_SECONDS,
     grace_period: int | None = None,
 ) -> optuna.storages.BaseStorage | None:
-    """Returns the Optuna storage for a `storage=` argument: journal files and database URLs opened.
-
-    A database URL (`"postgresql://..."`, `"mysql://..."`, `"sqlite:///..."`) opens an
-    `RDBStorage` whose running trials record a heartbeat every `heartbeat_interval`
-    seconds: a trial whose process died (no heartbeat for `grace_period` seconds) is
-    marked failed by the next process that starts a trial, and enqueued again
-    (`RetryHeartbeatStaleTrialCallback`, twice at most). Processes that open the same
-    new database at once may race to create its tables; that is retried.
-
-    Args:
-        storage: a database URL, a journal file (`"journal:///path/file.log"` or any
-            path ending `.log`), a storage object (returned as is), or `None` (in memory).
-        heartbeat_interval: seconds between heartbeats of a database storage's running
-            trials; `None` records none (a dead process's trial then stays running).
-        grace_period: seconds without a heartbeat after which a trial is stale;
-            default twice `heartbeat_interval`.
-
-    Returns:
-        A `JournalStorage`, an `RDBStorage`, the storage object given, or `None`.
-
-    Raises:
-        AutoprecError: the database driver of the URL is not installed (the message
-            names the package to install).
-
-    Example:
-
-    ```python
-    study = optuna.load_study(study_name="mlp", storage=resolve_storage("search.log"))
-    ```
-    """
+    """Returns the Optuna storage for a `storage=` argument: journal files and database URLs opened."""
     if storage is None or not isinstance(storage, (str, os.PathLike)):
         return storage
     text = os.fspath(storage)
@@ -116,31 +82,8 @@ def _safe_url(url: str) -> str:
 
 
 def claim_study_lock(study: optuna.Study, what: str) -> str | None:
-    """Takes a lock shared by every process of a study: creates the study `"<name>:autoprec-<what>"`.
-
-    Creating a study is atomic in every Optuna storage (a unique name in a database,
-    the first record of a journal), so exactly one of the processes that try at once
-    gets the lock. `release_study_lock` deletes it; a process killed while holding it
-    leaves it held.
-
-    Args:
-        study: the study whose processes share the lock (its storage holds it).
-        what: what the lock guards, part of its name.
-
-    Returns:
-        The lock's name when this process got it, else `None`.
-
-    Example:
-
-    ```python
-    lock = claim_study_lock(study, "warm-starts")
-    if lock is not None:
-        try:
-            ...  # done by one process only
-        finally:
-            release_study_lock(study, lock)
-    ```
-    """
+    """Takes a lock shared by every process of a study: creates the study
+    `"<name>:autoprec-<what>"`."""
     name = f"{study.study_name}:autoprec-{what}"
     try:
         study._storage.create_new_study([optuna.study.StudyDirection.MINIMIZE], name)
@@ -150,12 +93,7 @@ def claim_study_lock(study: optuna.Study, what: str) -> str | None:
 
 
 def release_study_lock(study: optuna.Study, name: str) -> None:
-    """Releases a lock taken by `claim_study_lock` (deletes its study).
-
-    Args:
-        study: the study whose processes share the lock.
-        name: the lock's name, as `claim_study_lock` returned it.
-    """
+    """Releases a lock taken by `claim_study_lock` (deletes its study)."""
     storage = study._storage
     try:
         storage.delete_study(storage.get_study_id_from_name(name))

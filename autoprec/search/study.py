@@ -1,15 +1,4 @@
-"""The search's Optuna study: opening it, its pruner, and reading what its trials found.
-
-A trial proposes one dtype per group (sampled by TPE), or carries a whole per-layer
-assignment in its record (warm starts and neighbours of the best plan, enqueued as
-fixed-params trials), and runs the plan at rising fidelity (`objective`): its predicted
-cost (pruned here when no faster than the best plan within budget), the numerical
-proxy (pruned when hopeless), then short training, whose budget violation is the
-trial's constraint (`trial.set_constraint`, read by the seeded `TPESampler`).
-
-Where the study lives and how its processes take turns is `storage`; the warm starts
-are `warm_start`; what a trial records is `record`.
-"""
+"""The search's Optuna study: opening it, its pruner, and reading what its trials found."""
 
 from __future__ import annotations
 
@@ -28,22 +17,7 @@ _COMPLETE = (optuna.trial.TrialState.COMPLETE,)
 
 
 class FidelityPruner(optuna.pruners.BasePruner):
-    """Prunes plans that cannot beat the best plan within budget, or whose proxy is hopeless.
-
-    After the cost step: a non-warm-start plan predicted no faster than the best feasible
-    plan so far is pruned. After the proxy step: non-finite loss or gradients, a proxy
-    error above `proxy_tolerance`, or one at least as bad as that of a plan that already
-    missed the budget (and worse than every plan that met it) is pruned.
-
-    Args:
-        proxy_tolerance: the largest proxy score a plan may have.
-
-    Example:
-
-    ```python
-    study = optuna.create_study(direction="minimize", pruner=FidelityPruner(0.5))
-    ```
-    """
+    """Prunes plans that cannot beat the best plan within budget, or whose proxy is hopeless."""
 
     def __init__(self, proxy_tolerance: float) -> None:
         self.proxy_tolerance = proxy_tolerance
@@ -105,25 +79,7 @@ def open_study(
     sampler: optuna.samplers.BaseSampler | None = None,
     pruner: optuna.pruners.BasePruner | None = None,
 ) -> tuple[optuna.Study, bool]:
-    """Creates the study, or loads it when another run created it; returns `(study, created)`.
-
-    Args:
-        storage: an opened storage (`resolve_storage`), or `None` (in memory).
-        study_name: the study's name.
-        seed: the default sampler's seed.
-        proxy_tolerance: the default pruner's proxy tolerance.
-        sampler: an Optuna sampler; default a seeded `TPESampler`.
-        pruner: an Optuna pruner; default `FidelityPruner(proxy_tolerance)`.
-
-    Returns:
-        The study, and whether this call created it.
-
-    Example:
-
-    ```python
-    study, created = open_study(resolve_storage("search.log"), "mlp", seed=0, proxy_tolerance=0.5)
-    ```
-    """
+    """Creates the study, or loads it when another run created it; returns `(study, created)`."""
     if sampler is None:
         sampler = optuna.samplers.TPESampler(seed=seed, n_startup_trials=6, multivariate=False)
     if pruner is None:
@@ -178,7 +134,8 @@ def pareto_points(study: optuna.Study) -> list[ParetoPoint]:
 
 
 def warm_start_summary(study: optuna.Study) -> dict[str, dict]:
-    """Returns `{label: {trial, state, metric, within_budget, predicted_seconds}}` of the warm starts."""
+    """Returns `{label: {trial, state, metric, within_budget, predicted_seconds}}` of the warm
+    starts."""
     summary = {}
     for trial in study.get_trials(deepcopy=False):
         record = TrialRecord.from_trial(trial)
@@ -195,7 +152,8 @@ def warm_start_summary(study: optuna.Study) -> dict[str, dict]:
 
 
 def trial_counts(study: optuna.Study) -> dict[str, int]:
-    """Returns `{"trials", "complete", "pruned", "failed", "reused"}`: the study's trials by outcome."""
+    """Returns `{"trials", "complete", "pruned", "failed", "reused"}`: the study's trials by
+    outcome."""
     trials = study.trials
     states = optuna.trial.TrialState
     return {

@@ -24,12 +24,7 @@ from .warm_start import enqueue_warm_starts, warm_starts
 
 @dataclasses.dataclass(frozen=True)
 class TrialsRun:
-    """The study after this call's trials: the trial stage's value.
-
-    Attributes:
-        study: the study (this call's trials and those of earlier runs and other processes).
-        metadata: the plan metadata every plan of the search carries (`search_metadata`).
-    """
+    """The study after this call's trials: the trial stage's value."""
 
     study: optuna.Study
     metadata: Mapping[str, Any]
@@ -42,18 +37,7 @@ def run_trials(
     space: SearchSpace,
     reference: ReferenceCheck,
 ) -> TrialsRun:
-    """Opens the study, enqueues the warm starts once, and runs this call's trials.
-
-    Args:
-        model: the user's model (the heuristic's warm start is planned for it).
-        context: the search's context.
-        request: the search's arguments.
-        space: the `SearchSpace`.
-        reference: the `ReferenceCheck`.
-
-    Returns:
-        The `TrialsRun`.
-    """
+    """Opens the study, enqueues the warm starts once, and runs this call's trials."""
     settings = request.settings
     starts = warm_starts(
         context,

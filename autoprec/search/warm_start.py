@@ -1,12 +1,4 @@
-"""The plans every study starts with, and enqueueing them once across all its processes.
-
-float32, each uniform 16-bit plan the search may use and the heuristic's per-layer
-plan are the first trials of every study (`warm_starts`), each carrying its whole
-per-layer assignment. Several processes may open one study: whichever takes the
-study's `"warm-starts"` lock first enqueues them (`enqueue_warm_starts`). The
-finalists made after the trials (the best plan with a protection dropped) are
-enqueued the same way, once per assignment (`enqueue_candidates`).
-"""
+"""The plans every study starts with, and enqueueing them once across all its processes."""
 
 from __future__ import annotations
 
@@ -28,14 +20,7 @@ from .storage import claim_study_lock, release_study_lock
 
 @dataclasses.dataclass(frozen=True)
 class WarmStart:
-    """One plan a study starts with.
-
-    Attributes:
-        label: `"float32"`, `"uniform bfloat16"`, `"uniform float16"`, `"heuristic"`, or
-            a finalist's (`"no float32 softmax"`, `finalists.py`).
-        assignment: its `{compute path: dtype}`.
-        params: the group parameters closest to it (what Optuna's sampler sees).
-    """
+    """One plan a study starts with."""
 
     label: str
     assignment: Mapping[str, str]
@@ -51,36 +36,7 @@ def warm_starts(
     dtypes: Sequence[str],
     keep_float32: Sequence[str],
 ) -> list[WarmStart]:
-    """Returns the plans every study starts with, equal assignments once.
-
-    float32, each uniform 16-bit dtype the search may use on every compute layer
-    (and, where the hardware has FP8, float8 on every Dense/EinsumDense layer that
-    allows it, the rest as `uniform_assignment` widens it, bfloat16 where allowed)
-    (except the user's `keep_float32` layers, and float16 where the profile finds a
-    layer's ranges do not fit it; containers such as `MultiHeadAttention` stay
-    float32, so that their own arithmetic does too) and the heuristic's own per-layer
-    plan (softmax, normalisation and output layers in float32), each evaluated
-    ungrouped. Keras' own global policies, containers included, are evaluated after
-    the trials (`finalists.add_finalists`): a trial can only carry compute layers.
-
-    Args:
-        context: the search's context.
-        model: the user's model.
-        profile: the profile the heuristic reads, or `None`.
-        table: the cost table, or `None`.
-        hardware: the hardware the costs are for.
-        dtypes: the dtypes the search may use.
-        keep_float32: the user's float32 globs.
-
-    Returns:
-        The `WarmStart`s, float32 first.
-
-    Example:
-
-    ```python
-    [start.label for start in warm_starts(context, model, None, table, "rtx4090", dtypes, ())]
-    ```
-    """
+    """Returns the plans every study starts with, equal assignments once."""
     plans = [("float32", context.uniform_assignment(FLOAT32))]
     for dtype in (BFLOAT16, FLOAT16, FLOAT8):
         if dtype in dtypes:
@@ -108,27 +64,7 @@ def has_warm_starts(study: optuna.Study) -> bool:
 
 
 def enqueue_warm_starts(study: optuna.Study, starts: Sequence[WarmStart]) -> int:
-    """Enqueues the warm starts not already in the study; returns how many.
-
-    Exactly one process enqueues them, whichever process takes the study's
-    `"warm-starts"` lock (`claim_study_lock`) first, whether it created the study or
-    not; it then marks the study (`WARM_STARTS_MARK`) and releases the lock. A
-    process that finds the mark, or the lock taken, enqueues none and does not wait:
-    its trials start with what the queue holds.
-
-    Args:
-        study: the study.
-        starts: the warm starts, as `warm_starts` returns them.
-
-    Returns:
-        The number of trials this process enqueued.
-
-    Example:
-
-    ```python
-    enqueue_warm_starts(study, [WarmStart("float32", {"dense": "float32"}, {})])  # 1, then 0
-    ```
-    """
+    """Enqueues the warm starts not already in the study; returns how many."""
     if has_warm_starts(study):
         return 0
     lock = claim_study_lock(study, "warm-starts")
@@ -172,25 +108,7 @@ def _enqueue_missing(study: optuna.Study, starts: Sequence[WarmStart]) -> int:
 
 
 def enqueue_candidates(study: optuna.Study, starts: Sequence[WarmStart]) -> list[str]:
-    """Enqueues the plans whose assignment the study has not tried yet; returns their keys.
-
-    Unlike `enqueue_warm_starts`, a label may come again (the best plan, and so its
-    candidates, change as a study grows), and no lock is taken: an assignment two
-    processes enqueue at once is trained once (`same_assignment`).
-
-    Args:
-        study: the study.
-        starts: the plans, as `WarmStart`s.
-
-    Returns:
-        The `assignment_key` of each plan this call enqueued.
-
-    Example:
-
-    ```python
-    enqueue_candidates(study, [WarmStart("no float32 outputs", {"head": "bfloat16"}, {})])
-    ```
-    """
+    """Enqueues the plans whose assignment the study has not tried yet; returns their keys."""
     keys = {
         TrialRecord.from_trial(trial).assignment_key for trial in study.get_trials(deepcopy=False)
     }

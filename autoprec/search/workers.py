@@ -1,16 +1,4 @@
-"""`search_in_processes`: one study searched by N local processes on a shared Optuna storage.
-
-Each worker is a spawned Python process that unpickles the model (Keras 3 models
-pickle through the `.keras` format, compiled state included) and runs `search()` on
-the same storage and study name with its own seed. The study's storage keeps the
-workers apart (see `autoprec.search.study`): the warm starts are enqueued once, by
-whichever worker takes the study's lock first, and no worker waits for them; a trial
-whose assignment another worker is evaluating waits and reuses its outcome. When all
-have finished, the calling process opens the study with no new trials and returns
-its result (best plan, confirmation). Workers on other machines join the same study
-by running `autoprec search` with the same database URL and study name
-(docs/search-at-scale.md).
-"""
+"""`search_in_processes`: one study searched by N local processes on a shared Optuna storage."""
 
 from __future__ import annotations
 

@@ -1,10 +1,4 @@
-"""The automatic mode's decision: the heuristic plan from the profile and the costs, or the search.
-
-- `decide_plan`: the heuristic plan from the profile and the costs at the batch size
-  `fit` uses, with the evidence of each layer that leaves its uniform start;
-- `measure_costs`: the layer costs timed on this device;
-- `search_plan`: the short Optuna search run instead of the heuristic when a budget is given.
-"""
+"""The automatic mode's decision: the heuristic plan from the profile and the costs, or the search."""
 
 from __future__ import annotations
 
@@ -49,41 +43,7 @@ def decide_plan(
     time_budget: float | None = None,
     trace_seconds: float = 0.0,
 ) -> tuple[PrecisionPlan, Estimate | None]:
-    """Returns the heuristic plan for `model` and the estimate behind it.
-
-    Costs are measured on the local device (`hardware="local"`, cached) or
-    predicted from a named hardware profile. Layers whose recorded ranges do not
-    fit float16 never get float16.
-
-    Args:
-        model: the built model being trained.
-        profile: an `autoprec.profiler.Profile`, or `None` when none could be recorded.
-        hardware: `"local"` (this device) or a hardware profile (name or
-            `HardwareProfile`), as `autoprec.hardware.resolve_hardware` accepts.
-        batch_size: batch size the costs are measured or predicted for.
-        calibrate_costs: measure costs on this device when `hardware` means this device.
-        verbose: 1 shows a progress bar while costs are measured, 0 none.
-        sample: inputs shaped as the batches `fit` feeds (an array, a list, a dict
-            or any nesting of them, `batch_size` samples), whose shapes costs are
-            timed or predicted at; `None` builds them from the model's inputs,
-            which needs every dimension besides the batch to be known.
-        time_budget: seconds the costs measured here may take (`calibrate`'s
-            `time_budget`); below `MIN_CALIBRATION_SECONDS` costs are predicted for the
-            device instead; `None`: no limit.
-        trace_seconds: what one trace of the train step costs here (`StepClock`):
-            timing costs traces a whole step per dtype and two mixed ones, so
-            costs are predicted when those traces alone would not leave
-            `MIN_CALIBRATION_SECONDS` of `time_budget`.
-
-    Returns:
-        `(plan, estimate)`; `estimate` is `None` if no cost model could be built.
-
-    Example:
-
-    ```python
-    plan, estimate = decide_plan(model, prof, hardware="rtx4090", batch_size=64)
-    ```
-    """
+    """Returns the heuristic plan for `model` and the estimate behind it."""
     hardware_profile = resolve_hardware(hardware)
     allowed = [FLOAT32] + [
         dtype for dtype in (BFLOAT16, FLOAT16, FLOAT8) if hardware_profile.is_fast(dtype)
@@ -137,27 +97,7 @@ def measure_costs(
     verbose: int,
     time_budget: float | None = None,
 ) -> CostTable:
-    """Returns the layer costs measured on this device for `sample`'s batch size (`cost.calibrate`).
-
-    Args:
-        model: the built model.
-        sample: a batch of inputs; its size is the batch size timed.
-        dtypes: the compute dtypes to time.
-        hardware: the detected device's profile, for fallback predictions.
-        verbose: 1 shows a `keras.utils.Progbar` while timing, 0 none.
-        time_budget: seconds the timing may take; the layers left get predicted costs.
-
-    Returns:
-        The measured `CostTable` (cached per device and layer signature): of each layer
-        class, `LAYERS_PER_KIND` layers timed and the others predicted as they showed
-        (what a kind costs in a dtype here is what is uncertain, not each instance).
-
-    Example:
-
-    ```python
-    costs = measure_costs(model, autoprec.cost.sample_inputs(model, 64), ["float32"], hw, 0)
-    ```
-    """
+    """Returns the layer costs measured on this device for `sample`'s batch size (`cost.calibrate`)."""
     return cost.calibrate(
         model,
         sample,
@@ -176,24 +116,7 @@ def search_plan(
     hardware: HardwareProfile | str,
     batch_size: int,
 ) -> SearchResult:
-    """Returns the result of the short search `AutoPlan(budget=...)` asks for.
-
-    Args:
-        model: the model being trained (trials run on clones).
-        auto: the settings, with `budget`, `x`, `validation_data` and `n_trials`.
-        profile: the recorded profile, reused by the search, or `None`.
-        hardware: `"local"` or a hardware profile, as `autoprec.search` takes it.
-        batch_size: the batch size the trials train and costs are timed at.
-
-    Returns:
-        The `autoprec.SearchResult`; its `plan` is the plan to apply.
-
-    Example:
-
-    ```python
-    result = search_plan(model, auto, prof, "rtx4090", batch_size=64)
-    ```
-    """
+    """Returns the result of the short search `AutoPlan(budget=...)` asks for."""
     return search(
         model,
         auto.x,

@@ -1,11 +1,11 @@
-"""Tests for autoprec._auto.plan_report: the report printed once the automatic plan is applied."""
+"""Tests for autoprec.decision.plan_report: the report printed once the automatic plan is applied."""
 
 from __future__ import annotations
 
 import keras
 
 from autoprec import PrecisionPlan
-from autoprec._auto import report_lines
+from autoprec.decision import report_lines
 
 
 def _plan(evidence: dict) -> PrecisionPlan:

@@ -1,9 +1,5 @@
-"""`FirstBatchSize`: reads the batch size (and input shapes) `fit` trains with, from inside the train step.
-
-The automatic mode times layer costs at the batch `fit` feeds; a callback
-cannot see `fit`'s data, so the train step is wrapped to record the first
-batch's size, structure, dtypes and the dimensions a traced step leaves unknown.
-"""
+"""`FirstBatchSize`: reads the batch size (and input shapes) `fit` trains with, from inside the
+train step."""
 
 from __future__ import annotations
 
@@ -26,35 +22,7 @@ RECORDED_DIMENSIONS = 63
 
 
 class FirstBatchSize:
-    """Reads the size of the first batch a model trains on, from inside its train step.
-
-    `install()` wraps the model's `train_step` (on the instance) and rebuilds the
-    train function; the wrapper records the leading dimension of the batch's
-    first array the first time it runs. Where the shape is known when the step
-    is traced (JAX, torch, a dataset batched with `drop_remainder=True`) it is
-    read then; where it is not (TensorFlow, whose datasets have an unknown batch
-    dimension) the traced step writes it into a variable, once, so the last
-    partial batch of an epoch never replaces it. Under a `tf.distribute`
-    strategy it is the batch of one replica. The inputs' structure, dtypes and
-    shapes are recorded alike (other dimensions the traced step leaves unknown,
-    such as a padded sequence length, are written once when it runs), so that
-    `read_inputs()` gives inputs shaped as `fit` feeds them, to time costs at.
-    `remove()` unwraps (the caller rebuilds the train function).
-
-    Args:
-        model: a compiled Keras model.
-
-    Example:
-
-    ```python
-    reader = FirstBatchSize(model)
-    reader.install()
-    model.fit(x, y, batch_size=64, epochs=1)
-    reader.read()  # 64
-    reader.read_inputs()["token_ids"].shape  # (64, 32) for a dict of (n, 32) arrays
-    reader.remove()
-    ```
-    """
+    """Reads the size of the first batch a model trains on, from inside its train step."""
 
     def __init__(self, model: keras.Model) -> None:
         self.model = model
@@ -108,15 +76,7 @@ class FirstBatchSize:
         return None
 
     def read_inputs(self, batch_size: int | None = None) -> Any:
-        """Returns random inputs shaped as the first batch's (structure, dtypes, dimensions).
-
-        Args:
-            batch_size: samples; default the first batch's.
-
-        Returns:
-            NumPy arrays nested as the batch's inputs, or `None` when no step has
-            run or a dimension could not be recorded.
-        """
+        """Returns random inputs shaped as the first batch's (structure, dtypes, dimensions)."""
         size = batch_size or self.read()
         if self._inputs is None or self._inputs is False or size is None:
             return None

@@ -1,16 +1,16 @@
-"""Tests for autoprec._auto.race: the plans whose whole train step is timed inside fit, and the one kept."""
+"""Tests for autoprec.decision.race: the plans whose whole train step is timed inside fit, and the one kept."""
 
 from __future__ import annotations
 
 import keras
 import numpy as np
-from auto.auto_models import mlp, mlp_data
 from conftest import local_with_fast_bfloat16
+from decision.auto_models import mlp, mlp_data
 
 from autoprec import AutoPrecision, PrecisionPlan
-from autoprec._auto import race_candidates, race_traces
 from autoprec._core.rounds import judge_rounds
 from autoprec.callback import AutoPlan
+from autoprec.decision import race_candidates, race_traces
 from autoprec.hardware import resolve_hardware
 
 

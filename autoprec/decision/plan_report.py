@@ -1,4 +1,5 @@
-"""The compact report printed once when the automatic plan is applied: counts, speedup, float32 layers."""
+"""The compact report printed once when the automatic plan is applied: counts, speedup, float32
+layers."""
 
 from __future__ import annotations
 
@@ -13,23 +14,7 @@ from ..plan import PrecisionPlan
 def report_lines(
     plan: PrecisionPlan, estimate: Estimate | None, dtypes: Mapping[str, str]
 ) -> list[str]:
-    """Returns the compact report printed once when the automatic plan is applied.
-
-    Args:
-        plan: the plan as applied, with `metadata["hardware"]` and `["evidence"]`.
-        estimate: the cost estimate behind it, or `None`.
-        dtypes: `{path: dtype}` each layer computes in.
-
-    Returns:
-        One line of counts and predicted speedup, the uniform policy the plan started
-        from, then a line per layer that left it (at most 8), with its evidence.
-
-    Example:
-
-    ```python
-    lines = report_lines(plan, estimate, handle.dtypes)
-    ```
-    """
+    """Returns the compact report printed once when the automatic plan is applied."""
     speedup = estimate.speedup if estimate is not None else None
     lines = [
         "autoprec: automatic plan: "
@@ -50,21 +35,7 @@ def report_lines(
 
 
 def start_line(start: Mapping[str, Any]) -> str:
-    """Returns the line saying which uniform policy the plan started from, and why.
-
-    Args:
-        start: `plan.metadata["start"]`, as `heuristic_plan` records it.
-
-    Returns:
-        E.g. `"start: uniform bfloat16, predicted fastest (float32 5.6 ms, bfloat16
-        4.4 ms; predicted for rtx4090)"`.
-
-    Example:
-
-    ```python
-    start_line(plan.metadata["start"])
-    ```
-    """
+    """Returns the line saying which uniform policy the plan started from, and why."""
     steps = start.get("predicted_step_ms") or {}
     figures = ", ".join(f"{dtype} {ms:.3f} ms" for dtype, ms in steps.items())
     why = f"predicted fastest ({figures}; {start.get('costs')})" if figures else "no cost table"

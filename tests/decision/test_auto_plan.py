@@ -1,4 +1,4 @@
-"""Tests for autoprec._auto.auto_plan: the automatic mode's settings and the errors they raise."""
+"""Tests for autoprec.decision.auto_plan: the automatic mode's settings and the errors they raise."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import autoprec
-from autoprec._auto import AutoPlan
+from autoprec.decision import AutoPlan
 from autoprec.errors import PlanError
 
 
@@ -37,7 +37,7 @@ def test_a_budget_needs_the_search_data_and_the_data_a_budget():
 
 
 def test_the_decision_budget_is_a_share_of_the_fit_under_caps():
-    from autoprec._auto import (
+    from autoprec.decision import (
         DECISION_CAP_SECONDS,
         DECISION_SHARE,
         FIRST_EPOCH_SHARE,

@@ -1,4 +1,4 @@
-"""Tests for autoprec._auto.decide: the heuristic plan decided from costs timed at fit's batches."""
+"""Tests for autoprec.decision.decide: the heuristic plan decided from costs timed at fit's batches."""
 
 from __future__ import annotations
 
@@ -7,13 +7,13 @@ import logging
 import keras
 import numpy as np
 import pytest
-from auto.auto_models import padded_dataset, sequence_model, sequences
 from conftest import local_with_fast_bfloat16
+from decision.auto_models import padded_dataset, sequence_model, sequences
 
 import autoprec
 from autoprec import AutoPrecision, cost
-from autoprec._auto import decide_plan
 from autoprec.callback import AutoPlan
+from autoprec.decision import decide_plan
 
 
 def test_decide_plan_times_costs_at_the_sample_given(caplog):

@@ -1,11 +1,4 @@
-"""The whole train steps timed inside `fit`: the plans raced, the report of the race, the plan kept.
-
-- `race_candidates`: the plans whose whole train step is timed inside `fit` before
-  one is kept (float32, the uniform 16-bit and float8 plans, the per-layer plan);
-- `race_traces`: how many train steps the timing traces (what it costs beyond its steps);
-- `race_lines`: the report of that timing;
-- `race_winner_plan`: the plan the timing chose, its measurement in its metadata.
-"""
+"""The whole train steps timed inside `fit`: the plans raced, the report of the race, the plan kept."""
 
 from __future__ import annotations
 
@@ -37,35 +30,7 @@ def race_candidates(
     profile: Profile | None,
     hardware: HardwareProfile,
 ) -> dict[str, PrecisionPlan]:
-    """Returns the plans whose whole step the one-liner times, simplest first, each once.
-
-    They are float32, each uniform 16-bit policy the device runs fast (float16
-    only where the profile says every layer's ranges fit it), set on every layer
-    as Keras' global `mixed_*` policy does, on a device with FP8 tensor cores float8
-    on every Dense/EinsumDense layer but the output layers and those whose float8
-    ranges do not fit (bfloat16 elsewhere), and the per-layer plan. The uniform
-    plans keep the output layers in float32 unless the model is trained with a
-    classification loss (cross-entropy): a regression output rounded to 16 bits
-    puts an error floor on the loss that a few timed steps cannot show. A plan
-    that gives the layers the same dtypes as a simpler one is left out.
-
-    Args:
-        model: the built model.
-        plan: the per-layer plan `decide_plan` returned.
-        profile: the recorded profile, or `None`.
-        hardware: the device's profile.
-
-    Returns:
-        `{name: plan}`: `"float32"`, `"mixed_bfloat16"`, `"mixed_float16"`, `"float8"`,
-        `"per-layer"`.
-
-    Example:
-
-    ```python
-    candidates = race_candidates(model, plan, prof, resolve_hardware("local"))
-    list(candidates)  # ["float32", "mixed_bfloat16", "per-layer"]
-    ```
-    """
+    """Returns the plans whose whole step the one-liner times, simplest first, each once."""
     candidates = {FLOAT32: PrecisionPlan.uniform(model, FLOAT32)}
     outputs = () if has_classification_loss(model) else output_layers(model, plan.layer_info)
     for dtype in (BFLOAT16, FLOAT16):
@@ -99,27 +64,7 @@ def race_candidates(
 def race_traces(
     model: keras.Model, candidates: Mapping[str, PrecisionPlan], reuse_fit_step: bool = True
 ) -> int:
-    """Returns how many train steps timing `candidates` inside `fit` traces, at most.
-
-    A candidate that leaves every layer's dtype as it is runs the step `fit`
-    already traced; each other candidate is traced once, and a 16-bit plan kept
-    is traced once more with the guard's telemetry.
-
-    Args:
-        model: the model `fit` trains, in the policies it runs now.
-        candidates: the plans to time, by name.
-        reuse_fit_step: whether `fit`'s own trace can run (`StepRace`'s
-            `reuse_fit_step`); `False` traces every candidate.
-
-    Returns:
-        The number of traces.
-
-    Example:
-
-    ```python
-    race_traces(model, {"float32": f32, "mixed_bfloat16": bf16})  # 2 on a float32 model
-    ```
-    """
+    """Returns how many train steps timing `candidates` inside `fit` traces, at most."""
     paths = layer_paths(model)
     running = {path: layer_policy(layer).compute_dtype for path, layer in paths.items()}
     traced = [
@@ -132,22 +77,7 @@ def race_traces(
 
 
 def race_lines(result: RaceResult, estimate: Estimate | None) -> list[str]:
-    """Returns the report of the whole steps timed inside `fit`: what was timed and what it chose.
-
-    Args:
-        result: what `StepRace` measured.
-        estimate: the per-layer plan's cost estimate, or `None`.
-
-    Returns:
-        One or two lines.
-
-    Example:
-
-    ```python
-    for line in race_lines(race.result(), estimate):
-        print(line)
-    ```
-    """
+    """Returns the report of the whole steps timed inside `fit`: what was timed and what it chose."""
     verdict = result.verdict
     names = list(result.rounds)
     timed = (
@@ -183,24 +113,7 @@ def race_lines(result: RaceResult, estimate: Estimate | None) -> list[str]:
 def race_winner_plan(
     candidates: Mapping[str, PrecisionPlan], result: RaceResult, per_layer: PrecisionPlan
 ) -> PrecisionPlan:
-    """Returns the plan the timing chose, its measurement recorded in `metadata["measured"]`.
-
-    Args:
-        candidates: the plans timed, by name.
-        result: what was measured.
-        per_layer: the per-layer plan (kept when training ended before a verdict).
-
-    Returns:
-        The chosen plan; a uniform one keeps the per-layer plan's `hardware` metadata
-        (`metadata["measured"]` says why it was kept).
-
-    Example:
-
-    ```python
-    plan = race_winner_plan(candidates, race.result(), plan)
-    plan.metadata["measured"]["winner"]
-    ```
-    """
+    """Returns the plan the timing chose, its measurement recorded in `metadata["measured"]`."""
     name = result.winner or PER_LAYER
     measured = result.to_dict()
     if name == PER_LAYER:

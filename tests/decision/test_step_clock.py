@@ -1,4 +1,4 @@
-"""Tests for `autoprec._auto.step_clock`: the epoch's length and a trace's cost from fit's first steps."""
+"""Tests for `autoprec.decision.step_clock`: the epoch's length and a trace's cost from fit's first steps."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from autoprec._auto import StepClock
+from autoprec.decision import StepClock
 
 
 def test_a_trace_is_the_first_step_less_a_later_one_and_the_epoch_adds_the_other_steps():

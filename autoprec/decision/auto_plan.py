@@ -1,9 +1,4 @@
-"""`AutoPlan`: the settings of `AutoPrecision()`'s automatic mode, checked when they are made.
-
-The settings say how the automatic mode profiles, at which batch size it times
-costs, whether it searches (a budget and the search's own data) and how many
-rounds of whole train steps it times inside `fit`.
-"""
+"""`AutoPlan`: the settings of `AutoPrecision()`'s automatic mode, checked when they are made."""
 
 from __future__ import annotations
 
@@ -25,29 +20,7 @@ DECISION_CAP_SECONDS = 60.0
 
 
 def decision_budget(auto: AutoPlan, epoch_seconds: float | None, epochs: int | None = 1) -> float:
-    """Returns the seconds the decision may take: `auto.decision_seconds`, else the default.
-
-    What a plan can win grows with the fit, so the default is a share of the
-    whole fit (`DECISION_SHARE` of `epochs` first epochs), bounded by what the
-    first epoch may carry (`FIRST_EPOCH_SHARE` of it) and by `DECISION_CAP_SECONDS`.
-
-    Args:
-        auto: the settings.
-        epoch_seconds: the first epoch's estimated length, or `None` when unknown.
-        epochs: the epochs `fit` runs (`params["epochs"]`); `None` counts as one.
-
-    Returns:
-        `auto.decision_seconds` when set; else `min(DECISION_SHARE * epochs,
-        FIRST_EPOCH_SHARE)` of the epoch, at most `DECISION_CAP_SECONDS` (the cap
-        where the epoch's length is unknown).
-
-    Example:
-
-    ```python
-    decision_budget(AutoPlan(), epoch_seconds=300.0)  # 30.0: a tenth of a one-epoch fit
-    decision_budget(AutoPlan(), epoch_seconds=100.0, epochs=5)  # 20.0: a fifth of the first
-    ```
-    """
+    """Returns the seconds the decision may take: `auto.decision_seconds`, else the default."""
     if auto.decision_seconds is not None:
         return float(auto.decision_seconds)
     if epoch_seconds is None:

@@ -1,13 +1,13 @@
-"""Tests for autoprec._auto.first_batch: the first batch's size and input shapes, read inside fit."""
+"""Tests for autoprec.decision.first_batch: the first batch's size and input shapes, read inside fit."""
 
 from __future__ import annotations
 
 import keras
 import numpy as np
 import pytest
-from auto.auto_models import padded_dataset, sequence_model, sequences
+from decision.auto_models import padded_dataset, sequence_model, sequences
 
-from autoprec._auto import FirstBatchSize
+from autoprec.decision import FirstBatchSize
 
 
 def test_first_batch_reader_gives_inputs_shaped_as_the_first_batch():
