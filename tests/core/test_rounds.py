@@ -1,10 +1,10 @@
-"""Tests for `autoprec._core.rounds`: the verdict on interleaved timing rounds, from plain numbers."""
+"""Tests for `autoprec._core.timing`: the verdict on interleaved timing rounds, from plain numbers."""
 
 from __future__ import annotations
 
 import pytest
 
-from autoprec._core.rounds import MAX_ROUNDS, compare, judge_rounds, wants_more_rounds
+from autoprec._core.timing import MAX_ROUNDS, judge_rounds, margin_of, wants_more_rounds
 
 ORDER = ["float32", "mixed_bfloat16", "per-layer"]
 
@@ -36,7 +36,7 @@ def test_a_difference_inside_the_noise_goes_to_the_simpler_plan():
 
 
 def test_a_gain_below_the_noise_floor_is_a_tie_even_in_quiet_rounds():
-    comparison = compare([1.0, 1.0, 1.0], [1.005, 1.005, 1.005])
+    comparison = margin_of([1.0, 1.0, 1.0], [1.005, 1.005, 1.005])
     assert not comparison.separated
     verdict = judge_rounds({"float32": [1.005] * 5, "per-layer": [1.0] * 5}, ORDER.index)
     assert verdict.leader == "float32"
