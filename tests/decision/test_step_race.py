@@ -1,6 +1,6 @@
 """Tests for `autoprec.decision.race`: candidate plans timed in interleaved steps inside fit.
 
-The verdict on the rounds is `autoprec._core.timing.judge_rounds` (tests/core/test_rounds.py).
+The verdict on the rounds is `autoprec._core.timing.judge_rounds` (tests/core/test_timing.py).
 """
 
 from __future__ import annotations
