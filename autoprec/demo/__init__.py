@@ -78,11 +78,6 @@ def make_pressure_data(samples: int, seed: int = 0) -> tuple[np.ndarray, np.ndar
 def build_pressure_model(seed: int = 0) -> keras.Model:
     """Returns the compiled demo regressor of `autoprec demo` (Functional, eight compute layers).
 
-    `sensor_proj` (Dense 16 → 64 per time step), `sensor_norm` (LayerNormalization),
-    `smooth` (DepthwiseConv1D, kernel 5), `pool` (AveragePooling1D, 4), `flat`,
-    `wide_1`..`wide_3` (Dense 1024, ReLU), `narrow` (Dense 32, ReLU) and `head`
-    (Dense 1, its bias started at 1013.25 hPa); Adam, mean squared error, MAE.
-
     Args:
         seed: weight initialisation seed.
 
@@ -116,8 +111,6 @@ def build_pressure_model(seed: int = 0) -> keras.Model:
 
 def make_data(samples: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """Returns generated raw sensor readings and class labels from a fixed random teacher.
-
-    The data of the tutorial's classifier (`build_model`).
 
     Args:
         samples: number of rows.
@@ -225,9 +218,6 @@ def describe_host() -> dict[str, Any]:
 @contextlib.contextmanager
 def keras_global_policy(name: str):
     """Builds models under Keras' global dtype policy `name`, restoring the previous one after.
-
-    A model built and compiled here runs exactly as Keras runs that policy: every
-    layer in it, and for `mixed_float16` the `LossScaleOptimizer` that `compile` adds.
 
     Args:
         name: a Keras dtype policy name (`"float32"`, `"mixed_bfloat16"`, `"mixed_float16"`).
@@ -405,11 +395,6 @@ def run_demo(
     figures_path: str | os.PathLike | None = None,
 ) -> dict[str, Any]:
     """Profiles, searches, trains and times the built-in demo model, printing each result.
-
-    Every verdict printed is read from the figures measured in this run (see `verdicts`):
-    step times of every policy timed side by side, in one process, in interleaved rounds
-    (minimum and median), and each policy's validation metric after the same training
-    from the same weights. The host's CPU and 16-bit flags are printed beside them.
 
     Args:
         output: where the plan is written (atomically, with `PrecisionPlan.save`).
