@@ -126,17 +126,14 @@ def read_json_kind(path: str) -> tuple[str, Any]:
 
 def load_plan(path: str):
     """Loads a precision plan from a plan JSON file or from a `.keras` model saved with one."""
-    if Path(path).suffix == ".keras":
-        return _plan_in_archive(Path(path))
-    from ..plan import PrecisionPlan
+    archive = Path(path)
+    if archive.suffix != ".keras":
+        from ..plan import PrecisionPlan
 
-    kind, data = read_json_kind(path)
-    if kind != "plan":
-        raise UsageError(f"{path}: this is a {kind}, not a precision plan.")
-    return PrecisionPlan.from_dict(data, source=path)
-
-
-def _plan_in_archive(archive: Path):
+        kind, data = read_json_kind(path)
+        if kind != "plan":
+            raise UsageError(f"{path}: this is a {kind}, not a precision plan.")
+        return PrecisionPlan.from_dict(data, source=path)
     if not archive.exists():
         raise UsageError(f"{archive}: no such model file.")
     if not zipfile.is_zipfile(archive):
