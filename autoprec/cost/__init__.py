@@ -9,10 +9,10 @@ from .boundaries import (
 )
 from .cache import default_cache_dir
 from .clones import clone_with_policies, clone_with_uniform_policy
-from .counting import count_costs
+from .counting import ACTIVATION_FLOPS, LayerCost, count_costs
 from .estimate import USABLE_MEMORY_FRACTION, Estimate, PlanLayers, estimate
-from .formulas import ACTIVATION_FLOPS
-from .layer_cost import LayerCost
+
+
 from .measure import calibrate
 from .roofline import MATMUL_EFFICIENCY, VECTOR_EFFICIENCY, predict_costs, predicted_layer_seconds
 from .steps import (

@@ -1,15 +1,503 @@
-"""The per-model driver of cost counting: one `LayerCost` per layer of a model, from its trace."""
+"""Counting: per-sample FLOPs and elements of each layer (`LayerCost`), a formula per layer kind."""
 
 from __future__ import annotations
 
+import dataclasses
+import re
+from collections.abc import Sequence
 from typing import Any
 
 import keras
 
-from ..layers import describe_model, layer_paths
-from .formulas import count_call
-from .layer_cost import LayerCost
-from .trace import ModelTrace, trace_model
+from .._core.dtypes import BFLOAT16, FLOAT8, FLOAT32, float8_eligible
+from ..layers import PASS_THROUGH_CLASSES, LayerInfo, describe_model, layer_paths
+from .trace import LayerCall, ModelTrace, TensorSpec, element_count, trace_model
+
+#: Bytes per element of each compute dtype.
+ITEMSIZE = {"float32": 4, "bfloat16": 2, "float16": 2}
+#: Bytes per element of a float8 tensor (E4M3 or E5M2).
+FLOAT8_ITEMSIZE = 1
+#: Tensors a float8 matrix product quantizes each step: its inputs, its kernel (E4M3) and
+#: its output gradients (E5M2), each with its own scale and amax history (Keras'
+#: `Dense._float8_call`).
+FLOAT8_QUANTIZED_TENSORS = 3
+#: Kernel launches a float8 matrix product adds per step beyond its 16-bit version: for each
+#: of its three quantized tensors, one quantize pass (read in the source dtype, scale,
+#: clip, write 8 bits), one amax reduction over the tensor and one update of its amax
+#: history and scale, each a kernel of its own (Keras' `quantize_and_dequantize`,
+#: `compute_float8_amax_history`, `compute_float8_scale`: 3 x 3 = 9; compilers that fuse
+#: the amax into the quantize pass launch about 6).
+FLOAT8_EXTRA_KERNELS = 3 * FLOAT8_QUANTIZED_TENSORS
+#: Length of each amax history (`QuantizedFloat8DTypePolicy.default_amax_history_length`).
+FLOAT8_AMAX_HISTORY = 1024
+#: Vector FLOPs per quantized element: divide by the scale, clip (2), and the amax's abs and max.
+FLOAT8_QUANTIZE_FLOPS = 5
+
+
+@dataclasses.dataclass(frozen=True)
+class LayerCost:
+    """Per-sample arithmetic and memory traffic of one layer, independent of dtype."""
+
+    path: str
+    class_name: str
+    matmul_flops: float = 0.0
+    vector_flops: float = 0.0
+    backward_matmul_flops: float = 0.0
+    backward_vector_flops: float = 0.0
+    activation_elements: float = 0.0
+    saved_elements: float = 0.0
+    weight_elements: int = 0
+    matmul_dims: tuple[int, ...] = ()
+    kernels: int = 0
+    note: str = ""
+    float8_matmuls: int = 0
+    float8_dims: tuple[int, ...] = ()
+    float8_quantized_elements: float = 0.0
+    float8_kernel_elements: int = 0
+
+    @property
+    def forward_flops(self) -> float:
+        """Forward FLOPs per sample."""
+        return self.matmul_flops + self.vector_flops
+
+    @property
+    def backward_flops(self) -> float:
+        """Backward FLOPs per sample."""
+        return self.backward_matmul_flops + self.backward_vector_flops
+
+    @property
+    def is_free(self) -> bool:
+        """Whether the layer does no work of its own (views, containers)."""
+        return self.forward_flops == 0 and self.activation_elements == 0
+
+    @property
+    def has_float8_path(self) -> bool:
+        """Whether the layer's matrix products can run in float8 (`Dense`, `EinsumDense`)."""
+        return self.float8_matmuls > 0
+
+    def bytes_moved(self, dtype: str, batch_size: int, float8_source: str = BFLOAT16) -> float:
+        """Returns bytes read and written forward+backward for a batch in `dtype`."""
+        if dtype == FLOAT8:
+            return self.bytes_moved(float8_source, batch_size) + self.float8_quantize_bytes(
+                batch_size, float8_source
+            )
+        itemsize = ITEMSIZE[dtype]
+        activation_bytes = 3 * self.activation_elements * batch_size * itemsize
+        weight_cast = 0 if dtype == FLOAT32 else 2 * itemsize
+        weight_bytes = self.weight_elements * (4 + itemsize + weight_cast + 4)
+        return activation_bytes + weight_bytes
+
+    def float8_quantized_values(self, batch_size: int) -> float:
+        """Returns the values the float8 path quantizes in one step of `batch_size` samples."""
+        return self.float8_quantized_elements * batch_size + self.float8_kernel_elements
+
+    def float8_quantize_bytes(self, batch_size: int, float8_source: str = BFLOAT16) -> float:
+        """Returns the bytes the float8 path's quantize work moves in one step."""
+        per_value = 2 * ITEMSIZE[float8_source] + FLOAT8_ITEMSIZE
+        histories = self.float8_matmuls * FLOAT8_QUANTIZED_TENSORS * FLOAT8_AMAX_HISTORY * 4 * 3
+        return self.float8_quantized_values(batch_size) * per_value + histories
+
+    def to_dict(self) -> dict[str, Any]:
+        """Returns the fields as a JSON-ready dict, its dimension tuples as lists."""
+        data = dataclasses.asdict(self)
+        data["matmul_dims"] = list(self.matmul_dims)
+        data["float8_dims"] = list(self.float8_dims)
+        return data
+
+
+#: FLOPs per element of common activations (forward).
+ACTIVATION_FLOPS: dict[str, int] = {
+    "linear": 0,
+    "relu": 1,
+    "relu6": 2,
+    "leaky_relu": 2,
+    "hard_tanh": 2,
+    "elu": 4,
+    "selu": 5,
+    "celu": 5,
+    "sigmoid": 4,
+    "hard_sigmoid": 3,
+    "tanh": 4,
+    "softplus": 4,
+    "softsign": 3,
+    "silu": 5,
+    "swish": 5,
+    "hard_silu": 5,
+    "hard_swish": 5,
+    "gelu": 8,
+    "mish": 8,
+    "exponential": 1,
+    "log_sigmoid": 5,
+    "softmax": 5,
+    "log_softmax": 5,
+}
+_DEFAULT_ACTIVATION_FLOPS = 4
+
+# What each pass-through layer (`autoprec.layers.PASS_THROUGH_CLASSES`, the one
+# list of them) costs: views nothing, dropouts two FLOPs per element; the
+# pass-through activations, max poolings and element-wise maximum/minimum are
+# counted by their own formulas; every other pass-through layer copies its
+# elements without arithmetic. tests/cost/test_counting.py checks that views and
+# dropouts are pass-through classes.
+#: Pass-through layers that only view their input: no FLOPs, no copy.
+VIEW_CLASSES = frozenset({"Flatten", "Reshape", "InputLayer", "Identity"})
+#: Pass-through layers counted at two FLOPs per element.
+DROPOUT_CLASSES = frozenset(
+    {
+        "Dropout",
+        "SpatialDropout1D",
+        "SpatialDropout2D",
+        "SpatialDropout3D",
+        "GaussianDropout",
+        "GaussianNoise",
+        "AlphaDropout",
+    }
+)
+#: Element-wise merges of their inputs.
+MERGE_CLASSES = frozenset({"Add", "Subtract", "Multiply", "Average", "Maximum", "Minimum"})
+#: Activation layers, counted by their activation's formula.
+ACTIVATION_CLASSES = frozenset({"Activation", "ReLU", "Softmax", "LeakyReLU", "PReLU", "ELU"})
+#: Every other pass-through layer: copies its elements without arithmetic.
+COPY_CLASSES = frozenset(
+    name
+    for name in PASS_THROUGH_CLASSES - VIEW_CLASSES - DROPOUT_CLASSES
+    if name not in MERGE_CLASSES and name not in ACTIVATION_CLASSES and "Pooling" not in name
+)
+_NORMALISATION_CLASSES = frozenset(
+    {
+        "BatchNormalization",
+        "LayerNormalization",
+        "GroupNormalization",
+        "UnitNormalization",
+        "RMSNormalization",
+        "SpectralNormalization",
+    }
+)
+_RNN_GATES = {"LSTM": 4, "GRU": 3, "SimpleRNN": 1, "ConvLSTM1D": 4, "ConvLSTM2D": 4}
+_RNN_VECTOR_FLOPS_PER_UNIT = {"LSTM": 10, "GRU": 9, "SimpleRNN": 2}
+
+
+def _activation_flops(activation: Any) -> int:
+    name = getattr(activation, "__name__", None) or str(activation)
+    return ACTIVATION_FLOPS.get(name, _DEFAULT_ACTIVATION_FLOPS)
+
+
+def _bias_and_activation(layer, output_elements: float) -> float:
+    flops = 0.0
+    if getattr(layer, "use_bias", False) or getattr(layer, "bias", None) is not None:
+        flops += output_elements
+    activation = getattr(layer, "activation", None)
+    if activation is not None:
+        flops += _activation_flops(activation) * output_elements
+    return flops
+
+
+def _elements(specs: Sequence[TensorSpec]) -> float:
+    return float(sum(spec.elements_per_sample() for spec in specs))
+
+
+def _io_elements(call: LayerCall) -> float:
+    float_inputs = [spec for spec in call.inputs if "float" in spec.dtype]
+    return _elements(float_inputs) + _elements(call.outputs)
+
+
+def _channel_axis(layer) -> int:
+    return 1 if getattr(layer, "data_format", "channels_last") == "channels_first" else -1
+
+
+def _matmul_layer(
+    call: LayerCall, layer, matmul: float, dims: Sequence[int], weights: int, output: float
+) -> dict[str, Any]:
+    vector = _bias_and_activation(layer, output)
+    return {
+        "matmul_flops": matmul,
+        "vector_flops": vector,
+        "backward_matmul_flops": 2 * matmul,
+        "backward_vector_flops": vector,
+        "activation_elements": _io_elements(call),
+        "saved_elements": output + _elements(call.inputs),
+        "weight_elements": weights,
+        "matmul_dims": tuple(int(dim) for dim in dims),
+        "kernels": 3 + (1 if vector else 0) * 2,
+    }
+
+
+def _weights(layer) -> int:
+    return (
+        int(sum(element_count(weight.shape) for weight in layer.trainable_weights)) if layer else 0
+    )
+
+
+def _float8_counts(
+    call: LayerCall, layer, contraction: int, features: int, output: float
+) -> dict[str, Any]:
+    """Returns what the float8 path of one `Dense`/`EinsumDense` call quantizes."""
+    if not float8_eligible(type(layer).__name__):
+        return {}
+    return {
+        "float8_matmuls": 1,
+        "float8_dims": (int(contraction), int(features)),
+        "float8_quantized_elements": float(call.inputs[0].elements_per_sample()) + output,
+        "float8_kernel_elements": element_count(layer.kernel.shape),
+    }
+
+
+def _count_dense(call: LayerCall, layer) -> dict[str, Any]:
+    inputs = call.inputs[0]
+    rows = inputs.elements_per_sample() // int(inputs.shape[-1])
+    features_in = int(inputs.shape[-1])
+    units = int(layer.units)
+    output = rows * units
+    counts = _matmul_layer(
+        call, layer, 2.0 * rows * features_in * units, (features_in, units), _weights(layer), output
+    )
+    counts.update(_float8_counts(call, layer, features_in, units, output))
+    return counts
+
+
+def _einsum_flops(equation: str, shape_a: Sequence[int], shape_b: Sequence[int]) -> float:
+    """Returns 2 x the product of every index size of a two-operand einsum."""
+    operands, _, _ = equation.replace(" ", "").partition("->")
+    terms = operands.split(",")
+    sizes: dict[str, int] = {}
+    for term, shape in zip(terms, (shape_a, shape_b)):
+        if "..." in term:
+            head, _, tail = term.partition("...")
+            ellipsis_rank = len(shape) - len(head) - len(tail)
+            sizes["..."] = max(
+                sizes.get("...", 1), element_count(shape[len(head) : len(head) + ellipsis_rank])
+            )
+            letters = list(head) + list(tail)
+            dims = list(shape[: len(head)]) + list(shape[len(shape) - len(tail) :])
+        else:
+            letters, dims = list(term), list(shape)
+        for letter, dim in zip(letters, dims):
+            sizes[letter] = int(dim)
+    return 2.0 * element_count(sizes.values())
+
+
+def _einsum_gemm_dims(equation: str, kernel_shape: Sequence[int]) -> tuple[int, int]:
+    """Returns `(contraction, output features)` of an input-kernel einsum seen as one GEMM."""
+    operands, _, output = equation.replace(" ", "").partition("->")
+    inputs_term, _, kernel_term = operands.partition(",")
+    contraction = features = 1
+    for letter, dim in zip(kernel_term, kernel_shape):
+        if letter not in output:
+            contraction *= int(dim)
+        elif letter not in inputs_term:
+            features *= int(dim)
+    return contraction, features
+
+
+def _count_einsum_dense(call: LayerCall, layer) -> dict[str, Any]:
+    inputs = call.inputs[0].concrete_shape(1)
+    kernel_shape = tuple(int(dim) for dim in layer.kernel.shape)
+    matmul = _einsum_flops(layer.equation, inputs, kernel_shape)
+    output = _elements(call.outputs)
+    counts = _matmul_layer(call, layer, matmul, kernel_shape, _weights(layer), output)
+    contraction, features = _einsum_gemm_dims(layer.equation, kernel_shape)
+    counts.update(_float8_counts(call, layer, contraction, features, output))
+    return counts
+
+
+def _conv_kind(class_name: str) -> str:
+    if class_name.startswith("DepthwiseConv"):
+        return "depthwise"
+    if class_name.startswith("SeparableConv"):
+        return "separable"
+    if "Transpose" in class_name:
+        return "transpose"
+    return "conv"
+
+
+def _count_conv(call: LayerCall, layer) -> dict[str, Any]:
+    kind = _conv_kind(type(layer).__name__)
+    axis = _channel_axis(layer)
+    inputs = call.inputs[0]
+    output = _elements(call.outputs)
+    in_channels = int(inputs.shape[axis])
+    window = element_count(layer.kernel_size)
+    groups = int(getattr(layer, "groups", 1) or 1)
+    weights = _weights(layer)
+    if kind == "conv":
+        filters = int(layer.filters)
+        positions = output / filters
+        matmul = 2.0 * positions * filters * window * in_channels / groups
+        return _matmul_layer(call, layer, matmul, (in_channels // groups, filters), weights, output)
+    if kind == "transpose":
+        filters = int(layer.filters)
+        input_positions = inputs.elements_per_sample() / in_channels
+        matmul = 2.0 * input_positions * in_channels * window * filters
+        return _matmul_layer(call, layer, matmul, (in_channels, filters), weights, output)
+    multiplier = int(getattr(layer, "depth_multiplier", 1) or 1)
+    if kind == "depthwise":
+        depthwise = 2.0 * output * window
+        counts = _matmul_layer(call, layer, 0.0, (), weights, output)
+        counts["vector_flops"] += depthwise
+        counts["backward_vector_flops"] += 2 * depthwise
+        return counts
+    filters = int(layer.filters)
+    positions = output / filters
+    depthwise = 2.0 * positions * in_channels * multiplier * window
+    pointwise = 2.0 * positions * in_channels * multiplier * filters
+    counts = _matmul_layer(
+        call, layer, pointwise, (in_channels * multiplier, filters), weights, output
+    )
+    counts["vector_flops"] += depthwise
+    counts["backward_vector_flops"] += 2 * depthwise
+    counts["activation_elements"] += 2 * positions * in_channels * multiplier
+    return counts
+
+
+def _count_attention(call: LayerCall, layer) -> dict[str, Any]:
+    """Counts the q.k and softmax.v einsums of MultiHeadAttention (projections are children)."""
+    query = call.argument("query") or call.inputs[0]
+    value = call.argument("value") or (call.inputs[1] if len(call.inputs) > 1 else query)
+    heads = int(layer.num_heads)
+    key_dim = int(layer.key_dim)
+    value_dim = int(layer.value_dim or layer.key_dim)
+    target = query.elements_per_sample() // int(query.shape[-1])
+    source = value.elements_per_sample() // int(value.shape[-1])
+    scores = heads * target * source
+    matmul = 2.0 * scores * key_dim + 2.0 * scores * value_dim
+    vector = 5.0 * scores + heads * target * key_dim
+    return {
+        "matmul_flops": matmul,
+        "vector_flops": vector,
+        "backward_matmul_flops": 2 * matmul,
+        "backward_vector_flops": 2 * vector,
+        "activation_elements": 3.0 * scores + 2.0 * heads * (target + source) * key_dim,
+        "saved_elements": 2.0 * scores,
+        "weight_elements": 0,
+        "matmul_dims": (key_dim, value_dim),
+        "kernels": 10,
+    }
+
+
+def _count_rnn(call: LayerCall, layer) -> dict[str, Any]:
+    class_name = type(layer).__name__
+    sequences = call.inputs[0]
+    steps = int(sequences.shape[1]) if len(sequences.shape) > 2 else 1
+    features = sequences.elements_per_sample() // max(steps, 1)
+    units = int(layer.units)
+    gates = _RNN_GATES.get(class_name, 1)
+    matmul = 2.0 * steps * (features + units) * gates * units
+    vector = float(steps * units * _RNN_VECTOR_FLOPS_PER_UNIT.get(class_name, 4))
+    return {
+        "matmul_flops": matmul,
+        "vector_flops": vector,
+        "backward_matmul_flops": 2 * matmul,
+        "backward_vector_flops": 2 * vector,
+        "activation_elements": _io_elements(call) + steps * gates * units,
+        "saved_elements": float(steps * (gates + 2) * units),
+        "weight_elements": _weights(layer),
+        "matmul_dims": (features, units),
+        "kernels": 6 * steps,
+    }
+
+
+def _count_embedding(call: LayerCall, layer) -> dict[str, Any]:
+    output = _elements(call.outputs)
+    return {
+        "backward_vector_flops": output,
+        "activation_elements": output + _elements(call.inputs),
+        "saved_elements": 0.0,
+        "weight_elements": 0,
+        "kernels": 3,
+    }
+
+
+def _count_normalisation(call: LayerCall, layer) -> dict[str, Any]:
+    elements = _elements(call.outputs)
+    return {
+        "vector_flops": 8.0 * elements,
+        "backward_vector_flops": 16.0 * elements,
+        "activation_elements": _io_elements(call),
+        "saved_elements": elements,
+        "weight_elements": _weights(layer),
+        "kernels": 6,
+    }
+
+
+def _count_pooling(call: LayerCall, layer) -> dict[str, Any]:
+    class_name = type(layer).__name__
+    output = _elements(call.outputs)
+    if class_name.startswith("Global"):
+        flops = _elements(call.inputs)
+    else:
+        flops = output * element_count(getattr(layer, "pool_size", (1,)))
+    return {
+        "vector_flops": flops,
+        "backward_vector_flops": flops,
+        "activation_elements": _io_elements(call),
+        "saved_elements": output if "Max" in class_name else 0.0,
+        "kernels": 2,
+    }
+
+
+def _count_elementwise(call: LayerCall, flops_per_element: float, note: str = "") -> dict:
+    output = _elements(call.outputs)
+    return {
+        "vector_flops": flops_per_element * output,
+        "backward_vector_flops": flops_per_element * output,
+        "activation_elements": _io_elements(call),
+        "saved_elements": output,
+        "kernels": 2,
+        "note": note,
+    }
+
+
+def _count_activation_layer(call: LayerCall, layer) -> dict[str, Any]:
+    class_name = type(layer).__name__
+    if class_name == "Activation":
+        per_element = _activation_flops(layer.activation)
+    else:
+        per_element = ACTIVATION_FLOPS.get(
+            re.sub(r"(?<!^)(?=[A-Z])", "_", class_name).lower(), _DEFAULT_ACTIVATION_FLOPS
+        )
+    return _count_elementwise(call, per_element)
+
+
+def count_call(
+    call: LayerCall, layer: Any, info: LayerInfo | None, parent_class: str
+) -> dict[str, Any]:
+    """Returns the cost fields of one call of `layer` (empty for free layers)."""
+    class_name = type(layer).__name__
+    if class_name == "MultiHeadAttention":
+        return _count_attention(call, layer)
+    if class_name in _RNN_GATES:
+        return _count_rnn(call, layer)
+    if class_name.endswith("Cell") or parent_class in _RNN_GATES:
+        return {"note": "counted in its recurrent layer"}
+    if info is not None and info.is_container:
+        return {}
+    if class_name in VIEW_CLASSES:
+        return {}
+    if class_name in ("Dense",):
+        return _count_dense(call, layer)
+    if class_name == "EinsumDense":
+        return _count_einsum_dense(call, layer)
+    if re.match(r"^(Conv|DepthwiseConv|SeparableConv)\d?D(Transpose)?$", class_name) or (
+        class_name in ("Convolution2D", "Conv2DTranspose")
+    ):
+        return _count_conv(call, layer)
+    if class_name == "Embedding":
+        return _count_embedding(call, layer)
+    if class_name in _NORMALISATION_CLASSES:
+        return _count_normalisation(call, layer)
+    if "Pooling" in class_name:
+        return _count_pooling(call, layer)
+    if class_name in MERGE_CLASSES:
+        return _count_elementwise(call, max(len(call.inputs) - 1, 1))
+    if class_name in DROPOUT_CLASSES:
+        return _count_elementwise(call, 2)
+    if class_name in COPY_CLASSES:
+        return {"activation_elements": _io_elements(call), "kernels": 2}
+    if class_name in ACTIVATION_CLASSES:
+        return _count_activation_layer(call, layer)
+    if class_name in ("Rescaling", "Normalization"):
+        return _count_elementwise(call, 2)
+    return _count_elementwise(call, 1, note=f"estimated: no formula for {class_name}")
 
 
 def _merge_counts(path: str, class_name: str, counts: list[dict]) -> LayerCost:

@@ -22,7 +22,7 @@ from .._core.models import inner_optimizer
 from ..errors import HardwareError, PlanError
 from ..hardware import HardwareProfile
 from ..layers import LayerInfo, describe_model
-from .layer_cost import FLOAT8_ITEMSIZE, ITEMSIZE
+from .counting import FLOAT8_ITEMSIZE, ITEMSIZE
 from .roofline import predict_costs, predict_plan_costs
 from .table import DEFAULT_RELATIVE_ERROR, CostTable
 

@@ -21,7 +21,7 @@ from ..layers import layer_paths, model_fingerprint
 from .boundaries import MixedPlan, fit_boundary_cost, mixed_plans
 from .cache import MeasurementCache, default_cache_dir, layer_signature
 from .counting import count_costs
-from .layer_cost import LayerCost
+from .counting import LayerCost
 from .roofline import predicted_layer_seconds, roofline_record
 from .sampling import kind_scales, sample_kinds, scaled_seconds
 from .steps import StepTiming, attribute_step_overhead, measure_whole_steps, whole_step_dtypes

@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 
 from .._core.dtypes import FLOAT32
 from ..hardware import HardwareProfile
-from .layer_cost import LayerCost
+from .counting import LayerCost
 from .roofline import predicted_layer_seconds
 
 

@@ -11,7 +11,7 @@ import pytest
 import autoprec
 from autoprec import cost, hardware
 from autoprec._core.dtypes import PLAN_DTYPES
-from autoprec.cost.layer_cost import FLOAT8_EXTRA_KERNELS
+from autoprec.cost.counting import FLOAT8_EXTRA_KERNELS
 from autoprec.cost.measure import float8_timeable
 from autoprec.cost.roofline import (
     MATMUL_EFFICIENCY,
