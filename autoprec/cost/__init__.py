@@ -9,12 +9,10 @@ from .boundaries import (
 )
 from .cache import default_cache_dir
 from .clones import clone_with_policies, clone_with_uniform_policy
-from .counting import ACTIVATION_FLOPS, LayerCost, count_costs
-from .estimate import USABLE_MEMORY_FRACTION, Estimate, PlanLayers, estimate
-
-
+from .counting import LayerCost, count_costs
+from .estimate import USABLE_MEMORY_FRACTION, Estimate, estimate
 from .measure import calibrate
-from .roofline import MATMUL_EFFICIENCY, VECTOR_EFFICIENCY, predict_costs, predicted_layer_seconds
+from .roofline import MATMUL_EFFICIENCY, predict_costs, predicted_layer_seconds
 from .steps import (
     measure_train_step,
     measure_train_steps,
@@ -22,10 +20,8 @@ from .steps import (
 )
 from .synthetic import synthetic_arguments, synthetic_tensor
 from .table import DEFAULT_RELATIVE_ERROR, CostTable, LayerCostRecord
-from .timers import MEASURING_BACKENDS
 from .trace import (
     TRACES,
-    ArgumentValue,
     Edge,
     LayerCall,
     MappingArgument,
@@ -39,14 +35,11 @@ from .trace import (
 )
 
 __all__ = [
-    "ACTIVATION_FLOPS",
     "DEFAULT_RELATIVE_ERROR",
     "MATMUL_EFFICIENCY",
-    "MEASURING_BACKENDS",
     "MIN_RELATIVE_ERROR",
+    "TRACES",
     "USABLE_MEMORY_FRACTION",
-    "VECTOR_EFFICIENCY",
-    "ArgumentValue",
     "CostTable",
     "Edge",
     "Estimate",
@@ -56,8 +49,8 @@ __all__ = [
     "MappingArgument",
     "MixedPlan",
     "ModelTrace",
-    "PlanLayers",
     "TensorSpec",
+    "batch_signature",
     "calibrate",
     "clone_with_policies",
     "clone_with_uniform_policy",
@@ -74,8 +67,6 @@ __all__ = [
     "random_inputs",
     "sample_inputs",
     "spec_of",
-    "TRACES",
-    "batch_signature",
     "synthetic_arguments",
     "synthetic_tensor",
     "time_train_steps",

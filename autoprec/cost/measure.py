@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import logging
 import math
@@ -20,10 +21,8 @@ from ..hardware import FAST, HardwareProfile, detect, resolve_hardware
 from ..layers import layer_paths, model_fingerprint
 from .boundaries import MixedPlan, fit_boundary_cost, mixed_plans
 from .cache import MeasurementCache, default_cache_dir, layer_signature
-from .counting import count_costs
-from .counting import LayerCost
+from .counting import LayerCost, count_costs
 from .roofline import predicted_layer_seconds, roofline_record
-from .sampling import kind_scales, sample_kinds, scaled_seconds
 from .steps import StepTiming, attribute_step_overhead, measure_whole_steps, whole_step_dtypes
 from .table import CostTable, LayerCostRecord
 from .timers import (
@@ -200,7 +199,7 @@ def calibrate(
         layers_per_kind: time at most this many layers of each class (the most
             expensive, then others spread over the kind's sizes); the others of the
             kind get their roofline prediction scaled as the timed ones showed
-            (`autoprec.cost.sampling`), counted in `stats["scaled"]`, unless cached.
+            (`sample_kinds`, `kind_scales`), counted in `stats["scaled"]`, unless cached.
             `None` (default): every layer is timed.
 
     Returns:
@@ -326,9 +325,11 @@ def _measure_layers(
     setting = timing.setting
     dtypes, batch_size = setting.dtypes, setting.batch_size
     work = [path for path, cost in setting.counts.items() if _measurable(cost)]
-    sample = sample_kinds(setting.counts, work, timing.per_kind, setting.profile, batch_size)
-    if verbose and sample.timed:
-        total = sum(len(_layer_dtypes(setting.counts[path], dtypes)) for path in sample.timed)
+    timed_paths, predicted_from = sample_kinds(
+        setting.counts, work, timing.per_kind, setting.profile, batch_size
+    )
+    if verbose and timed_paths:
+        total = sum(len(_layer_dtypes(setting.counts[path], dtypes)) for path in timed_paths)
         timing = dataclasses.replace(timing, bar=keras.utils.Progbar(total, unit_name="timing"))
     paths = layer_paths(model)
     layers: dict[str, LayerCostRecord] = {}
@@ -337,7 +338,7 @@ def _measure_layers(
         layer_dtypes = _layer_dtypes(cost, dtypes)
         if path not in work:
             seconds, source = dict.fromkeys(layer_dtypes, 0.0), "measured"
-        elif path in sample.predicted_from:
+        elif path in predicted_from:
             seconds = _cached_seconds(paths[path], setting.trace.calls[path], cost, timing)
             if seconds is None:
                 continue  # predicted below, as the timed layers of its kind showed
@@ -348,7 +349,7 @@ def _measure_layers(
                 timed[path] = seconds
         layers[path] = roofline_record(cost, seconds, batch_size, layer_dtypes, source)
     scales = kind_scales(timed, setting.counts, setting.profile, batch_size)
-    for path, kind in sample.predicted_from.items():
+    for path, kind in predicted_from.items():
         if path in layers:
             continue
         cost = setting.counts[path]
@@ -449,3 +450,77 @@ def _subtract_children(layers: dict[str, LayerCostRecord], counts: Mapping[str, 
                 continue
             inner = sum(layers[child].seconds.get(dtype) or 0.0 for child in children)
             record.seconds[dtype] = max(seconds - inner, 0.1 * seconds)
+
+
+def sample_kinds(
+    counts: Mapping[str, LayerCost],
+    work: Sequence[str],
+    per_kind: int | None,
+    profile: HardwareProfile,
+    batch_size: int,
+) -> tuple[frozenset[str], dict[str, str]]:
+    """Returns `(timed paths, {predicted path: class name})`: up to `per_kind` layers of each
+    class timed, the most expensive first and others spread by size; `None` times all."""
+    if per_kind is None:
+        return frozenset(work), {}
+    by_kind: dict[str, list[str]] = collections.defaultdict(list)
+    for path in work:
+        by_kind[counts[path].class_name].append(path)
+    timed: set[str] = set()
+    predicted_from: dict[str, str] = {}
+    for kind, paths in by_kind.items():
+        ranked = sorted(
+            paths,
+            key=lambda path: (
+                -(predicted_layer_seconds(counts[path], profile, FLOAT32, batch_size) or 0.0)
+            ),
+        )
+        chosen = _spread(ranked, max(per_kind, 1))
+        timed.update(chosen)
+        predicted_from.update({path: kind for path in ranked if path not in chosen})
+    return frozenset(timed), predicted_from
+
+
+def _spread(ranked: Sequence[str], count: int) -> list[str]:
+    """The first of `ranked` and others evenly spaced to its end, `count` in all."""
+    if len(ranked) <= count:
+        return list(ranked)
+    if count == 1:
+        return [ranked[0]]
+    step = (len(ranked) - 1) / (count - 1)
+    return list(dict.fromkeys(ranked[round(index * step)] for index in range(count)))
+
+
+def kind_scales(
+    measured: Mapping[str, Mapping[str, float | None]],
+    counts: Mapping[str, LayerCost],
+    profile: HardwareProfile,
+    batch_size: int,
+) -> dict[tuple[str, str], float]:
+    """Returns measured over predicted seconds of the timed layers, per `(class name, dtype)`."""
+    sums: dict[tuple[str, str], list[float]] = collections.defaultdict(lambda: [0.0, 0.0])
+    for path, seconds in measured.items():
+        for dtype, value in seconds.items():
+            predicted = predicted_layer_seconds(counts[path], profile, dtype, batch_size)
+            if value is None or not predicted:
+                continue
+            totals = sums[(counts[path].class_name, dtype)]
+            totals[0] += value
+            totals[1] += predicted
+    return {key: total / predicted for key, (total, predicted) in sums.items() if predicted > 0}
+
+
+def scaled_seconds(
+    cost: LayerCost,
+    dtypes: Sequence[str],
+    scales: Mapping[tuple[str, str], float],
+    profile: HardwareProfile,
+    batch_size: int,
+) -> dict[str, float | None]:
+    """Returns a layer's predicted seconds per dtype, scaled as the timed layers of its kind showed."""
+    seconds: dict[str, float | None] = {}
+    for dtype in dtypes:
+        predicted = predicted_layer_seconds(cost, profile, dtype, batch_size)
+        scale = scales.get((cost.class_name, dtype), 1.0)
+        seconds[dtype] = None if predicted is None else predicted * scale
+    return seconds

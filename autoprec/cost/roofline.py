@@ -19,8 +19,7 @@ from .._core.dtypes import (
 )
 from ..hardware import SLOW, UNSUPPORTED, HardwareProfile, resolve_hardware
 from ..layers import model_fingerprint
-from .counting import count_costs
-from .counting import FLOAT8_EXTRA_KERNELS, FLOAT8_QUANTIZE_FLOPS, ITEMSIZE, LayerCost
+from .counting import FLOAT8_EXTRA_KERNELS, FLOAT8_QUANTIZE_FLOPS, ITEMSIZE, LayerCost, count_costs
 from .table import CostTable, LayerCostRecord
 from .timers import framework_versions
 from .trace import trace_model
