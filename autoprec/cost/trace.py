@@ -11,7 +11,7 @@ import keras
 import numpy as np
 
 from .._core.data import flat_arrays, is_array, slice_batch
-from .._core.memo import ModelMemo, structure_key
+from .._core.models import ModelMemo, structure_key
 from ..errors import PlanError
 from ..layers import layer_paths, layer_policy
 

@@ -9,7 +9,6 @@ import pytest
 from autoprec import numerics
 
 
-
 def test_format_facts_come_from_ml_dtypes():
     float16 = numerics.float_format("float16")
     assert float16.max == float(ml_dtypes.finfo("float16").max) == 65504.0
