@@ -11,16 +11,7 @@ from .cache import default_cache_dir
 from .clones import clone_with_policies, clone_with_uniform_policy
 from .counting import LayerCost, count_costs
 from .estimate import USABLE_MEMORY_FRACTION, Estimate, estimate
-from .measure import calibrate
-from .roofline import MATMUL_EFFICIENCY, predict_costs, predicted_layer_seconds
-from .steps import (
-    measure_train_step,
-    measure_train_steps,
-    time_train_steps,
-)
-from .synthetic import synthetic_arguments, synthetic_tensor
-from .table import DEFAULT_RELATIVE_ERROR, CostTable, LayerCostRecord
-from .trace import (
+from .layer_calls import (
     TRACES,
     Edge,
     LayerCall,
@@ -31,8 +22,18 @@ from .trace import (
     random_inputs,
     sample_inputs,
     spec_of,
+    synthetic_arguments,
+    synthetic_tensor,
     trace_model,
 )
+from .measure import calibrate
+from .roofline import MATMUL_EFFICIENCY, predict_costs, predicted_layer_seconds
+from .steps import (
+    measure_train_step,
+    measure_train_steps,
+    time_train_steps,
+)
+from .table import DEFAULT_RELATIVE_ERROR, CostTable, LayerCostRecord
 
 __all__ = [
     "DEFAULT_RELATIVE_ERROR",

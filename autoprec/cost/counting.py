@@ -11,7 +11,7 @@ import keras
 
 from .._core.dtypes import BFLOAT16, FLOAT8, FLOAT32, float8_eligible
 from ..layers import PASS_THROUGH_CLASSES, LayerInfo, describe_model, layer_paths
-from .trace import LayerCall, ModelTrace, TensorSpec, element_count, trace_model
+from .layer_calls import LayerCall, ModelTrace, TensorSpec, element_count, trace_model
 
 #: Bytes per element of each compute dtype.
 ITEMSIZE = {"float32": 4, "bfloat16": 2, "float16": 2}

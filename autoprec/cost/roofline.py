@@ -20,9 +20,9 @@ from .._core.dtypes import (
 from ..hardware import SLOW, UNSUPPORTED, HardwareProfile, resolve_hardware
 from ..layers import model_fingerprint
 from .counting import FLOAT8_EXTRA_KERNELS, FLOAT8_QUANTIZE_FLOPS, ITEMSIZE, LayerCost, count_costs
+from .layer_calls import trace_model
 from .table import CostTable, LayerCostRecord
 from .timers import framework_versions
-from .trace import trace_model
 
 #: Fraction of peak FLOP/s a matmul/conv reaches in the roofline prediction.
 MATMUL_EFFICIENCY = 0.6

@@ -12,8 +12,7 @@ import numpy as np
 from .._backends import timing_backend
 from .._core.dtypes import policy_name
 from .._core.timing import time_interleaved
-from .synthetic import synthetic_arguments
-from .trace import LayerCall
+from .layer_calls import LayerCall, synthetic_arguments
 
 #: Keras backends `calibrate` and `measure_train_steps` can time on.
 MEASURING_BACKENDS = ("tensorflow", "jax")
