@@ -9,7 +9,6 @@ from .boundaries import (
 )
 from .cache import default_cache_dir
 from .clones import clone_with_policies, clone_with_uniform_policy
-from .counting import LayerCost, count_costs
 from .estimate import USABLE_MEMORY_FRACTION, Estimate, estimate
 from .layer_calls import (
     TRACES,
@@ -27,7 +26,13 @@ from .layer_calls import (
     trace_model,
 )
 from .measure import calibrate
-from .roofline import MATMUL_EFFICIENCY, predict_costs, predicted_layer_seconds
+from .prediction import (
+    MATMUL_EFFICIENCY,
+    LayerCost,
+    count_costs,
+    predict_costs,
+    predicted_layer_seconds,
+)
 from .steps import (
     measure_train_step,
     measure_train_steps,

@@ -22,8 +22,7 @@ from .._core.models import inner_optimizer
 from ..errors import HardwareError, PlanError
 from ..hardware import HardwareProfile
 from ..layers import LayerInfo, describe_model
-from .counting import FLOAT8_ITEMSIZE, ITEMSIZE
-from .roofline import predict_costs, predict_plan_costs
+from .prediction import FLOAT8_ITEMSIZE, ITEMSIZE, predict_costs, predict_plan_costs
 from .table import DEFAULT_RELATIVE_ERROR, CostTable
 
 #: Fraction of device memory a step may fill (the rest: framework, workspaces).

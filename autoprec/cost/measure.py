@@ -21,9 +21,8 @@ from ..hardware import FAST, HardwareProfile, detect, resolve_hardware
 from ..layers import layer_paths, model_fingerprint
 from .boundaries import MixedPlan, fit_boundary_cost, mixed_plans
 from .cache import MeasurementCache, default_cache_dir, layer_signature
-from .counting import LayerCost, count_costs
 from .layer_calls import LayerCall, ModelTrace, trace_model
-from .roofline import predicted_layer_seconds, roofline_record
+from .prediction import LayerCost, count_costs, predicted_layer_seconds, roofline_record
 from .steps import StepTiming, attribute_step_overhead, measure_whole_steps, whole_step_dtypes
 from .table import CostTable, LayerCostRecord
 from .timers import (

@@ -8,7 +8,7 @@ import pytest
 
 from autoprec import cost
 from autoprec.cost.measure import kind_scales, sample_kinds, scaled_seconds
-from autoprec.cost.roofline import predicted_layer_seconds
+from autoprec.cost.prediction import predicted_layer_seconds
 from autoprec.hardware import get as get_hardware
 from autoprec.hardware import resolve_hardware
 
