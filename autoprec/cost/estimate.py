@@ -91,17 +91,8 @@ class Estimate:
         return self.fixed_memory_bytes + self.activation_bytes_per_sample * self.batch_size
 
     def max_batch_size(self, memory_bytes: int | None = None) -> int:
-        """Returns the largest batch whose training step fits in memory.
-
-        Uses `USABLE_MEMORY_FRACTION` of the memory (the rest is left to the
-        framework and workspaces).
-
-        Args:
-            memory_bytes: memory available; default the device's.
-
-        Returns:
-            The batch size (0 when not even one sample fits).
-        """
+        """Returns the largest batch whose step fits in `USABLE_MEMORY_FRACTION` of `memory_bytes`
+        (default the device's); 0 when not even one sample fits."""
         memory = memory_bytes if memory_bytes is not None else self.memory_bytes
         if memory is None:
             raise HardwareError("memory size unknown: pass memory_bytes to max_batch_size().")
