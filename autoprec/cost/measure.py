@@ -79,9 +79,9 @@ def _layer_dtypes(cost: LayerCost, dtypes: Sequence[str]) -> tuple[str, ...]:
 
 @dataclasses.dataclass(frozen=True)
 class _Setting:
-    """What one `calibrate` call measures: the model's trace, its dtypes, device and cache."""
+    """What one `calibrate` call measures (trace, dtypes, device, cache) and how (repeats, counters,
+    deadline, dispatch seconds, progress bar)."""
 
-    batch: Any
     batch_size: int
     dtypes: tuple[str, ...]
     profile: HardwareProfile
@@ -90,6 +90,12 @@ class _Setting:
     counts: Mapping[str, LayerCost]
     cache: MeasurementCache
     jit_compile: bool
+    repeats: int
+    stats: dict[str, int]
+    deadline: float | None = None
+    per_kind: int | None = None
+    dispatch_seconds: float = 0.0
+    bar: keras.utils.Progbar | None = None
 
 
 def _setting(
@@ -99,6 +105,7 @@ def _setting(
     hardware: HardwareProfile | str,
     cache_dir: str | os.PathLike | None,
     use_cache: bool,
+    **how: Any,
 ) -> _Setting:
     """Traces `model` on `batch`'s inputs and opens the cache of this device and versions."""
     names = [canonical_dtype(dtype) for dtype in dtypes]
@@ -121,7 +128,6 @@ def _setting(
     if use_cache:
         directory = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     return _Setting(
-        batch=batch,
         batch_size=batch_size_of(inputs, error_class=PlanError),
         dtypes=tuple(names),
         profile=profile,
@@ -130,6 +136,7 @@ def _setting(
         counts=count_costs(model, trace),
         cache=MeasurementCache(directory, device, framework_versions()),
         jit_compile=bool(getattr(model, "jit_compile", False) is True),
+        **how,
     )
 
 
@@ -221,8 +228,9 @@ def calibrate(
     """
     measuring_backend("calibrate()")
     deadline = None if time_budget is None else time.perf_counter() + float(time_budget)
-    setting = _setting(model, x, dtypes, hardware, cache_dir, use_cache)
     stats = {"timed": 0, "cached": 0, "fallback": 0, "out_of_time": 0, "scaled": 0}
+    how = {"repeats": repeats, "stats": stats, "deadline": deadline, "per_kind": layers_per_kind}
+    setting = _setting(model, x, dtypes, hardware, cache_dir, use_cache, **how)
     # Whole steps are timed first, in a process not yet crowded by per-layer functions.
     steps = _whole_steps(measure_model_step, setting)
     plans = _mixed_plans(model, steps, setting.profile) if measure_mixed_steps else {}
@@ -236,10 +244,8 @@ def calibrate(
         plans={name: plan.dtypes for name, plan in plans.items()},
     )
     dispatch_seconds = _dispatch_seconds(setting.cache, repeats)
-    timing = _LayerTiming(
-        setting, repeats, stats, dispatch_seconds, None, deadline, layers_per_kind
-    )
-    table = _measured_table(model, setting, _measure_layers(model, timing, verbose), stats)
+    setting = dataclasses.replace(setting, dispatch_seconds=dispatch_seconds)
+    table = _measured_table(model, setting, _measure_layers(model, setting, verbose), stats)
     table.cast_seconds = _measure_casts(setting.dtypes, setting.cache, repeats, dispatch_seconds)
     attribute_step_overhead(table, whole.uniform)
     fit_boundary_cost(model, table, plans, whole.mixed, whole.noise)
@@ -304,32 +310,18 @@ def _dispatch_seconds(cache: MeasurementCache, repeats: int) -> float:
     return seconds
 
 
-@dataclasses.dataclass(frozen=True)
-class _LayerTiming:
-    """How `calibrate` times each layer: its setting, repeats, counters, dispatch, progress bar."""
-
-    setting: _Setting
-    repeats: int
-    stats: dict[str, int]
-    dispatch_seconds: float
-    bar: keras.utils.Progbar | None
-    deadline: float | None = None
-    per_kind: int | None = None
-
-
 def _measure_layers(
-    model: keras.Model, timing: _LayerTiming, verbose: int
+    model: keras.Model, setting: _Setting, verbose: int
 ) -> dict[str, LayerCostRecord]:
     """Returns every layer's record: measured, cached or predicted (free layers cost 0 s)."""
-    setting = timing.setting
     dtypes, batch_size = setting.dtypes, setting.batch_size
     work = [path for path, cost in setting.counts.items() if _measurable(cost)]
     timed_paths, predicted_from = sample_kinds(
-        setting.counts, work, timing.per_kind, setting.profile, batch_size
+        setting.counts, work, setting.per_kind, setting.profile, batch_size
     )
     if verbose and timed_paths:
         total = sum(len(_layer_dtypes(setting.counts[path], dtypes)) for path in timed_paths)
-        timing = dataclasses.replace(timing, bar=keras.utils.Progbar(total, unit_name="timing"))
+        setting = dataclasses.replace(setting, bar=keras.utils.Progbar(total, unit_name="timing"))
     paths = layer_paths(model)
     layers: dict[str, LayerCostRecord] = {}
     timed: dict[str, dict[str, float | None]] = {}
@@ -338,12 +330,12 @@ def _measure_layers(
         if path not in work:
             seconds, source = dict.fromkeys(layer_dtypes, 0.0), "measured"
         elif path in predicted_from:
-            seconds = _cached_seconds(paths[path], setting.trace.calls[path], cost, timing)
+            seconds = _cached_seconds(paths[path], setting.trace.calls[path], cost, setting)
             if seconds is None:
                 continue  # predicted below, as the timed layers of its kind showed
             source = "cached"
         else:
-            seconds, source = _measure_layer(paths[path], setting.trace.calls[path], cost, timing)
+            seconds, source = _measure_layer(paths[path], setting.trace.calls[path], cost, setting)
             if not source.startswith("predicted"):
                 timed[path] = seconds
         layers[path] = roofline_record(cost, seconds, batch_size, layer_dtypes, source)
@@ -356,7 +348,7 @@ def _measure_layers(
         seconds = scaled_seconds(cost, layer_dtypes, scales, setting.profile, batch_size)
         source = f"predicted, scaled as the timed {kind} layers showed"
         layers[path] = roofline_record(cost, seconds, batch_size, layer_dtypes, source)
-        timing.stats["scaled"] += 1
+        setting.stats["scaled"] += 1
     layers = {path: layers[path] for path in setting.counts}
     _subtract_children(layers, setting.counts)
     return layers
@@ -370,58 +362,55 @@ def _call_key(layer: keras.layers.Layer, call: LayerCall, dtype: str, setting: _
 
 
 def _cached_seconds(
-    layer: keras.layers.Layer, calls: Sequence[LayerCall], cost: LayerCost, timing: _LayerTiming
+    layer: keras.layers.Layer, calls: Sequence[LayerCall], cost: LayerCost, setting: _Setting
 ) -> dict[str, float | None] | None:
     """One layer's seconds per dtype from the cache alone; `None` if any call is not cached."""
-    setting = timing.setting
     seconds: dict[str, float | None] = {}
     for dtype in _layer_dtypes(cost, setting.dtypes):
         values = [setting.cache.get(_call_key(layer, call, dtype, setting)) for call in calls]
         if any(value is None for value in values):
             return None
         seconds[dtype] = sum(values)
-    timing.stats["cached"] += sum(len(calls) for _ in seconds)  # as `_time_one_call` counts
+    setting.stats["cached"] += sum(len(calls) for _ in seconds)  # as `_time_one_call` counts
     return seconds
 
 
 def _time_one_call(
-    layer: keras.layers.Layer, call: LayerCall, dtype: str, timing: _LayerTiming
+    layer: keras.layers.Layer, call: LayerCall, dtype: str, setting: _Setting
 ) -> tuple[float, str]:
     """Returns `(seconds, "cached" | "measured")` of one recorded call of `layer` in `dtype`."""
-    setting = timing.setting
     key = _call_key(layer, call, dtype, setting)
     value = setting.cache.get(key)
     if value is not None:
-        timing.stats["cached"] += 1
+        setting.stats["cached"] += 1
         return value, "cached"
-    if timing.deadline is not None and time.perf_counter() > timing.deadline:
-        timing.stats["out_of_time"] += 1
+    if setting.deadline is not None and time.perf_counter() > setting.deadline:
+        setting.stats["out_of_time"] += 1
         raise TimeoutError("out of the time budget; predicted")
-    value = time_layer(layer, call, dtype, setting.batch_size, timing.repeats, setting.jit_compile)
-    value = max(value - timing.dispatch_seconds, 0.05 * value)
+    value = time_layer(layer, call, dtype, setting.batch_size, setting.repeats, setting.jit_compile)
+    value = max(value - setting.dispatch_seconds, 0.05 * value)
     setting.cache.put(key, value, f"{call.class_name} {call.path} {dtype}")
-    timing.stats["timed"] += 1
+    setting.stats["timed"] += 1
     return value, "measured"
 
 
 def _measure_layer(
-    layer: keras.layers.Layer, calls: Sequence[LayerCall], cost: LayerCost, timing: _LayerTiming
+    layer: keras.layers.Layer, calls: Sequence[LayerCall], cost: LayerCost, setting: _Setting
 ) -> tuple[dict[str, float | None], str]:
     """Measures (or reads from cache, or predicts as a fallback) one layer in each dtype."""
-    setting = timing.setting
     seconds: dict[str, float | None] = {}
     sources = set()
     for dtype in _layer_dtypes(cost, setting.dtypes):
         total = 0.0
         for call in calls:
             try:
-                value, source = _time_one_call(layer, call, dtype, timing)
+                value, source = _time_one_call(layer, call, dtype, setting)
                 sources.add(source)
             except Exception as error:  # noqa: BLE001 - any failure falls back, flagged
                 predicted = predicted_layer_seconds(
                     cost, setting.profile, dtype, setting.batch_size
                 )
-                timing.stats["fallback"] += 1
+                setting.stats["fallback"] += 1
                 sources.add(f"predicted (fallback: {type(error).__name__}: {error})"[:200])
                 if predicted is None:
                     total = math.inf
@@ -429,8 +418,8 @@ def _measure_layer(
                 value = predicted / max(len(calls), 1)
             total += value
         seconds[dtype] = None if math.isinf(total) else total
-        if timing.bar is not None:
-            timing.bar.add(1)
+        if setting.bar is not None:
+            setting.bar.add(1)
     fallback = [source for source in sources if source.startswith("predicted")]
     if fallback:
         return seconds, fallback[0]
