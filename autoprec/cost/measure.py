@@ -157,23 +157,12 @@ def calibrate(
 ) -> CostTable:
     """Measures every layer's forward+backward time in each dtype on this device.
 
-    On Keras' TensorFlow backend (`tf.function`, XLA under `jit_compile=True`)
-    or JAX backend (`jax.jit`), each computing layer is rebuilt alone with the
-    dtype's policy, at the shapes it sees in the model on `x`, and its compiled
-    forward+backward on random inputs is timed (median of `repeats`); layers
-    that cannot be rebuilt get the roofline prediction, flagged in `source`.
-    Casts and whole training steps of uniform copies of the model
-    (`measure_train_steps`) are timed too; what the summed layers miss of each
-    step becomes `step_overhead_seconds` and `layer_time_scale_by_dtype`, so
-    that `estimate` of a measured uniform plan equals its step. For each 16-bit
-    dtype the device runs fast whose uniform step is timed (float32's too), a
-    mixed plan alternating it with float32 among the layers with weights is
-    timed in the same rounds, and what its step shows beyond the prediction
-    becomes the cost of a dtype boundary (`boundary_seconds`); a second mixed
-    plan (the first half of those layers 16-bit), left out of that fit, checks
-    it: its error and the noise of the timed rounds are `relative_error`
-    (`boundaries.fit_boundary_cost`). Every measurement is cached (device,
-    versions, layer signature and shapes).
+    Each computing layer is rebuilt alone in the dtype's policy at the shapes it sees on `x`,
+    and its compiled forward+backward is timed (TensorFlow or JAX; layers that cannot be
+    rebuilt get the roofline prediction, flagged in `source`). Casts, whole steps of uniform
+    copies (their gap to the summed layers becomes the table's correction) and two mixed plans
+    per fast 16-bit dtype (the boundary cost and `relative_error`, `fit_boundary_cost`) are
+    timed too. Every measurement is cached (device, versions, layer signature and shapes).
 
     Args:
         model: a built Keras model.
