@@ -79,20 +79,12 @@ class CostTable:
             measured mixed step (`cost.boundaries`); empty (nothing added) otherwise.
         measured_plan_seconds: `{name: seconds}` of the mixed whole steps
             `calibrate` measured (`cost.boundaries.MixedPlan` names).
-        relative_error: how wrong this table's whole-step predictions are on its
-            device, as a fraction of the step (0.05: within 5 %): for a calibration
-            with mixed steps, the largest of the measurement noise and the error of
-            each mixed step predicted with the boundary cost fitted from the
-            alternating plans only (`cost.boundaries.fit_boundary_cost` says
-            exactly how), never below `cost.boundaries.MIN_RELATIVE_ERROR`;
-            `DEFAULT_RELATIVE_ERROR` (or the noise, if larger) where no mixed step
-            was measured, and for predicted tables. A predicted gain smaller than
-            this is no gain (`heuristic_plan`).
-        prediction_errors: the signed relative errors `relative_error` was taken
-            from, `{what: predicted / measured - 1}` (and `"noise"`: the relative
-            spread of the measured whole steps' timed rounds, 1.4826 x their
-            median absolute deviation over their median, the median over the
-            steps).
+        relative_error: how wrong this table's whole-step predictions are, as a fraction
+            of the step (0.05: within 5 %; `cost.boundaries.fit_boundary_cost` says how,
+            at least `MIN_RELATIVE_ERROR`; `DEFAULT_RELATIVE_ERROR` or the noise where no
+            mixed step was measured). A predicted gain smaller than this is no gain.
+        prediction_errors: `{what: predicted / measured - 1}` behind `relative_error`, and
+            `"noise"` (the relative spread of the whole steps' timed rounds).
         memory_bytes: memory of the device.
         model_fingerprint: `autoprec.layers.model_fingerprint` of the model.
         versions: framework versions the figures were taken with.
