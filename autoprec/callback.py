@@ -8,7 +8,7 @@ import time
 from typing import Any
 
 from ._core.dtypes import BFLOAT16, FLOAT8, FLOAT16, FLOAT32
-from ._core.messages import show_message
+from ._core.models import show_message
 from .cost import Estimate
 from .decision import (
     FALLBACK_BATCH_SIZE,

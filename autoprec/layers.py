@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator
 
 import keras
 
-from ._core.memo import ModelMemo, structure_key
+from ._core.models import ModelMemo, structure_key
 
 #: Layer classes that move, select or combine values without arithmetic that
 #: depends on precision. They take the dtype of the layer that feeds them.

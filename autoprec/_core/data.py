@@ -83,10 +83,6 @@ def batch_size_of(inputs: Any, error_class: type[Exception] = AutoprecError) -> 
     return int(arrays[0].shape[0])
 
 
-def _numpy_tree(value: Any) -> Any:
-    return keras.tree.map_structure(np.asarray, value)
-
-
 def _array_batches(data: Any, batch_size: int) -> Iterator[tuple]:
     x, y = data[0], data[1]
     count = batch_size_of(y if flat_arrays(y) else x)
@@ -98,15 +94,15 @@ def _array_batches(data: Any, batch_size: int) -> Iterator[tuple]:
 
 
 def _element_batches(data: Any, what: str, error_class: type[Exception]) -> Iterator[tuple]:
-    elements = (data[index] for index in range(len(data))) if _is_py_dataset(data) else data
+    elements = (
+        (data[index] for index in range(len(data)))
+        if isinstance(data, keras.utils.PyDataset)
+        else data
+    )
     for element in elements:
         if not isinstance(element, (tuple, list)) or len(element) < 2:
             raise error_class(f"{what} must yield (x, y) pairs; got {type(element).__name__}.")
-        yield _numpy_tree(element[0]), _numpy_tree(element[1])
-
-
-def _is_py_dataset(data: Any) -> bool:
-    return isinstance(data, keras.utils.PyDataset)
+        yield keras.tree.map_structure(np.asarray, (element[0], element[1]))
 
 
 def take_batches(
@@ -119,7 +115,7 @@ def take_batches(
     """Returns up to `steps` `(x, y)` NumPy batches from any supported data."""
     if is_array_tuple(data):
         batches: Iterator[tuple] = _array_batches(data, batch_size)
-    elif is_dataset(data) or _is_py_dataset(data) or hasattr(data, "__iter__"):
+    elif is_dataset(data) or isinstance(data, keras.utils.PyDataset) or hasattr(data, "__iter__"):
         batches = _element_batches(data, what, error_class)
     else:
         raise error_class(
@@ -184,7 +180,7 @@ def fit_arguments(
             raise error_class(f"{what}: the generator yielded no batch.")
         chained = _chain_first(first, data)
         return {"x": chained, "epochs": 1, "steps_per_epoch": steps}, input_part(first)
-    if _is_py_dataset(data):
+    if isinstance(data, keras.utils.PyDataset):
         return {"x": data, "epochs": 1, "steps_per_epoch": steps}, input_part(data[0])
     raise error_class(
         f"{what}: unsupported data of type {type(data).__name__}; pass a "

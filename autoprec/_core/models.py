@@ -1,10 +1,15 @@
-"""Keras helpers every stage shares: strategy scope, fresh optimizers, compile arguments."""
+"""Keras helpers every stage shares: strategy scope, optimizers, compile arguments, one read of a
+model per state (`ModelMemo`), `ConfigValue` settings and `show_message`."""
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Mapping
-from typing import Any
+import dataclasses
+import logging
+import sys
+import weakref
+from collections.abc import Callable, Hashable, Mapping
+from typing import Any, TypeVar
 
 import keras
 
@@ -110,3 +115,92 @@ def sync_fit_state(model: keras.Model) -> None:
     sync = getattr(model, "jax_state_sync", None)
     if callable(sync):
         sync()
+
+
+Value = TypeVar("Value")
+
+#: Keys kept per model and memo: a model read at a few batch signatures keeps each.
+KEYS_PER_MODEL = 8
+
+
+class ModelMemo:
+    """Keeps one computed value per live model and key, and counts reads and reuses."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.reads = 0
+        self.hits = 0
+        self._entries: weakref.WeakKeyDictionary[Any, dict[Hashable, Any]] = (
+            weakref.WeakKeyDictionary()
+        )
+
+    def get(self, model: Any, key: Hashable, read: Callable[[], Value]) -> Value:
+        """Returns the value kept for `model` and `key`, reading it with `read()` the first time."""
+        try:
+            kept = self._entries.setdefault(model, {})
+        except TypeError:  # not weakly referenceable: read every time
+            self.reads += 1
+            return read()
+        if key in kept:
+            self.hits += 1
+            return kept[key]
+        value = read()
+        self.reads += 1
+        if len(kept) >= KEYS_PER_MODEL:
+            kept.pop(next(iter(kept)))
+        kept[key] = value
+        return value
+
+    def clear(self) -> None:
+        """Forgets every kept value (the counts stay)."""
+        self._entries.clear()
+
+    def __len__(self) -> int:
+        """Returns how many live models have values kept."""
+        return len(self._entries)
+
+    def __repr__(self) -> str:
+        return f"ModelMemo({self.name!r}, reads={self.reads}, hits={self.hits})"
+
+
+def structure_key(model: keras.layers.Layer) -> tuple:
+    """Returns a key that changes when a model is built, rebuilt or gains or loses variables."""
+    return (
+        bool(getattr(model, "built", False)),
+        tuple((id(variable), tuple(variable.shape)) for variable in model.weights),
+    )
+
+
+Settings = TypeVar("Settings", bound="ConfigValue")
+
+
+class ConfigValue:
+    """A frozen dataclass of settings that round-trips through a plain dict, as Keras objects do."""
+
+    def get_config(self) -> dict[str, Any]:
+        """Returns the settings as a plain dict (`from_config` builds them back)."""
+        return {field.name: getattr(self, field.name) for field in dataclasses.fields(self)}
+
+    @classmethod
+    def from_config(cls: type[Settings], config: Mapping[str, Any]) -> Settings:
+        """Returns the settings that `get_config()` described; unknown keys are refused."""
+        fields = [field.name for field in dataclasses.fields(cls)]
+        unknown = sorted(set(config) - set(fields))
+        if unknown:
+            raise AutoprecError(
+                f"{cls.__name__}.from_config: unknown field(s) {unknown}; the fields are {fields}."
+            )
+        return cls(**config)
+
+
+logger = logging.getLogger("autoprec")
+
+
+def show_message(message: str, verbose: int = 1, level: int = logging.INFO) -> None:
+    """Shows one line of progress or a warning, where Keras shows its own."""
+    interactive = keras.config.is_interactive_logging_enabled()
+    if verbose and interactive:
+        sys.stdout.write(message + "\n")
+        sys.stdout.flush()
+    if level >= logging.WARNING or (verbose and not interactive):
+        logger.log(level, message)

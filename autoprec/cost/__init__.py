@@ -8,25 +8,9 @@ from .boundaries import (
     mixed_plans,
 )
 from .cache import default_cache_dir
-from .counting import count_costs
-from .estimate import USABLE_MEMORY_FRACTION, Estimate, PlanLayers, estimate
-from .formulas import ACTIVATION_FLOPS
-from .layer_cost import LayerCost
-from .measure import calibrate
-from .roofline import MATMUL_EFFICIENCY, VECTOR_EFFICIENCY, predict_costs, predicted_layer_seconds
-from .steps import (
-    MEASURING_BACKENDS,
-    clone_with_policies,
-    clone_with_uniform_policy,
-    measure_train_step,
-    measure_train_steps,
-    time_train_steps,
-)
-from .synthetic import synthetic_arguments, synthetic_tensor
-from .table import DEFAULT_RELATIVE_ERROR, CostTable, LayerCostRecord
-from .trace import (
+from .estimate import USABLE_MEMORY_FRACTION, Estimate, estimate
+from .layer_calls import (
     TRACES,
-    ArgumentValue,
     Edge,
     LayerCall,
     MappingArgument,
@@ -36,18 +20,33 @@ from .trace import (
     random_inputs,
     sample_inputs,
     spec_of,
+    synthetic_arguments,
+    synthetic_tensor,
     trace_model,
 )
+from .measure import calibrate
+from .prediction import (
+    MATMUL_EFFICIENCY,
+    LayerCost,
+    count_costs,
+    predict_costs,
+    predicted_layer_seconds,
+)
+from .steps import (
+    clone_with_policies,
+    clone_with_uniform_policy,
+    measure_train_step,
+    measure_train_steps,
+    time_train_steps,
+)
+from .table import DEFAULT_RELATIVE_ERROR, CostTable, LayerCostRecord
 
 __all__ = [
-    "ACTIVATION_FLOPS",
     "DEFAULT_RELATIVE_ERROR",
     "MATMUL_EFFICIENCY",
-    "MEASURING_BACKENDS",
     "MIN_RELATIVE_ERROR",
+    "TRACES",
     "USABLE_MEMORY_FRACTION",
-    "VECTOR_EFFICIENCY",
-    "ArgumentValue",
     "CostTable",
     "Edge",
     "Estimate",
@@ -57,8 +56,8 @@ __all__ = [
     "MappingArgument",
     "MixedPlan",
     "ModelTrace",
-    "PlanLayers",
     "TensorSpec",
+    "batch_signature",
     "calibrate",
     "clone_with_policies",
     "clone_with_uniform_policy",
@@ -75,8 +74,6 @@ __all__ = [
     "random_inputs",
     "sample_inputs",
     "spec_of",
-    "TRACES",
-    "batch_signature",
     "synthetic_arguments",
     "synthetic_tensor",
     "time_train_steps",

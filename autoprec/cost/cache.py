@@ -14,7 +14,7 @@ import keras
 
 from .._core.io import atomic_write_json
 from ..layers import model_fingerprint
-from .trace import LayerCall
+from .layer_calls import LayerCall
 
 _CACHE_FORMAT = 1
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable, Mapping
-from typing import Any, Protocol
+from typing import Any
 
 import keras
 import numpy as np
@@ -22,21 +22,11 @@ from .._core.models import inner_optimizer
 from ..errors import HardwareError, PlanError
 from ..hardware import HardwareProfile
 from ..layers import LayerInfo, describe_model
-from .layer_cost import FLOAT8_ITEMSIZE, ITEMSIZE
-from .roofline import predict_costs, predict_plan_costs
+from .prediction import FLOAT8_ITEMSIZE, ITEMSIZE, predict_costs, predict_plan_costs
 from .table import DEFAULT_RELATIVE_ERROR, CostTable
 
 #: Fraction of device memory a step may fill (the rest: framework, workspaces).
 USABLE_MEMORY_FRACTION = 0.9
-
-
-class PlanLayers(Protocol):
-    """What `estimate` reads of a plan: `layers`, `{path: dtype}` (an `autoprec.PrecisionPlan`)."""
-
-    @property
-    def layers(self) -> Mapping[str, str]:
-        """`{layer path: compute dtype}` of the layers the plan names."""
-        ...
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,17 +91,8 @@ class Estimate:
         return self.fixed_memory_bytes + self.activation_bytes_per_sample * self.batch_size
 
     def max_batch_size(self, memory_bytes: int | None = None) -> int:
-        """Returns the largest batch whose training step fits in memory.
-
-        Uses `USABLE_MEMORY_FRACTION` of the memory (the rest is left to the
-        framework and workspaces).
-
-        Args:
-            memory_bytes: memory available; default the device's.
-
-        Returns:
-            The batch size (0 when not even one sample fits).
-        """
+        """Returns the largest batch whose step fits in `USABLE_MEMORY_FRACTION` of `memory_bytes`
+        (default the device's); 0 when not even one sample fits."""
         memory = memory_bytes if memory_bytes is not None else self.memory_bytes
         if memory is None:
             raise HardwareError("memory size unknown: pass memory_bytes to max_batch_size().")
@@ -121,7 +102,7 @@ class Estimate:
         return int(usable // self.activation_bytes_per_sample)
 
 
-def _plan_mapping(plan: PlanLayers | Mapping[str, str] | str) -> dict[str, str]:
+def _plan_mapping(plan: Any) -> dict[str, str]:
     if isinstance(plan, str):
         return {"*": canonical_dtype(plan, "plan")}
     layers = getattr(plan, "layers", plan)
@@ -131,11 +112,6 @@ def _plan_mapping(plan: PlanLayers | Mapping[str, str] | str) -> dict[str, str]:
             f"got {type(plan).__name__}."
         )
     return {str(path): canonical_dtype(dtype, f"plan[{path!r}]") for path, dtype in layers.items()}
-
-
-def _plan_float8_source(plan: object) -> str:
-    """Returns the dtype of a plan's float8 layers' non-matmul work (bfloat16 by default)."""
-    return canonical_float8_source(getattr(plan, "float8_source", None))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -229,27 +205,15 @@ def _costs_for(
     )
 
 
-@dataclasses.dataclass(frozen=True)
-class _Step:
-    """The parts of one predicted step."""
-
-    total: float
-    layer_seconds: dict[str, float]
-    cast_seconds: float
-    boundary_seconds: float
-    infeasible: tuple[str, ...]
-
-
 def _step_seconds(
     table: CostTable,
     dtype_of: Callable[[str | None], str],
     batch_size: int,
     activation_dtype_of: Callable[[str | None], str] | None = None,
-) -> _Step:
-    """Sums layers, casts, boundaries and overhead of one plan."""
+) -> tuple[float, dict[str, float], float, float]:
+    """Returns `(total, {path: seconds}, cast seconds, boundary seconds)` of one plan's step."""
     activation_dtype_of = activation_dtype_of or dtype_of
     layer_seconds = {path: table.seconds(path, dtype_of(path), batch_size) for path in table.layers}
-    infeasible = tuple(path for path, value in layer_seconds.items() if math.isinf(value))
     cast_seconds = boundary_seconds = 0.0
     for producer, consumer, elements in table.edges:
         source_dtype = activation_dtype_of(producer)
@@ -262,7 +226,7 @@ def _step_seconds(
     total = (
         sum(layer_seconds.values()) + cast_seconds + boundary_seconds + table.step_overhead_seconds
     )
-    return _Step(total, layer_seconds, cast_seconds, boundary_seconds, infeasible)
+    return total, layer_seconds, cast_seconds, boundary_seconds
 
 
 def _memory_bytes(
@@ -293,7 +257,7 @@ def _memory_bytes(
 
 def estimate(
     model: keras.Model,
-    plan: PlanLayers | Mapping[str, str] | str,
+    plan: Any,
     hardware: HardwareProfile | str = "local",
     *,
     costs: CostTable | None = None,
@@ -315,7 +279,7 @@ def estimate(
 
     Args:
         model: the built Keras model the plan is for.
-        plan: a `PrecisionPlan` (anything with a `.layers` mapping: `PlanLayers`),
+        plan: a `PrecisionPlan` (anything with a `.layers` mapping),
             a `{path: dtype}` dict, or one dtype name for a uniform plan. Layers the
             plan does not name take the dtype of the layer they follow, of their
             first named descendant or of their nearest named parent, else float32.
@@ -347,7 +311,8 @@ def estimate(
     ```
     """
     mapping = _plan_mapping(plan)
-    float8_source = _plan_float8_source(plan)
+    # The dtype of a plan's float8 layers' non-matmul work (bfloat16 by default).
+    float8_source = canonical_float8_source(getattr(plan, "float8_source", None))
     uses_float8 = FLOAT8 in mapping.values()
     table = _costs_for(
         model, hardware, costs, batch_size, x, float8_source if uses_float8 else None
@@ -357,25 +322,27 @@ def estimate(
     class_names = {path: info.class_name for path, info in infos.items()}
     class_names.update({path: record.class_name for path, record in table.layers.items()})
     dtypes = _PlanDtypes(_dtype_resolver(mapping, infos), class_names, float8_source)
-    step = _step_seconds(table, dtypes.layer, batch, dtypes.activation)
-    float32_step = _step_seconds(table, lambda path: FLOAT32, batch).total
+    step, layer_seconds, cast_seconds, boundary_seconds = _step_seconds(
+        table, dtypes.layer, batch, dtypes.activation
+    )
+    float32_step = _step_seconds(table, lambda path: FLOAT32, batch)[0]
 
     activation_bytes, parameter_bytes, optimizer_bytes = _memory_bytes(model, table, dtypes)
     return Estimate(
-        step_seconds=step.total,
+        step_seconds=step,
         float32_step_seconds=float32_step,
-        speedup=0.0 if math.isinf(step.total) or step.total <= 0 else float32_step / step.total,
+        speedup=0.0 if math.isinf(step) or step <= 0 else float32_step / step,
         batch_size=batch,
-        layer_seconds=step.layer_seconds,
-        cast_seconds=step.cast_seconds,
+        layer_seconds=layer_seconds,
+        cast_seconds=cast_seconds,
         overhead_seconds=table.step_overhead_seconds,
         activation_bytes_per_sample=activation_bytes,
         parameter_bytes=parameter_bytes,
         optimizer_bytes=optimizer_bytes,
         memory_bytes=table.memory_bytes,
-        infeasible_layers=step.infeasible,
+        infeasible_layers=tuple(p for p, value in layer_seconds.items() if math.isinf(value)),
         device=table.device,
         source=table.source,
-        boundary_seconds=step.boundary_seconds,
+        boundary_seconds=boundary_seconds,
         relative_error=float(table.relative_error),
     )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import logging
 import math
@@ -20,10 +21,8 @@ from ..hardware import FAST, HardwareProfile, detect, resolve_hardware
 from ..layers import layer_paths, model_fingerprint
 from .boundaries import MixedPlan, fit_boundary_cost, mixed_plans
 from .cache import MeasurementCache, default_cache_dir, layer_signature
-from .counting import count_costs
-from .layer_cost import LayerCost
-from .roofline import predicted_layer_seconds, roofline_record
-from .sampling import kind_scales, sample_kinds, scaled_seconds
+from .layer_calls import LayerCall, ModelTrace, trace_model
+from .prediction import LayerCost, count_costs, predicted_layer_seconds, roofline_record
 from .steps import (
     attribute_step_overhead,
     framework_versions,
@@ -35,7 +34,6 @@ from .steps import (
     whole_step_dtypes,
 )
 from .table import CostTable, LayerCostRecord
-from .trace import LayerCall, ModelTrace, trace_model
 
 logger = logging.getLogger("autoprec")
 
@@ -83,9 +81,9 @@ def _layer_dtypes(cost: LayerCost, dtypes: Sequence[str]) -> tuple[str, ...]:
 
 @dataclasses.dataclass(frozen=True)
 class _Setting:
-    """What one `calibrate` call measures: the model's trace, its dtypes, device and cache."""
+    """What one `calibrate` call measures (trace, dtypes, device, cache) and how (repeats, counters,
+    deadline, dispatch seconds, progress bar)."""
 
-    batch: Any
     batch_size: int
     dtypes: tuple[str, ...]
     profile: HardwareProfile
@@ -94,6 +92,12 @@ class _Setting:
     counts: Mapping[str, LayerCost]
     cache: MeasurementCache
     jit_compile: bool
+    repeats: int
+    stats: dict[str, int]
+    deadline: float | None = None
+    per_kind: int | None = None
+    dispatch_seconds: float = 0.0
+    bar: keras.utils.Progbar | None = None
 
 
 def _setting(
@@ -103,6 +107,7 @@ def _setting(
     hardware: HardwareProfile | str,
     cache_dir: str | os.PathLike | None,
     use_cache: bool,
+    **how: Any,
 ) -> _Setting:
     """Traces `model` on `batch`'s inputs and opens the cache of this device and versions."""
     names = [canonical_dtype(dtype) for dtype in dtypes]
@@ -125,7 +130,6 @@ def _setting(
     if use_cache:
         directory = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     return _Setting(
-        batch=batch,
         batch_size=batch_size_of(inputs, error_class=PlanError),
         dtypes=tuple(names),
         profile=profile,
@@ -134,6 +138,7 @@ def _setting(
         counts=count_costs(model, trace),
         cache=MeasurementCache(directory, device, framework_versions()),
         jit_compile=bool(getattr(model, "jit_compile", False) is True),
+        **how,
     )
 
 
@@ -154,23 +159,12 @@ def calibrate(
 ) -> CostTable:
     """Measures every layer's forward+backward time in each dtype on this device.
 
-    On Keras' TensorFlow backend (`tf.function`, XLA under `jit_compile=True`)
-    or JAX backend (`jax.jit`), each computing layer is rebuilt alone with the
-    dtype's policy, at the shapes it sees in the model on `x`, and its compiled
-    forward+backward on random inputs is timed (median of `repeats`); layers
-    that cannot be rebuilt get the roofline prediction, flagged in `source`.
-    Casts and whole training steps of uniform copies of the model
-    (`measure_train_steps`) are timed too; what the summed layers miss of each
-    step becomes `step_overhead_seconds` and `layer_time_scale_by_dtype`, so
-    that `estimate` of a measured uniform plan equals its step. For each 16-bit
-    dtype the device runs fast whose uniform step is timed (float32's too), a
-    mixed plan alternating it with float32 among the layers with weights is
-    timed in the same rounds, and what its step shows beyond the prediction
-    becomes the cost of a dtype boundary (`boundary_seconds`); a second mixed
-    plan (the first half of those layers 16-bit), left out of that fit, checks
-    it: its error and the noise of the timed rounds are `relative_error`
-    (`boundaries.fit_boundary_cost`). Every measurement is cached (device,
-    versions, layer signature and shapes).
+    Each computing layer is rebuilt alone in the dtype's policy at the shapes it sees on `x`,
+    and its compiled forward+backward is timed (TensorFlow or JAX; layers that cannot be
+    rebuilt get the roofline prediction, flagged in `source`). Casts, whole steps of uniform
+    copies (their gap to the summed layers becomes the table's correction) and two mixed plans
+    per fast 16-bit dtype (the boundary cost and `relative_error`, `fit_boundary_cost`) are
+    timed too. Every measurement is cached (device, versions, layer signature and shapes).
 
     Args:
         model: a built Keras model.
@@ -202,7 +196,7 @@ def calibrate(
         layers_per_kind: time at most this many layers of each class (the most
             expensive, then others spread over the kind's sizes); the others of the
             kind get their roofline prediction scaled as the timed ones showed
-            (`autoprec.cost.sampling`), counted in `stats["scaled"]`, unless cached.
+            (`sample_kinds`, `kind_scales`), counted in `stats["scaled"]`, unless cached.
             `None` (default): every layer is timed.
 
     Returns:
@@ -225,8 +219,9 @@ def calibrate(
     """
     measuring_backend("calibrate()")
     deadline = None if time_budget is None else time.perf_counter() + float(time_budget)
-    setting = _setting(model, x, dtypes, hardware, cache_dir, use_cache)
     stats = {"timed": 0, "cached": 0, "fallback": 0, "out_of_time": 0, "scaled": 0}
+    how = {"repeats": repeats, "stats": stats, "deadline": deadline, "per_kind": layers_per_kind}
+    setting = _setting(model, x, dtypes, hardware, cache_dir, use_cache, **how)
     # Whole steps are timed first, in a process not yet crowded by per-layer functions.
     steps = _whole_steps(measure_model_step, setting)
     plans = _mixed_plans(model, steps, setting.profile) if measure_mixed_steps else {}
@@ -242,10 +237,8 @@ def calibrate(
         plans={name: plan.dtypes for name, plan in plans.items()},
     )
     dispatch_seconds = _dispatch_seconds(setting.cache, repeats)
-    timing = _LayerTiming(
-        setting, repeats, stats, dispatch_seconds, None, deadline, layers_per_kind
-    )
-    table = _measured_table(model, setting, _measure_layers(model, timing, verbose), stats)
+    setting = dataclasses.replace(setting, dispatch_seconds=dispatch_seconds)
+    table = _measured_table(model, setting, _measure_layers(model, setting, verbose), stats)
     table.cast_seconds = _measure_casts(setting.dtypes, setting.cache, repeats, dispatch_seconds)
     attribute_step_overhead(table, uniform)
     fit_boundary_cost(model, table, plans, mixed, noise)
@@ -310,30 +303,18 @@ def _dispatch_seconds(cache: MeasurementCache, repeats: int) -> float:
     return seconds
 
 
-@dataclasses.dataclass(frozen=True)
-class _LayerTiming:
-    """How `calibrate` times each layer: its setting, repeats, counters, dispatch, progress bar."""
-
-    setting: _Setting
-    repeats: int
-    stats: dict[str, int]
-    dispatch_seconds: float
-    bar: keras.utils.Progbar | None
-    deadline: float | None = None
-    per_kind: int | None = None
-
-
 def _measure_layers(
-    model: keras.Model, timing: _LayerTiming, verbose: int
+    model: keras.Model, setting: _Setting, verbose: int
 ) -> dict[str, LayerCostRecord]:
     """Returns every layer's record: measured, cached or predicted (free layers cost 0 s)."""
-    setting = timing.setting
     dtypes, batch_size = setting.dtypes, setting.batch_size
     work = [path for path, cost in setting.counts.items() if _measurable(cost)]
-    sample = sample_kinds(setting.counts, work, timing.per_kind, setting.profile, batch_size)
-    if verbose and sample.timed:
-        total = sum(len(_layer_dtypes(setting.counts[path], dtypes)) for path in sample.timed)
-        timing = dataclasses.replace(timing, bar=keras.utils.Progbar(total, unit_name="timing"))
+    timed_paths, predicted_from = sample_kinds(
+        setting.counts, work, setting.per_kind, setting.profile, batch_size
+    )
+    if verbose and timed_paths:
+        total = sum(len(_layer_dtypes(setting.counts[path], dtypes)) for path in timed_paths)
+        setting = dataclasses.replace(setting, bar=keras.utils.Progbar(total, unit_name="timing"))
     paths = layer_paths(model)
     layers: dict[str, LayerCostRecord] = {}
     timed: dict[str, dict[str, float | None]] = {}
@@ -341,18 +322,18 @@ def _measure_layers(
         layer_dtypes = _layer_dtypes(cost, dtypes)
         if path not in work:
             seconds, source = dict.fromkeys(layer_dtypes, 0.0), "measured"
-        elif path in sample.predicted_from:
-            seconds = _cached_seconds(paths[path], setting.trace.calls[path], cost, timing)
+        elif path in predicted_from:
+            seconds = _cached_seconds(paths[path], setting.trace.calls[path], cost, setting)
             if seconds is None:
                 continue  # predicted below, as the timed layers of its kind showed
             source = "cached"
         else:
-            seconds, source = _measure_layer(paths[path], setting.trace.calls[path], cost, timing)
+            seconds, source = _measure_layer(paths[path], setting.trace.calls[path], cost, setting)
             if not source.startswith("predicted"):
                 timed[path] = seconds
         layers[path] = roofline_record(cost, seconds, batch_size, layer_dtypes, source)
     scales = kind_scales(timed, setting.counts, setting.profile, batch_size)
-    for path, kind in sample.predicted_from.items():
+    for path, kind in predicted_from.items():
         if path in layers:
             continue
         cost = setting.counts[path]
@@ -360,7 +341,7 @@ def _measure_layers(
         seconds = scaled_seconds(cost, layer_dtypes, scales, setting.profile, batch_size)
         source = f"predicted, scaled as the timed {kind} layers showed"
         layers[path] = roofline_record(cost, seconds, batch_size, layer_dtypes, source)
-        timing.stats["scaled"] += 1
+        setting.stats["scaled"] += 1
     layers = {path: layers[path] for path in setting.counts}
     _subtract_children(layers, setting.counts)
     return layers
@@ -374,58 +355,55 @@ def _call_key(layer: keras.layers.Layer, call: LayerCall, dtype: str, setting: _
 
 
 def _cached_seconds(
-    layer: keras.layers.Layer, calls: Sequence[LayerCall], cost: LayerCost, timing: _LayerTiming
+    layer: keras.layers.Layer, calls: Sequence[LayerCall], cost: LayerCost, setting: _Setting
 ) -> dict[str, float | None] | None:
     """One layer's seconds per dtype from the cache alone; `None` if any call is not cached."""
-    setting = timing.setting
     seconds: dict[str, float | None] = {}
     for dtype in _layer_dtypes(cost, setting.dtypes):
         values = [setting.cache.get(_call_key(layer, call, dtype, setting)) for call in calls]
         if any(value is None for value in values):
             return None
         seconds[dtype] = sum(values)
-    timing.stats["cached"] += sum(len(calls) for _ in seconds)  # as `_time_one_call` counts
+    setting.stats["cached"] += sum(len(calls) for _ in seconds)  # as `_time_one_call` counts
     return seconds
 
 
 def _time_one_call(
-    layer: keras.layers.Layer, call: LayerCall, dtype: str, timing: _LayerTiming
+    layer: keras.layers.Layer, call: LayerCall, dtype: str, setting: _Setting
 ) -> tuple[float, str]:
     """Returns `(seconds, "cached" | "measured")` of one recorded call of `layer` in `dtype`."""
-    setting = timing.setting
     key = _call_key(layer, call, dtype, setting)
     value = setting.cache.get(key)
     if value is not None:
-        timing.stats["cached"] += 1
+        setting.stats["cached"] += 1
         return value, "cached"
-    if timing.deadline is not None and time.perf_counter() > timing.deadline:
-        timing.stats["out_of_time"] += 1
+    if setting.deadline is not None and time.perf_counter() > setting.deadline:
+        setting.stats["out_of_time"] += 1
         raise TimeoutError("out of the time budget; predicted")
-    value = time_layer(layer, call, dtype, setting.batch_size, timing.repeats, setting.jit_compile)
-    value = max(value - timing.dispatch_seconds, 0.05 * value)
+    value = time_layer(layer, call, dtype, setting.batch_size, setting.repeats, setting.jit_compile)
+    value = max(value - setting.dispatch_seconds, 0.05 * value)
     setting.cache.put(key, value, f"{call.class_name} {call.path} {dtype}")
-    timing.stats["timed"] += 1
+    setting.stats["timed"] += 1
     return value, "measured"
 
 
 def _measure_layer(
-    layer: keras.layers.Layer, calls: Sequence[LayerCall], cost: LayerCost, timing: _LayerTiming
+    layer: keras.layers.Layer, calls: Sequence[LayerCall], cost: LayerCost, setting: _Setting
 ) -> tuple[dict[str, float | None], str]:
     """Measures (or reads from cache, or predicts as a fallback) one layer in each dtype."""
-    setting = timing.setting
     seconds: dict[str, float | None] = {}
     sources = set()
     for dtype in _layer_dtypes(cost, setting.dtypes):
         total = 0.0
         for call in calls:
             try:
-                value, source = _time_one_call(layer, call, dtype, timing)
+                value, source = _time_one_call(layer, call, dtype, setting)
                 sources.add(source)
             except Exception as error:  # noqa: BLE001 - any failure falls back, flagged
                 predicted = predicted_layer_seconds(
                     cost, setting.profile, dtype, setting.batch_size
                 )
-                timing.stats["fallback"] += 1
+                setting.stats["fallback"] += 1
                 sources.add(f"predicted (fallback: {type(error).__name__}: {error})"[:200])
                 if predicted is None:
                     total = math.inf
@@ -433,8 +411,8 @@ def _measure_layer(
                 value = predicted / max(len(calls), 1)
             total += value
         seconds[dtype] = None if math.isinf(total) else total
-        if timing.bar is not None:
-            timing.bar.add(1)
+        if setting.bar is not None:
+            setting.bar.add(1)
     fallback = [source for source in sources if source.startswith("predicted")]
     if fallback:
         return seconds, fallback[0]
@@ -453,3 +431,77 @@ def _subtract_children(layers: dict[str, LayerCostRecord], counts: Mapping[str, 
                 continue
             inner = sum(layers[child].seconds.get(dtype) or 0.0 for child in children)
             record.seconds[dtype] = max(seconds - inner, 0.1 * seconds)
+
+
+def sample_kinds(
+    counts: Mapping[str, LayerCost],
+    work: Sequence[str],
+    per_kind: int | None,
+    profile: HardwareProfile,
+    batch_size: int,
+) -> tuple[frozenset[str], dict[str, str]]:
+    """Returns `(timed paths, {predicted path: class name})`: up to `per_kind` layers of each
+    class timed, the most expensive first and others spread by size; `None` times all."""
+    if per_kind is None:
+        return frozenset(work), {}
+    by_kind: dict[str, list[str]] = collections.defaultdict(list)
+    for path in work:
+        by_kind[counts[path].class_name].append(path)
+    timed: set[str] = set()
+    predicted_from: dict[str, str] = {}
+    for kind, paths in by_kind.items():
+        ranked = sorted(
+            paths,
+            key=lambda path: (
+                -(predicted_layer_seconds(counts[path], profile, FLOAT32, batch_size) or 0.0)
+            ),
+        )
+        chosen = _spread(ranked, max(per_kind, 1))
+        timed.update(chosen)
+        predicted_from.update({path: kind for path in ranked if path not in chosen})
+    return frozenset(timed), predicted_from
+
+
+def _spread(ranked: Sequence[str], count: int) -> list[str]:
+    """The first of `ranked` and others evenly spaced to its end, `count` in all."""
+    if len(ranked) <= count:
+        return list(ranked)
+    if count == 1:
+        return [ranked[0]]
+    step = (len(ranked) - 1) / (count - 1)
+    return list(dict.fromkeys(ranked[round(index * step)] for index in range(count)))
+
+
+def kind_scales(
+    measured: Mapping[str, Mapping[str, float | None]],
+    counts: Mapping[str, LayerCost],
+    profile: HardwareProfile,
+    batch_size: int,
+) -> dict[tuple[str, str], float]:
+    """Returns measured over predicted seconds of the timed layers, per `(class name, dtype)`."""
+    sums: dict[tuple[str, str], list[float]] = collections.defaultdict(lambda: [0.0, 0.0])
+    for path, seconds in measured.items():
+        for dtype, value in seconds.items():
+            predicted = predicted_layer_seconds(counts[path], profile, dtype, batch_size)
+            if value is None or not predicted:
+                continue
+            totals = sums[(counts[path].class_name, dtype)]
+            totals[0] += value
+            totals[1] += predicted
+    return {key: total / predicted for key, (total, predicted) in sums.items() if predicted > 0}
+
+
+def scaled_seconds(
+    cost: LayerCost,
+    dtypes: Sequence[str],
+    scales: Mapping[tuple[str, str], float],
+    profile: HardwareProfile,
+    batch_size: int,
+) -> dict[str, float | None]:
+    """Returns a layer's predicted seconds per dtype, scaled as the timed layers of its kind showed."""
+    seconds: dict[str, float | None] = {}
+    for dtype in dtypes:
+        predicted = predicted_layer_seconds(cost, profile, dtype, batch_size)
+        scale = scales.get((cost.class_name, dtype), 1.0)
+        seconds[dtype] = None if predicted is None else predicted * scale
+    return seconds

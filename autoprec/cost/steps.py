@@ -26,9 +26,8 @@ from ..errors import PlanError
 from ..hardware import FAST, HardwareProfile
 from ..layers import layer_paths
 from .cache import MeasurementCache, model_signature
-from .synthetic import synthetic_arguments
+from .layer_calls import LayerCall, synthetic_arguments
 from .table import CostTable
-from .trace import LayerCall
 
 #: Keras backends `calibrate` and `measure_train_steps` can time on.
 MEASURING_BACKENDS = ("tensorflow", "jax")

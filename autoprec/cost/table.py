@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
 import os
@@ -18,6 +19,15 @@ _TABLE_FORMAT = 1
 #: `CostTable.relative_error` of a table whose predictions no whole step checked (a
 #: roofline prediction for a hardware profile, or a calibration without mixed steps).
 DEFAULT_RELATIVE_ERROR = 0.10
+
+# The table's fields in the order its JSON writes them, after "format" and before edges, layers.
+_JSON_FIELDS = (
+    "device", "source", "batch_size", "step_overhead_seconds", "layer_time_scale",
+    "layer_fixed_seconds", "measured_step_seconds", "memory_bytes", "model_fingerprint",
+    "versions", "stats", "measured_step_seconds_by_dtype", "layer_time_scale_by_dtype",
+    "cast_seconds", "boundary_seconds", "measured_plan_seconds", "relative_error",
+    "prediction_errors",
+)  # fmt: skip
 
 
 @dataclasses.dataclass
@@ -69,20 +79,12 @@ class CostTable:
             measured mixed step (`cost.boundaries`); empty (nothing added) otherwise.
         measured_plan_seconds: `{name: seconds}` of the mixed whole steps
             `calibrate` measured (`cost.boundaries.MixedPlan` names).
-        relative_error: how wrong this table's whole-step predictions are on its
-            device, as a fraction of the step (0.05: within 5 %): for a calibration
-            with mixed steps, the largest of the measurement noise and the error of
-            each mixed step predicted with the boundary cost fitted from the
-            alternating plans only (`cost.boundaries.fit_boundary_cost` says
-            exactly how), never below `cost.boundaries.MIN_RELATIVE_ERROR`;
-            `DEFAULT_RELATIVE_ERROR` (or the noise, if larger) where no mixed step
-            was measured, and for predicted tables. A predicted gain smaller than
-            this is no gain (`heuristic_plan`).
-        prediction_errors: the signed relative errors `relative_error` was taken
-            from, `{what: predicted / measured - 1}` (and `"noise"`: the relative
-            spread of the measured whole steps' timed rounds, 1.4826 x their
-            median absolute deviation over their median, the median over the
-            steps).
+        relative_error: how wrong this table's whole-step predictions are, as a fraction
+            of the step (0.05: within 5 %; `cost.boundaries.fit_boundary_cost` says how,
+            at least `MIN_RELATIVE_ERROR`; `DEFAULT_RELATIVE_ERROR` or the noise where no
+            mixed step was measured). A predicted gain smaller than this is no gain.
+        prediction_errors: `{what: predicted / measured - 1}` behind `relative_error`, and
+            `"noise"` (the relative spread of the whole steps' timed rounds).
         memory_bytes: memory of the device.
         model_fingerprint: `autoprec.layers.model_fingerprint` of the model.
         versions: framework versions the figures were taken with.
@@ -118,28 +120,13 @@ class CostTable:
     prediction_errors: dict[str, float] = dataclasses.field(default_factory=dict)
 
     def time_scale(self, dtype: str) -> float:
-        """Returns the factor applied to every layer time of `dtype`.
-
-        Args:
-            dtype: compute dtype.
-
-        Returns:
-            `layer_time_scale_by_dtype[dtype]` when a whole step in `dtype` was
-            measured, else `layer_time_scale`.
-        """
+        """Returns the factor on every layer time of `dtype`: its own where a whole step in `dtype`
+        was measured, else `layer_time_scale`."""
         return float(self.layer_time_scale_by_dtype.get(dtype, self.layer_time_scale))
 
     def seconds(self, path: str, dtype: str, batch_size: int | None = None) -> float:
-        """Returns a layer's forward+backward seconds in `dtype` (`inf`: infeasible).
-
-        Args:
-            path: stable layer path.
-            dtype: compute dtype.
-            batch_size: batch to scale to (linear above `layer_fixed_seconds`).
-
-        Returns:
-            Seconds, scaled by `time_scale(dtype)`.
-        """
+        """Returns a layer's forward+backward seconds in `dtype` times `time_scale(dtype)` (`inf`:
+        infeasible), scaled to `batch_size` linearly above `layer_fixed_seconds`."""
         record = self.layers[path]
         value = record.seconds.get(dtype)
         if value is None:
@@ -186,17 +173,8 @@ class CostTable:
         return 2.0 * one_way
 
     def boundary_cost(self, elements: float, dtype: str) -> float:
-        """Returns the seconds a whole step adds at one boundary beyond its cast (fwd+bwd).
-
-        Args:
-            elements: values crossing the boundary (per step, the batch included).
-            dtype: the 16-bit dtype of the boundary (the one cast to or from).
-
-        Returns:
-            `fixed + per_element * elements` of `boundary_seconds[dtype]`; a dtype
-            without its own figures takes the mean of the others (0 when none
-            was learned).
-        """
+        """Returns what a whole step adds at one boundary of `elements` values beyond its cast
+        (fwd+bwd); a dtype without its own figures takes the mean of the others (0 if none)."""
         figures = self.boundary_seconds.get(dtype)
         if figures is None:
             known = list(self.boundary_seconds.values())
@@ -210,43 +188,16 @@ class CostTable:
 
     def to_dict(self) -> dict[str, Any]:
         """Returns the table as a JSON-serialisable dict."""
-        return {
-            "format": _TABLE_FORMAT,
-            "device": self.device,
-            "source": self.source,
-            "batch_size": self.batch_size,
-            "step_overhead_seconds": self.step_overhead_seconds,
-            "layer_time_scale": self.layer_time_scale,
-            "layer_fixed_seconds": self.layer_fixed_seconds,
-            "measured_step_seconds": self.measured_step_seconds,
-            "memory_bytes": self.memory_bytes,
-            "model_fingerprint": self.model_fingerprint,
-            "versions": dict(self.versions),
-            "stats": dict(self.stats),
-            "measured_step_seconds_by_dtype": dict(self.measured_step_seconds_by_dtype),
-            "layer_time_scale_by_dtype": dict(self.layer_time_scale_by_dtype),
-            "cast_seconds": {key: dict(value) for key, value in self.cast_seconds.items()},
-            "boundary_seconds": {key: dict(value) for key, value in self.boundary_seconds.items()},
-            "measured_plan_seconds": dict(self.measured_plan_seconds),
-            "relative_error": self.relative_error,
-            "prediction_errors": dict(self.prediction_errors),
-            "edges": [list(edge) for edge in self.edges],
-            "layers": {path: dataclasses.asdict(record) for path, record in self.layers.items()},
-        }
+        data: dict[str, Any] = {"format": _TABLE_FORMAT}
+        data.update({name: copy.deepcopy(getattr(self, name)) for name in _JSON_FIELDS})
+        data["edges"] = [list(edge) for edge in self.edges]
+        data["layers"] = {path: dataclasses.asdict(record) for path, record in self.layers.items()}
+        return data
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], source: str = "cost table") -> CostTable:
-        """Builds a table from `to_dict` output.
-
-        Tables written before per-dtype whole steps existed (scalar
-        `step_overhead_seconds`, `layer_time_scale` and `measured_step_seconds`
-        only) read as tables whose corrections apply to every dtype alike; tables
-        written before boundary costs existed read with none learned and
-        `DEFAULT_RELATIVE_ERROR`.
-
-        Raises:
-            PlanError: naming `source` when a field is missing or malformed.
-        """
+        """Builds a table from `to_dict` output (older tables read with per-dtype corrections alike,
+        no boundary cost); raises `PlanError` naming `source` when a field is malformed."""
         try:
             layers = {
                 path: LayerCostRecord(**record) for path, record in dict(data["layers"]).items()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from .._core.config import ConfigValue
+from .._core.models import ConfigValue
 from ..errors import PlanError
 from ..search import Budget
 

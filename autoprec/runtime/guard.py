@@ -8,8 +8,8 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from .._core.config import ConfigValue
 from .._core.dtypes import BFLOAT16, FLOAT8, FLOAT16, FLOAT32, widen, wider_dtypes
+from .._core.models import ConfigValue
 from ..errors import AutoprecError
 from .telemetry import NOT_RECORDED, LayerAmax, StepRecord, format_max, is_out_of_range
 

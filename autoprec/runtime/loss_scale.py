@@ -10,8 +10,7 @@ import keras
 from keras import ops
 
 from .._backends import telemetry_backend
-from .._core.config import ConfigValue
-from .._core.models import strategy_scope, sync_fit_state
+from .._core.models import ConfigValue, strategy_scope, sync_fit_state
 from ..errors import PlanError
 
 

@@ -9,8 +9,13 @@ from collections.abc import Mapping
 import keras
 
 from .._core.dtypes import BFLOAT16, FLOAT8, FLOAT16, FLOAT32, count_dtypes, counts_text
-from .._core.messages import show_message
-from .._core.models import inner_optimizer, rebuild_train_function, strategy_scope, sync_fit_state
+from .._core.models import (
+    inner_optimizer,
+    rebuild_train_function,
+    show_message,
+    strategy_scope,
+    sync_fit_state,
+)
 from ..errors import PlanError
 from ..hardware import HardwareProfile, resolve_hardware
 from ..layers import is_fully_built, layer_paths, layer_policy

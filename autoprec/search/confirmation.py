@@ -11,7 +11,7 @@ from typing import Any
 import optuna
 
 from .._core.dtypes import FLOAT32
-from .._core.messages import show_message
+from .._core.models import show_message
 from .._core.timing import RoundsVerdict, judge_rounds
 from ..plan import PrecisionPlan
 from .candidates import SEARCHED, finalist_plan, simplicity

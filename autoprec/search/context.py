@@ -12,7 +12,7 @@ import keras
 import optuna
 
 from .._core.dtypes import BFLOAT16, FLOAT8, FLOAT32, widen
-from .._core.messages import show_message
+from .._core.models import show_message
 from ..layers import LayerInfo
 from ..plan import PrecisionPlan
 from ..runtime.kernels import checked_plan

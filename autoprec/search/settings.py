@@ -8,8 +8,8 @@ from collections.abc import Callable
 
 import optuna
 
-from .._core.config import ConfigValue
 from .._core.dtypes import FLOAT16_TRIALS, PLAN_DTYPES
+from .._core.models import ConfigValue
 from ..cost import CostTable
 from ..errors import AutoprecError
 from ..profiler import Profile

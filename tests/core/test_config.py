@@ -1,4 +1,4 @@
-"""`autoprec._core.config.ConfigValue`: settings round-trip through a dict; unknown keys are refused."""
+"""`autoprec._core.models.ConfigValue`: settings round-trip through a dict; unknown keys are refused."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import json
 import pytest
 
 from autoprec import Guard, LossScale, SearchSettings
-from autoprec._core.config import ConfigValue
+from autoprec._core.models import ConfigValue
 from autoprec.errors import AutoprecError
 
 

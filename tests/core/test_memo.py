@@ -1,4 +1,4 @@
-"""Tests for autoprec._core.memo: one read of a model per state, kept while it is unchanged."""
+"""Tests for autoprec._core.models: one read of a model per state, kept while it is unchanged."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import gc
 
 import keras
 
-from autoprec._core.memo import KEYS_PER_MODEL, ModelMemo, structure_key
+from autoprec._core.models import KEYS_PER_MODEL, ModelMemo, structure_key
 
 
 def _dense_model() -> keras.Model:

@@ -1,4 +1,4 @@
-"""`autoprec._core.messages.show_message`: stdout while Keras prints, the `autoprec` logger after."""
+"""`autoprec._core.models.show_message`: stdout while Keras prints, the `autoprec` logger after."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import sys
 import keras
 import pytest
 
-from autoprec._core.messages import logger, show_message
+from autoprec._core.models import logger, show_message
 
 
 @pytest.fixture
@@ -26,7 +26,7 @@ def interactive_logging():
 _IMPORT_CHECK = """
 import logging
 root = list(logging.getLogger().handlers), logging.getLogger().level
-from autoprec._core.messages import show_message
+from autoprec._core.models import show_message
 show_message("shown", verbose=1)
 print("RESULT", root == (logging.getLogger().handlers, logging.getLogger().level),
       logging.getLogger("autoprec").handlers)

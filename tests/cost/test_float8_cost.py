@@ -11,9 +11,9 @@ import pytest
 import autoprec
 from autoprec import cost, hardware
 from autoprec._core.dtypes import PLAN_DTYPES
-from autoprec.cost.layer_cost import FLOAT8_EXTRA_KERNELS
 from autoprec.cost.measure import float8_timeable
-from autoprec.cost.roofline import (
+from autoprec.cost.prediction import (
+    FLOAT8_EXTRA_KERNELS,
     MATMUL_EFFICIENCY,
     float8_matmul_rate,
     float8_quantize_seconds,

@@ -1,4 +1,4 @@
-"""Tests for autoprec.cost.sampling: a few layers of each kind timed, the rest predicted from them."""
+"""Tests for autoprec.cost.measure's sampling: a few layers of each kind timed, the rest predicted from them."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from autoprec import cost
-from autoprec.cost.roofline import predicted_layer_seconds
-from autoprec.cost.sampling import kind_scales, sample_kinds, scaled_seconds
+from autoprec.cost.measure import kind_scales, sample_kinds, scaled_seconds
+from autoprec.cost.prediction import predicted_layer_seconds
 from autoprec.hardware import get as get_hardware
 from autoprec.hardware import resolve_hardware
 
@@ -29,15 +29,14 @@ def test_each_kind_is_sampled_from_its_most_expensive_layer_across_its_sizes():
     counts = cost.count_costs(model)
     profile = get_hardware("cpu-generic")
     work = [path for path, count in counts.items() if not count.is_free]
-    sample = sample_kinds(counts, work, 2, profile, 32)
+    timed, predicted_from = sample_kinds(counts, work, 2, profile, 32)
     dense = sorted(
         (path for path in work if counts[path].class_name == "Dense"),
         key=lambda path: -predicted_layer_seconds(counts[path], profile, "float32", 32),
     )
-    assert sample.timed == {"conv", dense[0], dense[-1]}
-    assert sample.predicted_from == dict.fromkeys(dense[1:-1], "Dense")
-    everything = sample_kinds(counts, work, None, profile, 32)
-    assert everything.timed == set(work) and not everything.predicted_from
+    assert timed == {"conv", dense[0], dense[-1]}
+    assert predicted_from == dict.fromkeys(dense[1:-1], "Dense")
+    assert sample_kinds(counts, work, None, profile, 32) == (set(work), {})
 
 
 def test_a_kinds_scale_carries_its_timed_layers_measured_over_predicted_seconds():

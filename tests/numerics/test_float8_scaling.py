@@ -1,4 +1,4 @@
-"""Tests for autoprec.numerics.float8_scaling: flushed and clipped fractions under Keras' float8 scale."""
+"""Tests for autoprec.numerics: flushed and clipped fractions under Keras' float8 scale."""
 
 from __future__ import annotations
 

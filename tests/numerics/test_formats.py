@@ -1,4 +1,4 @@
-"""Tests for autoprec.numerics.formats: format facts from ml_dtypes, names and aliases."""
+"""Tests for autoprec.numerics: format facts from ml_dtypes, names and aliases."""
 
 from __future__ import annotations
 
@@ -7,7 +7,6 @@ import numpy as np
 import pytest
 
 from autoprec import numerics
-from autoprec.numerics import formats
 
 
 def test_format_facts_come_from_ml_dtypes():
@@ -43,14 +42,14 @@ def test_float8_formats_come_from_ml_dtypes_and_take_short_names():
 @pytest.mark.parametrize("name", ["float16", "bfloat16", "float32"])
 def test_compute_formats_give_each_compute_dtype_its_limits(name):
     info = ml_dtypes.finfo(name)
-    limits = formats.COMPUTE_FORMATS[name]
+    limits = numerics.COMPUTE_FORMATS[name]
     assert limits is numerics.COMPUTE_FORMATS[name] is numerics.float_format(name)
     assert limits.max == float(info.max)
     assert limits.min_normal == float(info.smallest_normal)
     assert limits.min_subnormal == float(info.smallest_subnormal)
     assert tuple(numerics.COMPUTE_FORMATS) == numerics.COMPUTE_DTYPES
     with pytest.raises(TypeError):
-        formats.COMPUTE_FORMATS[name] = limits  # read-only
+        numerics.COMPUTE_FORMATS[name] = limits  # read-only
 
 
 def test_format_for_takes_formats_names_and_numpy_dtypes():

@@ -1,4 +1,4 @@
-"""Tests for autoprec.numerics.histogram: exponent histograms and the fractions read from them."""
+"""Tests for autoprec.numerics: exponent histograms and the fractions read from them."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Tests for autoprec.numerics.loss_scaling: headroom and the loss scales that fit a gradient range."""
+"""Tests for autoprec.numerics: headroom and the loss scales that fit a gradient range."""
 
 from __future__ import annotations
 

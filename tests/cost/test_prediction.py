@@ -1,14 +1,63 @@
-"""Tests for autoprec.cost.formulas: hand-counted FLOPs per layer class, pass-through categories."""
+"""Tests for autoprec.cost.prediction: the LayerCost value, hand-counted FLOPs per layer class, one
+LayerCost per layer (every call of a shared layer summed), and roofline seconds per dtype on
+hardware profiles."""
 
 from __future__ import annotations
 
 import keras
+import numpy as np
 import pytest
 from conftest import build_attention_model
 
-from autoprec import cost
-from autoprec.cost import formulas
+from autoprec import cost, hardware
+from autoprec.cost import LayerCost, prediction
+from autoprec.errors import PlanError
 from autoprec.layers import PASS_THROUGH_CLASSES, layer_paths
+
+
+def test_totals_and_free_layers():
+    counted = LayerCost(
+        "dense", "Dense", matmul_flops=6.0, vector_flops=1.0, backward_matmul_flops=12.0
+    )
+    assert (counted.forward_flops, counted.backward_flops) == (7.0, 12.0)
+    assert not counted.is_free and not counted.has_float8_path
+    assert LayerCost("flatten", "Flatten").is_free
+    assert LayerCost("dense", "Dense", float8_matmuls=1).has_float8_path
+
+
+def test_bytes_moved_in_each_16_and_32_bit_dtype():
+    counted = LayerCost("dense", "Dense", activation_elements=10.0, weight_elements=100)
+    # Activations 3x in the dtype; float32 master weights read, (cast, read again), updated.
+    assert counted.bytes_moved("float32", 2) == 3 * 10 * 2 * 4 + 100 * (4 + 4 + 4)
+    assert counted.bytes_moved("bfloat16", 2) == 3 * 10 * 2 * 2 + 100 * (4 + 2 + 4 + 4)
+    assert counted.bytes_moved("float16", 2) == counted.bytes_moved("bfloat16", 2)
+
+
+def test_float8_bytes_add_the_quantize_passes_and_amax_histories():
+    counted = LayerCost(
+        "dense",
+        "Dense",
+        activation_elements=10.0,
+        weight_elements=100,
+        float8_matmuls=1,
+        float8_quantized_elements=5.0,
+        float8_kernel_elements=100,
+    )
+    assert counted.float8_quantized_values(2) == 5 * 2 + 100
+    per_value = 2 * prediction.ITEMSIZE["bfloat16"] + prediction.FLOAT8_ITEMSIZE
+    histories = prediction.FLOAT8_QUANTIZED_TENSORS * prediction.FLOAT8_AMAX_HISTORY * 4 * 3
+    assert counted.float8_quantize_bytes(2) == pytest.approx(110 * per_value + histories)
+    assert counted.bytes_moved("float8", 2) == pytest.approx(
+        counted.bytes_moved("bfloat16", 2) + counted.float8_quantize_bytes(2)
+    )
+    assert LayerCost("relu", "ReLU").float8_quantize_bytes(2) == 0
+    assert prediction.FLOAT8_EXTRA_KERNELS == 3 * prediction.FLOAT8_QUANTIZED_TENSORS
+
+
+def test_to_dict_writes_dimension_tuples_as_lists():
+    data = LayerCost("dense", "Dense", matmul_dims=(8, 16), float8_dims=(8, 16)).to_dict()
+    assert data["matmul_dims"] == [8, 16] and data["float8_dims"] == [8, 16]
+    assert data["path"] == "dense" and data["class_name"] == "Dense"
 
 
 def _single_layer_cost(input_shape, layer, input_dtype="float32") -> cost.LayerCost:
@@ -136,17 +185,17 @@ _COPY_CLASSES_BEFORE = frozenset(
 
 
 def test_pass_through_categories_come_from_the_one_pass_through_list():
-    assert formulas.VIEW_CLASSES <= PASS_THROUGH_CLASSES
-    assert formulas.DROPOUT_CLASSES <= PASS_THROUGH_CLASSES
-    assert formulas.COPY_CLASSES <= PASS_THROUGH_CLASSES
-    assert formulas.COPY_CLASSES == _COPY_CLASSES_BEFORE
-    # Every pass-through class falls in exactly one category that formulas knows.
+    assert prediction.VIEW_CLASSES <= PASS_THROUGH_CLASSES
+    assert prediction.DROPOUT_CLASSES <= PASS_THROUGH_CLASSES
+    assert prediction.COPY_CLASSES <= PASS_THROUGH_CLASSES
+    assert prediction.COPY_CLASSES == _COPY_CLASSES_BEFORE
+    # Every pass-through class falls in exactly one category that the prediction knows.
     categories = (
-        formulas.VIEW_CLASSES,
-        formulas.DROPOUT_CLASSES,
-        formulas.COPY_CLASSES,
-        formulas.MERGE_CLASSES,
-        formulas.ACTIVATION_CLASSES,
+        prediction.VIEW_CLASSES,
+        prediction.DROPOUT_CLASSES,
+        prediction.COPY_CLASSES,
+        prediction.MERGE_CLASSES,
+        prediction.ACTIVATION_CLASSES,
         frozenset(name for name in PASS_THROUGH_CLASSES if "Pooling" in name),
     )
     for name in PASS_THROUGH_CLASSES:
@@ -165,8 +214,80 @@ def test_count_call_counts_one_call_and_leaves_free_layers_empty():
     flatten = keras.layers.Flatten(name="flatten")
     model = keras.Model(inputs, flatten(dense(inputs)))
     trace = cost.trace_model(model)
-    fields = formulas.count_call(trace.calls["dense"][0], dense, None, "")
+    fields = prediction.count_call(trace.calls["dense"][0], dense, None, "")
     assert fields["matmul_flops"] == 2 * 8 * 16
     assert fields["float8_matmuls"] == 1 and fields["float8_dims"] == (8, 16)
-    assert formulas.count_call(trace.calls["flatten"][0], flatten, None, "") == {}
-    assert "note" in formulas.count_call(trace.calls["dense"][0], dense, None, "LSTM")
+    assert prediction.count_call(trace.calls["flatten"][0], flatten, None, "") == {}
+    assert "note" in prediction.count_call(trace.calls["dense"][0], dense, None, "LSTM")
+
+
+def test_count_costs_has_every_layer_in_traversal_order(mlp):
+    counts = cost.count_costs(mlp)
+    assert list(counts) == list(layer_paths(mlp))
+    assert all(isinstance(counted, cost.LayerCost) for counted in counts.values())
+    assert counts == cost.count_costs(mlp, cost.trace_model(mlp))
+
+
+def test_a_shared_layer_counts_every_call():
+    shared = keras.layers.Dense(4, use_bias=False, name="shared")
+    left, right = keras.Input((8,)), keras.Input((8,))
+    model = keras.Model([left, right], [shared(left), shared(right)])
+    counted = cost.count_costs(model)["shared"]
+    assert counted.matmul_flops == pytest.approx(2 * (2 * 8 * 4))
+    assert counted.matmul_dims == (8, 4, 8, 4)
+    assert counted.float8_matmuls == 2
+    assert counted.weight_elements == 8 * 4  # the same weights, not counted twice
+
+
+def test_a_recurrent_layer_counts_the_recurrence_and_its_cell_nothing():
+    model = keras.Sequential([keras.Input((5, 3)), keras.layers.LSTM(4)])
+    counts = cost.count_costs(model)
+    assert counts["lstm"].matmul_flops == pytest.approx(1120)
+    assert counts["lstm/cell"].forward_flops == 0
+    assert counts["lstm/cell"].note == "counted in its recurrent layer"
+
+
+def _wide_mlp() -> keras.Model:
+    inputs = keras.Input((512,))
+    hidden = keras.layers.Dense(1024, activation="relu")(inputs)
+    hidden = keras.layers.Dense(1024, activation="relu")(hidden)
+    return keras.Model(inputs, keras.layers.Dense(16)(hidden))
+
+
+def test_rtx2080ti_never_makes_bfloat16_fast():
+    model = _wide_mlp()
+    table = cost.predict_costs(model, hardware.get("rtx2080ti"), batch_size=256)
+    for path, record in table.layers.items():
+        if record.seconds["float32"]:
+            assert record.seconds["bfloat16"] > record.seconds["float16"], path
+    bf16 = cost.estimate(model, "bfloat16", costs=table)
+    fp16 = cost.estimate(model, "float16", costs=table)
+    assert bf16.speedup < 1.0 < fp16.speedup
+    ampere = cost.estimate(model, "bfloat16", "rtx3090", batch_size=256)
+    assert ampere.speedup > 1.0
+
+
+def test_unaligned_dimensions_lose_the_tensor_core_rate():
+    def fp16_over_fp32(units):
+        inputs = keras.Input((1024,))
+        model = keras.Model(inputs, keras.layers.Dense(units)(inputs))
+        record = cost.predict_costs(model, "rtx4090", batch_size=8192).layers["dense"]
+        return record.seconds["float16"] / record.seconds["float32"]
+
+    assert fp16_over_fp32(1024) < 0.6
+    assert fp16_over_fp32(1020) > 0.8
+
+
+def test_prediction_takes_dynamic_shapes_from_a_nested_batch(nested_model, nested_batch):
+    x, y = nested_batch
+    length = x["text"]["tokens"].shape[1]
+    with pytest.raises(PlanError, match="pass a batch of inputs"):
+        cost.predict_costs(nested_model, "rtx4090", batch_size=8)
+    table = cost.predict_costs(nested_model, "rtx4090", batch_size=8, x=(x, y))
+    assert table.source == "predicted" and table.stats["predicted"] == len(table.layers)
+    projection = table.layers["pair_sum/projection"]
+    assert projection.forward_flops == 8 * length * (2 * 4 * 6 + 6)  # (4 -> 6) matmul + bias
+    doubled = {"text": {key: np.concatenate([v, v], 1) for key, v in x["text"].items()}}
+    doubled["extra"] = x["extra"]
+    longer = cost.predict_costs(nested_model, "rtx4090", batch_size=8, x=doubled)
+    assert longer.layers["pair_sum/projection"].forward_flops == 2 * projection.forward_flops

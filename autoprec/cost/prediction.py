@@ -1,14 +1,123 @@
-"""FLOP and element counts of one layer call, by a formula per layer kind."""
+"""The prediction: each layer's per-sample FLOPs and elements (`LayerCost`, a formula per layer
+kind) and its roofline seconds per dtype on a `HardwareProfile` (`predict_costs`)."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Sequence
 from typing import Any
 
-from .._core.dtypes import float8_eligible
-from ..layers import PASS_THROUGH_CLASSES, LayerInfo
-from .trace import LayerCall, TensorSpec, element_count
+import keras
+
+from .._core.data import input_part
+from .._core.dtypes import (
+    BFLOAT16,
+    COMPUTE_DTYPES,
+    FLOAT8,
+    FLOAT32,
+    PLAN_DTYPES,
+    canonical_dtype,
+    canonical_float8_source,
+    float8_eligible,
+)
+from ..hardware import SLOW, UNSUPPORTED, HardwareProfile, resolve_hardware
+from ..layers import PASS_THROUGH_CLASSES, LayerInfo, describe_model, layer_paths, model_fingerprint
+from .layer_calls import LayerCall, ModelTrace, TensorSpec, element_count, trace_model
+from .steps import framework_versions
+from .table import CostTable, LayerCostRecord
+
+#: Bytes per element of each compute dtype.
+ITEMSIZE = {"float32": 4, "bfloat16": 2, "float16": 2}
+#: Bytes per element of a float8 tensor (E4M3 or E5M2).
+FLOAT8_ITEMSIZE = 1
+#: Tensors a float8 matrix product quantizes each step: its inputs, its kernel (E4M3) and
+#: its output gradients (E5M2), each with its own scale and amax history (Keras'
+#: `Dense._float8_call`).
+FLOAT8_QUANTIZED_TENSORS = 3
+#: Kernel launches a float8 matrix product adds per step beyond its 16-bit version: for each
+#: of its three quantized tensors, one quantize pass (read in the source dtype, scale,
+#: clip, write 8 bits), one amax reduction over the tensor and one update of its amax
+#: history and scale, each a kernel of its own (Keras' `quantize_and_dequantize`,
+#: `compute_float8_amax_history`, `compute_float8_scale`: 3 x 3 = 9; compilers that fuse
+#: the amax into the quantize pass launch about 6).
+FLOAT8_EXTRA_KERNELS = 3 * FLOAT8_QUANTIZED_TENSORS
+#: Length of each amax history (`QuantizedFloat8DTypePolicy.default_amax_history_length`).
+FLOAT8_AMAX_HISTORY = 1024
+#: Vector FLOPs per quantized element: divide by the scale, clip (2), and the amax's abs and max.
+FLOAT8_QUANTIZE_FLOPS = 5
+
+
+@dataclasses.dataclass(frozen=True)
+class LayerCost:
+    """Per-sample arithmetic and memory traffic of one layer, independent of dtype."""
+
+    path: str
+    class_name: str
+    matmul_flops: float = 0.0
+    vector_flops: float = 0.0
+    backward_matmul_flops: float = 0.0
+    backward_vector_flops: float = 0.0
+    activation_elements: float = 0.0
+    saved_elements: float = 0.0
+    weight_elements: int = 0
+    matmul_dims: tuple[int, ...] = ()
+    kernels: int = 0
+    note: str = ""
+    float8_matmuls: int = 0
+    float8_dims: tuple[int, ...] = ()
+    float8_quantized_elements: float = 0.0
+    float8_kernel_elements: int = 0
+
+    @property
+    def forward_flops(self) -> float:
+        """Forward FLOPs per sample."""
+        return self.matmul_flops + self.vector_flops
+
+    @property
+    def backward_flops(self) -> float:
+        """Backward FLOPs per sample."""
+        return self.backward_matmul_flops + self.backward_vector_flops
+
+    @property
+    def is_free(self) -> bool:
+        """Whether the layer does no work of its own (views, containers)."""
+        return self.forward_flops == 0 and self.activation_elements == 0
+
+    @property
+    def has_float8_path(self) -> bool:
+        """Whether the layer's matrix products can run in float8 (`Dense`, `EinsumDense`)."""
+        return self.float8_matmuls > 0
+
+    def bytes_moved(self, dtype: str, batch_size: int, float8_source: str = BFLOAT16) -> float:
+        """Returns bytes read and written forward+backward for a batch in `dtype`."""
+        if dtype == FLOAT8:
+            return self.bytes_moved(float8_source, batch_size) + self.float8_quantize_bytes(
+                batch_size, float8_source
+            )
+        itemsize = ITEMSIZE[dtype]
+        activation_bytes = 3 * self.activation_elements * batch_size * itemsize
+        weight_cast = 0 if dtype == FLOAT32 else 2 * itemsize
+        weight_bytes = self.weight_elements * (4 + itemsize + weight_cast + 4)
+        return activation_bytes + weight_bytes
+
+    def float8_quantized_values(self, batch_size: int) -> float:
+        """Returns the values the float8 path quantizes in one step of `batch_size` samples."""
+        return self.float8_quantized_elements * batch_size + self.float8_kernel_elements
+
+    def float8_quantize_bytes(self, batch_size: int, float8_source: str = BFLOAT16) -> float:
+        """Returns the bytes the float8 path's quantize work moves in one step."""
+        per_value = 2 * ITEMSIZE[float8_source] + FLOAT8_ITEMSIZE
+        histories = self.float8_matmuls * FLOAT8_QUANTIZED_TENSORS * FLOAT8_AMAX_HISTORY * 4 * 3
+        return self.float8_quantized_values(batch_size) * per_value + histories
+
+    def to_dict(self) -> dict[str, Any]:
+        """Returns the fields as a JSON-ready dict, its dimension tuples as lists."""
+        data = dataclasses.asdict(self)
+        data["matmul_dims"] = list(self.matmul_dims)
+        data["float8_dims"] = list(self.float8_dims)
+        return data
+
 
 #: FLOPs per element of common activations (forward).
 ACTIVATION_FLOPS: dict[str, int] = {
@@ -42,7 +151,7 @@ _DEFAULT_ACTIVATION_FLOPS = 4
 # list of them) costs: views nothing, dropouts two FLOPs per element; the
 # pass-through activations, max poolings and element-wise maximum/minimum are
 # counted by their own formulas; every other pass-through layer copies its
-# elements without arithmetic. tests/cost/test_formulas.py checks that views and
+# elements without arithmetic. tests/cost/test_prediction.py checks that views and
 # dropouts are pass-through classes.
 #: Pass-through layers that only view their input: no FLOPs, no copy.
 VIEW_CLASSES = frozenset({"Flatten", "Reshape", "InputLayer", "Identity"})
@@ -403,3 +512,259 @@ def count_call(
     if class_name in ("Rescaling", "Normalization"):
         return _count_elementwise(call, 2)
     return _count_elementwise(call, 1, note=f"estimated: no formula for {class_name}")
+
+
+def _merge_counts(path: str, class_name: str, counts: list[dict]) -> LayerCost:
+    totals: dict[str, Any] = {}
+    notes = []
+    for fields in counts:
+        for key, value in fields.items():
+            if key == "note":
+                if value:
+                    notes.append(value)
+            elif key in ("matmul_dims", "float8_dims"):
+                totals[key] = tuple(totals.get(key, ())) + tuple(value)
+            elif key == "weight_elements":
+                totals[key] = max(totals.get(key, 0), int(value))
+            else:
+                totals[key] = totals.get(key, 0) + value
+    return LayerCost(path=path, class_name=class_name, note="; ".join(sorted(set(notes))), **totals)
+
+
+def count_costs(model: keras.Model, trace: ModelTrace | None = None) -> dict[str, LayerCost]:
+    """Returns the per-sample FLOPs and memory traffic of every layer of `model`."""
+    trace = trace or trace_model(model)
+    paths = layer_paths(model)
+    infos = describe_model(model)
+    result: dict[str, LayerCost] = {}
+    for path, layer in paths.items():
+        parent = path.rsplit("/", 1)[0] if "/" in path else ""
+        parent_class = type(paths[parent]).__name__ if parent in paths else ""
+        counts = [
+            count_call(call, layer, infos.get(path), parent_class)
+            for call in trace.calls.get(path, ())
+        ]
+        result[path] = _merge_counts(path, type(layer).__name__, counts)
+    return result
+
+
+#: Fraction of peak FLOP/s a matmul/conv reaches in the roofline prediction.
+MATMUL_EFFICIENCY = 0.6
+#: Fraction of float32 peak that vector (elementwise) arithmetic reaches.
+VECTOR_EFFICIENCY = 0.25
+
+
+def predicted_layer_seconds(
+    cost: LayerCost,
+    hardware: HardwareProfile,
+    dtype: str,
+    batch_size: int,
+    float8_source: str = BFLOAT16,
+) -> float | None:
+    """Returns roofline forward+backward seconds of one layer in `dtype` (`None`: infeasible)."""
+    if dtype == FLOAT8:
+        return predicted_float8_seconds(cost, hardware, batch_size, float8_source)
+    support = hardware.support(dtype)
+    if support == UNSUPPORTED:
+        return None
+    if cost.is_free:
+        return 0.0
+    aligned = all(dim % max(hardware.alignment, 1) == 0 for dim in cost.matmul_dims)
+    matmul_rate = hardware.peak_flops(dtype if aligned else FLOAT32) * MATMUL_EFFICIENCY
+    return (
+        _work_seconds(
+            cost, hardware, matmul_rate, cost.bytes_moved(dtype, batch_size), batch_size, support
+        )
+        + max(cost.kernels, 1) * hardware.op_overhead_seconds
+    )
+
+
+def _work_seconds(
+    cost: LayerCost,
+    hardware: HardwareProfile,
+    matmul_rate: float,
+    bytes_moved: float,
+    batch_size: int,
+    support: str,
+) -> float:
+    """Returns `max(compute, memory)` seconds, times `slow_penalty` for a slow dtype."""
+    vector_rate = hardware.float32_flops * VECTOR_EFFICIENCY
+    matmul_flops = (cost.matmul_flops + cost.backward_matmul_flops) * batch_size
+    vector_flops = (cost.vector_flops + cost.backward_vector_flops) * batch_size
+    compute_seconds = matmul_flops / matmul_rate + vector_flops / vector_rate
+    work_seconds = max(compute_seconds, bytes_moved / hardware.memory_bandwidth)
+    if support == SLOW:
+        work_seconds *= hardware.slow_penalty
+    return work_seconds
+
+
+def float8_matmul_rate(cost: LayerCost, hardware: HardwareProfile, float8_source: str) -> float:
+    """Returns the FLOP/s a float8 layer's matrix products reach (roofline, before efficiency)."""
+    if all(dim % max(hardware.float8_alignment, 1) == 0 for dim in cost.float8_dims):
+        return hardware.peak_flops(FLOAT8)
+    aligned = all(dim % max(hardware.alignment, 1) == 0 for dim in cost.matmul_dims)
+    return hardware.peak_flops(float8_source if aligned else FLOAT32)
+
+
+def float8_quantize_seconds(
+    cost: LayerCost, hardware: HardwareProfile, batch_size: int, float8_source: str = BFLOAT16
+) -> float:
+    """Returns the seconds a float8 layer's scaling work adds to one step."""
+    vector_rate = hardware.float32_flops * VECTOR_EFFICIENCY
+    flops = cost.float8_quantized_values(batch_size) * FLOAT8_QUANTIZE_FLOPS
+    bytes_moved = cost.float8_quantize_bytes(batch_size, float8_source)
+    passes = max(flops / vector_rate, bytes_moved / hardware.memory_bandwidth)
+    return passes + cost.float8_matmuls * FLOAT8_EXTRA_KERNELS * hardware.op_overhead_seconds
+
+
+def predicted_float8_seconds(
+    cost: LayerCost, hardware: HardwareProfile, batch_size: int, float8_source: str = BFLOAT16
+) -> float | None:
+    """Returns roofline forward+backward seconds of a float8 layer (`None`: no float8 here)."""
+    source = canonical_float8_source(float8_source)
+    support = hardware.support(source)
+    if not (cost.has_float8_path and hardware.supports_float8) or support == UNSUPPORTED:
+        return None
+    matmul_rate = float8_matmul_rate(cost, hardware, source) * MATMUL_EFFICIENCY
+    work = _work_seconds(
+        cost, hardware, matmul_rate, cost.bytes_moved(source, batch_size), batch_size, support
+    )
+    launches = max(cost.kernels, 1) * hardware.op_overhead_seconds
+    return work + launches + float8_quantize_seconds(cost, hardware, batch_size, source)
+
+
+def _predicted_cast_seconds(hardware: HardwareProfile) -> dict[str, dict]:
+    return {
+        dtype: {
+            "fixed": hardware.op_overhead_seconds,
+            "per_element": (4 + ITEMSIZE[dtype]) / hardware.memory_bandwidth,
+        }
+        for dtype in COMPUTE_DTYPES
+        if dtype != FLOAT32
+    }
+
+
+def roofline_record(
+    cost: LayerCost,
+    seconds: dict[str, float | None],
+    batch_size: int,
+    dtypes: Sequence[str],
+    source: str,
+    float8_source: str = BFLOAT16,
+) -> LayerCostRecord:
+    """Returns one layer's `LayerCostRecord`: `seconds` and the counts behind them at `batch_size`."""
+    return LayerCostRecord(
+        path=cost.path,
+        class_name=cost.class_name,
+        seconds=seconds,
+        forward_flops=cost.forward_flops * batch_size,
+        backward_flops=cost.backward_flops * batch_size,
+        bytes_moved={
+            dtype: cost.bytes_moved(dtype, batch_size, float8_source)
+            for dtype in dtypes
+            if dtype != FLOAT8 or dtype in seconds
+        },
+        saved_elements_per_sample=cost.saved_elements,
+        weight_elements=cost.weight_elements,
+        source=source,
+        note=cost.note,
+    )
+
+
+def _predicted_seconds(
+    cost: LayerCost,
+    profile: HardwareProfile,
+    dtypes: Sequence[str],
+    batch_size: int,
+    float8_source: str,
+) -> dict[str, float | None]:
+    """Returns `{dtype: seconds}` of one layer; float8 only where it has a prediction."""
+    seconds = {
+        dtype: predicted_layer_seconds(cost, profile, dtype, batch_size, float8_source)
+        for dtype in dtypes
+    }
+    if seconds.get(FLOAT8, 0.0) is None:
+        del seconds[FLOAT8]
+    return seconds
+
+
+def predict_costs(
+    model: keras.Model,
+    hardware: HardwareProfile | str = "local",
+    *,
+    batch_size: int = 32,
+    x: Any = None,
+    dtypes: Sequence[str] = PLAN_DTYPES,
+) -> CostTable:
+    """Predicts every layer's forward+backward seconds per dtype with a roofline model.
+
+    With `"float8"` (there by default), the table gets a float8 entry for each `Dense` and
+    `EinsumDense` layer, and only on a device with FP8 tensor cores
+    (`predicted_float8_seconds`, their non-matmul work in bfloat16); other
+    layers and devices have none.
+
+    Args:
+        model: a built Keras model.
+        hardware: `"local"` (this device, detected), a profile name such as
+            `"rtx4090"` or a `HardwareProfile`.
+        batch_size: samples per training step.
+        x: a batch, inputs alone or `(x, y)`, whose shapes are traced: an array,
+            a list, a dict or any nesting of them. Needed for subclassed models
+            and for inputs with a dynamic dimension (a sequence length), which
+            then take the batch's.
+        dtypes: dtypes to predict (by default all four; `"float8"`: see above).
+
+    Returns:
+        A `CostTable` with `source="predicted"`.
+
+    Example:
+
+    ```python
+    table = autoprec.cost.predict_costs(model, "rtx2080ti", batch_size=64)
+    table.seconds("dense", "bfloat16")  # slower than float16: no bf16 tensor cores
+    table = autoprec.cost.predict_costs(model, "rtx4090", dtypes=["float32", "float8"])
+    table.layer_seconds("dense", "float8")
+    ```
+    """
+    return predict_plan_costs(model, hardware, batch_size=batch_size, x=x, dtypes=dtypes)
+
+
+def predict_plan_costs(
+    model: keras.Model,
+    hardware: HardwareProfile | str = "local",
+    *,
+    batch_size: int = 32,
+    x: Any = None,
+    dtypes: Sequence[str] = COMPUTE_DTYPES,
+    float8_source: str = BFLOAT16,
+) -> CostTable:
+    """Predicts costs as `predict_costs` does, float8 layers' non-matmul work in `float8_source`."""
+    profile = resolve_hardware(hardware)
+    trace = trace_model(model, None if x is None else input_part(x))
+    counts = count_costs(model, trace)
+    dtypes = [canonical_dtype(dtype) for dtype in dtypes]
+    source = canonical_float8_source(float8_source)
+    layers = {
+        path: roofline_record(
+            cost,
+            _predicted_seconds(cost, profile, dtypes, batch_size, source),
+            batch_size,
+            dtypes,
+            "predicted",
+            source,
+        )
+        for path, cost in counts.items()
+    }
+    return CostTable(
+        device=profile.display_name,
+        source="predicted",
+        batch_size=int(batch_size),
+        layers=layers,
+        edges=[(edge.producer, edge.consumer, edge.elements_per_sample) for edge in trace.edges],
+        cast_seconds=_predicted_cast_seconds(profile),
+        layer_fixed_seconds=profile.op_overhead_seconds,
+        memory_bytes=profile.memory_bytes,
+        model_fingerprint=model_fingerprint(model),
+        versions=framework_versions(),
+        stats={"predicted": len(layers)},
+    )
