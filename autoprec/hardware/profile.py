@@ -266,10 +266,8 @@ def profile_from_dict(data: Any, source: str = "user data") -> HardwareProfile:
             _check_positive(source, field, data[field])
     values = dict(data)
     values.setdefault("display_name", data["name"])
-    values.setdefault("compute_capability", None)
-    values.setdefault("float16_flops", None)
-    values.setdefault("bfloat16_flops", None)
-    values.setdefault("float8_flops", None)
+    for field in ("compute_capability", "float16_flops", "bfloat16_flops", "float8_flops"):
+        values.setdefault(field, None)
     if "fast_dtypes" not in values:
         values["fast_dtypes"] = [
             dtype for dtype, field in _RATE_FIELDS if values[field] is not None
@@ -368,37 +366,6 @@ FLOAT8_RATE_SOURCES: dict[str, str] = {
     ),
 }
 
-# Hopper (CC 9.0): name, display name, VRAM GB, GB/s, FP32, FP16/BF16 TC, FP8 TC (dense
-# TFLOPS, float32 accumulate; datacenter parts run FP16 with float32 accumulate at full
-# rate), source of the figures, source of the FP8 rate.
-_HOPPER_TABLE: tuple[tuple[str, str, float, float, float, float, float, str, str], ...] = (
-    (
-        "h100",
-        "NVIDIA H100 SXM5 80GB",
-        80,
-        3350,
-        66.9,
-        989.4,
-        1978.9,
-        "built-in table (NVIDIA H100 Tensor Core GPU Architecture whitepaper, H100 SXM5: "
-        "66.9 FP32, 989.4 dense FP16/BF16, 1978.9 dense FP8 TFLOPS, 80 GB HBM3 at 3.35 TB/s)",
-        FLOAT8_RATE_SOURCES["9.0"],
-    ),
-    (
-        "h200",
-        "NVIDIA H200 SXM 141GB",
-        141,
-        4800,
-        66.9,
-        989.4,
-        1978.9,
-        "built-in table (NVIDIA H200 Tensor Core GPU datasheet: 141 GB HBM3e at 4.8 TB/s; "
-        "compute of the H100 SXM5 in the NVIDIA H100 Tensor Core GPU Architecture whitepaper)",
-        "NVIDIA H200 Tensor Core GPU datasheet: FP8 Tensor 3958 TFLOPS with sparsity, 1978.9 "
-        "dense, the H100 SXM5's (NVIDIA H100 Tensor Core GPU Architecture whitepaper)",
-    ),
-)
-
 #: Extra spellings that map to a built-in profile (normalised form).
 _ALIASES = {
     "rtx4060ti": "rtx4060ti-8gb",
@@ -444,21 +411,24 @@ def _gpu_profile(row: tuple) -> HardwareProfile:
     )
 
 
-def _hopper_profile(row: tuple) -> HardwareProfile:
-    name, display, vram_gb, bandwidth_gbs, fp32, half, float8, source, float8_source = row
+def _hopper_profile(
+    name: str, display: str, vram_gb: float, bandwidth_gbs: float, source: str, float8_source: str
+) -> HardwareProfile:
+    """An SXM Hopper (CC 9.0): 66.9 float32, 989.4 float16/bfloat16 and 1978.9 float8 dense TFLOPS,
+    float32 accumulate (datacenter parts run float16 with float32 accumulate at full rate)."""
     return HardwareProfile(
         name=name,
         display_name=display,
         kind="gpu",
         compute_capability="9.0",
-        float32_flops=fp32 * TERA,
-        float16_flops=half * TERA,
-        bfloat16_flops=half * TERA,
+        float32_flops=66.9 * TERA,
+        float16_flops=989.4 * TERA,
+        bfloat16_flops=989.4 * TERA,
         memory_bandwidth=bandwidth_gbs * GIGA,
         memory_bytes=int(vram_gb * GIB),
         fast_dtypes=(FLOAT16, BFLOAT16, FLOAT8),
         source=source,
-        float8_flops=float8 * TERA,
+        float8_flops=1978.9 * TERA,
         float8_flops_source=float8_source,
     )
 
@@ -513,7 +483,25 @@ _NOMINAL = (
 
 def _builtin_profiles() -> dict[str, HardwareProfile]:
     profiles = {row[0]: _gpu_profile(row) for row in _RTX_TABLE}
-    profiles.update({row[0]: _hopper_profile(row) for row in _HOPPER_TABLE})
+    profiles["h100"] = _hopper_profile(
+        "h100",
+        "NVIDIA H100 SXM5 80GB",
+        80,
+        3350,
+        "built-in table (NVIDIA H100 Tensor Core GPU Architecture whitepaper, H100 SXM5: "
+        "66.9 FP32, 989.4 dense FP16/BF16, 1978.9 dense FP8 TFLOPS, 80 GB HBM3 at 3.35 TB/s)",
+        FLOAT8_RATE_SOURCES["9.0"],
+    )
+    profiles["h200"] = _hopper_profile(
+        "h200",
+        "NVIDIA H200 SXM 141GB",
+        141,
+        4800,
+        "built-in table (NVIDIA H200 Tensor Core GPU datasheet: 141 GB HBM3e at 4.8 TB/s; "
+        "compute of the H100 SXM5 in the NVIDIA H100 Tensor Core GPU Architecture whitepaper)",
+        "NVIDIA H200 Tensor Core GPU datasheet: FP8 Tensor 3958 TFLOPS with sparsity, 1978.9 "
+        "dense, the H100 SXM5's (NVIDIA H100 Tensor Core GPU Architecture whitepaper)",
+    )
     profiles["cpu-amx"] = cpu_profile("cpu-amx", "CPU with AMX-BF16", 64, 1024, None, _NOMINAL)
     profiles["cpu-avx512-bf16"] = cpu_profile(
         "cpu-avx512-bf16", "CPU with AVX512-BF16", 64, 128, None, _NOMINAL

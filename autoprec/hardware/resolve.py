@@ -202,10 +202,8 @@ def cpu_flags() -> dict[str, bool]:
 
 
 def _gpu_from_tensorflow() -> tuple[str, str | None, int | None] | None:
-    try:
-        import tensorflow as tf
-    except Exception:
-        return None
+    import tensorflow as tf
+
     gpus = tf.config.list_physical_devices("GPU")
     if not gpus:
         return None
@@ -216,50 +214,41 @@ def _gpu_from_tensorflow() -> tuple[str, str | None, int | None] | None:
 
 
 def _gpu_from_jax() -> tuple[str, str | None, int | None] | None:
-    try:
-        import jax
-    except Exception:
-        return None
-    try:
-        devices = [device for device in jax.devices() if device.platform == "gpu"]
-    except Exception:
-        return None
+    import jax
+
+    devices = [device for device in jax.devices() if device.platform == "gpu"]
     if not devices:
         return None
     device = devices[0]
-    capability = getattr(device, "compute_capability", None)
-    memory = None
     try:
         memory = int((device.memory_stats() or {}).get("bytes_limit")) or None
-    except Exception:
+    except Exception:  # noqa: BLE001 - the memory is optional
         memory = None
-    return getattr(device, "device_kind", "GPU"), capability, memory
+    return (
+        getattr(device, "device_kind", "GPU"),
+        getattr(device, "compute_capability", None),
+        memory,
+    )
 
 
 def _gpu_from_torch() -> tuple[str, str | None, int | None] | None:
-    try:
-        import torch
-    except Exception:
+    import torch
+
+    if not torch.cuda.is_available():
         return None
-    try:
-        if not torch.cuda.is_available():
-            return None
-        properties = torch.cuda.get_device_properties(0)
-    except Exception:
-        return None
-    capability = f"{properties.major}.{properties.minor}"
-    return properties.name, capability, int(properties.total_memory)
+    properties = torch.cuda.get_device_properties(0)
+    return properties.name, f"{properties.major}.{properties.minor}", int(properties.total_memory)
 
 
 def _local_gpu(backend: str) -> tuple[str, str | None, int | None] | None:
     """Returns (device name, compute capability, memory bytes or None) of the first GPU."""
-    readers = {
-        "tensorflow": (_gpu_from_tensorflow, _gpu_from_jax, _gpu_from_torch),
-        "jax": (_gpu_from_jax, _gpu_from_torch, _gpu_from_tensorflow),
-        "torch": (_gpu_from_torch, _gpu_from_jax, _gpu_from_tensorflow),
-    }.get(backend, (_gpu_from_tensorflow, _gpu_from_jax, _gpu_from_torch))
-    for reader in readers:
-        found = reader()
+    readers = (_gpu_from_tensorflow, _gpu_from_jax, _gpu_from_torch)
+    order = {"jax": (1, 2, 0), "torch": (2, 1, 0)}.get(backend, (0, 1, 2))
+    for index in order:
+        try:
+            found = readers[index]()
+        except Exception:  # noqa: BLE001 - a framework not installed or not working here
+            continue
         if found is not None:
             return found
     return None
