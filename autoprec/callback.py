@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import time
@@ -23,7 +24,6 @@ from .decision import (
     race_traces,
     race_winner_plan,
     report_lines,
-    search_plan,
 )
 from .decision.race import StepRace
 from .errors import BackendError, PlanError
@@ -34,7 +34,7 @@ from .runtime.guard import Guard
 from .runtime.kernels import checked_plan
 from .runtime.loss_scale import LossScale
 from .runtime.training import DEFAULT_GUARD, PlanCallback
-from .search import SearchResult, compute_layers
+from .search import SearchResult, SearchSettings, compute_layers, search
 
 logger = logging.getLogger("autoprec")
 
@@ -165,56 +165,45 @@ class AutoPrecision(PlanCallback):
         self.profile: Profile | None = None
         self.estimate: Estimate | None = None
         self.search_result: SearchResult | None = None
-        self._profiler: ProfileCallback | None = None
-        self._batch_reader: FirstBatchSize | None = None
-        self._waiting_for_a_batch = False
-        self._race: StepRace | None = None
-        self._race_plans: dict[str, PrecisionPlan] = {}
-        self._per_layer_plan: PrecisionPlan | None = None
-        self._clock: StepClock | None = None
-        self._decision: dict[str, Any] = {}
+        self._deciding: _Deciding | None = None  # set while the automatic mode decides
 
     # ------------------------------------------------------------------ Keras hooks
 
     def on_train_batch_begin(self, batch, logs=None) -> None:
-        if self._race is not None:
-            self._race.begin_step()
+        if self._deciding is not None and self._deciding.race is not None:
+            self._deciding.race.begin_step()
 
     def on_train_batch_end(self, batch, logs=None) -> None:
-        if self._race is not None:
-            self._step += 1
-            steps = (self.params or {}).get("steps")
-            last_of_epoch = steps is not None and batch + 1 >= steps
-            # The timing stays inside the first epoch: a checkpoint written at its end
-            # saves the plan kept, never a candidate still being timed.
-            if self._race.end_step() or last_of_epoch:
-                self._finish_race()
-            return
-        if self._profiler is None and not self._waiting_for_a_batch:
+        deciding = self._deciding
+        if deciding is None:
             super().on_train_batch_end(batch, logs)
             return
         self._step += 1
-        if self._clock is not None:
-            self._clock.step_ended()
-        if self._profiler is not None:
-            self._profiler.on_train_batch_end(batch, logs)
-            if self._profiler.profile is not None:
-                self._decide_and_apply()
-            return
         steps = (self.params or {}).get("steps")
         last_of_epoch = steps is not None and batch + 1 >= steps
-        if self._clock is None or self._clock.steps >= UNPROFILED_STEPS or last_of_epoch:
+        if deciding.race is not None:
+            # The timing stays inside the first epoch: a checkpoint written at its end
+            # saves the plan kept, never a candidate still being timed.
+            if deciding.race.end_step() or last_of_epoch:
+                self._finish_race()
+            return
+        deciding.clock.step_ended()
+        if deciding.profiler is not None:
+            deciding.profiler.on_train_batch_end(batch, logs)
+            if deciding.profiler.profile is not None:
+                self._decide_and_apply()
+        elif deciding.clock.steps >= UNPROFILED_STEPS or last_of_epoch:
             self._decide_and_apply()
 
     def on_epoch_end(self, epoch, logs=None) -> None:
-        if self._race is not None:
+        if self._deciding is not None and self._deciding.race is not None:
             self._finish_race()  # an epoch of unknown length ended while plans were timed
         super().on_epoch_end(epoch, logs)
 
     def on_train_end(self, logs=None) -> None:
-        if self._profiler is not None or self._waiting_for_a_batch:
+        if self._deciding is not None and self._deciding.race is None:
             self._decide_and_apply()  # training ended before the profile was complete
-        if self._race is not None:
+        if self._deciding is not None:
             self._finish_race()  # training ended while the candidate plans were timed
         super().on_train_end(logs)
 
@@ -224,71 +213,56 @@ class AutoPrecision(PlanCallback):
         if self.plan is not None:
             super()._start()
             return
-        if self.auto.budget is None and not self._fast_reduced_dtypes():
-            self._decide_at_once()
+        try:
+            device = resolve_hardware(self.hardware)  # once for the fit
+        except Exception:  # noqa: BLE001 - an unknown device: profile and decide as before
+            device = None
+        fast = (
+            [BFLOAT16]
+            if device is None
+            else [d for d in (BFLOAT16, FLOAT16, FLOAT8) if device.is_fast(d)]
+        )
+        if self.auto.budget is None and not fast:
+            self._decide_at_once(device)
             return
-        self._clock = StepClock()
         # fit's first batch gives the shapes costs are timed at (its size, unless
         # `AutoPlan(batch_size=...)` names another).
-        self._batch_reader = FirstBatchSize(self.model)
-        self._batch_reader.install()
-        if self.auto.budget is None and not self._range_limited_dtypes():
+        reader = FirstBatchSize(self.model)
+        reader.install()
+        deciding = self._deciding = _Deciding(device, fast, reader)
+        if self.auto.budget is None and not {FLOAT16, FLOAT8} & set(fast):
             # bfloat16 keeps float32's exponent range: no recorded range can rule it out.
-            self._waiting_for_a_batch = True
             show_message(
                 "autoprec: bfloat16 keeps float32's range, nothing to profile; deciding after "
                 f"{UNPROFILED_STEPS} steps",
                 self.verbose,
             )
             return
-        self._profiler = ProfileCallback(
-            steps=self.auto.profile_steps, float8_ranges=self._float8_is_fast()
-        )
-        self._profiler.set_model(self.model)
+        profiler = ProfileCallback(steps=self.auto.profile_steps, float8_ranges=FLOAT8 in fast)
+        profiler.set_model(self.model)
         try:
-            self._profiler.on_train_begin()
+            profiler.on_train_begin()
         except BackendError as error:
-            self._profiler = None
-            if self._batch_reader is None:
-                show_message(
-                    f"autoprec: no profile on this backend ({error}); deciding from costs",
-                    self.verbose,
-                )
-                self._decide_and_apply()
-            else:
-                show_message(
-                    f"autoprec: no profile on this backend ({error}); deciding from costs "
-                    "after the first step",
-                    self.verbose,
-                )
-                self._waiting_for_a_batch = True
+            show_message(
+                f"autoprec: no profile on this backend ({error}); deciding from costs "
+                "after the first step",
+                self.verbose,
+            )
             return
+        deciding.profiler = profiler
         show_message(
             f"autoprec: profiling the first {self.auto.profile_steps} steps in float32",
             self.verbose,
         )
 
-    def _fast_reduced_dtypes(self) -> list[str]:
-        """The 16-bit (and float8) dtypes the callback's device runs fast: what a plan can win with."""
-        try:
-            hardware = resolve_hardware(self.hardware)
-        except Exception:  # noqa: BLE001 - an unknown device: profile and decide as before
-            return [BFLOAT16]
-        return [dtype for dtype in (BFLOAT16, FLOAT16, FLOAT8) if hardware.is_fast(dtype)]
-
-    def _range_limited_dtypes(self) -> list[str]:
-        """The fast dtypes a recorded range can rule out (float16, float8): what a profile decides."""
-        return [dtype for dtype in self._fast_reduced_dtypes() if dtype in (FLOAT16, FLOAT8)]
-
-    def _decide_at_once(self) -> None:
+    def _decide_at_once(self, device: HardwareProfile) -> None:
         """Keeps float32 without profiling or timing: no 16-bit dtype runs fast on the device."""
         started = time.perf_counter()
-        device = resolve_hardware(self.hardware).name
-        reason = f"no 16-bit dtype runs fast on {device}"
+        reason = f"no 16-bit dtype runs fast on {device.name}"
         plan = PrecisionPlan.uniform(self.model, FLOAT32)
         evidence = {path: {"reason": reason} for path in compute_layers(plan.layer_info)}
         self.plan = plan.with_metadata(
-            hardware=device,
+            hardware=device.name,
             predicted_speedup=None,
             evidence=evidence,
             measured={
@@ -307,34 +281,40 @@ class AutoPrecision(PlanCallback):
         self._apply(quiet=True)
 
     def _decide_and_apply(self) -> None:
-        self._waiting_for_a_batch = False
-        if self._profiler is not None:
-            if self._profiler.profile is None:
-                self._profiler.remove_probes()
-            self.profile = self._profiler.profile
-            self._profiler = None
-        batch_size, sample = self._first_batch()
+        deciding, self._deciding = self._deciding, None
+        if deciding.profiler is not None:
+            if deciding.profiler.profile is None:
+                deciding.profiler.remove_probes()
+            self.profile = deciding.profiler.profile
+        batch_size, sample = self._first_batch(deciding.batch_reader)
+        hardware = deciding.device or self.hardware  # an unknown name raises its error here
         if self.auto.budget is not None:
-            self.search_result = search_plan(
-                self.model, self.auto, self.profile, self.hardware, batch_size
+            self.search_result = search(
+                self.model,
+                self.auto.x,
+                self.auto.validation_data,
+                budget=self.auto.budget,
+                hardware=hardware,
+                n_trials=self.auto.n_trials,
+                verbose=0,
+                settings=SearchSettings(profile=self.profile, batch_size=batch_size),
             )
             self.plan, self.estimate = self.search_result.plan, None
             self._apply(quiet=True)
             self._report()
             return
         decided_at = time.perf_counter()
-        steps = (self.params or {}).get("steps")
-        clock = self._clock or StepClock()
         epochs = (self.params or {}).get("epochs")
-        budget = decision_budget(self.auto, clock.epoch_estimate(steps), epochs)
-        trace = clock.trace_seconds() or 0.0
+        epoch = deciding.clock.epoch_estimate((self.params or {}).get("steps"))
+        budget = decision_budget(self.auto, epoch, epochs)
+        trace = deciding.clock.trace_seconds() or 0.0
         # The race's traces come first (each fast uniform policy, the per-layer plan, the
         # kept plan's own; float32 runs fit's): per-layer costs are timed with what they leave.
-        race_reserve = (len(self._fast_reduced_dtypes()) + 2) * trace
+        race_reserve = (len(deciding.fast) + 2) * trace
         plan, self.estimate = decide_plan(
             self.model,
             self.profile,
-            hardware=self.hardware,
+            hardware=hardware,
             batch_size=batch_size,
             verbose=self.verbose,
             sample=sample,
@@ -342,18 +322,18 @@ class AutoPrecision(PlanCallback):
             trace_seconds=trace,
         )
         spent = time.perf_counter() - decided_at
-        self._decision = {"decision_seconds": spent, "budget_seconds": round(budget, 3)}
-        self._race_or_apply(plan, spent, budget, trace)
+        deciding.record = {"decision_seconds": spent, "budget_seconds": round(budget, 3)}
+        self._race_or_apply(deciding, plan, trace)
 
-    def _race_or_apply(
-        self, plan: PrecisionPlan, spent: float, budget: float, trace: float
-    ) -> None:
+    def _race_or_apply(self, deciding: _Deciding, plan: PrecisionPlan, trace: float) -> None:
         """Starts timing the candidates inside fit where the budget pays their traces; else applies
         `plan` (the simpler one, float32, where the race was out of budget)."""
         optimizer = self.model.optimizer
-        candidates = self._timed_candidates(plan)  # may add loss scaling for float16 ones
+        candidates = self._timed_candidates(deciding.device, plan)  # may add loss scaling
         reuse_fit_step = self.model.optimizer is optimizer
         traces = race_traces(self.model, candidates, reuse_fit_step) if len(candidates) > 1 else 0
+        spent, budget = deciding.record["decision_seconds"], deciding.record["budget_seconds"]
+        why = ""
         if traces and spent + traces * trace > budget:
             # The race's traces would not fit: out of budget, fit keeps the simpler plan.
             name, simpler = next(iter(candidates.items()))
@@ -363,18 +343,19 @@ class AutoPrecision(PlanCallback):
                 f"{trace:.1f} s, over the {budget:.1f} s budget: keeping {name}, the simpler plan"
             )
             self.estimate, candidates = None, {}
-        else:
-            why = ""
         if len(candidates) < 2:
-            self.plan = plan.with_metadata(measured=self._decision_record(0, 0, why))
+            self.plan = plan.with_metadata(measured=_measured(deciding.record, 0, 0, why))
             self._apply(quiet=True)
             self._report()
             return
-        candidates = self._checked(candidates)
-        self._race_plans, self._per_layer_plan = candidates, plan
-        self._race = StepRace(
-            self.model, candidates, rounds=self.auto.timing_rounds, reuse_fit_step=reuse_fit_step
+        deciding.race_plans, deciding.per_layer_plan = self._checked(candidates), plan
+        deciding.race = StepRace(
+            self.model,
+            deciding.race_plans,
+            rounds=self.auto.timing_rounds,
+            reuse_fit_step=reuse_fit_step,
         )
+        self._deciding = deciding
         show_message(
             f"autoprec: timing the whole train step of {', '.join(candidates)} "
             "over the next steps of fit",
@@ -391,26 +372,26 @@ class AutoPrecision(PlanCallback):
             for name, candidate in candidates.items()
         }
 
-    def _timed_candidates(self, plan: PrecisionPlan) -> dict[str, PrecisionPlan]:
+    def _timed_candidates(
+        self, device: HardwareProfile | None, plan: PrecisionPlan
+    ) -> dict[str, PrecisionPlan]:
         """The plans to time inside fit (none where costs are predicted, not measured here)."""
-        if self.auto.timing_rounds == 0 or not is_local(self.hardware):
+        if self.auto.timing_rounds == 0 or device is None or not is_local(device):
             return {}
-        candidates = race_candidates(
-            self.model, plan, self.profile, resolve_hardware(self.hardware)
-        )
+        candidates = race_candidates(self.model, plan, self.profile, device)
         if any(candidate.uses_float16 for candidate in candidates.values()):
             self._wrap_optimizer(uses_float16=True, has_16bit=True)  # float16 steps are scaled
         return candidates
 
     def _finish_race(self) -> None:
         """Keeps the plan whose whole step measured fastest, applies it and reports."""
-        race, self._race = self._race, None
-        result = race.result()
-        race.close()
-        self.plan = race_winner_plan(self._race_plans, result, self._per_layer_plan)
-        self._decision["decision_seconds"] += result.added_seconds
+        deciding, self._deciding = self._deciding, None
+        result = deciding.race.result()
+        deciding.race.close()
+        self.plan = race_winner_plan(deciding.race_plans, result, deciding.per_layer_plan)
+        deciding.record["decision_seconds"] += result.added_seconds
         measured = dict(self.plan.metadata.get("measured") or {})
-        measured.update(self._decision_record(len(self._race_plans), result.rounds_run))
+        measured.update(_measured(deciding.record, len(deciding.race_plans), result.rounds_run))
         self.plan = self.plan.with_metadata(measured=measured)
         lines = race_lines(result, self.estimate)
         if self.plan.metadata.get("predicted_speedup") is None:
@@ -435,29 +416,14 @@ class AutoPrecision(PlanCallback):
                 self.verbose,
             )
 
-    def _decision_record(self, candidates: int, rounds: int, why: str = "") -> dict[str, Any]:
-        """What the decision cost, for `plan.metadata["measured"]`."""
-        record = {
-            "decision_seconds": round(float(self._decision.get("decision_seconds", 0.0)), 3),
-            "budget_seconds": self._decision.get("budget_seconds"),
-            "candidates_timed": candidates,
-            "rounds": rounds,
-        }
-        if why:
-            record["why"] = why
-        return record
-
-    def _first_batch(self) -> tuple[int, Any]:
+    def _first_batch(self, reader: FirstBatchSize) -> tuple[int, Any]:
         """Returns the batch size to time costs at (`auto.batch_size`, else fit's first batch's) and
         inputs of that many samples shaped as fit's first batch (`None` when none was read)."""
-        reader, self._batch_reader = self._batch_reader, None
-        size = reader.read() if reader is not None else None
-        size = self.auto.batch_size or size
-        sample = reader.read_inputs(size) if reader is not None else None
-        if reader is not None:
-            # The traced step keeps the reader (it records one batch, once): a plan that
-            # changes nothing runs it on; one that does, and the race, trace their own.
-            reader.remove()
+        size = self.auto.batch_size or reader.read()
+        sample = reader.read_inputs(size)
+        # The traced step keeps the reader (it records one batch, once): a plan that
+        # changes nothing runs it on; one that does, and the race, trace their own.
+        reader.remove()
         if size is None:
             logger.info(
                 "autoprec: no batch seen before deciding; costs timed at batch size %d",
@@ -465,3 +431,34 @@ class AutoPrecision(PlanCallback):
             )
             return FALLBACK_BATCH_SIZE, None
         return size, sample
+
+
+@dataclasses.dataclass
+class _Deciding:
+    """What the automatic mode holds inside the fit that decides: the race is on once `race` is set,
+    the profile is being recorded while `profiler` is."""
+
+    device: HardwareProfile | None  # `hardware=` resolved for this fit; None: an unknown device
+    fast: list[str]  # the 16-bit (and float8) dtypes the device runs fast: what a plan can win
+    batch_reader: FirstBatchSize
+    clock: StepClock = dataclasses.field(default_factory=StepClock)
+    profiler: ProfileCallback | None = None
+    race: StepRace | None = None
+    race_plans: dict[str, PrecisionPlan] = dataclasses.field(default_factory=dict)
+    per_layer_plan: PrecisionPlan | None = None
+    record: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+def _measured(
+    record: dict[str, Any], candidates: int, rounds: int, why: str = ""
+) -> dict[str, Any]:
+    """What the decision cost, for `plan.metadata["measured"]`."""
+    measured = {
+        "decision_seconds": round(float(record.get("decision_seconds", 0.0)), 3),
+        "budget_seconds": record.get("budget_seconds"),
+        "candidates_timed": candidates,
+        "rounds": rounds,
+    }
+    if why:
+        measured["why"] = why
+    return measured

@@ -255,8 +255,7 @@ def hardware(args: argparse.Namespace) -> int:
     """`autoprec hardware [NAME] [--detect]`: the built-in profiles, one of them, or this machine."""
     if args.detect and args.name:
         raise UsageError(f"hardware: give NAME ({args.name!r}) or --detect, not both.")
-    from ..hardware.detect import detect
-    from ..hardware.resolve import get, names
+    from ..hardware import detect, get, names
 
     if args.detect or args.name:
         found = detect() if args.detect else get(args.name)

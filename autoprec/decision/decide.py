@@ -1,28 +1,173 @@
-"""The automatic mode's decision: the heuristic plan from the profile and the costs, or the search."""
+"""The automatic mode's decision: its settings (`AutoPlan`), fit's first batch, the heuristic plan
+from the profile and the costs, and the report printed once it is applied."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import keras
 
 from .. import cost
-from .._core.dtypes import BFLOAT16, FLOAT8, FLOAT16, FLOAT32
-from ..cost import CostTable, Estimate
+from .._core.data import input_part
+from .._core.dtypes import BFLOAT16, FLOAT8, FLOAT16, FLOAT32, count_dtypes, counts_text
+from .._core.models import ConfigValue, rebuild_train_function, strategy_scope, swap_attribute
+from ..cost import Estimate
+from ..errors import PlanError
 from ..hardware import HardwareProfile, is_local, resolve_hardware
 from ..plan import PrecisionPlan
 from ..profiler import Profile
-from ..search import (
-    SearchResult,
-    SearchSettings,
-    heuristic_plan,
-    search,
-)
-from .auto_plan import AutoPlan
+from ..search import Budget, heuristic_plan
 
 logger = logging.getLogger("autoprec")
+
+#: The share of the whole fit the decision may take by default (`AutoPlan.decision_seconds`).
+DECISION_SHARE = 0.1
+
+#: The most of the first epoch the decision may take by default, however long the fit.
+FIRST_EPOCH_SHARE = 0.2
+
+#: The most seconds the decision may take by default, however long the fit.
+DECISION_CAP_SECONDS = 60.0
+
+
+def decision_budget(auto: AutoPlan, epoch_seconds: float | None, epochs: int | None = 1) -> float:
+    """Returns the seconds the decision may take: `auto.decision_seconds`, else the default."""
+    if auto.decision_seconds is not None:
+        return float(auto.decision_seconds)
+    if epoch_seconds is None:
+        return DECISION_CAP_SECONDS
+    share = min(DECISION_SHARE * max(int(epochs or 1), 1), FIRST_EPOCH_SHARE)
+    return min(DECISION_CAP_SECONDS, share * float(epoch_seconds))
+
+
+@dataclasses.dataclass(frozen=True)
+class AutoPlan(ConfigValue):
+    """Settings of `AutoPrecision()`'s automatic mode: how it profiles, times and decides a plan.
+
+    With no plan, `AutoPrecision` profiles the first `profile_steps` steps of
+    `fit` in the model's own policies, times every layer at the batch size `fit`
+    uses (read from the first batch) and builds the heuristic plan; with a
+    `budget` it runs a short Optuna search of `n_trials` trials on `x` and
+    `validation_data` instead (a callback cannot see `fit`'s data, so the
+    search needs its own). `get_config()` and `AutoPlan.from_config(config)`
+    round-trip it through a plain dict (the data and budget included as they are).
+
+    Attributes:
+        profile_steps: steps profiled before deciding.
+        batch_size: the batch size layer costs are timed or predicted for;
+            `None` reads it from `fit`'s first batch (per replica).
+        budget: an `autoprec.Budget`: search under it instead of the heuristic.
+        x: training batches for the search: an `(x, y)` tuple of arrays, a
+            `tf.data.Dataset`, a `PyDataset` or a generator of batches.
+        validation_data: held-out batches the search judges candidate plans on.
+        n_trials: trials of that search.
+        timing_rounds: where costs are measured here (`hardware="local"`) and no
+            budget is given, the heuristic plan is not kept on its prediction: the
+            next steps of `fit` run float32, each uniform 16-bit policy the device
+            runs fast and the profile allows (as Keras' global `mixed_*` policy sets
+            it: every layer) and the per-layer plan in turn, each traced once, then
+            in `timing_rounds` interleaved rounds of 2 timed steps each (more rounds,
+            up to 9, while the verdict is undecided; all inside the first epoch,
+            judged on the rounds timed when it ends); the fastest whole step is
+            kept, a difference inside the measured noise going to the simpler plan
+            (`plan.metadata["measured"]` records what was timed). These steps train
+            the model as usual. 0 keeps the predicted plan without timing.
+        decision_seconds: the most seconds the decision may add to `fit` where
+            costs are measured here: per-layer timing stops when they run out (the
+            layers left get predicted costs), and the whole steps raced inside `fit`
+            decide. `None`: `DECISION_SHARE` of the whole fit, at most
+            `FIRST_EPOCH_SHARE` of the first epoch (estimated from the profiled
+            steps) and `DECISION_CAP_SECONDS` (`decision_budget`). The report says
+            what the decision took (`plan.metadata["measured"]`).
+
+    Raises:
+        PlanError: for a `budget` without `x` and `validation_data` (or data
+            without a budget), a `budget` that is not an `autoprec.Budget`, or a
+            count below 1.
+
+    Example:
+
+    ```python
+    auto = autoprec.AutoPlan(
+        budget=autoprec.Budget("val_accuracy", max_drop=0.01),
+        x=(x_train, y_train), validation_data=(x_val, y_val), n_trials=10,
+    )
+    model.fit(x_train, y_train, callbacks=[autoprec.AutoPrecision(auto=auto)])
+    ```
+    """
+
+    profile_steps: int = 20
+    batch_size: int | None = None
+    budget: Budget | None = None
+    x: Any = dataclasses.field(default=None, compare=False)
+    validation_data: Any = dataclasses.field(default=None, compare=False)
+    n_trials: int = 20
+    timing_rounds: int = 5
+    decision_seconds: float | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("profile_steps", "n_trials"):
+            _require_count(name, getattr(self, name))
+        if self.timing_rounds != 0:
+            _require_count("timing_rounds", self.timing_rounds, "or 0 (no timing)")
+        if self.decision_seconds is not None and (
+            isinstance(self.decision_seconds, bool)
+            or not isinstance(self.decision_seconds, (int, float))
+            or not self.decision_seconds >= 0
+        ):
+            raise PlanError(
+                f"AutoPlan: decision_seconds must be a number of seconds >= 0 or None (a share "
+                f"of the first epoch), got {self.decision_seconds!r}."
+            )
+        if self.batch_size is not None:
+            _require_count("batch_size", self.batch_size, "or None (the batch size fit uses)")
+        if self.budget is not None and not isinstance(self.budget, Budget):
+            raise PlanError(
+                f"AutoPlan: budget must be an autoprec.Budget or None, got {self.budget!r}; "
+                'e.g. budget=autoprec.Budget("val_loss", max_relative_drop=0.02).'
+            )
+        has_data = self.x is not None and self.validation_data is not None
+        if self.budget is not None and not has_data:
+            raise PlanError(
+                "AutoPlan: budget= runs a search, which needs x= (training batches) and "
+                "validation_data= (held-out batches to judge candidate plans on); a callback "
+                "cannot see fit's data. Pass both, or leave budget=None for the heuristic plan."
+            )
+        if self.budget is None and (self.x is not None or self.validation_data is not None):
+            raise PlanError(
+                "AutoPlan: x= and validation_data= are the search's data; pass budget= "
+                "(an autoprec.Budget) to search, or leave them out for the heuristic plan."
+            )
+
+    def __repr__(self) -> str:
+        data = ""
+        if self.budget is not None:
+            data = f", x={_describe_data(self.x)}, validation_data={_describe_data(self.validation_data)}"
+        return (
+            f"AutoPlan(profile_steps={self.profile_steps}, batch_size={self.batch_size}, "
+            f"budget={self.budget!r}{data}, n_trials={self.n_trials}, "
+            f"timing_rounds={self.timing_rounds}, decision_seconds={self.decision_seconds})"
+        )
+
+
+def _require_count(name: str, value: object, otherwise: str = "") -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        accepted = f"an integer >= 1 {otherwise}".strip()
+        raise PlanError(f"AutoPlan: {name} must be {accepted}, got {value!r}.")
+
+
+def _describe_data(data: Any) -> str:
+    """Returns a short description of a data argument (shapes, not values) for reprs."""
+    if isinstance(data, (tuple, list)):
+        return "(" + ", ".join(_describe_data(item) for item in data) + ")"
+    shape = getattr(data, "shape", None)
+    if shape is not None:
+        return f"{type(data).__name__}{tuple(shape)}"
+    return f"<{type(data).__name__}>"
+
 
 #: The shortest decision budget costs are timed here within (whole steps first take seconds):
 #: below it, costs are predicted for the device and the race inside `fit` measures.
@@ -31,13 +176,15 @@ MIN_CALIBRATION_SECONDS = 15.0
 #: The batch size costs are timed at when `fit` ran no step to read it from.
 FALLBACK_BATCH_SIZE = 32
 
+#: Layers of one class the one-liner times; the others of the class are predicted from them.
+LAYERS_PER_KIND = 2
+
 
 def decide_plan(
     model: keras.Model,
     profile: Profile | None,
     hardware: HardwareProfile | str | None = "local",
     batch_size: int = FALLBACK_BATCH_SIZE,
-    calibrate_costs: bool = True,
     verbose: int = 0,
     sample: Any = None,
     time_budget: float | None = None,
@@ -51,7 +198,7 @@ def decide_plan(
     costs = None
     traces = (len(allowed) + 2) * trace_seconds  # calibrate's whole uniform and mixed steps
     too_short = time_budget is not None and time_budget < MIN_CALIBRATION_SECONDS + traces
-    if calibrate_costs and is_local(hardware) and too_short:
+    if is_local(hardware) and too_short:
         logger.info(
             "autoprec: a %.1f s decision budget is too short to time costs here (%.1f s of "
             "it would trace whole steps); costs are predicted for %s and the whole steps "
@@ -61,10 +208,18 @@ def decide_plan(
             hardware_profile.name,
         )
     try:
-        if calibrate_costs and is_local(hardware) and not too_short:
+        if is_local(hardware) and not too_short:
             if sample is None:
                 sample = cost.sample_inputs(model, batch_size)
-            costs = measure_costs(model, sample, allowed, hardware_profile, verbose, time_budget)
+            costs = cost.calibrate(
+                model,
+                sample,
+                dtypes=allowed,
+                verbose=int(verbose >= 1),
+                hardware=hardware_profile,
+                time_budget=time_budget,
+                layers_per_kind=LAYERS_PER_KIND,
+            )
         else:
             costs = cost.predict_costs(model, hardware_profile, batch_size=batch_size, x=sample)
     except Exception as error:  # costs improve the plan; their absence must not stop training
@@ -85,45 +240,187 @@ def decide_plan(
     return plan, estimate
 
 
-#: Layers of one class the one-liner times; the others of the class are predicted from them.
-LAYERS_PER_KIND = 2
+def report_lines(
+    plan: PrecisionPlan, estimate: Estimate | None, dtypes: Mapping[str, str]
+) -> list[str]:
+    """Returns the compact report printed once when the automatic plan is applied."""
+    speedup = estimate.speedup if estimate is not None else None
+    lines = [
+        "autoprec: automatic plan: "
+        + counts_text(count_dtypes(dtypes.values()))
+        + " layer(s)"
+        + (f"; predicted speedup {speedup:.2f}x over float32" if speedup else "")
+        + f" on {plan.metadata.get('hardware')}"
+    ]
+    start = plan.metadata.get("start")
+    if isinstance(start, Mapping) and start.get("policy"):
+        lines.append("  " + start_line(start))
+    departures = _departures(plan, dtypes)
+    for path, (dtype, reason) in list(departures.items())[:8]:
+        lines.append(f"  {dtype} {path}: {reason}")
+    if len(departures) > 8:
+        lines.append(f"  ... and {len(departures) - 8} more; see plan.metadata['evidence']")
+    return lines
 
 
-def measure_costs(
-    model: keras.Model,
-    sample: Any,
-    dtypes: Sequence[str],
-    hardware: HardwareProfile,
-    verbose: int,
-    time_budget: float | None = None,
-) -> CostTable:
-    """Returns the layer costs measured on this device for `sample`'s batch size (`cost.calibrate`)."""
-    return cost.calibrate(
-        model,
-        sample,
-        dtypes=dtypes,
-        verbose=int(verbose >= 1),
-        hardware=hardware,
-        time_budget=time_budget,
-        layers_per_kind=LAYERS_PER_KIND,
-    )
+def start_line(start: Mapping[str, Any]) -> str:
+    """Returns the line saying which uniform policy the plan started from, and why."""
+    steps = start.get("predicted_step_ms") or {}
+    figures = ", ".join(f"{dtype} {ms:.3f} ms" for dtype, ms in steps.items())
+    why = f"predicted fastest ({figures}; {start.get('costs')})" if figures else "no cost table"
+    return f"start: uniform {start['policy']}, {why}"
 
 
-def search_plan(
-    model: keras.Model,
-    auto: AutoPlan,
-    profile: Profile | None,
-    hardware: HardwareProfile | str,
-    batch_size: int,
-) -> SearchResult:
-    """Returns the result of the short search `AutoPlan(budget=...)` asks for."""
-    return search(
-        model,
-        auto.x,
-        auto.validation_data,
-        budget=auto.budget,
-        hardware=hardware,
-        n_trials=auto.n_trials,
-        verbose=0,
-        settings=SearchSettings(profile=profile, batch_size=batch_size),
-    )
+def _departures(plan: PrecisionPlan, dtypes: Mapping[str, str]) -> dict[str, tuple[str, str]]:
+    """`{path: (dtype, reason)}`: the heuristic's departures, or the search's float32 layers."""
+    found = {}
+    for path, entry in (plan.metadata.get("evidence") or {}).items():
+        if not isinstance(entry, Mapping):
+            continue
+        dtype = dtypes.get(path, "float32")
+        if entry.get("kind") is not None:
+            if dtype == entry.get("dtype") or entry.get("dtype") is None:
+                found[path] = (dtype, f"{entry['kind']}: {entry.get('reason', '')}")
+        elif dtype == "float32":
+            found[path] = (dtype, _float32_reason(entry))
+    return found
+
+
+def _float32_reason(entry: Mapping[str, Any]) -> str:
+    """Returns why a layer stayed float32, from the heuristic's or the search's evidence."""
+    if entry.get("reason"):
+        return str(entry["reason"])
+    removed = entry.get("removed") or {}
+    if removed:
+        return "; ".join(f"{dtype} ruled out: {why}" for dtype, why in removed.items())
+    if entry.get("profile"):
+        return f"float16 unsafe: {entry['profile']}"
+    return "16-bit did not pay or did not hold the budget in the search"
+
+
+#: Input dimensions besides the batch that a traced TensorFlow step leaves unknown
+#: (a padded sequence length) and `FirstBatchSize` records when the step runs.
+RECORDED_DIMENSIONS = 63
+
+
+class FirstBatchSize:
+    """Reads the size of the first batch a model trains on, from inside its train step."""
+
+    def __init__(self, model: keras.Model) -> None:
+        self.model = model
+        self._static: int | None = None
+        self._variable: keras.Variable | None = None
+        self._inputs: Any = None  # the first batch's input specs; False: unreadable
+        self._dimensions: keras.Variable | None = None
+        self._undo: Callable[[], None] | None = None
+
+    def install(self) -> None:
+        """Wraps the train step and rebuilds the train function so the next step records."""
+        if keras.backend.backend() == "tensorflow":
+            with strategy_scope(self.model):
+                self._variable = keras.Variable(
+                    0,
+                    dtype="int32",
+                    trainable=False,
+                    aggregation="only_first_replica",
+                    name="autoprec_first_batch_size",
+                )
+                self._dimensions = keras.Variable(
+                    keras.ops.zeros((RECORDED_DIMENSIONS + 1,), "int32"),
+                    dtype="int32",
+                    trainable=False,
+                    aggregation="only_first_replica",
+                    name="autoprec_first_batch_dimensions",
+                )
+        original = self.model.train_step
+        reader = self
+
+        def train_step(*args):
+            reader._observe(args[-1])
+            return original(*args)
+
+        self._undo = swap_attribute(self.model, "train_step", train_step)
+        rebuild_train_function(self.model)
+
+    def remove(self) -> None:
+        """Puts the model's own train step back; the train function must be rebuilt after."""
+        if self._undo is not None:
+            self._undo()
+            self._undo = None
+
+    def read(self) -> int | None:
+        """Returns the first batch's size, or `None` when no step has run yet."""
+        if self._static is not None:
+            return self._static
+        if self._variable is not None:
+            value = int(keras.ops.convert_to_numpy(self._variable.value))
+            return value or None
+        return None
+
+    def read_inputs(self, batch_size: int | None = None) -> Any:
+        """Returns random inputs shaped as the first batch's (structure, dtypes, dimensions)."""
+        size = batch_size or self.read()
+        if self._inputs is None or self._inputs is False or size is None:
+            return None
+        specs = self._inputs
+        if self._dimensions is not None:
+            recorded = [int(v) for v in keras.ops.convert_to_numpy(self._dimensions.value)]
+            if recorded[0]:
+                specs = _with_dimensions(specs, iter(recorded[1:]))
+        try:
+            return cost.random_inputs(specs, size)
+        except PlanError as error:
+            logger.info("autoprec: the first batch's shapes are unknown (%s)", error)
+            return None
+
+    def _write_dimensions(self, inputs: Any) -> None:
+        """Has the traced step write, once, the dimensions the recorded specs leave unknown."""
+        specs, arrays = keras.tree.flatten(self._inputs), keras.tree.flatten(inputs)
+        if self._dimensions is None or len(specs) != len(arrays):
+            return
+        unknown = [
+            keras.ops.shape(array)[axis]
+            for spec, array in zip(specs, arrays)
+            for axis, dim in enumerate(spec.shape)
+            if axis > 0 and dim is None
+        ][:RECORDED_DIMENSIONS]
+        if unknown:
+            written = keras.ops.stack([keras.ops.cast(dim, "int32") for dim in [1, *unknown]])
+            written = keras.ops.pad(written, [[0, RECORDED_DIMENSIONS - len(unknown)]])
+            current = self._dimensions.value
+            first = keras.ops.equal(current[0], 0)
+            self._dimensions.assign(keras.ops.where(first, written, current))
+
+    def _observe(self, data: Any) -> None:
+        arrays = [
+            value for value in keras.tree.flatten(data) if len(getattr(value, "shape", ())) > 0
+        ]
+        if not arrays:
+            return
+        try:
+            # Every trace of the step writes the dimensions the first one left unknown.
+            if self._inputs is None:
+                self._inputs = keras.tree.map_structure(cost.spec_of, input_part(data))
+            if self._inputs is not False:
+                self._write_dimensions(input_part(data))
+        except Exception as error:  # noqa: BLE001 - reading shapes must never stop training
+            logger.info("autoprec: the first batch's shapes could not be read (%s)", error)
+            self._inputs = False
+        size = arrays[0].shape[0]
+        if isinstance(size, int):
+            if self._static is None:
+                self._static = size
+        elif self._variable is not None:
+            size = keras.ops.cast(keras.ops.shape(arrays[0])[0], "int32")
+            current = self._variable.value
+            self._variable.assign(keras.ops.where(keras.ops.equal(current, 0), size, current))
+
+
+def _with_dimensions(specs: Any, dimensions: Iterator[int]) -> Any:
+    """Returns `specs` with their unknown dimensions (besides the batch) taken from `dimensions`."""
+
+    def filled(spec: cost.TensorSpec) -> cost.TensorSpec:
+        rest = [(next(dimensions, 0) or None) if dim is None else dim for dim in spec.shape[1:]]
+        return cost.TensorSpec((*spec.shape[:1], *rest), spec.dtype)
+
+    return keras.tree.map_structure(filled, specs)

@@ -1,8 +1,16 @@
 """Hardware profiles: what a device computes fast, how fast, and how much memory it has."""
 
-from .detect import cpu_flags, detect, detect_cpu, profile_for_gpu
 from .profile import HardwareProfile, load_profile, profile_from_dict
-from .resolve import get, is_local, names, resolve_hardware
+from .resolve import (
+    cpu_flags,
+    detect,
+    detect_cpu,
+    get,
+    is_local,
+    names,
+    profile_for_gpu,
+    resolve_hardware,
+)
 
 __all__ = [
     "HardwareProfile",

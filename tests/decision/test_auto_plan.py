@@ -1,4 +1,4 @@
-"""Tests for autoprec.decision.auto_plan: the automatic mode's settings and the errors they raise."""
+"""Tests for `AutoPlan`: the automatic mode's settings and the errors they raise."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Tests for autoprec.decision.first_batch: the first batch's size and input shapes, read inside fit."""
+"""Tests for `FirstBatchSize`: the first batch's size and input shapes, read inside fit."""
 
 from __future__ import annotations
 

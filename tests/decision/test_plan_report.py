@@ -1,4 +1,4 @@
-"""Tests for autoprec.decision.plan_report: the report printed once the automatic plan is applied."""
+"""Tests for `report_lines`: the report printed once the automatic plan is applied."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Tests for `autoprec.decision.step_clock`: the epoch's length and a trace's cost from fit's first steps."""
+"""Tests for `autoprec.decision.race`: the epoch's length and a trace's cost from fit's first steps."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Tests for autoprec/hardware/builtin.py and the look-ups of resolve.py: the RTX table, names, errors."""
+"""Tests for the built-in profiles and the look-ups of `resolve_hardware`: the RTX table, names, errors."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Tests for autoprec/hardware/detect.py: CPU flags from /proc/cpuinfo, GPU names to profiles."""
+"""Tests for the detection of this device: CPU flags from /proc/cpuinfo, GPU names to profiles."""
 
 from __future__ import annotations
 
@@ -27,6 +27,7 @@ def _cpuinfo_flags() -> set[str]:
 def test_detect_is_consistent_with_proc_cpuinfo():
     profile = hardware.detect()
     assert profile.detected
+    assert hardware.detect() is profile  # read once per process
     if profile.kind == "gpu":
         pytest.skip("a GPU is present; the CPU path is not taken")
     flags = _cpuinfo_flags()
