@@ -1,8 +1,9 @@
-"""The rule engine: `PlanRule`, reading rules, and which layers a rule reaches."""
+"""The rule engine: `PlanRule`, reading rules, which layers a rule reaches, and the hints errors give."""
 
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import fnmatch
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -10,7 +11,6 @@ from typing import Any
 from .._core.dtypes import FLOAT8, canonical_dtype, float8_eligible
 from ..errors import PlanError
 from ..layers import LayerInfo
-from .hints import did_you_mean, follower_message
 
 
 @dataclasses.dataclass(frozen=True, init=False)
@@ -189,3 +189,32 @@ def _hand_named_targets(rule: PlanRule, layers: Mapping[str, str]) -> list[str]:
             "(PrecisionPlan.uniform / from_model) so it knows each layer's class."
         )
     return [target for target in layers if rule.matches(target, None)]
+
+
+def did_you_mean(name: str, candidates: Iterable[str]) -> str:
+    """Returns ` (did you mean 'a', 'b'?)` naming the candidates closest to `name`, or `""`."""
+    close = difflib.get_close_matches(name, list(candidates), n=3, cutoff=0.5)
+    return f" (did you mean {', '.join(repr(match) for match in close)}?)" if close else ""
+
+
+def followed_source(path: str, followers: Mapping[str, str]) -> str:
+    """Returns the decided layer at the end of `path`'s chain of followers (`path` if it decides)."""
+    seen = set()
+    while path in followers and path not in seen:
+        seen.add(path)
+        path = followers[path]
+    return path
+
+
+def follower_message(
+    path: str, followers: Mapping[str, str], layer_info: Mapping[str, LayerInfo]
+) -> str:
+    """Says which layer the follower `path` takes its dtype from, and to set that one instead."""
+    source = followed_source(path, followers)
+    info = layer_info.get(path)
+    kind = "a pass-through layer" if info is None or info.pass_through else "a nested model"
+    class_name = f" ({info.class_name})" if info is not None else ""
+    return (
+        f"{path!r} is {kind}{class_name}; it follows the dtype of {source!r}. "
+        f"Set {source!r} instead."
+    )

@@ -1,16 +1,14 @@
-"""JSON: a plan as its versioned JSON value, and back, with errors that name the file and the field."""
+"""The plan JSON format: its version, the layer entries, and reading it with errors that name the file
+and the field."""
 
 from __future__ import annotations
 
-import copy
-from typing import Any, TypeVar
+from typing import Any
 
 from .._core.dtypes import FLOAT32, canonical_dtype
 from ..errors import PlanError
 from ..layers import LayerInfo
-from .lookup import every_layer
-from .rules import PlanRule, coerce_rule
-from .view import PlanView
+from .rules import coerce_rule
 
 #: Version of the plan JSON format written by this release. Files with a higher
 #: version are refused with a message to upgrade autoprec.
@@ -19,30 +17,8 @@ FORMAT_VERSION = 1
 #: The `format` field of a plan file, which tells a plan from a profile or another JSON file.
 FORMAT_NAME = "autoprec.plan"
 
-_PlanT = TypeVar("_PlanT")
 
-
-def plan_to_dict(plan: PlanView) -> dict[str, Any]:
-    """Returns the plan as a JSON-ready dict (the format in `docs/plan-format.md`)."""
-    layers = {}
-    for path, dtype in every_layer(plan).items():
-        info = plan.layer_info.get(path)
-        layers[path] = {"dtype": dtype, **(_layer_entry(info) if info is not None else {})}
-    return {
-        "format": FORMAT_NAME,
-        "format_version": FORMAT_VERSION,
-        "autoprec_version": plan.autoprec_version,
-        "created": plan.created,
-        "model": {"name": plan.model_name, "fingerprint": plan.fingerprint},
-        "default": plan.default,
-        "rules": [rule.to_dict() for rule in plan.rules],
-        "layers": layers,
-        "metadata": copy.deepcopy(dict(plan.metadata)),
-        "events": [copy.deepcopy(dict(event)) for event in plan.events],
-    }
-
-
-def _layer_entry(info: LayerInfo) -> dict[str, Any]:
+def layer_entry(info: LayerInfo) -> dict[str, Any]:
     """Returns the description of a layer written beside its dtype."""
     return {
         "class": info.class_name,
@@ -70,26 +46,23 @@ def _expect(value: Any, types: type | tuple[type, ...], field: str, source: str)
     return value
 
 
-def plan_from_dict(cls: type[_PlanT], data: Any, source: str) -> _PlanT:
-    """Returns the plan of class `cls` that a decoded plan JSON value describes."""
+def plan_arguments(data: Any, source: str) -> dict[str, Any]:
+    """Returns the `PrecisionPlan` constructor arguments a decoded plan JSON value describes."""
     _expect(data, dict, "<top level>", source)
     _check_format(data, source)
     default = canonical_dtype(data.get("default", FLOAT32), f"{source}: default")
-    rules = _read_rules(data, source)
+    rules = [
+        coerce_rule(rule, index, source)
+        for index, rule in enumerate(_expect(data.get("rules", []), list, "rules", source))
+    ]
     explicit, infos = _read_layers(_expect(data.get("layers", {}), dict, "layers", source), source)
-    try:
-        return cls(
-            explicit,
-            rules=rules,
-            default=default,
-            layer_info=infos if len(infos) == len(explicit) else {},
-            **_read_record(data, source),
-        )
-    except PlanError as error:  # a refusal of the plan as a whole (float8 where it cannot go)
-        message = str(error)
-        raise PlanError(
-            message if message.startswith(source) else f"{source}: {message}"
-        ) from error
+    return {
+        "layers": explicit,
+        "rules": rules,
+        "default": default,
+        "layer_info": infos if len(infos) == len(explicit) else {},
+        **_read_record(data, source),
+    }
 
 
 def _check_format(data: dict, source: str) -> None:
@@ -113,12 +86,6 @@ def _check_format(data: dict, source: str) -> None:
             f"{source}: field 'format' is {data['format']!r}, expected {FORMAT_NAME!r}; "
             "is this a profile or another file?"
         )
-
-
-def _read_rules(data: dict, source: str) -> list[PlanRule]:
-    """Returns the validated rules of the `rules` field, in order."""
-    rules_data = _expect(data.get("rules", []), list, "rules", source)
-    return [coerce_rule(rule, index, source) for index, rule in enumerate(rules_data)]
 
 
 def _read_layers(layers_data: dict, source: str) -> tuple[dict[str, str], dict[str, LayerInfo]]:
