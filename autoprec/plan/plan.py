@@ -88,13 +88,8 @@ class PlanDiff:
     rules_changed: tuple[tuple[PlanRule, ...], tuple[PlanRule, ...]] | None = None
 
     def __bool__(self) -> bool:
-        return bool(
-            self.changed
-            or self.only_in_self
-            or self.only_in_other
-            or self.default_changed
-            or self.rules_changed
-        )
+        fields = (self.changed, self.only_in_self, self.only_in_other, self.default_changed)
+        return any(fields) or bool(self.rules_changed)
 
     def __str__(self) -> str:
         if not self:
@@ -679,16 +674,12 @@ def decided_layers(
     if not layer_info:
         return dict(explicit)
     own = {path: dtype for path, dtype in explicit.items() if path not in followers}
-    decided = {}
-    for path, info in layer_info.items():
-        if path in followers:
-            continue
-        if path in own:
-            decided[path] = own[path]
-        else:
-            decided[path] = first_rule_dtype(rules, path, info.class_name, default)
-    decided.update({path: dtype for path, dtype in own.items() if path not in decided})
-    return decided
+    decided = {
+        path: own.get(path) or first_rule_dtype(rules, path, info.class_name, default)
+        for path, info in layer_info.items()
+        if path not in followers
+    }
+    return {**decided, **{path: dtype for path, dtype in own.items() if path not in decided}}
 
 
 def resolve_followers(

@@ -1,5 +1,5 @@
-"""The plan JSON format: its version, the layer entries, and reading it with errors that name the file
-and the field."""
+"""The plan JSON format: its version, its layer entries, and reading it with errors that name the
+file and the field."""
 
 from __future__ import annotations
 
@@ -10,8 +10,7 @@ from ..errors import PlanError
 from ..layers import LayerInfo
 from .rules import coerce_rule
 
-#: Version of the plan JSON format written by this release. Files with a higher
-#: version are refused with a message to upgrade autoprec.
+#: Version of the plan JSON format written by this release; newer files are refused.
 FORMAT_VERSION = 1
 
 #: The `format` field of a plan file, which tells a plan from a profile or another JSON file.
@@ -31,19 +30,13 @@ def layer_entry(info: LayerInfo) -> dict[str, Any]:
     }
 
 
-def _expect(value: Any, types: type | tuple[type, ...], field: str, source: str) -> Any:
-    if (
-        not isinstance(value, types)
-        or isinstance(value, bool)
-        and bool not in (types if isinstance(types, tuple) else (types,))
-    ):
-        names = (
-            " or ".join(t.__name__ for t in types) if isinstance(types, tuple) else types.__name__
-        )
-        raise PlanError(
-            f"{source}: field '{field}' must be {names}, got {type(value).__name__} ({value!r:.60})."
-        )
-    return value
+def _expect(value: Any, kind: type, field: str, source: str, optional: bool = False) -> Any:
+    """Returns `value` if it is a `kind` (not a bool for `int`), or `None` where `optional`."""
+    if (optional and value is None) or (isinstance(value, kind) and not isinstance(value, bool)):
+        return value
+    raise PlanError(
+        f"{source}: field '{field}' must be {kind.__name__}, got {type(value).__name__} ({value!r:.60})."
+    )
 
 
 def plan_arguments(data: Any, source: str) -> dict[str, Any]:
@@ -109,24 +102,18 @@ def _read_layers(layers_data: dict, source: str) -> tuple[dict[str, str], dict[s
 def _read_record(data: dict, source: str) -> dict[str, Any]:
     """Returns the plan's record (model, metadata, events, creation) as constructor arguments."""
     model = _expect(data.get("model", {}) or {}, dict, "model", source)
-    fingerprint = model.get("fingerprint")
-    if fingerprint is not None:
-        _expect(fingerprint, str, "model.fingerprint", source)
+    fingerprint = _expect(model.get("fingerprint"), str, "model.fingerprint", source, True)
     metadata = _expect(data.get("metadata", {}) or {}, dict, "metadata", source)
-    if metadata.get("evidence") is not None:
-        _expect(metadata["evidence"], dict, "metadata.evidence", source)
+    _expect(metadata.get("evidence"), dict, "metadata.evidence", source, optional=True)
     events = _expect(data.get("events", []) or [], list, "events", source)
     for index, event in enumerate(events):
         _expect(event, dict, f"events[{index}]", source)
-    created = data.get("created")
-    if created is not None:
-        _expect(created, str, "created", source)
     return {
         "fingerprint": fingerprint,
         "model_name": model.get("name"),
         "metadata": metadata,
         "events": events,
-        "created": created,
+        "created": _expect(data.get("created"), str, "created", source, optional=True),
         "autoprec_version": data.get("autoprec_version"),
     }
 
@@ -141,19 +128,13 @@ def _layer_info_from_entry(path: str, entry: dict, field: str, source: str) -> L
         raise PlanError(
             f"{source}: field '{field}.weight_shapes' must be a list of integer lists."
         ) from None
-    follows = entry.get("follows")
-    if follows is not None:
-        _expect(follows, str, f"{field}.follows", source)
-    keras_path = entry.get("keras_path")
-    if keras_path is not None:
-        _expect(keras_path, str, f"{field}.keras_path", source)
     return LayerInfo(
         path=path,
         class_name=class_name,
-        keras_path=keras_path,
         parameters=parameters,
         weight_shapes=weight_shapes,
         is_container=bool(entry.get("container", False)),
         pass_through=bool(entry.get("pass_through", False)),
-        follows=follows,
+        follows=_expect(entry.get("follows"), str, f"{field}.follows", source, optional=True),
+        keras_path=_expect(entry.get("keras_path"), str, f"{field}.keras_path", source, True),
     )
