@@ -411,7 +411,7 @@ class PrecisionPlan:
             raise PlanError(
                 f"with_dtype: {path_or_glob!r} matches no layer of the plan"
                 f"{did_you_mean(path_or_glob, known)}. Paths look like "
-                f"{', '.join(repr(path) for path in known[:3])}; see self.summary()."
+                f"{', '.join(repr(path) for path in known[:3])}; see plan.summary()."
             )
         decided = [path for path in matched if path not in self.followers]
         if not decided:
