@@ -36,6 +36,7 @@ from .rules import (
     coerce_rule,
     did_you_mean,
     first_rule_dtype,
+    followed_source,
     follower_message,
     rule_from_arguments,
     rule_targets,
@@ -48,17 +49,9 @@ Row = tuple[str, str, str, int, str]
 _HEADERS = ("layer", "class", "dtype", "params", "")
 
 #: Metadata slots that later stages fill; all start as `None` (or empty).
-METADATA_SLOTS: tuple[str, ...] = (
-    "hardware",
-    "budget",
-    "reference_metric",
-    "measured_metric",
-    "predicted_speedup",
-    "measured_speedup",
-    "loss_scale",
-    "evidence",
-    "search",
-    "float8_source",
+METADATA_SLOTS: tuple[str, ...] = tuple(
+    """hardware budget reference_metric measured_metric predicted_speedup
+    measured_speedup loss_scale evidence search float8_source""".split()
 )
 
 
@@ -306,17 +299,16 @@ class PrecisionPlan:
         Returns:
             The dtype name; a follower's is the dtype of the layer it follows.
         """
-        seen = set()
-        while path not in self.layers and path in self.followers and path not in seen:
-            seen.add(path)
-            path, class_name = self.followers[path], None
+        follows = path in self.followers  # followers are never in `layers`
+        if follows:
+            path, class_name = followed_source(path, self.followers), None
         if path in self.layers:
             dtype = self.layers[path]
         else:
             if class_name is None and path in self.layer_info:
                 class_name = self.layer_info[path].class_name
             dtype = first_rule_dtype(self.rules, path, class_name, self.default)
-        return self.float8_source if seen and dtype == FLOAT8 else dtype
+        return self.float8_source if follows and dtype == FLOAT8 else dtype
 
     def resolve(self, infos: Mapping[str, LayerInfo] | None = None) -> dict[str, str]:
         """Returns the dtype of every layer in `infos`, followers taking their source's dtype.
@@ -427,12 +419,8 @@ class PrecisionPlan:
     ) -> PrecisionPlan:
         """Returns a new plan in which every layer the rule matches computes in `dtype`.
 
-        Arguments are keyword-only: where (`path` and/or `class_name`), then the
-        dtype, the order `with_dtype` reads. Layers the plan decides (`layers`)
-        that match are set now; they need their class name, which plans made from
-        a model (`uniform`, `from_model`, a search, a saved plan) hold in
-        `layer_info`. The rule is also appended to `rules`, where it applies, in
-        order, to layers the plan does not name. Followers keep following.
+        Matching decided layers are set now (class rules need `layer_info`, which plans made
+        from a model hold); the rule is appended to `rules` for the layers the plan does not name.
 
         Args:
             path: glob on layer paths.
