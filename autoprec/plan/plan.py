@@ -38,7 +38,6 @@ from .rules import (
     first_rule_dtype,
     followed_source,
     follower_message,
-    rule_from_arguments,
     rule_targets,
 )
 from .serialize import FORMAT_NAME, FORMAT_VERSION, layer_entry, plan_arguments
@@ -439,7 +438,13 @@ class PrecisionPlan:
         plan = plan.with_rule(class_name="Softmax", dtype="float32")
         ```
         """
-        rule = rule_from_arguments(path, class_name, dtype, len(self.rules))
+        if dtype is None:
+            raise PlanError(
+                "with_rule: missing dtype; write e.g. with_rule(class_name='Softmax', dtype='float32')."
+            )
+        where = {"path": path, "class": class_name}
+        where = {key: value for key, value in where.items() if value is not None}
+        rule = coerce_rule({**where, "dtype": dtype}, len(self.rules))
         targets = rule_targets(rule, self.layers, self.followers, self.layer_info)
         layers = {**self.layers, **dict.fromkeys(targets, rule.dtype)}
         return dataclasses.replace(self, layers=layers, rules=(*self.rules, rule))

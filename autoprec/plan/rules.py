@@ -28,7 +28,7 @@ class PlanRule:
     Example:
 
     ```python
-    rule = autoprec.PlanRule(class_name="Softmax", dtype="float32")
+    rule = autoprec.plan.PlanRule(class_name="Softmax", dtype="float32")
     rule.matches("attention/softmax", "Softmax")  # True
     ```
     """
@@ -113,19 +113,6 @@ def coerce_rule(rule: PlanRule | Mapping[str, Any], index: int, source: str = ""
     return PlanRule(
         path=path, class_name=class_name, dtype=canonical_dtype(rule["dtype"], f"{where}.dtype")
     )
-
-
-def rule_from_arguments(
-    path: str | None, class_name: str | None, dtype: str | None, index: int
-) -> PlanRule:
-    """Returns the validated rule that `with_rule(path=..., class_name=..., dtype=...)` asks for."""
-    if dtype is None:
-        raise PlanError(
-            "with_rule: missing dtype; write e.g. with_rule(class_name='Softmax', dtype='float32')."
-        )
-    where = {"path": path, "class": class_name}
-    entry = {key: value for key, value in where.items() if value is not None}
-    return coerce_rule({**entry, "dtype": dtype}, index)
 
 
 def first_rule_dtype(

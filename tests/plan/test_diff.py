@@ -6,7 +6,8 @@ import itertools
 
 from conftest import build_attention_model, build_mlp
 
-from autoprec import PlanRule, PrecisionPlan
+from autoprec import PrecisionPlan
+from autoprec.plan import PlanRule
 
 
 def test_diff_lists_changes():

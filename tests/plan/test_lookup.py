@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from autoprec import PlanError, PlanRule, PrecisionPlan
+from autoprec import PlanError, PrecisionPlan
 from autoprec.layers import describe_model
+from autoprec.plan import PlanRule
 from autoprec.plan.plan import decided_layers, resolve_followers
 
 
