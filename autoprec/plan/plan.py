@@ -442,9 +442,8 @@ class PrecisionPlan:
             raise PlanError(
                 "with_rule: missing dtype; write e.g. with_rule(class_name='Softmax', dtype='float32')."
             )
-        where = {"path": path, "class": class_name}
-        where = {key: value for key, value in where.items() if value is not None}
-        rule = coerce_rule({**where, "dtype": dtype}, len(self.rules))
+        where = PlanRule(path=path, class_name=class_name, dtype=dtype).to_dict()
+        rule = coerce_rule(where, len(self.rules))  # checks and names it as `rules[i]`
         targets = rule_targets(rule, self.layers, self.followers, self.layer_info)
         layers = {**self.layers, **dict.fromkeys(targets, rule.dtype)}
         return dataclasses.replace(self, layers=layers, rules=(*self.rules, rule))

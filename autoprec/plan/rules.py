@@ -61,26 +61,21 @@ class PlanRule:
         """
         if self.path is not None and not fnmatch.fnmatchcase(path, self.path):
             return False
-        if self.class_name is not None:
-            if class_name is None or not fnmatch.fnmatchcase(class_name, self.class_name):
-                return False
-        return True
+        if self.class_name is None:
+            return True
+        return class_name is not None and fnmatch.fnmatchcase(class_name, self.class_name)
 
     def to_dict(self) -> dict[str, str]:
         """Returns the rule as it is written in plan JSON: `path`, `class`, `dtype`."""
-        entry: dict[str, str] = {}
-        if self.path is not None:
-            entry["path"] = self.path
-        if self.class_name is not None:
-            entry["class"] = self.class_name
-        entry["dtype"] = self.dtype
-        return entry
+        where = {"path": self.path, "class": self.class_name}
+        return {
+            **{key: value for key, value in where.items() if value is not None},
+            "dtype": self.dtype,
+        }
 
     def __str__(self) -> str:
         where = ", ".join(
-            f"{key}={value!r}"
-            for key, value in (("path", self.path), ("class", self.class_name))
-            if value is not None
+            f"{key}={value!r}" for key, value in self.to_dict().items() if key != "dtype"
         )
         return f"rule {where} -> {self.dtype}"
 
