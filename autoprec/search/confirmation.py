@@ -12,12 +12,12 @@ import optuna
 
 from .._core.dtypes import FLOAT32
 from .._core.messages import show_message
+from .._core.timing import RoundsVerdict, judge_rounds
 from ..plan import PrecisionPlan
-from .candidates import SEARCHED, finalist_plan
+from .candidates import SEARCHED, finalist_plan, simplicity
 from .context import SearchContext
 from .fidelity import confirmation_reasons, longer_batches
 from .record import TrialRecord
-from .rounds import RoundsVerdict, judge_rounds
 from .timing import measure_step_seconds, measure_until_decided
 
 logger = logging.getLogger("autoprec")
@@ -98,7 +98,7 @@ def rank_by_measurement(
     rounds: Mapping[str, Sequence[float]],
 ) -> MeasuredRanking:
     """Reorders the ranking by measured rounds: the pure decision of `order_by_measurement`."""
-    verdict = judge_rounds(rounds)
+    verdict = judge_rounds(rounds, simplicity)
     order = verdict.order
     names = {
         trial.number: name for name, trial in timed.items() if trial is not None and name in rounds
