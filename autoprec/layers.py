@@ -6,6 +6,7 @@ import dataclasses
 import functools
 import hashlib
 import json
+import math
 import re
 from collections.abc import Callable, Iterator
 
@@ -13,66 +14,29 @@ import keras
 
 from ._core.models import ModelMemo, structure_key
 
-#: Layer classes that move, select or combine values without arithmetic that
-#: depends on precision. They take the dtype of the layer that feeds them.
+#: Layer classes that move, select or combine values without arithmetic that depends on
+#: precision: they take the dtype of the layer that feeds them. `Activation` counts only with a
+#: piecewise-linear function (`is_pass_through`); average pooling and `Add` do arithmetic.
 PASS_THROUGH_CLASSES: frozenset[str] = frozenset(
-    {
-        "Activation",
-        "ActivityRegularization",
-        "AlphaDropout",
-        "Concatenate",
-        "Cropping1D",
-        "Cropping2D",
-        "Cropping3D",
-        "Dropout",
-        "Flatten",
-        "GaussianDropout",
-        "GaussianNoise",
-        "GlobalMaxPooling1D",
-        "GlobalMaxPooling2D",
-        "GlobalMaxPooling3D",
-        "Identity",
-        "InputLayer",
-        "Masking",
-        "MaxPooling1D",
-        "MaxPooling2D",
-        "MaxPooling3D",
-        "Permute",
-        "RepeatVector",
-        "Reshape",
-        "SpatialDropout1D",
-        "SpatialDropout2D",
-        "SpatialDropout3D",
-        "UpSampling1D",
-        "UpSampling2D",
-        "UpSampling3D",
-        "ZeroPadding1D",
-        "ZeroPadding2D",
-        "ZeroPadding3D",
-        "Maximum",
-        "Minimum",
-    }
+    """Activation ActivityRegularization AlphaDropout Concatenate Cropping1D Cropping2D Cropping3D
+    Dropout Flatten GaussianDropout GaussianNoise GlobalMaxPooling1D GlobalMaxPooling2D
+    GlobalMaxPooling3D Identity InputLayer Masking MaxPooling1D MaxPooling2D MaxPooling3D Permute
+    RepeatVector Reshape SpatialDropout1D SpatialDropout2D SpatialDropout3D UpSampling1D UpSampling2D
+    UpSampling3D ZeroPadding1D ZeroPadding2D ZeroPadding3D Maximum Minimum""".split()
 )
-"""Notes on the list: `Activation` is included only for piecewise-linear
-activations (see `is_pass_through`); average pooling and `Add` do arithmetic and
-are not pass-through; `MaxPooling` only selects."""
 
 _PIECEWISE_LINEAR_ACTIVATIONS = frozenset({"relu", "relu6", "linear", "leaky_relu", "hard_tanh"})
 
 _KERAS_INTERNAL_ATTRIBUTES = frozenset(
-    {
-        "_layers",
-        "_tracker",
-        "_inbound_nodes",
-        "_outbound_nodes",
-        "_operations",
-        "_functional",
-        "_trainable_variables",
-        "_non_trainable_variables",
-        "_seed_generators",
-        "_metrics",
-        "_loss_tracker",
-    }
+    """_layers _tracker _inbound_nodes _outbound_nodes _operations _functional _trainable_variables
+    _non_trainable_variables _seed_generators _metrics _loss_tracker""".split()
+)
+
+#: Variables Keras' float8 path adds to Dense/EinsumDense: scaling state, not the layer's
+#: weights, so a plan made before float8 still fits the model after it (and the reverse).
+FLOAT8_SCALING_VARIABLES = frozenset(
+    """inputs_scale inputs_amax_history kernel_scale kernel_amax_history outputs_grad_scale
+    outputs_grad_amax_history""".split()
 )
 
 
@@ -80,7 +44,7 @@ _KERAS_INTERNAL_ATTRIBUTES = frozenset(
 class LayerInfo:
     """What autoprec knows about one layer of a model.
 
-    Attributes:
+    Args:
         path: the stable autoprec path, e.g. `"encoder/attention/query_dense"`.
         class_name: the layer's class name, e.g. `"EinsumDense"`.
         keras_path: Keras' own `layer.path`, or `None` where Keras has none.
@@ -109,8 +73,7 @@ def is_pass_through(layer: keras.layers.Layer) -> bool:
         layer: any Keras layer.
 
     Returns:
-        `True` for layers in `PASS_THROUGH_CLASSES` (an `Activation` only with a
-        piecewise-linear function such as ReLU).
+        `True` for `PASS_THROUGH_CLASSES` (an `Activation` only with a piecewise-linear function).
     """
     class_name = type(layer).__name__
     if class_name not in PASS_THROUGH_CLASSES:
@@ -129,8 +92,7 @@ def is_graph_model(layer: keras.layers.Layer) -> bool:
         layer: any Keras layer or model.
 
     Returns:
-        `True` for Sequential and Functional models, whose sub-layers are the
-        graph's nodes; `False` for subclassed models and plain layers.
+        `True` for Sequential and Functional models; `False` for subclassed models and layers.
     """
     return (
         isinstance(layer, keras.Sequential)
@@ -143,26 +105,10 @@ def is_graph_model(layer: keras.layers.Layer) -> bool:
     )
 
 
-#: Variables Keras' float8 path adds to Dense/EinsumDense: scaling state, not the layer's
-#: weights, so a plan made before float8 still fits the model after it (and the reverse).
-FLOAT8_SCALING_VARIABLES = frozenset(
-    {
-        "inputs_scale",
-        "inputs_amax_history",
-        "kernel_scale",
-        "kernel_amax_history",
-        "outputs_grad_scale",
-        "outputs_grad_amax_history",
-    }
-)
-
-
 def layer_policy(layer: keras.layers.Layer) -> keras.dtype_policies.DTypePolicy:
-    """Returns the dtype policy a layer computes with, looked up when it holds a `DTypePolicyMap`.
+    """Returns the dtype policy a layer computes with, its path's entry where it holds a map.
 
-    A layer built from a container's `DTypePolicyMap` (a float8 sub-layer of a
-    reloaded `MultiHeadAttention`) holds the whole map; its own policy is the map's
-    entry for its path.
+    A float8 sub-layer of a reloaded `MultiHeadAttention` holds its container's whole map.
 
     Args:
         layer: any Keras layer.
@@ -199,14 +145,11 @@ def _own_weights(layer: keras.layers.Layer) -> list:
 
 
 def _tracked_children(layer: keras.layers.Layer) -> list[keras.layers.Layer]:
-    children = []
-    seen = set()
+    children = {}
     for child in getattr(layer, "_layers", []):
-        if id(child) in seen or child is layer:
-            continue
-        seen.add(id(child))
-        children.append(child)
-    return children
+        if child is not layer:
+            children.setdefault(id(child), child)
+    return list(children.values())
 
 
 _AUTO_NAME = re.compile(r"^(?P<base>[a-z0-9_]+?)(?:_(?P<index>\d+))?$")
@@ -220,32 +163,26 @@ def _snake_case(name: str) -> str:
 
 def _local_names_for_graph_children(children: list[keras.layers.Layer]) -> list[str]:
     """Names children of a Sequential/Functional model, renumbering auto-generated names."""
+    bases = [_snake_case(type(child).__name__) for child in children]
+    auto = [
+        (match := _AUTO_NAME.match(child.name)) is not None and match.group("base") == base
+        for child, base in zip(children, bases)
+    ]
+    explicit_names = {child.name for child, is_auto in zip(children, auto) if not is_auto}
     used: set[str] = set()
     counters: dict[str, int] = {}
-    explicit_names = set()
-    auto_flags = []
-    for child in children:
-        base = _snake_case(type(child).__name__)
-        match = _AUTO_NAME.match(child.name)
-        is_auto = bool(match) and match.group("base") == base
-        auto_flags.append((is_auto, base))
-        if not is_auto:
-            explicit_names.add(child.name)
     names = []
-    for child, (is_auto, base) in zip(children, auto_flags):
+    for child, base, is_auto in zip(children, bases, auto):
         if is_auto:
-            while True:
+            candidate = None
+            while candidate is None or candidate in explicit_names or candidate in used:
                 index = counters.get(base, 0)
                 counters[base] = index + 1
                 candidate = base if index == 0 else f"{base}_{index}"
-                if candidate not in explicit_names and candidate not in used:
-                    break
         else:
-            candidate = child.name
-            suffix = 1
+            candidate, suffix = child.name, 1
             while candidate in used:
-                candidate = f"{child.name}_{suffix}"
-                suffix += 1
+                candidate, suffix = f"{child.name}_{suffix}", suffix + 1
         used.add(candidate)
         names.append(candidate)
     return names
@@ -273,13 +210,10 @@ def _attribute_children(layer: keras.layers.Layer) -> list[tuple[str, keras.laye
                 visit(f"{name}/{key}", item, depth + 1)
 
     for attribute, value in list(vars(layer).items()):
-        if (
-            attribute in _KERAS_INTERNAL_ATTRIBUTES
-            or attribute.startswith("__")
-            or attribute.startswith("_self_")
+        if attribute not in _KERAS_INTERNAL_ATTRIBUTES and not attribute.startswith(
+            ("__", "_self_")
         ):
-            continue
-        visit(attribute.lstrip("_") or attribute, value, 0)
+            visit(attribute.lstrip("_") or attribute, value, 0)
 
     leftovers = [child for child in _tracked_children(layer) if id(child) not in seen]
     used = {name for name, _ in named}
@@ -292,14 +226,13 @@ def _attribute_children(layer: keras.layers.Layer) -> list[tuple[str, keras.laye
 
 
 def _children_with_names(layer: keras.layers.Layer) -> list[tuple[str, keras.layers.Layer]]:
-    if is_graph_model(layer):
-        children = [
-            child for child in _tracked_children(layer) if type(child).__name__ != "InputLayer"
-        ]
-        if isinstance(layer, keras.Sequential):
-            children = [child for child in layer.layers]
-        return list(zip(_local_names_for_graph_children(children), children))
-    return _attribute_children(layer)
+    if not is_graph_model(layer):
+        return _attribute_children(layer)
+    if isinstance(layer, keras.Sequential):
+        children = list(layer.layers)
+    else:
+        children = [c for c in _tracked_children(layer) if type(c).__name__ != "InputLayer"]
+    return list(zip(_local_names_for_graph_children(children), children))
 
 
 def iter_layers(model: keras.layers.Layer) -> Iterator[tuple[str, keras.layers.Layer]]:
@@ -333,7 +266,7 @@ def iter_layers(model: keras.layers.Layer) -> Iterator[tuple[str, keras.layers.L
 
 
 def layer_paths(model: keras.layers.Layer) -> dict[str, keras.layers.Layer]:
-    """Returns an ordered `{stable_path: layer}` mapping for every layer under `model`."""
+    """Returns an ordered `{stable_path: layer}` for every layer under `model`."""
     return dict(iter_layers(model))
 
 
@@ -349,19 +282,15 @@ def _graph_producers(
             previous = path_of[id(child)]
         return producers
     for child in _tracked_children(container):
-        if id(child) not in path_of:
-            continue
-        producer = None
-        for node in getattr(child, "_inbound_nodes", []):
-            for tensor in getattr(node, "input_tensors", []):
-                history = getattr(tensor, "_keras_history", None)
-                operation = getattr(history, "operation", None) if history else None
-                if operation is not None and id(operation) in path_of:
-                    producer = path_of[id(operation)]
-                    break
-            if producer is not None:
-                break
-        producers[path_of[id(child)]] = producer
+        if id(child) in path_of:
+            operations = (
+                getattr(getattr(tensor, "_keras_history", None), "operation", None)
+                for node in getattr(child, "_inbound_nodes", [])
+                for tensor in getattr(node, "input_tensors", [])
+            )
+            producers[path_of[id(child)]] = next(
+                (path_of[id(op)] for op in operations if op is not None and id(op) in path_of), None
+            )
     return producers
 
 
@@ -372,8 +301,7 @@ DESCRIPTIONS = ModelMemo("model descriptions")
 def describe_model(model: keras.layers.Layer) -> dict[str, LayerInfo]:
     """Returns `{stable_path: LayerInfo}` for every layer under `model`, in traversal order.
 
-    The model is read once per structure (built or not, its variables): later calls
-    return a copy of the same description (`DESCRIPTIONS` counts reads and reuses).
+    The model is read once per structure; later calls copy it (`DESCRIPTIONS` counts reads).
 
     Args:
         model: a Keras model (built or not; unbuilt layers report no weights).
@@ -424,7 +352,7 @@ def _read_description(model: keras.layers.Layer) -> dict[str, LayerInfo]:
     # Nested models follow their first computing descendant: their own policy only
     # casts their inputs, and a mismatch would add a needless cast.
     for path, layer in paths.items():
-        if path in infos and is_graph_model(layer):
+        if is_graph_model(layer):
             first = next(
                 (
                     child_path
@@ -438,17 +366,11 @@ def _read_description(model: keras.layers.Layer) -> dict[str, LayerInfo]:
 
 
 def _element_count(shape) -> int:
-    count = 1
-    for dimension in shape:
-        count *= int(dimension) if dimension is not None else 0
-    return count
+    return math.prod(int(dimension) if dimension is not None else 0 for dimension in shape)
 
 
 def model_fingerprint(model_or_infos) -> str:
     """Returns a short hash of the model's layer paths, classes and weight shapes.
-
-    Two builds of the same architecture share a fingerprint; any change to a
-    layer's path, class or weight shapes changes it.
 
     Args:
         model_or_infos: a Keras model, or the mapping returned by `describe_model`.
@@ -468,8 +390,8 @@ def model_fingerprint(model_or_infos) -> str:
 def is_fully_built(model: keras.layers.Layer) -> bool:
     """Returns whether `model` and every layer under it are built.
 
-    A model with no `call` of its own (a keras.io GAN, whose `train_step` calls its
-    sub-models) is never built itself: it counts as built once every layer under it is.
+    A model with no `call` of its own (a GAN whose `train_step` calls its sub-models) is never
+    built itself: it counts as built once every layer under it is.
     """
     layers = [layer for _, layer in iter_layers(model)]
     if not all(layer.built for layer in layers):
@@ -486,22 +408,17 @@ def attention_logits(
     key: object,
     return_attention_scores: bool = False,
 ) -> object | None:
-    """Recomputes, in float32, the attention logits `MultiHeadAttention` computes in its dtype.
-
-    `MultiHeadAttention` multiplies queries and keys in its compute dtype before
-    the softmax: in float16 these logits overflow long before the layer's outputs
-    do. Gradients do not flow through the recomputation.
+    """Recomputes, in float32 and without gradients, the logits `MultiHeadAttention` computes in
+    its dtype (in float16 they overflow long before the layer's outputs do).
 
     Args:
         layer: a `MultiHeadAttention` layer.
         query: the projected query its `_compute_attention` receives.
         key: the projected key.
-        return_attention_scores: whether the call asked for the scores (then Keras
-            does not use the fused kernel, which scales after the product).
+        return_attention_scores: whether the call asked for the scores (no fused kernel then).
 
     Returns:
-        The float32 logits, or `None` for a layer whose internals differ from
-        Keras' `MultiHeadAttention`.
+        The float32 logits, or `None` for a layer whose internals differ from Keras'.
 
     Example:
 
@@ -536,8 +453,7 @@ def observing_attention(
     Args:
         layer: the `MultiHeadAttention` layer.
         original: its `_compute_attention` method, called unchanged.
-        sink: called at every trace; returns the function that takes the logits,
-            or `None` when nothing is recorded now (the logits are then not computed).
+        sink: called at every trace; returns the function that takes the logits, or `None`.
 
     Returns:
         The wrapping method, to set as the layer's `_compute_attention`.

@@ -1,7 +1,6 @@
 """Precision plans: the compute dtype of every layer, with the evidence behind it, as a JSON value."""
 
-from .diff import PlanDiff
-from .plan import METADATA_SLOTS, PrecisionPlan
+from .plan import METADATA_SLOTS, PlanDiff, PrecisionPlan
 from .rules import PlanRule
 from .serialize import FORMAT_VERSION
 

@@ -1,10 +1,12 @@
-"""`PrecisionPlan`: the compute dtype of every layer, with the evidence behind it, as a JSON value."""
+"""`PrecisionPlan`: the compute dtype of every layer, its lookup, edits, diff, summary and exports."""
 
 from __future__ import annotations
 
 import copy
 import dataclasses
 import datetime
+import difflib
+import fnmatch
 import json
 import os
 from collections.abc import Iterable, Mapping
@@ -12,54 +14,101 @@ from types import MappingProxyType
 from typing import Any
 
 from .._core.dtypes import (
+    BFLOAT16,
+    COMPUTE_DTYPES,
     FLOAT8,
     FLOAT16,
     FLOAT32,
+    POLICY_FOR_DTYPE,
     canonical_dtype,
     canonical_float8_source,
     count_dtypes,
     dtype_of_policy,
     float8_eligible,
+    policy_name,
 )
 from .._core.io import atomic_write_json, parse_json_text, read_json_file
 from .._version import __version__
 from ..errors import PlanError
 from ..layers import LayerInfo, describe_model, layer_paths, layer_policy, model_fingerprint
-from . import edits, keras_export, lookup, serialize
-from .diff import PlanDiff, diff_plans
-from .rules import PlanRule, coerce_rule, rule_from_arguments
-from .summary import plan_summary
+from .rules import (
+    PlanRule,
+    coerce_rule,
+    did_you_mean,
+    first_rule_dtype,
+    followed_source,
+    follower_message,
+    rule_targets,
+)
+from .serialize import FORMAT_NAME, FORMAT_VERSION, layer_entry, plan_arguments
+
+#: One summary row: path, class name, dtype, parameters, note (whom a follower follows).
+Row = tuple[str, str, str, int, str]
+
+_HEADERS = ("layer", "class", "dtype", "params", "")
 
 #: Metadata slots that later stages fill; all start as `None` (or empty).
-METADATA_SLOTS: tuple[str, ...] = (
-    "hardware",
-    "budget",
-    "reference_metric",
-    "measured_metric",
-    "predicted_speedup",
-    "measured_speedup",
-    "loss_scale",
-    "evidence",
-    "search",
-    "float8_source",
+METADATA_SLOTS: tuple[str, ...] = tuple(
+    """hardware budget reference_metric measured_metric predicted_speedup
+    measured_speedup loss_scale evidence search float8_source""".split()
 )
+
+
+@dataclasses.dataclass(frozen=True)
+class PlanDiff:
+    """Differences between two plans, as returned by `PrecisionPlan.diff`; empty exactly when `==`.
+
+    Args:
+        changed: `(path, dtype_in_self, dtype_in_other)` for layers in both plans with different dtypes.
+        only_in_self: paths only the first plan names.
+        only_in_other: paths only the second plan names.
+        default_changed: `(self.default, other.default)` if the defaults differ, else `None`.
+        rules_changed: `(self.rules, other.rules)` if the rules differ (content or order), else `None`.
+
+    Example:
+
+    ```python
+    diff = plan.diff(plan.with_rule(class_name="Softmax", dtype="float32"))
+    print(diff)  # ~ attention/softmax  bfloat16 -> float32, then + rule class='Softmax' -> float32
+    ```
+    """
+
+    changed: tuple[tuple[str, str, str], ...]
+    only_in_self: tuple[str, ...]
+    only_in_other: tuple[str, ...]
+    default_changed: tuple[str, str] | None
+    rules_changed: tuple[tuple[PlanRule, ...], tuple[PlanRule, ...]] | None = None
+
+    def __bool__(self) -> bool:
+        fields = (self.changed, self.only_in_self, self.only_in_other, self.default_changed)
+        return any(fields) or bool(self.rules_changed)
+
+    def __str__(self) -> str:
+        if not self:
+            return "plans are identical"
+        lines = []
+        if self.default_changed:
+            lines.append(f"default: {self.default_changed[0]} -> {self.default_changed[1]}")
+        width = max([len(path) for path, _, _ in self.changed] + [5])
+        for path, before, after in self.changed:
+            lines.append(f"~ {path:<{width}}  {before} -> {after}")
+        for path in self.only_in_self:
+            lines.append(f"- {path}")
+        for path in self.only_in_other:
+            lines.append(f"+ {path}")
+        if self.rules_changed:
+            lines.extend(_rule_lines(*self.rules_changed))
+        return "\n".join(lines)
 
 
 @dataclasses.dataclass(frozen=True, init=False, eq=False, repr=False)
 class PrecisionPlan:
     """The compute dtype of every layer of a model, plus the evidence behind the choice.
 
-    A plan maps stable layer paths (see `autoprec.layers`) to `"float32"`,
-    `"bfloat16"`, `"float16"` or, for `Dense` and `EinsumDense` layers, `"float8"`
-    (their matrix products in E4M3/E5M2 with delayed scaling, the rest of the layer in
-    `float8_source`, bfloat16 unless `metadata["float8_source"]` says otherwise):
-    `plan.layers` holds the layers it decides, and
-    every one of them can be changed with `with_dtype`. Layers that follow
-    another (pass-through layers such as Flatten, Dropout, MaxPooling, and nested
-    models) are not decided: they always take the dtype of the layer they follow,
-    and `plan.followers` maps each to that layer. Layers the plan does not name
-    are resolved by ordered `rules` (globs on paths or class names), then by
-    `default`. Plans are frozen values: every change returns a new plan.
+    `layers` maps the stable paths the plan decides to `"float32"`, `"bfloat16"`, `"float16"`
+    or, for `Dense`/`EinsumDense`, `"float8"` (the rest of such a layer in `float8_source`).
+    `followers` maps pass-through layers and nested models to the layer whose dtype they take.
+    Other layers get the first matching rule, then `default`. Every change returns a new plan.
 
     Args:
         layers: `{path: dtype}` explicit assignments; entries for layers that
@@ -74,20 +123,10 @@ class PrecisionPlan:
         created: ISO-8601 creation time; now if omitted.
         autoprec_version: version that created the plan; this one if omitted.
 
-    Attributes:
-        layers: read-only `{path: dtype}` of the layers the plan decides, each a valid
-            `with_dtype` path; `resolve()` gives every layer's dtype, followers included.
-        followers: read-only `{path: followed_path}` of the layers that take another
-            layer's dtype (pass-through layers, nested models); `with_dtype` refuses them.
-        The other fields are the arguments, normalised: canonical dtypes, `PlanRule`s,
-        read-only mappings and metadata slots, `created` and `autoprec_version` filled in.
-
     Example:
 
     ```python
-    plan = autoprec.PrecisionPlan.uniform(model, "bfloat16")
-    plan = plan.with_dtype("dense_2", "float32")
-    print(plan.summary())
+    plan = autoprec.PrecisionPlan.uniform(model, "bfloat16").with_dtype("dense_2", "float32")
     plan.save("plan.json")
     ```
     """
@@ -133,7 +172,7 @@ class PrecisionPlan:
             for path, dtype in (layers or {}).items()
         }
         _check_float8_layers(explicit, infos)
-        decided = lookup.decided_layers(explicit, rules, default, infos, followers)
+        decided = decided_layers(explicit, rules, default, infos, followers)
         full_metadata: dict[str, Any] = {slot: None for slot in METADATA_SLOTS}
         full_metadata["evidence"] = {}
         full_metadata.update(copy.deepcopy(dict(metadata or {})))
@@ -162,9 +201,8 @@ class PrecisionPlan:
     def uniform(cls, model, dtype: str, **kwargs: Any) -> PrecisionPlan:
         """Returns a plan giving every layer of `model` the same compute dtype.
 
-        `"float8"` means float8 wherever Keras allows it: every `Dense` and
-        `EinsumDense` layer in float8, every other layer in the float8 source dtype
-        (bfloat16, or `metadata={"float8_source": "float16"}`).
+        `"float8"` puts every `Dense`/`EinsumDense` in float8 and every other layer in the
+        float8 source dtype (bfloat16, or `metadata={"float8_source": "float16"}`).
 
         Args:
             model: a built Keras model.
@@ -195,10 +233,8 @@ class PrecisionPlan:
     def from_model(cls, model, **kwargs: Any) -> PrecisionPlan:
         """Returns a plan that records the model's current per-layer policies.
 
-        Layers whose policy is not one of the three compute dtypes (e.g. an integer
-        preprocessing layer) are recorded as float32. Layers that follow another
-        (pass-through layers, nested models) are recorded in `followers`, as
-        `apply_plan` sets them: with the dtype of the layer they follow.
+        Layers whose policy is no compute dtype (an integer preprocessing layer) are float32;
+        layers that follow another are in `followers`, as `apply_plan` sets them.
 
         Args:
             model: a built Keras model.
@@ -231,20 +267,24 @@ class PrecisionPlan:
             A `PrecisionPlan`; layers the map does not cover get the map's default policy.
         """
         infos = describe_model(model)
-        explicit, default = keras_export.dtypes_from_policy_map(infos, policy_map)
+        explicit = {
+            path: dtype_of_policy(policy_map[info.keras_path or path])
+            for path, info in infos.items()
+        }
+        default = dtype_of_policy(policy_map.default_policy)
         return cls._for_model(model, infos, explicit, default)
 
     @classmethod
     def _for_model(
         cls, model, infos: dict[str, LayerInfo], layers: dict[str, str], default: str, **kwargs: Any
     ) -> PrecisionPlan:
-        fingerprint = model_fingerprint(infos)
+        fingerprint, name = model_fingerprint(infos), model.name
         return cls(
             layers,
             default=default,
             layer_info=infos,
             fingerprint=fingerprint,
-            model_name=model.name,
+            model_name=name,
             **kwargs,
         )
 
@@ -253,21 +293,27 @@ class PrecisionPlan:
 
         Args:
             path: stable layer path.
-            class_name: the layer's class name, used by class rules; looked up in
-                `layer_info` when omitted.
+            class_name: the layer's class name for class rules; from `layer_info` when omitted.
 
         Returns:
-            `"float32"`, `"bfloat16"` or `"float16"`; a follower's is the dtype of
-            the layer it follows.
+            The dtype name; a follower's is the dtype of the layer it follows.
         """
-        return lookup.dtype_for(self, path, class_name)
+        follows = path in self.followers  # followers are never in `layers`
+        if follows:
+            path, class_name = followed_source(path, self.followers), None
+        if path in self.layers:
+            dtype = self.layers[path]
+        else:
+            if class_name is None and path in self.layer_info:
+                class_name = self.layer_info[path].class_name
+            dtype = first_rule_dtype(self.rules, path, class_name, self.default)
+        return self.float8_source if follows and dtype == FLOAT8 else dtype
 
     def resolve(self, infos: Mapping[str, LayerInfo] | None = None) -> dict[str, str]:
         """Returns the dtype of every layer in `infos`, followers taking their source's dtype.
 
         Args:
-            infos: the model's layers, from `autoprec.layers.describe_model(model)`;
-                by default the layers the plan was made for (`layer_info`).
+            infos: `autoprec.layers.describe_model(model)`; by default `layer_info`.
 
         Returns:
             `{path: dtype}` for every path in `infos`.
@@ -278,7 +324,24 @@ class PrecisionPlan:
         plan.resolve()["dropout"]  # the dtype of the layer the Dropout follows
         ```
         """
-        return lookup.resolve(self, infos)
+        if infos is None:
+            infos = self.layer_info
+        own = {
+            path: self.dtype_for(path, info.class_name)
+            for path, info in infos.items()
+            if info.follows is None or (path in self.layers and not info.pass_through)
+        }
+        return resolve_followers(own, infos, self.default, self.float8_source)
+
+    def _every_layer(self) -> dict[str, str]:
+        """Returns `{path: dtype}` of the decided layers and the followers, in the model's order."""
+        if not self.layer_info:
+            return dict(self.layers)
+        resolved = self.resolve()
+        resolved.update(
+            {path: dtype for path, dtype in self.layers.items() if path not in resolved}
+        )
+        return resolved
 
     def dtype_counts(self) -> dict[str, int]:
         """Returns how many of the layers the plan decides (`layers`) compute in each dtype."""
@@ -303,45 +366,60 @@ class PrecisionPlan:
     def with_dtype(self, path_or_glob: str, dtype: str) -> PrecisionPlan:
         """Returns a new plan in which the matching layers compute in `dtype`.
 
-        An exact path also sets every layer under it (a container's sub-layers).
-        A glob (`fnmatch` syntax; `*` crosses `/`) sets every matching layer.
-        Followers (`plan.followers`) keep following the layer that feeds them.
-        Every key of `plan.layers` is a valid path here.
+        An exact path also sets every layer under it; a glob (`*` crosses `/`) every
+        matching layer. Followers keep following the layer that feeds them.
 
         Args:
-            path_or_glob: a stable layer path or a glob over paths.
-            dtype: `"float32"`, `"bfloat16"`, `"float16"` or `"float8"` (a glob then
-                sets the matching `Dense`/`EinsumDense` layers only).
+            path_or_glob: a stable layer path (any key of `plan.layers`) or a glob over paths.
+            dtype: `"float32"`, `"bfloat16"`, `"float16"` or `"float8"` (`Dense`/`EinsumDense` only).
 
         Returns:
             A new `PrecisionPlan`.
 
         Raises:
-            PlanError: if the path is unknown, the glob matches no layer, or it
-                matches only followers (the message names the layer to set instead);
-                for float8, if it names a layer without a float8 path.
+            PlanError: if nothing but followers matches (naming the layer to set instead), or
+                float8 names a layer without a float8 path.
 
         Example:
 
         ```python
         plan = plan.with_dtype("attention/*", "float32")
-        for path in plan.layers:
-            plan = plan.with_dtype(path, "float16")
         ```
         """
-        return dataclasses.replace(self, layers=edits.layers_with_dtype(self, path_or_glob, dtype))
+        known = list(self.layer_info) or list(self.layers)
+        if path_or_glob not in known and _is_dtype(path_or_glob) and not _is_dtype(dtype):
+            raise PlanError(
+                f"with_dtype({path_or_glob!r}, {dtype!r}): the layer comes first, the dtype "
+                f"last; write with_dtype({dtype!r}, {path_or_glob!r})."
+            )
+        dtype = canonical_dtype(dtype)
+        if path_or_glob in known:
+            prefix = path_or_glob + "/"
+            matched = [path for path in known if path == path_or_glob or path.startswith(prefix)]
+        else:
+            matched = [path for path in known if fnmatch.fnmatchcase(path, path_or_glob)]
+        if not matched:
+            raise PlanError(
+                f"with_dtype: {path_or_glob!r} matches no layer of the plan"
+                f"{did_you_mean(path_or_glob, known)}. Paths look like "
+                f"{', '.join(repr(path) for path in known[:3])}; see plan.summary()."
+            )
+        decided = [path for path in matched if path not in self.followers]
+        if not decided:
+            message = follower_message(matched[0], self.followers, self.layer_info)
+            raise PlanError(f"with_dtype: {message}")
+        if dtype == FLOAT8 and self.layer_info:
+            decided = self._float8_targets(path_or_glob, decided)
+        layers = {**self.layers, **dict.fromkeys(decided, dtype)}
+        return dataclasses.replace(self, layers=layers)
 
     def with_rule(
         self, *, path: str | None = None, class_name: str | None = None, dtype: str | None = None
     ) -> PrecisionPlan:
         """Returns a new plan in which every layer the rule matches computes in `dtype`.
 
-        Arguments are keyword-only: where (`path` and/or `class_name`), then the
-        dtype, the order `with_dtype` reads. Layers the plan decides (`layers`)
-        that match are set now; they need their class name, which plans made from
-        a model (`uniform`, `from_model`, a search, a saved plan) hold in
-        `layer_info`. The rule is also appended to `rules`, where it applies, in
-        order, to layers the plan does not name. Followers keep following.
+        Matching decided layers are set now (class rules need `layer_info`, which plans made
+        from a model hold); the rule is appended to `rules` for the layers the plan does not name.
 
         Args:
             path: glob on layer paths.
@@ -352,10 +430,7 @@ class PrecisionPlan:
             A new `PrecisionPlan`.
 
         Raises:
-            PlanError: if the rule has no `dtype` or neither glob; if the plan knows
-                its model's layers and the rule matches none it decides; or if a
-                class rule meets named layers whose class the plan does not know
-                (the message says to use `with_dtype` for those).
+            PlanError: if the rule has no `dtype` or no glob, or matches no layer the plan decides.
 
         Example:
 
@@ -363,9 +438,29 @@ class PrecisionPlan:
         plan = plan.with_rule(class_name="Softmax", dtype="float32")
         ```
         """
-        rule = rule_from_arguments(path, class_name, dtype, len(self.rules))
-        layers = edits.layers_with_rule(self, rule)
+        if dtype is None:
+            raise PlanError(
+                "with_rule: missing dtype; write e.g. with_rule(class_name='Softmax', dtype='float32')."
+            )
+        where = PlanRule(path=path, class_name=class_name, dtype=dtype).to_dict()
+        rule = coerce_rule(where, len(self.rules))  # checks and names it as `rules[i]`
+        targets = rule_targets(rule, self.layers, self.followers, self.layer_info)
+        layers = {**self.layers, **dict.fromkeys(targets, rule.dtype)}
         return dataclasses.replace(self, layers=layers, rules=(*self.rules, rule))
+
+    def _float8_targets(self, path_or_glob: str, decided: list[str]) -> list[str]:
+        """The decided layers float8 may go to: Dense and EinsumDense; refuses a name with none."""
+        classes = {
+            path: self.layer_info[path].class_name for path in decided if path in self.layer_info
+        }
+        eligible = [path for path in decided if float8_eligible(classes.get(path))]
+        if eligible:
+            return eligible
+        named = ", ".join(f"{path!r} ({classes.get(path, '?')})" for path in decided[:3])
+        raise PlanError(
+            f"with_dtype({path_or_glob!r}, 'float8'): float8 is only for Dense and EinsumDense "
+            f"layers (Keras has no float8 path for {named}); give it bfloat16, float16 or float32."
+        )
 
     def with_metadata(self, **values: Any) -> PrecisionPlan:
         """Returns a new plan with metadata slots set (e.g. `measured_metric=0.91`)."""
@@ -378,14 +473,11 @@ class PrecisionPlan:
     def diff(self, other: PrecisionPlan) -> PlanDiff:
         """Returns what this plan and `other` decide differently: layers, rules and default.
 
-        The diff is empty exactly when the plans are equal (`==` compares the
-        same three things; metadata, events and layer descriptions are not decisions).
-
         Args:
             other: another `PrecisionPlan`.
 
         Returns:
-            A `PlanDiff`; `str(diff)` is a readable listing, `bool(diff)` is whether they differ.
+            A `PlanDiff`, empty exactly when the plans are `==`.
 
         Example:
 
@@ -393,7 +485,19 @@ class PrecisionPlan:
         print(plan.diff(plan.with_dtype("dense", "float32")))  # ~ dense  bfloat16 -> float32
         ```
         """
-        return diff_plans(self, other)
+        mine, theirs = self.layers, other.layers
+        defaults = (self.default, other.default)
+        return PlanDiff(
+            changed=tuple(
+                (path, mine[path], theirs[path])
+                for path in mine
+                if path in theirs and mine[path] != theirs[path]
+            ),
+            only_in_self=tuple(path for path in mine if path not in theirs),
+            only_in_other=tuple(path for path in theirs if path not in mine),
+            default_changed=defaults if defaults[0] != defaults[1] else None,
+            rules_changed=(self.rules, other.rules) if self.rules != other.rules else None,
+        )
 
     def __eq__(self, other: object) -> bool:
         """Whether both plans decide the same: same `layers`, `rules` (in order) and `default`."""
@@ -416,30 +520,65 @@ class PrecisionPlan:
     def to_dtype_policy_map(self):
         """Returns a Keras `DTypePolicyMap` keyed by Keras layer paths.
 
-        Layers for which Keras has no path (e.g. the softmax inside
-        `MultiHeadAttention`) cannot be addressed by a `DTypePolicyMap`; use
-        `autoprec.apply_plan` to set those.
+        Layers without a Keras path (the softmax inside `MultiHeadAttention`) are keyed by
+        their own path, which Keras never looks up: `autoprec.apply_plan` sets those.
 
         Returns:
             A `keras.dtype_policies.DTypePolicyMap` whose default is the plan's default.
         """
-        return keras_export.to_dtype_policy_map(self)
+        import keras
+
+        policies = keras.dtype_policies
+        policy_map = policies.DTypePolicyMap(
+            default_policy=policies.get(POLICY_FOR_DTYPE[self.default])
+        )
+        for path, dtype in (self.resolve() if self.layer_info else self.layers).items():
+            info = self.layer_info.get(path)
+            key = info.keras_path if info is not None and info.keras_path else path
+            if key not in policy_map:
+                policy_map[key] = policies.get(policy_name(dtype, self.float8_source))
+        return policy_map
 
     def summary(self) -> str:
-        """Returns a text table: path, class, dtype, parameters, and totals per dtype.
-
-        Returns:
-            The table as a string (print it).
-        """
-        return plan_summary(self)
+        """Returns a text table: path, class, dtype, parameters, and totals per dtype."""
+        rows = []
+        for path, dtype in self._every_layer().items():
+            info = self.layer_info.get(path)
+            class_name, parameters = (info.class_name, info.parameters) if info else ("?", 0)
+            note = f"follows {self.followers[path]}" if path in self.followers else ""
+            rows.append((path, class_name, dtype, parameters, note))
+        title = (
+            f"PrecisionPlan for {self.model_name or 'model'} "
+            f"(default {self.default}, {len(self.rules)} rule(s))"
+        )
+        decided = [row for row in rows if row[0] in self.layers]
+        notes = [f"rule: {rule.to_dict()}" for rule in self.rules]
+        if self.followers:
+            notes.insert(
+                0, f"{len(self.followers)} follower(s) take the dtype of the layer they follow"
+            )
+        if self.events:
+            notes.append(f"{len(self.events)} event(s): see plan.events")
+        return "\n".join([title, *_table_lines(rows), "", *_total_lines(decided), *notes])
 
     def to_dict(self) -> dict[str, Any]:
-        """Returns the plan as a JSON-ready dict (the format in `docs/plan-format.md`).
-
-        Followers are written too, with their derived dtype and `follows`, so the
-        file lists every layer; reading derives their dtype again.
-        """
-        return serialize.plan_to_dict(self)
+        """Returns the plan as a JSON-ready dict (`docs/plan-format.md`), followers included."""
+        layers = {}
+        for path, dtype in self._every_layer().items():
+            info = self.layer_info.get(path)
+            layers[path] = {"dtype": dtype, **(layer_entry(info) if info is not None else {})}
+        return {
+            "format": FORMAT_NAME,
+            "format_version": FORMAT_VERSION,
+            "autoprec_version": self.autoprec_version,
+            "created": self.created,
+            "model": {"name": self.model_name, "fingerprint": self.fingerprint},
+            "default": self.default,
+            "rules": [rule.to_dict() for rule in self.rules],
+            "layers": layers,
+            "metadata": copy.deepcopy(dict(self.metadata)),
+            "events": [copy.deepcopy(dict(event)) for event in self.events],
+        }
 
     def to_json(self) -> str:
         """Returns the plan as indented JSON text."""
@@ -455,19 +594,15 @@ class PrecisionPlan:
 
     @classmethod
     def from_dict(cls, data: Any, source: str = "<plan>") -> PrecisionPlan:
-        """Builds a plan from a decoded JSON value, validating every field.
-
-        Args:
-            data: the decoded JSON object.
-            source: what to call the input in error messages (a file name).
-
-        Returns:
-            A `PrecisionPlan`.
-
-        Raises:
-            PlanError: naming the field that is wrong and how to fix it.
-        """
-        return serialize.plan_from_dict(cls, data, source)
+        """Builds a plan from a decoded JSON value; a `PlanError` names the wrong field and `source`."""
+        arguments = plan_arguments(data, source)
+        try:
+            return cls(arguments.pop("layers"), **arguments)
+        except PlanError as error:  # a refusal of the plan as a whole (float8 where it cannot go)
+            message = str(error)
+            raise PlanError(
+                message if message.startswith(source) else f"{source}: {message}"
+            ) from error
 
     @classmethod
     def from_json(cls, text: str, source: str = "<plan JSON>") -> PrecisionPlan:
@@ -485,8 +620,7 @@ class PrecisionPlan:
             A `PrecisionPlan`.
 
         Raises:
-            PlanError: if the file is missing, malformed, from a newer format, or
-                has a wrong field; the message names the file and the field.
+            PlanError: naming the file and the field, for a missing, malformed or newer file.
         """
         return cls.from_dict(read_json_file(path, PlanError, "precision plan"), str(path))
 
@@ -505,3 +639,103 @@ def _check_float8_layers(explicit: Mapping[str, str], infos: Mapping[str, LayerI
             + (f" and {len(refused) - 5} more" if len(refused) > 5 else "")
             + "; give those layers bfloat16, float16 or float32."
         )
+
+
+def _rule_lines(before: tuple[PlanRule, ...], after: tuple[PlanRule, ...]) -> list[str]:
+    """Returns the `- rules[i]: ...` / `+ rules[i]: ...` lines that turn `before` into `after`."""
+    lines = []
+    matcher = difflib.SequenceMatcher(a=before, b=after, autojunk=False)
+    for tag, first_start, first_end, second_start, second_end in matcher.get_opcodes():
+        if tag == "equal":
+            continue
+        for index in range(first_start, first_end):
+            lines.append(f"- rules[{index}]: {before[index]}")
+        for index in range(second_start, second_end):
+            lines.append(f"+ rules[{index}]: {after[index]}")
+    return lines
+
+
+def decided_layers(
+    explicit: Mapping[str, str],
+    rules: tuple[PlanRule, ...],
+    default: str,
+    layer_info: Mapping[str, LayerInfo],
+    followers: Mapping[str, str],
+) -> dict[str, str]:
+    """Returns the explicit layers less followers, with rule or default dtypes for the rest."""
+    if not layer_info:
+        return dict(explicit)
+    own = {path: dtype for path, dtype in explicit.items() if path not in followers}
+    decided = {
+        path: own.get(path) or first_rule_dtype(rules, path, info.class_name, default)
+        for path, info in layer_info.items()
+        if path not in followers
+    }
+    return {**decided, **{path: dtype for path, dtype in own.items() if path not in decided}}
+
+
+def resolve_followers(
+    own: Mapping[str, str],
+    infos: Mapping[str, LayerInfo],
+    default: str,
+    float8_source: str = BFLOAT16,
+) -> dict[str, str]:
+    """Returns `own` completed with each follower's dtype: that of the layer it follows."""
+    resolved = dict(own)
+
+    def lookup(path: str, depth: int = 0) -> str:
+        if path in resolved:
+            return resolved[path]
+        info = infos.get(path)
+        if info is None or info.follows is None or depth > len(infos):
+            return default
+        value = lookup(info.follows, depth + 1)
+        value = float8_source if value == FLOAT8 else value
+        resolved[path] = value
+        return value
+
+    for path in infos:
+        lookup(path)
+    return {path: resolved[path] for path in infos if path in resolved}
+
+
+def _is_dtype(value: object) -> bool:
+    """Returns whether `value` is a dtype name autoprec accepts (aliases included)."""
+    try:
+        canonical_dtype(value)
+    except PlanError:
+        return False
+    return True
+
+
+def _table_lines(rows: list[Row]) -> list[str]:
+    """Returns the header, the rule under it and one aligned line per row."""
+    widths = [
+        max([len(_HEADERS[column])] + [len(str(row[column])) for row in rows])
+        for column in range(4)
+    ]
+    lines = [
+        "  ".join(header.ljust(width) for header, width in zip(_HEADERS, widths)).rstrip(),
+        "  ".join("-" * width for width in widths),
+    ]
+    for path, class_name, dtype, parameters, note in rows:
+        lines.append(
+            f"{path:<{widths[0]}}  {class_name:<{widths[1]}}  {dtype:<{widths[2]}}  "
+            f"{parameters:>{widths[3]},}  {note}".rstrip()
+        )
+    return lines
+
+
+def _total_lines(decided: list[Row]) -> list[str]:
+    """Returns one line per compute dtype: layers and parameters of the decided rows."""
+    total_parameters = sum(row[3] for row in decided) or 1
+    lines = []
+    has_float8 = any(row[2] == FLOAT8 for row in decided)
+    for dtype in (*COMPUTE_DTYPES, FLOAT8) if has_float8 else COMPUTE_DTYPES:
+        count = sum(1 for row in decided if row[2] == dtype)
+        parameters = sum(row[3] for row in decided if row[2] == dtype)
+        lines.append(
+            f"{dtype:<9} {count:>4} layers  {parameters:>12,} params "
+            f"({100.0 * parameters / total_parameters:5.1f} %)"
+        )
+    return lines

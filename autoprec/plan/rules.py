@@ -1,8 +1,9 @@
-"""The rule engine: `PlanRule`, reading rules, and which layers a rule reaches."""
+"""The rule engine: `PlanRule`, reading rules, which layers a rule reaches, and the hints errors give."""
 
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import fnmatch
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -10,7 +11,6 @@ from typing import Any
 from .._core.dtypes import FLOAT8, canonical_dtype, float8_eligible
 from ..errors import PlanError
 from ..layers import LayerInfo
-from .hints import did_you_mean, follower_message
 
 
 @dataclasses.dataclass(frozen=True, init=False)
@@ -28,7 +28,7 @@ class PlanRule:
     Example:
 
     ```python
-    rule = autoprec.PlanRule(class_name="Softmax", dtype="float32")
+    rule = autoprec.plan.PlanRule(class_name="Softmax", dtype="float32")
     rule.matches("attention/softmax", "Softmax")  # True
     ```
     """
@@ -61,26 +61,21 @@ class PlanRule:
         """
         if self.path is not None and not fnmatch.fnmatchcase(path, self.path):
             return False
-        if self.class_name is not None:
-            if class_name is None or not fnmatch.fnmatchcase(class_name, self.class_name):
-                return False
-        return True
+        if self.class_name is None:
+            return True
+        return class_name is not None and fnmatch.fnmatchcase(class_name, self.class_name)
 
     def to_dict(self) -> dict[str, str]:
         """Returns the rule as it is written in plan JSON: `path`, `class`, `dtype`."""
-        entry: dict[str, str] = {}
-        if self.path is not None:
-            entry["path"] = self.path
-        if self.class_name is not None:
-            entry["class"] = self.class_name
-        entry["dtype"] = self.dtype
-        return entry
+        where = {"path": self.path, "class": self.class_name}
+        return {
+            **{key: value for key, value in where.items() if value is not None},
+            "dtype": self.dtype,
+        }
 
     def __str__(self) -> str:
         where = ", ".join(
-            f"{key}={value!r}"
-            for key, value in (("path", self.path), ("class", self.class_name))
-            if value is not None
+            f"{key}={value!r}" for key, value in self.to_dict().items() if key != "dtype"
         )
         return f"rule {where} -> {self.dtype}"
 
@@ -113,19 +108,6 @@ def coerce_rule(rule: PlanRule | Mapping[str, Any], index: int, source: str = ""
     return PlanRule(
         path=path, class_name=class_name, dtype=canonical_dtype(rule["dtype"], f"{where}.dtype")
     )
-
-
-def rule_from_arguments(
-    path: str | None, class_name: str | None, dtype: str | None, index: int
-) -> PlanRule:
-    """Returns the validated rule that `with_rule(path=..., class_name=..., dtype=...)` asks for."""
-    if dtype is None:
-        raise PlanError(
-            "with_rule: missing dtype; write e.g. with_rule(class_name='Softmax', dtype='float32')."
-        )
-    where = {"path": path, "class": class_name}
-    entry = {key: value for key, value in where.items() if value is not None}
-    return coerce_rule({**entry, "dtype": dtype}, index)
 
 
 def first_rule_dtype(
@@ -189,3 +171,32 @@ def _hand_named_targets(rule: PlanRule, layers: Mapping[str, str]) -> list[str]:
             "(PrecisionPlan.uniform / from_model) so it knows each layer's class."
         )
     return [target for target in layers if rule.matches(target, None)]
+
+
+def did_you_mean(name: str, candidates: Iterable[str]) -> str:
+    """Returns ` (did you mean 'a', 'b'?)` naming the candidates closest to `name`, or `""`."""
+    close = difflib.get_close_matches(name, list(candidates), n=3, cutoff=0.5)
+    return f" (did you mean {', '.join(repr(match) for match in close)}?)" if close else ""
+
+
+def followed_source(path: str, followers: Mapping[str, str]) -> str:
+    """Returns the decided layer at the end of `path`'s chain of followers (`path` if it decides)."""
+    seen = set()
+    while path in followers and path not in seen:
+        seen.add(path)
+        path = followers[path]
+    return path
+
+
+def follower_message(
+    path: str, followers: Mapping[str, str], layer_info: Mapping[str, LayerInfo]
+) -> str:
+    """Says which layer the follower `path` takes its dtype from, and to set that one instead."""
+    source = followed_source(path, followers)
+    info = layer_info.get(path)
+    kind = "a pass-through layer" if info is None or info.pass_through else "a nested model"
+    class_name = f" ({info.class_name})" if info is not None else ""
+    return (
+        f"{path!r} is {kind}{class_name}; it follows the dtype of {source!r}. "
+        f"Set {source!r} instead."
+    )

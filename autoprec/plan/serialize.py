@@ -1,48 +1,23 @@
-"""JSON: a plan as its versioned JSON value, and back, with errors that name the file and the field."""
+"""The plan JSON format: its version, its layer entries, and reading it with errors that name the
+file and the field."""
 
 from __future__ import annotations
 
-import copy
-from typing import Any, TypeVar
+from typing import Any
 
 from .._core.dtypes import FLOAT32, canonical_dtype
 from ..errors import PlanError
 from ..layers import LayerInfo
-from .lookup import every_layer
-from .rules import PlanRule, coerce_rule
-from .view import PlanView
+from .rules import coerce_rule
 
-#: Version of the plan JSON format written by this release. Files with a higher
-#: version are refused with a message to upgrade autoprec.
+#: Version of the plan JSON format written by this release; newer files are refused.
 FORMAT_VERSION = 1
 
 #: The `format` field of a plan file, which tells a plan from a profile or another JSON file.
 FORMAT_NAME = "autoprec.plan"
 
-_PlanT = TypeVar("_PlanT")
 
-
-def plan_to_dict(plan: PlanView) -> dict[str, Any]:
-    """Returns the plan as a JSON-ready dict (the format in `docs/plan-format.md`)."""
-    layers = {}
-    for path, dtype in every_layer(plan).items():
-        info = plan.layer_info.get(path)
-        layers[path] = {"dtype": dtype, **(_layer_entry(info) if info is not None else {})}
-    return {
-        "format": FORMAT_NAME,
-        "format_version": FORMAT_VERSION,
-        "autoprec_version": plan.autoprec_version,
-        "created": plan.created,
-        "model": {"name": plan.model_name, "fingerprint": plan.fingerprint},
-        "default": plan.default,
-        "rules": [rule.to_dict() for rule in plan.rules],
-        "layers": layers,
-        "metadata": copy.deepcopy(dict(plan.metadata)),
-        "events": [copy.deepcopy(dict(event)) for event in plan.events],
-    }
-
-
-def _layer_entry(info: LayerInfo) -> dict[str, Any]:
+def layer_entry(info: LayerInfo) -> dict[str, Any]:
     """Returns the description of a layer written beside its dtype."""
     return {
         "class": info.class_name,
@@ -55,41 +30,32 @@ def _layer_entry(info: LayerInfo) -> dict[str, Any]:
     }
 
 
-def _expect(value: Any, types: type | tuple[type, ...], field: str, source: str) -> Any:
-    if (
-        not isinstance(value, types)
-        or isinstance(value, bool)
-        and bool not in (types if isinstance(types, tuple) else (types,))
-    ):
-        names = (
-            " or ".join(t.__name__ for t in types) if isinstance(types, tuple) else types.__name__
-        )
-        raise PlanError(
-            f"{source}: field '{field}' must be {names}, got {type(value).__name__} ({value!r:.60})."
-        )
-    return value
+def _expect(value: Any, kind: type, field: str, source: str, optional: bool = False) -> Any:
+    """Returns `value` if it is a `kind` (not a bool for `int`), or `None` where `optional`."""
+    if (optional and value is None) or (isinstance(value, kind) and not isinstance(value, bool)):
+        return value
+    raise PlanError(
+        f"{source}: field '{field}' must be {kind.__name__}, got {type(value).__name__} ({value!r:.60})."
+    )
 
 
-def plan_from_dict(cls: type[_PlanT], data: Any, source: str) -> _PlanT:
-    """Returns the plan of class `cls` that a decoded plan JSON value describes."""
+def plan_arguments(data: Any, source: str) -> dict[str, Any]:
+    """Returns the `PrecisionPlan` constructor arguments a decoded plan JSON value describes."""
     _expect(data, dict, "<top level>", source)
     _check_format(data, source)
     default = canonical_dtype(data.get("default", FLOAT32), f"{source}: default")
-    rules = _read_rules(data, source)
+    rules = [
+        coerce_rule(rule, index, source)
+        for index, rule in enumerate(_expect(data.get("rules", []), list, "rules", source))
+    ]
     explicit, infos = _read_layers(_expect(data.get("layers", {}), dict, "layers", source), source)
-    try:
-        return cls(
-            explicit,
-            rules=rules,
-            default=default,
-            layer_info=infos if len(infos) == len(explicit) else {},
-            **_read_record(data, source),
-        )
-    except PlanError as error:  # a refusal of the plan as a whole (float8 where it cannot go)
-        message = str(error)
-        raise PlanError(
-            message if message.startswith(source) else f"{source}: {message}"
-        ) from error
+    return {
+        "layers": explicit,
+        "rules": rules,
+        "default": default,
+        "layer_info": infos if len(infos) == len(explicit) else {},
+        **_read_record(data, source),
+    }
 
 
 def _check_format(data: dict, source: str) -> None:
@@ -115,12 +81,6 @@ def _check_format(data: dict, source: str) -> None:
         )
 
 
-def _read_rules(data: dict, source: str) -> list[PlanRule]:
-    """Returns the validated rules of the `rules` field, in order."""
-    rules_data = _expect(data.get("rules", []), list, "rules", source)
-    return [coerce_rule(rule, index, source) for index, rule in enumerate(rules_data)]
-
-
 def _read_layers(layers_data: dict, source: str) -> tuple[dict[str, str], dict[str, LayerInfo]]:
     """Returns `({path: dtype}, {path: LayerInfo})` of the `layers` field (infos where given)."""
     explicit: dict[str, str] = {}
@@ -142,24 +102,18 @@ def _read_layers(layers_data: dict, source: str) -> tuple[dict[str, str], dict[s
 def _read_record(data: dict, source: str) -> dict[str, Any]:
     """Returns the plan's record (model, metadata, events, creation) as constructor arguments."""
     model = _expect(data.get("model", {}) or {}, dict, "model", source)
-    fingerprint = model.get("fingerprint")
-    if fingerprint is not None:
-        _expect(fingerprint, str, "model.fingerprint", source)
+    fingerprint = _expect(model.get("fingerprint"), str, "model.fingerprint", source, True)
     metadata = _expect(data.get("metadata", {}) or {}, dict, "metadata", source)
-    if metadata.get("evidence") is not None:
-        _expect(metadata["evidence"], dict, "metadata.evidence", source)
+    _expect(metadata.get("evidence"), dict, "metadata.evidence", source, optional=True)
     events = _expect(data.get("events", []) or [], list, "events", source)
     for index, event in enumerate(events):
         _expect(event, dict, f"events[{index}]", source)
-    created = data.get("created")
-    if created is not None:
-        _expect(created, str, "created", source)
     return {
         "fingerprint": fingerprint,
         "model_name": model.get("name"),
         "metadata": metadata,
         "events": events,
-        "created": created,
+        "created": _expect(data.get("created"), str, "created", source, optional=True),
         "autoprec_version": data.get("autoprec_version"),
     }
 
@@ -174,19 +128,13 @@ def _layer_info_from_entry(path: str, entry: dict, field: str, source: str) -> L
         raise PlanError(
             f"{source}: field '{field}.weight_shapes' must be a list of integer lists."
         ) from None
-    follows = entry.get("follows")
-    if follows is not None:
-        _expect(follows, str, f"{field}.follows", source)
-    keras_path = entry.get("keras_path")
-    if keras_path is not None:
-        _expect(keras_path, str, f"{field}.keras_path", source)
     return LayerInfo(
         path=path,
         class_name=class_name,
-        keras_path=keras_path,
         parameters=parameters,
         weight_shapes=weight_shapes,
         is_container=bool(entry.get("container", False)),
         pass_through=bool(entry.get("pass_through", False)),
-        follows=follows,
+        follows=_expect(entry.get("follows"), str, f"{field}.follows", source, optional=True),
+        keras_path=_expect(entry.get("keras_path"), str, f"{field}.keras_path", source, True),
     )

@@ -1,4 +1,4 @@
-"""PlanDiff: what two plans decide differently (autoprec/plan/diff.py)."""
+"""PlanDiff: what two plans decide differently (autoprec/plan/plan.py)."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import itertools
 
 from conftest import build_attention_model, build_mlp
 
-from autoprec import PlanRule, PrecisionPlan
-from autoprec.plan.diff import diff_plans
+from autoprec import PrecisionPlan
+from autoprec.plan import PlanRule
 
 
 def test_diff_lists_changes():
@@ -63,7 +63,7 @@ def test_diff_is_empty_exactly_when_plans_are_equal(tmp_path):
 def test_diff_plans_lists_layers_only_one_plan_names(mlp):
     uniform = PrecisionPlan.uniform(mlp, "bfloat16")
     hand = PrecisionPlan({"dense": "float16", "head": "float32"}, default="bfloat16")
-    diff = diff_plans(uniform, hand)
+    diff = uniform.diff(hand)
     assert diff.changed == (("dense", "bfloat16", "float16"),)
     assert diff.only_in_self == ("dense_1", "dense_2")
     assert diff.only_in_other == ("head",)
@@ -74,4 +74,4 @@ def test_diff_plans_lists_layers_only_one_plan_names(mlp):
         "- dense_2",
         "+ head",
     ]
-    assert diff_plans(hand, uniform).only_in_self == ("head",)
+    assert hand.diff(uniform).only_in_self == ("head",)

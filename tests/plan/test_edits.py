@@ -1,11 +1,10 @@
-"""Edits: what with_dtype and with_rule set, and their refusals (autoprec/plan/edits.py)."""
+"""Edits: what with_dtype and with_rule set, and their refusals (autoprec/plan/plan.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from autoprec import PlanError, PlanRule, PrecisionPlan
-from autoprec.plan.edits import is_dtype, layers_with_dtype, layers_with_rule
+from autoprec import PlanError, PrecisionPlan
 
 
 def test_with_dtype_returns_new_plan_for_path_glob_and_container(attention_model):
@@ -44,19 +43,19 @@ def test_with_dtype_unknown_path_or_empty_glob_names_closest(mlp):
 
 def test_layers_with_dtype_keeps_the_order_and_leaves_followers_alone(mlp):
     plan = PrecisionPlan.uniform(mlp, "bfloat16")
-    layers = layers_with_dtype(plan, "dense*", "fp16")
+    layers = dict(plan.with_dtype("dense*", "fp16").layers)
     assert layers == {"dense": "float16", "dense_1": "float16", "dense_2": "float16"}
     assert list(layers) == list(plan.layers)
-    assert "dropout" not in layers_with_dtype(plan, "d*", "float32")  # a glob reaching a follower
+    assert "dropout" not in plan.with_dtype("d*", "float32").layers  # a glob reaching a follower
     with pytest.raises(PlanError, match="'dropout' is a pass-through layer.*Set 'dense' instead"):
-        layers_with_dtype(plan, "drop*", "float32")
+        plan.with_dtype("drop*", "float32")
     hand = PrecisionPlan({"head": "float32", "body": "bfloat16"})
-    assert layers_with_dtype(hand, "body", "float16") == {"head": "float32", "body": "float16"}
+    assert dict(hand.with_dtype("body", "float16").layers) == {"head": "float32", "body": "float16"}
 
 
 def test_layers_with_rule_sets_only_what_the_rule_matches(attention_model):
     plan = PrecisionPlan.uniform(attention_model, "bfloat16")
-    layers = layers_with_rule(plan, PlanRule(class_name="EinsumDense", dtype="float32"))
+    layers = dict(plan.with_rule(class_name="EinsumDense", dtype="float32").layers)
     assert {path for path, dtype in layers.items() if dtype == "float32"} == {
         "attention/query_dense",
         "attention/key_dense",
@@ -65,9 +64,13 @@ def test_layers_with_rule_sets_only_what_the_rule_matches(attention_model):
     }
     assert list(layers) == list(plan.layers)
     with pytest.raises(PlanError, match="matches no layer.*did you mean 'Dense'"):
-        layers_with_rule(plan, PlanRule(class_name="Dence", dtype="float32"))
+        plan.with_rule(class_name="Dence", dtype="float32")
 
 
-def test_is_dtype_accepts_names_and_aliases_only():
-    assert all(is_dtype(name) for name in ("float32", "bf16", "fp16", "mixed_bfloat16"))
-    assert not any(is_dtype(name) for name in ("dense", "float64", 16, None))
+def test_the_order_hint_takes_dtype_names_and_aliases_only(mlp):
+    plan = PrecisionPlan.uniform(mlp, "float32")
+    for name in ("float32", "bf16", "fp16", "mixed_bfloat16"):
+        with pytest.raises(PlanError, match="the layer comes first"):
+            plan.with_dtype(name, "dense")
+    with pytest.raises(PlanError, match="unknown dtype 'dense'"):  # float64 is no dtype here
+        plan.with_dtype("float64", "dense")

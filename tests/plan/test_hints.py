@@ -1,11 +1,11 @@
-"""Error hints: close names, and the layer a follower follows (autoprec/plan/hints.py)."""
+"""Error hints: close names, and the layer a follower follows (autoprec/plan/rules.py)."""
 
 from __future__ import annotations
 
 import keras
 
 from autoprec.layers import describe_model
-from autoprec.plan.hints import did_you_mean, followed_source, follower_message
+from autoprec.plan.rules import did_you_mean, followed_source, follower_message
 
 
 def test_did_you_mean_names_the_closest_candidates():

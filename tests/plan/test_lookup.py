@@ -1,12 +1,13 @@
-"""Lookup: which dtype each layer computes in, followers included (autoprec/plan/lookup.py)."""
+"""Lookup: which dtype each layer computes in, followers included (autoprec/plan/plan.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from autoprec import PlanError, PlanRule, PrecisionPlan
+from autoprec import PlanError, PrecisionPlan
 from autoprec.layers import describe_model
-from autoprec.plan.lookup import decided_layers, dtype_for, every_layer, resolve, resolve_followers
+from autoprec.plan import PlanRule
+from autoprec.plan.plan import decided_layers, resolve_followers
 
 
 def test_lookup_order_exact_then_rules_then_default():
@@ -23,7 +24,6 @@ def test_lookup_order_exact_then_rules_then_default():
     assert plan.dtype_for("encoder/softmax", "Softmax") == "float32"
     assert plan.dtype_for("encoder/other", "Dense") == "bfloat16"
     assert plan.dtype_for("decoder/x", "Conv2D") == "bfloat16"
-    assert dtype_for(plan, "encoder/softmax", "Softmax") == "float32"
 
 
 def test_pass_through_layers_follow_when_their_source_changes(cnn):
@@ -58,14 +58,14 @@ def test_decided_layers_drop_followers_and_fill_in_from_rules(cnn):
 
 def test_resolve_gives_followers_their_source_dtype_on_any_model(mlp, cnn):
     plan = PrecisionPlan.uniform(mlp, "bfloat16").with_dtype("dense", "float16")
-    assert resolve(plan) == {
+    assert plan.resolve() == {
         "dense": "float16",
         "dropout": "float16",
         "dense_1": "bfloat16",
         "dense_2": "bfloat16",
     }
     rules_only = PrecisionPlan(rules=[{"class": "Conv2D", "dtype": "float16"}], default="bfloat16")
-    on_cnn = resolve(rules_only, describe_model(cnn))
+    on_cnn = rules_only.resolve(describe_model(cnn))
     assert on_cnn["conv2d"] == "float16"
     assert on_cnn["max_pooling2d"] == on_cnn["flatten"] == on_cnn["dense"] == "bfloat16"
 
@@ -82,6 +82,9 @@ def test_resolve_followers_walks_chains_and_stops_on_cycles(cnn):
 
 def test_every_layer_lists_decided_layers_and_followers_in_model_order(mlp):
     plan = PrecisionPlan.uniform(mlp, "bfloat16")
-    assert list(every_layer(plan)) == ["dense", "dropout", "dense_1", "dense_2"]
+    assert list(plan.to_dict()["layers"]) == ["dense", "dropout", "dense_1", "dense_2"]
     hand = PrecisionPlan({"head": "float32", "body": "fp16"})
-    assert every_layer(hand) == {"head": "float32", "body": "float16"}
+    assert {path: entry["dtype"] for path, entry in hand.to_dict()["layers"].items()} == {
+        "head": "float32",
+        "body": "float16",
+    }

@@ -7,8 +7,9 @@ import dataclasses
 import pytest
 
 import autoprec
-from autoprec import PlanError, PlanRule, PrecisionPlan
-from autoprec.plan.rules import coerce_rule, first_rule_dtype, rule_from_arguments, rule_targets
+from autoprec import PlanError, PrecisionPlan
+from autoprec.plan import PlanRule
+from autoprec.plan.rules import coerce_rule, first_rule_dtype, rule_targets
 
 
 def test_rule_matches_every_glob_it_has():
@@ -48,15 +49,15 @@ def test_coerce_rule_names_the_rule_and_the_fix(rule, message):
         coerce_rule(rule, 2, "plan.json")
 
 
-def test_rule_from_arguments_builds_the_with_rule_rule():
-    assert rule_from_arguments(None, "Softmax", "fp32", 0) == PlanRule(
-        class_name="Softmax", dtype="float32"
-    )
-    assert rule_from_arguments("head", None, "bf16", 3) == PlanRule(path="head", dtype="bfloat16")
+def test_with_rule_builds_its_rule_from_the_keywords():
+    plan = PrecisionPlan(default="bfloat16").with_rule(class_name="Softmax", dtype="fp32")
+    assert plan.rules == (PlanRule(class_name="Softmax", dtype="float32"),)
+    plan = plan.with_rule(path="head", dtype="bf16")
+    assert plan.rules[1] == PlanRule(path="head", dtype="bfloat16")
     with pytest.raises(PlanError, match="with_rule: missing dtype"):
-        rule_from_arguments(None, "Softmax", None, 0)
-    with pytest.raises(PlanError, match=r"rules\[1\]: give 'path'"):
-        rule_from_arguments(None, None, "float32", 1)
+        plan.with_rule(class_name="Softmax")
+    with pytest.raises(PlanError, match=r"rules\[2\]: give 'path'"):
+        plan.with_rule(dtype="float32")
 
 
 def test_first_matching_rule_wins_else_the_default():

@@ -9,7 +9,7 @@ from conftest import build_cnn
 
 from autoprec import PlanError, PrecisionPlan
 from autoprec.plan import FORMAT_VERSION
-from autoprec.plan.serialize import FORMAT_NAME, plan_from_dict, plan_to_dict
+from autoprec.plan.serialize import FORMAT_NAME
 
 
 def test_json_round_trip_keeps_everything(attention_model, tmp_path):
@@ -112,7 +112,7 @@ def test_plan_to_dict_writes_every_field_of_the_format(cnn):
         .with_rule(class_name="Dense", dtype="bfloat16")
         .with_event({"step": 1, "layer": "dense"})
     )
-    data = plan_to_dict(plan)
+    data = plan.to_dict()
     assert data["format"] == FORMAT_NAME and data["format_version"] == FORMAT_VERSION
     assert data["created"] == "2024-05-01T00:00:00+00:00"
     assert data["model"] == {"name": "cnn", "fingerprint": plan.fingerprint}
@@ -134,4 +134,4 @@ def test_plan_to_dict_writes_every_field_of_the_format(cnn):
     assert json.loads(json.dumps(data)) == data  # JSON types only
     data["metadata"]["hardware"] = "changed"
     assert plan.metadata["hardware"] is None  # a copy
-    assert plan_from_dict(PrecisionPlan, data, "<dict>").metadata["hardware"] == "changed"
+    assert PrecisionPlan.from_dict(data, "<dict>").metadata["hardware"] == "changed"

@@ -1,9 +1,8 @@
-"""Plan summaries: the text table of layers and totals (autoprec/plan/summary.py)."""
+"""Plan summaries: the text table of layers and totals (autoprec/plan/plan.py)."""
 
 from __future__ import annotations
 
 from autoprec import PrecisionPlan
-from autoprec.plan.summary import plan_summary, summary_rows
 
 
 def test_summary_lists_layers_and_totals(cnn):
@@ -16,16 +15,16 @@ def test_summary_lists_layers_and_totals(cnn):
 
 
 def test_summary_rows_follow_the_model_and_mark_followers(cnn):
-    rows = summary_rows(PrecisionPlan.uniform(cnn, "float32"))
-    assert rows == [
-        ("conv2d", "Conv2D", "float32", 40, ""),
-        ("batch_normalization", "BatchNormalization", "float32", 16, ""),
-        ("max_pooling2d", "MaxPooling2D", "float32", 0, "follows batch_normalization"),
-        ("flatten", "Flatten", "float32", 0, "follows max_pooling2d"),
-        ("dense", "Dense", "float32", 303, ""),
+    rows = PrecisionPlan.uniform(cnn, "float32").summary().splitlines()[3:8]
+    assert [row.split() for row in rows] == [
+        ["conv2d", "Conv2D", "float32", "40"],
+        ["batch_normalization", "BatchNormalization", "float32", "16"],
+        ["max_pooling2d", "MaxPooling2D", "float32", "0", "follows", "batch_normalization"],
+        ["flatten", "Flatten", "float32", "0", "follows", "max_pooling2d"],
+        ["dense", "Dense", "float32", "303"],
     ]
-    hand = summary_rows(PrecisionPlan({"head": "float16"}))
-    assert hand == [("head", "?", "float16", 0, "")]
+    hand = PrecisionPlan({"head": "float16"}).summary().splitlines()[3]
+    assert hand.split() == ["head", "?", "float16", "0"]
 
 
 def test_summary_table_aligns_columns_and_counts_only_decided_layers(mlp):
@@ -34,7 +33,7 @@ def test_summary_table_aligns_columns_and_counts_only_decided_layers(mlp):
         .with_rule(path="dense_2", dtype="float32")
         .with_event({"step": 2, "layer": "dense"})
     )
-    lines = plan_summary(plan).splitlines()
+    lines = plan.summary().splitlines()
     assert lines[0] == "PrecisionPlan for mlp (default bfloat16, 1 rule(s))"
     assert lines[1].split() == ["layer", "class", "dtype", "params"]
     assert lines[2].split() == ["-" * len("dense_2"), "-" * len("Dropout"), "-" * 8, "-" * 6]
@@ -46,6 +45,6 @@ def test_summary_table_aligns_columns_and_counts_only_decided_layers(mlp):
         "rule: {'path': 'dense_2', 'dtype': 'float32'}",
         "1 event(s): see plan.events",
     ]
-    empty = plan_summary(PrecisionPlan(default="float16")).splitlines()
+    empty = PrecisionPlan(default="float16").summary().splitlines()
     assert empty[0] == "PrecisionPlan for model (default float16, 0 rule(s))"
     assert "float16      0 layers             0 params (  0.0 %)" in empty
