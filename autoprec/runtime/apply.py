@@ -28,15 +28,19 @@ from ..layers import (
     model_fingerprint,
 )
 from ..plan import PrecisionPlan
-from .composite import check_plan_runs
 from .float8 import (
     has_float8_path,
     keep_nested_float8_policies,
     reset_float8_state,
     sync_float8_variables,
 )
-from .graph_constants import align_graph_constants
-from .policy_map import lists_own_layers, unnamed_layer_dtypes, write_nested_policies
+from .kernels import check_plan_runs
+from .policy_map import (
+    align_graph_constants,
+    lists_own_layers,
+    unnamed_layer_dtypes,
+    write_nested_policies,
+)
 
 
 @dataclasses.dataclass
@@ -85,9 +89,13 @@ class PlanHandle:
         reset_compiled_functions(self.model)
 
 
+#: The compiled functions Keras traces for a model, rebuilt when the policies change.
+COMPILED_FUNCTIONS = ("train_function", "test_function", "predict_function")
+
+
 def reset_compiled_functions(model: keras.Model) -> None:
     """Makes `fit`, `evaluate` and `predict` retrace so new dtype policies take effect."""
-    for attribute in ("train_function", "test_function", "predict_function"):
+    for attribute in COMPILED_FUNCTIONS:
         if hasattr(model, attribute):
             setattr(model, attribute, None)
 
