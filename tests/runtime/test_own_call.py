@@ -1,4 +1,4 @@
-"""A subclassed model's own `call` under a plan: checked whole (autoprec/runtime/kernels.py)."""
+"""A subclassed model's own `call` under a plan: checked whole (autoprec/runtime/check.py)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import keras
 import numpy as np
 
 import autoprec
-from autoprec.runtime.kernels import check_own_call, needs_own_call_check
+from autoprec.runtime.check import check_own_call, needs_own_call_check
 
 
 class TwoBranches(keras.Model):
