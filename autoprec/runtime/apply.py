@@ -39,6 +39,7 @@ from .guard import Guard
 from .policy_map import (
     align_graph_constants,
     lists_own_layers,
+    skip_reason,
     unnamed_layer_dtypes,
     write_nested_policies,
 )
@@ -212,25 +213,14 @@ def apply_plan(
     write_nested_policies(model)
     align_graph_constants(model)
     reset_compiled_functions(model)
-    applied_plan = PrecisionPlan(
-        applied,
-        rules=plan.rules,
-        default=plan.default,
+    applied_plan = dataclasses.replace(
+        plan,
+        layers=applied,
         layer_info=infos,
         fingerprint=model_fingerprint(infos),
         model_name=model.name,
-        metadata=plan.metadata,
-        events=plan.events,
-        created=plan.created,
-        autoprec_version=plan.autoprec_version,
     )
-    handle = PlanHandle(
-        model=model,
-        plan=applied_plan,
-        dtypes=applied,
-        original_policies=original_policies,
-        skipped=skipped,
-    )
+    handle = PlanHandle(model, applied_plan, applied, original_policies, skipped)
     if x is not None:
         try:
             check_plan_runs(model, x)
@@ -269,7 +259,7 @@ def _set_policies(
     applied: dict[str, str] = {}
     with strategy_scope(model):  # float8 scaling variables are created here
         for path, layer in paths.items():
-            reason = _reason_to_skip(layer)
+            reason = skip_reason(layer)
             if reason:
                 skipped[path] = reason
                 continue
@@ -310,16 +300,6 @@ def _checked_layers(model: keras.Model, plan: PrecisionPlan, strict: bool) -> di
         warnings.warn(message, stacklevel=3)
 
     return infos
-
-
-def _reason_to_skip(layer: keras.layers.Layer) -> str | None:
-    policy = layer_policy(layer)
-    if getattr(policy, "quantization_mode", None) not in (None, "float8"):
-        return f"quantized ({policy.quantization_mode}); its policy is left as it is"
-    compute_dtype = str(getattr(policy, "compute_dtype", ""))
-    if compute_dtype and not keras.backend.is_float_dtype(compute_dtype):
-        return f"computes in {compute_dtype}, not floating point"
-    return None
 
 
 #: The model attribute that holds its `AppliedState`.

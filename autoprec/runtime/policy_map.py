@@ -151,7 +151,7 @@ def unnamed_layer_dtypes(model: keras.Model, dtypes: Mapping[str, str]) -> dict[
             for path in members
             if not paths[path].path
             and dtypes.get(path) in ("float32", "bfloat16", "float16")
-            and _takes_plans(paths[path])
+            and skip_reason(paths[path]) is None
         ]
         counts = collections.Counter(dtypes[path] for path in unnamed)
         if counts:
@@ -160,12 +160,15 @@ def unnamed_layer_dtypes(model: keras.Model, dtypes: Mapping[str, str]) -> dict[
     return changed
 
 
-def _takes_plans(layer: keras.layers.Layer) -> bool:
-    """Whether a plan sets `layer`'s policy: not quantized, and computing in floating point."""
+def skip_reason(layer: keras.layers.Layer) -> str | None:
+    """Why a plan leaves `layer`'s policy as it is (quantized, or not floating point), or `None`."""
     policy = layer_policy(layer)
     if getattr(policy, "quantization_mode", None) not in (None, "float8"):
-        return False
-    return keras.backend.is_float_dtype(str(getattr(policy, "compute_dtype", "float32")))
+        return f"quantized ({policy.quantization_mode}); its policy is left as it is"
+    compute_dtype = str(getattr(policy, "compute_dtype", ""))
+    if compute_dtype and not keras.backend.is_float_dtype(compute_dtype):
+        return f"computes in {compute_dtype}, not floating point"
+    return None
 
 
 def write_nested_policies(model: keras.Model) -> int:

@@ -35,11 +35,10 @@ from .guard import (
 from .kernels import checked_plan, unchecked_kernels
 from .loss_scale import (
     LossScale,
-    add_loss_scaling,
-    add_step_skipping,
     current_loss_scale,
     is_dynamic_scale,
     resolve_loss_scale,
+    wrap_optimizer,
 )
 from .saving import attach_plan
 from .step_logs import SkippedStepLogs
@@ -383,9 +382,9 @@ class PlanCallback(keras.callbacks.Callback):
                     f"{name}: loss_scale=None, but layers {_float16_layers(self.plan.resolve())[:3]} run "
                     "in float16; use 'dynamic'."
                 )
-            replaced = add_loss_scaling(self.model, self.loss_scale, name)
+            replaced = wrap_optimizer(self.model, self.loss_scale, name)
         elif has_16bit and self.guard is not None:
-            replaced = add_step_skipping(self.model, name)
+            replaced = wrap_optimizer(self.model, None, name)
         else:
             return
         if replaced is not None:
