@@ -17,6 +17,7 @@ from .._core.dtypes import (
     FLOAT32,
     POLICY_FOR_DTYPE,
     WIDENING_LADDER,
+    is_float8_policy,
     wider_dtypes,
 )
 from ..cost import LayerCall, ModelTrace, sample_inputs, synthetic_arguments, trace_model
@@ -332,13 +333,18 @@ def _first_that_runs(candidates: Iterable[str], runs) -> str:
 
 
 def check_layer(
-    layers: Mapping[str, keras.layers.Layer],
-    path: str,
-    call: LayerCall,
-    dtypes: Mapping[str, str],
-    container_dtype: str | None = None,
+    paths: Mapping[str, keras.layers.Layer], path: str, call: LayerCall, current: Mapping[str, str]
 ) -> MissingKernel | None:
-    """Returns why the layer at `path` cannot run in its planned dtypes, and what it runs in."""
+    """Returns why the layer at `path` cannot run with itself and its sub-layers in `current`
+    dtypes, and what it runs in."""
+    layers = subtree(paths, path)
+    if any(is_float8_policy(layer_policy(inner)) for inner in layers.values()):
+        return None  # Keras' float8 gradients run only compiled: the whole step shows them
+    dtypes = {key: current[key] for key in layers if current.get(key) in POLICY_FOR_DTYPE}
+    if path not in dtypes or all(dtype == FLOAT32 for dtype in dtypes.values()):
+        return None
+    container = path.rpartition("/")[0]
+    container_dtype = current.get(container) if container else None
     dtype = dtypes[path]
 
     def runs(candidate: str) -> bool:

@@ -11,8 +11,8 @@ from collections.abc import Mapping, Sequence
 
 import keras
 
-from .._core.dtypes import FLOAT8, FLOAT32, POLICY_FOR_DTYPE, dtype_of_policy, is_float8_policy
-from ..cost import LayerCall, ModelTrace
+from .._core.dtypes import FLOAT8, FLOAT32, POLICY_FOR_DTYPE, dtype_of_policy
+from ..cost import ModelTrace
 from ..layers import describe_model, layer_paths, layer_policy
 from ..plan import PrecisionPlan
 from .check import (
@@ -37,34 +37,6 @@ _CHECKED_KERNELS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 def _depth(path: str) -> int:
     return path.count("/")
-
-
-def _check_one(
-    paths: dict[str, keras.layers.Layer],
-    path: str,
-    call: LayerCall,
-    current: dict[str, str],
-) -> MissingKernel | None:
-    """Checks one layer with its sub-layers in `current`; logs a failed check."""
-    layers = subtree(paths, path)
-    if any(is_float8_policy(layer_policy(inner)) for inner in layers.values()):
-        return None  # Keras' float8 gradients run only compiled: the whole step shows them
-    dtypes = {key: current[key] for key in layers if current.get(key) in POLICY_FOR_DTYPE}
-    if path not in dtypes or all(dtype == FLOAT32 for dtype in dtypes.values()):
-        return None
-    container = path.rpartition("/")[0]
-    found = check_layer(layers, path, call, dtypes, current.get(container) if container else None)
-    if found is None:
-        return None
-    if found.kind == CHECK_FAILED:
-        logger.info(
-            "autoprec: kernel check could not call %s alone (%s); its dtype is unchanged",
-            path,
-            found.error,
-        )
-    else:
-        current.update(dict.fromkeys(layers, found.fallback))  # as `plan.with_dtype` sets it
-    return found
 
 
 def find_missing_kernels(
@@ -117,9 +89,18 @@ def find_missing_kernels(
             continue
         if info.is_container and info.follows is not None:
             continue  # a nested model: its layers are checked one by one
-        found = _check_one(paths, path, calls[0], current)
-        if found is not None:
-            missing.append(found)
+        found = check_layer(paths, path, calls[0], current)
+        if found is None:
+            continue
+        if found.kind == CHECK_FAILED:
+            logger.info(
+                "autoprec: kernel check could not call %s alone (%s); its dtype is unchanged",
+                path,
+                found.error,
+            )
+        else:  # as `plan.with_dtype` sets it
+            current.update(dict.fromkeys(subtree(paths, path), found.fallback))
+        missing.append(found)
     return missing
 
 
