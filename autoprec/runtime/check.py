@@ -373,26 +373,9 @@ def check_layer(
     )
 
 
-@dataclasses.dataclass(frozen=True)
-class DtypeClash:
-    """Two dtypes meeting inside a composite layer."""
-
-    container: str
-    container_dtype: str
-    layer: str
-    layer_dtype: str
-
-    def describe(self) -> str:
-        """Returns one line naming both layers and their dtypes."""
-        where = repr(self.container) if self.container else "the model's own call"
-        return (
-            f"{self.layer!r} computes in {self.layer_dtype} inside {where}, "
-            f"which computes in {self.container_dtype}"
-        )
-
-
-def dtype_clashes(model: keras.Model) -> list[DtypeClash]:
-    """Returns each sub-layer whose compute dtype differs from its composite container's."""
+def dtype_clashes(model: keras.Model) -> list[str]:
+    """Returns a line for each sub-layer whose compute dtype differs from its composite
+    container's."""
     paths = layer_paths(model)
     clashes = []
     for path, layer in paths.items():
@@ -402,7 +385,11 @@ def dtype_clashes(model: keras.Model) -> list[DtypeClash]:
             continue
         layer_dtype, container_dtype = _compute_dtype(layer), _compute_dtype(container)
         if layer_dtype and container_dtype and layer_dtype != container_dtype:
-            clashes.append(DtypeClash(container_path, container_dtype, path, layer_dtype))
+            where = repr(container_path) if container_path else "the model's own call"
+            clashes.append(
+                f"{path!r} computes in {layer_dtype} inside {where}, "
+                f"which computes in {container_dtype}"
+            )
     return clashes
 
 
@@ -421,7 +408,7 @@ def check_plan_runs(model: keras.Model, inputs: object) -> None:
         if clashes:
             advice = (
                 "Layers whose dtype differs from their container's: "
-                + "; ".join(clash.describe() for clash in clashes[:8])
+                + "; ".join(clashes[:8])
                 + ". Give them their container's dtype (plan.with_dtype(path, dtype))."
             )
         else:
