@@ -55,7 +55,7 @@ COMMON = textwrap.dedent(
         return x, np.zeros((48, 1), "float32")
 
     def train(autoprec, model, x, y):
-        from autoprec.runtime.applied import applied_state
+        from autoprec.runtime.apply import applied_state
         plan = autoprec.PrecisionPlan.uniform(model, "float16").with_dtype("out", "float32")
         callback = autoprec.AutoPrecision(
             plan, loss_scale=autoprec.LossScale(initial=1.0), verbose=0

@@ -28,15 +28,22 @@ from ..layers import (
     model_fingerprint,
 )
 from ..plan import PrecisionPlan
-from .composite import check_plan_runs
+from .check import check_plan_runs
 from .float8 import (
     has_float8_path,
     keep_nested_float8_policies,
     reset_float8_state,
     sync_float8_variables,
 )
-from .graph_constants import align_graph_constants
-from .policy_map import lists_own_layers, unnamed_layer_dtypes, write_nested_policies
+from .guard import Guard
+from .policy_map import (
+    align_graph_constants,
+    lists_own_layers,
+    skip_reason,
+    unnamed_layer_dtypes,
+    write_nested_policies,
+)
+from .telemetry import GuardTelemetry
 
 
 @dataclasses.dataclass
@@ -85,9 +92,13 @@ class PlanHandle:
         reset_compiled_functions(self.model)
 
 
+#: The compiled functions Keras traces for a model, rebuilt when the policies change.
+COMPILED_FUNCTIONS = ("train_function", "test_function", "predict_function")
+
+
 def reset_compiled_functions(model: keras.Model) -> None:
     """Makes `fit`, `evaluate` and `predict` retrace so new dtype policies take effect."""
-    for attribute in ("train_function", "test_function", "predict_function"):
+    for attribute in COMPILED_FUNCTIONS:
         if hasattr(model, attribute):
             setattr(model, attribute, None)
 
@@ -202,25 +213,14 @@ def apply_plan(
     write_nested_policies(model)
     align_graph_constants(model)
     reset_compiled_functions(model)
-    applied_plan = PrecisionPlan(
-        applied,
-        rules=plan.rules,
-        default=plan.default,
+    applied_plan = dataclasses.replace(
+        plan,
+        layers=applied,
         layer_info=infos,
         fingerprint=model_fingerprint(infos),
         model_name=model.name,
-        metadata=plan.metadata,
-        events=plan.events,
-        created=plan.created,
-        autoprec_version=plan.autoprec_version,
     )
-    handle = PlanHandle(
-        model=model,
-        plan=applied_plan,
-        dtypes=applied,
-        original_policies=original_policies,
-        skipped=skipped,
-    )
+    handle = PlanHandle(model, applied_plan, applied, original_policies, skipped)
     if x is not None:
         try:
             check_plan_runs(model, x)
@@ -259,7 +259,7 @@ def _set_policies(
     applied: dict[str, str] = {}
     with strategy_scope(model):  # float8 scaling variables are created here
         for path, layer in paths.items():
-            reason = _reason_to_skip(layer)
+            reason = skip_reason(layer)
             if reason:
                 skipped[path] = reason
                 continue
@@ -302,11 +302,52 @@ def _checked_layers(model: keras.Model, plan: PrecisionPlan, strict: bool) -> di
     return infos
 
 
-def _reason_to_skip(layer: keras.layers.Layer) -> str | None:
-    policy = layer_policy(layer)
-    if getattr(policy, "quantization_mode", None) not in (None, "float8"):
-        return f"quantized ({policy.quantization_mode}); its policy is left as it is"
-    compute_dtype = str(getattr(policy, "compute_dtype", ""))
-    if compute_dtype and not keras.backend.is_float_dtype(compute_dtype):
-        return f"computes in {compute_dtype}, not floating point"
-    return None
+#: The model attribute that holds its `AppliedState`.
+APPLIED_ATTRIBUTE = "_autoprec_applied_plan"
+
+
+@dataclasses.dataclass
+class AppliedState:
+    """What a model runs: the plan asked for and as applied, and what it was set up with."""
+
+    requested: PrecisionPlan
+    handle: PlanHandle
+    guard: Guard | None
+    optimizer: object
+    unwrapped_optimizer: object
+    telemetry: GuardTelemetry | None
+    train_function: object
+
+    @property
+    def plan(self) -> PrecisionPlan:
+        """The plan as applied."""
+        return self.handle.plan
+
+    @property
+    def dtypes(self) -> dict[str, str]:
+        """`{path: dtype}` the layers compute in."""
+        return self.handle.dtypes
+
+    def runs(self, model: keras.Model, plan: PrecisionPlan, guard: Guard | None) -> bool:
+        """Whether `model` still runs `plan` as applied here, with nothing reset since."""
+        return (
+            model.train_function is not None
+            and model.train_function is self.train_function
+            and model.optimizer is self.optimizer
+            and guard == self.guard
+            and (self.telemetry is None or self.telemetry.installed)
+            and (plan is self.requested or plan is self.plan or plan == self.requested)
+        )
+
+
+def applied_state(model: keras.Model) -> AppliedState | None:
+    """Returns the `AppliedState` kept on `model`, or `None` when no plan was applied by a callback."""
+    return getattr(model, APPLIED_ATTRIBUTE, None)
+
+
+def keep_applied_state(model: keras.Model, state: AppliedState | None) -> None:
+    """Keeps `state` on `model` (bypassing Keras' attribute tracking); `None` removes it."""
+    if state is not None:
+        object.__setattr__(model, APPLIED_ATTRIBUTE, state)
+    elif applied_state(model) is not None:
+        object.__delattr__(model, APPLIED_ATTRIBUTE)

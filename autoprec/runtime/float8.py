@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Iterable, Mapping
 
@@ -23,12 +22,8 @@ def has_float8_path(layer: object) -> bool:
 
 def float8_variables(layer: keras.layers.Layer) -> list[keras.Variable]:
     """Returns the float8 scaling variables a layer has (none before it was first quantized)."""
-    found = []
-    for name in FLOAT8_VARIABLES:
-        variable = getattr(layer, name, None)
-        if isinstance(variable, keras.Variable):
-            found.append(variable)
-    return found
+    found = (getattr(layer, name, None) for name in FLOAT8_VARIABLES)
+    return [variable for variable in found if isinstance(variable, keras.Variable)]
 
 
 def sync_float8_variables(layers: Iterable[keras.layers.Layer]) -> None:
@@ -133,8 +128,7 @@ def restore_variables(
         if entry is not None:
             variable.assign(entry[1])
         elif variable.name in FLOAT8_SCALING_VARIABLES:
-            initial = 1.0 if variable.name.endswith("_scale") else 0.0
-            variable.assign(keras.ops.full(variable.shape, initial, dtype=variable.dtype))
+            _reset(variable)
 
 
 #: The 8-bit format each float8 tensor is quantized to, and its largest finite value.
@@ -151,48 +145,28 @@ FLOAT8_TENSORS: tuple[tuple[str, str, float], ...] = (
 SATURATION_RATIO = 1.25
 
 
-@dataclasses.dataclass(frozen=True)
-class LaggingScale:
-    """A float8 tensor whose delayed scale no longer covers its amax: values saturate."""
-
-    tensor: str
-    format_name: str
-    amax: float
-    covered_amax: float
-
-    @property
-    def ratio(self) -> float:
-        """How many times the amax exceeds what the scale covers (> 1 saturates)."""
-        return self.amax / self.covered_amax if self.covered_amax > 0 else float("inf")
-
-    def describe(self) -> str:
-        """Returns the reason in words, e.g. for a guard promotion."""
-        return (
-            f"{self.tensor} amax {self.amax:.3g} is {self.ratio:.2g}x what its delayed "
-            f"{self.format_name} scale covers ({self.covered_amax:.3g}): the scale lags a "
-            "growing amax and values saturate"
-        )
-
-
-def lagging_scales(layers: Mapping[str, keras.layers.Layer]) -> dict[str, LaggingScale]:
-    """Returns the float8 layers whose scale in use does not cover the latest amax, worst tensor
-    each."""
+def lagging_scales(layers: Mapping[str, keras.layers.Layer]) -> dict[str, str]:
+    """Returns `{path: why}` of the float8 layers whose scale in use does not cover the latest
+    amax, worst tensor each."""
     found = {}
     for path, layer in layers.items():
         if not is_float8_policy(layer_policy(layer)) or not float8_variables(layer):
             continue
-        worst = None
+        worst_ratio = 0.0
         for tensor, format_name, largest in FLOAT8_TENSORS:
             scale = float(keras.ops.convert_to_numpy(getattr(layer, f"{tensor}_scale")))
             history = getattr(layer, f"{tensor}_amax_history")
             amax = float(keras.ops.convert_to_numpy(history[0]))
             covered = largest * scale  # Keras keeps the scale as amax / format max
             if amax > SATURATION_RATIO * covered and math.isfinite(amax):
-                candidate = LaggingScale(tensor, format_name, amax, covered)
-                if worst is None or candidate.ratio > worst.ratio:
-                    worst = candidate
-        if worst is not None:
-            found[path] = worst
+                ratio = amax / covered if covered > 0 else float("inf")
+                if ratio > worst_ratio:
+                    worst_ratio = ratio
+                    found[path] = (
+                        f"{tensor} amax {amax:.3g} is {ratio:.2g}x what its delayed "
+                        f"{format_name} scale covers ({covered:.3g}): the scale lags a "
+                        "growing amax and values saturate"
+                    )
     return found
 
 
@@ -205,9 +179,13 @@ def reset_float8_state(layer: keras.layers.Layer, only_if_lost: bool = False) ->
         if all(float(keras.ops.convert_to_numpy(v)) > 0 for v in scales):
             return False
     for variable in variables:
-        initial = 1.0 if variable.name.endswith("_scale") else 0.0
-        variable.assign(keras.ops.full(variable.shape, initial, dtype=variable.dtype))
+        _reset(variable)
     return bool(variables)
+
+
+def _reset(variable: keras.Variable) -> None:
+    initial = 1.0 if variable.name.endswith("_scale") else 0.0
+    variable.assign(keras.ops.full(variable.shape, initial, dtype=variable.dtype))
 
 
 def float8_state(layers: Iterable[keras.layers.Layer]) -> list[tuple[keras.Variable, object]]:

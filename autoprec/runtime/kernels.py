@@ -1,4 +1,5 @@
-"""Detect layers whose planned 16-bit dtype has no kernel on this device, before training."""
+"""The plan check: each layer (and a subclassed model's own `call`) run in its planned dtypes before
+training, and what cannot run moved to a dtype that does."""
 
 from __future__ import annotations
 
@@ -10,13 +11,21 @@ from collections.abc import Mapping, Sequence
 
 import keras
 
-from .._core.dtypes import FLOAT8, FLOAT32, POLICY_FOR_DTYPE, dtype_of_policy, is_float8_policy
-from ..cost import LayerCall, ModelTrace
+from .._core.dtypes import FLOAT8, FLOAT32, POLICY_FOR_DTYPE, dtype_of_policy
+from ..cost import ModelTrace
 from ..layers import describe_model, layer_paths, layer_policy
 from ..plan import PrecisionPlan
-from .check_trace import trace_for_check
-from .layer_check import CHECK_FAILED, MISSING_KERNEL, MIXED_ARITHMETIC, check_layer, subtree
-from .own_call import check_own_call, needs_own_call_check
+from .check import (
+    CHECK_FAILED,
+    MISSING_KERNEL,
+    MIXED_ARITHMETIC,
+    MissingKernel,
+    check_layer,
+    check_own_call,
+    needs_own_call_check,
+    subtree,
+    trace_for_check,
+)
 from .policy_map import lists_own_layers, unnamed_layer_dtypes
 
 logger = logging.getLogger("autoprec")
@@ -26,61 +35,8 @@ logger = logging.getLogger("autoprec")
 _CHECKED_KERNELS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-@dataclasses.dataclass(frozen=True)
-class MissingKernel:
-    """A layer that cannot run in its planned dtype here, or could not be checked.
-
-    Attributes:
-        path: the layer's stable path.
-        dtype: the planned dtype that failed.
-        fallback: the dtype the layer and its sub-layers fall back to (`dtype`
-            where the check failed: nothing changes).
-        error: the first line of the error the device raised, or the evidence
-            (`"its own arithmetic mixes float32 tensors it makes with bfloat16
-            ones: ..."`), or why the check could not call the layer.
-        kind: `"missing_kernel"` (the device has no kernel for the dtype),
-            `"mixed_arithmetic"` (the layer's own call mixes dtypes),
-            `"dtype_failure"` (another failure only in 16-bit) or
-            `"check_failed"` (the check could not call the layer alone).
-    """
-
-    path: str
-    dtype: str
-    fallback: str
-    error: str
-    kind: str = MISSING_KERNEL
-
-
 def _depth(path: str) -> int:
     return path.count("/")
-
-
-def _check_one(
-    paths: dict[str, keras.layers.Layer],
-    path: str,
-    call: LayerCall,
-    current: dict[str, str],
-) -> MissingKernel | None:
-    """Checks one layer with its sub-layers in `current`; logs a failed check."""
-    layers = subtree(paths, path)
-    if any(is_float8_policy(layer_policy(inner)) for inner in layers.values()):
-        return None  # Keras' float8 gradients run only compiled: the whole step shows them
-    dtypes = {key: current[key] for key in layers if current.get(key) in POLICY_FOR_DTYPE}
-    if path not in dtypes or all(dtype == FLOAT32 for dtype in dtypes.values()):
-        return None
-    container = path.rpartition("/")[0]
-    found = check_layer(layers, path, call, dtypes, current.get(container) if container else None)
-    if not found.kind:
-        return None
-    if found.kind == CHECK_FAILED:
-        logger.info(
-            "autoprec: kernel check could not call %s alone (%s); its dtype is unchanged",
-            path,
-            found.error,
-        )
-    else:
-        current.update(dict.fromkeys(layers, found.fallback))  # as `plan.with_dtype` sets it
-    return MissingKernel(path, dtypes[path], found.fallback, found.error, found.kind)
 
 
 def find_missing_kernels(
@@ -133,9 +89,18 @@ def find_missing_kernels(
             continue
         if info.is_container and info.follows is not None:
             continue  # a nested model: its layers are checked one by one
-        found = _check_one(paths, path, calls[0], current)
-        if found is not None:
-            missing.append(found)
+        found = check_layer(paths, path, calls[0], current)
+        if found is None:
+            continue
+        if found.kind == CHECK_FAILED:
+            logger.info(
+                "autoprec: kernel check could not call %s alone (%s); its dtype is unchanged",
+                path,
+                found.error,
+            )
+        else:  # as `plan.with_dtype` sets it
+            current.update(dict.fromkeys(subtree(paths, path), found.fallback))
+        missing.append(found)
     return missing
 
 
@@ -230,11 +195,11 @@ def _own_call_findings(
     if key not in checked:
         checked[key] = check_own_call(model, after)
     found = checked[key]
-    if not found.kind:
+    if found is None:
         return []
     infos = describe_model(model)
     return [
-        MissingKernel(path, dtype, found.fallback, found.error, found.kind)
+        dataclasses.replace(found, path=path, dtype=dtype)
         for path, dtype in after.items()
         if "/" not in path
         and path in infos

@@ -148,16 +148,11 @@ class FlooredLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
 
     def build(self, var_list) -> None:
         super().build(var_list)
-        self.non_finite_steps = self.add_variable(
-            shape=(), dtype="int", initializer="zeros", aggregation="none", name="non_finite_steps"
-        )
-        self.consecutive_non_finite_steps = self.add_variable(
-            shape=(),
-            dtype="int",
-            initializer="zeros",
-            aggregation="none",
-            name="consecutive_non_finite_steps",
-        )
+        for name in ("non_finite_steps", "consecutive_non_finite_steps"):
+            variable = self.add_variable(
+                shape=(), dtype="int", initializer="zeros", aggregation="none", name=name
+            )
+            setattr(self, name, variable)
 
     def check_finite(self, grads):
         # Keras decides from this replica's gradients alone, before the all-reduce:
@@ -199,10 +194,7 @@ class FlooredLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
     def _stateless_handle_non_finite_grads(self, optimizer_variables, trainable_variables):
         mapping = list(zip(self.variables, optimizer_variables))
         with keras.StatelessScope(state_mapping=mapping) as scope:
-            self.step_counter.assign(0)
-            self.dynamic_scale.assign(self._lowered_scale())
-            self.non_finite_steps.assign_add(1)
-            self.consecutive_non_finite_steps.assign_add(1)
+            self._stateful_handle_non_finite_grads()
         new_optimizer_variables = [scope.get_current_value(v) for v in self.variables]
         return trainable_variables, new_optimizer_variables
 
@@ -258,48 +250,35 @@ def current_loss_scale(optimizer) -> float | None:
     return float(ops.convert_to_numpy(optimizer.dynamic_scale))
 
 
-def add_loss_scaling(
-    model: keras.Model, settings: LossScale, where: str
+def wrap_optimizer(
+    model: keras.Model, settings: LossScale | None, where: str
 ) -> keras.optimizers.Optimizer | None:
-    """Wraps `model.optimizer` in a `FlooredLossScaleOptimizer` built from `settings`."""
-    optimizer = _compiled_optimizer(model, where)
-    if isinstance(optimizer, keras.optimizers.LossScaleOptimizer) and scales_loss(optimizer):
+    """Wraps `model.optimizer` to scale the loss by `settings`, or (`None`) only to skip non-finite
+    steps; returns the optimizer replaced, `None` where it was wrapped so already."""
+    optimizer = getattr(model, "optimizer", None)
+    if optimizer is None:
+        raise PlanError(f"{where}: the model has no optimizer; compile it before fit.")
+    if isinstance(optimizer, keras.optimizers.LossScaleOptimizer) and (
+        settings is None or scales_loss(optimizer)
+    ):
         return None
     sync_fit_state(model)  # JAX's fit holds the old optimizer's state: write it back first
     if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
         optimizer = optimizer.inner_optimizer  # a step-skipping wrapper: scale it now
         model.optimizer = optimizer
     with strategy_scope(model):
-        wrapped = FlooredLossScaleOptimizer(
-            optimizer,
-            initial_scale=float(settings.initial),
-            dynamic_growth_steps=settings.growth_steps,
-            floor=settings.floor if settings.dynamic else None,
-            fixed=not settings.dynamic,
-        )
+        if settings is None:
+            wrapped = step_skipping_optimizer(optimizer)
+        else:
+            wrapped = FlooredLossScaleOptimizer(
+                optimizer,
+                initial_scale=float(settings.initial),
+                dynamic_growth_steps=settings.growth_steps,
+                floor=settings.floor if settings.dynamic else None,
+                fixed=not settings.dynamic,
+            )
         wrapped.build(model.trainable_variables)
     model.optimizer = wrapped
-    return optimizer
-
-
-def add_step_skipping(model: keras.Model, where: str) -> keras.optimizers.Optimizer | None:
-    """Wraps `model.optimizer` in a `step_skipping_optimizer`, unless it is a loss-scale optimizer
-    already."""
-    optimizer = _compiled_optimizer(model, where)
-    if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
-        return None
-    sync_fit_state(model)  # JAX's fit holds the old optimizer's state: write it back first
-    with strategy_scope(model):
-        wrapped = step_skipping_optimizer(optimizer)
-        wrapped.build(model.trainable_variables)
-    model.optimizer = wrapped
-    return optimizer
-
-
-def _compiled_optimizer(model: keras.Model, where: str) -> keras.optimizers.Optimizer:
-    optimizer = getattr(model, "optimizer", None)
-    if optimizer is None:
-        raise PlanError(f"{where}: the model has no optimizer; compile it before fit.")
     return optimizer
 
 

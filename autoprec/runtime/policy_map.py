@@ -1,5 +1,5 @@
-"""Per-layer dtypes in a model's own Keras config, as a `DTypePolicyMap` where a layer builds its
-own."""
+"""Per-layer dtypes as Keras rebuilds them: a `DTypePolicyMap` in the config of a container that
+builds its own sub-layers, and graph constants in the dtype of the operand they were made from."""
 
 from __future__ import annotations
 
@@ -151,7 +151,7 @@ def unnamed_layer_dtypes(model: keras.Model, dtypes: Mapping[str, str]) -> dict[
             for path in members
             if not paths[path].path
             and dtypes.get(path) in ("float32", "bfloat16", "float16")
-            and _takes_plans(paths[path])
+            and skip_reason(paths[path]) is None
         ]
         counts = collections.Counter(dtypes[path] for path in unnamed)
         if counts:
@@ -160,12 +160,15 @@ def unnamed_layer_dtypes(model: keras.Model, dtypes: Mapping[str, str]) -> dict[
     return changed
 
 
-def _takes_plans(layer: keras.layers.Layer) -> bool:
-    """Whether a plan sets `layer`'s policy: not quantized, and computing in floating point."""
+def skip_reason(layer: keras.layers.Layer) -> str | None:
+    """Why a plan leaves `layer`'s policy as it is (quantized, or not floating point), or `None`."""
     policy = layer_policy(layer)
     if getattr(policy, "quantization_mode", None) not in (None, "float8"):
-        return False
-    return keras.backend.is_float_dtype(str(getattr(policy, "compute_dtype", "float32")))
+        return f"quantized ({policy.quantization_mode}); its policy is left as it is"
+    compute_dtype = str(getattr(policy, "compute_dtype", ""))
+    if compute_dtype and not keras.backend.is_float_dtype(compute_dtype):
+        return f"computes in {compute_dtype}, not floating point"
+    return None
 
 
 def write_nested_policies(model: keras.Model) -> int:
@@ -235,3 +238,67 @@ def _builds_own_sub_layers(layer: keras.layers.Layer, path: str, paths: dict) ->
     # A functional model's config lists its layers, each with its own dtype, unless its
     # class writes a config of its own (a keras-hub backbone does).
     return not lists_own_layers(layer)
+
+
+#: `{node: its arguments as the graph was built}` of the nodes whose constants were cast.
+_BUILT_ARGUMENTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def align_graph_constants(model: keras.Model) -> int:
+    """Makes each graph constant made from an operand's dtype again in that operand's dtype now."""
+    changed = 0
+    for graph in [model, *layer_paths(model).values()]:
+        if not is_graph_model(graph) or lists_own_layers(graph):
+            continue
+        for nodes in getattr(graph, "_nodes_by_depth", {}).values():  # Keras' graph of nodes
+            for node in nodes:
+                changed += _align_node(node)
+    return changed
+
+
+def _align_node(node: object) -> int:
+    """Casts one operation's constants where their operand's producer computes in another dtype."""
+    operation = getattr(node, "operation", None)
+    if operation is None or isinstance(operation, keras.layers.Layer):
+        return 0  # a layer casts its own inputs
+    built = _BUILT_ARGUMENTS.get(node, node.arguments)
+    operands = [tensor for tensor in built.keras_tensors if _producer_dtype(tensor)]
+    if not operands:
+        return 0
+    casts = {}
+    for operand in operands:
+        built_dtype = keras.backend.standardize_dtype(operand.dtype)
+        now = _producer_dtype(operand)
+        if now != built_dtype:
+            casts[built_dtype] = now
+    cast_count = []
+
+    def cast(value: object) -> object:
+        if isinstance(value, keras.KerasTensor) or not keras.ops.is_tensor(value):
+            return value
+        dtype = keras.backend.standardize_dtype(value.dtype)
+        if dtype not in casts:
+            return value
+        cast_count.append(dtype)
+        return keras.ops.cast(value, casts[dtype])
+
+    args, kwargs = built.convert(cast)
+    if not cast_count:
+        if node in _BUILT_ARGUMENTS:
+            node.arguments = _BUILT_ARGUMENTS.pop(node)  # the graph as it was built
+        return 0
+    _BUILT_ARGUMENTS[node] = built
+    node.arguments = type(built)(*args, **kwargs)
+    return 1
+
+
+def _producer_dtype(tensor: keras.KerasTensor) -> str | None:
+    """The compute dtype of the layer that makes `tensor` in the graph; `None` for an operation."""
+    history = getattr(tensor, "_keras_history", None)
+    producer = getattr(history, "operation", None)
+    if not isinstance(producer, keras.layers.Layer) or isinstance(
+        producer, keras.layers.InputLayer
+    ):
+        return None
+    dtype = keras.backend.standardize_dtype(producer.compute_dtype)
+    return dtype if keras.backend.is_float_dtype(dtype) else None

@@ -26,10 +26,28 @@ PLAN_ASSET = "assets/" + PLAN_ENTRY
 def attach_plan(model: keras.Model, plan: PrecisionPlan) -> None:
     """Records `plan` on `model` so that every save of it, autoprec's or Keras', keeps it."""
     object.__setattr__(model, "_autoprec_plan", plan)
-    if not getattr(model, "_autoprec_saves_whole", False):
-        object.__setattr__(model, "_autoprec_saves_whole", True)
-        object.__setattr__(model, "save_assets", _assets_with_plan(model))
-        object.__setattr__(model, "get_compile_config", _compile_config_now(model))
+    if getattr(model, "_autoprec_saves_whole", False):
+        return
+    own_save_assets = getattr(model, "save_assets", None)
+    own_compile_config = model.get_compile_config
+
+    def save_assets(dir_path):
+        plan = attached_plan(model)
+        if plan is not None:
+            Path(dir_path, PLAN_ENTRY).write_text(plan.to_json(), encoding="utf-8")
+        if own_save_assets is not None:
+            own_save_assets(dir_path)
+
+    def get_compile_config():  # the optimizer as it trains (a loss-scale wrap included)
+        config = own_compile_config()
+        optimizer = getattr(model, "optimizer", None)
+        if config and optimizer is not None:
+            config = {**config, "optimizer": keras.saving.serialize_keras_object(optimizer)}
+        return config
+
+    object.__setattr__(model, "_autoprec_saves_whole", True)
+    object.__setattr__(model, "save_assets", save_assets)
+    object.__setattr__(model, "get_compile_config", get_compile_config)
 
 
 def attached_plan(model: keras.Model) -> PrecisionPlan | None:
@@ -149,29 +167,3 @@ def load_model(
         wrapped.build(model.trainable_variables)
         model.optimizer = wrapped
     return model
-
-
-def _assets_with_plan(model: keras.Model):
-    own_save_assets = getattr(model, "save_assets", None)
-
-    def save_assets(dir_path):
-        plan = attached_plan(model)
-        if plan is not None:
-            Path(dir_path, PLAN_ENTRY).write_text(plan.to_json(), encoding="utf-8")
-        if own_save_assets is not None:
-            own_save_assets(dir_path)
-
-    return save_assets
-
-
-def _compile_config_now(model: keras.Model):
-    own_compile_config = model.get_compile_config
-
-    def get_compile_config():
-        config = own_compile_config()
-        optimizer = getattr(model, "optimizer", None)
-        if config and optimizer is not None:
-            config = {**config, "optimizer": keras.saving.serialize_keras_object(optimizer)}
-        return config
-
-    return get_compile_config

@@ -20,8 +20,14 @@ from ..errors import PlanError
 from ..hardware import HardwareProfile, resolve_hardware
 from ..layers import is_fully_built, layer_paths, layer_policy
 from ..plan import PrecisionPlan
-from .applied import COMPILED_FUNCTIONS, AppliedState, applied_state, keep_applied_state
-from .apply import PlanHandle, apply_plan
+from .apply import (
+    COMPILED_FUNCTIONS,
+    AppliedState,
+    PlanHandle,
+    applied_state,
+    apply_plan,
+    keep_applied_state,
+)
 from .decision import GuardAction, GuardDecision, decide
 from .float8 import extend_optimizer, lagging_scales
 from .guard import (
@@ -34,11 +40,10 @@ from .guard import (
 from .kernels import checked_plan, unchecked_kernels
 from .loss_scale import (
     LossScale,
-    add_loss_scaling,
-    add_step_skipping,
     current_loss_scale,
     is_dynamic_scale,
     resolve_loss_scale,
+    wrap_optimizer,
 )
 from .saving import attach_plan
 from .step_logs import SkippedStepLogs
@@ -128,7 +133,11 @@ class PlanCallback(keras.callbacks.Callback):
         if guard is not None:
             check_guard_backend(keras.backend.backend(), name)
         self.loss_scale = resolve_loss_scale(loss_scale, name)
-        _check_loss_scale(name, self.loss_scale, self.plan)
+        if self.loss_scale is None and self.plan is not None and self.plan.uses_float16:
+            raise PlanError(
+                f"{name}: loss_scale=None, but the plan runs layers in float16, whose "
+                "gradients underflow without loss scaling. Use loss_scale='dynamic' (default)."
+            )
         self.hardware = hardware
         self.guard = guard
         self.plan_path = plan_path
@@ -151,7 +160,8 @@ class PlanCallback(keras.callbacks.Callback):
         if self.plan is not None and is_fully_built(model) and model.optimizer is not None:
             # A model whose own train_step scales no loss gets no float16 (see `_apply_changed`).
             uses_float16 = self.plan.uses_float16 and unscaled_float16_reason(model) is None
-            self._wrap_optimizer(uses_float16, has_16bit=self._plan_has_16bit())
+            has_16bit = any(dtype != FLOAT32 for dtype in self.plan.resolve().values())
+            self._wrap_optimizer(uses_float16, has_16bit)
 
     def on_epoch_begin(self, epoch, logs=None) -> None:
         if self._watch is not None:
@@ -275,7 +285,9 @@ class PlanCallback(keras.callbacks.Callback):
                 setattr(model, name, function)
         else:
             self._install_telemetry(has_16bit)
-            self._rebuild_compiled_functions()
+            rebuild_train_function(model)
+            model.test_function = None
+            model.predict_function = None
         unwrapped = self._wrapped_optimizer or (state.unwrapped_optimizer if state else None)
         keep_applied_state(
             model,
@@ -350,9 +362,6 @@ class PlanCallback(keras.callbacks.Callback):
         ):
             self._wrapped_optimizer = after
 
-    def _plan_has_16bit(self) -> bool:
-        return any(dtype != FLOAT32 for dtype in self.plan.resolve().values())
-
     def _without_unscaled_float16(self, plan: PrecisionPlan) -> PrecisionPlan:
         """The plan with its float16 layers in bfloat16 (or float32) where no loss scale reaches
         them."""
@@ -378,13 +387,14 @@ class PlanCallback(keras.callbacks.Callback):
         name = type(self).__name__
         if uses_float16:
             if self.loss_scale is None:
+                float16 = [path for path, dt in self.plan.resolve().items() if dt == FLOAT16]
                 raise PlanError(
-                    f"{name}: loss_scale=None, but layers {_float16_layers(self.plan.resolve())[:3]} run "
-                    "in float16; use 'dynamic'."
+                    f"{name}: loss_scale=None, but layers {float16[:3]} run in float16; use "
+                    "'dynamic'."
                 )
-            replaced = add_loss_scaling(self.model, self.loss_scale, name)
+            replaced = wrap_optimizer(self.model, self.loss_scale, name)
         elif has_16bit and self.guard is not None:
-            replaced = add_step_skipping(self.model, name)
+            replaced = wrap_optimizer(self.model, None, name)
         else:
             return
         if replaced is not None:
@@ -412,11 +422,6 @@ class PlanCallback(keras.callbacks.Callback):
         else:
             step_logs.deactivate()
         self._watch.attach(telemetry)
-
-    def _rebuild_compiled_functions(self) -> None:
-        rebuild_train_function(self.model)
-        self.model.test_function = None
-        self.model.predict_function = None
 
     # ------------------------------------------------------------------ guard
 
@@ -459,7 +464,7 @@ class PlanCallback(keras.callbacks.Callback):
         for path in lagging:
             streaks[path] = streaks.get(path, 0) + 1
         due = {
-            path: lagging[path].describe()
+            path: lagging[path]
             + f" on {streaks[path]} check(s) in a row, every {self.guard.float8_check_every} steps"
             for path in lagging
             if streaks[path] >= FLOAT8_PATIENCE
@@ -550,15 +555,6 @@ def _checked_plan(
     return plan
 
 
-def _check_loss_scale(name: str, loss_scale: LossScale | None, plan: PrecisionPlan | None) -> None:
-    """Refuses no loss scaling for a plan that runs layers in float16."""
-    if loss_scale is None and plan is not None and plan.uses_float16:
-        raise PlanError(
-            f"{name}: loss_scale=None, but the plan runs layers in float16, whose "
-            "gradients underflow without loss scaling. Use loss_scale='dynamic' (default)."
-        )
-
-
 def _show_guard_line(line: str, verbose: int) -> None:
     """Shows one guard warning once: on stdout while Keras prints (logged at INFO), else as a
     warning."""
@@ -567,7 +563,3 @@ def _show_guard_line(line: str, verbose: int) -> None:
         logger.info(line)
     else:
         logger.warning(line)
-
-
-def _float16_layers(dtypes: Mapping[str, str]) -> list[str]:
-    return [path for path, dtype in dtypes.items() if dtype == FLOAT16]

@@ -1,10 +1,10 @@
-"""What a model runs after a callback applied a plan (autoprec/runtime/applied.py)."""
+"""What a model runs after a callback applied a plan (autoprec/runtime/apply.py)."""
 
 from __future__ import annotations
 
 from autoprec import Guard, PrecisionPlan
 from autoprec.runtime import PlanCallback
-from autoprec.runtime.applied import APPLIED_ATTRIBUTE, applied_state, keep_applied_state
+from autoprec.runtime.apply import APPLIED_ATTRIBUTE, applied_state, keep_applied_state
 
 
 def test_the_state_says_whether_the_model_still_runs_a_plan(mlp, classification):

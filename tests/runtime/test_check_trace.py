@@ -1,4 +1,4 @@
-"""The kernel check replays every model `fit` trains (autoprec/runtime/check_trace.py).
+"""The kernel check replays every model `fit` trains (autoprec/runtime/check.py).
 
 A subclassed model with a call of its own, a keras.io-style VAE with none (its
 `train_step` steps its encoder and decoder) and a model whose inputs leave a length
@@ -14,7 +14,7 @@ import tensorflow as tf
 
 import autoprec
 from autoprec.layers import layer_paths
-from autoprec.runtime.check_trace import PROBE_LENGTH, trace_for_check
+from autoprec.runtime.check import PROBE_LENGTH, trace_for_check
 from autoprec.runtime.kernels import find_missing_kernels
 
 

@@ -11,8 +11,7 @@ from reload_checks import assert_same_outputs
 import autoprec
 from autoprec.errors import PlanError
 from autoprec.layers import describe_model
-from autoprec.runtime.composite import check_plan_runs, dtype_clashes
-from autoprec.runtime.layer_check import alike_candidates
+from autoprec.runtime.check import alike_candidates, check_plan_runs, dtype_clashes
 
 DTYPES = ("float32", "bfloat16", "float16")
 

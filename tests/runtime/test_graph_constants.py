@@ -1,4 +1,4 @@
-"""Graph constants made from an operand's dtype follow that operand's plan (runtime/graph_constants.py)."""
+"""Graph constants made from an operand's dtype follow that operand's plan (runtime/policy_map.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import zoo_models
 from reload_checks import assert_same_outputs
 
 import autoprec
-from autoprec.runtime.graph_constants import align_graph_constants
+from autoprec.runtime.policy_map import align_graph_constants
 
 
 @keras.saving.register_keras_serializable(package="autoprec_tests")

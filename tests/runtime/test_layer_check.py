@@ -1,4 +1,4 @@
-"""Checks say what they know: mixed arithmetic, and calls the check cannot make (runtime/layer_check.py)."""
+"""Checks say what they know: mixed arithmetic, and calls the check cannot make (runtime/check.py, runtime/kernels.py)."""
 
 from __future__ import annotations
 

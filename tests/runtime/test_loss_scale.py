@@ -10,13 +10,12 @@ from autoprec.errors import PlanError
 from autoprec.runtime.loss_scale import (
     FlooredLossScaleOptimizer,
     LossScale,
-    add_loss_scaling,
-    add_step_skipping,
     current_loss_scale,
     is_dynamic_scale,
     resolve_loss_scale,
     scales_loss,
     step_skipping_optimizer,
+    wrap_optimizer,
 )
 
 #: Non-finite steps in a row: more than the ~164 halvings that take Keras' floorless
@@ -99,31 +98,31 @@ def test_a_dynamic_scale_doubles_after_its_growth_steps():
     assert current_loss_scale(model.optimizer) == 16.0
 
 
-def test_add_loss_scaling_wraps_once_and_replaces_a_step_skipping_wrapper():
+def test_wrap_optimizer_wraps_once_and_replaces_a_step_skipping_wrapper():
     model = _model(keras.optimizers.Adam())
     adam = model.optimizer
-    assert add_step_skipping(model, "test") is adam
+    assert wrap_optimizer(model, None, "test") is adam
     assert not scales_loss(model.optimizer)
-    assert add_step_skipping(model, "test") is None  # already wrapped
+    assert wrap_optimizer(model, None, "test") is None  # already wrapped
     settings = LossScale(initial=1024.0, floor=4.0, growth_steps=10)
-    assert add_loss_scaling(model, settings, "test") is adam  # scaling around the same Adam
+    assert wrap_optimizer(model, settings, "test") is adam  # scaling around the same Adam
     wrapped = model.optimizer
     assert isinstance(wrapped, FlooredLossScaleOptimizer) and wrapped.inner_optimizer is adam
     assert (wrapped.floor, wrapped.fixed, current_loss_scale(wrapped)) == (4.0, False, 1024.0)
-    assert add_loss_scaling(model, settings, "test") is None and model.optimizer is wrapped
+    assert wrap_optimizer(model, settings, "test") is None and model.optimizer is wrapped
     model.fit(*_batches(4, poisoned=False), batch_size=2, verbose=0)
     assert _finite(model)
     fixed = _model(keras.optimizers.SGD())
-    add_loss_scaling(fixed, LossScale(initial=64.0, floor=None, dynamic=False), "test")
+    wrap_optimizer(fixed, LossScale(initial=64.0, floor=None, dynamic=False), "test")
     assert fixed.optimizer.fixed and fixed.optimizer.floor is None
 
 
 def test_wrapping_a_model_without_an_optimizer_says_to_compile():
     model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
     with pytest.raises(PlanError, match="PlanCallback: the model has no optimizer; compile it"):
-        add_loss_scaling(model, LossScale(), "PlanCallback")
+        wrap_optimizer(model, LossScale(), "PlanCallback")
     with pytest.raises(PlanError, match="no optimizer"):
-        add_step_skipping(model, "PlanCallback")
+        wrap_optimizer(model, None, "PlanCallback")
 
 
 def test_the_optimizer_round_trips_through_keras_serialization():

@@ -1,4 +1,4 @@
-"""A subclassed model's own `call` under a plan: checked whole (autoprec/runtime/own_call.py)."""
+"""A subclassed model's own `call` under a plan: checked whole (autoprec/runtime/check.py)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import keras
 import numpy as np
 
 import autoprec
-from autoprec.runtime.own_call import check_own_call, needs_own_call_check
+from autoprec.runtime.check import check_own_call, needs_own_call_check
 
 
 class TwoBranches(keras.Model):
@@ -53,7 +53,7 @@ def test_dtypes_meeting_in_the_models_own_call_take_the_widest_planned_dtype_ali
     assert (found.kind, found.fallback) == ("mixed_arithmetic", "bfloat16")
     assert "the model's own call mixes dtypes" in found.error
     assert {layer.compute_dtype for layer in (model.left, model.right)} == {"float32"}  # put back
-    assert check_own_call(model, dict.fromkeys(["left", "right", "head"], "bfloat16")).kind == ""
+    assert check_own_call(model, dict.fromkeys(["left", "right", "head"], "bfloat16")) is None
 
 
 def test_a_model_that_adds_its_float32_input_runs_in_float32():
@@ -70,7 +70,7 @@ def test_a_model_with_no_call_of_its_own_is_left_to_its_nested_models():
             self.encoder = keras.Model(inputs, keras.layers.Dense(2, name="dense")(inputs))
 
     model = NoCall()
-    assert check_own_call(model, {"encoder": "bfloat16", "encoder/dense": "float32"}).kind == ""
+    assert check_own_call(model, {"encoder": "bfloat16", "encoder/dense": "float32"}) is None
 
 
 def test_fit_trains_a_subclassed_model_whose_call_mixes_the_plans_dtypes():
