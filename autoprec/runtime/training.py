@@ -17,13 +17,16 @@ from ..layers import is_fully_built, layer_paths, layer_policy
 from ..plan import PrecisionPlan
 from .applied import COMPILED_FUNCTIONS, AppliedState, applied_state, keep_applied_state
 from .apply import PlanHandle, apply_plan
-from .decision import GuardAction, GuardDecision, decide
 from .float8 import extend_optimizer, lagging_scales
 from .guard import (
     FLOAT8_PATIENCE,
     Guard,
+    GuardAction,
+    GuardDecision,
+    GuardWatch,
     NonFiniteTrainingError,
     check_guard_backend,
+    decide,
     promotion_target,
 )
 from .kernels import checked_plan, unchecked_kernels
@@ -40,7 +43,6 @@ from .step_logs import SkippedStepLogs
 from .telemetry import GuardTelemetry, remove_installed_telemetry
 from .tensorboard import TrainingLog
 from .train_steps import unscaled_float16_reason
-from .watch import GuardWatch
 
 logger = logging.getLogger("autoprec")
 

@@ -7,13 +7,16 @@ from keras import ops
 
 from autoprec._backends.amax import amax_bits
 from autoprec.runtime.telemetry import (
+    GRADIENT,
+    INPUT,
+    NOT_RECORDED,
+    OUTPUT,
     StepTrace,
     active_trace,
     build_frame,
     close_trace,
     open_trace,
 )
-from autoprec.runtime.telemetry import GRADIENT, INPUT, NOT_RECORDED, OUTPUT
 
 
 def _tensor(values, dtype="float32"):
