@@ -11,8 +11,8 @@ from typing import Any
 import keras
 import numpy as np
 
-from .._backends import profiler_backend
-from .._backends.probe_hooks import ProbeHooks, Slot
+from .._backends import PROFILER_UNSUPPORTED, instrument_backend
+from .._backends.instrument import Slot
 from .._core.dtypes import float8_eligible
 from .._core.models import swap_attribute
 from ..errors import ProfileError
@@ -155,11 +155,11 @@ class ProbeSession:
     """
 
     def __init__(self, model: keras.Model, include_pass_through: bool = False):
-        self._backend: ModuleType = profiler_backend("autoprec profiling")
+        self._backend: ModuleType = instrument_backend("autoprec profiling", PROFILER_UNSUPPORTED)
         self.model = model
         self._targets = _probe_targets(model, include_pass_through)
         self._weight_owners = _weight_owners(model)
-        self._hooks: ProbeHooks | None = None
+        self._hooks: Any | None = None
         self._installed = False
         self._xla = False
         self._undo: list[Callable[[], None]] = []
@@ -287,7 +287,7 @@ class ProbeSession:
         self._undo.append(swap_attribute(owner, name, value))
 
     def _wrap_call(
-        self, hooks: ProbeHooks, path: str, original: Callable, inputs_slot: Slot | None = None
+        self, hooks: Any, path: str, original: Callable, inputs_slot: Slot | None = None
     ) -> Callable:
         session = self
 
@@ -303,7 +303,7 @@ class ProbeSession:
 
         return call
 
-    def _recording_inputs(self, hooks: ProbeHooks, slot: Slot, original: Callable) -> Callable:
+    def _recording_inputs(self, hooks: Any, slot: Slot, original: Callable) -> Callable:
         """`original`, its first (float) argument recorded under `slot` while a step is traced."""
         backend = self._backend
 
@@ -317,7 +317,7 @@ class ProbeSession:
 
         return recording
 
-    def _wrap_activation(self, hooks: ProbeHooks, path: str, activation: Callable) -> Callable:
+    def _wrap_activation(self, hooks: Any, path: str, activation: Callable) -> Callable:
         """The layer's activation, its input probed: the matmul output's values and gradients."""
         forward = (path, FLOAT8_SLOT_KIND, "preactivation")
         backward = (path, FLOAT8_SLOT_KIND, "output_gradients")
@@ -331,9 +331,7 @@ class ProbeSession:
 
         return probed_activation
 
-    def _attention_sink(
-        self, hooks: ProbeHooks, path: str
-    ) -> Callable[[], Callable[[Any], None] | None]:
+    def _attention_sink(self, hooks: Any, path: str) -> Callable[[], Callable[[Any], None] | None]:
         slot: Slot = (path, "internals", ATTENTION_LOGITS)
 
         def sink() -> Callable[[Any], None] | None:
@@ -345,7 +343,7 @@ class ProbeSession:
 
     # -- recording (at trace time, inside the train step)
 
-    def _probe_outputs(self, hooks: ProbeHooks, path: str, outputs: Any) -> Any:
+    def _probe_outputs(self, hooks: Any, path: str, outputs: Any) -> Any:
         flat = keras.tree.flatten_with_path(outputs)
         if not any(self._backend.is_float_tensor(value) for _, value in flat):
             return outputs

@@ -16,8 +16,8 @@ import numpy as np
 from keras import ops
 
 from .. import numerics
-from .._backends import telemetry_backend
-from .._backends.amax import (
+from .._backends import instrument_backend
+from .._backends.instrument import (
     FLOAT32_INFINITY_BITS,
     amax_bits,
     bit_view,
@@ -394,7 +394,7 @@ class GuardTelemetry:
         history_steps: int = 16,
         near_binades: float = 2.0,
     ) -> None:
-        backend = telemetry_backend("the autoprec guard's telemetry")
+        backend = instrument_backend("the autoprec guard's telemetry")
         self.model = model
         self.dtypes = dict(dtypes)
         self.paths = telemetry_paths(model, dtypes)
@@ -425,7 +425,10 @@ class GuardTelemetry:
             bool(getattr(self.model, "jit_compile", False))
         )
         paths = layer_paths(self.model)
-        self.hooks.install_step(self.model, self, self._weight_owners(paths), self._replace)
+        for owner, name, wrapper in self.hooks.step_wrappers(
+            self.model, self, self._weight_owners(paths)
+        ):
+            self._replace(owner, name, wrapper)
         for path in self.paths:
             layer = paths[path]
             index = self._index[path]
@@ -494,21 +497,9 @@ class GuardTelemetry:
         if owner is not None:
             trace.add(owner, GRADIENT, value)
 
-    def measure(self, trace: StepTrace, tensor: Any) -> Any:
-        """Returns the amax bits of `tensor` as the step measures them (not kept for reuse)."""
-        return amax_bits(tensor, trace.integer)
-
-    def gradients_finite(self, trace: StepTrace) -> Any:
-        """Returns whether every gradient the optimizer received in the step is finite (traced)."""
-        return trace.gradients_finite()
-
     def record_activation_gradient(self, trace: StepTrace, index: int, bits: Any) -> None:
         """Records the amax bits of the gradient flowing into recorded layer `index`."""
         trace.add(index, GRADIENT, bits)
-
-    def take_forward_values(self, trace: StepTrace) -> tuple[Any, list[int]]:
-        """Returns `(stacked bits, frame segments)` recorded so far, and forgets them."""
-        return trace.take_values()
 
     def frame(self, trace: StepTrace, scale: Any, extra: tuple[Any, list[int]] | None = None):
         """Returns the step's frame (see `build_frame`)."""

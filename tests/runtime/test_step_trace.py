@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 from keras import ops
 
-from autoprec._backends.amax import amax_bits
+from autoprec._backends.instrument import amax_bits
 from autoprec.runtime.telemetry import (
     GRADIENT,
     INPUT,
