@@ -186,28 +186,13 @@ class ProbeSession:
 
     @property
     def probed_tensor_count(self) -> int:
-        """Number of tensors recorded, each under its own slot.
-
-        The slots are made when the train step is traced, so this is 0 until
-        the first `fit` step after `install()`.
-        """
+        """Number of tensors recorded, each under its own slot."""
         return 0 if self._hooks is None else self._hooks.tensor_count
 
     # -- installing
 
     def enable_float8_ranges(self) -> None:
-        """Also records what a float8 decision needs for each `Dense` and `EinsumDense` layer.
-
-        Call before `install()`. The layer's inputs are recorded, and so are
-        the values and gradients between its matmul and its activation when it
-        has one (one more probe per such layer); `collect()` then gives each
-        such layer a `Float8Ranges`. Call `observe_step()` after every train
-        step for the per-step figures (amax growth, delayed-scale saturation);
-        `ProfileCallback` and `autoprec.profile` do both.
-
-        Raises:
-            ProfileError: if the probes are already installed.
-        """
+        """Also records what a float8 decision needs for each `Dense` and `EinsumDense` layer."""
         if self._installed:
             raise ProfileError("enable_float8_ranges() must be called before install().")
         weights = set(self._weight_owners.values())
@@ -229,11 +214,7 @@ class ProbeSession:
             self._float8_slots[path] = slots
 
     def install(self) -> None:
-        """Wraps the train step, the optimizer and the layer calls, then rebuilds the train function.
-
-        Raises:
-            ProfileError: if the model is already being profiled.
-        """
+        """Wraps the train step, the optimizer and the layer calls, then rebuilds the train function."""
         if getattr(self.model, "_autoprec_probe_session", None) is not None:
             raise ProfileError(
                 f"model {self.model.name!r} is already being profiled; finish that profile "
@@ -378,15 +359,7 @@ class ProbeSession:
         return sum(stats.count for stats in self._read().values())
 
     def observe_step(self) -> None:
-        """Keeps the running statistics of the float8 tensors after a train step.
-
-        Call between steps (`ProfileCallback` does, after each batch): the
-        differences give each step's histogram and the running `max_abs` a
-        bound of each step's amax, from which `Float8TensorRange` measures the
-        amax growth and the delayed-scale saturation. Reads the statistics on
-        the host (one device sync); does nothing without
-        `enable_float8_ranges()` or before a new step.
-        """
+        """Keeps the running statistics of the float8 tensors after a train step."""
         if not self._float8_slots or self._hooks is None:
             return
         steps = self.steps_recorded()

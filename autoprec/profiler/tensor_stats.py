@@ -90,20 +90,7 @@ class TensorStats:
 
     @classmethod
     def from_values(cls, values: Any) -> TensorStats:
-        """Computes the statistics of `values` on the host with NumPy (measured in float32).
-
-        Args:
-            values: any array-like of numbers (e.g. a kernel read from its variable).
-
-        Returns:
-            A `TensorStats`.
-
-        Example:
-
-        ```python
-        TensorStats.from_values(layer.kernel.numpy()).max_abs
-        ```
-        """
+        """Computes the statistics of `values` on the host with NumPy (measured in float32)."""
         flat = np.asarray(values, dtype=np.float32).ravel()
         histogram, zeros, nonfinite = numerics.exponent_histogram(flat)
         finite = flat[np.isfinite(flat)].astype(np.float64)
@@ -172,17 +159,7 @@ class TensorStats:
         scale: float = 1.0,
         tolerance: float = numerics.UNDERFLOW_TOLERANCE,
     ) -> bool:
-        """Whether the tensor, times `scale`, is representable in `dtype`.
-
-        Args:
-            dtype: the format.
-            scale: a power-of-two factor (a loss scale for gradients).
-            tolerance: fraction of elements allowed to flush to zero.
-
-        Returns:
-            True when nothing is non-finite, nothing exceeds the maximum and at
-            most `tolerance` of the elements flush to zero.
-        """
+        """Whether the tensor, times `scale`, is representable in `dtype`."""
         return (
             self.nonfinite == 0
             and not self.exceeds_max(dtype, scale)
