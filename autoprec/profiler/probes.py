@@ -12,13 +12,12 @@ import keras
 import numpy as np
 
 from .._backends import PROFILER_UNSUPPORTED, instrument_backend
-from .._backends.instrument import Slot
+from .._backends.instrument import Slot, is_float_tensor
 from .._core.dtypes import float8_eligible
 from .._core.models import swap_attribute
 from ..errors import ProfileError
+from ..instrument import copy_keras_attributes, instrumented_layers
 from ..layers import (
-    is_graph_model,
-    is_pass_through,
     layer_paths,
     model_fingerprint,
     observing_attention,
@@ -41,24 +40,6 @@ Observation = tuple[int, dict[Slot, tuple[np.ndarray, np.ndarray]]]
 
 def _is_multi_head_attention(layer: keras.layers.Layer) -> bool:
     return isinstance(layer, keras.layers.MultiHeadAttention)
-
-
-def _probe_targets(model: keras.Model, include_pass_through: bool) -> dict[str, keras.layers.Layer]:
-    """Layers whose outputs are probed, by stable path."""
-    paths = layer_paths(model)
-    loop_prefixes = tuple(
-        path + "/" for path, layer in paths.items() if isinstance(layer, keras.layers.RNN)
-    )
-    targets = {}
-    for path, layer in paths.items():
-        if type(layer).__name__ == "InputLayer" or is_graph_model(layer):
-            continue
-        if not include_pass_through and is_pass_through(layer):
-            continue
-        if loop_prefixes and path.startswith(loop_prefixes):
-            continue
-        targets[path] = layer
-    return targets
 
 
 def _weight_owners(model: keras.Model) -> dict[int, tuple[str, str]]:
@@ -93,35 +74,12 @@ def _output_key(tree_path: tuple) -> str:
     return OUTPUT_KEY + "/" + "/".join(str(part) for part in tree_path)
 
 
-#: Attributes Keras hangs on tensors that a probe's output must carry on:
-#: the mask, and the logits behind a softmax/sigmoid output (the loss reads them).
-_KERAS_TENSOR_ATTRIBUTES = ("_keras_mask", "_keras_logits")
-
-
-def _copy_keras_attributes(source: object, target: object) -> None:
-    for name in _KERAS_TENSOR_ATTRIBUTES:
-        value = getattr(source, name, None)
-        if value is not None:
-            setattr(target, name, value)
-
-
 def _kernel_values(layer: keras.layers.Layer) -> np.ndarray | None:
     """A float kernel's values read on the host (for a kernel the optimizer does not record)."""
     kernel = getattr(layer, KERNEL_WEIGHT, None)
-    if kernel is None or not _is_float_value(kernel):
+    if kernel is None or not is_float_tensor(kernel):
         return None
     return np.asarray(keras.ops.convert_to_numpy(kernel), dtype=np.float32)
-
-
-def _is_float_value(value: Any) -> bool:
-    """Whether `value` (a variable or tensor of any backend) has a floating-point dtype."""
-    dtype = getattr(value, "dtype", None)
-    try:
-        return dtype is not None and keras.backend.is_float_dtype(
-            keras.backend.standardize_dtype(dtype)
-        )
-    except (TypeError, ValueError):
-        return False
 
 
 class ProbeSession:
@@ -157,7 +115,7 @@ class ProbeSession:
     def __init__(self, model: keras.Model, include_pass_through: bool = False):
         self._backend: ModuleType = instrument_backend("autoprec profiling", PROFILER_UNSUPPORTED)
         self.model = model
-        self._targets = _probe_targets(model, include_pass_through)
+        self._targets = instrumented_layers(model, include_pass_through)
         self._weight_owners = _weight_owners(model)
         self._hooks: Any | None = None
         self._installed = False
@@ -337,7 +295,7 @@ class ProbeSession:
             observed = hooks.probe(
                 value, (path, "activations", key), (path, "activation_gradients", key)
             )
-            _copy_keras_attributes(value, observed)
+            copy_keras_attributes(value, observed)
             probed.append(observed)
         if len(flat) == 1 and not flat[0][0]:
             return probed[0]

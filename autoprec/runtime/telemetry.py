@@ -26,9 +26,9 @@ from .._backends.instrument import (
 )
 from .._core.dtypes import BFLOAT16, FLOAT16, FLOAT32
 from .._core.models import swap_attribute
+from ..instrument import copy_keras_attributes, instrumented_layers
 from ..layers import (
     PASS_THROUGH_CLASSES,
-    is_graph_model,
     is_pass_through,
     layer_paths,
     observing_attention,
@@ -338,8 +338,6 @@ BOUNDED_PASS_THROUGH = frozenset(
     if "Dropout" not in name and name not in ("GaussianNoise", "InputLayer")
 )
 
-# Attributes Keras hangs on tensors that an observed output must carry on.
-_KERAS_TENSOR_ATTRIBUTES = ("_keras_mask", "_keras_logits")
 # The telemetry installed on each model (by id), so that installing another removes it.
 _INSTALLED: weakref.WeakValueDictionary[int, GuardTelemetry] = weakref.WeakValueDictionary()
 
@@ -349,32 +347,9 @@ def _is_bounded(layer: keras.layers.Layer) -> bool:
     return type(layer).__name__ in BOUNDED_PASS_THROUGH and is_pass_through(layer)
 
 
-def _copy_keras_attributes(source: object, target: object) -> None:
-    for name in _KERAS_TENSOR_ATTRIBUTES:
-        value = getattr(source, name, None)
-        if value is not None:
-            try:
-                setattr(target, name, value)
-            except AttributeError:  # a tensor type without a __dict__
-                pass
-
-
 def telemetry_paths(model: keras.Model, dtypes: Mapping[str, str]) -> list[str]:
     """Returns the paths of the layers the telemetry records: 16-bit layers that compute."""
-    paths = layer_paths(model)
-    loops = tuple(
-        path + "/" for path, layer in paths.items() if isinstance(layer, keras.layers.RNN)
-    )
-    chosen = []
-    for path, layer in paths.items():
-        if dtypes.get(path, FLOAT32) == FLOAT32 or type(layer).__name__ == "InputLayer":
-            continue
-        if is_graph_model(layer) or is_pass_through(layer):
-            continue
-        if loops and path.startswith(loops):
-            continue
-        chosen.append(path)
-    return chosen
+    return [path for path in instrumented_layers(model) if dtypes.get(path, FLOAT32) != FLOAT32]
 
 
 def remove_installed_telemetry(model: keras.Model) -> None:
@@ -581,7 +556,7 @@ class GuardTelemetry:
                 continue
             result = self.hooks.watch_gradient(self, trace, index, value)
             trace.add(index, OUTPUT, trace.amax(result))
-            _copy_keras_attributes(value, result)
+            copy_keras_attributes(value, result)
             observed.append(result)
         if len(flat) == 1 and not isinstance(outputs, (list, tuple, dict)):
             return observed[0]
