@@ -16,11 +16,11 @@ import numpy as np
 from .. import numerics
 from .._core.io import atomic_write_json, parse_json_text, read_json_file
 from ..errors import ProfileError
-from . import merge, profile_json, views
+from . import profile_json, views
 from .float8_ranges import Float8Ranges, Float8TensorRange
 from .layout import ATTENTION_LOGITS, FLOAT8_TENSORS, OUTPUT_KEY, ROOT_PATH, TENSOR_KINDS
 from .profile_json import FORMAT_VERSION
-from .tensor_stats import TensorStats
+from .tensor_stats import TensorStats, merge_groups
 
 __all__ = [
     "ATTENTION_LOGITS",
@@ -88,27 +88,27 @@ class LayerProfile:
     @property
     def activation(self) -> TensorStats | None:
         """All floating-point outputs together, or `None` if none was recorded."""
-        return merge.merge_groups(TensorStats, self.activations)
+        return merge_groups(TensorStats, self.activations)
 
     @property
     def activation_gradient(self) -> TensorStats | None:
         """Gradients with respect to all outputs together, or `None`."""
-        return merge.merge_groups(TensorStats, self.activation_gradients)
+        return merge_groups(TensorStats, self.activation_gradients)
 
     @property
     def weight_gradient(self) -> TensorStats | None:
         """All weight gradients together, or `None` (no trainable weights)."""
-        return merge.merge_groups(TensorStats, self.weight_gradients)
+        return merge_groups(TensorStats, self.weight_gradients)
 
     @property
     def forward(self) -> TensorStats | None:
         """Activations and internals together: the values computed in the layer's dtype."""
-        return merge.merge_groups(TensorStats, self.activations, self.internals)
+        return merge_groups(TensorStats, self.activations, self.internals)
 
     @property
     def gradient(self) -> TensorStats | None:
         """Activation and weight gradients together: the values loss scaling must fit."""
-        return merge.merge_groups(TensorStats, self.activation_gradients, self.weight_gradients)
+        return merge_groups(TensorStats, self.activation_gradients, self.weight_gradients)
 
     @property
     def float16_overflow_fraction(self) -> float:
