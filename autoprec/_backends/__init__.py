@@ -1,4 +1,13 @@
-"""Backend-specific parts of autoprec, one small module per Keras backend and job."""
+"""Backend-specific parts of autoprec: one module per Keras backend for the in-step instrumentation
+(`tensorflow`, `jax`), one per backend for timing.
+
+Each instrumentation module offers the same interface (its types in `instrument.py`): `ProbeHooks(xla)` (the profiler's exact
+statistics: `recording`, `tensor_count`, `install_step`, `rebuild_train_function`, `probe`, `record`,
+`read`, `steps_recorded`), `TelemetryHooks(history)` (the guard's amax frame every step:
+`measures_bfloat16_lazily`, `integer_amax_is_fast`, `step_wrappers`, `watch_gradient`,
+`read_history`, `read_count`, `read_status`, `clear_status`), and `is_float_tensor`,
+`xla_can_host_probes`, `write_histograms`, `every_replica`.
+"""
 
 from __future__ import annotations
 
@@ -8,42 +17,34 @@ import keras
 
 from ..errors import BackendError
 
+#: What a feature that records inside the train step says on another backend.
+PROFILER_UNSUPPORTED = (
+    "{feature} records statistics with probes inside the train step, which exist for "
+    "the TensorFlow and JAX Keras backends; the active Keras backend is {name!r}. Set "
+    "KERAS_BACKEND=tensorflow (or jax) before importing keras, or profile the model in "
+    "such a process and load the saved profile with autoprec.Profile.load(path)."
+)
+TELEMETRY_UNSUPPORTED = (
+    "{feature} records inside the compiled train step on the TensorFlow and JAX "
+    "Keras backends; the active Keras backend is {name!r}. Set KERAS_BACKEND=tensorflow "
+    "(or jax) before importing keras, or train with guard=None."
+)
 
-def profiler_backend(feature: str = "autoprec.profile") -> ModuleType:
-    """Returns the profiler backend module for the active Keras backend, imported lazily."""
+
+def instrument_backend(
+    feature: str = "the autoprec guard's telemetry", unsupported: str = TELEMETRY_UNSUPPORTED
+) -> ModuleType:
+    """Returns the in-step instrumentation module of the active Keras backend, imported lazily."""
     name = keras.backend.backend()
     if name == "tensorflow":
         from . import tensorflow as tensorflow_backend
 
         return tensorflow_backend
     if name == "jax":
-        from . import jax_probes
+        from . import jax as jax_backend
 
-        return jax_probes
-    raise BackendError(
-        f"{feature} records statistics with probes inside the train step, which exist for "
-        f"the TensorFlow and JAX Keras backends; the active Keras backend is {name!r}. Set "
-        "KERAS_BACKEND=tensorflow (or jax) before importing keras, or profile the model in "
-        "such a process and load the saved profile with autoprec.Profile.load(path)."
-    )
-
-
-def telemetry_backend(feature: str = "the autoprec guard's telemetry") -> ModuleType:
-    """Returns the guard telemetry's backend module for the active Keras backend, imported lazily."""
-    name = keras.backend.backend()
-    if name == "tensorflow":
-        from . import tensorflow_telemetry
-
-        return tensorflow_telemetry
-    if name == "jax":
-        from . import jax_telemetry
-
-        return jax_telemetry
-    raise BackendError(
-        f"{feature} records inside the compiled train step on the TensorFlow and JAX "
-        f"Keras backends; the active Keras backend is {name!r}. Set KERAS_BACKEND=tensorflow "
-        "(or jax) before importing keras, or train with guard=None."
-    )
+        return jax_backend
+    raise BackendError(unsupported.format(feature=feature, name=name))
 
 
 def timing_backend(what: str, supported: tuple[str, ...] = ("tensorflow", "jax")) -> ModuleType:

@@ -12,8 +12,8 @@ import jax.numpy as jnp
 from jax import lax
 
 from ..errors import ProfileError
+from .instrument import Slot
 from .jax_statistics import RAW_COUNT_SLOTS, STEP_FLOAT_SLOTS, tensor_statistics
-from .probe_hooks import Slot
 
 _WORDS = RAW_COUNT_SLOTS + len(STEP_FLOAT_SLOTS)
 _DIGIT_SHIFTS = (0, 8, 16, 24)

@@ -8,7 +8,7 @@ from collections.abc import Callable
 import numpy as np
 import tensorflow as tf
 
-from .probe_hooks import HistogramSeries
+from .instrument import HistogramSeries
 
 
 def write_histograms(

@@ -197,16 +197,7 @@ class Float8Ranges:
 
     @property
     def unsafe_reason(self) -> str | None:
-        """Why the layer is not float8-safe, in words (tensor, figure, format), or `None`.
-
-        Example:
-
-        ```python
-        prof.layers["dense"].float8.unsafe_reason
-        # "63.10% of its non-zero inputs round to zero in float8 E4M3 once scaled to
-        #  their amax 1.2e+04 (at most 1.00% may)"
-        ```
-        """
+        """Why the layer is not float8-safe, in words (tensor, figure, format), or `None`."""
         for check in (_nonfinite_reason, _flush_reason, _saturation_reason, _growth_reason):
             for name, item in self.tensors.items():
                 reason = check(FLOAT8_TENSORS[name][1], item)

@@ -11,14 +11,13 @@ from typing import Any
 import keras
 import numpy as np
 
-from .._backends import profiler_backend
-from .._backends.probe_hooks import ProbeHooks, Slot
+from .._backends import PROFILER_UNSUPPORTED, instrument_backend
+from .._backends.instrument import Slot, is_float_tensor
 from .._core.dtypes import float8_eligible
 from .._core.models import swap_attribute
 from ..errors import ProfileError
+from ..instrument import copy_keras_attributes, instrumented_layers
 from ..layers import (
-    is_graph_model,
-    is_pass_through,
     layer_paths,
     model_fingerprint,
     observing_attention,
@@ -41,24 +40,6 @@ Observation = tuple[int, dict[Slot, tuple[np.ndarray, np.ndarray]]]
 
 def _is_multi_head_attention(layer: keras.layers.Layer) -> bool:
     return isinstance(layer, keras.layers.MultiHeadAttention)
-
-
-def _probe_targets(model: keras.Model, include_pass_through: bool) -> dict[str, keras.layers.Layer]:
-    """Layers whose outputs are probed, by stable path."""
-    paths = layer_paths(model)
-    loop_prefixes = tuple(
-        path + "/" for path, layer in paths.items() if isinstance(layer, keras.layers.RNN)
-    )
-    targets = {}
-    for path, layer in paths.items():
-        if type(layer).__name__ == "InputLayer" or is_graph_model(layer):
-            continue
-        if not include_pass_through and is_pass_through(layer):
-            continue
-        if loop_prefixes and path.startswith(loop_prefixes):
-            continue
-        targets[path] = layer
-    return targets
 
 
 def _weight_owners(model: keras.Model) -> dict[int, tuple[str, str]]:
@@ -93,35 +74,12 @@ def _output_key(tree_path: tuple) -> str:
     return OUTPUT_KEY + "/" + "/".join(str(part) for part in tree_path)
 
 
-#: Attributes Keras hangs on tensors that a probe's output must carry on:
-#: the mask, and the logits behind a softmax/sigmoid output (the loss reads them).
-_KERAS_TENSOR_ATTRIBUTES = ("_keras_mask", "_keras_logits")
-
-
-def _copy_keras_attributes(source: object, target: object) -> None:
-    for name in _KERAS_TENSOR_ATTRIBUTES:
-        value = getattr(source, name, None)
-        if value is not None:
-            setattr(target, name, value)
-
-
 def _kernel_values(layer: keras.layers.Layer) -> np.ndarray | None:
     """A float kernel's values read on the host (for a kernel the optimizer does not record)."""
     kernel = getattr(layer, KERNEL_WEIGHT, None)
-    if kernel is None or not _is_float_value(kernel):
+    if kernel is None or not is_float_tensor(kernel):
         return None
     return np.asarray(keras.ops.convert_to_numpy(kernel), dtype=np.float32)
-
-
-def _is_float_value(value: Any) -> bool:
-    """Whether `value` (a variable or tensor of any backend) has a floating-point dtype."""
-    dtype = getattr(value, "dtype", None)
-    try:
-        return dtype is not None and keras.backend.is_float_dtype(
-            keras.backend.standardize_dtype(dtype)
-        )
-    except (TypeError, ValueError):
-        return False
 
 
 class ProbeSession:
@@ -155,11 +113,11 @@ class ProbeSession:
     """
 
     def __init__(self, model: keras.Model, include_pass_through: bool = False):
-        self._backend: ModuleType = profiler_backend("autoprec profiling")
+        self._backend: ModuleType = instrument_backend("autoprec profiling", PROFILER_UNSUPPORTED)
         self.model = model
-        self._targets = _probe_targets(model, include_pass_through)
+        self._targets = instrumented_layers(model, include_pass_through)
         self._weight_owners = _weight_owners(model)
-        self._hooks: ProbeHooks | None = None
+        self._hooks: Any | None = None
         self._installed = False
         self._xla = False
         self._undo: list[Callable[[], None]] = []
@@ -186,28 +144,13 @@ class ProbeSession:
 
     @property
     def probed_tensor_count(self) -> int:
-        """Number of tensors recorded, each under its own slot.
-
-        The slots are made when the train step is traced, so this is 0 until
-        the first `fit` step after `install()`.
-        """
+        """Number of tensors recorded, each under its own slot."""
         return 0 if self._hooks is None else self._hooks.tensor_count
 
     # -- installing
 
     def enable_float8_ranges(self) -> None:
-        """Also records what a float8 decision needs for each `Dense` and `EinsumDense` layer.
-
-        Call before `install()`. The layer's inputs are recorded, and so are
-        the values and gradients between its matmul and its activation when it
-        has one (one more probe per such layer); `collect()` then gives each
-        such layer a `Float8Ranges`. Call `observe_step()` after every train
-        step for the per-step figures (amax growth, delayed-scale saturation);
-        `ProfileCallback` and `autoprec.profile` do both.
-
-        Raises:
-            ProfileError: if the probes are already installed.
-        """
+        """Also records what a float8 decision needs for each `Dense` and `EinsumDense` layer."""
         if self._installed:
             raise ProfileError("enable_float8_ranges() must be called before install().")
         weights = set(self._weight_owners.values())
@@ -229,11 +172,7 @@ class ProbeSession:
             self._float8_slots[path] = slots
 
     def install(self) -> None:
-        """Wraps the train step, the optimizer and the layer calls, then rebuilds the train function.
-
-        Raises:
-            ProfileError: if the model is already being profiled.
-        """
+        """Wraps the train step, the optimizer and the layer calls, then rebuilds the train function."""
         if getattr(self.model, "_autoprec_probe_session", None) is not None:
             raise ProfileError(
                 f"model {self.model.name!r} is already being profiled; finish that profile "
@@ -287,7 +226,7 @@ class ProbeSession:
         self._undo.append(swap_attribute(owner, name, value))
 
     def _wrap_call(
-        self, hooks: ProbeHooks, path: str, original: Callable, inputs_slot: Slot | None = None
+        self, hooks: Any, path: str, original: Callable, inputs_slot: Slot | None = None
     ) -> Callable:
         session = self
 
@@ -303,7 +242,7 @@ class ProbeSession:
 
         return call
 
-    def _recording_inputs(self, hooks: ProbeHooks, slot: Slot, original: Callable) -> Callable:
+    def _recording_inputs(self, hooks: Any, slot: Slot, original: Callable) -> Callable:
         """`original`, its first (float) argument recorded under `slot` while a step is traced."""
         backend = self._backend
 
@@ -317,7 +256,7 @@ class ProbeSession:
 
         return recording
 
-    def _wrap_activation(self, hooks: ProbeHooks, path: str, activation: Callable) -> Callable:
+    def _wrap_activation(self, hooks: Any, path: str, activation: Callable) -> Callable:
         """The layer's activation, its input probed: the matmul output's values and gradients."""
         forward = (path, FLOAT8_SLOT_KIND, "preactivation")
         backward = (path, FLOAT8_SLOT_KIND, "output_gradients")
@@ -331,9 +270,7 @@ class ProbeSession:
 
         return probed_activation
 
-    def _attention_sink(
-        self, hooks: ProbeHooks, path: str
-    ) -> Callable[[], Callable[[Any], None] | None]:
+    def _attention_sink(self, hooks: Any, path: str) -> Callable[[], Callable[[Any], None] | None]:
         slot: Slot = (path, "internals", ATTENTION_LOGITS)
 
         def sink() -> Callable[[Any], None] | None:
@@ -345,7 +282,7 @@ class ProbeSession:
 
     # -- recording (at trace time, inside the train step)
 
-    def _probe_outputs(self, hooks: ProbeHooks, path: str, outputs: Any) -> Any:
+    def _probe_outputs(self, hooks: Any, path: str, outputs: Any) -> Any:
         flat = keras.tree.flatten_with_path(outputs)
         if not any(self._backend.is_float_tensor(value) for _, value in flat):
             return outputs
@@ -358,7 +295,7 @@ class ProbeSession:
             observed = hooks.probe(
                 value, (path, "activations", key), (path, "activation_gradients", key)
             )
-            _copy_keras_attributes(value, observed)
+            copy_keras_attributes(value, observed)
             probed.append(observed)
         if len(flat) == 1 and not flat[0][0]:
             return probed[0]
@@ -380,15 +317,7 @@ class ProbeSession:
         return sum(stats.count for stats in self._read().values())
 
     def observe_step(self) -> None:
-        """Keeps the running statistics of the float8 tensors after a train step.
-
-        Call between steps (`ProfileCallback` does, after each batch): the
-        differences give each step's histogram and the running `max_abs` a
-        bound of each step's amax, from which `Float8TensorRange` measures the
-        amax growth and the delayed-scale saturation. Reads the statistics on
-        the host (one device sync); does nothing without
-        `enable_float8_ranges()` or before a new step.
-        """
+        """Keeps the running statistics of the float8 tensors after a train step."""
         if not self._float8_slots or self._hooks is None:
             return
         steps = self.steps_recorded()

@@ -14,11 +14,6 @@ from .layout import (
     FLOAT8_FORMAT_NAMES,
     FLOAT8_TENSORS,
     TENSOR_KINDS,
-    Float8RangesView,
-    Float8RangeView,
-    LayerView,
-    ProfileView,
-    StatsView,
 )
 
 #: Version of the profile JSON format written by `Profile.save`.
@@ -28,10 +23,10 @@ FORMAT_VERSION = 1
 FORMAT_KIND = "autoprec.profile"
 
 _T = TypeVar("_T")
-_Stats = TypeVar("_Stats", bound=StatsView)
+_Stats = TypeVar("_Stats")
 
 
-def tensor_stats_to_dict(stats: StatsView) -> dict[str, Any]:
+def tensor_stats_to_dict(stats: Any) -> dict[str, Any]:
     """Returns one tensor's statistics as a JSON-ready dict."""
     exponents = numerics.bin_exponents()
     return {
@@ -76,7 +71,7 @@ def tensor_stats_from_dict(cls: type[_Stats], data: object, where: str) -> _Stat
     return stats
 
 
-def float8_range_to_dict(item: Float8RangeView) -> dict[str, Any]:
+def float8_range_to_dict(item: Any) -> dict[str, Any]:
     """Returns how one tensor fits its float8 format as a JSON-ready dict."""
     return {
         "format": item.format,
@@ -107,7 +102,7 @@ def float8_range_from_dict(cls: type[_T], data: object, where: str) -> _T:
     )
 
 
-def float8_ranges_to_dict(ranges: Float8RangesView) -> dict[str, Any]:
+def float8_ranges_to_dict(ranges: Any) -> dict[str, Any]:
     """Returns a layer's float8 ranges as a JSON-ready dict of its recorded tensors."""
     return {name: float8_range_to_dict(item) for name, item in ranges.tensors.items()}
 
@@ -116,7 +111,7 @@ def float8_ranges_from_dict(
     cls: type[_T],
     data: object,
     where: str,
-    read_range: Callable[[object, str], Float8RangeView],
+    read_range: Callable[[object, str], Any],
 ) -> _T:
     """Builds a layer's float8 ranges from `float8_ranges_to_dict` output."""
     mapping = _require_mapping(data, where)
@@ -135,7 +130,7 @@ def float8_ranges_from_dict(
     )
 
 
-def layer_to_dict(layer: LayerView) -> dict[str, Any]:
+def layer_to_dict(layer: Any) -> dict[str, Any]:
     """Returns what was recorded for one layer as a JSON-ready dict."""
     data: dict[str, Any] = {"class_name": layer.class_name, "dtype": layer.dtype}
     for kind in TENSOR_KINDS:
@@ -152,8 +147,8 @@ def layer_from_dict(
     path: str,
     data: object,
     where: str,
-    read_stats: Callable[[object, str], StatsView],
-    read_float8: Callable[[object, str], Float8RangesView],
+    read_stats: Callable[[object, str], Any],
+    read_float8: Callable[[object, str], Any],
 ) -> _T:
     """Builds one layer's profile from `layer_to_dict` output."""
     mapping = _require_mapping(data, where)
@@ -173,7 +168,7 @@ def layer_from_dict(
     )
 
 
-def profile_to_dict(profile: ProfileView) -> dict[str, Any]:
+def profile_to_dict(profile: Any) -> dict[str, Any]:
     """Returns a whole profile as the JSON-ready dict `Profile.save` writes."""
     return {
         "format_version": FORMAT_VERSION,
@@ -190,7 +185,7 @@ def profile_from_dict(
     cls: type[_T],
     data: object,
     source: str,
-    read_layer: Callable[[str, object, str], LayerView],
+    read_layer: Callable[[str, object, str], Any],
 ) -> _T:
     """Builds a whole profile from `profile_to_dict` output.
 

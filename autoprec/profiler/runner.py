@@ -9,7 +9,7 @@ import keras
 import numpy as np
 from numpy.typing import ArrayLike
 
-from .._backends import profiler_backend
+from .._backends import PROFILER_UNSUPPORTED, instrument_backend
 from .._core.data import fit_arguments
 from .._core.models import strategy_scope
 from ..errors import ProfileError
@@ -161,7 +161,7 @@ def profile(
     print(prof.summary())
     ```
     """
-    profiler_backend("autoprec.profile")
+    instrument_backend("autoprec.profile", PROFILER_UNSUPPORTED)
     _require_compiled(model, "autoprec.profile")
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise ProfileError(f"autoprec.profile: steps must be a positive integer, got {steps!r}.")

@@ -16,11 +16,11 @@ import numpy as np
 from .. import numerics
 from .._core.io import atomic_write_json, parse_json_text, read_json_file
 from ..errors import ProfileError
-from . import merge, profile_json, views
+from . import profile_json, views
 from .float8_ranges import Float8Ranges, Float8TensorRange
 from .layout import ATTENTION_LOGITS, FLOAT8_TENSORS, OUTPUT_KEY, ROOT_PATH, TENSOR_KINDS
 from .profile_json import FORMAT_VERSION
-from .tensor_stats import TensorStats
+from .tensor_stats import TensorStats, merge_groups
 
 __all__ = [
     "ATTENTION_LOGITS",
@@ -88,27 +88,27 @@ class LayerProfile:
     @property
     def activation(self) -> TensorStats | None:
         """All floating-point outputs together, or `None` if none was recorded."""
-        return merge.merge_groups(TensorStats, self.activations)
+        return merge_groups(TensorStats, self.activations)
 
     @property
     def activation_gradient(self) -> TensorStats | None:
         """Gradients with respect to all outputs together, or `None`."""
-        return merge.merge_groups(TensorStats, self.activation_gradients)
+        return merge_groups(TensorStats, self.activation_gradients)
 
     @property
     def weight_gradient(self) -> TensorStats | None:
         """All weight gradients together, or `None` (no trainable weights)."""
-        return merge.merge_groups(TensorStats, self.weight_gradients)
+        return merge_groups(TensorStats, self.weight_gradients)
 
     @property
     def forward(self) -> TensorStats | None:
         """Activations and internals together: the values computed in the layer's dtype."""
-        return merge.merge_groups(TensorStats, self.activations, self.internals)
+        return merge_groups(TensorStats, self.activations, self.internals)
 
     @property
     def gradient(self) -> TensorStats | None:
         """Activation and weight gradients together: the values loss scaling must fit."""
-        return merge.merge_groups(TensorStats, self.activation_gradients, self.weight_gradients)
+        return merge_groups(TensorStats, self.activation_gradients, self.weight_gradients)
 
     @property
     def float16_overflow_fraction(self) -> float:
@@ -148,11 +148,7 @@ class LayerProfile:
 
     @property
     def suggested_loss_scale(self) -> float | None:
-        """Largest power-of-two loss scale keeping this layer's gradients under float16's max.
-
-        `None` when no gradient was recorded. The model-wide scale is the
-        smallest over layers (`Profile.suggested_loss_scale`).
-        """
+        """Largest power-of-two loss scale keeping this layer's gradients under float16's max."""
         gradient = self.gradient
         return gradient.suggested_loss_scale if gradient else None
 
@@ -172,12 +168,7 @@ class LayerProfile:
 
     @property
     def float16_safe(self) -> bool:
-        """Whether the layer fits float16: forward values as they are, gradients with a loss scale.
-
-        True when the forward values have no non-finite values, none above
-        65504 and at most `numerics.UNDERFLOW_TOLERANCE` flushing to zero, and
-        the gradients are finite and `loss_scale_covers_range`.
-        """
+        """Whether the layer fits float16: forward values as they are, gradients with a loss scale."""
         forward, gradient = self.forward, self.gradient
         if forward is not None and not forward.fits("float16"):
             return False
@@ -187,17 +178,7 @@ class LayerProfile:
 
     @property
     def float16_unsafe_reason(self) -> str | None:
-        """Why the layer is not `float16_safe`, in words, or `None` when it is.
-
-        The first failing test of `float16_safe` is named, with its numbers.
-
-        Example:
-
-        ```python
-        prof.layers["attention"].float16_unsafe_reason
-        # "forward values up to 1e+05, above float16's max 65504 (33.33% of them overflow)"
-        ```
-        """
+        """Why the layer is not `float16_safe`, in words, or `None` when it is."""
         forward, gradient = self.forward, self.gradient
         if forward is not None:
             if forward.nonfinite:
@@ -226,25 +207,12 @@ class LayerProfile:
 
     @property
     def float8_safe(self) -> bool | None:
-        """Whether the layer fits float8 (`Float8Ranges.safe`); `None` without float8 ranges.
-
-        `None` for layers Keras has no float8 path for (all but `Dense` and
-        `EinsumDense`): there is nothing to judge.
-        """
+        """Whether the layer fits float8 (`Float8Ranges.safe`); `None` without float8 ranges."""
         return None if self.float8 is None else self.float8.safe
 
     @property
     def float8_unsafe_reason(self) -> str | None:
-        """Why the layer is not `float8_safe`, in words, or `None` when it is (or has no ranges).
-
-        Example:
-
-        ```python
-        prof.layers["dense"].float8_unsafe_reason
-        # "63.10% of its non-zero inputs round to zero in float8 E4M3 once scaled to
-        #  their amax 1.2e+04 (at most 1.00% may)"
-        ```
-        """
+        """Why the layer is not `float8_safe`, in words, or `None` when it is (or has no ranges)."""
         return None if self.float8 is None else self.float8.unsafe_reason
 
     @property
@@ -319,15 +287,7 @@ class Profile:
 
     @property
     def float16_unsafe_reasons(self) -> dict[str, str]:
-        """`{path: LayerProfile.float16_unsafe_reason}` of the layers that are not `float16_safe`.
-
-        Example:
-
-        ```python
-        for path, reason in prof.float16_unsafe_reasons.items():
-            print(f"{path}: {reason}")
-        ```
-        """
+        """`{path: LayerProfile.float16_unsafe_reason}` of the layers that are not `float16_safe`."""
         reasons = {path: layer.float16_unsafe_reason for path, layer in self.layers.items()}
         return {path: reason for path, reason in reasons.items() if reason is not None}
 
@@ -338,15 +298,7 @@ class Profile:
 
     @property
     def float8_unsafe_reasons(self) -> dict[str, str]:
-        """`{path: LayerProfile.float8_unsafe_reason}` of the layers that are not `float8_safe`.
-
-        Example:
-
-        ```python
-        for path, reason in prof.float8_unsafe_reasons.items():
-            print(f"{path}: {reason}")
-        ```
-        """
+        """`{path: LayerProfile.float8_unsafe_reason}` of the layers that are not `float8_safe`."""
         reasons = {path: layer.float8_unsafe_reason for path, layer in self.layers.items()}
         return {path: reason for path, reason in reasons.items() if reason is not None}
 
@@ -356,18 +308,7 @@ class Profile:
 
     @classmethod
     def from_dict(cls, data: object, source: str = "profile") -> Profile:
-        """Builds a profile from `to_dict` output.
-
-        Args:
-            data: the decoded JSON value.
-            source: the file or string it came from, named in errors.
-
-        Returns:
-            A `Profile`.
-
-        Raises:
-            ProfileError: naming `source` and the field when `data` is malformed.
-        """
+        """Builds a profile from `to_dict` output."""
         return profile_json.profile_from_dict(cls, data, source, LayerProfile.from_dict)
 
     def to_json(self) -> str:
@@ -446,23 +387,7 @@ class Profile:
                     yield f"{path}/{kind}{suffix}", exponents[window], stats.histogram[window]
 
     def plot(self, path: str | os.PathLike, gradients: bool = True) -> Path:
-        """Saves a heat map of exponent histograms: layers by log2 bins, format ranges marked.
-
-        Each row is one layer's forward values (and, in a second panel, its
-        gradients); colour is the fraction of that row's elements in each
-        binary exponent. The float16 and bfloat16 normal ranges are shaded
-        and their flush-to-zero and overflow limits drawn as lines.
-
-        Args:
-            path: image file to write (format from the suffix, e.g. `.png`).
-            gradients: whether to add the gradient panel.
-
-        Returns:
-            The written path.
-
-        Raises:
-            ImportError: if matplotlib is not installed.
-        """
+        """Saves a heat map of exponent histograms: layers by log2 bins, format ranges marked."""
         selections: list[tuple[str, Callable[[LayerProfile], TensorStats | None]]] = [
             ("forward values", lambda layer: layer.forward)
         ]

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Iterable, Mapping
+from typing import Any, TypeVar
 
 import numpy as np
 
 from .. import numerics
-from . import merge, profile_json
+from . import profile_json
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -90,20 +90,7 @@ class TensorStats:
 
     @classmethod
     def from_values(cls, values: Any) -> TensorStats:
-        """Computes the statistics of `values` on the host with NumPy (measured in float32).
-
-        Args:
-            values: any array-like of numbers (e.g. a kernel read from its variable).
-
-        Returns:
-            A `TensorStats`.
-
-        Example:
-
-        ```python
-        TensorStats.from_values(layer.kernel.numpy()).max_abs
-        ```
-        """
+        """Computes the statistics of `values` on the host with NumPy (measured in float32)."""
         flat = np.asarray(values, dtype=np.float32).ravel()
         histogram, zeros, nonfinite = numerics.exponent_histogram(flat)
         finite = flat[np.isfinite(flat)].astype(np.float64)
@@ -124,7 +111,7 @@ class TensorStats:
     @classmethod
     def merge(cls, stats: Iterable[TensorStats]) -> TensorStats | None:
         """Returns the statistics of the union of several tensors, or `None` for none."""
-        return merge.merge_stats(cls, stats)
+        return merge_stats(cls, stats)
 
     @property
     def finite(self) -> int:
@@ -172,17 +159,7 @@ class TensorStats:
         scale: float = 1.0,
         tolerance: float = numerics.UNDERFLOW_TOLERANCE,
     ) -> bool:
-        """Whether the tensor, times `scale`, is representable in `dtype`.
-
-        Args:
-            dtype: the format.
-            scale: a power-of-two factor (a loss scale for gradients).
-            tolerance: fraction of elements allowed to flush to zero.
-
-        Returns:
-            True when nothing is non-finite, nothing exceeds the maximum and at
-            most `tolerance` of the elements flush to zero.
-        """
+        """Whether the tensor, times `scale`, is representable in `dtype`."""
         return (
             self.nonfinite == 0
             and not self.exceeds_max(dtype, scale)
@@ -243,3 +220,30 @@ class TensorStats:
     def from_dict(cls, data: object, where: str) -> TensorStats:
         """Builds statistics from `to_dict` output, raising `ProfileError` naming `where`."""
         return profile_json.tensor_stats_from_dict(cls, data, where)
+
+
+_Stats = TypeVar("_Stats")
+
+
+def merge_stats(cls: type[_Stats], stats: Iterable[_Stats | None]) -> _Stats | None:
+    """Returns the statistics of the union of several tensors, or `None` for none."""
+    items = [item for item in stats if item is not None]
+    if not items:
+        return None
+    minima = [item.min_nonzero_abs for item in items if item.min_nonzero_abs is not None]
+    return cls(
+        count=sum(item.count for item in items),
+        zeros=sum(item.zeros for item in items),
+        nonfinite=sum(item.nonfinite for item in items),
+        nan=sum(item.nan for item in items),
+        max_abs=max(item.max_abs for item in items),
+        min_nonzero_abs=min(minima) if minima else None,
+        sum_abs=sum(item.sum_abs for item in items),
+        sum_squares=sum(item.sum_squares for item in items),
+        histogram=np.sum([item.histogram for item in items], axis=0),
+    )
+
+
+def merge_groups(cls: type[_Stats], *groups: Mapping[str, _Stats]) -> _Stats | None:
+    """Returns the statistics of every tensor of some `{name: statistics}` groups together."""
+    return merge_stats(cls, (stats for group in groups for stats in group.values()))

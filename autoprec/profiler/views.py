@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from .. import numerics
-from .._backends import profiler_backend
+from .._backends import PROFILER_UNSUPPORTED, instrument_backend
 
 #: Column titles of `summary_table`.
 SUMMARY_COLUMNS: tuple[str, ...] = (
@@ -158,7 +158,7 @@ def write_tensorboard(
     step: int = 0,
 ) -> None:
     """Writes exponent histograms as TensorBoard histograms (with TensorFlow's summary writer)."""
-    backend = profiler_backend("Profile.to_tensorboard")
+    backend = instrument_backend("Profile.to_tensorboard", PROFILER_UNSUPPORTED)
     backend.write_histograms(logdir, series, step=step)
 
 

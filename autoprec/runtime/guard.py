@@ -1,8 +1,10 @@
-"""The runtime guard: detect overflow in training, find the layers where it starts, promote them."""
+"""The runtime guard: detect overflow in training, find the layers where it starts, decide what to do
+about each step (`decide`, a pure function) and promote the layers."""
 
 from __future__ import annotations
 
 import dataclasses
+import enum
 import logging
 import math
 from collections.abc import Mapping
@@ -11,7 +13,14 @@ from typing import Any
 from .._core.dtypes import BFLOAT16, FLOAT8, FLOAT16, FLOAT32, widen, wider_dtypes
 from .._core.models import ConfigValue
 from ..errors import AutoprecError
-from .telemetry import NOT_RECORDED, LayerAmax, StepRecord, format_max, is_out_of_range
+from .telemetry import (
+    NOT_RECORDED,
+    GuardTelemetry,
+    LayerAmax,
+    StepRecord,
+    format_max,
+    is_out_of_range,
+)
 
 logger = logging.getLogger("autoprec")
 
@@ -385,3 +394,260 @@ def climbing_layers(
             "of headroom left)"
         )
     return found
+
+
+class GuardAction(enum.Enum):
+    """What the callback does about a step (see `decide`)."""
+
+    NONE = "none"  # nothing to do
+    LOWER_SCALE = "lower_scale"  # gradients overflowed: the dynamic loss scale is lowered
+    PROMOTE = "promote"  # promote `GuardDecision.layers`
+    SKIP = "skip"  # not a precision problem: the update was skipped, nothing promoted
+    WARN = "warn"  # float16 layers climb toward 65504 and on_nan does not promote: report them
+    STOP = "stop"  # stop training with the report
+    RAISE = "raise"  # raise `NonFiniteTrainingError` with the report
+
+
+@dataclasses.dataclass(frozen=True)
+class StepOutcome:
+    """What the host learnt about one train step.
+
+    Attributes:
+        step: the step's number in this callback's count (1 for the first).
+        attribution: for a step whose values were not finite, what made them so
+            (`attribute_step`); `None` for a finite step.
+        loss_scale: the loss scale the failing step ran with.
+        climbing: `{path: evidence}` of float16 layers whose amax history
+            climbs toward 65504 (`climbing_layers`), for a finite step.
+        loss_finite: whether the step's logged loss was finite.
+        has_16bit_layers: whether any layer computes in float16 or bfloat16
+            (the telemetry watches those; without any, a non-finite loss is a
+            training divergence).
+    """
+
+    step: int
+    attribution: Attribution | None = None
+    loss_scale: float = 1.0
+    climbing: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    loss_finite: bool = True
+    has_16bit_layers: bool = True
+
+
+@dataclasses.dataclass(frozen=True)
+class GuardDecision:
+    """What to do about a step, as plain values."""
+
+    action: GuardAction = GuardAction.NONE
+    layers: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    loss_scale: float | None = None
+    failures_in_a_row: int = 0
+    trigger: str = ""
+    events: tuple[Mapping[str, object], ...] = ()
+    lines: tuple[str, ...] = ()
+
+
+def decide(
+    outcome: StepOutcome,
+    *,
+    on_nan: str,
+    dynamic_scale: bool,
+    floor: float,
+    failures_in_a_row: int = 0,
+) -> GuardDecision:
+    """Returns what the guard does about one step, from plain values (no Keras object).
+
+    A finite step does nothing, or promotes (`on_nan="promote"`) or reports the
+    float16 layers climbing toward 65504. A failed step the data or a float32
+    part caused is skipped and reported, its halved loss scale restored. A step
+    whose gradients overflowed lowers a dynamic loss scale by 1, 2, 4, then 8
+    binades per failed step in a row, down to `floor`. Otherwise `on_nan`
+    decides: promote the implicated layers, stop, or raise. A non-finite loss
+    with no 16-bit layer is a training divergence: training stops (or raises).
+
+    Args:
+        outcome: the step, a `StepOutcome`.
+        on_nan: `"promote"`, `"stop"` or `"raise"` (`Guard.on_nan`).
+        dynamic_scale: whether the optimizer scales the loss with a dynamic scale
+            the guard may set.
+        floor: the lowest loss scale (`LossScale.floor`; 1 where there is none).
+        failures_in_a_row: the previous decision's `failures_in_a_row` when the
+            step before this one also failed, else 0.
+
+    Returns:
+        A `GuardDecision`.
+
+    Raises:
+        ValueError: for an `on_nan` that is not one of the three modes.
+
+    Example:
+
+    ```python
+    decision = decide(StepOutcome(12, attribution, loss_scale=32768.0),
+                      on_nan="promote", dynamic_scale=True, floor=1.0)
+    decision.action, decision.layers  # GuardAction.PROMOTE, {"big": "non-finite float16 ..."}
+    ```
+    """
+    if on_nan not in ON_NAN_MODES:
+        raise ValueError(f"on_nan must be one of {ON_NAN_MODES}, got {on_nan!r}.")
+    attribution = outcome.attribution
+    if attribution is None:
+        return _decide_finite_step(outcome, on_nan)
+    summary = f"non-finite step {outcome.step}: {attribution.summary}"
+    if attribution.cause in ("data", "elsewhere"):
+        return _decide_not_precision(outcome, on_nan, dynamic_scale, failures_in_a_row)
+    if attribution.cause == "backward" and dynamic_scale and outcome.loss_scale > floor:
+        failures = failures_in_a_row + 1
+        scale = lowered_loss_scale(outcome.loss_scale, failures, floor)
+        line = (
+            f"autoprec guard: step {outcome.step}: loss scale {outcome.loss_scale:g} -> {scale:g}"
+        )
+        return GuardDecision(
+            GuardAction.LOWER_SCALE, loss_scale=scale, failures_in_a_row=failures, lines=(line,)
+        )
+    if on_nan == "raise":
+        return GuardDecision(GuardAction.RAISE, lines=(f"autoprec guard: {summary}.",))
+    if on_nan == "stop":
+        return _stop(outcome.step, summary, "on_nan='stop'")
+    restored = (
+        outcome.loss_scale if attribution.cause == "forward" else max(floor, outcome.loss_scale)
+    )
+    return GuardDecision(
+        GuardAction.PROMOTE,
+        layers=dict(attribution.evidence),
+        loss_scale=restored if dynamic_scale else None,
+        trigger=summary,
+    )
+
+
+def _decide_finite_step(outcome: StepOutcome, on_nan: str) -> GuardDecision:
+    """A step without a failed record: the climbing layers, or a divergence in float32."""
+    if not outcome.loss_finite and not outcome.has_16bit_layers:
+        trigger = f"non-finite loss at step {outcome.step}"
+        why = "every layer computes in float32: this is a training divergence, not a precision problem"
+        decision = _stop(outcome.step, trigger, why)
+        if on_nan == "raise":
+            return dataclasses.replace(decision, action=GuardAction.RAISE)
+        return decision
+    if not outcome.climbing:
+        return GuardDecision()
+    if on_nan != "promote":
+        lines = tuple(
+            f"autoprec guard: step {outcome.step}: {path}: {evidence}"
+            for path, evidence in outcome.climbing.items()
+        )
+        return GuardDecision(GuardAction.WARN, layers=dict(outcome.climbing), lines=lines)
+    return GuardDecision(
+        GuardAction.PROMOTE,
+        layers=dict(outcome.climbing),
+        trigger=f"amax near float16's range at step {outcome.step}",
+    )
+
+
+def _decide_not_precision(
+    outcome: StepOutcome, on_nan: str, dynamic_scale: bool, failures_in_a_row: int
+) -> GuardDecision:
+    """A failed step the input data or a float32 part caused: recorded, nothing promoted."""
+    summary = outcome.attribution.summary
+    line = f"autoprec guard: non-finite step {outcome.step}: {summary}; update skipped."
+    event = {"step": outcome.step, "kind": "not_precision", "evidence": summary}
+    restored = outcome.loss_scale if dynamic_scale else None  # not the scale's fault
+    if on_nan == "stop":
+        stop = _stop(outcome.step, f"non-finite step {outcome.step}: {summary}", "on_nan='stop'")
+        return dataclasses.replace(
+            stop,
+            loss_scale=restored,
+            failures_in_a_row=failures_in_a_row,
+            events=(event, *stop.events),
+        )
+    action, ending = (
+        (GuardAction.RAISE, " Nothing promoted.")
+        if on_nan == "raise"
+        else (GuardAction.SKIP, " Not a precision problem: nothing promoted.")
+    )
+    return GuardDecision(
+        action,
+        loss_scale=restored,
+        failures_in_a_row=failures_in_a_row,
+        events=(event,),
+        lines=(line + ending,),
+    )
+
+
+def _stop(step: int, trigger: str, why: str) -> GuardDecision:
+    """Stops training: one `"stopped"` event and one line."""
+    return GuardDecision(
+        GuardAction.STOP,
+        trigger=trigger,
+        events=({"step": step, "kind": "stopped", "evidence": trigger},),
+        lines=(f"autoprec guard: {trigger}; {why}. Training stopped.",),
+    )
+
+
+class GuardWatch:
+    """The guard's state between steps of a `fit`: its telemetry, the run of failed steps, whether
+    it stopped."""
+
+    def __init__(self) -> None:
+        self.telemetry: GuardTelemetry | None = None
+        self.failures_in_a_row = 0
+        self.last_failed_index = -1
+        self.stopped = False
+
+    def attach(self, telemetry: GuardTelemetry | None) -> None:
+        """Watches through a newly installed `telemetry` (or none), counting failed steps afresh."""
+        self.telemetry = telemetry
+        self.failures_in_a_row = 0
+        self.last_failed_index = -1
+
+    def detach(self) -> None:
+        """Removes the telemetry from the model."""
+        if self.telemetry is not None:
+            self.telemetry.remove()
+            self.telemetry = None
+
+    def observe(
+        self,
+        step: int,
+        logs: Mapping[str, object] | None,
+        dtypes: Mapping[str, str],
+        near_binades: float,
+    ) -> StepOutcome | None:
+        """Returns what happened in the steps up to `step`, or `None` when there is nothing to act
+        on."""
+        if self.stopped:
+            return None
+        telemetry = self.telemetry
+        if telemetry is None:
+            loss = (logs or {}).get("loss", 0.0)
+            if is_finite_number(loss):
+                return None
+            has_16bit = any(dtype != FLOAT32 for dtype in dtypes.values())
+            return StepOutcome(step, loss_finite=False, has_16bit_layers=has_16bit)
+        status = telemetry.read_status()
+        if not status:
+            return None
+        records = telemetry.read_records(new_only=True)
+        telemetry.clear_status()
+        failed = [record for record in records if not record.finite]
+        if failed:
+            record = failed[0]
+            if record.index != self.last_failed_index + 1:
+                self.failures_in_a_row = 0
+            self.last_failed_index = record.index
+            return StepOutcome(
+                step - (records[-1].index - record.index),
+                attribution=attribute_step(record, dtypes),
+                loss_scale=record.loss_scale,
+            )
+        if status.near_range:
+            climbing = climbing_layers(telemetry.read_records(), dtypes, near_binades)
+            return StepOutcome(step, climbing=climbing) if climbing else None
+        return None
+
+
+def is_finite_number(value: object) -> bool:
+    """Returns whether a logged value is a finite number (non-numbers count as finite)."""
+    try:
+        return math.isfinite(float(value))
+    except (TypeError, ValueError):
+        return True

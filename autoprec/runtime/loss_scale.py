@@ -9,7 +9,7 @@ import math
 import keras
 from keras import ops
 
-from .._backends import telemetry_backend
+from .._backends import instrument_backend
 from .._core.models import ConfigValue, strategy_scope, sync_fit_state
 from ..errors import PlanError
 
@@ -161,7 +161,7 @@ class FlooredLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         finite = super().check_finite(grads)
         if keras.backend.backend() != "tensorflow":
             return finite
-        return telemetry_backend().every_replica(finite)
+        return instrument_backend().every_replica(finite)
 
     def _lowered_scale(self):
         if self.fixed:

@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 import keras
 
-from .._backends import telemetry_backend
+from .._backends import instrument_backend
 from .._core.models import swap_attribute
 
 #: The key `fit`'s logs gain while the guard is on.
@@ -77,7 +77,7 @@ class SkippedStepLogs:
         if not isinstance(logs, dict) or "loss" not in logs:
             return logs
         finite = keras.ops.all(keras.ops.isfinite(keras.ops.convert_to_tensor(logs["loss"])))
-        finite = telemetry_backend().every_replica(finite)
+        finite = instrument_backend().every_replica(finite)
         for variable, value in zip(variables, before):
             variable.assign(keras.ops.where(finite, variable.value, value))
         logs = dict(self.model.get_metrics_result())

@@ -1,65 +1,334 @@
-"""Per-layer amax telemetry inside the compiled train step: what the guard reads when a step fails."""
+"""Per-layer amax telemetry inside the compiled train step: the frame layout, the records the host
+reads, and the trace of one step."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import math
+import threading
 import weakref
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import keras
 import numpy as np
 from keras import ops
 
-from .._backends import telemetry_backend
-from .._backends.amax import amax_bits, bit_view, bits_to_float, is_float_tensor
-from .._core.dtypes import FLOAT16, FLOAT32
+from .. import numerics
+from .._backends import instrument_backend
+from .._backends.instrument import (
+    FLOAT32_INFINITY_BITS,
+    amax_bits,
+    bit_view,
+    bits_to_float,
+    is_float_tensor,
+)
+from .._core.dtypes import BFLOAT16, FLOAT16, FLOAT32
 from .._core.models import swap_attribute
+from ..instrument import copy_keras_attributes, instrumented_layers
 from ..layers import (
     PASS_THROUGH_CLASSES,
-    is_graph_model,
     is_pass_through,
     layer_paths,
     observing_attention,
 )
-from .step_trace import StepTrace, active_trace, build_frame, close_trace, open_trace
-from .telemetry_records import (
-    FORMAT_MAX,
-    GRADIENT,
-    INPUT,
-    INTERNAL,
-    NOT_RECORDED,
-    OUTPUT,
-    SLOTS,
-    LayerAmax,
-    StepRecord,
-    TelemetryStatus,
-    format_max,
-    is_out_of_range,
-    status_flags,
-    step_record,
-)
 
-__all__ = [
-    "BOUNDED_PASS_THROUGH",
-    "FORMAT_MAX",
-    "GRADIENT",
-    "INPUT",
-    "INTERNAL",
-    "NOT_RECORDED",
-    "OUTPUT",
-    "SLOTS",
-    "GuardTelemetry",
-    "LayerAmax",
-    "StepRecord",
-    "TelemetryStatus",
-    "amax_bits",
-    "bit_view",
-    "bits_to_float",
-    "format_max",
-    "is_out_of_range",
-    "telemetry_paths",
-]
+#: What is recorded for every 16-bit layer, in this order.
+SLOTS = ("output", "input", "internal", "gradient")
+OUTPUT, INPUT, INTERNAL, GRADIENT = range(len(SLOTS))
+#: The value of a slot nothing was recorded in.
+NOT_RECORDED = -1.0
+#: `NOT_RECORDED` as the int32 bits of a float32 (how an amax travels inside a step).
+NOT_RECORDED_BITS = int(np.array(NOT_RECORDED, np.float32).view(np.int32))
+#: Header columns of row 0 of a frame.
+HEADER_LOSS_SCALE, HEADER_BATCH_AMAX, HEADER_GRADIENTS_BAD = range(3)
+#: The largest finite value of each compute dtype, from `numerics` (`ml_dtypes.finfo`).
+FORMAT_MAX: Mapping[str, float] = {
+    name: numerics.float_format(name).max for name in (FLOAT16, BFLOAT16, FLOAT32)
+}
+
+
+def frame_segment(index: int, slot: int) -> int:
+    """Returns the flat position in a frame of recorded layer `index`'s `slot`."""
+    return (index + 1) * len(SLOTS) + slot
+
+
+def format_max(dtype: str) -> float:
+    """Returns the largest finite value of a compute dtype (float32's for unknown names)."""
+    return FORMAT_MAX.get(dtype, FORMAT_MAX[FLOAT32])
+
+
+def is_out_of_range(value: float, dtype: str) -> bool:
+    """Returns whether a recorded amax is non-finite or above `dtype`'s largest value."""
+    if value == NOT_RECORDED:
+        return False
+    return not math.isfinite(value) or value > format_max(dtype)
+
+
+@dataclasses.dataclass(frozen=True)
+class LayerAmax:
+    """The maxima of `|x|` one layer recorded in one step (`NOT_RECORDED` where nothing was)."""
+
+    output: float = NOT_RECORDED
+    input: float = NOT_RECORDED
+    internal: float = NOT_RECORDED
+    gradient: float = NOT_RECORDED
+
+    @property
+    def forward(self) -> float:
+        """The largest of `output` and `internal` (NaN when either is NaN)."""
+        values = (self.output, self.internal)
+        if any(math.isnan(value) for value in values):
+            return math.nan
+        return max(values)
+
+
+@dataclasses.dataclass(frozen=True)
+class StepRecord:
+    """What the telemetry recorded for one train step."""
+
+    index: int
+    loss_scale: float
+    batch_amax: float
+    gradients_finite: bool
+    layers: Mapping[str, LayerAmax]
+
+    @property
+    def batch_finite(self) -> bool:
+        """Whether the input batch held only finite values."""
+        return math.isfinite(self.batch_amax)
+
+    @property
+    def finite(self) -> bool:
+        """Whether nothing in the step was non-finite (batch, layers and gradients)."""
+        if not (self.batch_finite and self.gradients_finite):
+            return False
+        return all(
+            value == NOT_RECORDED or math.isfinite(value)
+            for amax in self.layers.values()
+            for value in dataclasses.astuple(amax)
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class TelemetryStatus:
+    """The one small tensor the host reads after each step."""
+
+    failed: bool = False
+    near_range: bool = False
+
+    def __bool__(self) -> bool:
+        return self.failed or self.near_range
+
+
+def step_record(frame: np.ndarray, index: int, paths: Sequence[str]) -> StepRecord:
+    """Returns the `StepRecord` a host frame spells."""
+    layers = {
+        path: LayerAmax(*(float(value) for value in frame[row + 1]))
+        for row, path in enumerate(paths)
+    }
+    return StepRecord(
+        index=index,
+        loss_scale=float(frame[0, HEADER_LOSS_SCALE]),
+        batch_amax=float(frame[0, HEADER_BATCH_AMAX]),
+        gradients_finite=not frame[0, HEADER_GRADIENTS_BAD] > 0,
+        layers=layers,
+    )
+
+
+def status_flags(
+    frame: Any, history: Any, float16: np.ndarray, near_threshold: float, xp: Any
+) -> tuple[Any, Any]:
+    """Returns `(failed, near_range)` for a new frame, in-graph (`keras.ops`) or on the host
+    (NumPy)."""
+    failed = xp.logical_or(
+        xp.logical_not(xp.all(xp.isfinite(frame))),
+        xp.greater(frame[0, HEADER_GRADIENTS_BAD], 0.0),
+    )
+    if not float16.any():
+        return failed, xp.array(False)
+    current = xp.maximum(frame[1:, OUTPUT], frame[1:, INTERNAL])
+    past = xp.max(xp.maximum(history[:, 1:, OUTPUT], history[:, 1:, INTERNAL]), axis=0)
+    with np.errstate(invalid="ignore"):  # NaN compares as False on the host, as in-graph
+        rising = xp.logical_and(xp.greater(current, past), xp.isfinite(current))
+        near = xp.any(
+            xp.logical_and(
+                float16, xp.logical_and(xp.greater_equal(current, near_threshold), rising)
+            )
+        )
+    return failed, near
+
+
+_ACTIVE = threading.local()  # the step being traced, per replica thread
+
+
+class StepTrace:
+    """Tensors recorded while one train step is traced (in one replica's thread)."""
+
+    def __init__(self, integer: bool, owner: object = None, batch: list | None = None) -> None:
+        self.integer = integer
+        self.owner = owner
+        self.batch: list = list(batch or [])
+        self.values: dict[tuple[int, int], list] = {}
+        self.all_gradients: list = []
+        # Slots measured only in a step whose gradients or batch are non-finite:
+        # (segment, parts), each part a tensor or amax bits.
+        self.lazy: list[tuple[int, list]] = []
+        self._bounds: dict[int, tuple[Any, tuple]] = {}
+        # Amax already taken of a tensor (or a bound of it), by id; the tensor is
+        # kept, so the id stays its own.
+        self._measured: dict[int, tuple[Any, Any]] = {}
+
+    def add(self, index: int, slot: int, value: Any) -> None:
+        """Records amax bits in recorded layer `index`'s `slot` (the largest of all counts)."""
+        self.values.setdefault((index, slot), []).append(value)
+
+    def known(self, tensor: Any) -> Any | None:
+        """The amax bits recorded for `tensor` in this step, or `None`."""
+        known = self._measured.get(id(tensor))
+        if known is not None and known[0] is tensor:
+            return known[1]
+        return None
+
+    def add_lazy(self, index: int, slot: int, parts: list) -> None:
+        """Records a slot measured only if the step fails (`parts`: tensors or amax bits)."""
+        self.lazy.append((frame_segment(index, slot), parts))
+
+    def lazy_parts(self, tensor: Any) -> list:
+        """What `tensor`'s amax is taken from when measured lazily: its bits, a bound, or itself."""
+        bits = self.known(tensor)
+        if bits is not None:
+            return [bits]
+        bound = self._bounds.get(id(tensor))
+        if bound is not None and bound[0] is tensor:
+            return list(bound[1])
+        return [tensor]
+
+    def bound_lazily(self, tensor: Any, parts: list) -> None:
+        """Makes `tensor`'s amax, when measured lazily, the largest of `parts`."""
+        self._bounds[id(tensor)] = (tensor, tuple(parts))
+
+    def is_lazy(self, tensor: Any) -> bool:
+        """Whether `tensor` has a lazy bound in this step."""
+        bound = self._bounds.get(id(tensor))
+        return bound is not None and bound[0] is tensor
+
+    def forget(self) -> None:
+        """Drops every measured tensor (they belong to a function that has returned)."""
+        self._measured.clear()
+
+    def remember(self, tensor: Any, bits: Any) -> None:
+        """Records `bits` as `tensor`'s amax (or a bound of it) for the rest of the step."""
+        self._measured[id(tensor)] = (tensor, bits)
+
+    def amax(self, tensor: Any) -> Any:
+        """The amax bits of `tensor`, taken once per traced step however many layers read it."""
+        bits = self.known(tensor)
+        if bits is None:
+            bits = amax_bits(tensor, self.integer)
+            self.remember(tensor, bits)
+        return bits
+
+    def gradients_finite(self) -> Any:
+        """Whether every gradient recorded so far in this step is finite (a traced boolean scalar)."""
+        if not self.all_gradients:
+            return ops.convert_to_tensor(True)
+        infinity = ops.convert_to_tensor(FLOAT32_INFINITY_BITS, "int32")
+        return ops.all(ops.less(ops.stack(self.all_gradients), infinity))
+
+    def take_values(self) -> tuple[Any, list[int]]:
+        """Returns `(stacked bits, frame segments)` of the slots recorded so far, and drops them."""
+        values: list = []
+        segments: list[int] = []
+        for (index, slot), recorded in self.values.items():
+            values.extend(recorded)
+            segments.extend([frame_segment(index, slot)] * len(recorded))
+        self.values = {}
+        self.forget()
+        packed = ops.stack(values) if values else ops.zeros((0,), "int32")
+        return packed, segments
+
+
+def open_trace(trace: StepTrace) -> None:
+    """Makes `trace` the one this thread's layer wrappers record into."""
+    _ACTIVE.trace = trace
+
+
+def close_trace() -> None:
+    """Ends recording in this thread."""
+    _ACTIVE.trace = None
+
+
+def active_trace() -> StepTrace | None:
+    """Returns the trace open in this thread, or `None` outside a recorded train step."""
+    return getattr(_ACTIVE, "trace", None)
+
+
+def build_frame(
+    trace: StepTrace, rows: int, scale: Any, extra: tuple[Any, list[int]] | None = None
+) -> Any:
+    """Returns the step's frame: one segment maximum of every recorded scalar."""
+    values = [bit_view(scale, "int32")]
+    segments = [HEADER_LOSS_SCALE]
+    values.extend(trace.batch)
+    segments.extend([HEADER_BATCH_AMAX] * len(trace.batch))
+    values.extend(trace.all_gradients)
+    segments.extend([HEADER_GRADIENTS_BAD] * len(trace.all_gradients))
+    for (index, slot), recorded in trace.values.items():
+        values.extend(recorded)
+        segments.extend([frame_segment(index, slot)] * len(recorded))
+    stacked = ops.stack(values)
+    if trace.lazy:
+        stacked = ops.concatenate([stacked, _lazy_values(trace, values[1:])])
+        segments.extend(segment for segment, _ in trace.lazy)
+    if extra is not None and extra[1]:
+        stacked = ops.concatenate([stacked, extra[0]])
+        segments.extend(extra[1])
+    largest = ops.segment_max(
+        stacked,
+        ops.convert_to_tensor(np.array(segments, np.int32)),
+        num_segments=rows * len(SLOTS),
+    )
+    # Empty segments hold the smallest int32: nothing recorded there.
+    recorded = ops.greater_equal(largest, ops.convert_to_tensor(0, "int32"))
+    missing = ops.convert_to_tensor(NOT_RECORDED_BITS, "int32")
+    frame = ops.reshape(bits_to_float(ops.where(recorded, largest, missing)), (rows, len(SLOTS)))
+    gradients = frame[0, HEADER_GRADIENTS_BAD]
+    gradients_bad = ops.cast(ops.logical_not(ops.isfinite(gradients)), "float32")
+    if not trace.batch:
+        frame = ops.where(_header_mask(rows, HEADER_BATCH_AMAX), 0.0, frame)
+    return ops.where(_header_mask(rows, HEADER_GRADIENTS_BAD), gradients_bad, frame)
+
+
+def _header_mask(rows: int, slot: int) -> Any:
+    mask = np.zeros((rows, len(SLOTS)), bool)
+    mask[0, slot] = True
+    return ops.convert_to_tensor(mask)
+
+
+def _lazy_values(trace: StepTrace, triggers: list) -> Any:
+    """The lazily measured slots, computed only when a value already taken is non-finite."""
+    entries = trace.lazy
+    tensors = {id(part): part for _, parts in entries for part in parts if is_float_tensor(part)}
+
+    def measure():
+        bits = {key: amax_bits(tensor, trace.integer) for key, tensor in tensors.items()}
+        rows = []
+        for _, parts in entries:
+            values = [bits[id(part)] if id(part) in bits else part for part in parts]
+            rows.append(values[0] if len(values) == 1 else ops.max(ops.stack(values)))
+        return ops.stack(rows)
+
+    def skip():
+        return ops.full((len(entries),), np.iinfo(np.int32).min, "int32")
+
+    if not triggers:
+        return skip()
+    infinity = ops.convert_to_tensor(FLOAT32_INFINITY_BITS, "int32")
+    failing = ops.any(ops.greater_equal(ops.stack(triggers), infinity))
+    return ops.cond(failing, measure, skip)
+
 
 #: Pass-through layers whose outputs are never larger in magnitude than their
 #: inputs (the dropout and noise layers scale or add, and are left out).
@@ -69,8 +338,6 @@ BOUNDED_PASS_THROUGH = frozenset(
     if "Dropout" not in name and name not in ("GaussianNoise", "InputLayer")
 )
 
-# Attributes Keras hangs on tensors that an observed output must carry on.
-_KERAS_TENSOR_ATTRIBUTES = ("_keras_mask", "_keras_logits")
 # The telemetry installed on each model (by id), so that installing another removes it.
 _INSTALLED: weakref.WeakValueDictionary[int, GuardTelemetry] = weakref.WeakValueDictionary()
 
@@ -80,32 +347,9 @@ def _is_bounded(layer: keras.layers.Layer) -> bool:
     return type(layer).__name__ in BOUNDED_PASS_THROUGH and is_pass_through(layer)
 
 
-def _copy_keras_attributes(source: object, target: object) -> None:
-    for name in _KERAS_TENSOR_ATTRIBUTES:
-        value = getattr(source, name, None)
-        if value is not None:
-            try:
-                setattr(target, name, value)
-            except AttributeError:  # a tensor type without a __dict__
-                pass
-
-
 def telemetry_paths(model: keras.Model, dtypes: Mapping[str, str]) -> list[str]:
     """Returns the paths of the layers the telemetry records: 16-bit layers that compute."""
-    paths = layer_paths(model)
-    loops = tuple(
-        path + "/" for path, layer in paths.items() if isinstance(layer, keras.layers.RNN)
-    )
-    chosen = []
-    for path, layer in paths.items():
-        if dtypes.get(path, FLOAT32) == FLOAT32 or type(layer).__name__ == "InputLayer":
-            continue
-        if is_graph_model(layer) or is_pass_through(layer):
-            continue
-        if loops and path.startswith(loops):
-            continue
-        chosen.append(path)
-    return chosen
+    return [path for path in instrumented_layers(model) if dtypes.get(path, FLOAT32) != FLOAT32]
 
 
 def remove_installed_telemetry(model: keras.Model) -> None:
@@ -125,7 +369,7 @@ class GuardTelemetry:
         history_steps: int = 16,
         near_binades: float = 2.0,
     ) -> None:
-        backend = telemetry_backend("the autoprec guard's telemetry")
+        backend = instrument_backend("the autoprec guard's telemetry")
         self.model = model
         self.dtypes = dict(dtypes)
         self.paths = telemetry_paths(model, dtypes)
@@ -156,7 +400,10 @@ class GuardTelemetry:
             bool(getattr(self.model, "jit_compile", False))
         )
         paths = layer_paths(self.model)
-        self.hooks.install_step(self.model, self, self._weight_owners(paths), self._replace)
+        for owner, name, wrapper in self.hooks.step_wrappers(
+            self.model, self, self._weight_owners(paths)
+        ):
+            self._replace(owner, name, wrapper)
         for path in self.paths:
             layer = paths[path]
             index = self._index[path]
@@ -225,24 +472,12 @@ class GuardTelemetry:
         if owner is not None:
             trace.add(owner, GRADIENT, value)
 
-    def measure(self, trace: StepTrace, tensor: Any) -> Any:
-        """Returns the amax bits of `tensor` as the step measures them (not kept for reuse)."""
-        return amax_bits(tensor, trace.integer)
-
-    def gradients_finite(self, trace: StepTrace) -> Any:
-        """Returns whether every gradient the optimizer received in the step is finite (traced)."""
-        return trace.gradients_finite()
-
     def record_activation_gradient(self, trace: StepTrace, index: int, bits: Any) -> None:
         """Records the amax bits of the gradient flowing into recorded layer `index`."""
         trace.add(index, GRADIENT, bits)
 
-    def take_forward_values(self, trace: StepTrace) -> tuple[Any, list[int]]:
-        """Returns `(stacked bits, frame segments)` recorded so far, and forgets them."""
-        return trace.take_values()
-
     def frame(self, trace: StepTrace, scale: Any, extra: tuple[Any, list[int]] | None = None):
-        """Returns the step's frame (see `step_trace.build_frame`)."""
+        """Returns the step's frame (see `build_frame`)."""
         return build_frame(trace, len(self.paths) + 1, scale, extra)
 
     def status_flags(self, frame: Any, history: Any, xp: Any) -> tuple[Any, Any]:
@@ -321,7 +556,7 @@ class GuardTelemetry:
                 continue
             result = self.hooks.watch_gradient(self, trace, index, value)
             trace.add(index, OUTPUT, trace.amax(result))
-            _copy_keras_attributes(value, result)
+            copy_keras_attributes(value, result)
             observed.append(result)
         if len(flat) == 1 and not isinstance(outputs, (list, tuple, dict)):
             return observed[0]

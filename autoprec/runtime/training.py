@@ -28,13 +28,16 @@ from .apply import (
     apply_plan,
     keep_applied_state,
 )
-from .decision import GuardAction, GuardDecision, decide
 from .float8 import extend_optimizer, lagging_scales
 from .guard import (
     FLOAT8_PATIENCE,
     Guard,
+    GuardAction,
+    GuardDecision,
+    GuardWatch,
     NonFiniteTrainingError,
     check_guard_backend,
+    decide,
     promotion_target,
 )
 from .kernels import checked_plan, unchecked_kernels
@@ -50,7 +53,6 @@ from .step_logs import SkippedStepLogs
 from .telemetry import GuardTelemetry, remove_installed_telemetry
 from .tensorboard import TrainingLog
 from .train_steps import unscaled_float16_reason
-from .watch import GuardWatch
 
 logger = logging.getLogger("autoprec")
 

@@ -1,4 +1,4 @@
-"""Tests for autoprec._backends.amax: the guard telemetry's bit-pattern amax, on real tensors."""
+"""Tests for autoprec._backends.instrument: the guard telemetry's bit-pattern amax, on real tensors."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from autoprec import numerics
-from autoprec._backends.amax import (
+from autoprec._backends.instrument import (
     FLOAT32_INFINITY_BITS,
     amax_bits,
     bit_view,

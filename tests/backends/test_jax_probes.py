@@ -1,4 +1,4 @@
-"""Tests for autoprec._backends.jax_probes: the profiler's step hooks inside Keras' pure JAX train step.
+"""Tests for autoprec._backends.jax: the profiler's step hooks inside Keras' pure JAX train step.
 
 The hooks run in one child process under Keras' JAX backend
 (`jax_child.run_jax_child`), with TensorFlow made unimportable. There a real
@@ -26,8 +26,8 @@ CHILD = textwrap.dedent(
     sys.modules["tensorflow"] = None  # as on a machine with JAX and no TensorFlow
     import jax, jax.numpy as jnp, keras, numpy as np
     import autoprec
-    from autoprec._backends import jax_probes, profiler_backend
-    from autoprec._backends.probe_hooks import ProbeHooks
+    from autoprec._backends import PROFILER_UNSUPPORTED, instrument_backend
+    from autoprec._backends import jax as jax_probes
 
     INTERNAL = ("probed", "internals", "inputs")
     ACTIVATION = ("probed", "activations", "output")
@@ -92,8 +92,7 @@ CHILD = textwrap.dedent(
 
     model, hooks, replaced, history, read = probed_fit(keras.optimizers.SGD(0.0))
     results = {
-        "dispatch": profiler_backend() is jax_probes,
-        "protocol": isinstance(hooks, ProbeHooks),
+        "dispatch": instrument_backend("autoprec profiling", PROFILER_UNSUPPORTED) is jax_probes,
         "replaced": replaced,
         "logs": sorted(history.history),
         "steps": hooks.steps_recorded(),
@@ -139,7 +138,7 @@ def _assert_matches(recorded, values, rtol: float = 1e-5) -> None:
 
 
 def test_the_profiler_backend_on_jax_is_this_module(results):
-    assert results["dispatch"] and results["protocol"]
+    assert results["dispatch"]
     assert results["xla"] is True
     assert results["float"] == [True, False, False]
 

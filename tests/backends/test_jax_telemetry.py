@@ -1,4 +1,4 @@
-"""Tests for autoprec._backends.jax_telemetry: the telemetry's host-side state and hooks on JAX.
+"""Tests for autoprec._backends.jax: the telemetry's host-side state and hooks on JAX.
 
 The checks run in one child process under Keras' JAX backend
 (`jax_child.run_jax_child`), with TensorFlow made unimportable.
@@ -19,8 +19,9 @@ CHILD = textwrap.dedent(
     sys.modules["tensorflow"] = None
     import jax.numpy as jnp, keras, numpy as np
     import autoprec
-    from autoprec._backends import jax_telemetry, telemetry_backend
-    from autoprec._backends.telemetry import TelemetryHooks
+    from autoprec._backends import instrument_backend
+    from autoprec._backends import jax as jax_telemetry
+    from autoprec._backends.instrument import bit_view
     from autoprec.runtime import apply_plan
     from autoprec.runtime.telemetry import GuardTelemetry
 
@@ -75,12 +76,11 @@ CHILD = textwrap.dedent(
 
     print("RESULT " + json.dumps({
         "carrier": [shared_record.gradient, upstream],
-        "dispatch": telemetry_backend() is jax_telemetry,
-        "protocol": isinstance(empty, TelemetryHooks),
+        "dispatch": instrument_backend() is jax_telemetry,
         "lazy": empty.measures_bfloat16_lazily,
         "integer": empty.integer_amax_is_fast(False),
         "empty": [empty.read_count(), empty.read_status().tolist()],
-        "bitcast": int(jax_telemetry.bitcast(jnp.float32(1.0), "int32")),
+        "bitcast": int(bit_view(jnp.float32(1.0), "int32")),
         "count": hooks.read_count(),
         "scale": float(history[-3, 0, 0]),
         "batch": [float(history[-2, 0, 1]), bool(np.isnan(history[-1, 0, 1]))],
@@ -97,7 +97,7 @@ def results():
 
 
 def test_the_telemetry_backend_on_jax_is_this_module(results):
-    assert results["dispatch"] and results["protocol"]
+    assert results["dispatch"]
     assert results["lazy"] is False and results["integer"] is True
     assert results["empty"] == [0, [0, 0]]
     assert results["bitcast"] == 0x3F800000

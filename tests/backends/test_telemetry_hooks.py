@@ -1,14 +1,12 @@
-"""Tests for autoprec._backends.telemetry_hooks: what both backends' telemetry hooks share.
+"""What both backends' telemetry hooks share (autoprec/_backends/instrument.py) and TensorFlow's wrappers.
 
 `advance_history` runs with the real guard telemetry as its recorder, once on
 the host (NumPy, as on JAX) and once with `keras.ops` inside a `tf.function`
-(as on TensorFlow), on the same frames; `install_step` is checked through
+(as on TensorFlow), on the same frames; `step_wrappers` is checked through
 TensorFlow's hooks on a real model.
 """
 
 from __future__ import annotations
-
-import inspect
 
 import keras
 import numpy as np
@@ -17,13 +15,7 @@ import tensorflow as tf
 from keras import ops
 
 from autoprec import PrecisionPlan
-from autoprec._backends import tensorflow_telemetry
-from autoprec._backends.telemetry_hooks import (
-    STATUS_SLOTS,
-    TelemetryHooksBase,
-    advance_history,
-    cleared_status,
-)
+from autoprec._backends.instrument import STATUS_SLOTS, advance_history, cleared_status
 from autoprec.runtime import apply_plan
 from autoprec.runtime.telemetry import GuardTelemetry
 
@@ -101,30 +93,11 @@ def test_a_rising_amax_near_float16s_largest_raises_near_range(telemetry):
     assert again.tolist() == [0, 1]  # not rising any more, but not cleared either
 
 
-def test_both_backends_build_their_hooks_on_the_base():
-    jax_telemetry = pytest.importorskip("autoprec._backends.jax_telemetry")
-    for module in (tensorflow_telemetry, jax_telemetry):
-        assert issubclass(module.TelemetryHooks, TelemetryHooksBase)
-        assert "install_step" not in vars(module.TelemetryHooks)  # the base's, shared
-    with pytest.raises(TypeError, match="abstract"):
-        TelemetryHooksBase()
-    assert inspect.isabstract(TelemetryHooksBase)
-
-
-def test_install_step_puts_every_wrapper_in_place_in_order(telemetry):
-    model, hooks, replaced = telemetry.model, telemetry.hooks, []
-
-    def replace(owner, name, value):
-        replaced.append((owner, name, value))
-
+def test_the_step_wrappers_are_the_train_step_and_apply_gradients(telemetry):
+    model, hooks = telemetry.model, telemetry.hooks
     wrappers = hooks.step_wrappers(model, telemetry, {})
     assert [(owner, name) for owner, name, _ in wrappers] == [
         (model, "train_step"),
         (model.optimizer, "apply_gradients"),
     ]
-    hooks.install_step(model, telemetry, {}, replace)
-    assert [(owner, name) for owner, name, _ in replaced] == [
-        (owner, name) for owner, name, _ in wrappers
-    ]
-    assert all(callable(value) for _, _, value in replaced)
-    assert [value.__name__ for _, _, value in replaced] == ["train_step", "apply_gradients"]
+    assert [value.__name__ for _, _, value in wrappers] == ["train_step", "apply_gradients"]

@@ -14,9 +14,8 @@ import pytest
 import tensorflow as tf
 from backends.statistics_reference import SPECIAL, reference_statistics
 
-from autoprec._backends import profiler_backend
+from autoprec._backends import PROFILER_UNSUPPORTED, instrument_backend
 from autoprec._backends import tensorflow as tf_backend
-from autoprec._backends.probe_hooks import ProbeHooks
 
 
 def _assert_matches(measured, values, rtol: float = 1e-6) -> None:
@@ -27,8 +26,9 @@ def _assert_matches(measured, values, rtol: float = 1e-6) -> None:
 
 
 def test_the_profiler_backend_on_tensorflow_is_this_module():
-    assert profiler_backend() is tf_backend
-    assert isinstance(tf_backend.ProbeHooks(xla=False), ProbeHooks)
+    assert instrument_backend("autoprec profiling", PROFILER_UNSUPPORTED) is tf_backend
+    hooks = tf_backend.ProbeHooks(xla=False)
+    assert hooks.tensor_count == 0 and hooks.steps_recorded() == 0 and hooks.read() == {}
 
 
 def test_variable_names_keep_safe_characters_only():

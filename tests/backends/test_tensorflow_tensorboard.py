@@ -74,3 +74,10 @@ def test_summary_writer_writes_scalars_and_markdown_text(tmp_path):
     assert float(written[(4, "loss_scale", "scalars")]) == 512.0
     assert written[(3, "plan", "text")].item() == b"**dense**: float16"
     assert tensorboard.read_histograms(tmp_path / "guard") == {}  # no histogram among them
+
+
+def test_a_histogram_series_is_what_the_writers_take(tmp_path):
+    series = [("dense/output", np.array([-1, 2]), np.array([3, 4]))]
+    tf_backend.write_histograms(tmp_path, series, step=2)
+    (buckets,) = tensorboard.read_histograms(tmp_path).values()
+    assert buckets.tolist() == [[-1.0, 0.0, 3.0], [2.0, 3.0, 4.0]]

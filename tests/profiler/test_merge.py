@@ -1,4 +1,4 @@
-"""Tests for autoprec.profiler.merge: the statistics of several tensors together."""
+"""Tests for autoprec.profiler.tensor_stats: the statistics of several tensors together."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import numpy as np
 from profiler.reference import assert_matches_reference
 
 from autoprec.profiler import LayerProfile, TensorStats
-from autoprec.profiler.merge import merge_groups, merge_stats
+from autoprec.profiler.tensor_stats import merge_groups, merge_stats
 
 _PARTS = {
     "normal": np.random.default_rng(2).normal(scale=4.0, size=(6, 5)).astype(np.float32),

@@ -1,11 +1,10 @@
-"""The guard's step decision, branch by branch, from plain values (autoprec/runtime/decision.py)."""
+"""The guard's step decision, branch by branch, from plain values (autoprec/runtime/guard.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from autoprec.runtime.decision import GuardAction, GuardDecision, StepOutcome, decide
-from autoprec.runtime.guard import Attribution
+from autoprec.runtime.guard import Attribution, GuardAction, GuardDecision, StepOutcome, decide
 
 FORWARD = Attribution(
     "forward",

@@ -1,19 +1,22 @@
-"""Tests for autoprec.runtime.step_trace: a traced step's amax bits and the frame they make."""
+"""Tests for autoprec.runtime.telemetry: a traced step's amax bits and the frame they make."""
 
 from __future__ import annotations
 
 import numpy as np
 from keras import ops
 
-from autoprec._backends.amax import amax_bits
-from autoprec.runtime.step_trace import (
+from autoprec._backends.instrument import amax_bits
+from autoprec.runtime.telemetry import (
+    GRADIENT,
+    INPUT,
+    NOT_RECORDED,
+    OUTPUT,
     StepTrace,
     active_trace,
     build_frame,
     close_trace,
     open_trace,
 )
-from autoprec.runtime.telemetry_records import GRADIENT, INPUT, NOT_RECORDED, OUTPUT
 
 
 def _tensor(values, dtype="float32"):

@@ -1,4 +1,4 @@
-"""Tests for autoprec.runtime.telemetry_records: frame layout, record types, format limits."""
+"""Tests for autoprec.runtime.telemetry: frame layout, record types, format limits."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import numpy as np
 from keras import ops
 
 from autoprec import numerics
-from autoprec.runtime.telemetry_records import (
+from autoprec.runtime.telemetry import (
     FORMAT_MAX,
     GRADIENT,
     HEADER_GRADIENTS_BAD,

@@ -1,4 +1,4 @@
-"""The guard's read of each step into a `StepOutcome`, on a real telemetry run (autoprec/runtime/watch.py)."""
+"""The guard's read of each step into a `StepOutcome`, on a real telemetry run (autoprec/runtime/guard.py)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import numpy as np
 
 from autoprec import FlooredLossScaleOptimizer, PrecisionPlan
 from autoprec.runtime import apply_plan
+from autoprec.runtime.guard import GuardWatch, is_finite_number
 from autoprec.runtime.telemetry import GuardTelemetry
-from autoprec.runtime.watch import GuardWatch, is_finite_number
 
 
 def _overflowing_model() -> keras.Model:
