@@ -1,19 +1,20 @@
 """`search()`: the cheapest dtype per layer under an accuracy budget, with an Optuna study."""
 
 from .budget import Budget
-from .driver import search
-from .evaluator import Evaluator, ProxyResult, clone_for_search
-from .explore import Neighbour, explorer, neighbours
-from .fidelity import (
+from .driver import search, search_in_processes
+from .evaluator import (
     LOW_FIDELITY_STEPS,
+    Evaluator,
     FidelityCheck,
+    ProxyResult,
     check_reference,
+    clone_for_search,
     confirmation_reasons,
     longer_batches,
     trivial_baseline,
 )
+from .floor import CLASSIFICATION_LOSS_WORDS, has_classification_loss, rounding_floor_outputs
 from .heuristic import heuristic_plan
-from .losses import CLASSIFICATION_LOSS_WORDS, has_classification_loss, rounding_floor_outputs
 from .record import TrialRecord
 from .result import ParetoPoint, SearchResult
 from .settings import SearchSettings, StudyCallback
@@ -33,7 +34,7 @@ from .space import (
 )
 from .storage import resolve_storage
 from .timing import measure_step_rounds, measure_step_seconds
-from .workers import search_in_processes
+from .warm_start import Neighbour, explorer, neighbours
 
 __all__ = [
     "CLASSIFICATION_LOSS_WORDS",

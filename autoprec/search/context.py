@@ -28,9 +28,8 @@ from .floor import (
     measure_floor,
     output_paths,
 )
-from .plan_costs import PlanCosts
 from .record import TrainedOutcome, TrialRecord
-from .space import Group, plan_from_assignment
+from .space import Group, PlanCosts, plan_from_assignment
 
 logger = logging.getLogger("autoprec")
 

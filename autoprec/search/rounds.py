@@ -15,7 +15,7 @@ from .._core.rounds import (
     compare,
     wants_more_rounds,
 )
-from .candidates import simplicity
+from .record import simplicity
 
 __all__ = [
     "MAX_ROUNDS",

@@ -153,7 +153,7 @@ def prepared_search(model=None, data=None, budget=None, **changes):
     """
     from autoprec.search import Budget, Evaluator
     from autoprec.search.preparation import build_context, check_float32, prepare_space
-    from autoprec.search.request import SearchRequest
+    from autoprec.search.settings import SearchRequest
 
     keywords = fast(**{"baseline": None, **changes})
     settings = keywords["settings"]

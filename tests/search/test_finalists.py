@@ -21,16 +21,10 @@ from search.search_models import compiled_mlp, labelled, mlp_data, prepared_sear
 
 import autoprec
 from autoprec.search import TrialRecord
-from autoprec.search.candidates import (
-    dropped_label,
-    finalist_plan,
-    keras_global_plan,
-    keras_label,
-    ranked_finalists,
-)
-from autoprec.search.finalists import Finalists, add_finalists
-from autoprec.search.record import assignment_key
-from autoprec.search.trials import TrialsRun, run_trials
+from autoprec.search.confirmation import finalist_plan, keras_global_plan, ranked_finalists
+from autoprec.search.preparation import TrialsRun, run_trials
+from autoprec.search.record import assignment_key, dropped_label, keras_label
+from autoprec.search.selection import Finalists, add_finalists
 from autoprec.search.warm_start import WarmStart, enqueue_candidates
 
 KERAS_BF16 = keras_label("bfloat16")

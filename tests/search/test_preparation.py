@@ -9,7 +9,7 @@ import pytest
 from search.search_models import prepared_search
 
 from autoprec.search import Budget
-from autoprec.search.fidelity import FidelityCheck
+from autoprec.search.evaluator import FidelityCheck
 from autoprec.search.preparation import ReferenceCheck, SearchSpace, search_metadata
 
 

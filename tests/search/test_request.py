@@ -8,7 +8,7 @@ import time
 import pytest
 from search.search_models import prepared_search
 
-from autoprec.search.request import StageClock
+from autoprec.search.settings import StageClock
 
 
 def test_the_clock_adds_up_each_stage_even_when_it_raises():

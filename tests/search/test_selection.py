@@ -16,13 +16,25 @@ from search.search_models import (
 import autoprec
 from autoprec.plan import PrecisionPlan
 from autoprec.search import Budget, SearchResult, TrialRecord
-from autoprec.search.candidates import finalist_key, finalist_plan, ranked_finalists
-from autoprec.search.confirmation import measurement_candidates, rank_by_measurement
-from autoprec.search.finalists import Finalists, add_finalists
+from autoprec.search.confirmation import (
+    finalist_key,
+    finalist_plan,
+    measurement_candidates,
+    rank_by_measurement,
+    ranked_finalists,
+)
 from autoprec.search.floor import OUTPUT_FLOOR_ATTR
+from autoprec.search.preparation import TrialsRun, run_trials
 from autoprec.search.record import assignment_key
-from autoprec.search.selection import Choice, Ranking, build_result, choose_plan, rank_trials
-from autoprec.search.trials import TrialsRun, run_trials
+from autoprec.search.selection import (
+    Choice,
+    Finalists,
+    Ranking,
+    add_finalists,
+    build_result,
+    choose_plan,
+    rank_trials,
+)
 
 
 def _study(context, entries):

@@ -7,8 +7,8 @@ import dataclasses
 from search.search_models import prepared_search
 
 from autoprec.search import TrialRecord
+from autoprec.search.preparation import TrialsRun, run_trials
 from autoprec.search.record import REFERENCE_METRIC_ATTR
-from autoprec.search.trials import TrialsRun, run_trials
 
 
 def test_the_trial_stage_starts_with_the_warm_starts_and_records_the_reference(tmp_path):

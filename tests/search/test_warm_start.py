@@ -12,15 +12,13 @@ import autoprec
 from autoprec.layers import describe_model
 from autoprec.plan import PrecisionPlan
 from autoprec.search import TrialRecord, compute_layers, output_layers
-from autoprec.search.candidates import (
+from autoprec.search.confirmation import (
     dropped_protection,
     fits_profile,
-    keras_dtype,
     keras_global_plan,
-    keras_label,
     protections,
 )
-from autoprec.search.record import WARM_STARTS_MARK, assignment_key
+from autoprec.search.record import WARM_STARTS_MARK, assignment_key, keras_dtype, keras_label
 from autoprec.search.storage import claim_study_lock, resolve_storage
 from autoprec.search.warm_start import (
     WarmStart,
