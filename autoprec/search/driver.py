@@ -18,7 +18,7 @@ from ..hardware import HardwareProfile
 from ..runtime.guard import GUARD_BACKENDS
 from .budget import Budget
 from .evaluator import Evaluator
-from .preparation import build_context, check_float32, prepare_space, run_trials
+from .preparation import prepare, run_trials
 from .result import SearchResult
 from .selection import add_finalists, build_result, choose_plan, rank_trials
 from .settings import SearchRequest, SearchSettings
@@ -146,16 +146,12 @@ def search(
 
 def run_search(model: keras.Model, evaluator: Evaluator, request: SearchRequest) -> SearchResult:
     """Runs the search's stages in order; each returns the value the next ones read."""
-    space = prepare_space(model, evaluator, request)
-    with request.clock.stage("reference"):
-        reference = check_float32(evaluator, request)
-    context = build_context(model, evaluator, request, space, reference)
-    run = run_trials(model, context, request, space, reference)
+    context = prepare(model, evaluator, request)
+    run_trials(context)
     with request.clock.stage("finalists"):
-        finalists = add_finalists(context, request, space, run)
-    ranking = rank_trials(context, run.study, request)
-    choice = choose_plan(context, ranking, reference, request)
-    return build_result(context, space, reference, run, choice, request, ranking, finalists)
+        finalists = add_finalists(context)
+    ranking = rank_trials(context)
+    return build_result(context, choose_plan(context, ranking), ranking, finalists)
 
 
 def _checked_settings(budget: Budget, settings: SearchSettings | None) -> SearchSettings:

@@ -29,10 +29,8 @@ from .confirmation import (
 )
 from .context import SearchContext
 from .floor import OUTPUT_FLOOR_ATTR, OutputFloor
-from .preparation import ReferenceCheck, SearchSpace, TrialsRun
 from .record import TrialRecord, assignment_key, json_safe, keras_label
 from .result import SearchResult
-from .settings import SearchRequest
 from .study import (
     COST_STEP,
     pareto_points,
@@ -66,31 +64,29 @@ class Finalists:
         }
 
 
-def add_finalists(
-    context: SearchContext, request: SearchRequest, space: SearchSpace, run: TrialsRun
-) -> Finalists:
+def add_finalists(context: SearchContext) -> Finalists:
     """Evaluates Keras' global policies and the best plan with each protection dropped."""
-    study = run.study
+    study = context.study
     trials: dict[str, int] = {}
     same_as: dict[str, str] = {}
     skipped: dict[str, str] = {}
     for dtype in (BFLOAT16, FLOAT16, FLOAT8):
-        if dtype in space.dtypes:
-            _keras_global(context, request, study, dtype, trials, same_as, skipped)
+        if dtype in context.dtypes:
+            _keras_global(context, study, dtype, trials, same_as, skipped)
     ranked = ranked_finalists(context, study)
     base = ranked[0] if ranked else None
     if base is None:
         skipped["protections"] = "no plan within budget"
     else:
-        kinds = protections(context.compute, context.infos, sorted(space.outputs))
+        kinds = protections(context.compute, context.infos, sorted(context.outputs))
         plans, why = dropped_protection(
-            context.trial_assignment(base), kinds, context.allowed, space.profile
+            context.trial_assignment(base), kinds, context.allowed, context.profile
         )
         skipped.update(why)
-        trials.update(_run_candidates(context, request, run, plans))
+        trials.update(_run_candidates(context, plans))
     finalists = Finalists(trials, same_as, skipped, None if base is None else base.number)
     say(
-        request.verbose,
+        context.verbose,
         "autoprec.search: finalists %s%s",
         ", ".join(f"{label} (trial {number})" for label, number in trials.items()) or "none",
         "".join(f"; {label} = {other}" for label, other in same_as.items()),
@@ -100,7 +96,6 @@ def add_finalists(
 
 def _keras_global(
     context: SearchContext,
-    request: SearchRequest,
     study: optuna.Study,
     dtype: str,
     trials: dict[str, int],
@@ -109,7 +104,7 @@ def _keras_global(
 ) -> None:
     """Finds, or trains and adds, the trial of Keras' global policy for `dtype`."""
     label = keras_label(dtype)
-    plan = keras_global_plan(context, dtype, request.settings.keep_float32)
+    plan = keras_global_plan(context, dtype, context.request.settings.keep_float32)
     compute = {path: plan.dtype_for(path) for path in context.compute}
     key = assignment_key(plan.layers)
     completed = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
@@ -137,7 +132,7 @@ def _keras_global(
     if floor is None or not floor.refused:
         try:
             metrics = context.evaluator.train_and_evaluate(plan)
-        except tuple(request.settings.catch) as error:
+        except tuple(context.request.settings.catch) as error:
             skipped[label] = f"training failed: {type(error).__name__}: {error}"
             logger.warning("autoprec.search: %s could not be trained (%s).", label, error)
             return
@@ -221,13 +216,10 @@ def _objective_value(
 
 
 def _run_candidates(
-    context: SearchContext,
-    request: SearchRequest,
-    run: TrialsRun,
-    plans: Mapping[str, Mapping[str, str]],
+    context: SearchContext, plans: Mapping[str, Mapping[str, str]]
 ) -> dict[str, int]:
     """Enqueues the protection-dropped plans and runs the trials up to them; returns their trials."""
-    study = run.study
+    study = context.study
     starts = [
         WarmStart(label, context.normalise(assignment), context.params_for(assignment))
         for label, assignment in plans.items()
@@ -237,13 +229,13 @@ def _run_candidates(
     mine = [t.number for t in waiting if TrialRecord.from_trial(t).assignment_key in keys]
     if mine:  # the trials queued before them run first (Optuna's queue is first in, first out)
         ahead = sum(trial.number <= max(mine) for trial in waiting)
-        settings = request.settings
+        settings = context.request.settings
         study.optimize(
             lambda trial: trial_objective(context, trial),
             n_trials=ahead,
             catch=tuple(settings.catch),
             callbacks=[
-                plan_writer(context, settings.plan_path, dict(run.metadata)),
+                plan_writer(context, settings.plan_path, dict(context.metadata)),
                 *settings.callbacks,
             ],
             show_progress_bar=False,
@@ -267,8 +259,9 @@ class Ranking:
     measure: bool
 
 
-def rank_trials(context: SearchContext, study: optuna.Study, request: SearchRequest) -> Ranking:
+def rank_trials(context: SearchContext) -> Ranking:
     """Ranks the study's trials within budget, timing the best plans here when asked."""
+    study, request = context.study, context.request
     ranked = ranked_finalists(context, study)
     if not ranked:
         logger.warning(
@@ -296,16 +289,15 @@ class Choice:
     replaced_by: str | None
 
 
-def choose_plan(
-    context: SearchContext, ranking: Ranking, reference: ReferenceCheck, request: SearchRequest
-) -> Choice:
+def choose_plan(context: SearchContext, ranking: Ranking) -> Choice:
     """Confirms the ranking's first plan (falling back down it), then times the chosen one."""
+    request = context.request
     settings = request.settings
     with request.clock.stage("confirmation"):
         confirmation = confirm_plan(
             context,
             ranking.trials,
-            reference.spread,
+            context.spread,
             request.train_data,
             settings.batch_size,
             settings.confirm_steps,
@@ -325,16 +317,13 @@ def choose_plan(
 
 def build_result(
     context: SearchContext,
-    space: SearchSpace,
-    reference: ReferenceCheck,
-    run: TrialsRun,
     choice: Choice,
-    request: SearchRequest,
     ranking: Ranking | None = None,
     finalists: Finalists | None = None,
 ) -> SearchResult:
     """Returns the `SearchResult`: the chosen plan with its metadata (saved to `plan_path`)."""
-    metadata = _chosen_metadata(context, run, choice)
+    request, study = context.request, context.study
+    metadata = _chosen_metadata(context, choice)
     search = dict(metadata.get("search", {}))
     if choice.replaced_by is not None:
         search["replaced_by_measurement"] = choice.replaced_by
@@ -351,14 +340,14 @@ def build_result(
             measured_step_rounds={name: list(f) for name, f in timing.rounds.items()},
         )
     metadata["measured_speedup"] = timing.speedup if timing is not None else None
-    metadata["evidence"] = evidence(context, space)
-    search["output_floor"] = context.floor_metadata(run.study)
+    metadata["evidence"] = evidence(context)
+    search["output_floor"] = context.floor_metadata(study)
     search.update(
-        trial_counts(run.study),
+        trial_counts(study),
         wall_seconds=time.perf_counter() - request.started,
         stage_seconds={name: round(value, 3) for name, value in request.clock.seconds.items()},
         fidelity="train",
-        warm_starts=warm_start_summary(run.study),
+        warm_starts=warm_start_summary(study),
         confirmation=dict(choice.confirmation.record),
     )
     metadata["search"] = search
@@ -367,41 +356,41 @@ def build_result(
         plan.save(request.settings.plan_path)
     return SearchResult(
         plan=plan,
-        study=run.study,
+        study=study,
         budget=context.budget,
         reference_metric=context.reference,
-        reference_spread=reference.spread,
-        points=pareto_points(run.study),
+        reference_spread=context.spread,
+        points=pareto_points(study),
         float32_predicted_seconds=context.float32_seconds,
     )
 
 
-def _chosen_metadata(context: SearchContext, run: TrialsRun, choice: Choice) -> dict:
+def _chosen_metadata(context: SearchContext, choice: Choice) -> dict:
     if choice.trial is not None:
-        return trial_plan_metadata(context, choice.trial, dict(run.metadata))
+        return trial_plan_metadata(context, choice.trial, dict(context.metadata))
     return {
-        **run.metadata,
+        **context.metadata,
         "reference_metric": context.reference,
         "measured_metric": context.reference,
         "predicted_speedup": 1.0,
     }
 
 
-def evidence(context: SearchContext, space: SearchSpace) -> dict[str, dict]:
+def evidence(context: SearchContext) -> dict[str, dict]:
     """Returns `{path: {"allowed", "removed", "seconds", "profile", "output_floor"}}`: why each
     layer could be what."""
     result: dict[str, dict] = {}
     floors = context.floor_evidence()
     for path in context.compute:
         entry: dict[str, object] = {"allowed": list(context.allowed[path])}
-        if path in space.removed:
-            entry["removed"] = dict(space.removed[path])
+        if path in context.removed:
+            entry["removed"] = dict(context.removed[path])
         seconds = {dtype: context.costs.layer_seconds(path, dtype) for dtype in PLAN_DTYPES}
         seconds = {dtype: value for dtype, value in seconds.items() if value is not None}
         if seconds:
             entry["seconds"] = seconds
-        if path in space.unsafe:
-            entry["profile"] = space.unsafe[path]
+        if path in context.unsafe:
+            entry["profile"] = context.unsafe[path]
         if path in floors:
             entry["output_floor"] = floors[path]
         result[path] = entry

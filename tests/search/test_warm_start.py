@@ -31,9 +31,15 @@ from autoprec.search.warm_start import (
 
 def test_every_study_starts_with_float32_the_uniform_plans_and_the_heuristic():
     with prepared_search() as prepared:
-        context, space = prepared.context, prepared.space
+        context = prepared.context
         starts = warm_starts(
-            context, prepared.model, space.profile, space.table, space.hardware, space.dtypes, ()
+            context,
+            prepared.model,
+            context.profile,
+            context.table,
+            context.hardware_profile,
+            context.dtypes,
+            (),
         )
         labels = [start.label for start in starts]
         assert labels[0] == "float32" and "uniform bfloat16" in labels
