@@ -20,6 +20,7 @@ model.fit(x, y, callbacks=[autoprec.AutoPrecision(plan)])
 import importlib as _importlib
 import sys as _sys
 import types as _types
+import warnings as _warnings
 from typing import Any as _Any
 
 from ._version import __version__
@@ -30,27 +31,14 @@ _SUBMODULE_OF: dict[str, str] = {
     "AutoPlan": "callback",
     "AutoPrecision": "callback",
     "AutoprecError": "errors",
-    "BackendError": "errors",
     "Budget": "search",
-    "CostTable": "cost",
-    "Estimate": "cost",
-    "FlooredLossScaleOptimizer": "runtime",
     "Guard": "runtime",
-    "HardwareError": "errors",
-    "LayerProfile": "profiler",
     "LossScale": "runtime",
-    "NonFiniteTrainingError": "runtime",
-    "PlanDiff": "plan",
     "PlanError": "errors",
-    "PlanHandle": "runtime",
-    "PlanRule": "plan",
     "PrecisionPlan": "plan",
     "Profile": "profiler",
-    "ProfileCallback": "profiler",
-    "ProfileError": "errors",
     "SearchResult": "search",
     "SearchSettings": "search",
-    "TensorStats": "profiler",
     "apply_plan": "runtime",
     "calibrate": "cost",
     "estimate": "cost",
@@ -66,9 +54,36 @@ _SUBMODULE_OF: dict[str, str] = {
 
 __all__ = ["__version__", *_SUBMODULE_OF]
 
+#: Names that left the top level in 0.5, and the sub-package that holds them now: each still
+#: resolves as `autoprec.<name>`, with a `DeprecationWarning`, through 0.5.
+_MOVED_TO: dict[str, str] = {
+    "BackendError": "errors",
+    "CostTable": "cost",
+    "Estimate": "cost",
+    "FlooredLossScaleOptimizer": "runtime",
+    "HardwareError": "errors",
+    "LayerProfile": "profiler",
+    "NonFiniteTrainingError": "runtime",
+    "PlanDiff": "plan",
+    "PlanHandle": "runtime",
+    "PlanRule": "plan",
+    "ProfileCallback": "profiler",
+    "ProfileError": "errors",
+    "TensorStats": "profiler",
+}
+
 
 def __getattr__(name: str) -> _Any:
     """Imports a public name from its submodule on first use (PEP 562)."""
+    if name in _MOVED_TO:
+        new_spelling = f"{__name__}.{_MOVED_TO[name]}.{name}"
+        _warnings.warn(
+            f"autoprec.{name} moved to {new_spelling} in autoprec 0.5; the old spelling goes "
+            f"in 0.6: write {new_spelling}",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return getattr(_importlib.import_module(f"{__name__}.{_MOVED_TO[name]}"), name)
     if name not in _SUBMODULE_OF:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     submodule = _SUBMODULE_OF[name]

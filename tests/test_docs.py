@@ -134,6 +134,7 @@ def test_every_public_function_of_the_documented_modules_is_in_api_md(module_nam
         and (inspect.isfunction(value) or inspect.isclass(value))
         and not _documented(headings, f"autoprec.{module_name}.{name}")
         and not _documented(headings, f"autoprec.{name}")
+        and not _documented(headings, f"autoprec.{module_name.split('.')[0]}.{name}")
     ]
     assert not missing, f"docs/api.md has no heading for autoprec.{module_name}: {missing}"
 
