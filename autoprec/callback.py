@@ -25,6 +25,7 @@ from .decision import (
     report_lines,
     search_plan,
 )
+from .decision.race import StepRace
 from .errors import BackendError, PlanError
 from .hardware import HardwareProfile, is_local, resolve_hardware
 from .plan import PrecisionPlan
@@ -32,7 +33,6 @@ from .profiler import Profile, ProfileCallback
 from .runtime.guard import Guard
 from .runtime.kernels import checked_plan
 from .runtime.loss_scale import LossScale
-from .runtime.step_race import StepRace
 from .runtime.training import DEFAULT_GUARD, PlanCallback
 from .search import SearchResult, compute_layers
 

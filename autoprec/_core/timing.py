@@ -1,11 +1,37 @@
-"""One interleaved timer: several functions timed side by side, in rotating rounds."""
+"""The one whole-step timing engine: interleaved rotating rounds, their noise and the verdict.
+
+Compiled clones (`cost.steps`), the search's evaluator copies (`search.timing`) and live steps
+inside `fit` (`decision.race`) are all timed in these rounds and judged by `judge_rounds`.
+"""
 
 from __future__ import annotations
 
 import dataclasses
-import statistics
+import math
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TypeVar
+
+import numpy as np
+
+#: Interleaved rounds every finalist is timed at least (after a warm-up as long as a round).
+MIN_ROUNDS = 5
+#: Rounds at most: undecided plans are timed again in batches until then, then called a tie.
+MAX_ROUNDS = 15
+#: Standard errors of the round differences a plan must be slower by to count as slower.
+SEPARATION = 2.5
+#: The smallest difference that counts, as a fraction of the faster plan's median step.
+NOISE_FLOOR = 0.01
+#: Scale of the median absolute deviation to a normal standard deviation.
+MAD_SCALE = 1.4826
+
+_Item = TypeVar("_Item")
+
+
+def spread(values: Sequence[float]) -> float:
+    """Median absolute deviation of `values`, scaled to a normal standard deviation."""
+    array = np.asarray(values, dtype=float)
+    return MAD_SCALE * float(np.median(np.abs(array - np.median(array))))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -17,12 +43,23 @@ class Timing:
     @property
     def median(self) -> float:
         """Median seconds of one call."""
-        return float(statistics.median(self.samples))
+        return float(np.median(self.samples))
 
     @property
     def minimum(self) -> float:
         """Fastest call's seconds."""
         return float(min(self.samples))
+
+    @property
+    def spread(self) -> float | None:
+        """Spread of the calls' seconds (`None`: one call)."""
+        return spread(self.samples) if len(self.samples) >= 2 else None
+
+
+def rotated(items: Sequence[_Item], round_index: int) -> list[_Item]:
+    """Returns `items` in the order of round `round_index`: each round starts one further on."""
+    shift = round_index % len(items) if items else 0
+    return [*items[shift:], *items[:shift]]
 
 
 def _timed_call(function: Callable[[], object]) -> float:
@@ -55,10 +92,178 @@ def time_interleaved(
     fast = [name for name in functions if not is_slow(name)]
     samples: dict[str, list[float]] = {name: [] for name in functions}
     for round_index in range(max(rounds, 1)):
-        shift = round_index % len(fast) if fast else 0
-        for name in fast[shift:] + fast[:shift]:
+        for name in rotated(fast, round_index):
             samples[name].append(_timed_call(functions[name]))
     for name in functions:
         if name not in fast:
             samples[name] = [_timed_call(functions[name]) for _ in range(max(slow_rounds, 1))]
     return {name: Timing(tuple(values)) for name, values in samples.items()}
+
+
+@dataclasses.dataclass(frozen=True)
+class Margin:
+    """One timed plan's margin on the fastest over the rounds both have: its median round-by-round
+    margin (> 0: slower) and the noise the margin must exceed to count."""
+
+    margin: float
+    noise: float
+    rounds: int
+
+    @property
+    def separated(self) -> bool:
+        """Whether this plan is slower than the fastest beyond the noise."""
+        return self.margin > self.noise
+
+    def to_dict(self) -> dict[str, Any]:
+        """Returns the comparison as a JSON-ready dict."""
+        return {
+            "margin_seconds": self.margin,
+            "noise_seconds": self.noise,
+            "rounds": self.rounds,
+            "separated": self.separated,
+        }
+
+
+def margin_of(fastest: Sequence[float], other: Sequence[float]) -> Margin:
+    """Compares one plan's rounds with the fastest's, round by round: interleaved rounds ran
+    under the same load, so their differences cancel its drift."""
+    count = min(len(fastest), len(other))
+    if count == 0:
+        return Margin(0.0, math.inf, 0)
+    base = np.asarray(fastest[:count], dtype=float)
+    differences = np.asarray(other[:count], dtype=float) - base
+    margin = float(np.median(differences))
+    noise = max(
+        SEPARATION * spread(differences) / math.sqrt(count), NOISE_FLOOR * float(np.median(base))
+    )
+    return Margin(margin, noise, count)
+
+
+@dataclasses.dataclass(frozen=True)
+class RoundsVerdict:
+    """What the timed rounds decide."""
+
+    order: tuple[str, ...]
+    leader: str
+    fastest: str
+    contenders: tuple[str, ...]
+    comparisons: Mapping[str, Margin]
+    medians: Mapping[str, float]
+    rounds: Mapping[str, int]
+
+    @property
+    def decided(self) -> bool:
+        """Whether the fastest is slower-than-noise ahead of every other plan (no tie)."""
+        return len(self.contenders) == 1
+
+    @property
+    def verdict(self) -> str:
+        """`"separated"` when decided, else `"tie"`."""
+        return "separated" if self.decided else "tie"
+
+    def to_dict(self) -> dict[str, Any]:
+        """Returns the verdict as a JSON-ready dict (what `plan.metadata["search"]` keeps)."""
+        return {
+            "verdict": self.verdict,
+            "leader": self.leader,
+            "fastest": self.fastest,
+            "contenders": list(self.contenders),
+            "order": list(self.order),
+            "median_seconds": dict(self.medians),
+            "rounds_timed": dict(self.rounds),
+            "against_fastest": {name: c.to_dict() for name, c in self.comparisons.items()},
+            "separation": SEPARATION,
+            "noise_floor": NOISE_FLOOR,
+        }
+
+
+def judge_rounds(
+    rounds: Mapping[str, Sequence[float]], simplicity: Callable[[str], int]
+) -> RoundsVerdict:
+    """Decides from the rounds: the fastest plan beyond the noise, or a tie to the simplest."""
+    empty = [name for name, figures in rounds.items() if len(figures) == 0]
+    if not rounds or empty:
+        raise ValueError(
+            "judge_rounds needs at least one round of every plan; "
+            f"{'no plan was timed' if not rounds else f'{empty[0]!r} has none'}."
+        )
+    medians = {name: float(np.median(figures)) for name, figures in rounds.items()}
+
+    def contenders_among(pool: Sequence[str]) -> tuple[str, list[str], dict[str, Margin]]:
+        fastest = min(pool, key=lambda name: (medians[name], simplicity(name)))
+        comparisons = {
+            name: margin_of(rounds[fastest], rounds[name]) for name in pool if name != fastest
+        }
+        tied = [name for name, comparison in comparisons.items() if not comparison.separated]
+        return fastest, [fastest, *tied], comparisons
+
+    fastest, contenders, comparisons = contenders_among(list(rounds))
+    leader = min(contenders, key=lambda name: (simplicity(name), medians[name]))
+    order = [leader]
+    pool = [name for name in rounds if name != leader]
+    while pool:
+        _, tied, _ = contenders_among(pool)
+        chosen = min(tied, key=lambda name: (simplicity(name), medians[name]))
+        order.append(chosen)
+        pool.remove(chosen)
+    return RoundsVerdict(
+        order=tuple(order),
+        leader=leader,
+        fastest=fastest,
+        contenders=tuple(contenders),
+        comparisons=comparisons,
+        medians=medians,
+        rounds={name: len(figures) for name, figures in rounds.items()},
+    )
+
+
+def wants_more_rounds(verdict: RoundsVerdict, max_rounds: int = MAX_ROUNDS) -> bool:
+    """Whether the contenders should be timed in more rounds: undecided, and under `max_rounds`."""
+    if verdict.decided:
+        return False
+    return min(verdict.rounds[name] for name in verdict.contenders) < max_rounds
+
+
+def next_rounds(
+    rounds: Mapping[str, Sequence[float]],
+    contenders: Sequence[str],
+    min_rounds: int = MIN_ROUNDS,
+    max_rounds: int = MAX_ROUNDS,
+) -> tuple[list[str], int]:
+    """Chooses the contenders to time again and how many rounds, never past `max_rounds`."""
+    names = [name for name in contenders if len(rounds[name]) < max_rounds]
+    if not names:
+        return [], 0
+    done = max(len(rounds[name]) for name in names)
+    return names, min(min_rounds, max_rounds - done)
+
+
+def time_until_decided(
+    time_rounds: Callable[[list[str], int], Sequence[Sequence[float]]],
+    names: Sequence[str],
+    simplicity: Callable[[str], int],
+    *,
+    min_rounds: int = MIN_ROUNDS,
+    max_rounds: int = MAX_ROUNDS,
+    max_seconds: float = math.inf,
+) -> dict[str, list[float]]:
+    """Times `names` in interleaved rounds (`time_rounds(names, rounds)`) until the fastest
+    leads beyond the noise, or a cap."""
+    started = time.perf_counter()
+    names = list(names)
+    rounds = {name: list(values) for name, values in zip(names, time_rounds(names, min_rounds))}
+    batch_seconds, batch_plans = time.perf_counter() - started, len(names)
+    while True:
+        verdict = judge_rounds(rounds, simplicity)
+        if not wants_more_rounds(verdict, max_rounds):
+            return rounds
+        contenders, batch = next_rounds(rounds, verdict.contenders, min_rounds, max_rounds)
+        if len(contenders) < 2:
+            return rounds
+        estimate = batch_seconds * len(contenders) / max(batch_plans, 1)
+        if time.perf_counter() - started + estimate > max_seconds:
+            return rounds
+        batch_started = time.perf_counter()
+        for name, values in zip(contenders, time_rounds(contenders, batch)):
+            rounds[name].extend(values)
+        batch_seconds, batch_plans = time.perf_counter() - batch_started, len(contenders)

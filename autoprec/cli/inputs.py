@@ -124,26 +124,16 @@ def read_json_kind(path: str) -> tuple[str, Any]:
     )
 
 
-def is_model_archive(path: str) -> bool:
-    """Returns whether `path` names a `.keras` archive (by its suffix)."""
-    return Path(path).suffix == ".keras"
-
-
 def load_plan(path: str):
     """Loads a precision plan from a plan JSON file or from a `.keras` model saved with one."""
-    if is_model_archive(path):
-        return load_plan_from_model(path)
-    from ..plan import PrecisionPlan
-
-    kind, data = read_json_kind(path)
-    if kind != "plan":
-        raise UsageError(f"{path}: this is a {kind}, not a precision plan.")
-    return PrecisionPlan.from_dict(data, source=path)
-
-
-def load_plan_from_model(path: str):
-    """Returns the plan stored inside a `.keras` archive, or raises `UsageError` if none is."""
     archive = Path(path)
+    if archive.suffix != ".keras":
+        from ..plan import PrecisionPlan
+
+        kind, data = read_json_kind(path)
+        if kind != "plan":
+            raise UsageError(f"{path}: this is a {kind}, not a precision plan.")
+        return PrecisionPlan.from_dict(data, source=path)
     if not archive.exists():
         raise UsageError(f"{archive}: no such model file.")
     if not zipfile.is_zipfile(archive):

@@ -8,7 +8,6 @@ from .boundaries import (
     mixed_plans,
 )
 from .cache import default_cache_dir
-from .clones import clone_with_policies, clone_with_uniform_policy
 from .counting import count_costs
 from .estimate import USABLE_MEMORY_FRACTION, Estimate, PlanLayers, estimate
 from .formulas import ACTIVATION_FLOPS
@@ -16,13 +15,15 @@ from .layer_cost import LayerCost
 from .measure import calibrate
 from .roofline import MATMUL_EFFICIENCY, VECTOR_EFFICIENCY, predict_costs, predicted_layer_seconds
 from .steps import (
+    MEASURING_BACKENDS,
+    clone_with_policies,
+    clone_with_uniform_policy,
     measure_train_step,
     measure_train_steps,
     time_train_steps,
 )
 from .synthetic import synthetic_arguments, synthetic_tensor
 from .table import DEFAULT_RELATIVE_ERROR, CostTable, LayerCostRecord
-from .timers import MEASURING_BACKENDS
 from .trace import (
     TRACES,
     ArgumentValue,

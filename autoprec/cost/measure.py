@@ -24,15 +24,17 @@ from .counting import count_costs
 from .layer_cost import LayerCost
 from .roofline import predicted_layer_seconds, roofline_record
 from .sampling import kind_scales, sample_kinds, scaled_seconds
-from .steps import StepTiming, attribute_step_overhead, measure_whole_steps, whole_step_dtypes
-from .table import CostTable, LayerCostRecord
-from .timers import (
+from .steps import (
+    attribute_step_overhead,
     framework_versions,
+    measure_whole_steps,
     measuring_backend,
     time_cast,
     time_empty_function,
     time_layer,
+    whole_step_dtypes,
 )
+from .table import CostTable, LayerCostRecord
 from .trace import LayerCall, ModelTrace, trace_model
 
 logger = logging.getLogger("autoprec")
@@ -228,13 +230,15 @@ def calibrate(
     # Whole steps are timed first, in a process not yet crowded by per-layer functions.
     steps = _whole_steps(measure_model_step, setting)
     plans = _mixed_plans(model, steps, setting.profile) if measure_mixed_steps else {}
-    step_timing = StepTiming(setting.cache, repeats, setting.jit_compile, stats)
-    whole = measure_whole_steps(
+    uniform, mixed, noise = measure_whole_steps(
         model,
         x,
         steps,
         setting.profile,
-        step_timing,
+        cache=setting.cache,
+        repeats=repeats,
+        jit_compile=setting.jit_compile,
+        stats=stats,
         plans={name: plan.dtypes for name, plan in plans.items()},
     )
     dispatch_seconds = _dispatch_seconds(setting.cache, repeats)
@@ -243,8 +247,8 @@ def calibrate(
     )
     table = _measured_table(model, setting, _measure_layers(model, timing, verbose), stats)
     table.cast_seconds = _measure_casts(setting.dtypes, setting.cache, repeats, dispatch_seconds)
-    attribute_step_overhead(table, whole.uniform)
-    fit_boundary_cost(model, table, plans, whole.mixed, whole.noise)
+    attribute_step_overhead(table, uniform)
+    fit_boundary_cost(model, table, plans, mixed, noise)
     return table
 
 

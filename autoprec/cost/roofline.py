@@ -21,8 +21,8 @@ from ..hardware import SLOW, UNSUPPORTED, HardwareProfile, resolve_hardware
 from ..layers import model_fingerprint
 from .counting import count_costs
 from .layer_cost import FLOAT8_EXTRA_KERNELS, FLOAT8_QUANTIZE_FLOPS, ITEMSIZE, LayerCost
+from .steps import framework_versions
 from .table import CostTable, LayerCostRecord
-from .timers import framework_versions
 from .trace import trace_model
 
 #: Fraction of peak FLOP/s a matmul/conv reaches in the roofline prediction.

@@ -1,34 +1,171 @@
-"""Whole training steps: copies of a model timed under uniform or mixed policies, and what they
-correct in a table."""
+"""Whole training steps of model copies timed on this device, and what they correct in a table.
+
+Copies of a model under other policies (every layer in one dtype, or each named layer in its own),
+timed through the one engine of `_core.timing`; also a layer alone, a cast and an empty compiled
+call on the active backend.
+"""
 
 from __future__ import annotations
 
-import dataclasses
+import inspect
 import logging
 import math
-import statistics
 from collections.abc import Callable, Mapping, Sequence
+from types import ModuleType
 from typing import Any
 
 import keras
 import numpy as np
 
+from .._backends import timing_backend
 from .._core.data import batch_size_of, flat_arrays, input_part, slice_batch, target_part
-from .._core.dtypes import FLOAT32, canonical_dtype
+from .._core.dtypes import BFLOAT16, FLOAT8, FLOAT32, canonical_dtype, policy_name
 from .._core.models import fresh_optimizer
 from .._core.timing import Timing, time_interleaved
 from ..errors import PlanError
 from ..hardware import FAST, HardwareProfile
+from ..layers import layer_paths
 from .cache import MeasurementCache, model_signature
-from .clones import clone_with_policies, clone_with_uniform_policy
+from .synthetic import synthetic_arguments
 from .table import CostTable
-from .timers import SLOW_ROUNDS, SLOW_SECONDS, measuring_backend
+from .trace import LayerCall
+
+#: Keras backends `calibrate` and `measure_train_steps` can time on.
+MEASURING_BACKENDS = ("tensorflow", "jax")
+
+#: A timed function whose step takes over this many seconds is timed `SLOW_ROUNDS` times.
+SLOW_SECONDS = 0.5
+#: Timed calls of a function slower than `SLOW_SECONDS`.
+SLOW_ROUNDS = 2
+
+
+def measuring_backend(what: str) -> ModuleType:
+    """Returns the active backend's timing module, or raises naming `what` needs it."""
+    return timing_backend(what, MEASURING_BACKENDS)
+
+
+def framework_versions() -> dict[str, str]:
+    """Returns the Keras, backend and framework versions that key the cost cache."""
+    versions = {"keras": keras.__version__, "backend": keras.backend.backend()}
+    if keras.backend.backend() in MEASURING_BACKENDS:
+        versions.update(measuring_backend("autoprec.cost").versions())
+    return versions
+
+
+def _median_seconds(function: Callable[[], object], repeats: int) -> float:
+    """Returns the median seconds of `repeats` calls of `function`, after two warm-up calls."""
+    timings = time_interleaved(
+        {"function": function},
+        rounds=repeats,
+        warmup=2,
+        slow_seconds=SLOW_SECONDS,
+        slow_rounds=SLOW_ROUNDS,
+    )
+    return timings["function"].median
+
+
+def rebuild_layer(layer: keras.layers.Layer, dtype: str) -> keras.layers.Layer:
+    """Returns an unbuilt copy of `layer` from its config, with the Keras policy of `dtype`."""
+    config = layer.get_config()
+    config["dtype"] = policy_name(dtype)
+    config.pop("name", None)
+    return layer.__class__.from_config(config)
+
+
+def time_layer(
+    layer: keras.layers.Layer,
+    call: LayerCall,
+    dtype: str,
+    batch_size: int,
+    repeats: int,
+    jit_compile: bool,
+) -> float:
+    """Times a standalone copy of `layer` forward+backward in `dtype` on random inputs."""
+    timing = measuring_backend("calibrate()")
+    rng = np.random.default_rng(0)
+    clone = rebuild_layer(layer, dtype)
+    compute = keras.backend.standardize_dtype(clone.compute_dtype)
+    args, kwargs = synthetic_arguments(call, batch_size, compute, rng)
+    if "training" in inspect.signature(clone.call).parameters:
+        kwargs["training"] = True
+    return _median_seconds(timing.layer_step(clone, args, kwargs, jit_compile), repeats)
+
+
+def time_empty_function(repeats: int) -> float:
+    """Times a compiled function doing one trivial op: the per-call dispatch overhead."""
+    timing = measuring_backend("calibrate()")
+    return _median_seconds(timing.empty_step(), max(repeats, 9))
+
+
+def time_cast(dtype: str, elements: int, repeats: int) -> float:
+    """Times one cast of `elements` values between float32 and `dtype` (half a round trip)."""
+    timing = measuring_backend("calibrate()")
+    return _median_seconds(timing.cast_step(dtype, elements), repeats) / 2.0
+
+
+def clone_with_uniform_policy(model: keras.Model, dtype: str) -> keras.Model:
+    """Returns a copy of `model` (fresh weights, same architecture) with every layer in `dtype`.
+
+    Each layer gets the `mixed_*` policy of `dtype` (`"float32"` for float32; for
+    float8, `float8_from_mixed_bfloat16` on Dense/EinsumDense layers and
+    `mixed_bfloat16` elsewhere); layers that refuse a policy keep theirs. `model` is left as it is. The copy
+    of a compiled model is compiled from its compile config (as
+    `keras.models.clone_model` does, with an optimizer of its own); compile it
+    again to train it another way (float16 wants a `LossScaleOptimizer`).
+
+    Args:
+        model: a Functional or Sequential model (`keras.models.clone_model`
+            cannot copy a subclassed one).
+        dtype: the compute dtype of every layer (any alias `canonical_dtype` accepts).
+
+    Returns:
+        The copy.
+
+    Example:
+
+    ```python
+    copy = autoprec.cost.clone_with_uniform_policy(model, "bfloat16")
+    copy.layers[-1].dtype_policy.name  # "mixed_bfloat16"
+    ```
+    """
+    dtype = canonical_dtype(dtype, "clone_with_uniform_policy")
+    clone = keras.models.clone_model(model)
+    for layer in layer_paths(clone).values():
+        _set_policy(layer, dtype)
+    return clone
+
+
+def _set_policy(layer: keras.layers.Layer, dtype: str) -> None:
+    if dtype == FLOAT8 and not isinstance(layer, (keras.layers.Dense, keras.layers.EinsumDense)):
+        dtype = BFLOAT16  # float8's source: a layer without a float8 path computes in it
+    try:
+        layer.dtype_policy = policy_name(dtype)
+    except Exception:  # noqa: BLE001 - a layer that refuses a policy keeps its own
+        pass
+
+
+def clone_with_policies(model: keras.Model, dtypes: Mapping[str, str]) -> keras.Model:
+    """Returns a copy of `model` (fresh weights) with each named layer in its dtype."""
+    names = {
+        path: canonical_dtype(dtype, f"clone_with_policies[{path!r}]")
+        for path, dtype in dtypes.items()
+    }
+    clone = keras.models.clone_model(model)
+    paths = layer_paths(clone)
+    missing = sorted(set(names) - set(paths))
+    if missing:
+        raise PlanError(
+            f"clone_with_policies: {', '.join(repr(path) for path in missing[:5])} is not a "
+            f"layer of model {model.name!r}; name layers by their "
+            "autoprec.layers.layer_paths(model) paths."
+        )
+    for path, dtype in names.items():
+        _set_policy(paths[path], dtype)
+    return clone
+
 
 #: Smallest per-dtype layer-time scale (guards against a step measured absurdly fast).
 MIN_TIME_SCALE = 0.05
-
-#: Standard deviation of normal noise per median absolute deviation.
-_DEVIATION_PER_MAD = 1.4826
 
 logger = logging.getLogger("autoprec")
 
@@ -151,32 +288,15 @@ def whole_step_dtypes(
     return [dtype for dtype in dtypes if dtype in chosen]
 
 
-@dataclasses.dataclass
-class StepTiming:
-    """Where and how `calibrate` times whole steps: cache, repeats, XLA, counters."""
-
-    cache: MeasurementCache
-    repeats: int
-    jit_compile: bool
-    stats: dict[str, int]
-
-
-@dataclasses.dataclass(frozen=True)
-class WholeSteps:
-    """The whole steps `measure_whole_steps` measured (or read from the cache)."""
-
-    uniform: dict[str, float]
-    mixed: dict[str, float]
-    noise: float | None
-
-
-def step_spread(timing: Timing) -> float | None:
-    """Returns the spread of a timing's rounds, in seconds (`None`: one round)."""
-    samples = timing.samples
-    if len(samples) < 2:
-        return None
-    middle = statistics.median(samples)
-    return _DEVIATION_PER_MAD * statistics.median(abs(value - middle) for value in samples)
+def _fast_steps(
+    dtypes: Sequence[str], plans: Mapping[str, Mapping[str, str]], profile: HardwareProfile
+) -> list[str]:
+    """Returns the uniform dtypes and the mixed plans whose every dtype is fast here."""
+    return [dtype for dtype in dtypes if profile.support(dtype) == FAST] + [
+        name
+        for name, assignment in plans.items()
+        if all(profile.support(canonical_dtype(dtype)) == FAST for dtype in assignment.values())
+    ]
 
 
 def measure_whole_steps(
@@ -184,115 +304,62 @@ def measure_whole_steps(
     batch: Any,
     dtypes: Sequence[str],
     profile: HardwareProfile,
-    timing: StepTiming,
     *,
+    cache: MeasurementCache,
+    repeats: int,
+    jit_compile: bool,
+    stats: dict[str, int],
     plans: Mapping[str, Mapping[str, str]] | None = None,
-) -> WholeSteps:
-    """Returns the measured whole steps, uniform and mixed, cached; none if the model cannot be
-    copied."""
-    timing.stats.update(
-        {"model_step": 0, "model_steps_timed": 0, "mixed_step": 0, "mixed_steps_timed": 0}
-    )
+) -> tuple[dict[str, float], dict[str, float], float | None]:
+    """Returns `(uniform, mixed, noise)`: whole steps timed or cached; none if the model cannot
+    be copied."""
+    stats.update({"model_step": 0, "model_steps_timed": 0, "mixed_step": 0, "mixed_steps_timed": 0})
     plans = dict(plans or {})
     payloads: dict[str, dict[str, Any]] = {dtype: {"dtype": dtype} for dtype in dtypes}
     for name, assignment in plans.items():
         payloads[name] = {"plan": name, "dtypes": sorted(assignment.items())}
+    shapes = [list(array.shape) for array in flat_arrays(batch)]
+    signature = model_signature(model)
     keys = {
-        name: _whole_step_key(model, batch, payload, timing) for name, payload in payloads.items()
-    }
-    error_keys = {
-        name: _whole_step_key(model, batch, {**payload, "spread": True}, timing)
+        name: tuple(
+            cache.key({"model_step": signature, "shapes": shapes, "jit": jit_compile, **extra})
+            for extra in (payload, {**payload, "spread": True})
+        )
         for name, payload in payloads.items()
     }
-    measured = {name: timing.cache.get(key) for name, key in keys.items()}
-    errors = {name: timing.cache.get(key) for name, key in error_keys.items()}
-    fast = [dtype for dtype in dtypes if profile.support(dtype) == FAST]
-    fast += [
-        name
-        for name, assignment in plans.items()
-        if all(profile.support(canonical_dtype(dtype)) == FAST for dtype in assignment.values())
-    ]
+    measured = {name: cache.get(key) for name, (key, _) in keys.items()}
+    spreads = {name: cache.get(key) for name, (_, key) in keys.items()}
+    fast = _fast_steps(dtypes, plans, profile)
     # The second warm-up step, past tracing, tells whether a step is slow.
     groups = [fast] if any(measured[name] is None for name in fast) else []
     groups += [[name] for name in payloads if name not in fast and measured[name] is None]
-    stores = _StepStores(keys, error_keys, measured, errors)
     for group in groups:
-        if not _time_group(model, batch, group, dtypes, plans, timing, stores):
-            return WholeSteps({}, {}, None)
-    known = {name: seconds for name, seconds in measured.items() if seconds}
-    spreads = [
-        errors[name] / seconds for name, seconds in known.items() if errors[name] is not None
-    ]
-    steps = WholeSteps(
-        uniform={name: seconds for name, seconds in known.items() if name in dtypes},
-        mixed={name: seconds for name, seconds in known.items() if name in plans},
-        noise=statistics.median(spreads) if spreads else None,
-    )
-    timing.stats["model_step"] = len(steps.uniform)
-    timing.stats["mixed_step"] = len(steps.mixed)
-    return steps
-
-
-@dataclasses.dataclass(frozen=True)
-class _StepStores:
-    """The cache keys of each timed step and what is known of it so far (filled in place)."""
-
-    keys: dict[str, str]
-    error_keys: dict[str, str]
-    measured: dict[str, float | None]
-    errors: dict[str, float | None]
-
-
-def _time_group(
-    model: keras.Model,
-    batch: Any,
-    group: list[str],
-    dtypes: Sequence[str],
-    plans: Mapping[str, Mapping[str, str]],
-    timing: StepTiming,
-    stores: _StepStores,
-) -> bool:
-    """Times one group of steps together and caches each; False if the model cannot be copied."""
-    uniform = [name for name in group if name in dtypes]
-    mixed = {name: plans[name] for name in group if name in plans}
-    try:
-        timed = time_train_steps(
-            model, batch, uniform, max(timing.repeats, 3), timing.jit_compile, 2, plans=mixed
-        )
-    except Exception:  # noqa: BLE001 - subclassed models cannot be cloned: no correction
-        return False
-    for name in group:
-        kind = "mixed_steps_timed" if name in plans else "model_steps_timed"
-        if name not in timed:  # a mixed plan that cannot run
-            timing.cache.put(stores.keys[name], 0.0, f"whole {name} train step: does not run")
-            stores.measured[name] = 0.0
-            continue
-        stores.measured[name] = timed[name].median
-        stores.errors[name] = step_spread(timed[name])
-        timing.cache.put(stores.keys[name], stores.measured[name], f"whole {name} train step")
-        if stores.errors[name] is not None:
-            timing.cache.put(
-                stores.error_keys[name],
-                stores.errors[name],
-                f"whole {name} step: spread of its rounds",
+        mixed = {name: plans[name] for name in group if name in plans}
+        uniform = [name for name in group if name in dtypes]
+        try:
+            timed = time_train_steps(
+                model, batch, uniform, max(repeats, 3), jit_compile, 2, plans=mixed
             )
-        timing.stats[kind] += 1
-    return True
-
-
-def _whole_step_key(
-    model: keras.Model, batch: Any, payload: Mapping[str, Any], timing: StepTiming
-) -> str:
-    """Returns the cache key of one whole step of `model` on `batch`'s shapes."""
-    shapes = [list(array.shape) for array in flat_arrays(batch)]
-    return timing.cache.key(
-        {
-            "model_step": model_signature(model),
-            "shapes": shapes,
-            "jit": timing.jit_compile,
-            **payload,
-        }
-    )
+        except Exception:  # noqa: BLE001 - subclassed models cannot be cloned: no correction
+            return {}, {}, None
+        for name in group:
+            if name not in timed:  # a mixed plan that cannot run
+                cache.put(keys[name][0], 0.0, f"whole {name} train step: does not run")
+                measured[name] = 0.0
+                continue
+            measured[name], spreads[name] = timed[name].median, timed[name].spread
+            cache.put(keys[name][0], measured[name], f"whole {name} train step")
+            if spreads[name] is not None:
+                cache.put(keys[name][1], spreads[name], f"whole {name} step: spread of its rounds")
+            stats["mixed_steps_timed" if name in plans else "model_steps_timed"] += 1
+    known = {name: seconds for name, seconds in measured.items() if seconds}
+    ratios = [
+        spreads[name] / seconds for name, seconds in known.items() if spreads[name] is not None
+    ]
+    uniform_steps = {name: seconds for name, seconds in known.items() if name in dtypes}
+    mixed_steps = {name: seconds for name, seconds in known.items() if name in plans}
+    stats["model_step"], stats["mixed_step"] = len(uniform_steps), len(mixed_steps)
+    return uniform_steps, mixed_steps, (float(np.median(ratios)) if ratios else None)
 
 
 def _uniform_step_parts(table: CostTable, dtype: str) -> tuple[float, float]:

@@ -18,12 +18,13 @@ from .first_batch import RECORDED_DIMENSIONS, FirstBatchSize
 from .plan_report import report_lines
 from .race import (
     PER_LAYER,
+    UNPROFILED_STEPS,
+    StepClock,
     race_candidates,
     race_lines,
     race_traces,
     race_winner_plan,
 )
-from .step_clock import UNPROFILED_STEPS, StepClock
 
 __all__ = [
     "DECISION_CAP_SECONDS",

@@ -19,9 +19,8 @@ UNIFORM_POLICIES = ("float32", "mixed_bfloat16", "mixed_float16")
 NOISE = 0.05
 #: The CPU flags that decide 16-bit speed, reported beside the timings.
 _CPU_FLAGS = ("avx512_bf16", "amx_bf16", "avx512_fp16", "amx_fp16")
-
-
-# ---------------------------------------------------------------------- verdicts
+#: The dtypes whose measured layer milliseconds the plan's table shows.
+_MS_DTYPES = ("float32", "bfloat16")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,10 +55,6 @@ SIGNIFICANCE = 0.05
 def rounds_needed(rounds: int, significance: float = SIGNIFICANCE) -> int | None:
     """Returns the fewest rounds out of `rounds` one policy must win to be called faster.
 
-    A sign test: under "no difference" each interleaved round is a coin toss, and `k`
-    wins is enough when at least `k` heads in `rounds` tosses has a probability below
-    `significance`.
-
     Args:
         rounds: paired rounds.
         significance: the one-sided probability allowed.
@@ -90,12 +85,6 @@ def speed_relation(
     rounds: int | None = None,
 ) -> str:
     """Returns `"faster"`, `"slower"` or `"tie"`: what the step timings support.
-
-    A ratio is another policy's step time over the plan's. The plan is called faster
-    only when both the median and the fastest step say so by more than `noise` and,
-    when the two were timed in the same interleaved rounds, the plan won enough of
-    them (`rounds_needed`); slower likewise; anything else, including the figures
-    disagreeing, is a tie.
 
     Args:
         median_ratio: the other policy's median step over the plan's.
@@ -130,9 +119,6 @@ def speed_relation(
 
 def paired_rounds(figures: Mapping[str, Any], name: str) -> tuple[int | None, int | None]:
     """Returns `(rounds the plan won, rounds)` against policy `name`, from the step samples.
-
-    The interleaved timer runs every policy once per round, so sample `i` of each policy
-    is from round `i`; a policy timed apart (over 10x slower) is not paired.
 
     Args:
         figures: a run's figures (`step_samples`, `timing["timed_apart"]`).
@@ -218,13 +204,6 @@ def compare(figures: Mapping[str, Any], noise: float = NOISE) -> dict[str, Compa
 
 def verdicts(figures: Mapping[str, Any], noise: float = NOISE) -> list[str]:
     """Returns the sentences `run_demo` prints, each one read from the run's figures.
-
-    One sentence per uniform policy (its speed against the plan's, its metric against
-    the budget), one on the plan's own metric, a conclusion against the fastest uniform
-    policy within budget, and the prediction for a card when the figures have one. No
-    sentence claims a speed difference that the minimum and median steps do not both
-    show by more than `noise`, nor one that the paired interleaved rounds do not show
-    (`speed_relation`).
 
     Args:
         figures: as `run_demo` returns them.
@@ -379,9 +358,6 @@ def _number(value: float | None) -> str:
     return f"{value:.4g}"
 
 
-# ---------------------------------------------------------------------- tables
-
-
 def layer_table(
     plan: PrecisionPlan, profile: Profile | None, costs_evidence: Mapping[str, Any]
 ) -> str:
@@ -398,21 +374,15 @@ def layer_table(
                 path,
                 info.class_name if info else "?",
                 f"{activation.max_abs:.3g}" if activation is not None else "-",
-                _yes_no(layer_profile.float16_safe) if layer_profile is not None else "-",
-                _milliseconds(seconds.get("float32")),
-                _milliseconds(seconds.get("bfloat16")),
+                "-" if layer_profile is None else "yes" if layer_profile.float16_safe else "NO",
+                *(
+                    "-" if seconds.get(key) is None else f"{seconds[key] * 1e3:.2f}"
+                    for key in _MS_DTYPES
+                ),
                 dtype,
             )
         )
     return _table(headers, rows)
-
-
-def _yes_no(value: bool) -> str:
-    return "yes" if value else "NO"
-
-
-def _milliseconds(seconds: float | None) -> str:
-    return "-" if seconds is None else f"{seconds * 1e3:.2f}"
 
 
 def _table(headers: tuple[str, ...], rows: list[tuple[str, ...]]) -> str:
@@ -467,9 +437,6 @@ def _rounds_text(figures: Mapping[str, Any], name: str) -> str:
         return "-"
     won, rounds = paired_rounds(figures, name)
     return "timed apart" if rounds is None else f"{won}/{rounds} rounds"
-
-
-# ---------------------------------------------------------------------- host
 
 
 def host_text(host: Mapping[str, Any]) -> str:

@@ -13,13 +13,21 @@ import optuna
 
 from .._core.dtypes import BFLOAT16, FLOAT16, FLOAT32
 from .._core.messages import show_message
+from .._core.timing import RoundsVerdict, judge_rounds
 from ..layers import LayerInfo, model_fingerprint
 from ..plan import PrecisionPlan
 from ..profiler import Profile
 from .context import SearchContext
 from .evaluator import confirmation_reasons, longer_batches
-from .record import SEARCHED, TrialRecord, assignment_key, dropped_label, keras_dtype, plan_default
-from .rounds import RoundsVerdict, judge_rounds
+from .record import (
+    SEARCHED,
+    TrialRecord,
+    assignment_key,
+    dropped_label,
+    keras_dtype,
+    plan_default,
+    simplicity,
+)
 from .space import SENSITIVE_CLASS_PATTERNS, matches_any
 from .study import is_feasible
 from .timing import measure_step_seconds, measure_until_decided
@@ -237,7 +245,7 @@ def rank_by_measurement(
     rounds: Mapping[str, Sequence[float]],
 ) -> MeasuredRanking:
     """Reorders the ranking by measured rounds: the pure decision of `order_by_measurement`."""
-    verdict = judge_rounds(rounds)
+    verdict = judge_rounds(rounds, simplicity)
     order = verdict.order
     names = {
         trial.number: name for name, trial in timed.items() if trial is not None and name in rounds

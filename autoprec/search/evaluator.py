@@ -16,7 +16,7 @@ import numpy as np
 from .._core.data import batch_size_of, concatenate_batches, take_batches
 from .._core.dtypes import FLOAT32
 from .._core.models import compile_arguments, recompile
-from .._core.timing import time_interleaved
+from .._core.timing import rotated, time_interleaved
 from ..errors import AutoprecError, BackendError
 from ..layers import describe_model, layer_paths, layer_policy
 from ..plan import PrecisionPlan
@@ -335,10 +335,8 @@ class Evaluator:
         """Times each plan's train step in interleaved, rotating rounds, each on its own copy."""
         if not self.is_clone:
             figures: list[list[float]] = [[] for _ in plans]
-            order = list(range(len(plans)))
             for round_index in range(rounds):
-                shift = round_index % len(order) if order else 0
-                for index in order[shift:] + order[:shift]:
+                for index in rotated(range(len(plans)), round_index):
                     figures[index].append(self.step_seconds(plans[index], steps, warmup=steps))
             return figures
         self._reset()

@@ -1,13 +1,13 @@
-"""Timing plans' train steps on this device: interleaved rounds, more while undecided."""
+"""The search's evaluator copies timed through the engine of `_core.timing`."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Mapping, Sequence
 
+from .._core.timing import MAX_ROUNDS, MIN_ROUNDS, time_until_decided
 from ..plan import PrecisionPlan
 from .evaluator import Evaluator
-from .rounds import MAX_ROUNDS, MIN_ROUNDS, judge_rounds, next_rounds, wants_more_rounds
+from .record import simplicity
 
 #: Seconds the measured ranking may spend adding rounds after its first `MIN_ROUNDS`.
 MEASUREMENT_SECONDS = 120.0
@@ -24,26 +24,14 @@ def measure_until_decided(
     max_seconds: float = MEASUREMENT_SECONDS,
 ) -> dict[str, list[float]]:
     """Times plans in interleaved rounds until the fastest is ahead beyond the noise, or a cap."""
-    started = time.perf_counter()
-    names = list(plans)
-    figures = measure_step_rounds(evaluator, [plans[name] for name in names], rounds=min_rounds)
-    rounds = {name: list(values) for name, values in zip(names, figures)}
-    batch_seconds, batch_plans = time.perf_counter() - started, len(names)
-    while True:
-        verdict = judge_rounds(rounds)
-        if not wants_more_rounds(verdict, max_rounds):
-            return rounds
-        contenders, batch = next_rounds(rounds, verdict.contenders, min_rounds, max_rounds)
-        if len(contenders) < 2:
-            return rounds
-        estimate = batch_seconds * len(contenders) / max(batch_plans, 1)
-        if time.perf_counter() - started + estimate > max_seconds:
-            return rounds
-        batch_started = time.perf_counter()
-        more = measure_step_rounds(evaluator, [plans[name] for name in contenders], rounds=batch)
-        for name, values in zip(contenders, more):
-            rounds[name].extend(values)
-        batch_seconds, batch_plans = time.perf_counter() - batch_started, len(contenders)
+    return time_until_decided(
+        lambda names, rounds: measure_step_rounds(evaluator, [plans[n] for n in names], rounds),
+        list(plans),
+        simplicity,
+        min_rounds=min_rounds,
+        max_rounds=max_rounds,
+        max_seconds=max_seconds,
+    )
 
 
 def measure_step_seconds(

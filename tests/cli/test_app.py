@@ -1,4 +1,4 @@
-"""`autoprec.cli.app.main`: the command's exit codes, one-line errors, `--debug` and fast start."""
+"""`autoprec.cli.main`: the command's exit codes, one-line errors, `--debug` and fast start."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 from cli.cli_files import FRAMEWORK_NOISE, run_cli, write_model_and_data
 
 import autoprec
-from autoprec.cli.app import main
+from autoprec.cli import main
 from autoprec.cli.inputs import EXIT_BAD_INPUT, EXIT_INTERNAL, EXIT_INTERRUPTED
 
 

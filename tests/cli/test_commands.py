@@ -1,4 +1,4 @@
-"""`autoprec.cli.commands`: each command on real files, its text and `--json` output, its exit code."""
+"""`autoprec.cli`: each command on real files, its text and `--json` output, its exit code."""
 
 from __future__ import annotations
 
@@ -11,8 +11,7 @@ from cli.cli_files import write_model_and_data, write_model_plans, write_plan_fi
 
 import autoprec
 from autoprec import PrecisionPlan
-from autoprec.cli.app import main
-from autoprec.cli.commands import diff_to_dict
+from autoprec.cli import diff_to_dict, main
 from autoprec.cli.inputs import EXIT_BAD_INPUT, EXIT_INTERNAL, EXIT_OK
 
 

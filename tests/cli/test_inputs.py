@@ -11,22 +11,19 @@ from cli.cli_files import write_model_and_data, write_model_plans, write_plan_fi
 from profiler.reference import synthetic_profile
 
 from autoprec import Budget, PrecisionPlan
-from autoprec.cli.app import main
+from autoprec.cli import build_parser, main
 from autoprec.cli.inputs import (
     EXIT_BAD_INPUT,
     UsageError,
-    is_model_archive,
     load_data,
     load_keras_model,
     load_plan,
-    load_plan_from_model,
     load_profile_for,
     parse_budget,
     parse_dtypes,
     read_json_kind,
     search_keyword_arguments,
 )
-from autoprec.cli.parser import build_parser
 from autoprec.errors import AutoprecError
 
 
@@ -187,15 +184,14 @@ def test_plan_json_from_cli_round_trips(plan_files):
 
 
 def test_load_plan_from_model_checks_the_archive(model_and_data, tmp_path):
-    assert is_model_archive("model.keras") and not is_model_archive("plan.json")
     with pytest.raises(UsageError, match=r"missing\.keras: no such model file"):
-        load_plan_from_model(str(tmp_path / "missing.keras"))
+        load_plan(str(tmp_path / "missing.keras"))
     fake = tmp_path / "fake.keras"
     fake.write_text("plain text")
     with pytest.raises(UsageError, match=r"fake\.keras: not a \.keras archive"):
-        load_plan_from_model(str(fake))
+        load_plan(str(fake))
     with pytest.raises(UsageError, match="no precision plan is stored in this model"):
-        load_plan_from_model(str(model_and_data[0]))
+        load_plan(str(model_and_data[0]))
 
 
 def test_load_keras_model_checks_suffix_and_compile(model_and_data, tmp_path):

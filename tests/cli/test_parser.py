@@ -1,4 +1,4 @@
-"""`autoprec.cli.parser.build_parser`: every command, its defaults, and one-line usage errors."""
+"""`autoprec.cli.build_parser`: every command, its defaults, and one-line usage errors."""
 
 from __future__ import annotations
 
@@ -6,11 +6,9 @@ import argparse
 
 import pytest
 
-from autoprec import __version__
-from autoprec.cli import commands
-from autoprec.cli.app import main
+from autoprec import __version__, cli
+from autoprec.cli import build_parser, main
 from autoprec.cli.inputs import EXIT_BAD_INPUT
-from autoprec.cli.parser import build_parser
 
 COMMANDS = ("demo", "profile", "search", "export", "show", "diff", "hardware")
 
@@ -35,7 +33,7 @@ def test_help_for_every_command(command, capsys):
 
 @pytest.mark.parametrize("command", COMMANDS)
 def test_every_command_runs_its_handler(command):
-    assert _subparser(command).get_default("handler") is getattr(commands, command)
+    assert _subparser(command).get_default("handler") is getattr(cli, command)
 
 
 def test_usage_errors_are_one_line_and_exit_2(capsys):

@@ -1,4 +1,4 @@
-"""`autoprec.cli.quiet`: the command hides the framework's start-up lines and shows autoprec's own."""
+"""`autoprec.cli`: the command hides the framework's start-up lines and shows autoprec's own."""
 
 from __future__ import annotations
 
@@ -10,13 +10,13 @@ import sys
 import pytest
 from cli.cli_files import run_cli, write_model_and_data, write_model_plans
 
-from autoprec.cli.inputs import EXIT_OK
-from autoprec.cli.quiet import (
+from autoprec.cli import (
     FRAMEWORK_LOGGERS,
     NATIVE_NOISE,
     autoprec_messages,
     configure_framework_logging,
 )
+from autoprec.cli.inputs import EXIT_OK
 
 
 def test_export_in_a_fresh_process_prints_no_framework_lines(tmp_path):
@@ -52,7 +52,7 @@ def test_other_lines_are_kept(line):
 
 _QUIET_IMPORT = """
 import sys
-from autoprec.cli.quiet import quiet_framework_imports
+from autoprec.cli import quiet_framework_imports
 with quiet_framework_imports():
     import tensorflow
     inside = any(type(finder).__name__ == "_QuietFinder" for finder in sys.meta_path)

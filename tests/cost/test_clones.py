@@ -1,4 +1,4 @@
-"""Tests for autoprec.cost.clones: copies of a model with every layer, or each named one, in a dtype."""
+"""Tests for autoprec.cost.steps: copies of a model with every layer, or each named one, in a dtype."""
 
 from __future__ import annotations
 

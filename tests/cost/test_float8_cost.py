@@ -19,7 +19,7 @@ from autoprec.cost.roofline import (
     float8_quantize_seconds,
     predicted_float8_seconds,
 )
-from autoprec.cost.timers import rebuild_layer, time_layer
+from autoprec.cost.steps import rebuild_layer, time_layer
 from autoprec.layers import layer_paths
 
 RTX4090 = hardware.get("rtx4090")

@@ -8,7 +8,7 @@ from conftest import local_with_fast_bfloat16
 from decision.auto_models import mlp, mlp_data
 
 from autoprec import AutoPrecision, PrecisionPlan
-from autoprec._core.rounds import judge_rounds
+from autoprec._core.timing import judge_rounds
 from autoprec.callback import AutoPlan
 from autoprec.decision import race_candidates, race_traces
 from autoprec.hardware import resolve_hardware

@@ -1,11 +1,11 @@
-"""`autoprec.demo.model`: the demo models and the data generated for them."""
+"""`autoprec.demo`: the demo models and the data generated for them."""
 
 from __future__ import annotations
 
 import ml_dtypes
 import numpy as np
 
-from autoprec.demo import model
+from autoprec import demo as model
 
 
 def test_pressure_data_needs_float32_at_the_head_and_overflows_float16_at_the_input():

@@ -1,4 +1,4 @@
-"""`autoprec.demo.run`: the built-in end-to-end run, as a function and as a command.
+"""`autoprec.demo.run_demo`: the built-in end-to-end run, as a function and as a command.
 
 One real quick run, whose printed sentences must be the ones its own figures JSON
 gives; the sentences themselves are checked with hand-made figures in test_report.py.
@@ -16,9 +16,6 @@ import pytest
 
 import autoprec
 from autoprec import cli, demo
-from autoprec.demo import model as demo_model
-from autoprec.demo import report as demo_report
-from autoprec.demo import run
 
 
 def line_of(lines: list[str], start: str) -> str:
@@ -26,18 +23,8 @@ def line_of(lines: list[str], start: str) -> str:
     return found
 
 
-def test_the_package_offers_every_public_name_of_its_modules():
-    for module in (demo_model, demo_report, run):
-        for name, value in vars(module).items():
-            if name.startswith("_") or getattr(value, "__module__", None) != module.__name__:
-                continue
-            assert name in demo.__all__ and getattr(demo, name) is value, name
-    for name in ("POLICIES", "UNIFORM_POLICIES", "NOISE", "SIGNIFICANCE", "BUDGET", "CARD_BATCH"):
-        assert name in demo.__all__ and hasattr(demo, name), name
-
-
 def test_describe_host_reports_every_16bit_flag():
-    assert set(run.describe_host()["flags"]) == {
+    assert set(demo.describe_host()["flags"]) == {
         "avx512_bf16",
         "amx_bf16",
         "avx512_fp16",
@@ -46,12 +33,12 @@ def test_describe_host_reports_every_16bit_flag():
 
 
 def test_keras_global_policy_builds_under_it_and_restores_the_previous_one():
-    with run.keras_global_policy("mixed_bfloat16"):
+    with demo.keras_global_policy("mixed_bfloat16"):
         assert keras.config.dtype_policy().name == "mixed_bfloat16"
         layer = keras.layers.Dense(2)
     assert layer.dtype_policy.name == "mixed_bfloat16"
     assert keras.config.dtype_policy().name == "float32"
-    with pytest.raises(RuntimeError), run.keras_global_policy("mixed_float16"):
+    with pytest.raises(RuntimeError), demo.keras_global_policy("mixed_float16"):
         raise RuntimeError("restored even on an error")
     assert keras.config.dtype_policy().name == "float32"
 
@@ -62,7 +49,7 @@ def test_keras_global_policy_builds_under_it_and_restores_the_previous_one():
 def test_run_demo_quick_prints_the_verdicts_its_figures_support(tmp_path, capsys):
     output = tmp_path / "plan.json"
     figures_path = tmp_path / "figures.json"
-    result = run.run_demo(output=str(output), quick=True, n_trials=1, figures_path=figures_path)
+    result = demo.run_demo(output=str(output), quick=True, n_trials=1, figures_path=figures_path)
     printed = capsys.readouterr().out
 
     plan = autoprec.PrecisionPlan.load(output)

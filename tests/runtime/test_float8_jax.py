@@ -57,7 +57,7 @@ CHILD = textwrap.dedent(
     results["guard"] = [dict(e) for e in callback.plan.events]
 
     # A race inside fit between bfloat16 and float8: one optimizer, each candidate's own scales.
-    from autoprec.runtime.step_race import StepRace
+    from autoprec.decision.race import StepRace
 
     class Racing(keras.callbacks.Callback):
         def __init__(self, race):

@@ -14,6 +14,15 @@ import optuna
 import pytest
 from search.search_models import far_regression, far_targets, prepared_search
 
+from autoprec._core.timing import (
+    MAX_ROUNDS,
+    MIN_ROUNDS,
+    NOISE_FLOOR,
+    judge_rounds,
+    margin_of,
+    next_rounds,
+    wants_more_rounds,
+)
 from autoprec.search import Budget, TrialRecord
 from autoprec.search.confirmation import (
     MeasuredRanking,
@@ -23,16 +32,11 @@ from autoprec.search.confirmation import (
     rank_by_measurement,
     verdict_line,
 )
-from autoprec.search.rounds import (
-    MAX_ROUNDS,
-    MIN_ROUNDS,
-    NOISE_FLOOR,
-    compare,
-    judge_rounds,
-    measured_ranking,
-    next_rounds,
-    wants_more_rounds,
-)
+from autoprec.search.record import simplicity
+
+
+def measured_ranking(rounds):
+    return list(judge_rounds(rounds, simplicity).order)
 
 
 def _trial(number: int, value: float, record: TrialRecord) -> optuna.trial.FrozenTrial:
@@ -208,7 +212,7 @@ def test_a_leader_ahead_beyond_the_noise_is_separated_and_needs_no_more_rounds()
         "float32": [0.120, 0.123, 0.118, 0.121, 0.122],
         "uniform bfloat16": [0.110, 0.112, 0.109, 0.111, 0.113],
     }
-    verdict = judge_rounds(rounds)
+    verdict = judge_rounds(rounds, simplicity)
     assert verdict.decided and verdict.verdict == "separated"
     assert verdict.leader == verdict.fastest == "searched"
     assert verdict.contenders == ("searched",)
@@ -222,14 +226,14 @@ def test_a_gain_inside_the_noise_is_a_tie_that_asks_for_rounds_then_goes_to_the_
     # The searched plan's median is 2 % faster, but its rounds swing by 10 %.
     searched = [0.100, 0.112, 0.095, 0.108, 0.098]
     rounds = {"searched": searched, "float32": [0.104, 0.100, 0.111, 0.098, 0.106]}
-    verdict = judge_rounds(rounds)
+    verdict = judge_rounds(rounds, simplicity)
     assert verdict.fastest == "searched" and not verdict.decided
     assert verdict.verdict == "tie" and set(verdict.contenders) == {"searched", "float32"}
     assert verdict.leader == "float32" and verdict.order == ("float32", "searched")
     assert wants_more_rounds(verdict)  # undecided after the first 5 rounds
     capped = {name: figures * 3 for name, figures in rounds.items()}  # MAX_ROUNDS rounds
     assert len(capped["searched"]) == MAX_ROUNDS
-    final = judge_rounds(capped)
+    final = judge_rounds(capped, simplicity)
     assert not final.decided and not wants_more_rounds(final)  # a tie at the cap
     assert final.leader == "float32"
 
@@ -245,18 +249,18 @@ def test_a_slower_mixed_plan_that_won_noisy_rounds_is_not_kept():
         "searched": rounds["searched"] + [0.1972, 0.1969, 0.1980, 0.1975, 0.1971],
         "float32": rounds["float32"] + [0.1866, 0.1861, 0.1870, 0.1864, 0.1868],
     }
-    verdict = judge_rounds(more)
+    verdict = judge_rounds(more, simplicity)
     assert verdict.decided and verdict.leader == "float32"
     assert verdict.comparisons["searched"].separated
 
 
 def test_plans_timed_in_more_rounds_are_compared_over_the_rounds_both_have():
-    comparison = compare([1.0, 1.0, 1.0, 0.5, 0.5], [1.2, 1.2, 1.2])
+    comparison = margin_of([1.0, 1.0, 1.0, 0.5, 0.5], [1.2, 1.2, 1.2])
     assert comparison.rounds == 3 and comparison.margin == pytest.approx(0.2)
-    floor = compare([1.0, 1.0, 1.0], [1.005, 1.005, 1.005])
+    floor = margin_of([1.0, 1.0, 1.0], [1.005, 1.005, 1.005])
     assert floor.noise == pytest.approx(NOISE_FLOOR) and not floor.separated
     with pytest.raises(ValueError, match="'float32' has none"):
-        judge_rounds({"searched": [1.0], "float32": []})
+        judge_rounds({"searched": [1.0], "float32": []}, simplicity)
 
 
 def test_a_tie_of_every_finalist_goes_float32_keras_uniform_heuristic_dropped_searched():

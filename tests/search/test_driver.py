@@ -23,11 +23,16 @@ from search.search_models import (
 )
 
 from autoprec import PrecisionPlan, cost
+from autoprec._core.timing import MAX_ROUNDS, MIN_ROUNDS, judge_rounds
 from autoprec.errors import AutoprecError
 from autoprec.hardware import resolve_hardware
 from autoprec.search import Budget, SearchSettings, TrialRecord, heuristic_plan, search
 from autoprec.search.evaluator import Evaluator
-from autoprec.search.rounds import MAX_ROUNDS, MIN_ROUNDS, measured_ranking
+from autoprec.search.record import simplicity
+
+
+def measured_ranking(rounds):
+    return list(judge_rounds(rounds, simplicity).order)
 
 
 def build_sensitive_model() -> keras.Model:

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 from search.search_models import prepared_search
 
+from autoprec._core.timing import MIN_ROUNDS, judge_rounds, wants_more_rounds
 from autoprec.search import measure_step_rounds, measure_step_seconds
-from autoprec.search.rounds import MIN_ROUNDS, judge_rounds, wants_more_rounds
+from autoprec.search.record import simplicity
 from autoprec.search.timing import ROUND_STEPS, measure_until_decided
 
 
@@ -26,7 +27,7 @@ def test_measuring_adds_rounds_only_while_undecided_and_stops_at_the_time_cap():
         assert counts[0] >= MIN_ROUNDS and counts[-1] <= 8
         if counts[-1] > MIN_ROUNDS:  # more rounds were added: the first five were a tie
             first = {name: figures[:MIN_ROUNDS] for name, figures in rounds.items()}
-            assert wants_more_rounds(judge_rounds(first), max_rounds=8)
+            assert wants_more_rounds(judge_rounds(first, simplicity), max_rounds=8)
         capped = measure_until_decided(context.evaluator, plans, max_seconds=0.0)
         assert [len(figures) for figures in capped.values()] == [MIN_ROUNDS, MIN_ROUNDS]
 

@@ -1,6 +1,6 @@
-"""Tests for `autoprec.runtime.step_race`: candidate plans timed in interleaved steps inside fit.
+"""Tests for `autoprec.decision.race`: candidate plans timed in interleaved steps inside fit.
 
-The verdict on the rounds is `autoprec._core.rounds.judge_rounds` (tests/core/test_rounds.py).
+The verdict on the rounds is `autoprec._core.timing.judge_rounds` (tests/core/test_timing.py).
 """
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import keras
 import numpy as np
 
 import autoprec
-from autoprec._core.rounds import judge_rounds
-from autoprec.runtime.step_race import StepRace
+from autoprec._core.timing import judge_rounds
+from autoprec.decision.race import StepRace
 
 
 class _Racing(keras.callbacks.Callback):
