@@ -1,78 +1,21 @@
 """`search()`: the cheapest dtype per layer under an accuracy budget, with an Optuna study."""
 
-from .budget import Budget
-from .driver import search
-from .evaluator import Evaluator, ProxyResult, clone_for_search
-from .explore import Neighbour, explorer, neighbours
-from .fidelity import (
-    LOW_FIDELITY_STEPS,
-    FidelityCheck,
-    check_reference,
-    confirmation_reasons,
-    longer_batches,
-    trivial_baseline,
-)
-from .heuristic import heuristic_plan
-from .losses import CLASSIFICATION_LOSS_WORDS, has_classification_loss, rounding_floor_outputs
-from .record import TrialRecord
-from .result import ParetoPoint, SearchResult
-from .settings import SearchSettings, StudyCallback
-from .space import (
-    SENSITIVE_CLASS_PATTERNS,
-    Group,
+# Re-exported for `autoprec.search.<name>` and the top-level package.
+from .budget import Budget  # noqa: F401
+from .driver import search, search_in_processes  # noqa: F401
+from .evaluator import Evaluator, ProxyResult, clone_for_search  # noqa: F401
+from .floor import has_classification_loss, rounding_floor_outputs  # noqa: F401
+from .heuristic import heuristic_plan  # noqa: F401
+from .record import TrialRecord  # noqa: F401
+from .result import ParetoPoint, SearchResult  # noqa: F401
+from .settings import SearchSettings  # noqa: F401
+from .space import (  # noqa: F401
     allowed_dtypes,
     compute_layers,
     float8_unsafe_layers,
     float16_unsafe_layers,
     group_layers,
-    is_sensitive,
-    make_groups,
-    matches_any,
     output_layers,
-    run_profiler,
 )
-from .storage import resolve_storage
-from .timing import measure_step_rounds, measure_step_seconds
-from .workers import search_in_processes
-
-__all__ = [
-    "CLASSIFICATION_LOSS_WORDS",
-    "SearchSettings",
-    "StudyCallback",
-    "LOW_FIDELITY_STEPS",
-    "SENSITIVE_CLASS_PATTERNS",
-    "Budget",
-    "Evaluator",
-    "FidelityCheck",
-    "Group",
-    "Neighbour",
-    "ParetoPoint",
-    "ProxyResult",
-    "SearchResult",
-    "TrialRecord",
-    "allowed_dtypes",
-    "check_reference",
-    "clone_for_search",
-    "compute_layers",
-    "confirmation_reasons",
-    "explorer",
-    "float8_unsafe_layers",
-    "float16_unsafe_layers",
-    "group_layers",
-    "has_classification_loss",
-    "heuristic_plan",
-    "is_sensitive",
-    "longer_batches",
-    "make_groups",
-    "matches_any",
-    "measure_step_rounds",
-    "measure_step_seconds",
-    "neighbours",
-    "output_layers",
-    "resolve_storage",
-    "rounding_floor_outputs",
-    "run_profiler",
-    "search",
-    "search_in_processes",
-    "trivial_baseline",
-]
+from .storage import resolve_storage  # noqa: F401
+from .timing import measure_step_rounds, measure_step_seconds  # noqa: F401

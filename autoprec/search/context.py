@@ -1,4 +1,4 @@
-"""`SearchContext`: everything a trial needs, built once per `search()` call."""
+"""`SearchContext`: one `search()` call's model, data, space, costs, reference and study."""
 
 from __future__ import annotations
 
@@ -13,11 +13,14 @@ import optuna
 
 from .._core.dtypes import BFLOAT16, FLOAT8, FLOAT32, widen
 from .._core.models import show_message
+from ..cost import CostTable
+from ..hardware import HardwareProfile
 from ..layers import LayerInfo
 from ..plan import PrecisionPlan
+from ..profiler import Profile
 from ..runtime.kernels import checked_plan
 from .budget import Budget
-from .evaluator import Evaluator
+from .evaluator import Evaluator, FidelityCheck
 from .floor import (
     OUTPUT_FLOOR_ATTR,
     SIXTEEN_BIT,
@@ -28,16 +31,16 @@ from .floor import (
     measure_floor,
     output_paths,
 )
-from .plan_costs import PlanCosts
 from .record import TrainedOutcome, TrialRecord
-from .space import Group, plan_from_assignment
+from .settings import SearchRequest
+from .space import Group, PlanCosts, plan_from_assignment
 
 logger = logging.getLogger("autoprec")
 
 
 @dataclasses.dataclass
 class SearchContext:
-    """Everything a trial needs, built once per `search()` call."""
+    """One `search()` call: what every stage reads, built once, and the study its trials fill."""
 
     model: keras.Model
     infos: Mapping[str, LayerInfo]
@@ -57,6 +60,20 @@ class SearchContext:
         default_factory=dict
     )
     logged_fallbacks: set[tuple[str, ...]] = dataclasses.field(default_factory=set)
+    request: SearchRequest | None = None
+    hardware_profile: HardwareProfile | None = None
+    table: CostTable | None = None
+    dtypes: tuple[str, ...] = ()
+    float16_trials: str | None = None
+    profile: Profile | None = None
+    unsafe: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    removed: Mapping[str, Mapping[str, str]] = dataclasses.field(default_factory=dict)
+    outputs: set[str] = dataclasses.field(default_factory=set)
+    reference_metrics: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    fidelity: FidelityCheck | None = None
+    spread: float | None = None
+    study: optuna.Study | None = None
+    metadata: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
     @property
     def train_steps(self) -> int:

@@ -1,9 +1,12 @@
-"""`search()`: the stages of a search, each returning a typed value."""
+"""`search()` and `search_in_processes()`: the search's stages in order, in one process or several."""
 
 from __future__ import annotations
 
+import dataclasses
+import multiprocessing
 import os
 import time
+from collections.abc import Mapping
 from typing import Any
 
 import keras
@@ -15,13 +18,10 @@ from ..hardware import HardwareProfile
 from ..runtime.guard import GUARD_BACKENDS
 from .budget import Budget
 from .evaluator import Evaluator
-from .finalists import add_finalists
-from .preparation import build_context, check_float32, prepare_space
-from .request import SearchRequest
+from .preparation import prepare, run_trials
 from .result import SearchResult
-from .selection import build_result, choose_plan, rank_trials
-from .settings import SearchSettings
-from .trials import run_trials
+from .selection import add_finalists, build_result, choose_plan, rank_trials
+from .settings import SearchRequest, SearchSettings
 
 
 def search(
@@ -146,16 +146,12 @@ def search(
 
 def run_search(model: keras.Model, evaluator: Evaluator, request: SearchRequest) -> SearchResult:
     """Runs the search's stages in order; each returns the value the next ones read."""
-    space = prepare_space(model, evaluator, request)
-    with request.clock.stage("reference"):
-        reference = check_float32(evaluator, request)
-    context = build_context(model, evaluator, request, space, reference)
-    run = run_trials(model, context, request, space, reference)
+    context = prepare(model, evaluator, request)
+    run_trials(context)
     with request.clock.stage("finalists"):
-        finalists = add_finalists(context, request, space, run)
-    ranking = rank_trials(context, run.study, request)
-    choice = choose_plan(context, ranking, reference, request)
-    return build_result(context, space, reference, run, choice, request, ranking, finalists)
+        finalists = add_finalists(context)
+    ranking = rank_trials(context)
+    return build_result(context, choose_plan(context, ranking), ranking, finalists)
 
 
 def _checked_settings(budget: Budget, settings: SearchSettings | None) -> SearchSettings:
@@ -209,3 +205,89 @@ def check_metric(evaluator: Evaluator, budget: Budget) -> None:
             f"{available} on validation data. Add the metric in model.compile(metrics=[...]) "
             "or pick one of these."
         )
+
+
+def _worker(arguments: Mapping[str, Any], index: int) -> None:
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    keywords = dict(arguments)
+    settings = keywords.get("settings") or SearchSettings()
+    keywords["settings"] = dataclasses.replace(settings, seed=int(settings.seed or 0) + index)
+    search(**keywords)
+
+
+def search_in_processes(
+    workers: int,
+    model: keras.Model,
+    x: Any,
+    validation_data: Any,
+    *,
+    budget: Budget,
+    storage: str | os.PathLike,
+    study_name: str,
+    n_trials: int = 20,
+    **search_arguments: Any,
+) -> SearchResult:
+    """Searches one study with `workers` local processes, each running `n_trials` trials.
+
+    Args:
+        workers: how many processes search at once.
+        model: a built, compiled Keras model (pickled to each worker).
+        x: `(x, y)` arrays or other picklable data, as for `search`.
+        validation_data: the same kinds.
+        budget: a `Budget`.
+        storage: a storage several processes can share: a journal file (a path ending
+            `.log`), or a database URL (`postgresql://...`, whose trials record a
+            heartbeat so that those of a dead worker are retried; an SQLite file works
+            for a few processes on one machine).
+        study_name: the study's name.
+        n_trials: trials per worker.
+        **search_arguments: any other `search` argument (`hardware`, `settings`...);
+            worker `i` searches with seed `settings.seed + i`.
+
+    Returns:
+        The `SearchResult` of the whole study, gathered in this process after the
+        workers have finished (no new trials).
+
+    Raises:
+        AutoprecError: `workers` is below 1, or a worker exited with an error.
+
+    Example:
+
+    ```python
+    result = search_in_processes(4, model, (x, y), (x_val, y_val),
+                                 budget=autoprec.Budget("val_accuracy", max_drop=0.01),
+                                 storage="search.log", study_name="mlp", n_trials=5)
+    result.plan.save("plan.json")
+    ```
+    """
+    if workers < 1:
+        raise AutoprecError(f"search_in_processes: workers must be at least 1, got {workers}.")
+    arguments = {
+        **search_arguments,
+        "model": model,
+        "x": x,
+        "validation_data": validation_data,
+        "budget": budget,
+        "storage": os.fspath(storage),
+        "study_name": study_name,
+        "n_trials": n_trials,
+    }
+    context = multiprocessing.get_context("spawn")
+    processes = [
+        context.Process(target=_worker, args=(arguments, index), name=f"autoprec-search-{index}")
+        for index in range(workers)
+    ]
+    for process in processes:
+        process.start()
+    for process in processes:
+        process.join()
+    failed = [(p.name, p.exitcode) for p in processes if p.exitcode != 0]
+    if failed:
+        raise AutoprecError(
+            "search_in_processes: worker(s) "
+            + ", ".join(f"{name} (exit code {code})" for name, code in failed)
+            + f" failed; the study {study_name!r} in {os.fspath(storage)} keeps their "
+            "finished trials, rerun to resume."
+        )
+    final = {**arguments, "n_trials": 0}
+    return search(**final)

@@ -1,11 +1,10 @@
-"""The search's first stages: its space (costs, dtypes, profile, groups) and its float32 reference."""
+"""The search's first stages: its space, its float32 reference, and running the trials."""
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import keras
@@ -15,19 +14,16 @@ import optuna
 from .._core.dtypes import COMPUTE_DTYPES, FLOAT8, FLOAT16, FLOAT32
 from ..cost import CostTable, calibrate, predict_costs
 from ..hardware import HardwareProfile, is_local, resolve_hardware
-from ..layers import LayerInfo, describe_model
+from ..layers import describe_model
 from ..plan import PrecisionPlan
-from ..profiler import Profile
 from .budget import Budget
 from .confirmation import say
 from .context import SearchContext
-from .evaluator import Evaluator
-from .fidelity import FidelityCheck, check_reference
-from .plan_costs import PlanCosts
-from .record import TrainedOutcome, assignment_key
-from .request import SearchRequest
+from .evaluator import Evaluator, check_reference
+from .record import REFERENCE_METRIC_ATTR, TrainedOutcome, assignment_key
+from .settings import SearchRequest
 from .space import (
-    Group,
+    PlanCosts,
     allowed_dtypes,
     compute_layers,
     default_dtypes,
@@ -39,31 +35,15 @@ from .space import (
     output_layers,
     run_profiler,
 )
+from .storage import resolve_storage
+from .study import open_study, plan_writer, trial_objective
+from .warm_start import enqueue_warm_starts, explorer, warm_starts
 
 logger = logging.getLogger("autoprec")
 
 
-@dataclasses.dataclass(frozen=True)
-class SearchSpace:
-    """What each layer may be and what it costs: the first stage's value."""
-
-    infos: Mapping[str, LayerInfo]
-    compute: list[str]
-    hardware: HardwareProfile | None
-    table: CostTable | None
-    costs: PlanCosts
-    dtypes: tuple[str, ...]
-    float16_trials: str | None
-    profile: Profile | None
-    unsafe: Mapping[str, str]
-    allowed: dict[str, tuple[str, ...]]
-    removed: Mapping[str, Mapping[str, str]]
-    outputs: set[str]
-    groups: list[Group]
-
-
-def prepare_space(model: keras.Model, evaluator: Evaluator, request: SearchRequest) -> SearchSpace:
-    """Returns the search's space: costs (measured or predicted), dtypes, profile and groups."""
+def _space(model: keras.Model, evaluator: Evaluator, request: SearchRequest) -> dict[str, Any]:
+    """Returns the context's space fields: costs (measured or predicted), dtypes, profile, groups."""
     settings = request.settings
     infos = describe_model(model)
     compute = compute_layers(infos)
@@ -106,10 +86,10 @@ def prepare_space(model: keras.Model, evaluator: Evaluator, request: SearchReque
         outputs=outputs,
     )
     grouped = group_layers(compute, settings.group_by, separate=outputs)
-    return SearchSpace(
+    return dict(
         infos=infos,
         compute=compute,
-        hardware=hardware_profile,
+        hardware_profile=hardware_profile,
         table=table,
         costs=PlanCosts(evaluator.model, table, cost_batch_size),
         dtypes=dtypes,
@@ -176,35 +156,46 @@ def _predicted_dtypes(profile: HardwareProfile) -> list[str]:
     return [*COMPUTE_DTYPES, FLOAT8] if profile.is_fast(FLOAT8) else list(COMPUTE_DTYPES)
 
 
-@dataclasses.dataclass(frozen=True)
-class ReferenceCheck:
-    """The float32 reference the budget is measured from: the second stage's value."""
-
-    metrics: Mapping[str, float]
-    fidelity: FidelityCheck
-    spread: float | None
-
-    @property
-    def reference(self) -> float:
-        """The float32 reference's budget metric."""
-        return self.fidelity.reference
-
-
-def check_float32(evaluator: Evaluator, request: SearchRequest) -> ReferenceCheck:
-    """Trains the float32 reference, lengthened until it beats a trivial baseline."""
-    settings = request.settings
-    metrics, fidelity = check_reference(
-        evaluator,
-        request.budget,
-        request.train_data,
-        settings.batch_size,
-        request.max_train_steps,
-        settings.baseline,
+def prepare(model: keras.Model, evaluator: Evaluator, request: SearchRequest) -> SearchContext:
+    """Returns the search's context: its space, then the float32 reference, lengthened until it
+    beats a trivial baseline; its cache holds the reference."""
+    space = _space(model, evaluator, request)
+    settings, budget = request.settings, request.budget
+    with request.clock.stage("reference"):
+        metrics, fidelity = check_reference(
+            evaluator,
+            budget,
+            request.train_data,
+            settings.batch_size,
+            request.max_train_steps,
+            settings.baseline,
+        )
+        spread = _reference_spread(
+            evaluator, budget, fidelity.reference, settings.reference_repeats
+        )
+    float32_seconds, _ = space["costs"].step({path: FLOAT32 for path in space["compute"]})
+    context = SearchContext(
+        model=model,
+        evaluator=evaluator,
+        budget=budget,
+        reference=fidelity.reference,
+        float32_seconds=float32_seconds,
+        verbose=request.verbose,
+        request=request,
+        reference_metrics=dict(metrics),
+        fidelity=fidelity,
+        spread=spread,
+        **space,
     )
-    spread = _reference_spread(
-        evaluator, request.budget, fidelity.reference, settings.reference_repeats
+    context.risk = _risk(context)
+    context.cache[assignment_key(context.uniform_assignment(FLOAT32))] = TrainedOutcome(
+        metrics=dict(metrics),
+        proxy={"loss_relative_error": 0.0, "gradient_cosine": 1.0, "finite": True},
+        proxy_score=0.0,
+        trial="reference",
     )
-    return ReferenceCheck(metrics, fidelity, spread)
+    _announce(context)
+    return context
 
 
 def _reference_spread(
@@ -239,79 +230,44 @@ def _reference_spread(
     return spread
 
 
-def build_context(
-    model: keras.Model,
-    evaluator: Evaluator,
-    request: SearchRequest,
-    space: SearchSpace,
-    reference: ReferenceCheck,
-) -> SearchContext:
-    """Returns the context every trial reads, its cache holding the float32 reference."""
-    float32_seconds, _ = space.costs.step({path: FLOAT32 for path in space.compute})
-    context = SearchContext(
-        model=model,
-        infos=space.infos,
-        compute=space.compute,
-        groups=space.groups,
-        allowed=space.allowed,
-        evaluator=evaluator,
-        costs=space.costs,
-        budget=request.budget,
-        reference=reference.reference,
-        float32_seconds=float32_seconds,
-        verbose=request.verbose,
-        risk=_risk(space),
-    )
-    context.cache[assignment_key(context.uniform_assignment(FLOAT32))] = TrainedOutcome(
-        metrics=dict(reference.metrics),
-        proxy={"loss_relative_error": 0.0, "gradient_cosine": 1.0, "finite": True},
-        proxy_score=0.0,
-        trial="reference",
-    )
-    _announce(context, request, space, reference)
-    return context
-
-
-def _risk(space: SearchSpace) -> dict[str, float]:
+def _risk(context: SearchContext) -> dict[str, float]:
     """Returns `{path: risk}` of 16-bit per layer: output layers 2, softmax/normalisation 1, and 1
     more where the profile found ranges float16 cannot hold."""
     risk = {}
-    for path in space.compute:
+    for path in context.compute:
         value = 0.0
-        if path in space.outputs:
+        if path in context.outputs:
             value += 2.0
-        if is_sensitive(space.infos[path]):
+        if is_sensitive(context.infos[path]):
             value += 1.0
-        if path in space.unsafe:
+        if path in context.unsafe:
             value += 1.0
         risk[path] = value
     return risk
 
 
-def _announce(
-    context: SearchContext, request: SearchRequest, space: SearchSpace, reference: ReferenceCheck
-) -> None:
+def _announce(context: SearchContext) -> None:
     """Shows the search's one line about its space and reference."""
-    budget, fidelity = request.budget, reference.fidelity
-    named = request.settings.costs is None and space.hardware is not None
+    budget, fidelity, request = context.budget, context.fidelity, context.request
+    named = request.settings.costs is None and context.hardware_profile is not None
     cost_words = (
-        f"predicted for {space.hardware.name}"
+        f"predicted for {context.hardware_profile.name}"
         if named and not is_local(request.hardware)
-        else f"{getattr(space.table, 'source', 'no')} costs"
+        else f"{getattr(context.table, 'source', 'no')} costs"
     )
     say(
         request.verbose,
         "autoprec.search: %d compute layers in %d groups; dtypes %s; float32 reference "
         "%s = %.6g after %d train steps (budget %s %.6g; trivial baseline %s %s); "
         "float32 step %.3f ms (%s)",
-        len(space.compute),
-        len(space.groups),
-        "/".join(space.dtypes),
+        len(context.compute),
+        len(context.groups),
+        "/".join(context.dtypes),
         budget.metric,
-        reference.reference,
+        context.reference,
         fidelity.train_steps,
         ">=" if budget.mode == "max" else "<=",
-        budget.threshold(reference.reference),
+        budget.threshold(context.reference),
         "n/a" if fidelity.baseline is None else f"{fidelity.baseline:.4g}",
         fidelity.baseline_kind,
         context.float32_seconds * 1e3,
@@ -319,29 +275,82 @@ def _announce(
     )
 
 
-def search_metadata(
-    request: SearchRequest,
-    space: SearchSpace,
-    reference: ReferenceCheck,
-    study: optuna.Study,
-    train_steps: int,
-    batch_size: int,
-) -> dict[str, Any]:
+def search_metadata(context: SearchContext) -> dict[str, Any]:
     """Returns the plan metadata every plan of the search carries (hardware, budget, settings)."""
-    spread = reference.spread
+    spread, request, evaluator = context.spread, context.request, context.evaluator
     return {
-        "hardware": getattr(space.hardware, "name", None) or str(request.hardware),
-        "budget": {**request.budget.to_dict(), "reference_spread": spread},
+        "hardware": getattr(context.hardware_profile, "name", None) or str(request.hardware),
+        "budget": {**context.budget.to_dict(), "reference_spread": spread},
         "search": {
-            "study_name": study.study_name,
+            "study_name": context.study.study_name,
             "seed": request.settings.seed,
-            "train_steps": train_steps,
-            "batch_size": batch_size,
-            "dtypes": list(space.dtypes),
-            "groups": len(space.groups),
-            "cost_source": getattr(space.table, "source", None),
-            "float16_trials": space.float16_trials,
+            "train_steps": len(evaluator.train_batches),
+            "batch_size": evaluator.batch_size,
+            "dtypes": list(context.dtypes),
+            "groups": len(context.groups),
+            "cost_source": getattr(context.table, "source", None),
+            "float16_trials": context.float16_trials,
             "reference_spread": spread,
-            "fidelity_check": reference.fidelity.to_dict(),
+            "fidelity_check": context.fidelity.to_dict(),
         },
     }
+
+
+def run_trials(context: SearchContext) -> optuna.Study:
+    """Opens the study, enqueues the warm starts once, and runs this call's trials."""
+    request = context.request
+    settings = request.settings
+    starts = warm_starts(
+        context,
+        context.model,
+        context.profile,
+        context.table,
+        context.hardware_profile or request.hardware,
+        context.dtypes,
+        settings.keep_float32,
+    )
+    study, created = _study(request)
+    context.study = study
+    added = enqueue_warm_starts(study, starts)
+    study.set_user_attr(REFERENCE_METRIC_ATTR, context.reference)
+    say(
+        request.verbose,
+        "autoprec.search: study %r (%s, %d trial(s) already); %d warm start(s) enqueued",
+        study.study_name,
+        "new" if created else "resumed",
+        len(study.trials) - added,
+        added,
+    )
+    context.metadata = metadata = search_metadata(context)
+    n_trials = request.n_trials
+    if all(len(group.choices) <= 1 for group in context.groups):
+        say(
+            request.verbose,
+            "autoprec.search: nothing to choose (one dtype per layer); one trial only.",
+        )
+        n_trials = min(n_trials or 1, 1)
+    writer = plan_writer(context, settings.plan_path, metadata)
+    with request.clock.stage("trials"):
+        study.optimize(
+            lambda trial: trial_objective(context, trial),
+            n_trials=n_trials,
+            timeout=request.timeout,
+            catch=tuple(settings.catch),
+            callbacks=[writer, explorer(context), *settings.callbacks],
+            show_progress_bar=request.verbose >= 1,
+        )
+    return study
+
+
+def _study(request: SearchRequest) -> tuple[optuna.Study, bool]:
+    """Returns `(study, created)`: the study given, or the one `storage`/`study_name` name."""
+    if request.study is not None:
+        return request.study, not request.study.trials
+    return open_study(
+        resolve_storage(request.storage),
+        request.study_name,
+        request.settings.seed,
+        request.settings.proxy_tolerance,
+        sampler=request.sampler,
+        pruner=request.pruner,
+    )

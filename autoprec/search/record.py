@@ -11,6 +11,8 @@ from typing import Any
 
 import optuna
 
+from .._core.dtypes import BFLOAT16, FLOAT8, FLOAT16, FLOAT32, policy_name
+
 #: Trial user attr: the per-layer assignment `{compute path: dtype}` the trial evaluated.
 ASSIGNMENT_ATTR = "assignment"
 #: Trial user attr: `assignment_key(assignment)`, equal for equal assignments.
@@ -267,3 +269,53 @@ def json_safe(value: Any) -> Any:
     if isinstance(value, float) and not math.isfinite(value):
         return None
     return value
+
+
+#: The name of the best plan by predicted cost when it is no warm start.
+SEARCHED = "searched"
+#: Prefix of the labels of Keras' own global policies (`"keras mixed_bfloat16"`).
+KERAS_PREFIX = "keras "
+#: Prefix of the uniform warm starts' labels (`"uniform bfloat16"`).
+UNIFORM_PREFIX = "uniform "
+#: The heuristic's warm start label.
+HEURISTIC = "heuristic"
+#: Prefix of the labels of plans with one kind of float32 protection dropped.
+DROPPED_PREFIX = "no float32 "
+#: The kinds of default float32 protections, in the order their candidates are made.
+PROTECTION_KINDS = ("softmax", "normalisation", "outputs")
+
+
+def keras_label(dtype: str) -> str:
+    """Returns the label of Keras' global policy for `dtype`: `"keras mixed_bfloat16"`."""
+    return f"{KERAS_PREFIX}{policy_name(dtype)}"
+
+
+def keras_dtype(label: str | None) -> str | None:
+    """Returns the dtype of a Keras global label (`"float8"` for `float8_from_mixed_bfloat16`)."""
+    for dtype in (BFLOAT16, FLOAT16, FLOAT8):
+        if label == keras_label(dtype):
+            return dtype
+    return None
+
+
+def plan_default(dtype: str) -> str:
+    """The default of a Keras global plan: `dtype`, or bfloat16 (float8's source) for float8."""
+    return BFLOAT16 if dtype == FLOAT8 else dtype
+
+
+def dropped_label(kind: str) -> str:
+    """Returns the label of the plan with one protection kind dropped: `"no float32 softmax"`."""
+    return f"{DROPPED_PREFIX}{kind}"
+
+
+def simplicity(name: str) -> int:
+    """Returns how simple a finalist is (lower is simpler): ties in the measured ranking go lower."""
+    if name == FLOAT32:
+        return 0
+    if name.startswith((KERAS_PREFIX, UNIFORM_PREFIX)):
+        return 1
+    if name == HEURISTIC:
+        return 2
+    if name.startswith(DROPPED_PREFIX):
+        return 3
+    return 4

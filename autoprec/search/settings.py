@@ -1,10 +1,13 @@
-"""`SearchSettings`: the rarely changed knobs of `autoprec.search`, in one frozen value."""
+"""`SearchSettings`, the rarely changed knobs of `autoprec.search`, and `SearchRequest`, one call's resolved arguments."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import optuna
 
@@ -12,7 +15,9 @@ from .._core.dtypes import FLOAT16_TRIALS, PLAN_DTYPES
 from .._core.models import ConfigValue
 from ..cost import CostTable
 from ..errors import AutoprecError
+from ..hardware import HardwareProfile
 from ..profiler import Profile
+from .budget import Budget
 
 #: An Optuna callback: called with the study and each finished trial.
 StudyCallback = Callable[[optuna.Study, optuna.trial.FrozenTrial], None]
@@ -167,3 +172,41 @@ class SearchSettings(ConfigValue):
 def _require_positive_int(name: str, value: object) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise AutoprecError(f"SearchSettings.{name} must be a positive integer, got {value!r}.")
+
+
+class StageClock:
+    """Seconds spent in each stage of one search, added up as the search goes."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+
+    @contextlib.contextmanager
+    def stage(self, name: str) -> Iterator[None]:
+        """Adds the seconds spent inside the block to `seconds[name]`."""
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            spent = time.perf_counter() - started
+            self.seconds[name] = self.seconds.get(name, 0.0) + spent
+
+
+@dataclasses.dataclass(frozen=True)
+class SearchRequest:
+    """What one `search()` call asked for beyond the model and data: its arguments, resolved."""
+
+    budget: Budget
+    hardware: HardwareProfile | str
+    n_trials: int | None
+    timeout: float | None
+    storage: str | os.PathLike | optuna.storages.BaseStorage | None
+    study_name: str | None
+    study: optuna.Study | None
+    sampler: optuna.samplers.BaseSampler | None
+    pruner: optuna.pruners.BasePruner | None
+    settings: SearchSettings
+    verbose: int
+    started: float
+    train_data: Any
+    max_train_steps: int
+    clock: StageClock = dataclasses.field(default_factory=StageClock)

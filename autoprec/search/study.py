@@ -1,14 +1,25 @@
-"""The search's Optuna study: opening it, its pruner, and reading what its trials found."""
+"""The search's Optuna study: opening it, its pruner, the trial objective, and reading and writing what its trials found."""
 
 from __future__ import annotations
 
+import json
+import logging
 import math
+import os
+from collections.abc import Callable
+from pathlib import Path
 
+import keras
 import optuna
 
+from .._core.dtypes import FLOAT32, count_dtypes
+from .budget import HUGE_VIOLATION
 from .context import SearchContext
-from .record import TrialRecord, assignment_key
-from .result import ParetoPoint
+from .evaluator import ProxyResult
+from .floor import OUTPUT_FLOOR_ATTR
+from .record import TrainedOutcome, TrialRecord, assignment_key, json_safe, write_record
+from .result import ParetoPoint, short_counts_text
+from .storage import wait_for_same_assignment
 
 #: Steps reported to the pruner: after the cost prediction, after the numerical proxy.
 COST_STEP, PROXY_STEP = 0, 1
@@ -163,3 +174,248 @@ def trial_counts(study: optuna.Study) -> dict[str, int]:
         "failed": sum(t.state == states.FAIL for t in trials),
         "reused": sum(TrialRecord.from_trial(t).reused for t in trials),
     }
+
+
+logger = logging.getLogger("autoprec")
+
+
+def log_trial(context: SearchContext, trial: optuna.trial.FrozenTrial) -> None:
+    """Logs one line about a finished trial (verbose searches only)."""
+    if not context.verbose:
+        return
+    record = TrialRecord.from_trial(trial)
+    metric, seconds = record.metric, record.predicted_seconds
+    verdict = {
+        optuna.trial.TrialState.COMPLETE: "ok" if is_feasible(trial) else "over budget",
+        optuna.trial.TrialState.PRUNED: f"pruned ({record.pruned_by or ''})",
+        optuna.trial.TrialState.FAIL: "failed",
+    }.get(trial.state, str(trial.state))
+    logger.info(
+        "trial %d: %s | fidelity %s | %s %s | predicted %s%s | %s",
+        trial.number,
+        short_counts_text(record.dtype_counts or {}),
+        (record.fidelity or ("-",))[-1],
+        context.budget.metric,
+        f"{metric:.6g}" if isinstance(metric, (int, float)) else "n/a",
+        f"{seconds * 1e3:.3f} ms" if isinstance(seconds, (int, float)) else "n/a",
+        f" (x{context.float32_seconds / seconds:.2f})" if seconds else "",
+        verdict,
+    )
+
+
+def plan_writer(
+    context: SearchContext, plan_path: str | os.PathLike | None, metadata: dict
+) -> Callable[[optuna.Study, optuna.trial.FrozenTrial], None]:
+    """Returns the Optuna callback that logs each trial and saves the best plan so far."""
+    written: dict[str, int | None] = {"number": None}
+
+    def callback(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
+        log_trial(context, trial)
+        if plan_path is None:
+            return
+        while True:
+            best = best_feasible(study)
+            if best is None or best.number == written["number"]:
+                return
+            if plan_file_trial(plan_path, study.study_name) != best.number:
+                plan = context.trial_plan(
+                    best, metadata=trial_plan_metadata(context, best, metadata)
+                )
+                plan.save(plan_path)
+                logger.info(
+                    "autoprec.search: best plan so far (trial %d) written to %s",
+                    best.number,
+                    plan_path,
+                )
+            written["number"] = best.number
+
+    return callback
+
+
+def plan_file_trial(plan_path: str | os.PathLike, study_name: str) -> int | None:
+    """Returns the trial of study `study_name` whose plan the file holds, or `None`."""
+    try:
+        data = json.loads(Path(plan_path).read_text(encoding="utf-8"))
+        search = data["metadata"]["search"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if not isinstance(search, dict) or search.get("study_name") != study_name:
+        return None
+    number = search.get("best_trial")
+    return number if isinstance(number, int) else None
+
+
+def trial_plan_metadata(
+    context: SearchContext, trial: optuna.trial.FrozenTrial, base: dict
+) -> dict:
+    """Returns the plan metadata of a trial's plan: `base` with its metric and speedup."""
+    record = TrialRecord.from_trial(trial)
+    seconds = record.predicted_seconds
+    return {
+        **base,
+        "reference_metric": context.reference,
+        "measured_metric": record.metric,
+        "predicted_speedup": (context.float32_seconds / seconds) if seconds else None,
+        "search": {**base.get("search", {}), "best_trial": trial.number},
+    }
+
+
+#: Weight of activation memory in the objective: a tie-break between equally fast plans.
+_MEMORY_TIE_BREAK = 1e-3
+#: The levels a trial reaches when it reuses another trial's training.
+_REUSED_LEVELS = ("profile", "proxy", "train")
+
+
+def trial_objective(context: SearchContext, trial: optuna.Trial) -> float:
+    """Returns a trial's predicted cost after judging its plan; prunes or constrains it."""
+    assignment = _suggested_assignment(context, trial)
+    key = assignment_key(assignment)
+    value = _record_prediction(context, trial, assignment, key)
+    floor = context.output_floor(assignment)
+    if floor is not None:
+        trial.set_user_attr(OUTPUT_FLOOR_ATTR, floor.to_dict())
+        trial.set_constraint(OUTPUT_FLOOR_ATTR, floor.violation)
+        if floor.refused:
+            write_record(
+                trial,
+                TrialRecord(fidelity=("profile", "floor"), budget_violation=floor.violation),
+            )
+            return value
+    stored = context.cache.get(key) or wait_for_same_assignment(
+        trial.study, trial.number, key, context.train_steps
+    )
+    if stored is not None:
+        return _reuse(context, trial, stored, value)
+    write_record(trial, TrialRecord(evaluating=trial.number))
+    trial.report(value, COST_STEP)
+    if trial.should_prune():
+        write_record(
+            trial, TrialRecord(pruned_by="cost: no faster than the best plan within budget")
+        )
+        raise optuna.TrialPruned()
+    return _train_trial(context, trial, assignment, key, value)
+
+
+def _suggested_assignment(context: SearchContext, trial: optuna.Trial) -> dict[str, str]:
+    """Returns the trial's `{layer path: dtype}`: enqueued as it is, or from its suggestions."""
+    params = {
+        group.name: trial.suggest_categorical(group.name, list(group.choices))
+        for group in context.groups
+        if len(group.choices) > 1
+    }
+    fixed = TrialRecord.from_trial(trial).assignment
+    return context.normalise(fixed) if fixed else context.assignment(params)
+
+
+def _record_prediction(
+    context: SearchContext, trial: optuna.Trial, assignment: dict[str, str], key: str
+) -> float:
+    """Records the trial's assignment and predicted cost; returns the objective value."""
+    seconds, activation_bytes = context.costs.step(assignment)
+    value = seconds * (1.0 + _MEMORY_TIE_BREAK * activation_bytes / _max_activation(context))
+    write_record(
+        trial,
+        TrialRecord(
+            assignment=assignment,
+            assignment_key=key,
+            train_steps=context.train_steps,
+            dtype_counts=count_dtypes(assignment.values()),
+            predicted_seconds=seconds,
+            activation_bytes_per_sample=activation_bytes,
+            fidelity=("profile",),
+        ),
+    )
+    return value
+
+
+def _train_trial(
+    context: SearchContext,
+    trial: optuna.Trial,
+    assignment: dict[str, str],
+    key: str,
+    value: float,
+) -> float:
+    """Runs the proxy (TensorFlow) and the short training of a trial's plan; records the outcome."""
+    plan = context.plan_for(assignment)
+    levels = ["profile"]
+    proxy = None
+    if keras.backend.backend() == "tensorflow":
+        proxy = _proxy_step(context, trial, plan, value)
+        levels.append("proxy")
+    else:
+        write_record(
+            trial, TrialRecord(proxy_skipped="the numerical proxy needs the TensorFlow backend")
+        )
+    metrics = context.evaluator.train_and_evaluate(plan)
+    levels.append("train")
+    outcome = TrainedOutcome(
+        metrics=metrics,
+        proxy=proxy.to_dict() if proxy is not None else None,
+        proxy_score=proxy.score if proxy is not None else None,
+        trial=trial.number,
+    )
+    context.cache[key] = outcome
+    return _record_outcome(context, trial, outcome, value, levels)
+
+
+def _proxy_step(context: SearchContext, trial: optuna.Trial, plan, value: float) -> ProxyResult:
+    """Runs the numerical proxy, records it and prunes a hopeless plan."""
+    proxy = context.evaluator.proxy(plan)
+    score = proxy.score if math.isfinite(proxy.score) else None
+    write_record(
+        trial,
+        TrialRecord(fidelity=("profile", "proxy"), proxy=proxy.to_dict(), proxy_score=score),
+        with_none=("proxy_score",),
+    )
+    trial.report(value, PROXY_STEP)
+    if trial.should_prune():
+        write_record(trial, TrialRecord(pruned_by="proxy: loss/gradients too far from float32"))
+        trial.set_constraint("budget", HUGE_VIOLATION if not proxy.finite else 1.0)
+        raise optuna.TrialPruned()
+    return proxy
+
+
+def _max_activation(context: SearchContext) -> float:
+    _, float32_bytes = context.costs.step({path: FLOAT32 for path in context.compute})
+    return max(float32_bytes, 1.0)
+
+
+def _reuse(
+    context: SearchContext, trial: optuna.Trial, outcome: TrainedOutcome, value: float
+) -> float:
+    """Records a stored outcome of the same assignment instead of training it again."""
+    score = outcome.proxy_score
+    write_record(
+        trial,
+        TrialRecord(
+            reused=True,
+            reused_from=outcome.trial,
+            proxy=outcome.proxy,
+            proxy_score=score if score is not None and math.isfinite(score) else None,
+        ),
+        with_none=("proxy", "proxy_score"),
+    )
+    return _record_outcome(context, trial, outcome, value, _REUSED_LEVELS)
+
+
+def _record_outcome(
+    context: SearchContext,
+    trial: optuna.Trial,
+    outcome: TrainedOutcome,
+    value: float,
+    levels: tuple[str, ...] | list[str],
+) -> float:
+    metric = outcome.metrics.get(context.budget.log_name)
+    violation = context.budget.violation(context.reference, metric)
+    write_record(
+        trial,
+        TrialRecord(
+            fidelity=tuple(levels),
+            metrics={name: json_safe(v) for name, v in outcome.metrics.items()},
+            metric=json_safe(metric),
+            budget_violation=violation,
+        ),
+        with_none=("metric",),
+    )
+    trial.set_constraint("budget", violation)
+    return value

@@ -6,8 +6,8 @@ from collections.abc import Mapping, Sequence
 
 from .._core.timing import MAX_ROUNDS, MIN_ROUNDS, time_until_decided
 from ..plan import PrecisionPlan
-from .candidates import simplicity
 from .evaluator import Evaluator
+from .record import simplicity
 
 #: Seconds the measured ranking may spend adding rounds after its first `MIN_ROUNDS`.
 MEASUREMENT_SECONDS = 120.0

@@ -132,8 +132,6 @@ class PreparedSearch:
     model: keras.Model
     evaluator: object
     request: object
-    space: object
-    reference: object
     context: object
 
 
@@ -152,8 +150,8 @@ def prepared_search(model=None, data=None, budget=None, **changes):
         A `PreparedSearch`; its evaluator is closed afterwards.
     """
     from autoprec.search import Budget, Evaluator
-    from autoprec.search.preparation import build_context, check_float32, prepare_space
-    from autoprec.search.request import SearchRequest
+    from autoprec.search.preparation import prepare
+    from autoprec.search.settings import SearchRequest
 
     keywords = fast(**{"baseline": None, **changes})
     settings = keywords["settings"]
@@ -183,9 +181,6 @@ def prepared_search(model=None, data=None, budget=None, **changes):
         max_train_steps=8 * settings.steps_per_trial,
     )
     try:
-        space = prepare_space(model, evaluator, request)
-        reference = check_float32(evaluator, request)
-        context = build_context(model, evaluator, request, space, reference)
-        yield PreparedSearch(model, evaluator, request, space, reference, context)
+        yield PreparedSearch(model, evaluator, request, prepare(model, evaluator, request))
     finally:
         evaluator.close()

@@ -20,29 +20,31 @@ import autoprec
 from autoprec.layers import describe_model, model_fingerprint
 from autoprec.plan import PrecisionPlan
 from autoprec.search import TrialRecord, compute_layers, output_layers
-from autoprec.search.candidates import (
+from autoprec.search.confirmation import (
+    dropped_protection,
+    exact_plan,
+    finalist_key,
+    finalist_plan,
+    fits_profile,
+    keras_global_plan,
+    protections,
+    ranked_finalists,
+    sixteen_bit_dtype,
+)
+from autoprec.search.record import (
     DROPPED_PREFIX,
     HEURISTIC,
     KERAS_PREFIX,
     PROTECTION_KINDS,
     SEARCHED,
     UNIFORM_PREFIX,
+    assignment_key,
     dropped_label,
-    dropped_protection,
-    exact_plan,
-    finalist_key,
-    finalist_plan,
-    fits_profile,
     keras_dtype,
-    keras_global_plan,
     keras_label,
     plan_default,
-    protections,
-    ranked_finalists,
     simplicity,
-    sixteen_bit_dtype,
 )
-from autoprec.search.record import assignment_key
 
 # ------------------------------------------------------------------ labels and order
 

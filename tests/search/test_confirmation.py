@@ -24,7 +24,6 @@ from autoprec._core.timing import (
     wants_more_rounds,
 )
 from autoprec.search import Budget, TrialRecord
-from autoprec.search.candidates import simplicity
 from autoprec.search.confirmation import (
     MeasuredRanking,
     chosen_step_timing,
@@ -33,6 +32,7 @@ from autoprec.search.confirmation import (
     rank_by_measurement,
     verdict_line,
 )
+from autoprec.search.record import simplicity
 
 
 def measured_ranking(rounds):

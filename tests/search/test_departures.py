@@ -8,7 +8,7 @@ from autoprec import cost
 from autoprec.hardware import resolve_hardware
 from autoprec.layers import describe_model
 from autoprec.search import allowed_dtypes, compute_layers
-from autoprec.search.departures import (
+from autoprec.search.heuristic import (
     Departure,
     Feasibility,
     choose_start,
@@ -17,7 +17,7 @@ from autoprec.search.departures import (
     ladder_assignment,
     range_blocks,
 )
-from autoprec.search.plan_costs import PlanCosts
+from autoprec.search.space import PlanCosts
 
 
 def _model() -> keras.Model:

@@ -27,8 +27,8 @@ from autoprec._core.timing import MAX_ROUNDS, MIN_ROUNDS, judge_rounds
 from autoprec.errors import AutoprecError
 from autoprec.hardware import resolve_hardware
 from autoprec.search import Budget, SearchSettings, TrialRecord, heuristic_plan, search
-from autoprec.search.candidates import simplicity
 from autoprec.search.evaluator import Evaluator
+from autoprec.search.record import simplicity
 
 
 def measured_ranking(rounds):

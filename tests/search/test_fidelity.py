@@ -13,7 +13,7 @@ from autoprec._core.data import take_batches
 from autoprec.errors import AutoprecError
 from autoprec.plan import PrecisionPlan
 from autoprec.search import Budget, Evaluator, SearchSettings, TrialRecord, search
-from autoprec.search.fidelity import (
+from autoprec.search.evaluator import (
     check_reference,
     confirmation_reasons,
     longer_batches,

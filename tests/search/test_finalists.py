@@ -21,16 +21,10 @@ from search.search_models import compiled_mlp, labelled, mlp_data, prepared_sear
 
 import autoprec
 from autoprec.search import TrialRecord
-from autoprec.search.candidates import (
-    dropped_label,
-    finalist_plan,
-    keras_global_plan,
-    keras_label,
-    ranked_finalists,
-)
-from autoprec.search.finalists import Finalists, add_finalists
-from autoprec.search.record import assignment_key
-from autoprec.search.trials import TrialsRun, run_trials
+from autoprec.search.confirmation import finalist_plan, keras_global_plan, ranked_finalists
+from autoprec.search.preparation import run_trials
+from autoprec.search.record import assignment_key, dropped_label, keras_label
+from autoprec.search.selection import Finalists, add_finalists
 from autoprec.search.warm_start import WarmStart, enqueue_candidates
 
 KERAS_BF16 = keras_label("bfloat16")
@@ -92,12 +86,12 @@ def test_keras_global_policy_with_a_container_is_trained_once_and_judged_by_the_
 ):
     model = _tiny_attention()
     with prepared_search(model, labelled(model, 96, classes=2)) as prepared:
-        context, space = prepared.context, prepared.space
-        assert space.dtypes == ("float32", "bfloat16")
+        context = prepared.context
+        assert context.dtypes == ("float32", "bfloat16")
         trained = _count_trainings(monkeypatch, context)
         study = optuna.create_study()
-        run = TrialsRun(study, {})
-        finalists = add_finalists(context, prepared.request, space, run)
+        context.study = study
+        finalists = add_finalists(context)
 
         expected = keras_global_plan(context, "bfloat16")
         assert len(trained) == 1 and trained[0].layers == expected.layers
@@ -130,7 +124,7 @@ def test_keras_global_policy_with_a_container_is_trained_once_and_judged_by_the_
             "base_trial": finalists.base_trial,
         }
 
-        again = add_finalists(context, prepared.request, space, run)  # a resumed study
+        again = add_finalists(context)  # a resumed study
         assert again == finalists and again.same_as == {}  # found as itself, not as a copy
         assert len(study.trials) == 1
         assert len(trained) == 1  # not trained twice
@@ -147,7 +141,8 @@ def test_a_keras_policy_outside_the_budget_is_added_but_never_a_base(monkeypatch
         other = _completed(
             study, context, "uniform bfloat16", uniform, 1.0, train_steps=context.train_steps + 1
         )
-        finalists = add_finalists(context, prepared.request, prepared.space, TrialsRun(study, {}))
+        context.study = study
+        finalists = add_finalists(context)
         assert len(trained) == 1 and len(study.trials) == 2
         number = finalists.trials[KERAS_BF16]
         assert number != other.number and finalists.same_as == {}
@@ -164,23 +159,24 @@ def test_a_keras_policy_outside_the_budget_is_added_but_never_a_base(monkeypatch
 
 def test_a_keras_policy_a_trial_already_ran_is_that_trial_and_not_trained_again(monkeypatch):
     with prepared_search() as prepared:
-        context, request, space = prepared.context, prepared.request, prepared.space
-        run = run_trials(prepared.model, context, request, space, prepared.reference)
-        records = {TrialRecord.from_trial(t).warm_start: t for t in run.study.trials}
+        context = prepared.context
+        run_trials(context)
+        records = {TrialRecord.from_trial(t).warm_start: t for t in context.study.trials}
         assert {"float32", "uniform bfloat16"} <= set(records)
         trained = _count_trainings(monkeypatch, context)
-        before = len(run.study.trials)
-        finalists = add_finalists(context, request, space, run)
+        before = len(context.study.trials)
+        finalists = add_finalists(context)
         # The MLP has no container: Keras' mixed_bfloat16 is the uniform bfloat16 plan.
         assert finalists.trials[KERAS_BF16] == records["uniform bfloat16"].number
         assert finalists.same_as == {KERAS_BF16: "uniform bfloat16"}
-        assert trained == [] and len(run.study.trials) == before
+        assert trained == [] and len(context.study.trials) == before
 
         # A trial without a warm start label stands for it too, named by its number.
         study = optuna.create_study()
         _completed(study, context, "float32", context.uniform_assignment("float32"), 2.0)
         plain = _completed(study, context, None, context.uniform_assignment("bfloat16"), 1.0)
-        again = add_finalists(context, request, space, TrialsRun(study, {}))
+        context.study = study
+        again = add_finalists(context)
         assert again.trials[KERAS_BF16] == plain.number
         assert again.same_as == {KERAS_BF16: f"trial {plain.number}"}
         assert trained == [] and len(study.trials) == 2
@@ -188,12 +184,13 @@ def test_a_keras_policy_a_trial_already_ran_is_that_trial_and_not_trained_again(
 
 def test_a_keras_policy_that_fails_to_train_is_skipped_with_the_reason(monkeypatch, caplog):
     with prepared_search(cost_batch_size=4096) as prepared:
-        context, space = prepared.context, prepared.space
-        space = dataclasses.replace(space, dtypes=("float32", "bfloat16", "float16"))
+        context = prepared.context
+        context = dataclasses.replace(context, dtypes=("float32", "bfloat16", "float16"))
         trained = _count_trainings(monkeypatch, context, fail=True)
         study = optuna.create_study()
         with caplog.at_level(logging.WARNING, logger="autoprec"):
-            finalists = add_finalists(context, prepared.request, space, TrialsRun(study, {}))
+            context.study = study
+            finalists = add_finalists(context)
         # float16 among the dtypes: mixed_float16 is a finalist too.
         assert [plan.layers for plan in trained] == [
             keras_global_plan(context, dtype).layers for dtype in ("bfloat16", "float16")
@@ -213,9 +210,9 @@ def test_the_best_plan_with_a_protection_dropped_runs_through_the_trial_objectiv
     train, val = mlp_data()
     prof = autoprec.profile(model, train, steps=2, batch_size=32, verbose=0)
     with prepared_search(model, (train, val), profile=prof) as prepared:
-        context, space = prepared.context, prepared.space
-        (head,) = sorted(space.outputs)
-        assert space.profile is prof and prof.layers[head].bfloat16_safe
+        context = prepared.context
+        (head,) = sorted(context.outputs)
+        assert context.profile is prof and prof.layers[head].bfloat16_safe
         first = context.compute[0]
         protected = {**context.uniform_assignment("float32"), first: "bfloat16"}
         study = optuna.create_study()
@@ -229,8 +226,8 @@ def test_the_best_plan_with_a_protection_dropped_runs_through_the_trial_objectiv
         (ahead_key,) = enqueue_candidates(
             study, [WarmStart("queued before", ahead, context.params_for(ahead))]
         )
-        run = TrialsRun(study, {})
-        finalists = add_finalists(context, prepared.request, space, run)
+        context.study = study
+        finalists = add_finalists(context)
 
         assert finalists.base_trial == base.number
         assert finalists.trials[KERAS_BF16] == uniform.number  # no container: that trial

@@ -5,7 +5,7 @@ from __future__ import annotations
 import keras
 
 from autoprec.search import has_classification_loss, rounding_floor_outputs
-from autoprec.search.losses import loss_names
+from autoprec.search.floor import loss_names
 
 
 def _model() -> keras.Model:

@@ -15,8 +15,7 @@ from search.search_models import (
 
 from autoprec.search import Budget, TrialRecord, search
 from autoprec.search.floor import OUTPUT_FLOOR_ATTR
-from autoprec.search.objective import trial_objective
-from autoprec.search.study import FidelityPruner, is_feasible
+from autoprec.search.study import FidelityPruner, is_feasible, trial_objective
 
 
 def test_a_trial_records_its_stages_and_the_same_assignment_is_trained_once():

@@ -7,7 +7,7 @@ import keras
 from autoprec import PrecisionPlan, cost
 from autoprec.layers import describe_model
 from autoprec.search import compute_layers
-from autoprec.search.plan_costs import PlanCosts
+from autoprec.search.space import PlanCosts
 
 
 def _model() -> keras.Model:

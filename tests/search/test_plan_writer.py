@@ -9,12 +9,7 @@ from search.search_models import prepared_search
 
 from autoprec.plan import PrecisionPlan
 from autoprec.search import TrialRecord
-from autoprec.search.plan_writer import (
-    log_trial,
-    plan_file_trial,
-    plan_writer,
-    trial_plan_metadata,
-)
+from autoprec.search.study import log_trial, plan_file_trial, plan_writer, trial_plan_metadata
 
 
 def _add(study, context, dtype, value, violation):

@@ -22,10 +22,9 @@ import pytest
 from pg_server import postgres_server  # noqa: F401  (the session fixture `postgres`)
 
 from autoprec.search import TrialRecord, resolve_storage
-from autoprec.search.plan_writer import plan_file_trial
 from autoprec.search.record import WARM_STARTS_MARK, write_record
-from autoprec.search.same_assignment import wait_for_same_assignment
-from autoprec.search.storage import claim_study_lock, release_study_lock
+from autoprec.search.storage import claim_study_lock, release_study_lock, wait_for_same_assignment
+from autoprec.search.study import plan_file_trial
 from autoprec.search.warm_start import WarmStart, enqueue_warm_starts
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -9,7 +9,7 @@ import optuna
 
 from autoprec.search import TrialRecord
 from autoprec.search.record import write_record
-from autoprec.search.same_assignment import trained_outcome, wait_for_same_assignment
+from autoprec.search.storage import trained_outcome, wait_for_same_assignment
 
 
 def _tell(study, key, steps, record):

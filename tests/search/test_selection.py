@@ -16,13 +16,25 @@ from search.search_models import (
 import autoprec
 from autoprec.plan import PrecisionPlan
 from autoprec.search import Budget, SearchResult, TrialRecord
-from autoprec.search.candidates import finalist_key, finalist_plan, ranked_finalists
-from autoprec.search.confirmation import measurement_candidates, rank_by_measurement
-from autoprec.search.finalists import Finalists, add_finalists
+from autoprec.search.confirmation import (
+    finalist_key,
+    finalist_plan,
+    measurement_candidates,
+    rank_by_measurement,
+    ranked_finalists,
+)
 from autoprec.search.floor import OUTPUT_FLOOR_ATTR
+from autoprec.search.preparation import run_trials
 from autoprec.search.record import assignment_key
-from autoprec.search.selection import Choice, Ranking, build_result, choose_plan, rank_trials
-from autoprec.search.trials import TrialsRun, run_trials
+from autoprec.search.selection import (
+    Choice,
+    Finalists,
+    Ranking,
+    add_finalists,
+    build_result,
+    choose_plan,
+    rank_trials,
+)
 
 
 def _study(context, entries):
@@ -48,10 +60,11 @@ def test_the_ranking_is_one_trial_per_assignment_within_budget_cheapest_first():
             [("float32", 2.0, -1.0), ("bfloat16", 1.0, -1.0), ("bfloat16", 1.0, -1.0),
              ("bfloat16", 0.5, 1.0)],
         )  # fmt: skip
-        ranking = rank_trials(context, study, prepared.request)
+        context.study = study
+        ranking = rank_trials(context)
         assert isinstance(ranking, Ranking) and ranking.measured is None and not ranking.measure
         assert [t.number for t in ranking.trials] == [1, 0]
-        choice = choose_plan(context, ranking, prepared.reference, prepared.request)
+        choice = choose_plan(context, ranking)
         assert isinstance(choice, Choice) and choice.trial.number == 1
         assert choice.timing is None and choice.replaced_by is None
         assert set(choice.plan.layers.values()) == {"bfloat16"}
@@ -60,21 +73,22 @@ def test_the_ranking_is_one_trial_per_assignment_within_budget_cheapest_first():
 def test_nothing_within_budget_returns_float32(caplog):
     with prepared_search(measure_speedup=False) as prepared:
         study = _study(prepared.context, [("bfloat16", 1.0, 1.0)])
-        ranking = rank_trials(prepared.context, study, prepared.request)
+        prepared.context.study = study
+        ranking = rank_trials(prepared.context)
         assert ranking.trials == () and "no plan met the budget" in caplog.text
-        choice = choose_plan(prepared.context, ranking, prepared.reference, prepared.request)
+        choice = choose_plan(prepared.context, ranking)
         assert choice.trial is None and set(choice.plan.layers.values()) == {"float32"}
 
 
 def test_the_result_carries_the_chosen_plan_and_its_metadata(tmp_path):
     path = tmp_path / "plan.json"
     with prepared_search(measure_speedup=False, confirm_steps=0, plan_path=path) as prepared:
-        context, request = prepared.context, prepared.request
-        run = run_trials(prepared.model, context, request, prepared.space, prepared.reference)
-        ranking = rank_trials(context, run.study, request)
-        choice = choose_plan(context, ranking, prepared.reference, request)
-        result = build_result(context, prepared.space, prepared.reference, run, choice, request)
-        assert isinstance(result, SearchResult) and result.study is run.study
+        context = prepared.context
+        run_trials(context)
+        ranking = rank_trials(context)
+        choice = choose_plan(context, ranking)
+        result = build_result(context, choice)
+        assert isinstance(result, SearchResult) and result.study is context.study
         metadata = result.plan.metadata
         search = metadata["search"]
         assert search["best_trial"] == choice.trial.number and search["trials"] == 2
@@ -89,20 +103,18 @@ def test_the_result_carries_the_chosen_plan_and_its_metadata(tmp_path):
 def test_a_measured_choice_records_its_step_times():
     with prepared_search(hardware="local", confirm_steps=0) as prepared:
         context = prepared.context
-        request = dataclasses.replace(prepared.request, n_trials=2)
-        run = run_trials(prepared.model, context, request, prepared.space, prepared.reference)
-        ranking = rank_trials(context, run.study, request)
+        context.request = dataclasses.replace(prepared.request, n_trials=2)
+        run_trials(context)
+        ranking = rank_trials(context)
         assert ranking.measure and ranking.measured is not None
-        choice = choose_plan(context, ranking, prepared.reference, request)
-        result = build_result(context, prepared.space, prepared.reference, run, choice, request)
+        choice = choose_plan(context, ranking)
+        result = build_result(context, choice)
         search = result.plan.metadata["search"]
         assert search["measured_plan_step_seconds"] == choice.timing.plan_seconds
         assert set(search["measured_step_rounds"]) == set(ranking.measured.order)
         measurement = search["measurement"] if "measurement" in search else None
         assert measurement is None  # recorded when build_result is given the ranking
-        recorded = build_result(
-            context, prepared.space, prepared.reference, run, choice, request, ranking
-        ).plan.metadata["search"]["measurement"]
+        recorded = build_result(context, choice, ranking).plan.metadata["search"]["measurement"]
         assert recorded["verdict"] in ("separated", "tie")
         assert recorded["leader"] == ranking.measured.order[0]
         assert set(recorded["median_seconds"]) == set(ranking.measured.order)
@@ -133,7 +145,7 @@ def test_finalists_are_keras_global_policies_and_protections_the_profile_lets_go
     train, val = labelled(model, 256)
     prof = autoprec.profile(model, train, steps=2, batch_size=32, verbose=0)
     with prepared_search(model, (train, val), profile=prof, cost_batch_size=4096) as prepared:
-        context, space = prepared.context, prepared.space
+        context = prepared.context
         protected = {
             **context.uniform_assignment("bfloat16"),
             "attention/softmax": "float32",
@@ -142,8 +154,8 @@ def test_finalists_are_keras_global_policies_and_protections_the_profile_lets_go
         }
         study = optuna.create_study()
         base = _feasible(study, context, "heuristic", protected, 1e-9)  # the cheapest plan
-        run = TrialsRun(study, {})
-        finalists = add_finalists(context, prepared.request, space, run)
+        context.study = study
+        finalists = add_finalists(context)
         assert isinstance(finalists, Finalists) and finalists.base_trial == base.number
         labels = {"no float32 softmax", "no float32 normalisation", "no float32 outputs"}
         assert {"keras mixed_bfloat16", *labels} <= set(finalists.trials)
@@ -159,7 +171,7 @@ def test_finalists_are_keras_global_policies_and_protections_the_profile_lets_go
             dropped = TrialRecord.from_trial(trials[f"no float32 {kind}"])
             assert dropped.assignment == {**protected, path: "bfloat16"}
             assert dropped.metrics is not None  # trained and held to the budget like any trial
-        again = add_finalists(context, prepared.request, space, run)  # a resumed study
+        again = add_finalists(context)  # a resumed study
         assert again.trials == finalists.trials and len(study.trials) == len(trials) + 1
         ranked = ranked_finalists(context, study)
         plans = {finalist_key(context, trial) for trial in ranked}
@@ -168,13 +180,14 @@ def test_finalists_are_keras_global_policies_and_protections_the_profile_lets_go
 
 def test_without_a_profile_no_protection_is_dropped_and_keras_is_a_trial_s_plan():
     with prepared_search(cost_batch_size=4096) as prepared:  # bfloat16 only: no profile
-        context, space = prepared.context, prepared.space
-        assert space.profile is None
+        context = prepared.context
+        assert context.profile is None
         study = optuna.create_study()
         uniform = _feasible(
             study, context, "uniform bfloat16", context.uniform_assignment("bfloat16"), 1.0
         )
-        finalists = add_finalists(context, prepared.request, space, TrialsRun(study, {}))
+        context.study = study
+        finalists = add_finalists(context)
         # The MLP has no container: Keras' mixed_bfloat16 is the uniform plan, not trained again.
         assert finalists.trials == {"keras mixed_bfloat16": uniform.number}
         assert finalists.same_as == {"keras mixed_bfloat16": "uniform bfloat16"}
@@ -185,10 +198,10 @@ def test_without_a_profile_no_protection_is_dropped_and_keras_is_a_trial_s_plan(
 
 def test_a_search_returns_float32_when_float32_measures_fastest():
     with prepared_search(hardware="local", confirm_steps=0) as prepared:
-        context, space, request = prepared.context, prepared.space, prepared.request
-        run = run_trials(prepared.model, context, request, space, prepared.reference)
-        finalists = add_finalists(context, request, space, run)
-        ranked = ranked_finalists(context, run.study)
+        context = prepared.context
+        run_trials(context)
+        finalists = add_finalists(context)
+        ranked = ranked_finalists(context, context.study)
         candidates = measurement_candidates(context, ranked)
         assert candidates[0].trial.number == ranked[0].number
         assert {"float32", "keras mixed_bfloat16"} <= {c.name for c in candidates} | set(
@@ -200,11 +213,9 @@ def test_a_search_returns_float32_when_float32_measures_fastest():
         }
         measured = rank_by_measurement(ranked, {c.name: c.trial for c in candidates}, rounds)
         ranking = Ranking(measured.trials, measured, True)
-        choice = choose_plan(context, ranking, prepared.reference, request)
+        choice = choose_plan(context, ranking)
         assert set(choice.plan.resolve().values()) == {"float32"}
-        result = build_result(
-            context, space, prepared.reference, run, choice, request, ranking, finalists
-        )
+        result = build_result(context, choice, ranking, finalists)
         search = result.plan.metadata["search"]
         assert search["measurement"]["leader"] == "float32"
         assert search["measurement"]["verdict"] == "separated"
@@ -221,7 +232,8 @@ def test_a_keras_global_policy_its_output_floor_refuses_is_recorded_untrained():
     with prepared_search(far_regression(), far_targets(), budget, proxy_batches=1) as prepared:
         context = prepared.context
         study = optuna.create_study()
-        finalists = add_finalists(context, prepared.request, prepared.space, TrialsRun(study, {}))
+        context.study = study
+        finalists = add_finalists(context)
         trial = study.trials[finalists.trials["keras mixed_bfloat16"]]
         record = TrialRecord.from_trial(trial)
         assert trial.state == optuna.trial.TrialState.COMPLETE

@@ -8,8 +8,13 @@ import numpy as np
 from autoprec import numerics
 from autoprec.layers import LayerInfo, describe_model
 from autoprec.profiler import LayerProfile, Profile, TensorStats
-from autoprec.search import allowed_dtypes, float16_unsafe_layers, group_layers, run_profiler
-from autoprec.search.space import compute_layers, plan_from_assignment, with_container_dtypes
+from autoprec.search import allowed_dtypes, float16_unsafe_layers, group_layers
+from autoprec.search.space import (
+    compute_layers,
+    plan_from_assignment,
+    run_profiler,
+    with_container_dtypes,
+)
 
 
 def test_group_layers_by_block_and_count():

@@ -13,8 +13,8 @@ from search.search_models import compiled_mlp, fast, mlp_data
 
 import autoprec
 from autoprec.search import Budget, TrialRecord, resolve_storage, search
-from autoprec.search.plan_writer import plan_file_trial
 from autoprec.search.record import WARM_STARTS_MARK
+from autoprec.search.study import plan_file_trial
 
 WORKER = Path(__file__).resolve().parents[2] / "bench" / "search_worker.py"
 

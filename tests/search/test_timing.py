@@ -10,7 +10,7 @@ from search.search_models import prepared_search
 
 from autoprec._core.timing import MIN_ROUNDS, judge_rounds, wants_more_rounds
 from autoprec.search import measure_step_rounds, measure_step_seconds
-from autoprec.search.candidates import simplicity
+from autoprec.search.record import simplicity
 from autoprec.search.timing import ROUND_STEPS, measure_until_decided
 
 

@@ -12,15 +12,13 @@ import autoprec
 from autoprec.layers import describe_model
 from autoprec.plan import PrecisionPlan
 from autoprec.search import TrialRecord, compute_layers, output_layers
-from autoprec.search.candidates import (
+from autoprec.search.confirmation import (
     dropped_protection,
     fits_profile,
-    keras_dtype,
     keras_global_plan,
-    keras_label,
     protections,
 )
-from autoprec.search.record import WARM_STARTS_MARK, assignment_key
+from autoprec.search.record import WARM_STARTS_MARK, assignment_key, keras_dtype, keras_label
 from autoprec.search.storage import claim_study_lock, resolve_storage
 from autoprec.search.warm_start import (
     WarmStart,
@@ -33,9 +31,15 @@ from autoprec.search.warm_start import (
 
 def test_every_study_starts_with_float32_the_uniform_plans_and_the_heuristic():
     with prepared_search() as prepared:
-        context, space = prepared.context, prepared.space
+        context = prepared.context
         starts = warm_starts(
-            context, prepared.model, space.profile, space.table, space.hardware, space.dtypes, ()
+            context,
+            prepared.model,
+            context.profile,
+            context.table,
+            context.hardware_profile,
+            context.dtypes,
+            (),
         )
         labels = [start.label for start in starts]
         assert labels[0] == "float32" and "uniform bfloat16" in labels
