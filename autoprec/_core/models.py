@@ -195,6 +195,29 @@ class ConfigValue:
 
 logger = logging.getLogger("autoprec")
 
+#: The (layer, what is lost) pairs already warned about in this process.
+_WARNED_MODEL_CODE: set[tuple[str, str]] = set()
+
+
+def call_model_code(call: Callable[[], Value], *, layer: str, lost: str, fallback: Value) -> Value:
+    """Runs model code autoprec calls for its own use; an exception from it becomes one warning.
+
+    `get_config`, `from_config`, `clone_model`, traces and probes serve autoprec's conveniences, so a
+    defect in the model's own code must not stop a fit that trains without autoprec. autoprec's own
+    errors still raise. `lost` says what the run goes on without (e.g. "this layer stays float32").
+    """
+    try:
+        return call()
+    except AutoprecError:
+        raise
+    except Exception as error:  # noqa: BLE001 - model code may raise anything
+        key = (layer, lost)
+        if key not in _WARNED_MODEL_CODE:
+            _WARNED_MODEL_CODE.add(key)
+            reason = f"{type(error).__name__}: {error}".splitlines()[0][:300]
+            logger.warning("autoprec: %s raised %s; %s. Training goes on.", layer, reason, lost)
+        return fallback
+
 
 def show_message(message: str, verbose: int = 1, level: int = logging.INFO) -> None:
     """Shows one line of progress or a warning, where Keras shows its own."""
