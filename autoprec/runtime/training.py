@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import logging
 import os
 from collections.abc import Mapping
@@ -52,7 +53,6 @@ from .saving import attach_plan
 from .step_logs import SkippedStepLogs
 from .telemetry import GuardTelemetry, remove_installed_telemetry
 from .tensorboard import TrainingLog
-from .train_steps import unscaled_float16_reason
 
 logger = logging.getLogger("autoprec")
 
@@ -530,13 +530,6 @@ class PlanCallback(keras.callbacks.Callback):
         except Exception:  # unknown device: bfloat16 is still a safe range-wise promotion
             return True
 
-    def _float8_is_fast(self) -> bool:
-        """Whether the callback's device (`hardware=`) has FP8 tensor cores."""
-        try:
-            return bool(resolve_hardware(self.hardware).is_fast(FLOAT8))
-        except Exception:  # unknown device: float8 is no choice there
-            return False
-
 
 def _checked_plan(
     plan: PrecisionPlan | str | os.PathLike | None, name: str, decides_plan: bool
@@ -565,3 +558,36 @@ def _show_guard_line(line: str, verbose: int) -> None:
         logger.info(line)
     else:
         logger.warning(line)
+
+
+#: Packages whose `train_step` is Keras' own (it scales the loss through `model.optimizer`).
+KERAS_PACKAGES = ("keras", "keras_hub", "keras_nlp", "keras_cv", "tf_keras")
+
+
+def unscaled_float16_reason(model: keras.Model) -> str | None:
+    """Says why float16 layers would train without loss scaling: the model's own `train_step`
+    (not Keras' or keras-hub's) calls no `scale_loss`; `None` when they would not."""
+    owner = next((cls for cls in type(model).__mro__ if "train_step" in vars(cls)), None)
+    if owner is None or owner.__module__.split(".", 1)[0] in KERAS_PACKAGES:
+        return None
+    try:
+        if "scale_loss" in inspect.getsource(owner.train_step):
+            return None
+    except (OSError, TypeError):
+        pass
+    optimizers = sorted(
+        name
+        for name, value in vars(model).items()
+        if not name.startswith("_")
+        and name != "optimizer"
+        and isinstance(value, keras.optimizers.Optimizer)
+    )
+    stepping = (
+        f"its optimizers ({', '.join(optimizers)})" if optimizers else "the optimizers it uses"
+    )
+    return (
+        f"model {model.name!r} trains with its own train_step, which scales no loss before "
+        f"taking gradients: {stepping} would step float16 gradients unscaled (small ones "
+        "flush to zero). To train those layers in float16, wrap each optimizer in "
+        "keras.optimizers.LossScaleOptimizer and take gradients of optimizer.scale_loss(loss)"
+    )

@@ -11,8 +11,7 @@ import pytest
 from cli.cli_files import FRAMEWORK_NOISE, run_cli, write_model_and_data
 
 import autoprec
-from autoprec.cli import main
-from autoprec.cli.inputs import EXIT_BAD_INPUT, EXIT_INTERNAL, EXIT_INTERRUPTED
+from autoprec.cli import EXIT_BAD_INPUT, EXIT_INTERNAL, EXIT_INTERRUPTED, main
 
 
 @pytest.fixture(scope="module")

@@ -11,8 +11,7 @@ from cli.cli_files import write_model_and_data, write_model_plans, write_plan_fi
 
 import autoprec
 from autoprec import PrecisionPlan
-from autoprec.cli import diff_to_dict, main
-from autoprec.cli.inputs import EXIT_BAD_INPUT, EXIT_INTERNAL, EXIT_OK
+from autoprec.cli import EXIT_BAD_INPUT, EXIT_INTERNAL, EXIT_OK, diff_to_dict, main
 
 
 @pytest.fixture

@@ -11,8 +11,7 @@ import pytest
 from cli.cli_files import run_cli
 
 from autoprec import PrecisionPlan
-from autoprec.cli import main
-from autoprec.cli.inputs import EXIT_BAD_INPUT, EXIT_OK
+from autoprec.cli import EXIT_BAD_INPUT, EXIT_OK, main
 from autoprec.layers import layer_paths, layer_policy
 from autoprec.runtime.float8 import float8_variables
 

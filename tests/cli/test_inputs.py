@@ -1,4 +1,4 @@
-"""`autoprec.cli.inputs`: models, data, plans, profiles, budgets and dtypes read from real files."""
+"""`autoprec.cli`: models, data, plans, profiles, budgets and dtypes read from real files."""
 
 from __future__ import annotations
 
@@ -11,14 +11,15 @@ from cli.cli_files import write_model_and_data, write_model_plans, write_plan_fi
 from profiler.reference import synthetic_profile
 
 from autoprec import Budget, PrecisionPlan
-from autoprec.cli import build_parser, main
-from autoprec.cli.inputs import (
+from autoprec.cli import (
     EXIT_BAD_INPUT,
     UsageError,
+    build_parser,
     load_data,
     load_keras_model,
     load_plan,
     load_profile_for,
+    main,
     parse_budget,
     parse_dtypes,
     read_json_kind,

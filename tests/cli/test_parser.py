@@ -7,8 +7,7 @@ import argparse
 import pytest
 
 from autoprec import __version__, cli
-from autoprec.cli import build_parser, main
-from autoprec.cli.inputs import EXIT_BAD_INPUT
+from autoprec.cli import EXIT_BAD_INPUT, build_parser, main
 
 COMMANDS = ("demo", "profile", "search", "export", "show", "diff", "hardware")
 

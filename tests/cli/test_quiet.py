@@ -11,12 +11,12 @@ import pytest
 from cli.cli_files import run_cli, write_model_and_data, write_model_plans
 
 from autoprec.cli import (
+    EXIT_OK,
     FRAMEWORK_LOGGERS,
     NATIVE_NOISE,
     autoprec_messages,
     configure_framework_logging,
 )
-from autoprec.cli.inputs import EXIT_OK
 
 
 def test_export_in_a_fresh_process_prints_no_framework_lines(tmp_path):
