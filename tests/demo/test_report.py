@@ -1,4 +1,4 @@
-"""`autoprec.demo.report`: the verdicts, tables and host line read from a run's figures.
+"""`autoprec.demo`: the verdicts, tables and host line read from a run's figures.
 
 The logic that turns figures into sentences is checked with hand-made figures: every
 relation the sentences may claim. The real quick run, whose printed sentences must be
@@ -13,7 +13,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from autoprec.demo import report
+from autoprec import demo as report
 
 # ---------------------------------------------------------------------- hand-made figures
 

@@ -6,7 +6,7 @@ import pytest
 
 from autoprec import hardware
 from autoprec.errors import HardwareError
-from autoprec.hardware.profile import SLOW
+from autoprec.hardware import SLOW
 
 RTX_NAMES = [
     "rtx2060",

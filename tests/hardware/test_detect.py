@@ -8,7 +8,7 @@ import keras
 import pytest
 
 from autoprec import hardware
-from autoprec.hardware.profile import SLOW
+from autoprec.hardware import SLOW
 
 GIB = 1024**3
 

@@ -8,7 +8,7 @@ import pytest
 
 from autoprec import hardware
 from autoprec.errors import HardwareError
-from autoprec.hardware.profile import FAST, UNSUPPORTED
+from autoprec.hardware import FAST, UNSUPPORTED
 
 GIB = 1024**3
 TERA = 1e12

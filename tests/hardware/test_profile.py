@@ -1,4 +1,4 @@
-"""Tests for autoprec/hardware/profile.py: user profile files, defaults, errors, summaries."""
+"""Tests for autoprec.hardware: user profile files, defaults, errors, summaries."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 
 from autoprec import hardware
 from autoprec.errors import HardwareError
-from autoprec.hardware.profile import UNSUPPORTED
+from autoprec.hardware import UNSUPPORTED
 
 GIB = 1024**3
 

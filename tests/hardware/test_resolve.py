@@ -1,4 +1,4 @@
-"""Tests for autoprec/hardware/resolve.py: the one resolver of `hardware=`."""
+"""Tests for autoprec.hardware: the one resolver of `hardware=`."""
 
 from __future__ import annotations
 
