@@ -96,31 +96,7 @@ def _is_positive_number(value: object) -> bool:
 
 @keras.saving.register_keras_serializable(package="autoprec")
 class FlooredLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
-    """Dynamic loss scaling with a floor, a fixed-scale mode and counters of skipped steps.
-
-    Keras' own dynamic loss scale halves on every step with non-finite gradients
-    and has no floor: after ~140 bad steps in a row it is 0.0 and the next step
-    writes NaN into the weights. This optimizer halves down to `floor` and no
-    further; the bad step is still skipped, so the weights never see a non-finite
-    update. It also counts non-finite steps, in total (`non_finite_steps`) and in
-    a row (`consecutive_non_finite_steps`). All bookkeeping happens inside the
-    compiled step (no host synchronisation).
-
-    Args:
-        inner_optimizer: the `keras.optimizers.Optimizer` to wrap.
-        initial_scale: the starting loss scale.
-        dynamic_growth_steps: double the scale after this many finite steps.
-        floor: the smallest scale; `None` restores Keras' behaviour.
-        fixed: if `True`, the scale never changes (non-finite steps are still skipped).
-        name: optimizer name.
-
-    Example:
-
-    ```python
-    optimizer = autoprec.FlooredLossScaleOptimizer(keras.optimizers.Adam(), floor=1.0)
-    model.compile(optimizer=optimizer, loss="mse")
-    ```
-    """
+    """Dynamic loss scaling with a floor, a fixed-scale mode and counters of skipped steps."""
 
     def __init__(
         self,

@@ -61,54 +61,8 @@ DEFAULT_GUARD = Guard()
 
 
 class PlanCallback(keras.callbacks.Callback):
-    """Applies a given precision plan inside `fit`, with loss scaling whenever a layer runs in float16.
-
-    At the start of training the plan is applied to every layer (sub-layers
-    included), the optimizer is wrapped in a `FlooredLossScaleOptimizer` when any
-    layer computes in float16, and the compiled train/test/predict functions are
-    rebuilt so the new policies take effect. The optimizer's state is kept; an
-    optimizer that already scales the loss is not wrapped again. The current loss
-    scale is added to the epoch logs (`history.history["loss_scale"]`). An
-    unbuilt subclassed model only gets its sub-layers at the first trace, so the
-    plan applies from its second step on. The plan stays applied after training;
-    `restore()` undoes it. A later `fit` of a model that already runs the plan
-    (same plan, same compiled functions, same optimizer) changes nothing and does
-    not retrace; 16-bit kernels are checked once per model and layer dtype.
-    `autoprec.AutoPrecision` is this callback plus the automatic mode that
-    decides a plan when none is given.
-
-    The plan must fit the model exactly. To train with the part of a plan that
-    fits, apply it first with `handle = autoprec.apply_plan(model, plan,
-    strict=False)` and pass `handle.plan`, the plan as applied.
-
-    Args:
-        plan: a `PrecisionPlan` or the path of a plan JSON file.
-        hardware: the device the guard promotes for: `"local"` or a hardware
-            profile (name or `HardwareProfile`); float16 goes to bfloat16 only
-            where bfloat16 runs fast.
-        loss_scale: `"dynamic"` (`autoprec.LossScale()`: start at 2**15, halve
-            on overflow down to a floor of 1, double after 2000 finite steps), an
-            `autoprec.LossScale`, a number for a fixed scale, or `None` for no
-            loss scaling (refused when a layer runs in float16).
-        guard: an `autoprec.Guard`: watch for overflow during training and
-            promote the layers where it starts, and check 16-bit kernels before
-            training (see `autoprec.runtime.guard`); `None` turns both off. The
-            guard runs on Keras' TensorFlow and JAX backends; on another, pass
-            `None`.
-        plan_path: if given, the plan as applied is saved there at the end of training.
-        tensorboard_dir: if given, the loss scale, layer counts per dtype and
-            events are written to `<tensorboard_dir>/autoprec` each epoch.
-        verbose: 1 shows one line when the plan is applied and one per
-            promotion, 0 is silent (promotions are still logged as warnings). Lines go to stdout while Keras' interactive logging is
-            on, else to the `"autoprec"` logger.
-
-    Example:
-
-    ```python
-    plan = autoprec.PrecisionPlan.uniform(model, "float16").with_dtype("head", "float32")
-    model.fit(x, y, epochs=2, callbacks=[autoprec.runtime.PlanCallback(plan, verbose=0)])
-    ```
-    """
+    """Applies a given precision plan inside `fit`, with loss scaling whenever a layer runs in
+    float16."""
 
     #: Whether `plan=None` is accepted (a subclass that decides the plan itself).
     _decides_plan = False
