@@ -32,8 +32,6 @@ POLICIES = ("float32", "plan", "mixed_bfloat16", "mixed_float16")
 UNIFORM_POLICIES = ("float32", "mixed_bfloat16", "mixed_float16")
 #: Step-time ratios within this fraction of 1 are a tie: the timing noise of a shared CPU.
 NOISE = 0.05
-#: The CPU flags that decide 16-bit speed, reported beside the timings.
-_CPU_FLAGS = ("avx512_bf16", "amx_bf16", "avx512_fp16", "amx_fp16")
 #: The dtypes whose measured layer milliseconds the plan's table shows.
 _MS_DTYPES = ("float32", "bfloat16")
 
@@ -336,8 +334,8 @@ def _rounds_text(figures: Mapping[str, Any], name: str) -> str:
 
 def host_text(host: Mapping[str, Any]) -> str:
     """Returns the host line printed beside the timings, e.g. `"AMD EPYC, 2 cores, avx512_bf16"`."""
-    flags = [flag for flag in _CPU_FLAGS if host.get("flags", {}).get(flag)]
-    missing = [flag for flag in _CPU_FLAGS if flag not in flags]
+    flags = [flag for flag in hardware.CPU_16BIT_FLAGS if host.get("flags", {}).get(flag)]
+    missing = [flag for flag in hardware.CPU_16BIT_FLAGS if flag not in flags]
     flag_text = ", ".join(flags) if flags else "no 16-bit flags"
     if flags and missing:
         flag_text += f" (no {', '.join(missing)})"

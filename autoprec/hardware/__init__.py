@@ -252,6 +252,31 @@ _RTX_TABLE: tuple[tuple[str, str, str, float, float, float, float, float | None]
     ("rtx5090", "NVIDIA GeForce RTX 5090", "12.0", 32, 1792, 104.8, 209.5, 209.5),
 )
 
+#: SXM Hoppers (CC 9.0): 66.9 float32, 989.4 float16/bfloat16 and 1978.9 float8 dense TFLOPS,
+#: float32 accumulate (datacenter parts run float16 with float32 accumulate at full rate).
+#: name, display name, VRAM GB, GB/s, source, float8 rate source (None: the H100's)
+_HOPPER_TABLE = (
+    (
+        "h100",
+        "NVIDIA H100 SXM5 80GB",
+        80,
+        3350,
+        "built-in table (NVIDIA H100 Tensor Core GPU Architecture whitepaper, H100 SXM5: "
+        "66.9 FP32, 989.4 dense FP16/BF16, 1978.9 dense FP8 TFLOPS, 80 GB HBM3 at 3.35 TB/s)",
+        None,
+    ),
+    (
+        "h200",
+        "NVIDIA H200 SXM 141GB",
+        141,
+        4800,
+        "built-in table (NVIDIA H200 Tensor Core GPU datasheet: 141 GB HBM3e at 4.8 TB/s; "
+        "compute of the H100 SXM5 in the NVIDIA H100 Tensor Core GPU Architecture whitepaper)",
+        "NVIDIA H200 Tensor Core GPU datasheet: FP8 Tensor 3958 TFLOPS with sparsity, 1978.9 "
+        "dense, the H100 SXM5's (NVIDIA H100 Tensor Core GPU Architecture whitepaper)",
+    ),
+)
+
 #: Where the FP8 rate of each GPU architecture with FP8 tensor cores comes from, by compute
 #: capability. GeForce Ada and Blackwell run FP8 with float32 accumulate at 2x their
 #: FP16/BF16-with-float32-accumulate rate (the table's BF16 TC column): RTX 4090 330.4,
@@ -316,28 +341,6 @@ def _gpu_profile(row: tuple) -> HardwareProfile:
     )
 
 
-def _hopper_profile(
-    name: str, display: str, vram_gb: float, bandwidth_gbs: float, source: str, float8_source: str
-) -> HardwareProfile:
-    """An SXM Hopper (CC 9.0): 66.9 float32, 989.4 float16/bfloat16 and 1978.9 float8 dense TFLOPS,
-    float32 accumulate (datacenter parts run float16 with float32 accumulate at full rate)."""
-    return HardwareProfile(
-        name=name,
-        display_name=display,
-        kind="gpu",
-        compute_capability="9.0",
-        float32_flops=66.9 * TERA,
-        float16_flops=989.4 * TERA,
-        bfloat16_flops=989.4 * TERA,
-        memory_bandwidth=bandwidth_gbs * GIGA,
-        memory_bytes=int(vram_gb * GIB),
-        fast_dtypes=(FLOAT16, BFLOAT16, FLOAT8),
-        source=source,
-        float8_flops=1978.9 * TERA,
-        float8_flops_source=float8_source,
-    )
-
-
 def cpu_profile(
     name: str,
     display: str,
@@ -388,25 +391,14 @@ _NOMINAL = (
 
 def _builtin_profiles() -> dict[str, HardwareProfile]:
     profiles = {row[0]: _gpu_profile(row) for row in _RTX_TABLE}
-    profiles["h100"] = _hopper_profile(
-        "h100",
-        "NVIDIA H100 SXM5 80GB",
-        80,
-        3350,
-        "built-in table (NVIDIA H100 Tensor Core GPU Architecture whitepaper, H100 SXM5: "
-        "66.9 FP32, 989.4 dense FP16/BF16, 1978.9 dense FP8 TFLOPS, 80 GB HBM3 at 3.35 TB/s)",
-        FLOAT8_RATE_SOURCES["9.0"],
-    )
-    profiles["h200"] = _hopper_profile(
-        "h200",
-        "NVIDIA H200 SXM 141GB",
-        141,
-        4800,
-        "built-in table (NVIDIA H200 Tensor Core GPU datasheet: 141 GB HBM3e at 4.8 TB/s; "
-        "compute of the H100 SXM5 in the NVIDIA H100 Tensor Core GPU Architecture whitepaper)",
-        "NVIDIA H200 Tensor Core GPU datasheet: FP8 Tensor 3958 TFLOPS with sparsity, 1978.9 "
-        "dense, the H100 SXM5's (NVIDIA H100 Tensor Core GPU Architecture whitepaper)",
-    )
+    for name, display, vram_gb, bandwidth_gbs, source, float8_source in _HOPPER_TABLE:
+        row = (name, display, "9.0", vram_gb, bandwidth_gbs, 66.9, 989.4, 989.4)
+        profiles[name] = dataclasses.replace(
+            _gpu_profile(row),
+            source=source,
+            float8_flops=1978.9 * TERA,
+            float8_flops_source=float8_source or FLOAT8_RATE_SOURCES["9.0"],
+        )
     profiles["cpu-amx"] = cpu_profile("cpu-amx", "CPU with AMX-BF16", 64, 1024, None, _NOMINAL)
     profiles["cpu-avx512-bf16"] = cpu_profile(
         "cpu-avx512-bf16", "CPU with AVX512-BF16", 64, 128, None, _NOMINAL
@@ -494,23 +486,25 @@ def _active_backend() -> str:
         return "tensorflow"
 
 
-def _cpu_bfloat16_per_cycle(flags: set[str], float32_per_cycle: float) -> float | None:
-    """Returns the bfloat16 FLOP/cycle/core claimed for a detected CPU, or `None`."""
-    if "amx_bf16" in flags:
-        return 1024
-    if "avx512_bf16" in flags:
-        return float32_per_cycle
-    return None
+#: The CPU flags that decide 16-bit speed, in the order they are reported.
+CPU_16BIT_FLAGS = ("avx512_bf16", "amx_bf16", "avx512_fp16", "amx_fp16")
+#: 16-bit FLOP/cycle/core of a detected CPU: (dtype, flag, fixed, times float32's), strongest first.
+_CPU_16BIT_RATES = (
+    (BFLOAT16, "amx_bf16", 1024, 0),
+    (BFLOAT16, "avx512_bf16", 0, 1),
+    (FLOAT16, "amx_fp16", 1024, 0),
+    (FLOAT16, "avx512_fp16", 0, 2),
+)
+
+#: The built-in CPU class a detected CPU's strongest bfloat16 flag puts it in.
+_CPU_CLASSES = (("amx_bf16", "cpu-amx"), ("avx512_bf16", "cpu-avx512-bf16"))
 
 
-def _cpu_float16_per_cycle(flags: set[str], float32_per_cycle: float, backend: str) -> float | None:
-    """Returns the float16 FLOP/cycle/core of a detected CPU, or `None` (slow on `backend`)."""
-    if backend == "tensorflow":
-        return None
-    if "amx_fp16" in flags:
-        return 1024
-    if "avx512_fp16" in flags:
-        return 2 * float32_per_cycle
+def _cpu_per_cycle(dtype: str, flags: set[str], float32_per_cycle: float) -> float | None:
+    """The `dtype` FLOP/cycle/core the strongest of `flags` gives, or `None`."""
+    for rate_dtype, flag, fixed, times in _CPU_16BIT_RATES:
+        if rate_dtype == dtype and flag in flags:
+            return fixed + times * float32_per_cycle
     return None
 
 
@@ -524,9 +518,7 @@ def _cpu_source(
     float16_per_cycle: float | None,
 ) -> str:
     """Returns the `source` text of a detected CPU: what was read, what is estimated and why."""
-    wanted = [
-        flag for flag in ("avx512_bf16", "amx_bf16", "avx512_fp16", "amx_fp16") if flag in flags
-    ]
+    wanted = [flag for flag in CPU_16BIT_FLAGS if flag in flags]
     parts = [
         f"read from device: {model}, {cores} cores, flags "
         f"{', '.join(wanted) or 'none of the 16-bit ones'}",
@@ -549,14 +541,11 @@ def detect_cpu(cpuinfo_path: str = "/proc/cpuinfo", backend: str | None = None) 
     cores = os.cpu_count() or 1
     hertz = (megahertz or 2500.0) * 1e6
     float32_per_cycle = 64 if "avx512f" in flags else (32 if "avx2" in flags else 16)
-    bfloat16_per_cycle = _cpu_bfloat16_per_cycle(flags, float32_per_cycle)
-    float16_per_cycle = _cpu_float16_per_cycle(flags, float32_per_cycle, backend)
-    if "amx_bf16" in flags:
-        base = "cpu-amx"
-    elif "avx512_bf16" in flags:
-        base = "cpu-avx512-bf16"
-    else:
-        base = "cpu-generic"
+    bfloat16_per_cycle = _cpu_per_cycle(BFLOAT16, flags, float32_per_cycle)
+    float16_per_cycle = None  # TensorFlow runs float16 on CPU fallback kernels
+    if backend != "tensorflow":
+        float16_per_cycle = _cpu_per_cycle(FLOAT16, flags, float32_per_cycle)
+    base = next((name for flag, name in _CPU_CLASSES if flag in flags), "cpu-generic")
     source = _cpu_source(model, cores, hertz, flags, backend, base, float16_per_cycle)
     return cpu_profile(
         "local-cpu",
@@ -576,7 +565,7 @@ def detect_cpu(cpuinfo_path: str = "/proc/cpuinfo", backend: str | None = None) 
 def cpu_flags() -> dict[str, bool]:
     """Returns the 16-bit-relevant flags of the local CPU as read from /proc/cpuinfo."""
     flags, _, _ = _cpu_flags()
-    return {flag: flag in flags for flag in ("avx512_bf16", "amx_bf16", "avx512_fp16", "amx_fp16")}
+    return {flag: flag in flags for flag in CPU_16BIT_FLAGS}
 
 
 def _gpu_from_tensorflow() -> tuple[str, str | None, int | None] | None:
