@@ -6,8 +6,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from collections.abc import Mapping, Sequence
-from types import MappingProxyType
+from collections.abc import Sequence
 
 import ml_dtypes
 import numpy as np
@@ -60,15 +59,6 @@ FLOAT32 = float_format("float32")
 FLOAT8_E4M3 = float_format("float8_e4m3fn")
 #: Keras' float8 format of output gradients: max 57344, smallest subnormal 2^-16.
 FLOAT8_E5M2 = float_format("float8_e5m2")
-
-#: The dtype names a layer can compute in, besides float8 (which only some layers take).
-COMPUTE_DTYPES: tuple[str, ...] = ("float16", "bfloat16", "float32")
-
-#: The range facts of each compute dtype by name, e.g. `COMPUTE_FORMATS["float16"].max`
-#: (65504), `.min_normal` (2^-14) and `.min_subnormal` (2^-24); read-only.
-COMPUTE_FORMATS: Mapping[str, FloatFormat] = MappingProxyType(
-    {name: float_format(name) for name in COMPUTE_DTYPES}
-)
 
 
 def format_for(dtype: str | FloatFormat | np.dtype | type) -> FloatFormat:

@@ -33,22 +33,16 @@ POLICY_FOR_DTYPE: dict[str, str] = {
     FLOAT16: "mixed_float16",
 }
 
+#: Every spelling `canonical_dtype` accepts, by the dtype it means.
 _ALIASES = {
-    "fp32": FLOAT32,
-    "f32": FLOAT32,
-    "float32": FLOAT32,
-    "bf16": BFLOAT16,
-    "bfloat16": BFLOAT16,
-    "mixed_bfloat16": BFLOAT16,
-    "fp16": FLOAT16,
-    "f16": FLOAT16,
-    "half": FLOAT16,
-    "float16": FLOAT16,
-    "mixed_float16": FLOAT16,
-    "fp8": FLOAT8,
-    "f8": FLOAT8,
-    "float8": FLOAT8,
-    "float8_from_mixed_bfloat16": FLOAT8,
+    alias: dtype
+    for dtype, aliases in {
+        FLOAT32: ("fp32", "f32", "float32"),
+        BFLOAT16: ("bf16", "bfloat16", "mixed_bfloat16"),
+        FLOAT16: ("fp16", "f16", "half", "float16", "mixed_float16"),
+        FLOAT8: ("fp8", "f8", "float8", "float8_from_mixed_bfloat16"),
+    }.items()
+    for alias in aliases
 }
 
 

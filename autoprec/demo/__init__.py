@@ -18,6 +18,7 @@ import keras
 import numpy as np
 
 from .. import hardware
+from .._core.dtypes import canonical_dtype
 from .._core.io import atomic_write_json
 from .._core.timing import Timing, time_interleaved
 from ..callback import AutoPrecision
@@ -416,8 +417,6 @@ def build_model(seed: int = 0) -> keras.Model:
     return model
 
 
-#: The compute dtype of each uniform policy, as `autoprec.estimate` takes it.
-_UNIFORM_DTYPES = {"float32": "float32", "mixed_bfloat16": "bfloat16", "mixed_float16": "float16"}
 #: The demo's budget: the plan's validation MSE may be at most this fraction above float32's.
 BUDGET = Budget("val_loss", max_relative_drop=0.5)
 #: Batch size of the card prediction: a card this size is launch-bound at the CPU's batch.
@@ -556,7 +555,7 @@ def _predict(model, plan: PrecisionPlan, target, batch_size: int) -> dict[str, A
     profile_ = hardware.resolve_hardware(target)
     steps = {}
     for name in POLICIES:
-        planned = plan if name == "plan" else _UNIFORM_DTYPES[name]
+        planned = plan if name == "plan" else canonical_dtype(name)
         steps[name] = estimate(model, planned, profile_, batch_size=batch_size).step_seconds
     return {
         "hardware": profile_.name,

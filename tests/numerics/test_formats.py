@@ -40,16 +40,13 @@ def test_float8_formats_come_from_ml_dtypes_and_take_short_names():
 
 
 @pytest.mark.parametrize("name", ["float16", "bfloat16", "float32"])
-def test_compute_formats_give_each_compute_dtype_its_limits(name):
+def test_each_compute_dtype_has_its_limits_read_once(name):
     info = ml_dtypes.finfo(name)
-    limits = numerics.COMPUTE_FORMATS[name]
-    assert limits is numerics.COMPUTE_FORMATS[name] is numerics.float_format(name)
+    limits = numerics.float_format(name)
+    assert limits is numerics.float_format(name) is numerics.format_for(name)
     assert limits.max == float(info.max)
     assert limits.min_normal == float(info.smallest_normal)
     assert limits.min_subnormal == float(info.smallest_subnormal)
-    assert tuple(numerics.COMPUTE_FORMATS) == numerics.COMPUTE_DTYPES
-    with pytest.raises(TypeError):
-        numerics.COMPUTE_FORMATS[name] = limits  # read-only
 
 
 def test_format_for_takes_formats_names_and_numpy_dtypes():
