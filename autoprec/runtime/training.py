@@ -5,7 +5,8 @@ from __future__ import annotations
 import inspect
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import keras
 
@@ -17,7 +18,7 @@ from .._core.models import (
     strategy_scope,
     sync_fit_state,
 )
-from ..errors import PlanError
+from ..errors import BackendError, PlanError
 from ..hardware import HardwareProfile, resolve_hardware
 from ..layers import is_fully_built, layer_paths, layer_policy
 from ..plan import PrecisionPlan
@@ -52,7 +53,6 @@ from .loss_scale import (
 from .saving import attach_plan
 from .step_logs import SkippedStepLogs
 from .telemetry import GuardTelemetry, remove_installed_telemetry
-from .tensorboard import TrainingLog
 
 logger = logging.getLogger("autoprec")
 
@@ -483,6 +483,71 @@ class PlanCallback(keras.callbacks.Callback):
             return bool(resolve_hardware(self.hardware).is_fast(BFLOAT16))
         except Exception:  # unknown device: bfloat16 is still a safe range-wise promotion
             return True
+
+
+class TrainingLog:
+    """Writes autoprec's per-epoch scalars and text (`tensorboard_dir`) to a TensorBoard log."""
+
+    def __init__(self, logdir: str | os.PathLike) -> None:
+        try:  # TensorFlow stays optional on the JAX backend
+            from .._backends import tensorflow_tensorboard as tensorflow_backend
+        except ImportError as error:
+            raise BackendError(
+                f"tensorboard_dir needs TensorFlow to write summaries ({error}); "
+                "pip install tensorflow, or leave tensorboard_dir unset."
+            ) from None
+        self.logdir = os.path.join(os.fspath(logdir), "autoprec")
+        self._writer = tensorflow_backend.SummaryWriter(self.logdir)
+        self._written_events = 0
+        self._last_table: str | None = None
+
+    def write_epoch(
+        self,
+        epoch: int,
+        dtypes: Mapping[str, str],
+        loss_scale: float | None,
+        events: Sequence[Mapping[str, Any]],
+    ) -> None:
+        """Writes the epoch's scalars, the dtype table when it changed, and new events."""
+        texts = {}
+        table = self.dtype_table(dtypes)
+        if table != self._last_table:
+            texts["autoprec/plan"] = self._last_table = table
+        if len(events) > self._written_events:
+            texts["autoprec/events"] = self.events_text(events[self._written_events :])
+            self._written_events = len(events)
+        self._writer.write(epoch, self.scalars(dtypes, loss_scale), texts)
+
+    def close(self) -> None:
+        """Closes the event file."""
+        self._writer.close()
+
+    @staticmethod
+    def scalars(dtypes: Mapping[str, str], loss_scale: float | None) -> dict[str, float]:
+        """The per-epoch scalars: the loss scale and how many layers run in each dtype."""
+        scalars = {} if loss_scale is None else {"autoprec/loss_scale": loss_scale}
+        for dtype, count in count_dtypes(dtypes.values()).items():
+            scalars[f"autoprec/layers_{dtype}"] = count
+        return scalars
+
+    @staticmethod
+    def dtype_table(dtypes: Mapping[str, str]) -> str:
+        """A Markdown table of every layer's dtype (TensorBoard renders Markdown text)."""
+        rows = "\n".join(f"| `{path}` | {dtype} |" for path, dtype in dtypes.items())
+        return f"| layer | dtype |\n|---|---|\n{rows}"
+
+    @staticmethod
+    def events_text(events: Sequence[Mapping[str, Any]]) -> str:
+        """One Markdown line per event (promotion, fallback, divergence)."""
+        lines = []
+        for event in events:
+            change = f"{event['from']} -> {event['to']}" if "from" in event else ""
+            layer = f"`{event['layer']}` " if "layer" in event else ""
+            lines.append(
+                f"- step {event.get('step')}: {event.get('kind')} {layer}{change} "
+                f"({event.get('evidence', '')})"
+            )
+        return "\n".join(lines)
 
 
 def _checked_plan(
