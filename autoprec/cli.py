@@ -19,9 +19,9 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from .._core.dtypes import FLOAT16_TRIALS
-from .._version import __version__
-from ..errors import AutoprecError
+from ._core.dtypes import FLOAT16_TRIALS
+from ._version import __version__
+from .errors import AutoprecError
 
 EXIT_OK = 0
 #: A failure: an internal error, or `diff --exit-code` finding differences.
@@ -44,7 +44,7 @@ def load_keras_model(path: str, require_compiled: bool = True):
         raise UsageError(f"{model_path}: expected a .keras file (model.save('model.keras')).")
     import keras
 
-    from ..runtime import load_model
+    from .runtime import load_model
 
     try:
         with warnings.catch_warnings():
@@ -119,7 +119,7 @@ def load_data(spec: str) -> dict[str, Any]:
 
 def read_json_kind(path: str) -> tuple[str, Any]:
     """Reads a JSON file and says whether it is a `"plan"` or a `"profile"`."""
-    from .._core.io import read_json_file
+    from ._core.io import read_json_file
 
     data = read_json_file(path, UsageError, "plan or profile")
     if isinstance(data, dict):
@@ -138,7 +138,7 @@ def load_plan(path: str):
     """Loads a precision plan from a plan JSON file or from a `.keras` model saved with one."""
     archive = Path(path)
     if archive.suffix != ".keras":
-        from ..plan import PrecisionPlan
+        from .plan import PrecisionPlan
 
         kind, data = read_json_kind(path)
         if kind != "plan":
@@ -148,7 +148,7 @@ def load_plan(path: str):
         raise UsageError(f"{archive}: no such model file.")
     if not zipfile.is_zipfile(archive):
         raise UsageError(f"{archive}: not a .keras archive (not a zip file).")
-    from ..runtime import load_plan_from_archive
+    from .runtime import load_plan_from_archive
 
     plan = load_plan_from_archive(archive)
     if plan is None:
@@ -161,8 +161,8 @@ def load_plan(path: str):
 
 def load_profile_for(path: str, model) -> Any:
     """Loads a profile written by `autoprec profile` and checks it was recorded for `model`."""
-    from ..layers import model_fingerprint
-    from ..profiler.stats import Profile
+    from .layers import model_fingerprint
+    from .profiler.stats import Profile
 
     kind, _ = read_json_kind(path)
     if kind != "profile":
@@ -180,7 +180,7 @@ def load_profile_for(path: str, model) -> Any:
 
 def parse_budget(text: str):
     """Parses `METRIC:MAX_DROP` or `METRIC:PERCENT%`, optionally `:min` or `:max`, into a Budget."""
-    from ..search import Budget
+    from .search import Budget
 
     metric, separator, amount = text.partition(":")
     amount, _, mode = amount.partition(":")
@@ -202,7 +202,7 @@ def parse_dtypes(text: str | None) -> tuple[str, ...] | None:
     """Parses `--dtypes float32,bf16` into canonical dtype names (`None` when not given)."""
     if not text:
         return None
-    from .._core.dtypes import canonical_dtype
+    from ._core.dtypes import canonical_dtype
 
     try:
         return tuple(canonical_dtype(item.strip(), "--dtypes") for item in text.split(","))
@@ -212,7 +212,7 @@ def parse_dtypes(text: str | None) -> tuple[str, ...] | None:
 
 def search_keyword_arguments(args: argparse.Namespace, budget, profile) -> dict[str, Any]:
     """Returns the keyword arguments of `autoprec.search` for the `search` command's flags."""
-    from ..search import SearchSettings
+    from .search import SearchSettings
 
     return {
         "budget": budget,
@@ -425,9 +425,9 @@ def show(args: argparse.Namespace) -> int:
     else:
         kind, data = read_json_kind(args.file)
         if kind == "plan":
-            from ..plan import PrecisionPlan as loaded_class
+            from .plan import PrecisionPlan as loaded_class
         else:
-            from ..profiler.stats import Profile as loaded_class
+            from .profiler.stats import Profile as loaded_class
         loaded = loaded_class.from_dict(data, source=args.file)
     if args.json:
         print_json({"kind": kind, "source": args.file, kind: loaded.to_dict()})
@@ -451,7 +451,7 @@ def hardware(args: argparse.Namespace) -> int:
     """`autoprec hardware [NAME] [--detect]`: the built-in profiles, one of them, or this machine."""
     if args.detect and args.name:
         raise UsageError(f"hardware: give NAME ({args.name!r}) or --detect, not both.")
-    from ..hardware import detect, get, names
+    from .hardware import detect, get, names
 
     if args.detect or args.name:
         found = detect() if args.detect else get(args.name)
@@ -471,7 +471,7 @@ def profile(args: argparse.Namespace) -> int:
     """`autoprec profile MODEL --data DATA`: per-layer ranges over a few training steps."""
     model = load_keras_model(args.model)
     data = load_data(args.data)
-    from ..profiler.runner import profile as record_profile
+    from .profiler.runner import profile as record_profile
 
     result = record_profile(model, data["train"], steps=args.steps, batch_size=args.batch_size)
     result.save(args.output)
@@ -491,8 +491,8 @@ def search(args: argparse.Namespace) -> int:
     model = load_keras_model(args.model)
     loaded_profile = load_profile_for(args.profile, model) if args.profile else None
     data = load_data(args.data)
-    from ..search import search as run_search
-    from ..search import search_in_processes
+    from .search import search as run_search
+    from .search import search_in_processes
 
     arguments = search_keyword_arguments(args, budget, loaded_profile)
     if args.workers > 1:
@@ -518,8 +518,8 @@ def export(args: argparse.Namespace) -> int:
         raise UsageError(f"-o {args.output}: the output must end in '.keras'.")
     plan = load_plan(args.plan)
     model = load_keras_model(args.model, require_compiled=False)
-    from ..errors import PlanError
-    from ..runtime import apply_plan, save_model
+    from .errors import PlanError
+    from .runtime import apply_plan, save_model
 
     try:
         handle = apply_plan(model, plan, strict=True)
@@ -533,7 +533,7 @@ def export(args: argparse.Namespace) -> int:
 
 def demo(args: argparse.Namespace) -> int:
     """`autoprec demo`: profile, search, train and time the built-in model."""
-    from ..demo import run_demo
+    from .demo import run_demo
 
     predict_for = None if str(args.predict_for).lower() == "none" else args.predict_for
     run_demo(
@@ -659,3 +659,7 @@ def autoprec_messages(verbose: int = 1) -> Iterator[None]:
     finally:
         package_logger.removeHandler(handler)
         package_logger.setLevel(previous_level)
+
+
+if __name__ == "__main__":  # `python -m autoprec.cli`
+    sys.exit(main())
