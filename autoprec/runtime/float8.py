@@ -10,6 +10,7 @@ import keras
 from .._core.dtypes import is_float8_policy
 from .._core.models import inner_optimizer, strategy_scope, sync_fit_state
 from ..layers import FLOAT8_SCALING_VARIABLES, layer_paths, layer_policy
+from ..numerics import FLOAT8_E4M3, FLOAT8_E5M2
 
 #: Names of the variables Keras' float8 path adds to a Dense/EinsumDense layer.
 FLOAT8_VARIABLES: tuple[str, ...] = tuple(sorted(FLOAT8_SCALING_VARIABLES))
@@ -131,12 +132,8 @@ def restore_variables(
             _reset(variable)
 
 
-#: The 8-bit format each float8 tensor is quantized to, and its largest finite value.
-FLOAT8_TENSORS: tuple[tuple[str, str, float], ...] = (
-    ("inputs", "float8_e4m3fn", 448.0),
-    ("kernel", "float8_e4m3fn", 448.0),
-    ("outputs_grad", "float8_e5m2", 57344.0),
-)
+#: The float8 format each of a layer's scaled tensors (Keras' variable prefix) is quantized to.
+FLOAT8_TENSORS = (("inputs", FLOAT8_E4M3), ("kernel", FLOAT8_E4M3), ("outputs_grad", FLOAT8_E5M2))
 
 
 #: How far an amax may exceed what its scale covers before it counts as saturating: the
@@ -153,18 +150,18 @@ def lagging_scales(layers: Mapping[str, keras.layers.Layer]) -> dict[str, str]:
         if not is_float8_policy(layer_policy(layer)) or not float8_variables(layer):
             continue
         worst_ratio = 0.0
-        for tensor, format_name, largest in FLOAT8_TENSORS:
+        for tensor, fmt in FLOAT8_TENSORS:
             scale = float(keras.ops.convert_to_numpy(getattr(layer, f"{tensor}_scale")))
             history = getattr(layer, f"{tensor}_amax_history")
             amax = float(keras.ops.convert_to_numpy(history[0]))
-            covered = largest * scale  # Keras keeps the scale as amax / format max
+            covered = fmt.max * scale  # Keras keeps the scale as amax / format max
             if amax > SATURATION_RATIO * covered and math.isfinite(amax):
                 ratio = amax / covered if covered > 0 else float("inf")
                 if ratio > worst_ratio:
                     worst_ratio = ratio
                     found[path] = (
                         f"{tensor} amax {amax:.3g} is {ratio:.2g}x what its delayed "
-                        f"{format_name} scale covers ({covered:.3g}): the scale lags a "
+                        f"{fmt.name} scale covers ({covered:.3g}): the scale lags a "
                         "growing amax and values saturate"
                     )
     return found
