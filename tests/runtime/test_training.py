@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 
 import autoprec
-from autoprec import FlooredLossScaleOptimizer, PlanError, PrecisionPlan
+from autoprec import PlanError, PrecisionPlan
 from autoprec.layers import layer_paths
-from autoprec.runtime import PlanCallback
+from autoprec.runtime import FlooredLossScaleOptimizer, PlanCallback
 
 
 def _compiled(model):
