@@ -99,20 +99,16 @@ def exponent_histogram(values: ArrayLike) -> tuple[np.ndarray, int, int]:
     return histogram, zeros, int(flat.size - np.count_nonzero(finite))
 
 
-def _scale_shift(scale: float) -> int:
-    """Returns `k` for a power-of-two `scale = 2^k`, or raises `ValueError`."""
+def _scaled_exponents(scale: float) -> np.ndarray:
+    """Each bin's exponent after multiplying by a power-of-two `scale` (else `ValueError`)."""
     mantissa, exponent = math.frexp(scale)
     if scale <= 0 or mantissa != 0.5:
         raise ValueError(f"scale must be a positive power of two, got {scale!r}")
-    return exponent - 1
+    return bin_exponents() + exponent - 1
 
 
-def _count_where(histogram: np.ndarray, mask: np.ndarray) -> int:
-    return int(np.asarray(histogram, dtype=np.int64)[mask].sum())
-
-
-def _fraction(part: int, count: int) -> float:
-    return part / count if count else 0.0
+def _fraction(histogram: np.ndarray, count: int, mask: np.ndarray) -> float:
+    return int(np.asarray(histogram, dtype=np.int64)[mask].sum()) / count if count else 0.0
 
 
 def overflow_fraction(
@@ -120,8 +116,7 @@ def overflow_fraction(
 ) -> float:
     """Returns the fraction of elements that overflow `dtype` after multiplying by `scale`."""
     fmt = format_for(dtype)
-    exponents = bin_exponents() + _scale_shift(scale)
-    return _fraction(_count_where(histogram, exponents > fmt.max_exponent), count)
+    return _fraction(histogram, count, _scaled_exponents(scale) > fmt.max_exponent)
 
 
 def underflow_fraction(
@@ -129,8 +124,7 @@ def underflow_fraction(
 ) -> float:
     """Returns the fraction of elements that flush to zero in `dtype` after scaling."""
     fmt = format_for(dtype)
-    exponents = bin_exponents() + _scale_shift(scale)
-    return _fraction(_count_where(histogram, exponents < fmt.min_subnormal_exponent), count)
+    return _fraction(histogram, count, _scaled_exponents(scale) < fmt.min_subnormal_exponent)
 
 
 def subnormal_fraction(
@@ -138,9 +132,9 @@ def subnormal_fraction(
 ) -> float:
     """Returns the fraction of elements in `dtype`'s subnormal range after scaling."""
     fmt = format_for(dtype)
-    exponents = bin_exponents() + _scale_shift(scale)
+    exponents = _scaled_exponents(scale)
     in_range = (exponents >= fmt.min_subnormal_exponent) & (exponents < fmt.min_normal_exponent)
-    return _fraction(_count_where(histogram, in_range), count)
+    return _fraction(histogram, count, in_range)
 
 
 def exceeds_max(max_abs: float, dtype: str | FloatFormat = FLOAT16, scale: float = 1.0) -> bool:
