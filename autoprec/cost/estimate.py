@@ -8,10 +8,8 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import keras
-import numpy as np
 
 from .._core.dtypes import (
-    COMPUTE_DTYPES,
     FLOAT8,
     FLOAT32,
     canonical_dtype,
@@ -22,7 +20,7 @@ from .._core.models import inner_optimizer
 from ..errors import HardwareError, PlanError
 from ..hardware import HardwareProfile
 from ..layers import LayerInfo, describe_model
-from .prediction import FLOAT8_ITEMSIZE, ITEMSIZE, predict_costs, predict_plan_costs
+from .prediction import FLOAT8_ITEMSIZE, ITEMSIZE, predict_costs, weight_count
 from .table import DEFAULT_RELATIVE_ERROR, CostTable
 
 #: Fraction of device memory a step may fill (the rest: framework, workspaces).
@@ -179,9 +177,9 @@ def _costs_for(
     costs: CostTable | None,
     batch_size: int | None,
     x: Any,
-    float8_source: str | None = None,
+    float8_source: str,
 ) -> CostTable:
-    """Returns `costs`, or a prediction for `hardware` (with float8 when `float8_source` is set)."""
+    """Returns `costs`, or a prediction for `hardware` (float8 layers' other work in `float8_source`)."""
     if isinstance(hardware, CostTable):
         raise PlanError(
             "estimate: pass a cost table as costs=table; hardware= names a device "
@@ -193,15 +191,8 @@ def _costs_for(
                 f"estimate: costs must be an autoprec.CostTable, got {type(costs).__name__}."
             )
         return costs
-    if float8_source is None:
-        return predict_costs(model, hardware, batch_size=batch_size or 32, x=x)
-    return predict_plan_costs(
-        model,
-        hardware,
-        batch_size=batch_size or 32,
-        x=x,
-        dtypes=(*COMPUTE_DTYPES, FLOAT8),
-        float8_source=float8_source,
+    return predict_costs(
+        model, hardware, batch_size=batch_size or 32, x=x, float8_source=float8_source
     )
 
 
@@ -240,8 +231,8 @@ def _memory_bytes(
     activation_bytes += sum(
         elements * 4 for producer, _, elements in table.edges if producer is None
     )
-    parameters = sum(int(np.prod(weight.shape)) for weight in model.weights)
-    trainable = sum(int(np.prod(weight.shape)) for weight in model.trainable_weights)
+    parameters = weight_count(model.weights)
+    trainable = weight_count(model.trainable_weights)
     half_copies = sum(
         record.weight_elements * ITEMSIZE[dtypes.activation(path)]
         + (record.weight_elements * FLOAT8_ITEMSIZE if dtypes.layer(path) == FLOAT8 else 0)
@@ -313,10 +304,7 @@ def estimate(
     mapping = _plan_mapping(plan)
     # The dtype of a plan's float8 layers' non-matmul work (bfloat16 by default).
     float8_source = canonical_float8_source(getattr(plan, "float8_source", None))
-    uses_float8 = FLOAT8 in mapping.values()
-    table = _costs_for(
-        model, hardware, costs, batch_size, x, float8_source if uses_float8 else None
-    )
+    table = _costs_for(model, hardware, costs, batch_size, x, float8_source)
     batch = int(batch_size or table.batch_size)
     infos = describe_model(model)
     class_names = {path: info.class_name for path, info in infos.items()}

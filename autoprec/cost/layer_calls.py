@@ -232,36 +232,56 @@ def sample_inputs(
 
 
 class _Recorder:
-    """Temporary hooks on every layer's `call`, recording shapes and producer edges."""
+    """Temporary hooks on every layer's call (`quantized_call` for a float8 layer) and on
+    Keras' input casts, recording shapes and producer edges; a cast tensor is its source."""
 
     def __init__(self, paths: dict[str, keras.layers.Layer]):
         self.paths = paths
         self.calls: dict[str, list[LayerCall]] = {path: [] for path in paths}
         self.producer_of: dict[int, str] = {}
+        self.source_of: dict[int, int] = {}
         self.raw_edges: list[tuple[int, str | None, str, int]] = []
         self.keep_alive: list[Any] = []
-        self.installed: list[tuple[keras.layers.Layer, bool, Any]] = []
+        self.installed: list[tuple[Any, str, bool, Any]] = []
 
     def install(self) -> None:
         for path, layer in self.paths.items():
-            had_own = "call" in vars(layer)
-            previous = vars(layer).get("call")
-            original = layer.call
-            object.__setattr__(layer, "call", self._hook(path, layer, original))
-            self.installed.append((layer, had_own, previous))
+            quantized = getattr(getattr(layer, "dtype_policy", None), "quantization_mode", None)
+            name = "quantized_call" if quantized else "call"
+            self._replace(layer, name, self._hook(path, layer, getattr(layer, name), layer.call))
+        convert_input = keras.DTypePolicy.convert_input
+
+        def converted(policy, x, autocast, dtype):
+            result = convert_input(policy, x, autocast, dtype)
+            if result is not x:
+                self.source_of[id(result)] = self.source_of.get(id(x), id(x))
+                self.keep_alive.extend((x, result))
+            return result
+
+        self._replace(keras.DTypePolicy, "convert_input", converted)
+
+    def _replace(self, owner: Any, name: str, value: Any) -> None:
+        had_own = name in vars(owner)
+        self.installed.append((owner, name, had_own, vars(owner).get(name)))
+        if isinstance(owner, type):
+            setattr(owner, name, value)
+        else:
+            object.__setattr__(owner, name, value)
 
     def remove(self) -> None:
-        for layer, had_own, previous in reversed(self.installed):
-            if had_own:
-                object.__setattr__(layer, "call", previous)
+        for owner, name, had_own, previous in reversed(self.installed):
+            if had_own and isinstance(owner, type):
+                setattr(owner, name, previous)
+            elif had_own:
+                object.__setattr__(owner, name, previous)
             else:
-                object.__delattr__(layer, "call")
+                object.__delattr__(owner, name)
         self.installed.clear()
         self.keep_alive.clear()
 
-    def _hook(self, path: str, layer: keras.layers.Layer, original):
+    def _hook(self, path: str, layer: keras.layers.Layer, original, described):
         try:
-            signature = inspect.signature(original)
+            signature = inspect.signature(described)
         except (TypeError, ValueError):
             signature = None
 
@@ -305,14 +325,9 @@ class _Recorder:
             )
         )
         for tensor in flat_arrays((args, kwargs)):
-            self.raw_edges.append(
-                (
-                    id(tensor),
-                    self.producer_of.get(id(tensor)),
-                    path,
-                    spec_of(tensor).elements_per_sample(),
-                )
-            )
+            tensor_id = self.source_of.get(id(tensor), id(tensor))
+            elements = spec_of(tensor).elements_per_sample()
+            self.raw_edges.append((tensor_id, self.producer_of.get(tensor_id), path, elements))
         for tensor in output_tensors:
             self.producer_of.setdefault(id(tensor), path)
             self.keep_alive.append(tensor)

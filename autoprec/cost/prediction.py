@@ -236,10 +236,17 @@ def _matmul_layer(
     }
 
 
-def _weights(layer) -> int:
-    return (
-        int(sum(element_count(weight.shape) for weight in layer.trainable_weights)) if layer else 0
+def weight_count(weights: Sequence[Any]) -> int:
+    """Returns the elements of `weights`, without float8 layers' scales and amax histories."""
+    return sum(
+        element_count(weight.shape)
+        for weight in weights
+        if not getattr(weight, "overwrite_with_gradient", False)
     )
+
+
+def _weights(layer) -> int:
+    return weight_count(layer.trainable_weights) if layer else 0
 
 
 def _float8_counts(
@@ -695,13 +702,16 @@ def predict_costs(
     batch_size: int = 32,
     x: Any = None,
     dtypes: Sequence[str] = PLAN_DTYPES,
+    float8_source: str = BFLOAT16,
 ) -> CostTable:
     """Predicts every layer's forward+backward seconds per dtype with a roofline model.
 
     With `"float8"` (there by default), the table gets a float8 entry for each `Dense` and
     `EinsumDense` layer, and only on a device with FP8 tensor cores
-    (`predicted_float8_seconds`, their non-matmul work in bfloat16); other
-    layers and devices have none.
+    (`predicted_float8_seconds`, their non-matmul work in `float8_source`); other
+    layers and devices have none. The same model gives the same table whatever
+    plan it runs under. `estimate` predicts through this function, so a plan's
+    `metadata["predicted_speedup"]` is what `estimate` reports.
 
     Args:
         model: a built Keras model.
@@ -713,6 +723,8 @@ def predict_costs(
             and for inputs with a dynamic dimension (a sequence length), which
             then take the batch's.
         dtypes: dtypes to predict (by default all four; `"float8"`: see above).
+        float8_source: the dtype of float8 layers' non-matmul work, `"bfloat16"`
+            or `"float16"` (a plan's `float8_source`).
 
     Returns:
         A `CostTable` with `source="predicted"`.
@@ -726,19 +738,6 @@ def predict_costs(
     table.layer_seconds("dense", "float8")
     ```
     """
-    return predict_plan_costs(model, hardware, batch_size=batch_size, x=x, dtypes=dtypes)
-
-
-def predict_plan_costs(
-    model: keras.Model,
-    hardware: HardwareProfile | str = "local",
-    *,
-    batch_size: int = 32,
-    x: Any = None,
-    dtypes: Sequence[str] = COMPUTE_DTYPES,
-    float8_source: str = BFLOAT16,
-) -> CostTable:
-    """Predicts costs as `predict_costs` does, float8 layers' non-matmul work in `float8_source`."""
     profile = resolve_hardware(hardware)
     trace = trace_model(model, None if x is None else input_part(x))
     counts = count_costs(model, trace)
