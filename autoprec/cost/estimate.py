@@ -29,37 +29,7 @@ USABLE_MEMORY_FRACTION = 0.9
 
 @dataclasses.dataclass(frozen=True)
 class Estimate:
-    """Predicted step time, speedup and memory of a model under a plan.
-
-    Attributes:
-        step_seconds: predicted seconds per training step (`inf`: infeasible).
-        float32_step_seconds: predicted seconds per step with every layer in float32.
-        speedup: `float32_step_seconds / step_seconds`.
-        batch_size: samples per step.
-        layer_seconds: `{path: seconds}` of each layer in its assigned dtype.
-        cast_seconds: seconds spent casting at dtype boundaries.
-        overhead_seconds: fixed per-step overhead (the same for every dtype).
-        activation_bytes_per_sample: activations kept for backward, per sample.
-        parameter_bytes: float32 master weights, their gradients and 16-bit copies.
-        optimizer_bytes: optimizer state.
-        memory_bytes: device memory (`None` if unknown).
-        infeasible_layers: layers whose dtype the device cannot run.
-        device: device name.
-        source: `"measured"` or `"predicted"`.
-        boundary_seconds: what the whole step adds at the boundaries between
-            layers of different dtypes beyond the casts (`CostTable.boundary_cost`),
-            included in `step_seconds`.
-        relative_error: the table's whole-step prediction error
-            (`CostTable.relative_error`): `step_seconds` is within about this
-            fraction of the real step.
-
-    Example:
-
-    ```python
-    est = autoprec.estimate(model, plan, "rtx4060ti-8gb", batch_size=64)
-    est.speedup, est.max_batch_size()
-    ```
-    """
+    """Predicted step time, speedup and memory of a model under a plan (see docs/api.md)."""
 
     step_seconds: float
     float32_step_seconds: float

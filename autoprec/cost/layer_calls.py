@@ -411,31 +411,8 @@ def synthetic_tensor(
     rng: np.random.Generator,
     value_range: tuple[float, float] | None = None,
 ) -> Any:
-    """Returns a backend tensor shaped like `spec` at `batch_size`, with random values.
-
-    Float tensors hold standard-normal values (or uniform ones in `value_range`)
-    in `dtype`; boolean tensors are all `True` and integer tensors all zero, in
-    the dtype the layer saw (valid indices for an `Embedding`).
-
-    Args:
-        spec: a recorded tensor (`LayerCall.arguments` or `LayerCall.outputs`).
-        batch_size: the leading dimension of the tensor.
-        dtype: the dtype of a float tensor, e.g. the layer's compute dtype.
-        rng: the random generator the values are drawn from.
-        value_range: `(low, high)` of uniform values; `None` for standard-normal ones.
-
-    Returns:
-        A tensor of the active Keras backend (on TensorFlow and JAX, placed on the
-        default device once).
-
-    Example:
-
-    ```python
-    spec = autoprec.cost.TensorSpec((None, 8), "float32")
-    tensor = autoprec.cost.synthetic_tensor(spec, 4, "bfloat16", np.random.default_rng(0))
-    tensor.shape  # (4, 8)
-    ```
-    """
+    """Returns a backend tensor shaped like `spec` at `batch_size`: random floats in `dtype`
+    (standard-normal, or uniform in `value_range`), all-`True` booleans, zero integers."""
     shape = spec.concrete_shape(batch_size)
     if spec.dtype == "bool":
         return keras.ops.ones(shape, dtype="bool")
@@ -461,38 +438,8 @@ def synthetic_arguments(
     rng: np.random.Generator,
     value_range: tuple[float, float] | None = None,
 ) -> tuple[list, dict]:
-    """Returns `(args, kwargs)` that call a layer as `call` recorded, with random tensors.
-
-    The first argument is passed by position, the others by name (`None` ones
-    left out); each tensor argument becomes a `synthetic_tensor`, each list a
-    list and each dict a dict of them (nested as recorded), and plain values
-    are passed as recorded.
-
-    Args:
-        call: a recorded layer call, from `trace_model(model).calls[path]`.
-        batch_size: the leading dimension of every tensor.
-        dtype: the dtype of float tensors, e.g. the layer's compute dtype.
-        rng: the random generator the values are drawn from.
-        value_range: `(low, high)` of uniform float values; `None` for standard-normal ones.
-
-    Returns:
-        The positional arguments and the keyword arguments: `layer(*args, **kwargs)`.
-
-    Raises:
-        BackendError: naming the argument and the layer, when the trace could not
-            describe an argument (neither tensors, nested in lists and dicts, nor a
-            plain value).
-
-    Example:
-
-    ```python
-    trace = autoprec.cost.trace_model(model)
-    args, kwargs = autoprec.cost.synthetic_arguments(
-        trace.calls["dense"][0], 4, "float32", np.random.default_rng(0)
-    )
-    layer(*args, **kwargs)
-    ```
-    """
+    """Returns `(args, kwargs)` that call a layer as `call` recorded, with `synthetic_tensor`s;
+    raises `BackendError` naming an argument the trace could not describe."""
 
     def build(value: ArgumentValue) -> Any:
         if isinstance(value, TensorSpec):

@@ -111,13 +111,6 @@ class LayerCost:
         histories = self.float8_matmuls * FLOAT8_QUANTIZED_TENSORS * FLOAT8_AMAX_HISTORY * 4 * 3
         return self.float8_quantized_values(batch_size) * per_value + histories
 
-    def to_dict(self) -> dict[str, Any]:
-        """Returns the fields as a JSON-ready dict, its dimension tuples as lists."""
-        data = dataclasses.asdict(self)
-        data["matmul_dims"] = list(self.matmul_dims)
-        data["float8_dims"] = list(self.float8_dims)
-        return data
-
 
 #: FLOPs per element of common activations (forward).
 ACTIVATION_FLOPS: dict[str, int] = {
