@@ -20,13 +20,13 @@ import numpy as np
 from .._backends import timing_backend
 from .._core.data import batch_size_of, flat_arrays, input_part, slice_batch, target_part
 from .._core.dtypes import BFLOAT16, FLOAT8, FLOAT32, canonical_dtype, policy_name
-from .._core.models import fresh_optimizer
+from .._core.models import call_model_code, fresh_optimizer
 from .._core.timing import Timing, time_interleaved
-from ..errors import PlanError
+from ..errors import BackendError, PlanError
 from ..hardware import FAST, HardwareProfile
 from ..layers import layer_paths
 from .layer_calls import LayerCall, synthetic_arguments
-from .table import CostTable, MeasurementCache, model_signature
+from .table import NOT_TIMED, STEPS_NOT_TIMED, CostTable, MeasurementCache, model_signature
 
 #: Keras backends `calibrate` and `time_train_steps` can time on.
 MEASURING_BACKENDS = ("tensorflow", "jax")
@@ -62,12 +62,24 @@ def _median_seconds(function: Callable[[], object], repeats: int) -> float:
     return timings["function"].median
 
 
-def rebuild_layer(layer: keras.layers.Layer, dtype: str) -> keras.layers.Layer:
-    """Returns an unbuilt copy of `layer` from its config, with the Keras policy of `dtype`."""
-    config = layer.get_config()
-    config["dtype"] = policy_name(dtype)
-    config.pop("name", None)
-    return layer.__class__.from_config(config)
+def rebuild_layer(layer: keras.layers.Layer, dtype: str, path: str = "") -> keras.layers.Layer:
+    """Returns an unbuilt copy of `layer` from its config, with the Keras policy of `dtype`;
+    raises `BackendError` (after one warning) when the layer's own code cannot rebuild it."""
+
+    def rebuild() -> keras.layers.Layer:
+        config = layer.get_config()
+        config["dtype"] = policy_name(dtype)
+        config.pop("name", None)
+        return layer.__class__.from_config(config)
+
+    name = path or layer.name
+    clone = call_model_code(rebuild, layer=name, lost=NOT_TIMED, fallback=None)
+    if clone is None:
+        raise BackendError(
+            f"layer {name!r} ({type(layer).__name__}) cannot be rebuilt from its get_config(); "
+            "give it a get_config() that from_config() accepts to have it timed."
+        )
+    return clone
 
 
 def time_layer(
@@ -81,7 +93,7 @@ def time_layer(
     """Times a standalone copy of `layer` forward+backward in `dtype` on random inputs."""
     timing = measuring_backend("calibrate()")
     rng = np.random.default_rng(0)
-    clone = rebuild_layer(layer, dtype)
+    clone = rebuild_layer(layer, dtype, call.path)
     compute = keras.backend.standardize_dtype(clone.compute_dtype)
     args, kwargs = synthetic_arguments(call, batch_size, compute, rng)
     if "training" in inspect.signature(clone.call).parameters:
@@ -105,9 +117,22 @@ def clone_with_uniform_policy(model: keras.Model, dtype: str) -> keras.Model:
     """Returns a copy of `model` (fresh weights, compiled as it was) with every layer in `dtype`
     (float8: `Dense`/`EinsumDense` only, the rest in bfloat16); layers that refuse a policy keep theirs."""
     dtype = canonical_dtype(dtype, "clone_with_uniform_policy")
-    clone = keras.models.clone_model(model)
+    clone = _clone(model)
     for layer in layer_paths(clone).values():
         _set_policy(layer, dtype)
+    return clone
+
+
+def _clone(model: keras.Model) -> keras.Model:
+    """Returns `keras.models.clone_model(model)`; `BackendError` (after one warning) if it fails."""
+    clone = call_model_code(
+        lambda: keras.models.clone_model(model),
+        layer=model.name,
+        lost=STEPS_NOT_TIMED,
+        fallback=None,
+    )
+    if clone is None:
+        raise BackendError(f"model {model.name!r} cannot be copied by keras.models.clone_model.")
     return clone
 
 
@@ -126,7 +151,7 @@ def clone_with_policies(model: keras.Model, dtypes: Mapping[str, str]) -> keras.
         path: canonical_dtype(dtype, f"clone_with_policies[{path!r}]")
         for path, dtype in dtypes.items()
     }
-    clone = keras.models.clone_model(model)
+    clone = _clone(model)
     paths = layer_paths(clone)
     missing = sorted(set(names) - set(paths))
     if missing:

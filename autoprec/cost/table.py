@@ -18,11 +18,16 @@ import keras
 
 from .._core.dtypes import FLOAT32, PLAN_DTYPES
 from .._core.io import atomic_write_json, read_json_file
+from .._core.models import call_model_code
 from ..errors import PlanError
 from ..layers import model_fingerprint
 from .layer_calls import LayerCall
 
 _TABLE_FORMAT = 1
+
+#: What a layer, or a model, whose own code cannot be configured or copied loses in calibration.
+NOT_TIMED = "it is costed by prediction, not timed"
+STEPS_NOT_TIMED = "its whole steps are not timed (no whole-step correction of the layer costs)"
 
 #: `CostTable.relative_error` of a table whose predictions no whole step checked (a
 #: roofline prediction for a hardware profile, or a calibration without mixed steps).
@@ -283,10 +288,12 @@ class MeasurementCache:
 
 def layer_signature(layer: keras.layers.Layer, call: LayerCall, batch_size: int) -> dict:
     """Returns what keys one layer's timing: class, config (no name or dtype), arguments, batch."""
-    try:
-        config = dict(layer.get_config())
-    except Exception:
-        config = {"unserialisable": type(layer).__qualname__}
+    config = call_model_code(
+        lambda: dict(layer.get_config()),
+        layer=call.path,
+        lost=NOT_TIMED,
+        fallback={"unserialisable": type(layer).__qualname__},
+    )
     for field in ("name", "dtype", "trainable"):
         config.pop(field, None)
     return {
@@ -299,7 +306,9 @@ def layer_signature(layer: keras.layers.Layer, call: LayerCall, batch_size: int)
 
 def model_signature(model: keras.Model) -> Any:
     """Returns what keys a whole-step timing of `model`: its config, else its fingerprint."""
-    try:
-        return json.loads(json.dumps(model.get_config(), sort_keys=True, default=repr))
-    except Exception:
-        return {"fingerprint": model_fingerprint(model)}
+    return call_model_code(
+        lambda: json.loads(json.dumps(model.get_config(), sort_keys=True, default=repr)),
+        layer=model.name,
+        lost=STEPS_NOT_TIMED,
+        fallback={"fingerprint": model_fingerprint(model)},
+    )
