@@ -141,29 +141,18 @@ def _optimizer_slots(model: keras.Model) -> int:
     return {"Adam": 2, "AdamW": 2, "Adamax": 2, "Nadam": 2, "RMSprop": 1, "Adagrad": 1}.get(name, 2)
 
 
-def _costs_for(
-    model: keras.Model,
-    hardware: HardwareProfile | str,
-    costs: CostTable | None,
-    batch_size: int | None,
-    x: Any,
-    float8_source: str,
-) -> CostTable:
-    """Returns `costs`, or a prediction for `hardware` (float8 layers' other work in `float8_source`)."""
+def _checked_costs(hardware: Any, costs: Any) -> CostTable | None:
+    """Returns `costs` once it is a `CostTable` (or `None`), refusing a table passed as `hardware`."""
     if isinstance(hardware, CostTable):
         raise PlanError(
             "estimate: pass a cost table as costs=table; hardware= names a device "
             "('local', 'rtx4090' or a HardwareProfile)."
         )
-    if costs is not None:
-        if not isinstance(costs, CostTable):
-            raise PlanError(
-                f"estimate: costs must be an autoprec.CostTable, got {type(costs).__name__}."
-            )
-        return costs
-    return predict_costs(
-        model, hardware, batch_size=batch_size or 32, x=x, float8_source=float8_source
-    )
+    if costs is not None and not isinstance(costs, CostTable):
+        raise PlanError(
+            f"estimate: costs must be an autoprec.CostTable, got {type(costs).__name__}."
+        )
+    return costs
 
 
 def _step_seconds(
@@ -274,7 +263,9 @@ def estimate(
     mapping = _plan_mapping(plan)
     # The dtype of a plan's float8 layers' non-matmul work (bfloat16 by default).
     float8_source = canonical_float8_source(getattr(plan, "float8_source", None))
-    table = _costs_for(model, hardware, costs, batch_size, x, float8_source)
+    table = _checked_costs(hardware, costs) or predict_costs(
+        model, hardware, batch_size=batch_size or 32, x=x, float8_source=float8_source
+    )
     batch = int(batch_size or table.batch_size)
     infos = describe_model(model)
     class_names = {path: info.class_name for path, info in infos.items()}

@@ -137,16 +137,12 @@ def element_count(values) -> int:
     return result
 
 
-def _dtype_name(value: Any) -> str:
-    return keras.backend.standardize_dtype(value.dtype)
-
-
 def spec_of(tensor: Any) -> TensorSpec:
     """Returns the `TensorSpec` of an array, tensor or symbolic tensor (batch dimension `None`)."""
     shape = tuple(int(dim) if dim is not None else None for dim in tensor.shape)
     if shape:
         shape = (None, *shape[1:])
-    return TensorSpec(shape, _dtype_name(tensor))
+    return TensorSpec(shape, keras.backend.standardize_dtype(tensor.dtype))
 
 
 def _encode_argument(value: Any) -> ArgumentValue:
@@ -294,16 +290,12 @@ class _Recorder:
 
     def _record(self, path, layer, signature, args, kwargs, outputs) -> None:
         arguments: list[tuple[str, Any]] = []
+        named = [(f"arg{index}", value) for index, value in enumerate(args)] + list(kwargs.items())
         if signature is not None:
             try:
-                bound = signature.bind_partial(*args, **kwargs)
-                named = list(bound.arguments.items())
+                named = list(signature.bind_partial(*args, **kwargs).arguments.items())
             except TypeError:
-                named = [(f"arg{index}", value) for index, value in enumerate(args)]
-                named += list(kwargs.items())
-        else:
-            named = [(f"arg{index}", value) for index, value in enumerate(args)]
-            named += list(kwargs.items())
+                pass
         for name, value in named:
             if name == "training":
                 continue
