@@ -236,7 +236,7 @@ def onednn_bf16_seconds(name: str, batch_size: int) -> float | None:
             "import search as bench",
             "from autoprec import cost",
             f"m = bench.build_model({name!r}); x, y = bench.make_data(m, {batch_size})",
-            "print(json.dumps(cost.measure_train_step(m, (x, y), 'float32')))",
+            "print(json.dumps(cost.time_train_steps(m, (x, y), ['float32'])['float32'].median))",
         ]
     )
     result = subprocess.run(

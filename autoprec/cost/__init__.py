@@ -1,13 +1,7 @@
 """What each layer costs in each dtype: FLOP/byte counts, roofline predictions and measurements."""
 
-from .boundaries import (
-    MIN_RELATIVE_ERROR,
-    MixedPlan,
-    fit_boundary_cost,
-    mixed_assignment,
-    mixed_plans,
-)
-from .cache import default_cache_dir
+import warnings as _warnings
+
 from .estimate import USABLE_MEMORY_FRACTION, Estimate, estimate
 from .layer_calls import (
     TRACES,
@@ -24,7 +18,14 @@ from .layer_calls import (
     synthetic_tensor,
     trace_model,
 )
-from .measure import calibrate
+from .measure import (
+    MIN_RELATIVE_ERROR,
+    MixedPlan,
+    calibrate,
+    fit_boundary_cost,
+    mixed_assignment,
+    mixed_plans,
+)
 from .prediction import (
     MATMUL_EFFICIENCY,
     LayerCost,
@@ -35,11 +36,9 @@ from .prediction import (
 from .steps import (
     clone_with_policies,
     clone_with_uniform_policy,
-    measure_train_step,
-    measure_train_steps,
     time_train_steps,
 )
-from .table import DEFAULT_RELATIVE_ERROR, CostTable, LayerCostRecord
+from .table import DEFAULT_RELATIVE_ERROR, CostTable, LayerCostRecord, default_cache_dir
 
 __all__ = [
     "DEFAULT_RELATIVE_ERROR",
@@ -65,8 +64,6 @@ __all__ = [
     "default_cache_dir",
     "estimate",
     "fit_boundary_cost",
-    "measure_train_step",
-    "measure_train_steps",
     "mixed_assignment",
     "mixed_plans",
     "predict_costs",
@@ -79,3 +76,16 @@ __all__ = [
     "time_train_steps",
     "trace_model",
 ]
+
+
+def __getattr__(name: str):
+    """`measure_train_steps` and `measure_train_step` left in 0.5 for `time_train_steps`."""
+    if name in ("measure_train_steps", "measure_train_step"):
+        _warnings.warn(
+            f"autoprec.cost.{name} is deprecated: use autoprec.cost.time_train_steps(model, "
+            "batch, dtypes), whose values are Timings (read .median).",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return time_train_steps
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -8,10 +8,8 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import keras
-import numpy as np
 
 from .._core.dtypes import (
-    COMPUTE_DTYPES,
     FLOAT8,
     FLOAT32,
     canonical_dtype,
@@ -22,7 +20,7 @@ from .._core.models import inner_optimizer
 from ..errors import HardwareError, PlanError
 from ..hardware import HardwareProfile
 from ..layers import LayerInfo, describe_model
-from .prediction import FLOAT8_ITEMSIZE, ITEMSIZE, predict_costs, predict_plan_costs
+from .prediction import FLOAT8_ITEMSIZE, ITEMSIZE, predict_costs, weight_count
 from .table import DEFAULT_RELATIVE_ERROR, CostTable
 
 #: Fraction of device memory a step may fill (the rest: framework, workspaces).
@@ -31,37 +29,7 @@ USABLE_MEMORY_FRACTION = 0.9
 
 @dataclasses.dataclass(frozen=True)
 class Estimate:
-    """Predicted step time, speedup and memory of a model under a plan.
-
-    Attributes:
-        step_seconds: predicted seconds per training step (`inf`: infeasible).
-        float32_step_seconds: predicted seconds per step with every layer in float32.
-        speedup: `float32_step_seconds / step_seconds`.
-        batch_size: samples per step.
-        layer_seconds: `{path: seconds}` of each layer in its assigned dtype.
-        cast_seconds: seconds spent casting at dtype boundaries.
-        overhead_seconds: fixed per-step overhead (the same for every dtype).
-        activation_bytes_per_sample: activations kept for backward, per sample.
-        parameter_bytes: float32 master weights, their gradients and 16-bit copies.
-        optimizer_bytes: optimizer state.
-        memory_bytes: device memory (`None` if unknown).
-        infeasible_layers: layers whose dtype the device cannot run.
-        device: device name.
-        source: `"measured"` or `"predicted"`.
-        boundary_seconds: what the whole step adds at the boundaries between
-            layers of different dtypes beyond the casts (`CostTable.boundary_cost`),
-            included in `step_seconds`.
-        relative_error: the table's whole-step prediction error
-            (`CostTable.relative_error`): `step_seconds` is within about this
-            fraction of the real step.
-
-    Example:
-
-    ```python
-    est = autoprec.estimate(model, plan, "rtx4060ti-8gb", batch_size=64)
-    est.speedup, est.max_batch_size()
-    ```
-    """
+    """Predicted step time, speedup and memory of a model under a plan (see docs/api.md)."""
 
     step_seconds: float
     float32_step_seconds: float
@@ -173,36 +141,18 @@ def _optimizer_slots(model: keras.Model) -> int:
     return {"Adam": 2, "AdamW": 2, "Adamax": 2, "Nadam": 2, "RMSprop": 1, "Adagrad": 1}.get(name, 2)
 
 
-def _costs_for(
-    model: keras.Model,
-    hardware: HardwareProfile | str,
-    costs: CostTable | None,
-    batch_size: int | None,
-    x: Any,
-    float8_source: str | None = None,
-) -> CostTable:
-    """Returns `costs`, or a prediction for `hardware` (with float8 when `float8_source` is set)."""
+def _checked_costs(hardware: Any, costs: Any) -> CostTable | None:
+    """Returns `costs` once it is a `CostTable` (or `None`), refusing a table passed as `hardware`."""
     if isinstance(hardware, CostTable):
         raise PlanError(
             "estimate: pass a cost table as costs=table; hardware= names a device "
             "('local', 'rtx4090' or a HardwareProfile)."
         )
-    if costs is not None:
-        if not isinstance(costs, CostTable):
-            raise PlanError(
-                f"estimate: costs must be an autoprec.CostTable, got {type(costs).__name__}."
-            )
-        return costs
-    if float8_source is None:
-        return predict_costs(model, hardware, batch_size=batch_size or 32, x=x)
-    return predict_plan_costs(
-        model,
-        hardware,
-        batch_size=batch_size or 32,
-        x=x,
-        dtypes=(*COMPUTE_DTYPES, FLOAT8),
-        float8_source=float8_source,
-    )
+    if costs is not None and not isinstance(costs, CostTable):
+        raise PlanError(
+            f"estimate: costs must be an autoprec.CostTable, got {type(costs).__name__}."
+        )
+    return costs
 
 
 def _step_seconds(
@@ -240,8 +190,8 @@ def _memory_bytes(
     activation_bytes += sum(
         elements * 4 for producer, _, elements in table.edges if producer is None
     )
-    parameters = sum(int(np.prod(weight.shape)) for weight in model.weights)
-    trainable = sum(int(np.prod(weight.shape)) for weight in model.trainable_weights)
+    parameters = weight_count(model.weights)
+    trainable = weight_count(model.trainable_weights)
     half_copies = sum(
         record.weight_elements * ITEMSIZE[dtypes.activation(path)]
         + (record.weight_elements * FLOAT8_ITEMSIZE if dtypes.layer(path) == FLOAT8 else 0)
@@ -313,9 +263,8 @@ def estimate(
     mapping = _plan_mapping(plan)
     # The dtype of a plan's float8 layers' non-matmul work (bfloat16 by default).
     float8_source = canonical_float8_source(getattr(plan, "float8_source", None))
-    uses_float8 = FLOAT8 in mapping.values()
-    table = _costs_for(
-        model, hardware, costs, batch_size, x, float8_source if uses_float8 else None
+    table = _checked_costs(hardware, costs) or predict_costs(
+        model, hardware, batch_size=batch_size or 32, x=x, float8_source=float8_source
     )
     batch = int(batch_size or table.batch_size)
     infos = describe_model(model)

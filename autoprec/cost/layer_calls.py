@@ -137,16 +137,12 @@ def element_count(values) -> int:
     return result
 
 
-def _dtype_name(value: Any) -> str:
-    return keras.backend.standardize_dtype(value.dtype)
-
-
 def spec_of(tensor: Any) -> TensorSpec:
     """Returns the `TensorSpec` of an array, tensor or symbolic tensor (batch dimension `None`)."""
     shape = tuple(int(dim) if dim is not None else None for dim in tensor.shape)
     if shape:
         shape = (None, *shape[1:])
-    return TensorSpec(shape, _dtype_name(tensor))
+    return TensorSpec(shape, keras.backend.standardize_dtype(tensor.dtype))
 
 
 def _encode_argument(value: Any) -> ArgumentValue:
@@ -232,36 +228,56 @@ def sample_inputs(
 
 
 class _Recorder:
-    """Temporary hooks on every layer's `call`, recording shapes and producer edges."""
+    """Temporary hooks on every layer's call (`quantized_call` for a float8 layer) and on
+    Keras' input casts, recording shapes and producer edges; a cast tensor is its source."""
 
     def __init__(self, paths: dict[str, keras.layers.Layer]):
         self.paths = paths
         self.calls: dict[str, list[LayerCall]] = {path: [] for path in paths}
         self.producer_of: dict[int, str] = {}
+        self.source_of: dict[int, int] = {}
         self.raw_edges: list[tuple[int, str | None, str, int]] = []
         self.keep_alive: list[Any] = []
-        self.installed: list[tuple[keras.layers.Layer, bool, Any]] = []
+        self.installed: list[tuple[Any, str, bool, Any]] = []
 
     def install(self) -> None:
         for path, layer in self.paths.items():
-            had_own = "call" in vars(layer)
-            previous = vars(layer).get("call")
-            original = layer.call
-            object.__setattr__(layer, "call", self._hook(path, layer, original))
-            self.installed.append((layer, had_own, previous))
+            quantized = getattr(getattr(layer, "dtype_policy", None), "quantization_mode", None)
+            name = "quantized_call" if quantized else "call"
+            self._replace(layer, name, self._hook(path, layer, getattr(layer, name), layer.call))
+        convert_input = keras.DTypePolicy.convert_input
+
+        def converted(policy, x, autocast, dtype):
+            result = convert_input(policy, x, autocast, dtype)
+            if result is not x:
+                self.source_of[id(result)] = self.source_of.get(id(x), id(x))
+                self.keep_alive.extend((x, result))
+            return result
+
+        self._replace(keras.DTypePolicy, "convert_input", converted)
+
+    def _replace(self, owner: Any, name: str, value: Any) -> None:
+        had_own = name in vars(owner)
+        self.installed.append((owner, name, had_own, vars(owner).get(name)))
+        if isinstance(owner, type):
+            setattr(owner, name, value)
+        else:
+            object.__setattr__(owner, name, value)
 
     def remove(self) -> None:
-        for layer, had_own, previous in reversed(self.installed):
-            if had_own:
-                object.__setattr__(layer, "call", previous)
+        for owner, name, had_own, previous in reversed(self.installed):
+            if had_own and isinstance(owner, type):
+                setattr(owner, name, previous)
+            elif had_own:
+                object.__setattr__(owner, name, previous)
             else:
-                object.__delattr__(layer, "call")
+                object.__delattr__(owner, name)
         self.installed.clear()
         self.keep_alive.clear()
 
-    def _hook(self, path: str, layer: keras.layers.Layer, original):
+    def _hook(self, path: str, layer: keras.layers.Layer, original, described):
         try:
-            signature = inspect.signature(original)
+            signature = inspect.signature(described)
         except (TypeError, ValueError):
             signature = None
 
@@ -274,16 +290,12 @@ class _Recorder:
 
     def _record(self, path, layer, signature, args, kwargs, outputs) -> None:
         arguments: list[tuple[str, Any]] = []
+        named = [(f"arg{index}", value) for index, value in enumerate(args)] + list(kwargs.items())
         if signature is not None:
             try:
-                bound = signature.bind_partial(*args, **kwargs)
-                named = list(bound.arguments.items())
+                named = list(signature.bind_partial(*args, **kwargs).arguments.items())
             except TypeError:
-                named = [(f"arg{index}", value) for index, value in enumerate(args)]
-                named += list(kwargs.items())
-        else:
-            named = [(f"arg{index}", value) for index, value in enumerate(args)]
-            named += list(kwargs.items())
+                pass
         for name, value in named:
             if name == "training":
                 continue
@@ -305,14 +317,9 @@ class _Recorder:
             )
         )
         for tensor in flat_arrays((args, kwargs)):
-            self.raw_edges.append(
-                (
-                    id(tensor),
-                    self.producer_of.get(id(tensor)),
-                    path,
-                    spec_of(tensor).elements_per_sample(),
-                )
-            )
+            tensor_id = self.source_of.get(id(tensor), id(tensor))
+            elements = spec_of(tensor).elements_per_sample()
+            self.raw_edges.append((tensor_id, self.producer_of.get(tensor_id), path, elements))
         for tensor in output_tensors:
             self.producer_of.setdefault(id(tensor), path)
             self.keep_alive.append(tensor)
@@ -396,31 +403,8 @@ def synthetic_tensor(
     rng: np.random.Generator,
     value_range: tuple[float, float] | None = None,
 ) -> Any:
-    """Returns a backend tensor shaped like `spec` at `batch_size`, with random values.
-
-    Float tensors hold standard-normal values (or uniform ones in `value_range`)
-    in `dtype`; boolean tensors are all `True` and integer tensors all zero, in
-    the dtype the layer saw (valid indices for an `Embedding`).
-
-    Args:
-        spec: a recorded tensor (`LayerCall.arguments` or `LayerCall.outputs`).
-        batch_size: the leading dimension of the tensor.
-        dtype: the dtype of a float tensor, e.g. the layer's compute dtype.
-        rng: the random generator the values are drawn from.
-        value_range: `(low, high)` of uniform values; `None` for standard-normal ones.
-
-    Returns:
-        A tensor of the active Keras backend (on TensorFlow and JAX, placed on the
-        default device once).
-
-    Example:
-
-    ```python
-    spec = autoprec.cost.TensorSpec((None, 8), "float32")
-    tensor = autoprec.cost.synthetic_tensor(spec, 4, "bfloat16", np.random.default_rng(0))
-    tensor.shape  # (4, 8)
-    ```
-    """
+    """Returns a backend tensor shaped like `spec` at `batch_size`: random floats in `dtype`
+    (standard-normal, or uniform in `value_range`), all-`True` booleans, zero integers."""
     shape = spec.concrete_shape(batch_size)
     if spec.dtype == "bool":
         return keras.ops.ones(shape, dtype="bool")
@@ -446,38 +430,8 @@ def synthetic_arguments(
     rng: np.random.Generator,
     value_range: tuple[float, float] | None = None,
 ) -> tuple[list, dict]:
-    """Returns `(args, kwargs)` that call a layer as `call` recorded, with random tensors.
-
-    The first argument is passed by position, the others by name (`None` ones
-    left out); each tensor argument becomes a `synthetic_tensor`, each list a
-    list and each dict a dict of them (nested as recorded), and plain values
-    are passed as recorded.
-
-    Args:
-        call: a recorded layer call, from `trace_model(model).calls[path]`.
-        batch_size: the leading dimension of every tensor.
-        dtype: the dtype of float tensors, e.g. the layer's compute dtype.
-        rng: the random generator the values are drawn from.
-        value_range: `(low, high)` of uniform float values; `None` for standard-normal ones.
-
-    Returns:
-        The positional arguments and the keyword arguments: `layer(*args, **kwargs)`.
-
-    Raises:
-        BackendError: naming the argument and the layer, when the trace could not
-            describe an argument (neither tensors, nested in lists and dicts, nor a
-            plain value).
-
-    Example:
-
-    ```python
-    trace = autoprec.cost.trace_model(model)
-    args, kwargs = autoprec.cost.synthetic_arguments(
-        trace.calls["dense"][0], 4, "float32", np.random.default_rng(0)
-    )
-    layer(*args, **kwargs)
-    ```
-    """
+    """Returns `(args, kwargs)` that call a layer as `call` recorded, with `synthetic_tensor`s;
+    raises `BackendError` naming an argument the trace could not describe."""
 
     def build(value: ArgumentValue) -> Any:
         if isinstance(value, TensorSpec):

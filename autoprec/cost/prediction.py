@@ -13,7 +13,6 @@ import keras
 from .._core.data import input_part
 from .._core.dtypes import (
     BFLOAT16,
-    COMPUTE_DTYPES,
     FLOAT8,
     FLOAT32,
     PLAN_DTYPES,
@@ -111,40 +110,14 @@ class LayerCost:
         histories = self.float8_matmuls * FLOAT8_QUANTIZED_TENSORS * FLOAT8_AMAX_HISTORY * 4 * 3
         return self.float8_quantized_values(batch_size) * per_value + histories
 
-    def to_dict(self) -> dict[str, Any]:
-        """Returns the fields as a JSON-ready dict, its dimension tuples as lists."""
-        data = dataclasses.asdict(self)
-        data["matmul_dims"] = list(self.matmul_dims)
-        data["float8_dims"] = list(self.float8_dims)
-        return data
-
 
 #: FLOPs per element of common activations (forward).
 ACTIVATION_FLOPS: dict[str, int] = {
-    "linear": 0,
-    "relu": 1,
-    "relu6": 2,
-    "leaky_relu": 2,
-    "hard_tanh": 2,
-    "elu": 4,
-    "selu": 5,
-    "celu": 5,
-    "sigmoid": 4,
-    "hard_sigmoid": 3,
-    "tanh": 4,
-    "softplus": 4,
-    "softsign": 3,
-    "silu": 5,
-    "swish": 5,
-    "hard_silu": 5,
-    "hard_swish": 5,
-    "gelu": 8,
-    "mish": 8,
-    "exponential": 1,
-    "log_sigmoid": 5,
-    "softmax": 5,
-    "log_softmax": 5,
-}
+    "linear": 0, "relu": 1, "relu6": 2, "leaky_relu": 2, "hard_tanh": 2, "elu": 4, "selu": 5,
+    "celu": 5, "sigmoid": 4, "hard_sigmoid": 3, "tanh": 4, "softplus": 4, "softsign": 3, "silu": 5,
+    "swish": 5, "hard_silu": 5, "hard_swish": 5, "gelu": 8, "mish": 8, "exponential": 1,
+    "log_sigmoid": 5, "softmax": 5, "log_softmax": 5,
+}  # fmt: skip
 _DEFAULT_ACTIVATION_FLOPS = 4
 
 # What each pass-through layer (`autoprec.layers.PASS_THROUGH_CLASSES`, the one
@@ -156,17 +129,10 @@ _DEFAULT_ACTIVATION_FLOPS = 4
 #: Pass-through layers that only view their input: no FLOPs, no copy.
 VIEW_CLASSES = frozenset({"Flatten", "Reshape", "InputLayer", "Identity"})
 #: Pass-through layers counted at two FLOPs per element.
-DROPOUT_CLASSES = frozenset(
-    {
-        "Dropout",
-        "SpatialDropout1D",
-        "SpatialDropout2D",
-        "SpatialDropout3D",
-        "GaussianDropout",
-        "GaussianNoise",
-        "AlphaDropout",
-    }
-)
+DROPOUT_CLASSES = frozenset({
+    "Dropout", "SpatialDropout1D", "SpatialDropout2D", "SpatialDropout3D", "GaussianDropout",
+    "GaussianNoise", "AlphaDropout",
+})  # fmt: skip
 #: Element-wise merges of their inputs.
 MERGE_CLASSES = frozenset({"Add", "Subtract", "Multiply", "Average", "Maximum", "Minimum"})
 #: Activation layers, counted by their activation's formula.
@@ -177,16 +143,10 @@ COPY_CLASSES = frozenset(
     for name in PASS_THROUGH_CLASSES - VIEW_CLASSES - DROPOUT_CLASSES
     if name not in MERGE_CLASSES and name not in ACTIVATION_CLASSES and "Pooling" not in name
 )
-_NORMALISATION_CLASSES = frozenset(
-    {
-        "BatchNormalization",
-        "LayerNormalization",
-        "GroupNormalization",
-        "UnitNormalization",
-        "RMSNormalization",
-        "SpectralNormalization",
-    }
-)
+_NORMALISATION_CLASSES = frozenset({
+    "BatchNormalization", "LayerNormalization", "GroupNormalization", "UnitNormalization",
+    "RMSNormalization", "SpectralNormalization",
+})  # fmt: skip
 _RNN_GATES = {"LSTM": 4, "GRU": 3, "SimpleRNN": 1, "ConvLSTM1D": 4, "ConvLSTM2D": 4}
 _RNN_VECTOR_FLOPS_PER_UNIT = {"LSTM": 10, "GRU": 9, "SimpleRNN": 2}
 
@@ -215,10 +175,6 @@ def _io_elements(call: LayerCall) -> float:
     return _elements(float_inputs) + _elements(call.outputs)
 
 
-def _channel_axis(layer) -> int:
-    return 1 if getattr(layer, "data_format", "channels_last") == "channels_first" else -1
-
-
 def _matmul_layer(
     call: LayerCall, layer, matmul: float, dims: Sequence[int], weights: int, output: float
 ) -> dict[str, Any]:
@@ -236,10 +192,17 @@ def _matmul_layer(
     }
 
 
-def _weights(layer) -> int:
-    return (
-        int(sum(element_count(weight.shape) for weight in layer.trainable_weights)) if layer else 0
+def weight_count(weights: Sequence[Any]) -> int:
+    """Returns the elements of `weights`, without float8 layers' scales and amax histories."""
+    return sum(
+        element_count(weight.shape)
+        for weight in weights
+        if not getattr(weight, "overwrite_with_gradient", False)
     )
+
+
+def _weights(layer) -> int:
+    return weight_count(layer.trainable_weights) if layer else 0
 
 
 def _float8_counts(
@@ -326,7 +289,7 @@ def _conv_kind(class_name: str) -> str:
 
 def _count_conv(call: LayerCall, layer) -> dict[str, Any]:
     kind = _conv_kind(type(layer).__name__)
-    axis = _channel_axis(layer)
+    axis = 1 if getattr(layer, "data_format", "channels_last") == "channels_first" else -1
     inputs = call.inputs[0]
     output = _elements(call.outputs)
     in_channels = int(inputs.shape[axis])
@@ -561,21 +524,28 @@ def predicted_layer_seconds(
     batch_size: int,
     float8_source: str = BFLOAT16,
 ) -> float | None:
-    """Returns roofline forward+backward seconds of one layer in `dtype` (`None`: infeasible)."""
-    if dtype == FLOAT8:
-        return predicted_float8_seconds(cost, hardware, batch_size, float8_source)
-    support = hardware.support(dtype)
-    if support == UNSUPPORTED:
+    """Returns roofline forward+backward seconds of one layer in `dtype` (`None`: infeasible); a
+    float8 layer's other work runs in `float8_source`, plus its scaling work."""
+    float8 = dtype == FLOAT8
+    source = canonical_float8_source(float8_source) if float8 else dtype
+    support = hardware.support(source)
+    if support == UNSUPPORTED or (
+        float8 and not (cost.has_float8_path and hardware.supports_float8)
+    ):
         return None
     if cost.is_free:
         return 0.0
     aligned = all(dim % max(hardware.alignment, 1) == 0 for dim in cost.matmul_dims)
-    matmul_rate = hardware.peak_flops(dtype if aligned else FLOAT32) * MATMUL_EFFICIENCY
-    return (
-        _work_seconds(
-            cost, hardware, matmul_rate, cost.bytes_moved(dtype, batch_size), batch_size, support
-        )
-        + max(cost.kernels, 1) * hardware.op_overhead_seconds
+    rate = hardware.peak_flops(source if aligned else FLOAT32)
+    if float8 and all(dim % max(hardware.float8_alignment, 1) == 0 for dim in cost.float8_dims):
+        rate = hardware.peak_flops(FLOAT8)
+    bytes_moved = cost.bytes_moved(source, batch_size)
+    seconds = _work_seconds(
+        cost, hardware, rate * MATMUL_EFFICIENCY, bytes_moved, batch_size, support
+    )
+    seconds += max(cost.kernels, 1) * hardware.op_overhead_seconds
+    return seconds + (
+        float8_quantize_seconds(cost, hardware, batch_size, source) if float8 else 0.0
     )
 
 
@@ -598,14 +568,6 @@ def _work_seconds(
     return work_seconds
 
 
-def float8_matmul_rate(cost: LayerCost, hardware: HardwareProfile, float8_source: str) -> float:
-    """Returns the FLOP/s a float8 layer's matrix products reach (roofline, before efficiency)."""
-    if all(dim % max(hardware.float8_alignment, 1) == 0 for dim in cost.float8_dims):
-        return hardware.peak_flops(FLOAT8)
-    aligned = all(dim % max(hardware.alignment, 1) == 0 for dim in cost.matmul_dims)
-    return hardware.peak_flops(float8_source if aligned else FLOAT32)
-
-
 def float8_quantize_seconds(
     cost: LayerCost, hardware: HardwareProfile, batch_size: int, float8_source: str = BFLOAT16
 ) -> float:
@@ -615,33 +577,6 @@ def float8_quantize_seconds(
     bytes_moved = cost.float8_quantize_bytes(batch_size, float8_source)
     passes = max(flops / vector_rate, bytes_moved / hardware.memory_bandwidth)
     return passes + cost.float8_matmuls * FLOAT8_EXTRA_KERNELS * hardware.op_overhead_seconds
-
-
-def predicted_float8_seconds(
-    cost: LayerCost, hardware: HardwareProfile, batch_size: int, float8_source: str = BFLOAT16
-) -> float | None:
-    """Returns roofline forward+backward seconds of a float8 layer (`None`: no float8 here)."""
-    source = canonical_float8_source(float8_source)
-    support = hardware.support(source)
-    if not (cost.has_float8_path and hardware.supports_float8) or support == UNSUPPORTED:
-        return None
-    matmul_rate = float8_matmul_rate(cost, hardware, source) * MATMUL_EFFICIENCY
-    work = _work_seconds(
-        cost, hardware, matmul_rate, cost.bytes_moved(source, batch_size), batch_size, support
-    )
-    launches = max(cost.kernels, 1) * hardware.op_overhead_seconds
-    return work + launches + float8_quantize_seconds(cost, hardware, batch_size, source)
-
-
-def _predicted_cast_seconds(hardware: HardwareProfile) -> dict[str, dict]:
-    return {
-        dtype: {
-            "fixed": hardware.op_overhead_seconds,
-            "per_element": (4 + ITEMSIZE[dtype]) / hardware.memory_bandwidth,
-        }
-        for dtype in COMPUTE_DTYPES
-        if dtype != FLOAT32
-    }
 
 
 def roofline_record(
@@ -671,23 +606,6 @@ def roofline_record(
     )
 
 
-def _predicted_seconds(
-    cost: LayerCost,
-    profile: HardwareProfile,
-    dtypes: Sequence[str],
-    batch_size: int,
-    float8_source: str,
-) -> dict[str, float | None]:
-    """Returns `{dtype: seconds}` of one layer; float8 only where it has a prediction."""
-    seconds = {
-        dtype: predicted_layer_seconds(cost, profile, dtype, batch_size, float8_source)
-        for dtype in dtypes
-    }
-    if seconds.get(FLOAT8, 0.0) is None:
-        del seconds[FLOAT8]
-    return seconds
-
-
 def predict_costs(
     model: keras.Model,
     hardware: HardwareProfile | str = "local",
@@ -695,13 +613,16 @@ def predict_costs(
     batch_size: int = 32,
     x: Any = None,
     dtypes: Sequence[str] = PLAN_DTYPES,
+    float8_source: str = BFLOAT16,
 ) -> CostTable:
     """Predicts every layer's forward+backward seconds per dtype with a roofline model.
 
     With `"float8"` (there by default), the table gets a float8 entry for each `Dense` and
     `EinsumDense` layer, and only on a device with FP8 tensor cores
-    (`predicted_float8_seconds`, their non-matmul work in bfloat16); other
-    layers and devices have none.
+    (`predicted_float8_seconds`, their non-matmul work in `float8_source`); other
+    layers and devices have none. The same model gives the same table whatever
+    plan it runs under. `estimate` predicts through this function, so a plan's
+    `metadata["predicted_speedup"]` is what `estimate` reports.
 
     Args:
         model: a built Keras model.
@@ -713,6 +634,8 @@ def predict_costs(
             and for inputs with a dynamic dimension (a sequence length), which
             then take the batch's.
         dtypes: dtypes to predict (by default all four; `"float8"`: see above).
+        float8_source: the dtype of float8 layers' non-matmul work, `"bfloat16"`
+            or `"float16"` (a plan's `float8_source`).
 
     Returns:
         A `CostTable` with `source="predicted"`.
@@ -726,42 +649,29 @@ def predict_costs(
     table.layer_seconds("dense", "float8")
     ```
     """
-    return predict_plan_costs(model, hardware, batch_size=batch_size, x=x, dtypes=dtypes)
-
-
-def predict_plan_costs(
-    model: keras.Model,
-    hardware: HardwareProfile | str = "local",
-    *,
-    batch_size: int = 32,
-    x: Any = None,
-    dtypes: Sequence[str] = COMPUTE_DTYPES,
-    float8_source: str = BFLOAT16,
-) -> CostTable:
-    """Predicts costs as `predict_costs` does, float8 layers' non-matmul work in `float8_source`."""
     profile = resolve_hardware(hardware)
     trace = trace_model(model, None if x is None else input_part(x))
     counts = count_costs(model, trace)
     dtypes = [canonical_dtype(dtype) for dtype in dtypes]
     source = canonical_float8_source(float8_source)
-    layers = {
-        path: roofline_record(
-            cost,
-            _predicted_seconds(cost, profile, dtypes, batch_size, source),
-            batch_size,
-            dtypes,
-            "predicted",
-            source,
-        )
-        for path, cost in counts.items()
-    }
+    bandwidth = profile.memory_bandwidth
+    layers = {}
+    for path, cost in counts.items():
+        seconds = {d: predicted_layer_seconds(cost, profile, d, batch_size, source) for d in dtypes}
+        if seconds.get(FLOAT8, 0.0) is None:
+            del seconds[FLOAT8]  # float8 only where it has a prediction
+        layers[path] = roofline_record(cost, seconds, batch_size, dtypes, "predicted", source)
     return CostTable(
         device=profile.display_name,
         source="predicted",
         batch_size=int(batch_size),
         layers=layers,
         edges=[(edge.producer, edge.consumer, edge.elements_per_sample) for edge in trace.edges],
-        cast_seconds=_predicted_cast_seconds(profile),
+        cast_seconds={
+            dtype: {"fixed": profile.op_overhead_seconds, "per_element": (4 + size) / bandwidth}
+            for dtype, size in ITEMSIZE.items()
+            if dtype != FLOAT32
+        },
         layer_fixed_seconds=profile.op_overhead_seconds,
         memory_bytes=profile.memory_bytes,
         model_fingerprint=model_fingerprint(model),

@@ -20,16 +20,15 @@ import numpy as np
 from .._backends import timing_backend
 from .._core.data import batch_size_of, flat_arrays, input_part, slice_batch, target_part
 from .._core.dtypes import BFLOAT16, FLOAT8, FLOAT32, canonical_dtype, policy_name
-from .._core.models import fresh_optimizer
+from .._core.models import call_model_code, fresh_optimizer
 from .._core.timing import Timing, time_interleaved
-from ..errors import PlanError
+from ..errors import BackendError, PlanError
 from ..hardware import FAST, HardwareProfile
 from ..layers import layer_paths
-from .cache import MeasurementCache, model_signature
 from .layer_calls import LayerCall, synthetic_arguments
-from .table import CostTable
+from .table import NOT_TIMED, STEPS_NOT_TIMED, CostTable, MeasurementCache, model_signature
 
-#: Keras backends `calibrate` and `measure_train_steps` can time on.
+#: Keras backends `calibrate` and `time_train_steps` can time on.
 MEASURING_BACKENDS = ("tensorflow", "jax")
 
 #: A timed function whose step takes over this many seconds is timed `SLOW_ROUNDS` times.
@@ -63,12 +62,24 @@ def _median_seconds(function: Callable[[], object], repeats: int) -> float:
     return timings["function"].median
 
 
-def rebuild_layer(layer: keras.layers.Layer, dtype: str) -> keras.layers.Layer:
-    """Returns an unbuilt copy of `layer` from its config, with the Keras policy of `dtype`."""
-    config = layer.get_config()
-    config["dtype"] = policy_name(dtype)
-    config.pop("name", None)
-    return layer.__class__.from_config(config)
+def rebuild_layer(layer: keras.layers.Layer, dtype: str, path: str = "") -> keras.layers.Layer:
+    """Returns an unbuilt copy of `layer` from its config, with the Keras policy of `dtype`;
+    raises `BackendError` (after one warning) when the layer's own code cannot rebuild it."""
+
+    def rebuild() -> keras.layers.Layer:
+        config = layer.get_config()
+        config["dtype"] = policy_name(dtype)
+        config.pop("name", None)
+        return layer.__class__.from_config(config)
+
+    name = path or layer.name
+    clone = call_model_code(rebuild, layer=name, lost=NOT_TIMED, fallback=None)
+    if clone is None:
+        raise BackendError(
+            f"layer {name!r} ({type(layer).__name__}) cannot be rebuilt from its get_config(); "
+            "give it a get_config() that from_config() accepts to have it timed."
+        )
+    return clone
 
 
 def time_layer(
@@ -82,7 +93,7 @@ def time_layer(
     """Times a standalone copy of `layer` forward+backward in `dtype` on random inputs."""
     timing = measuring_backend("calibrate()")
     rng = np.random.default_rng(0)
-    clone = rebuild_layer(layer, dtype)
+    clone = rebuild_layer(layer, dtype, call.path)
     compute = keras.backend.standardize_dtype(clone.compute_dtype)
     args, kwargs = synthetic_arguments(call, batch_size, compute, rng)
     if "training" in inspect.signature(clone.call).parameters:
@@ -103,34 +114,25 @@ def time_cast(dtype: str, elements: int, repeats: int) -> float:
 
 
 def clone_with_uniform_policy(model: keras.Model, dtype: str) -> keras.Model:
-    """Returns a copy of `model` (fresh weights, same architecture) with every layer in `dtype`.
-
-    Each layer gets the `mixed_*` policy of `dtype` (`"float32"` for float32; for
-    float8, `float8_from_mixed_bfloat16` on Dense/EinsumDense layers and
-    `mixed_bfloat16` elsewhere); layers that refuse a policy keep theirs. `model` is left as it is. The copy
-    of a compiled model is compiled from its compile config (as
-    `keras.models.clone_model` does, with an optimizer of its own); compile it
-    again to train it another way (float16 wants a `LossScaleOptimizer`).
-
-    Args:
-        model: a Functional or Sequential model (`keras.models.clone_model`
-            cannot copy a subclassed one).
-        dtype: the compute dtype of every layer (any alias `canonical_dtype` accepts).
-
-    Returns:
-        The copy.
-
-    Example:
-
-    ```python
-    copy = autoprec.cost.clone_with_uniform_policy(model, "bfloat16")
-    copy.layers[-1].dtype_policy.name  # "mixed_bfloat16"
-    ```
-    """
+    """Returns a copy of `model` (fresh weights, compiled as it was) with every layer in `dtype`
+    (float8: `Dense`/`EinsumDense` only, the rest in bfloat16); layers that refuse a policy keep theirs."""
     dtype = canonical_dtype(dtype, "clone_with_uniform_policy")
-    clone = keras.models.clone_model(model)
+    clone = _clone(model)
     for layer in layer_paths(clone).values():
         _set_policy(layer, dtype)
+    return clone
+
+
+def _clone(model: keras.Model) -> keras.Model:
+    """Returns `keras.models.clone_model(model)`; `BackendError` (after one warning) if it fails."""
+    clone = call_model_code(
+        lambda: keras.models.clone_model(model),
+        layer=model.name,
+        lost=STEPS_NOT_TIMED,
+        fallback=None,
+    )
+    if clone is None:
+        raise BackendError(f"model {model.name!r} cannot be copied by keras.models.clone_model.")
     return clone
 
 
@@ -149,7 +151,7 @@ def clone_with_policies(model: keras.Model, dtypes: Mapping[str, str]) -> keras.
         path: canonical_dtype(dtype, f"clone_with_policies[{path!r}]")
         for path, dtype in dtypes.items()
     }
-    clone = keras.models.clone_model(model)
+    clone = _clone(model)
     paths = layer_paths(clone)
     missing = sorted(set(names) - set(paths))
     if missing:
@@ -200,7 +202,7 @@ def _step_function(
         optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
     clone.compile(optimizer=optimizer, loss=loss, jit_compile=jit_compile)
     # On JAX the batch goes to the device once, as a prefetching input pipeline would.
-    inputs, targets = measuring_backend("measure_train_steps()").to_device((inputs, targets))
+    inputs, targets = measuring_backend("time_train_steps()").to_device((inputs, targets))
     return lambda: clone.train_on_batch(inputs, targets)
 
 
@@ -214,8 +216,9 @@ def time_train_steps(
     *,
     plans: Mapping[str, Mapping[str, str]] | None = None,
 ) -> dict[str, Timing]:
-    """Times whole training steps as `measure_train_steps` does, keeping every timed round."""
-    measuring_backend("measure_train_steps()")
+    """Returns `{dtype or plan name: Timing}` of whole training steps of copies of `model`, each
+    uniform in a dtype or under a named plan, timed in interleaved rounds."""
+    measuring_backend("time_train_steps()")
     names = [canonical_dtype(dtype) for dtype in dtypes]
     functions = {dtype: _step_function(model, batch, dtype, jit_compile) for dtype in names}
     for name, assignment in (plans or {}).items():
@@ -233,34 +236,6 @@ def time_train_steps(
         slow_seconds=SLOW_SECONDS,
         slow_rounds=SLOW_ROUNDS,
     )
-
-
-def measure_train_steps(
-    model: keras.Model,
-    batch: Any,
-    dtypes: Sequence[str] = (FLOAT32,),
-    repeats: int = 5,
-    jit_compile: bool = False,
-    warmup: int = 2,
-    *,
-    plans: Mapping[str, Mapping[str, str]] | None = None,
-) -> dict[str, float]:
-    """Times whole training steps of copies of `model` under uniform policies, interleaved."""
-    timings = time_train_steps(model, batch, dtypes, repeats, jit_compile, warmup, plans=plans)
-    return {name: timing.median for name, timing in timings.items()}
-
-
-def measure_train_step(
-    model: keras.Model,
-    batch: Any,
-    dtype: str = FLOAT32,
-    repeats: int = 5,
-    jit_compile: bool = False,
-    warmup: int = 2,
-) -> float:
-    """Times one whole training step of a copy of `model` under a uniform policy."""
-    dtype = canonical_dtype(dtype)
-    return measure_train_steps(model, batch, [dtype], repeats, jit_compile, warmup)[dtype]
 
 
 def whole_step_dtypes(

@@ -1,20 +1,33 @@
-"""The cost of every layer of one model in each dtype on one device, and its JSON form."""
+"""The cost of every layer of one model in each dtype on one device, its JSON form, and the cache
+of measurements (one small JSON file each, keyed by what was measured)."""
 
 from __future__ import annotations
 
 import copy
 import dataclasses
+import hashlib
+import json
 import math
 import os
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import keras
+
 from .._core.dtypes import FLOAT32, PLAN_DTYPES
 from .._core.io import atomic_write_json, read_json_file
+from .._core.models import call_model_code
 from ..errors import PlanError
+from ..layers import model_fingerprint
+from .layer_calls import LayerCall
 
 _TABLE_FORMAT = 1
+
+#: What a layer, or a model, whose own code cannot be configured or copied loses in calibration.
+NOT_TIMED = "it is costed by prediction, not timed"
+STEPS_NOT_TIMED = "its whole steps are not timed (no whole-step correction of the layer costs)"
 
 #: `CostTable.relative_error` of a table whose predictions no whole step checked (a
 #: roofline prediction for a hardware profile, or a calibration without mixed steps).
@@ -48,55 +61,7 @@ class LayerCostRecord:
 
 @dataclasses.dataclass
 class CostTable:
-    """Per-layer, per-dtype forward+backward costs of one model on one device.
-
-    Attributes:
-        device: device name (`HardwareProfile.display_name`).
-        source: `"measured"` (by `calibrate`) or `"predicted"` (by `predict_costs`).
-        batch_size: the batch size the seconds are for.
-        layers: `{path: LayerCostRecord}`.
-        edges: `(producer path or None for a model input, consumer path,
-            elements per sample)` for the tensors passed between layers.
-        cast_seconds: per 16-bit dtype, `{"fixed": s, "per_element": s}` for one
-            cast to/from float32.
-        step_overhead_seconds: fixed per-step time outside the layers (optimizer,
-            loss, framework), the same for every dtype; 0 unless a whole step was
-            measured.
-        layer_time_scale: factor applied to float32 layer times, and to the layer
-            times of any dtype without its own entry in `layer_time_scale_by_dtype`
-            (1 unless a measured whole step disagreed with the summed layers).
-        layer_fixed_seconds: per-layer time that does not scale with batch size.
-        measured_step_seconds: the whole float32 step measured by `calibrate`, if any.
-        measured_step_seconds_by_dtype: `{dtype: seconds}` of the whole steps
-            `calibrate` measured under each uniform policy (float32 included).
-        layer_time_scale_by_dtype: `{dtype: factor}` applied to that dtype's layer
-            times; set for each dtype in `measured_step_seconds_by_dtype`, so that
-            `estimate` of a uniform plan in that dtype equals its measured step.
-        boundary_seconds: per 16-bit dtype, `{"fixed": s, "per_element": s}`: what
-            a whole step adds at each boundary between two layers of different
-            dtypes beyond the cast timed alone (`cast_seconds`): lost fusion,
-            layout changes, the extra ops' dispatch. Learned by `calibrate` from a
-            measured mixed step (`cost.boundaries`); empty (nothing added) otherwise.
-        measured_plan_seconds: `{name: seconds}` of the mixed whole steps
-            `calibrate` measured (`cost.boundaries.MixedPlan` names).
-        relative_error: how wrong this table's whole-step predictions are, as a fraction
-            of the step (0.05: within 5 %; `cost.boundaries.fit_boundary_cost` says how,
-            at least `MIN_RELATIVE_ERROR`; `DEFAULT_RELATIVE_ERROR` or the noise where no
-            mixed step was measured). A predicted gain smaller than this is no gain.
-        prediction_errors: `{what: predicted / measured - 1}` behind `relative_error`, and
-            `"noise"` (the relative spread of the whole steps' timed rounds).
-        memory_bytes: memory of the device.
-        model_fingerprint: `autoprec.layers.model_fingerprint` of the model.
-        versions: framework versions the figures were taken with.
-        stats: counts of measured, cached and fallback entries.
-
-    Example:
-
-    ```python
-    table = autoprec.cost.predict_costs(model, autoprec.hardware.get("rtx4090"), batch_size=64)
-    table.save("/tmp/costs.json"); autoprec.cost.CostTable.load("/tmp/costs.json")
-    ```
-    """
+    """Per-layer, per-dtype forward+backward costs of one model on one device (see docs/api.md)."""
 
     device: str
     source: str
@@ -134,27 +99,8 @@ class CostTable:
         return self.time_scale(dtype) * self._scale(value, batch_size)
 
     def layer_seconds(self, path: str, dtype: str, batch_size: int | None = None) -> float | None:
-        """Returns a layer's forward+backward seconds in `dtype`, or `None` where it has none.
-
-        As `seconds`, but `None` (not `inf`) for a dtype the table holds no time
-        for: float8 for a layer without a float8 path or on a device without FP8
-        tensor cores, a dtype the device cannot run, or a layer not in the table.
-
-        Args:
-            path: stable layer path.
-            dtype: plan dtype (`"float8"` included).
-            batch_size: batch to scale to (linear above `layer_fixed_seconds`).
-
-        Returns:
-            Seconds, scaled by `time_scale(dtype)`, or `None`.
-
-        Example:
-
-        ```python
-        table = autoprec.cost.predict_costs(model, "rtx4090", dtypes=["float32", "float8"])
-        table.layer_seconds("dense", "float8")  # None where "dense" has no float8 path
-        ```
-        """
+        """Returns a layer's forward+backward seconds in `dtype` as `seconds` does, but `None` (not
+        `inf`) where the table holds no time (no float8 path, an unsupported dtype, an unknown layer)."""
         record = self.layers.get(path)
         if record is None or record.seconds.get(dtype) is None:
             return None
@@ -283,3 +229,86 @@ def _float_mapping(value: Any) -> dict[str, float]:
     if value is None:
         return {}
     return {str(key): float(item) for key, item in dict(value).items()}
+
+
+_CACHE_FORMAT = 1
+
+
+def default_cache_dir() -> Path:
+    """Returns the cost cache folder: `$AUTOPREC_CACHE_DIR`, else `$XDG_CACHE_HOME/autoprec`."""
+    configured = os.environ.get("AUTOPREC_CACHE_DIR")
+    if configured:
+        return Path(configured).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "autoprec"
+
+
+class MeasurementCache:
+    """One small JSON file per measurement under `<dir>/costs/<device>/`, written atomically."""
+
+    def __init__(self, directory: Path | None, device: str, versions: Mapping[str, str]):
+        self.directory = None
+        if directory is not None:
+            slug = re.sub(r"[^a-z0-9]+", "-", device.lower()).strip("-") or "device"
+            self.directory = Path(directory) / "costs" / slug
+        self.device = device
+        self.versions = dict(versions)
+
+    def key(self, payload: Any) -> str:
+        """Returns the file stem of a measurement: a hash of `payload`, the device and versions."""
+        text = json.dumps(
+            {"format": _CACHE_FORMAT, "device": self.device, "versions": self.versions, **payload},
+            sort_keys=True,
+            default=repr,
+        )
+        return hashlib.sha256(text.encode("utf-8")).hexdigest()[:32]
+
+    def get(self, key: str) -> float | None:
+        """Returns the cached seconds under `key`, or `None` (no cache, no entry, unreadable)."""
+        if self.directory is None:
+            return None
+        file_path = self.directory / f"{key}.json"
+        try:
+            data = json.loads(file_path.read_text(encoding="utf-8"))
+            return float(data["seconds"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
+    def put(self, key: str, seconds: float, description: str) -> None:
+        """Writes `seconds` under `key` (nothing without a cache; a write error is ignored)."""
+        if self.directory is None:
+            return
+        try:
+            atomic_write_json(
+                self.directory / f"{key}.json", {"seconds": seconds, "what": description}
+            )
+        except OSError:
+            pass
+
+
+def layer_signature(layer: keras.layers.Layer, call: LayerCall, batch_size: int) -> dict:
+    """Returns what keys one layer's timing: class, config (no name or dtype), arguments, batch."""
+    config = call_model_code(
+        lambda: dict(layer.get_config()),
+        layer=call.path,
+        lost=NOT_TIMED,
+        fallback={"unserialisable": type(layer).__qualname__},
+    )
+    for field in ("name", "dtype", "trainable"):
+        config.pop(field, None)
+    return {
+        "class": f"{type(layer).__module__}.{type(layer).__qualname__}",
+        "config": config,
+        "arguments": call.signature(),
+        "batch_size": batch_size,
+    }
+
+
+def model_signature(model: keras.Model) -> Any:
+    """Returns what keys a whole-step timing of `model`: its config, else its fingerprint."""
+    return call_model_code(
+        lambda: json.loads(json.dumps(model.get_config(), sort_keys=True, default=repr)),
+        layer=model.name,
+        lost=STEPS_NOT_TIMED,
+        fallback={"fingerprint": model_fingerprint(model)},
+    )

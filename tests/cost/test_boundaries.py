@@ -1,4 +1,4 @@
-"""Tests for autoprec.cost.boundaries: mixed plans, the boundary cost and the prediction error."""
+"""Tests for autoprec.cost.measure's boundaries: mixed plans, the boundary cost and the prediction error."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 from conftest import build_mlp
 
 from autoprec import cost
-from autoprec.cost import boundaries
+from autoprec.cost import measure as boundaries
 
 
 def _stack(depth: int = 6, width: int = 64) -> keras.Model:

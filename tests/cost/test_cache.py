@@ -1,4 +1,4 @@
-"""Tests for autoprec.cost.cache: the cache folder, keys, entries on disk and signatures."""
+"""Tests for autoprec.cost.table's cache: the cache folder, keys, entries on disk and signatures."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import json
 import keras
 
 from autoprec import cost
-from autoprec.cost.cache import MeasurementCache, layer_signature, model_signature
+from autoprec.cost.table import MeasurementCache, layer_signature, model_signature
 
 
 def test_default_cache_dir_reads_autoprec_then_xdg(monkeypatch, tmp_path):

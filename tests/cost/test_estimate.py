@@ -98,3 +98,75 @@ def test_estimate_of_a_dict_input_model_traces_the_batch_it_is_given(bert_classi
     assert est.layer_seconds["bert_backbone/token_embedding"] > 0
     # Activations of 32-token sequences: more than the 3 x 32 input ids alone.
     assert est.activation_bytes_per_sample > 3 * 32 * 4
+
+
+def _transformer_block() -> keras.Model:
+    inputs = keras.Input((16, 64))
+    attended = keras.layers.MultiHeadAttention(num_heads=4, key_dim=16, name="attention")(
+        inputs, inputs
+    )
+    hidden = keras.layers.LayerNormalization(name="norm")(inputs + attended)
+    wide = keras.layers.Dense(128, activation="gelu", name="ffn_in")(hidden)
+    hidden = hidden + keras.layers.Dense(64, name="ffn_out")(wide)
+    pooled = keras.layers.GlobalAveragePooling1D(name="pool")(hidden)
+    return keras.Model(inputs, keras.layers.Dense(4, name="head")(pooled))
+
+
+def _mlp() -> keras.Model:
+    inputs = keras.Input((64,))
+    hidden = keras.layers.Dense(128, activation="relu", name="hidden_1")(inputs)
+    hidden = keras.layers.Dense(128, activation="relu", name="hidden_2")(hidden)
+    return keras.Model(inputs, keras.layers.Dense(4, name="head")(hidden))
+
+
+def _cnn() -> keras.Model:
+    inputs = keras.Input((16, 16, 3))
+    hidden = keras.layers.Conv2D(16, 3, activation="relu", name="conv")(inputs)
+    hidden = keras.layers.BatchNormalization(name="batch_norm")(hidden)
+    hidden = keras.layers.GlobalAveragePooling2D(name="pool")(hidden)
+    hidden = keras.layers.Dense(32, activation="relu", name="dense")(hidden)
+    return keras.Model(inputs, keras.layers.Dense(4, name="head")(hidden))
+
+
+#: Each model with a plan mixing float8 (where the device has it), bfloat16 and float16.
+_PLAN_MODELS = {
+    "transformer": (_transformer_block, {"ffn_in": "float8", "ffn_out": "float8", "*": "bfloat16"}),
+    "mlp": (_mlp, {"hidden_1": "float8", "hidden_2": "float16", "head": "float32"}),
+    "cnn": (_cnn, {"conv": "float16", "batch_norm": "float32", "dense": "float8"}),
+}
+
+
+@pytest.mark.parametrize("device", ["rtx5090", "rtx3090"])
+@pytest.mark.parametrize("name", sorted(_PLAN_MODELS))
+def test_a_plans_predicted_speedup_is_what_estimate_reports(name, device):
+    import numpy as np
+
+    import autoprec
+
+    build, dtypes = _PLAN_MODELS[name][0], dict(_PLAN_MODELS[name][1])
+    model = build()
+    model.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(64, *model.input_shape[1:])).astype("float32")
+    y = rng.integers(0, 4, (64,))
+    # The one-liner predicts its plan's speedup before the plan is applied.
+    callback = autoprec.AutoPrecision(hardware=device)
+    model.fit(x, y, batch_size=32, epochs=1, callbacks=[callback], verbose=0)
+    predicted = callback.plan.metadata["predicted_speedup"]
+    after = cost.estimate(model, callback.plan, device, batch_size=32, x=x[:32])
+    assert predicted > 0 and after.speedup == pytest.approx(predicted, rel=1e-9)
+    assert not after.infeasible_layers
+    # A mixed plan: what estimate says before it is applied, it says while the model runs it.
+    fresh = build()
+    fallback = dtypes.pop("*", "float32")
+    plan = autoprec.PrecisionPlan.uniform(fresh, fallback)
+    for path, dtype in dtypes.items():
+        plan = plan.with_dtype(path, dtype if device == "rtx5090" else "bfloat16")
+    before = cost.estimate(fresh, plan, device, batch_size=32, x=x[:32])
+    autoprec.apply_plan(fresh, plan)
+    applied = cost.estimate(fresh, plan, device, batch_size=32, x=x[:32])
+    assert before.cast_seconds > 0 or fallback != "float32"
+    assert applied.speedup == pytest.approx(before.speedup, rel=1e-9) and before.speedup > 0
+    assert applied.cast_seconds == pytest.approx(before.cast_seconds, rel=1e-9)
+    assert applied.memory_bytes == before.memory_bytes
+    assert applied.training_memory_bytes == pytest.approx(before.training_memory_bytes)

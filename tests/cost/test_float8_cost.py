@@ -15,9 +15,7 @@ from autoprec.cost.measure import float8_timeable
 from autoprec.cost.prediction import (
     FLOAT8_EXTRA_KERNELS,
     MATMUL_EFFICIENCY,
-    float8_matmul_rate,
     float8_quantize_seconds,
-    predicted_float8_seconds,
 )
 from autoprec.cost.steps import rebuild_layer, time_layer
 from autoprec.layers import layer_paths
@@ -38,7 +36,7 @@ def test_a_wide_dense_is_predicted_faster_in_float8_close_to_2x_on_its_matmuls()
     wide = _dense_cost(4096, 4096)
     bfloat16, float8 = _seconds(wide, "bfloat16", 8192), _seconds(wide, "float8", 8192)
     assert 1.6 < bfloat16 / float8 < 2.0
-    assert float8_matmul_rate(wide, RTX4090, "bfloat16") == 2 * RTX4090.peak_flops("bfloat16")
+    assert RTX4090.peak_flops("float8") == 2 * RTX4090.peak_flops("bfloat16")
     matmul_flops = (wide.matmul_flops + wide.backward_matmul_flops) * 8192
     matmul_seconds = matmul_flops / (RTX4090.peak_flops("float8") * MATMUL_EFFICIENCY)
     quantize = float8_quantize_seconds(wide, RTX4090, 8192)
@@ -60,7 +58,6 @@ def test_a_narrow_dense_is_predicted_slower_in_float8_launches_dominate():
 def test_a_dense_whose_dimension_is_no_multiple_of_16_gets_no_fp8_matmul():
     misaligned = _dense_cost(4096, 4104)  # 4104 = 8 x 513: aligned for 16-bit, not for FP8
     assert misaligned.float8_dims == (4096, 4104)
-    assert float8_matmul_rate(misaligned, RTX4090, "bfloat16") == RTX4090.peak_flops("bfloat16")
     assert _seconds(misaligned, "float8", 8192) > _seconds(misaligned, "bfloat16", 8192)
 
 
@@ -71,13 +68,13 @@ def test_float8_needs_fp8_tensor_cores_and_a_float8_path():
     conv = keras.Sequential([keras.Input((8, 8, 16)), keras.layers.Conv2D(16, 3, name="conv")])
     conv_cost = cost.count_costs(conv)["conv"]
     assert not conv_cost.has_float8_path
-    assert predicted_float8_seconds(conv_cost, RTX4090, 64) is None
+    assert cost.predicted_layer_seconds(conv_cost, RTX4090, "float8", 64) is None
 
 
 def test_a_float32_source_costs_more_than_bfloat16():
     wide = _dense_cost(1024, 1024)
-    from_bfloat16 = predicted_float8_seconds(wide, RTX4090, 1024, "bfloat16")
-    from_float32 = predicted_float8_seconds(wide, RTX4090, 1024, "float32")
+    from_bfloat16 = cost.predicted_layer_seconds(wide, RTX4090, "float8", 1024, "bfloat16")
+    from_float32 = cost.predicted_layer_seconds(wide, RTX4090, "float8", 1024, "float32")
     assert from_float32 > from_bfloat16
 
 

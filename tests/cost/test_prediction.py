@@ -54,12 +54,6 @@ def test_float8_bytes_add_the_quantize_passes_and_amax_histories():
     assert prediction.FLOAT8_EXTRA_KERNELS == 3 * prediction.FLOAT8_QUANTIZED_TENSORS
 
 
-def test_to_dict_writes_dimension_tuples_as_lists():
-    data = LayerCost("dense", "Dense", matmul_dims=(8, 16), float8_dims=(8, 16)).to_dict()
-    assert data["matmul_dims"] == [8, 16] and data["float8_dims"] == [8, 16]
-    assert data["path"] == "dense" and data["class_name"] == "Dense"
-
-
 def _single_layer_cost(input_shape, layer, input_dtype="float32") -> cost.LayerCost:
     inputs = keras.Input(input_shape, dtype=input_dtype)
     model = keras.Model(inputs, layer(inputs))

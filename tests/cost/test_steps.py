@@ -112,24 +112,26 @@ def test_whole_step_dtypes_reads_true_fast_false_and_names():
         steps.whole_step_dtypes("float16", ["float32"], profile)
 
 
-def test_measure_train_steps_times_a_list_and_a_dict_input_model():
+def test_time_train_steps_times_a_list_and_a_dict_input_model():
     first, second = keras.Input((4,), name="first"), keras.Input((6,), name="second")
     joined = keras.layers.Concatenate()([first, second])
     rng = np.random.default_rng(0)
     arrays = [rng.normal(size=(8, 4)).astype("float32"), rng.normal(size=(8, 6)).astype("float32")]
     listed = keras.Model([first, second], keras.layers.Dense(2)(joined))
-    timed = cost.measure_train_steps(listed, arrays, ["float32", "bfloat16"], repeats=2)
-    assert set(timed) == {"float32", "bfloat16"} and all(s > 0 for s in timed.values())
+    timed = cost.time_train_steps(listed, arrays, ["float32", "bfloat16"], repeats=2)
+    assert set(timed) == {"float32", "bfloat16"} and all(t.median > 0 for t in timed.values())
     named = keras.Model({"first": first, "second": second}, keras.layers.Dense(2)(joined))
     named.compile(optimizer="sgd", loss="mse")
     batch = ({"first": arrays[0], "second": arrays[1]}, np.zeros((8, 2), "float32"))
-    assert cost.measure_train_step(named, batch, "float32", repeats=2) > 0
+    assert cost.time_train_steps(named, batch, ["float32"], repeats=2)["float32"].median > 0
+    with pytest.warns(DeprecationWarning, match="time_train_steps"):
+        assert cost.measure_train_steps is cost.time_train_steps
 
 
-def test_measure_train_steps_on_an_unsupported_backend_names_the_supported_ones(monkeypatch, mlp):
+def test_time_train_steps_on_an_unsupported_backend_names_the_supported_ones(monkeypatch, mlp):
     monkeypatch.setattr(keras.backend, "backend", lambda: "torch")
     with pytest.raises(BackendError, match="tensorflow and jax") as raised:
-        cost.measure_train_steps(mlp, np.zeros((4, 8), dtype="float32"))
+        cost.time_train_steps(mlp, np.zeros((4, 8), dtype="float32"))
     assert "'torch'" in str(raised.value)
 
 
@@ -170,8 +172,8 @@ def test_mixed_plans_are_timed_beside_uniform_steps_and_a_plan_that_cannot_run_i
     timings = cost.time_train_steps(model, batch, ["float32"], repeats=2, plans=plans)
     assert set(timings) == {"float32", "fine"}
     assert len(timings["fine"].samples) == 2 and timings["fine"].median > 0
-    medians = cost.measure_train_steps(model, batch, [], repeats=1, plans={"fine": plans["fine"]})
-    assert set(medians) == {"fine"}
+    alone = cost.time_train_steps(model, batch, [], repeats=1, plans={"fine": plans["fine"]})
+    assert set(alone) == {"fine"}
     assert timings["fine"].spread >= 0
     timing = type(timings["fine"])
     spread = timing((0.010, 0.011, 0.013)).spread

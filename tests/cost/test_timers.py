@@ -39,7 +39,7 @@ def test_time_layer_times_a_copy_in_each_dtype_and_leaves_the_layer(mlp):
     assert all((w == v.numpy()).all() for w, v in zip(weights, dense.weights))
 
 
-def test_time_layer_passes_on_a_layer_that_cannot_be_rebuilt(mlp):
+def test_time_layer_raises_a_backend_error_for_a_layer_that_cannot_be_rebuilt(mlp):
     class NeedsScale(keras.layers.Layer):
         def __init__(self, scale):
             super().__init__()
@@ -49,7 +49,7 @@ def test_time_layer_passes_on_a_layer_that_cannot_be_rebuilt(mlp):
             return inputs * self.scale
 
     call = cost.trace_model(mlp).calls["dense"][0]
-    with pytest.raises(TypeError):
+    with pytest.raises(BackendError, match="'dense' \\(NeedsScale\\) cannot be rebuilt"):
         steps.time_layer(NeedsScale(2.0), call, "float32", 4, 2, False)
 
 
