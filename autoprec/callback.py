@@ -17,8 +17,10 @@ from .decision import (
     AutoPlan,
     FirstBatchSize,
     StepClock,
+    best_predicted_speedup,
     decide_plan,
     decision_budget,
+    race_budget,
     race_candidates,
     race_lines,
     race_traces,
@@ -72,11 +74,12 @@ class AutoPrecision(PlanCallback):
     16-bit policies the device runs fast and the per-layer plan, interleaved
     (`auto.timing_rounds`), and the fastest is kept, a difference inside the
     measured noise going to the simpler plan; these steps train the model as
-    any others (float32 runs the step `fit` traced). The decision stays within
-    `auto.decision_seconds` (default a tenth of the whole fit, at most a fifth of
-    the first epoch and 60 s), traces counted: where it cannot afford to trace
-    the candidates, the simpler plan (float32) is kept. The
-    plan is applied and training goes on.
+    any others (float32 runs the step `fit` traced), and the race may run on
+    into the next epochs of a long fit. Deciding stays within
+    `auto.decision_seconds` (default a twentieth of the whole fit, at most 60 s);
+    the race's traces are paid from half the predicted gain per step times the
+    steps left in the fit: where that cannot pay for them, the simpler plan
+    (float32) is kept at once. The plan is applied and training goes on.
     Where the device runs no 16-bit dtype fast (`hardware.is_fast`), nothing
     can be won: the model trains in float32 at once, nothing profiled or timed,
     and one line says so (`plan.metadata["measured"]` records the decision).
@@ -166,6 +169,7 @@ class AutoPrecision(PlanCallback):
         self.estimate: Estimate | None = None
         self.search_result: SearchResult | None = None
         self._deciding: _Deciding | None = None  # set while the automatic mode decides
+        self._epoch = 0
 
     # ------------------------------------------------------------------ Keras hooks
 
@@ -182,9 +186,8 @@ class AutoPrecision(PlanCallback):
         steps = (self.params or {}).get("steps")
         last_of_epoch = steps is not None and batch + 1 >= steps
         if deciding.race is not None:
-            # The timing stays inside the first epoch: a checkpoint written at its end
-            # saves the plan kept, never a candidate still being timed.
-            if deciding.race.end_step() or last_of_epoch:
+            # The race may run on into the next epoch; it ends inside the last one.
+            if deciding.race.end_step() or (last_of_epoch and self._last_epoch()):
                 self._finish_race()
             return
         deciding.clock.step_ended()
@@ -195,10 +198,17 @@ class AutoPrecision(PlanCallback):
         elif deciding.clock.steps >= UNPROFILED_STEPS or last_of_epoch:
             self._decide_and_apply()
 
+    def on_epoch_begin(self, epoch, logs=None) -> None:
+        self._epoch = epoch
+        super().on_epoch_begin(epoch, logs)
+
     def on_epoch_end(self, epoch, logs=None) -> None:
-        if self._deciding is not None and self._deciding.race is not None:
-            self._finish_race()  # an epoch of unknown length ended while plans were timed
+        if self._deciding is not None and self._deciding.race is not None and self._last_epoch():
+            self._finish_race()  # the last epoch ended while plans were timed
         super().on_epoch_end(epoch, logs)
+
+    def _last_epoch(self) -> bool:
+        return self._epoch + 1 >= (self.params or {}).get("epochs", 1)
 
     def on_train_end(self, logs=None) -> None:
         if self._deciding is not None and self._deciding.race is None:
@@ -304,13 +314,12 @@ class AutoPrecision(PlanCallback):
             self._report()
             return
         decided_at = time.perf_counter()
-        epochs = (self.params or {}).get("epochs")
-        epoch = deciding.clock.epoch_estimate((self.params or {}).get("steps"))
-        budget = decision_budget(self.auto, epoch, epochs)
+        budget = decision_budget(self.auto, deciding.clock.fit_estimate(self._fit_steps()))
         trace = deciding.clock.trace_seconds() or 0.0
-        # The race's traces come first (each fast uniform policy, the per-layer plan, the
-        # kept plan's own; float32 runs fit's): per-layer costs are timed with what they leave.
-        race_reserve = (len(deciding.fast) + 2) * trace
+        # With decision_seconds the race's traces come out of it too (each fast uniform policy,
+        # the per-layer plan, the kept plan's own): per-layer costs are timed with what they leave.
+        shared = self.auto.decision_seconds is not None
+        race_reserve = (len(deciding.fast) + 2) * trace if shared else 0.0
         plan, self.estimate = decide_plan(
             self.model,
             self.profile,
@@ -325,22 +334,38 @@ class AutoPrecision(PlanCallback):
         deciding.record = {"decision_seconds": spent, "budget_seconds": round(budget, 3)}
         self._race_or_apply(deciding, plan, trace)
 
+    def _fit_steps(self, left: bool = False) -> int | None:
+        """Returns the steps of the whole fit (epochs x steps per epoch), or those still to run."""
+        params = self.params or {}
+        if not params.get("steps") or not params.get("epochs"):
+            return None
+        return params["steps"] * params["epochs"] - (self._step if left else 0)
+
     def _race_or_apply(self, deciding: _Deciding, plan: PrecisionPlan, trace: float) -> None:
-        """Starts timing the candidates inside fit where the budget pays their traces; else applies
-        `plan` (the simpler one, float32, where the race was out of budget)."""
+        """Starts timing the candidates inside fit where the predicted gain pays their traces; else
+        applies `plan` (the simpler one, float32, where the race was out of budget)."""
         optimizer = self.model.optimizer
         candidates = self._timed_candidates(deciding.device, plan)  # may add loss scaling
         reuse_fit_step = self.model.optimizer is optimizer
         traces = race_traces(self.model, candidates, reuse_fit_step) if len(candidates) > 1 else 0
         spent, budget = deciding.record["decision_seconds"], deciding.record["budget_seconds"]
+        allowed, because = race_budget(
+            self.auto,
+            deciding.clock.step_seconds(),
+            best_predicted_speedup(plan),
+            self._fit_steps(left=True),
+            budget - spent,
+        )
+        deciding.record["race_budget_seconds"] = round(allowed, 3)
         why = ""
-        if traces and spent + traces * trace > budget:
-            # The race's traces would not fit: out of budget, fit keeps the simpler plan.
+        if traces and traces * trace > allowed:
+            # The race's traces would not pay: out of budget, fit keeps the simpler plan.
             name, simpler = next(iter(candidates.items()))
             plan = simpler.with_metadata(hardware=plan.metadata.get("hardware"))
             why = (
                 f"timing {len(candidates)} candidates needs {traces} traces of about "
-                f"{trace:.1f} s, over the {budget:.1f} s budget: keeping {name}, the simpler plan"
+                f"{trace:.1f} s, over the {allowed:.1f} s budget: keeping {name}, the simpler "
+                f"plan (the race's budget: {because})"
             )
             self.estimate, candidates = None, {}
         if len(candidates) < 2:
@@ -456,6 +481,7 @@ def _measured(
     measured = {
         "decision_seconds": round(float(record.get("decision_seconds", 0.0)), 3),
         "budget_seconds": record.get("budget_seconds"),
+        "race_budget_seconds": record.get("race_budget_seconds"),
         "candidates_timed": candidates,
         "rounds": rounds,
     }

@@ -444,11 +444,11 @@ class StepClock:
             return None
         return max(self.ends[0] - (self.step_seconds() or 0.0), 0.0)
 
-    def epoch_estimate(self, steps_per_epoch: int | None) -> float | None:
-        """Returns the first epoch's length: its trace and first step, then its other steps."""
-        if not steps_per_epoch or not self.ends:
+    def fit_estimate(self, steps: int | None) -> float | None:
+        """Returns how long `steps` steps take: the first (its trace), then the pace of the others."""
+        if not steps or not self.ends:
             return None
         step = self.step_seconds()
         if step is None:
-            return self.ends[0] * steps_per_epoch
-        return self.ends[0] + (steps_per_epoch - 1) * step
+            return self.ends[0] * steps
+        return self.ends[0] + (steps - 1) * step
