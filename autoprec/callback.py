@@ -8,7 +8,7 @@ import os
 import time
 from typing import Any
 
-from ._core.dtypes import BFLOAT16, FLOAT8, FLOAT16, FLOAT32
+from ._core.dtypes import BFLOAT16, FLOAT8, FLOAT16, FLOAT32, count_dtypes, counts_text
 from ._core.models import show_message
 from .cost import Estimate
 from .decision import (
@@ -20,6 +20,7 @@ from .decision import (
     best_predicted_speedup,
     decide_plan,
     decision_budget,
+    memory,
     race_budget,
     race_candidates,
     race_lines,
@@ -39,6 +40,9 @@ from .runtime.training import DEFAULT_GUARD, PlanCallback
 from .search import SearchResult, SearchSettings, compute_layers, search
 
 logger = logging.getLogger("autoprec")
+
+#: The most steps of the plan kept that are timed for the memory of decisions.
+KEPT_STEPS = 50
 
 
 class AutoPrecision(PlanCallback):
@@ -170,6 +174,12 @@ class AutoPrecision(PlanCallback):
         self.search_result: SearchResult | None = None
         self._deciding: _Deciding | None = None  # set while the automatic mode decides
         self._epoch = 0
+        self._memory_key: dict | None = None  # where the plan this fit ends with is stored
+        self._recalled: dict | None = None  # the stored decision applied, until it is checked
+        self._kept_clock: StepClock | None = None  # the steps run in the plan decided
+        self._batch_signature: list | None = None
+        self._menu: tuple[HardwareProfile | None, list[str]] = (None, [])
+        self._afresh = ""  # why a recalled plan was decided afresh
 
     # ------------------------------------------------------------------ Keras hooks
 
@@ -181,6 +191,10 @@ class AutoPrecision(PlanCallback):
         deciding = self._deciding
         if deciding is None:
             super().on_train_batch_end(batch, logs)
+            if self._kept_clock is not None and self._kept_clock.steps <= KEPT_STEPS:
+                self._kept_clock.step_ended()
+                if self._recalled is not None:
+                    self._check_recalled()
             return
         self._step += 1
         steps = (self.params or {}).get("steps")
@@ -216,6 +230,11 @@ class AutoPrecision(PlanCallback):
         if self._deciding is not None:
             self._finish_race()  # training ended while the candidate plans were timed
         super().on_train_end(logs)
+        if self._memory_key is not None and self.plan is not None:
+            # Too few steps in the plan kept time nothing a rerun could check against.
+            steps = self._kept_clock.intervals() if self._kept_clock is not None else []
+            steps = steps if len(steps) >= memory.RECALL_CHECK_STEPS else []
+            memory.remember(self._memory_key, self.current_plan(), self._batch_signature, steps)
 
     # ------------------------------------------------------------------ automatic mode
 
@@ -235,6 +254,17 @@ class AutoPrecision(PlanCallback):
         if self.auto.budget is None and not fast:
             self._decide_at_once(device)
             return
+        self._menu = (device, fast)
+        if self.auto.remember and device is not None:
+            self._memory_key = memory.decision_key(self.model, device.name, fast, self.auto)
+            entry = memory.recall(self._memory_key)
+            if entry is not None:
+                self._recall(entry)
+                return
+        self._start_deciding(device, fast)
+
+    def _start_deciding(self, device: HardwareProfile | None, fast: list[str]) -> None:
+        """Starts what decides the plan: the first batch's reader, then the profile where it counts."""
         # fit's first batch gives the shapes costs are timed at (its size, unless
         # `AutoPlan(batch_size=...)` names another).
         reader = FirstBatchSize(self.model)
@@ -264,6 +294,53 @@ class AutoPrecision(PlanCallback):
             f"autoprec: profiling the first {self.auto.profile_steps} steps in float32",
             self.verbose,
         )
+
+    def _recall(self, entry: dict) -> None:
+        """Applies the plan stored for this model, device and menu from the next step on; the first
+        batch and the step time are checked against the stored ones (`_check_recalled`)."""
+        self._recalled = dict(entry, reader=FirstBatchSize(self.model))
+        self._recalled["reader"].install()
+        plan = entry["plan"]
+        measured = dict(plan.metadata.get("measured") or {})
+        measured["recalled"] = {"step_ms": entry["step_ms"], "checked_ms": None}
+        self.plan, self.estimate = plan.with_metadata(measured=measured), None
+        self._apply(quiet=True)
+        self._kept_clock = StepClock()
+        logger.info(
+            "autoprec: recalled the plan decided before for this model and device (%s; "
+            "%s ms a step stored): nothing profiled or timed, its step time checked after "
+            "%d steps; AutoPlan(remember=False) or deleting %s forgets it",
+            counts_text(count_dtypes(self.handle.dtypes.values())),
+            entry["step_ms"],
+            memory.RECALL_CHECK_STEPS,
+            memory.memory_dir(),
+        )
+
+    def _check_recalled(self) -> None:
+        """Decides afresh where fit's first batch differs from the stored one or the recalled plan's
+        step time drifted from the stored one; else records the check."""
+        entry, clock = self._recalled, self._kept_clock
+        why = ""
+        if clock.steps == 1:
+            self._batch_signature = entry["reader"].signature()
+            entry["reader"].remove()
+            if self._batch_signature != entry["batch"]:
+                why = f"the first batch {self._batch_signature} is not {entry['batch']}, stored"
+        elif clock.steps > memory.RECALL_CHECK_STEPS:
+            self._recalled = None
+            why = memory.drifted(entry, clock.step_seconds())
+            if not why:
+                measured = dict(self.plan.metadata.get("measured") or {})
+                checked = round(1e3 * clock.step_seconds(), 4)
+                measured["recalled"] = {"step_ms": entry["step_ms"], "checked_ms": checked}
+                self.plan = self.plan.with_metadata(measured=measured)
+        if why:
+            logger.info("autoprec: deciding afresh: %s", why)
+            self._recalled, self._kept_clock = None, None
+            self.restore()
+            self.handle, self.plan = None, None
+            self._afresh = why
+            self._start_deciding(*self._menu)
 
     def _decide_at_once(self, device: HardwareProfile) -> None:
         """Keeps float32 without profiling or timing: no 16-bit dtype runs fast on the device."""
@@ -296,6 +373,7 @@ class AutoPrecision(PlanCallback):
             if deciding.profiler.profile is None:
                 deciding.profiler.remove_probes()
             self.profile = deciding.profiler.profile
+        self._batch_signature = deciding.batch_reader.signature()
         batch_size, sample = self._first_batch(deciding.batch_reader)
         hardware = deciding.device or self.hardware  # an unknown name raises its error here
         if self.auto.budget is not None:
@@ -427,6 +505,12 @@ class AutoPrecision(PlanCallback):
         self._report()
 
     def _report(self) -> None:
+        """Reports the plan decided, and starts timing the steps it runs (for the memory)."""
+        self._kept_clock = StepClock()
+        if self._afresh:
+            measured = dict(self.plan.metadata.get("measured") or {})
+            measured["recalled"] = {"afresh": self._afresh}
+            self.plan, self._afresh = self.plan.with_metadata(measured=measured), ""
         for line in report_lines(self.plan, self.estimate, self.handle.dtypes):
             show_message(line, self.verbose)
         measured = self.plan.metadata.get("measured") or {}

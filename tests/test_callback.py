@@ -543,7 +543,7 @@ def test_config_objects_print_validate_and_round_trip():
     auto = AutoPlan(profile_steps=4, batch_size=64)
     assert repr(auto) == (
         "AutoPlan(profile_steps=4, batch_size=64, budget=None, n_trials=20, timing_rounds=5, "
-        "decision_seconds=None)"
+        "decision_seconds=None, remember=True)"
     )
     assert AutoPlan.from_config(auto.get_config()) == auto
     x = np.zeros((96, 8), "float32")

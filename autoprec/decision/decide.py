@@ -111,6 +111,13 @@ class AutoPlan(ConfigValue):
             from `PAYBACK_SHARE` of the predicted gain per step times the steps left
             in the fit (`race_budget`). The report says
             what the decision took (`plan.metadata["measured"]`).
+        remember: store the plan a fit ends with, keyed by device, versions,
+            model, first batch, dtype menu and budget (under
+            `autoprec.cost.default_cache_dir() / "decisions"`), and recall it on the
+            next run from the first step, nothing profiled or timed; its step time
+            is checked once against the stored one (`plan.metadata["measured"]
+            ["recalled"]`). `False` neither reads nor writes; deleting the folder
+            forgets every decision.
 
     Raises:
         PlanError: for a `budget` without `x` and `validation_data` (or data
@@ -136,10 +143,13 @@ class AutoPlan(ConfigValue):
     n_trials: int = 20
     timing_rounds: int = 5
     decision_seconds: float | None = None
+    remember: bool = True
 
     def __post_init__(self) -> None:
         for name in ("profile_steps", "n_trials"):
             _require_count(name, getattr(self, name))
+        if not isinstance(self.remember, bool):
+            raise PlanError(f"AutoPlan: remember must be True or False, got {self.remember!r}.")
         if self.timing_rounds != 0:
             _require_count("timing_rounds", self.timing_rounds, "or 0 (no timing)")
         if self.decision_seconds is not None and (
@@ -178,7 +188,8 @@ class AutoPlan(ConfigValue):
         return (
             f"AutoPlan(profile_steps={self.profile_steps}, batch_size={self.batch_size}, "
             f"budget={self.budget!r}{data}, n_trials={self.n_trials}, "
-            f"timing_rounds={self.timing_rounds}, decision_seconds={self.decision_seconds})"
+            f"timing_rounds={self.timing_rounds}, decision_seconds={self.decision_seconds}, "
+            f"remember={self.remember})"
         )
 
 
@@ -385,6 +396,15 @@ class FirstBatchSize:
             value = int(keras.ops.convert_to_numpy(self._variable.value))
             return value or None
         return None
+
+    def signature(self) -> list | None:
+        """Returns the first batch's inputs as JSON-ready `[shape, dtype]` pairs, or `None`."""
+        if not self._inputs:
+            return None
+        size = self.read()
+        return [
+            [[size, *spec.shape[1:]], str(spec.dtype)] for spec in keras.tree.flatten(self._inputs)
+        ]
 
     def read_inputs(self, batch_size: int | None = None) -> Any:
         """Returns random inputs shaped as the first batch's (structure, dtypes, dimensions)."""

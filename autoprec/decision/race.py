@@ -432,11 +432,13 @@ class StepClock:
         """Steps recorded."""
         return len(self.ends)
 
+    def intervals(self) -> list[float]:
+        """Returns the seconds of each step after the first (traced) one."""
+        return [b - a for a, b in zip(self.ends, self.ends[1:])]
+
     def step_seconds(self) -> float | None:
         """Returns the median seconds of a step after the first (traced) one, or `None`."""
-        if len(self.ends) < 2:
-            return None
-        return statistics.median(b - a for a, b in zip(self.ends, self.ends[1:]))
+        return statistics.median(self.intervals()) if len(self.ends) > 1 else None
 
     def trace_seconds(self) -> float | None:
         """Returns what tracing the train step cost: the first step less a later one's time."""
