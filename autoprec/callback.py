@@ -8,7 +8,7 @@ import os
 import time
 from typing import Any
 
-from ._core.dtypes import BFLOAT16, FLOAT8, FLOAT16, FLOAT32
+from ._core.dtypes import BFLOAT16, FLOAT8, FLOAT16, FLOAT32, count_dtypes, counts_text
 from ._core.models import show_message
 from .cost import Estimate
 from .decision import (
@@ -17,8 +17,11 @@ from .decision import (
     AutoPlan,
     FirstBatchSize,
     StepClock,
+    best_predicted_speedup,
     decide_plan,
     decision_budget,
+    memory,
+    race_budget,
     race_candidates,
     race_lines,
     race_traces,
@@ -37,6 +40,9 @@ from .runtime.training import DEFAULT_GUARD, PlanCallback
 from .search import SearchResult, SearchSettings, compute_layers, search
 
 logger = logging.getLogger("autoprec")
+
+#: The most steps of the plan kept that are timed for the memory of decisions.
+KEPT_STEPS = 50
 
 
 class AutoPrecision(PlanCallback):
@@ -72,11 +78,12 @@ class AutoPrecision(PlanCallback):
     16-bit policies the device runs fast and the per-layer plan, interleaved
     (`auto.timing_rounds`), and the fastest is kept, a difference inside the
     measured noise going to the simpler plan; these steps train the model as
-    any others (float32 runs the step `fit` traced). The decision stays within
-    `auto.decision_seconds` (default a tenth of the whole fit, at most a fifth of
-    the first epoch and 60 s), traces counted: where it cannot afford to trace
-    the candidates, the simpler plan (float32) is kept. The
-    plan is applied and training goes on.
+    any others (float32 runs the step `fit` traced), and the race may run on
+    into the next epochs of a long fit. Deciding stays within
+    `auto.decision_seconds` (default a twentieth of the whole fit, at most 60 s);
+    the race's traces are paid from half the predicted gain per step times the
+    steps left in the fit: where that cannot pay for them, the simpler plan
+    (float32) is kept at once. The plan is applied and training goes on.
     Where the device runs no 16-bit dtype fast (`hardware.is_fast`), nothing
     can be won: the model trains in float32 at once, nothing profiled or timed,
     and one line says so (`plan.metadata["measured"]` records the decision).
@@ -166,6 +173,13 @@ class AutoPrecision(PlanCallback):
         self.estimate: Estimate | None = None
         self.search_result: SearchResult | None = None
         self._deciding: _Deciding | None = None  # set while the automatic mode decides
+        self._epoch = 0
+        self._memory_key: dict | None = None  # where the plan this fit ends with is stored
+        self._recalled: dict | None = None  # the stored decision applied, until it is checked
+        self._kept_clock: StepClock | None = None  # the steps run in the plan decided
+        self._batch_signature: list | None = None
+        self._menu: tuple[HardwareProfile | None, list[str]] = (None, [])
+        self._afresh = ""  # why a recalled plan was decided afresh
 
     # ------------------------------------------------------------------ Keras hooks
 
@@ -177,14 +191,17 @@ class AutoPrecision(PlanCallback):
         deciding = self._deciding
         if deciding is None:
             super().on_train_batch_end(batch, logs)
+            if self._kept_clock is not None and self._kept_clock.steps <= KEPT_STEPS:
+                self._kept_clock.step_ended()
+                if self._recalled is not None:
+                    self._check_recalled()
             return
         self._step += 1
         steps = (self.params or {}).get("steps")
         last_of_epoch = steps is not None and batch + 1 >= steps
         if deciding.race is not None:
-            # The timing stays inside the first epoch: a checkpoint written at its end
-            # saves the plan kept, never a candidate still being timed.
-            if deciding.race.end_step() or last_of_epoch:
+            # The race may run on into the next epoch; it ends inside the last one.
+            if deciding.race.end_step() or (last_of_epoch and self._last_epoch()):
                 self._finish_race()
             return
         deciding.clock.step_ended()
@@ -195,10 +212,17 @@ class AutoPrecision(PlanCallback):
         elif deciding.clock.steps >= UNPROFILED_STEPS or last_of_epoch:
             self._decide_and_apply()
 
+    def on_epoch_begin(self, epoch, logs=None) -> None:
+        self._epoch = epoch
+        super().on_epoch_begin(epoch, logs)
+
     def on_epoch_end(self, epoch, logs=None) -> None:
-        if self._deciding is not None and self._deciding.race is not None:
-            self._finish_race()  # an epoch of unknown length ended while plans were timed
+        if self._deciding is not None and self._deciding.race is not None and self._last_epoch():
+            self._finish_race()  # the last epoch ended while plans were timed
         super().on_epoch_end(epoch, logs)
+
+    def _last_epoch(self) -> bool:
+        return self._epoch + 1 >= (self.params or {}).get("epochs", 1)
 
     def on_train_end(self, logs=None) -> None:
         if self._deciding is not None and self._deciding.race is None:
@@ -206,6 +230,11 @@ class AutoPrecision(PlanCallback):
         if self._deciding is not None:
             self._finish_race()  # training ended while the candidate plans were timed
         super().on_train_end(logs)
+        if self._memory_key is not None and self.plan is not None:
+            # Too few steps in the plan kept time nothing a rerun could check against.
+            steps = self._kept_clock.intervals() if self._kept_clock is not None else []
+            steps = steps if len(steps) >= memory.RECALL_CHECK_STEPS else []
+            memory.remember(self._memory_key, self.current_plan(), self._batch_signature, steps)
 
     # ------------------------------------------------------------------ automatic mode
 
@@ -225,6 +254,17 @@ class AutoPrecision(PlanCallback):
         if self.auto.budget is None and not fast:
             self._decide_at_once(device)
             return
+        self._menu = (device, fast)
+        if self.auto.remember and device is not None:
+            self._memory_key = memory.decision_key(self.model, device.name, fast, self.auto)
+            entry = memory.recall(self._memory_key)
+            if entry is not None:
+                self._recall(entry)
+                return
+        self._start_deciding(device, fast)
+
+    def _start_deciding(self, device: HardwareProfile | None, fast: list[str]) -> None:
+        """Starts what decides the plan: the first batch's reader, then the profile where it counts."""
         # fit's first batch gives the shapes costs are timed at (its size, unless
         # `AutoPlan(batch_size=...)` names another).
         reader = FirstBatchSize(self.model)
@@ -254,6 +294,53 @@ class AutoPrecision(PlanCallback):
             f"autoprec: profiling the first {self.auto.profile_steps} steps in float32",
             self.verbose,
         )
+
+    def _recall(self, entry: dict) -> None:
+        """Applies the plan stored for this model, device and menu from the next step on; the first
+        batch and the step time are checked against the stored ones (`_check_recalled`)."""
+        self._recalled = dict(entry, reader=FirstBatchSize(self.model))
+        self._recalled["reader"].install()
+        plan = entry["plan"]
+        measured = dict(plan.metadata.get("measured") or {})
+        measured["recalled"] = {"step_ms": entry["step_ms"], "checked_ms": None}
+        self.plan, self.estimate = plan.with_metadata(measured=measured), None
+        self._apply(quiet=True)
+        self._kept_clock = StepClock()
+        logger.info(
+            "autoprec: recalled the plan decided before for this model and device (%s; "
+            "%s ms a step stored): nothing profiled or timed, its step time checked after "
+            "%d steps; AutoPlan(remember=False) or deleting %s forgets it",
+            counts_text(count_dtypes(self.handle.dtypes.values())),
+            entry["step_ms"],
+            memory.RECALL_CHECK_STEPS,
+            memory.memory_dir(),
+        )
+
+    def _check_recalled(self) -> None:
+        """Decides afresh where fit's first batch differs from the stored one or the recalled plan's
+        step time drifted from the stored one; else records the check."""
+        entry, clock = self._recalled, self._kept_clock
+        why = ""
+        if clock.steps == 1:
+            self._batch_signature = entry["reader"].signature()
+            entry["reader"].remove()
+            if self._batch_signature != entry["batch"]:
+                why = f"the first batch {self._batch_signature} is not {entry['batch']}, stored"
+        elif clock.steps > memory.RECALL_CHECK_STEPS:
+            self._recalled = None
+            why = memory.drifted(entry, clock.step_seconds())
+            if not why:
+                measured = dict(self.plan.metadata.get("measured") or {})
+                checked = round(1e3 * clock.step_seconds(), 4)
+                measured["recalled"] = {"step_ms": entry["step_ms"], "checked_ms": checked}
+                self.plan = self.plan.with_metadata(measured=measured)
+        if why:
+            logger.info("autoprec: deciding afresh: %s", why)
+            self._recalled, self._kept_clock = None, None
+            self.restore()
+            self.handle, self.plan = None, None
+            self._afresh = why
+            self._start_deciding(*self._menu)
 
     def _decide_at_once(self, device: HardwareProfile) -> None:
         """Keeps float32 without profiling or timing: no 16-bit dtype runs fast on the device."""
@@ -286,6 +373,7 @@ class AutoPrecision(PlanCallback):
             if deciding.profiler.profile is None:
                 deciding.profiler.remove_probes()
             self.profile = deciding.profiler.profile
+        self._batch_signature = deciding.batch_reader.signature()
         batch_size, sample = self._first_batch(deciding.batch_reader)
         hardware = deciding.device or self.hardware  # an unknown name raises its error here
         if self.auto.budget is not None:
@@ -304,13 +392,12 @@ class AutoPrecision(PlanCallback):
             self._report()
             return
         decided_at = time.perf_counter()
-        epochs = (self.params or {}).get("epochs")
-        epoch = deciding.clock.epoch_estimate((self.params or {}).get("steps"))
-        budget = decision_budget(self.auto, epoch, epochs)
+        budget = decision_budget(self.auto, deciding.clock.fit_estimate(self._fit_steps()))
         trace = deciding.clock.trace_seconds() or 0.0
-        # The race's traces come first (each fast uniform policy, the per-layer plan, the
-        # kept plan's own; float32 runs fit's): per-layer costs are timed with what they leave.
-        race_reserve = (len(deciding.fast) + 2) * trace
+        # With decision_seconds the race's traces come out of it too (each fast uniform policy,
+        # the per-layer plan, the kept plan's own): per-layer costs are timed with what they leave.
+        shared = self.auto.decision_seconds is not None
+        race_reserve = (len(deciding.fast) + 2) * trace if shared else 0.0
         plan, self.estimate = decide_plan(
             self.model,
             self.profile,
@@ -325,22 +412,38 @@ class AutoPrecision(PlanCallback):
         deciding.record = {"decision_seconds": spent, "budget_seconds": round(budget, 3)}
         self._race_or_apply(deciding, plan, trace)
 
+    def _fit_steps(self, left: bool = False) -> int | None:
+        """Returns the steps of the whole fit (epochs x steps per epoch), or those still to run."""
+        params = self.params or {}
+        if not params.get("steps") or not params.get("epochs"):
+            return None
+        return params["steps"] * params["epochs"] - (self._step if left else 0)
+
     def _race_or_apply(self, deciding: _Deciding, plan: PrecisionPlan, trace: float) -> None:
-        """Starts timing the candidates inside fit where the budget pays their traces; else applies
-        `plan` (the simpler one, float32, where the race was out of budget)."""
+        """Starts timing the candidates inside fit where the predicted gain pays their traces; else
+        applies `plan` (the simpler one, float32, where the race was out of budget)."""
         optimizer = self.model.optimizer
         candidates = self._timed_candidates(deciding.device, plan)  # may add loss scaling
         reuse_fit_step = self.model.optimizer is optimizer
         traces = race_traces(self.model, candidates, reuse_fit_step) if len(candidates) > 1 else 0
         spent, budget = deciding.record["decision_seconds"], deciding.record["budget_seconds"]
+        allowed, because = race_budget(
+            self.auto,
+            deciding.clock.step_seconds(),
+            best_predicted_speedup(plan),
+            self._fit_steps(left=True),
+            budget - spent,
+        )
+        deciding.record["race_budget_seconds"] = round(allowed, 3)
         why = ""
-        if traces and spent + traces * trace > budget:
-            # The race's traces would not fit: out of budget, fit keeps the simpler plan.
+        if traces and traces * trace > allowed:
+            # The race's traces would not pay: out of budget, fit keeps the simpler plan.
             name, simpler = next(iter(candidates.items()))
             plan = simpler.with_metadata(hardware=plan.metadata.get("hardware"))
             why = (
                 f"timing {len(candidates)} candidates needs {traces} traces of about "
-                f"{trace:.1f} s, over the {budget:.1f} s budget: keeping {name}, the simpler plan"
+                f"{trace:.1f} s, over the {allowed:.1f} s budget: keeping {name}, the simpler "
+                f"plan (the race's budget: {because})"
             )
             self.estimate, candidates = None, {}
         if len(candidates) < 2:
@@ -402,6 +505,12 @@ class AutoPrecision(PlanCallback):
         self._report()
 
     def _report(self) -> None:
+        """Reports the plan decided, and starts timing the steps it runs (for the memory)."""
+        self._kept_clock = StepClock()
+        if self._afresh:
+            measured = dict(self.plan.metadata.get("measured") or {})
+            measured["recalled"] = {"afresh": self._afresh}
+            self.plan, self._afresh = self.plan.with_metadata(measured=measured), ""
         for line in report_lines(self.plan, self.estimate, self.handle.dtypes):
             show_message(line, self.verbose)
         measured = self.plan.metadata.get("measured") or {}
@@ -456,6 +565,7 @@ def _measured(
     measured = {
         "decision_seconds": round(float(record.get("decision_seconds", 0.0)), 3),
         "budget_seconds": record.get("budget_seconds"),
+        "race_budget_seconds": record.get("race_budget_seconds"),
         "candidates_timed": candidates,
         "rounds": rounds,
     }

@@ -9,7 +9,8 @@ generated here with a fixed seed, nothing downloaded) the candidates are:
   `--float16`): the same architecture built under
   `keras.config.set_dtype_policy(...)`, exactly as Keras applies that policy;
 - `one-liner`: `model.fit(..., callbacks=[autoprec.AutoPrecision()])` for one short
-  epoch on a copy (costs measured here, `hardware="local"`); its `callback.plan` is
+  epoch on a copy (costs measured here, `hardware="local"`, nothing recalled from an
+  earlier run: `AutoPlan(remember=False)`); its `callback.plan` is
   applied to a fresh copy with `autoprec.apply_plan`;
 - `search`: `autoprec.search(..., hardware="local", n_trials=...)`; its
   `result.plan` applied to a fresh copy likewise.
@@ -294,7 +295,8 @@ def run_model(spec: Workload, settings: Settings) -> dict[str, Any]:
 
     plans: dict[str, autoprec.PrecisionPlan] = {}
     copy = build_copy(spec, weights)
-    callback = autoprec.AutoPrecision(hardware="local")
+    # Rounds decide afresh: nothing recalled from an earlier round or run.
+    callback = autoprec.AutoPrecision(hardware="local", auto=autoprec.AutoPlan(remember=False))
     try:
         with captured_messages() as messages:
             row["fit_autoprecision_s"] = timed_fit(copy, x, y, batch, [callback])

@@ -16,7 +16,16 @@ python bench/oneliner_first_epoch.py --models all --epochs 3 --fast-bfloat16
 python bench/oneliner_first_epoch.py --models resnet50,encoder --decision-seconds 60
 ```
 
-`--models all` runs eight models from 4 to 400 layers (DenseNet121; MobileNetV2 has 151).
+`--rerun` times, in fresh processes each round, a plain fit, the one-liner's first fit and its
+rerun (the same script run again: it recalls the plan the first fit ended with, nothing
+profiled or timed; `AutoPlan(remember=True)`, a memory folder of its own per round);
+without it the one-liner decides afresh in every fit (`AutoPlan(remember=False)`).
+
+```bash
+python bench/oneliner_first_epoch.py --models transformer --epochs 2 --steps 150 --rerun --rounds 5
+```
+
+`--models all` runs nine models from 4 to 400 layers (DenseNet121; MobileNetV2 has 151).
 `--fast-bfloat16` tells the one-liner that bfloat16 runs fast here, so that it profiles,
 times costs within its decision budget and races its candidates on this CPU (what it
 measures is real; only what it is told pays is forced).
@@ -27,9 +36,12 @@ from __future__ import annotations
 import argparse
 import collections
 import dataclasses
+import json
 import os
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -79,6 +91,10 @@ MODELS = {
         lambda: models.encoder_classifier(length=64, width=256, heads=4, blocks=4, hidden=1024),
         _tokens,
     ),
+    "transformer": (
+        lambda: models.encoder_classifier(length=128, width=256, heads=4, blocks=2, hidden=1024),
+        lambda n: _tokens(n, length=128),
+    ),
     "decoder": (
         lambda: models.decoder_lm(
             length=64, vocabulary=1000, width=256, heads=4, blocks=4, hidden=1024
@@ -119,6 +135,7 @@ def timed_fit(
     one_liner: bool,
     hardware="local",
     decision_seconds: float | None = None,
+    remember: bool = False,
 ):
     """Returns the epoch ends of one fit of a fresh copy, and the one-liner's plan."""
     model = MODELS[name][0]()
@@ -128,7 +145,7 @@ def timed_fit(
     callbacks = [timer]
     callback = None
     if one_liner:
-        auto = autoprec.AutoPlan(decision_seconds=decision_seconds)
+        auto = autoprec.AutoPlan(decision_seconds=decision_seconds, remember=remember)
         callback = autoprec.AutoPrecision(hardware=hardware, auto=auto, verbose=0)
         callbacks.append(callback)
     x, y = data
@@ -202,6 +219,90 @@ def measure(
     ]
 
 
+#: The fits `--rerun` times in fresh processes each round, in this order.
+RERUN_FITS = ("plain", "first", "rerun")
+
+
+def fresh_fit(name: str, fit: str, args: argparse.Namespace, memory: str) -> dict:
+    """Runs one fit (`RERUN_FITS`) of `name` in a fresh process; returns its epoch ends and plan."""
+    command = [sys.executable, __file__, "--child", fit, "--models", name]
+    command += ["--epochs", str(args.epochs), "--steps", str(args.steps)]
+    command += ["--fast-bfloat16"] * args.fast_bfloat16
+    if args.decision_seconds is not None:
+        command += ["--decision-seconds", str(args.decision_seconds)]
+    # The child imports the autoprec this process imported.
+    package_root = str(Path(autoprec.__file__).resolve().parents[1])
+    path = os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")]))
+    environment = dict(os.environ, AUTOPREC_CACHE_DIR=memory, PYTHONPATH=path)
+    result = subprocess.run(command, capture_output=True, text=True, env=environment, check=False)
+    if result.returncode:
+        raise SystemExit(f"{name} {fit} fit failed:\n{result.stderr[-3000:]}")
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def child(name: str, fit: str, args: argparse.Namespace, hardware) -> None:
+    """Runs one fit in this (fresh) process and prints its epoch ends and plan as one JSON line."""
+    keras.utils.set_random_seed(0)
+    build, make_data = MODELS[name]
+    ends, plan = timed_fit(
+        name,
+        build().get_weights(),
+        make_data(32 * args.steps),
+        args.epochs,
+        fit != "plain",
+        hardware,
+        args.decision_seconds,
+        remember=True,
+    )
+    measured = (plan.metadata.get("measured") or {}) if plan is not None else {}
+    kept = _dtype_counts(plan) if plan is not None else "-"
+    print(json.dumps({"ends": ends, "kept": kept, "measured": measured}, default=str))
+
+
+def measure_rerun(name: str, args: argparse.Namespace) -> list:
+    """Returns one table row for `name`: a plain fit, the one-liner's first fit and its rerun."""
+    fits: dict[str, list[dict]] = {fit: [] for fit in RERUN_FITS}
+    for index in range(1, args.rounds + 1):
+        with tempfile.TemporaryDirectory() as memory:
+            for fit in RERUN_FITS:
+                fits[fit].append(fresh_fit(name, fit, args, memory))
+        rerun = fits["rerun"][-1]
+        print(
+            f"  {name} round {index}, seconds per epoch: "
+            + " | ".join(f"{fit} {_epoch_seconds(fits[fit][-1]['ends'])}" for fit in RERUN_FITS)
+            + f"; kept {fits['first'][-1]['kept']}, rerun "
+            + f"{rerun['kept']}, recalled {rerun['measured'].get('recalled')}",
+            flush=True,
+        )
+    first = {fit: [run["ends"][0] for run in runs] for fit, runs in fits.items()}
+    whole = {fit: [run["ends"][-1] for run in runs] for fit, runs in fits.items()}
+    measured = fits["first"][-1]["measured"]
+    raced = measured.get("median_ms") or {}
+    speedup = raced["float32"] / raced[measured["winner"]] if measured.get("winner") else 1.0
+    return [
+        name,
+        *(f"{min(first[fit]):.1f} / {statistics.median(first[fit]):.1f}" for fit in RERUN_FITS),
+        *(f"{min(whole[fit]):.1f} / {statistics.median(whole[fit]):.1f}" for fit in RERUN_FITS),
+        f"{statistics.median(whole['first']) / statistics.median(whole['plain']):.2f}x",
+        f"{statistics.median(first['rerun']) / statistics.median(first['plain']):.2f}x",
+        f"{1.05 / speedup:.2f}x",
+        fits["first"][-1]["kept"],
+        measured.get("decision_seconds", "-"),
+    ]
+
+
+RERUN_HEADER = [
+    "model",
+    *(f"first epoch s, {fit} (min / median)" for fit in RERUN_FITS),
+    *(f"fit s, {fit} (min / median)" for fit in RERUN_FITS),
+    "first fit / plain",
+    "rerun first epoch / plain",
+    "goal: 1.05 / race speedup",
+    "plan kept",
+    "deciding s",
+]
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default="mobilenetv2")
@@ -218,8 +319,17 @@ def main(argv: list[str] | None = None) -> None:
         type=float,
         help="AutoPlan(decision_seconds=...): the decision's budget (default its own)",
     )
+    parser.add_argument(
+        "--rerun",
+        action="store_true",
+        help="each round in fresh processes: a plain fit, the one-liner's first fit, its rerun",
+    )
+    parser.add_argument("--child", choices=RERUN_FITS, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     hardware = fast_bfloat16_here() if args.fast_bfloat16 else "local"
+    if args.child:
+        child(args.models, args.child, args, hardware)
+        return
     print(
         f"host: {host.cpu_model()}, {host.cores()} cores, 16-bit flags: "
         f"{', '.join(host.sixteen_bit_flags()) or 'none'}; load {host.load():.1f}"
@@ -233,10 +343,16 @@ def main(argv: list[str] | None = None) -> None:
         )
     rows = []
     for name in names:
-        rows.append(
-            measure(name, args.epochs, args.rounds, args.steps, hardware, args.decision_seconds)
-        )
+        if args.rerun:
+            rows.append(measure_rerun(name, args))
+        else:
+            rows.append(
+                measure(name, args.epochs, args.rounds, args.steps, hardware, args.decision_seconds)
+            )
         print(" | ".join(str(cell) for cell in rows[-1]), flush=True)
+    if args.rerun:
+        print(markdown_table(RERUN_HEADER, rows))
+        return
     header = [
         "model",
         "first epoch s, plain (min / median)",

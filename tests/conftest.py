@@ -22,6 +22,15 @@ def _fresh_keras_state():
     keras.config.set_dtype_policy("float32")
 
 
+@pytest.fixture(autouse=True)
+def _own_decision_memory(tmp_path_factory, monkeypatch):
+    """Each test starts with an empty memory of decisions: nothing recalled from another test."""
+    from autoprec.decision import memory
+
+    folder = tmp_path_factory.mktemp("decisions")
+    monkeypatch.setattr(memory, "memory_dir", lambda: folder)
+
+
 def build_mlp(input_dim: int = 8, classes: int = 3) -> keras.Model:
     """A small Functional classifier: Dense, Dropout, Dense, Dense(softmax)."""
     inputs = keras.Input((input_dim,))

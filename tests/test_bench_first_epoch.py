@@ -58,3 +58,15 @@ def test_an_unknown_model_is_refused():
     result = _run("--models", "no_such_model", "--epochs", "1", "--steps", "1")
     assert result.returncode != 0
     assert "--models: unknown model(s) no_such_model; choose from mobilenetv2" in result.stderr
+
+
+def test_the_rerun_in_a_fresh_process_recalls_what_the_first_fit_kept():
+    result = _run("--models", "mlp", "--epochs", "2", "--steps", "14", "--rerun", "--fast-bfloat16")
+    assert result.returncode == 0, result.stderr[-3000:]
+    line = next(row for row in result.stdout.splitlines() if row.startswith("  mlp round 1"))
+    assert re.search(r"plain [\d. ]+\| first [\d. ]+\| rerun [\d. ]+;", line), line
+    kept = re.search(
+        r"kept (.+), rerun (.+), recalled \{'step_ms': ([\d.]+|None), 'checked_ms'", line
+    )
+    assert kept and kept.group(1) == kept.group(2), line
+    assert "| first fit / plain | rerun first epoch / plain |" in result.stdout

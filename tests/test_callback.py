@@ -354,17 +354,51 @@ def test_where_only_bfloat16_runs_fast_nothing_is_profiled_and_the_race_fits_its
     measured = callback.plan.metadata["measured"]
     assert measured["candidates_timed"] >= 2 and measured["winner"] in measured["rounds_ms"]
     assert all(np.isfinite(history.history["loss"]))
-    # The default budget, a tenth of a short first epoch, cannot pay for two traces: the
-    # simpler plan, float32, with the reason.
+    # A short fit: half the predicted gain over the steps left cannot pay for two traces:
+    # the simpler plan, float32, at once, with the reason.
     model = _compiled(build_mlp())
     callback = AutoPrecision(hardware=local_with_fast_bfloat16(), verbose=0)
     functions = TrainFunctions()
     model.fit(x, y, epochs=1, batch_size=16, verbose=0, callbacks=[callback, functions])
-    why = callback.plan.metadata["measured"]["why"]
-    assert "traces of about" in why and why.endswith("keeping float32, the simpler plan")
+    measured = callback.plan.metadata["measured"]
+    why = measured["why"]
+    assert "traces of about" in why and "keeping float32, the simpler plan" in why
+    steps_left = len(x) // 16 - 3  # deciding after 3 steps
+    assert "predicted" in why and f"over {steps_left} steps left" in why
+    assert measured["race_budget_seconds"] < 2 * measured["budget_seconds"] + 1
     assert set(callback.handle.dtypes.values()) == {"float32"}
     # Nothing changed: the step fit traced first runs on, not traced again.
     assert len(set(functions.seen)) == 1 and len(functions.seen) == len(x) // 16
+
+
+def test_the_race_runs_on_into_the_next_epoch_and_ends_inside_the_last(classification, capsys):
+    x, y = (part[:64] for part in classification)  # 4 steps an epoch: the race needs more
+    model = _compiled(build_mlp())
+    callback = AutoPrecision(
+        hardware=local_with_fast_bfloat16(), auto=AutoPlan(timing_rounds=2, decision_seconds=120.0)
+    )
+    epochs = EpochPolicies()
+    history = model.fit(x, y, epochs=12, batch_size=16, verbose=0, callbacks=[callback, epochs])
+    measured = callback.plan.metadata["measured"]
+    assert measured["steps"] > 4 and measured["winner"] in measured["rounds_ms"]
+    assert "timed the whole train step of float32, mixed_bfloat16" in capsys.readouterr().out
+    # From the epoch after the race on, every epoch ends in the plan kept.
+    kept = set(callback.handle.dtypes.values())
+    race_epochs = -(-(3 + measured["steps"]) // 4)
+    assert all(dtypes == kept for dtypes in epochs.seen[race_epochs:])
+    assert len(epochs.seen) == 12 and all(np.isfinite(history.history["loss"]))
+
+
+class EpochPolicies(keras.callbacks.Callback):
+    """Records the compute dtypes of the model's Dense layers at each epoch's end."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen: list[set[str]] = []
+
+    def on_epoch_end(self, epoch, logs=None):
+        dense = [layer for layer in self.model.layers if isinstance(layer, keras.layers.Dense)]
+        self.seen.append({layer.compute_dtype for layer in dense})
 
 
 class TrainFunctions(keras.callbacks.Callback):
@@ -509,7 +543,7 @@ def test_config_objects_print_validate_and_round_trip():
     auto = AutoPlan(profile_steps=4, batch_size=64)
     assert repr(auto) == (
         "AutoPlan(profile_steps=4, batch_size=64, budget=None, n_trials=20, timing_rounds=5, "
-        "decision_seconds=None)"
+        "decision_seconds=None, remember=True)"
     )
     assert AutoPlan.from_config(auto.get_config()) == auto
     x = np.zeros((96, 8), "float32")

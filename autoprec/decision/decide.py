@@ -24,23 +24,51 @@ from ..search import Budget, heuristic_plan
 logger = logging.getLogger("autoprec")
 
 #: The share of the whole fit the decision may take by default (`AutoPlan.decision_seconds`).
-DECISION_SHARE = 0.1
-
-#: The most of the first epoch the decision may take by default, however long the fit.
-FIRST_EPOCH_SHARE = 0.2
+DECISION_SHARE = 0.05
 
 #: The most seconds the decision may take by default, however long the fit.
 DECISION_CAP_SECONDS = 60.0
 
+#: The share of the predicted gain over the steps left in the fit that the race's traces may cost.
+PAYBACK_SHARE = 0.5
 
-def decision_budget(auto: AutoPlan, epoch_seconds: float | None, epochs: int | None = 1) -> float:
+
+def decision_budget(auto: AutoPlan, fit_seconds: float | None) -> float:
     """Returns the seconds the decision may take: `auto.decision_seconds`, else the default."""
     if auto.decision_seconds is not None:
         return float(auto.decision_seconds)
-    if epoch_seconds is None:
+    if fit_seconds is None:
         return DECISION_CAP_SECONDS
-    share = min(DECISION_SHARE * max(int(epochs or 1), 1), FIRST_EPOCH_SHARE)
-    return min(DECISION_CAP_SECONDS, share * float(epoch_seconds))
+    return min(DECISION_CAP_SECONDS, DECISION_SHARE * float(fit_seconds))
+
+
+def race_budget(
+    auto: AutoPlan,
+    step_seconds: float | None,
+    speedup: float | None,
+    steps_left: int | None,
+    left_over: float,
+) -> tuple[float, str]:
+    """Returns the seconds the race's traces may cost and why: `PAYBACK_SHARE` of the predicted
+    gain per step times the steps left, else (`auto.decision_seconds`, no prediction) `left_over`."""
+    if auto.decision_seconds is not None or not (step_seconds and speedup and steps_left):
+        return max(left_over, 0.0), "what the decision budget leaves"
+    gain = step_seconds * max(1.0 - 1.0 / speedup, 0.0)
+    why = (
+        f"{PAYBACK_SHARE:g} of the predicted {speedup:.2f}x gain, {1e3 * gain:.1f} ms a step "
+        f"over {steps_left} steps left"
+    )
+    return PAYBACK_SHARE * gain * steps_left, why
+
+
+def best_predicted_speedup(plan: PrecisionPlan) -> float | None:
+    """Returns the best speedup over float32 predicted for the per-layer plan or a uniform policy."""
+    speedups = [plan.metadata.get("predicted_speedup") or 0.0]
+    start = plan.metadata.get("start")
+    steps = (start.get("predicted_step_ms") or {}) if isinstance(start, Mapping) else {}
+    if steps.get(FLOAT32) and min(steps.values()) > 0:
+        speedups.append(steps[FLOAT32] / min(steps.values()))
+    return max(speedups) or None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,8 +98,8 @@ class AutoPlan(ConfigValue):
             runs fast and the profile allows (as Keras' global `mixed_*` policy sets
             it: every layer) and the per-layer plan in turn, each traced once, then
             in `timing_rounds` interleaved rounds of 2 timed steps each (more rounds,
-            up to 9, while the verdict is undecided; all inside the first epoch,
-            judged on the rounds timed when it ends); the fastest whole step is
+            up to 9, while the verdict is undecided; on into the next epochs where the
+            fit has them); the fastest whole step is
             kept, a difference inside the measured noise going to the simpler plan
             (`plan.metadata["measured"]` records what was timed). These steps train
             the model as usual. 0 keeps the predicted plan without timing.
@@ -79,9 +107,17 @@ class AutoPlan(ConfigValue):
             costs are measured here: per-layer timing stops when they run out (the
             layers left get predicted costs), and the whole steps raced inside `fit`
             decide. `None`: `DECISION_SHARE` of the whole fit, at most
-            `FIRST_EPOCH_SHARE` of the first epoch (estimated from the profiled
-            steps) and `DECISION_CAP_SECONDS` (`decision_budget`). The report says
+            `DECISION_CAP_SECONDS` (`decision_budget`), and the race's traces paid
+            from `PAYBACK_SHARE` of the predicted gain per step times the steps left
+            in the fit (`race_budget`). The report says
             what the decision took (`plan.metadata["measured"]`).
+        remember: store the plan a fit ends with, keyed by device, versions,
+            model, first batch, dtype menu and budget (under
+            `autoprec.cost.default_cache_dir() / "decisions"`), and recall it on the
+            next run from the first step, nothing profiled or timed; its step time
+            is checked once against the stored one (`plan.metadata["measured"]
+            ["recalled"]`). `False` neither reads nor writes; deleting the folder
+            forgets every decision.
 
     Raises:
         PlanError: for a `budget` without `x` and `validation_data` (or data
@@ -107,10 +143,13 @@ class AutoPlan(ConfigValue):
     n_trials: int = 20
     timing_rounds: int = 5
     decision_seconds: float | None = None
+    remember: bool = True
 
     def __post_init__(self) -> None:
         for name in ("profile_steps", "n_trials"):
             _require_count(name, getattr(self, name))
+        if not isinstance(self.remember, bool):
+            raise PlanError(f"AutoPlan: remember must be True or False, got {self.remember!r}.")
         if self.timing_rounds != 0:
             _require_count("timing_rounds", self.timing_rounds, "or 0 (no timing)")
         if self.decision_seconds is not None and (
@@ -120,7 +159,7 @@ class AutoPlan(ConfigValue):
         ):
             raise PlanError(
                 f"AutoPlan: decision_seconds must be a number of seconds >= 0 or None (a share "
-                f"of the first epoch), got {self.decision_seconds!r}."
+                f"of the whole fit), got {self.decision_seconds!r}."
             )
         if self.batch_size is not None:
             _require_count("batch_size", self.batch_size, "or None (the batch size fit uses)")
@@ -149,7 +188,8 @@ class AutoPlan(ConfigValue):
         return (
             f"AutoPlan(profile_steps={self.profile_steps}, batch_size={self.batch_size}, "
             f"budget={self.budget!r}{data}, n_trials={self.n_trials}, "
-            f"timing_rounds={self.timing_rounds}, decision_seconds={self.decision_seconds})"
+            f"timing_rounds={self.timing_rounds}, decision_seconds={self.decision_seconds}, "
+            f"remember={self.remember})"
         )
 
 
@@ -356,6 +396,15 @@ class FirstBatchSize:
             value = int(keras.ops.convert_to_numpy(self._variable.value))
             return value or None
         return None
+
+    def signature(self) -> list | None:
+        """Returns the first batch's inputs as JSON-ready `[shape, dtype]` pairs, or `None`."""
+        if not self._inputs:
+            return None
+        size = self.read()
+        return [
+            [[size, *spec.shape[1:]], str(spec.dtype)] for spec in keras.tree.flatten(self._inputs)
+        ]
 
     def read_inputs(self, batch_size: int | None = None) -> Any:
         """Returns random inputs shaped as the first batch's (structure, dtypes, dimensions)."""

@@ -432,11 +432,13 @@ class StepClock:
         """Steps recorded."""
         return len(self.ends)
 
+    def intervals(self) -> list[float]:
+        """Returns the seconds of each step after the first (traced) one."""
+        return [b - a for a, b in zip(self.ends, self.ends[1:])]
+
     def step_seconds(self) -> float | None:
         """Returns the median seconds of a step after the first (traced) one, or `None`."""
-        if len(self.ends) < 2:
-            return None
-        return statistics.median(b - a for a, b in zip(self.ends, self.ends[1:]))
+        return statistics.median(self.intervals()) if len(self.ends) > 1 else None
 
     def trace_seconds(self) -> float | None:
         """Returns what tracing the train step cost: the first step less a later one's time."""
@@ -444,11 +446,11 @@ class StepClock:
             return None
         return max(self.ends[0] - (self.step_seconds() or 0.0), 0.0)
 
-    def epoch_estimate(self, steps_per_epoch: int | None) -> float | None:
-        """Returns the first epoch's length: its trace and first step, then its other steps."""
-        if not steps_per_epoch or not self.ends:
+    def fit_estimate(self, steps: int | None) -> float | None:
+        """Returns how long `steps` steps take: the first (its trace), then the pace of the others."""
+        if not steps or not self.ends:
             return None
         step = self.step_seconds()
         if step is None:
-            return self.ends[0] * steps_per_epoch
-        return self.ends[0] + (steps_per_epoch - 1) * step
+            return self.ends[0] * steps
+        return self.ends[0] + (steps - 1) * step

@@ -36,23 +36,28 @@ def test_a_budget_needs_the_search_data_and_the_data_a_budget():
     assert "x=(ndarray(4, 3), ndarray(4,))" in repr(searching)
 
 
-def test_the_decision_budget_is_a_share_of_the_fit_under_caps():
+def test_the_decision_budget_is_a_share_of_the_whole_fit_and_the_race_pays_from_the_gain():
     from autoprec.decision import (
         DECISION_CAP_SECONDS,
         DECISION_SHARE,
-        FIRST_EPOCH_SHARE,
+        PAYBACK_SHARE,
         decision_budget,
+        race_budget,
     )
 
-    assert decision_budget(AutoPlan(), 100.0) == DECISION_SHARE * 100.0
-    assert decision_budget(AutoPlan(), 100.0, epochs=None) == DECISION_SHARE * 100.0
-    # A longer fit can win more: a larger share of its first epoch, up to FIRST_EPOCH_SHARE.
-    assert decision_budget(AutoPlan(), 100.0, epochs=2) == pytest.approx(2 * DECISION_SHARE * 100)
-    assert decision_budget(AutoPlan(), 100.0, epochs=50) == pytest.approx(FIRST_EPOCH_SHARE * 100)
-    assert decision_budget(AutoPlan(), 1e6, epochs=50) == DECISION_CAP_SECONDS
+    assert decision_budget(AutoPlan(), 100.0) == pytest.approx(DECISION_SHARE * 100.0)
     assert decision_budget(AutoPlan(), 1e6) == DECISION_CAP_SECONDS
     assert decision_budget(AutoPlan(), None) == DECISION_CAP_SECONDS
     assert decision_budget(AutoPlan(decision_seconds=7), 1e6) == 7.0
+    # The race's traces are paid from the predicted gain over the steps left in the fit:
+    # 0.3 s a step at 1.5x saves 0.1 s a step; 200 steps left.
+    seconds, why = race_budget(AutoPlan(), 0.3, 1.5, 200, left_over=1.0)
+    assert seconds == pytest.approx(PAYBACK_SHARE * 0.1 * 200)
+    assert "1.50x" in why and "200 steps left" in why
+    assert race_budget(AutoPlan(), 0.3, 0.9, 200, left_over=1.0)[0] == 0.0  # nothing to win
+    # No prediction, or a budget given: what the decision budget leaves.
+    assert race_budget(AutoPlan(), 0.3, None, 200, left_over=1.0)[0] == 1.0
+    assert race_budget(AutoPlan(decision_seconds=5), 0.3, 1.5, 200, left_over=2.0)[0] == 2.0
     for wrong in (-1, "ten", True):
         with pytest.raises(PlanError, match="decision_seconds"):
             AutoPlan(decision_seconds=wrong)
