@@ -44,7 +44,7 @@ class TrainingLog:
 
     def __init__(self, logdir: str | os.PathLike) -> None:
         try:  # TensorFlow stays optional on the JAX backend
-            from .._backends import tensorflow_tensorboard as tensorflow_backend
+            from .._backends import tensorflow as tensorflow_backend
         except ImportError as error:
             raise BackendError(
                 f"tensorboard_dir needs TensorFlow to write summaries ({error}); "

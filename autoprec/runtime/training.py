@@ -49,8 +49,7 @@ from .loss_scale import (
     wrap_optimizer,
 )
 from .saving import attach_plan
-from .step_logs import SkippedStepLogs
-from .telemetry import GuardTelemetry, remove_installed_telemetry
+from .telemetry import GuardTelemetry, SkippedStepLogs, remove_installed_telemetry
 from .tensorboard import TrainingLog
 from .train_steps import unscaled_float16_reason
 

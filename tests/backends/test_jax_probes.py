@@ -28,6 +28,7 @@ CHILD = textwrap.dedent(
     import autoprec
     from autoprec._backends import PROFILER_UNSUPPORTED, instrument_backend
     from autoprec._backends import jax as jax_probes
+    from autoprec._core.models import rebuild_train_function
 
     INTERNAL = ("probed", "internals", "inputs")
     ACTIVATION = ("probed", "activations", "output")
@@ -65,7 +66,7 @@ CHILD = textwrap.dedent(
             setattr(owner, name, value)
 
         hooks.install_step(model, {id(model.get_layer("out").kernel): ("out", "kernel")}, replace)
-        hooks.rebuild_train_function(model)
+        rebuild_train_function(model)
         Probed.hooks, Probed.recording_calls, Probed.flaky = hooks, 0, flaky
         try:
             history = model.fit(x, y, batch_size=4, shuffle=False, verbose=0)

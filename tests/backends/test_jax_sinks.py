@@ -1,4 +1,4 @@
-"""Tests for autoprec._backends.jax_sinks: measurements leaving a differentiated JAX function as sink gradients.
+"""Tests for autoprec._backends.jax_probes: measurements leaving a differentiated JAX function as sink gradients.
 
 The sinks need JAX only, so a train step's differentiated loss function is
 written here with `jax.value_and_grad` as Keras' JAX trainer calls it: an
@@ -17,8 +17,8 @@ from autoprec.errors import ProfileError
 
 jax = pytest.importorskip("jax")
 jnp = pytest.importorskip("jax.numpy")
-sinks = pytest.importorskip("autoprec._backends.jax_sinks")
-statistics = pytest.importorskip("autoprec._backends.jax_statistics")
+sinks = pytest.importorskip("autoprec._backends.jax_probes")
+statistics = pytest.importorskip("autoprec._backends.jax_probes")
 
 ACTIVATION = ("dense", "activations", "output")
 GRADIENT = ("dense", "activation_gradients", "output")

@@ -1,4 +1,4 @@
-"""Tests for autoprec._backends.jax_statistics: one tensor's raw statistics on JAX, and host totals.
+"""Tests for autoprec._backends.jax_probes: one tensor's raw statistics on JAX, and host totals.
 
 The measurement needs JAX only (no Keras backend), so it runs in this process,
 eagerly and under `jax.jit`, against the NumPy reference
@@ -12,11 +12,11 @@ import pytest
 import tensorflow as tf
 from backends.statistics_reference import SPECIAL, reference_statistics
 
-from autoprec._backends import tensorflow_statistics
+from autoprec._backends import tensorflow as tensorflow_statistics
 
 jax = pytest.importorskip("jax")
 jnp = pytest.importorskip("jax.numpy")
-statistics = pytest.importorskip("autoprec._backends.jax_statistics")
+statistics = pytest.importorskip("autoprec._backends.jax_probes")
 
 CASES = {
     "plain": np.random.default_rng(0).normal(scale=3.0, size=(5, 7, 11)).astype(np.float32),

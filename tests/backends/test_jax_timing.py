@@ -1,4 +1,4 @@
-"""Tests for autoprec._backends.jax_timing: the compiled functions calibration times on JAX.
+"""Tests for autoprec._backends.jax: the compiled functions calibration times on JAX.
 
 The checks run in one child process under Keras' JAX backend
 (`jax_child.run_jax_child`), with TensorFlow made unimportable.
@@ -18,7 +18,7 @@ CHILD = textwrap.dedent(
     import json, sys
     sys.modules["tensorflow"] = None
     import jax, keras, numpy as np
-    from autoprec._backends import jax_timing, timing_backend
+    from autoprec._backends import jax as jax_timing, timing_backend
 
     dense = keras.layers.Dense(4, dtype="mixed_bfloat16")
     outputs, gradients, state = jax_timing.layer_step(

@@ -16,6 +16,7 @@ from backends.statistics_reference import SPECIAL, reference_statistics
 
 from autoprec._backends import PROFILER_UNSUPPORTED, instrument_backend
 from autoprec._backends import tensorflow as tf_backend
+from autoprec._core.models import rebuild_train_function
 
 
 def _assert_matches(measured, values, rtol: float = 1e-6) -> None:
@@ -188,7 +189,7 @@ def probed_fit():
     Probed.hooks = hooks
     try:
         hooks.install_step(model, {id(model.get_layer("out").kernel): ("out", "kernel")}, replace)
-        hooks.rebuild_train_function(model)
+        rebuild_train_function(model)
         model.fit(x, y, batch_size=4, shuffle=False, verbose=0)
     finally:
         Probed.hooks = None

@@ -1,4 +1,4 @@
-"""Tests for autoprec._backends.tensorflow_statistics: one tensor's raw statistics on TensorFlow.
+"""Tests for autoprec._backends.tensorflow: one tensor's raw statistics on TensorFlow.
 
 Every path of the measurement (plain sums, the rescaled branch for non-finite
 or huge values, the exact subnormal exponents, the XLA-friendly ops) is
@@ -12,7 +12,7 @@ import pytest
 import tensorflow as tf
 from backends.statistics_reference import SPECIAL, reference_statistics
 
-from autoprec._backends import tensorflow_statistics as statistics
+from autoprec._backends import tensorflow as statistics
 
 
 def _measured(values, xla: bool = False, multiplier=None) -> tuple[np.ndarray, np.ndarray]:

@@ -1,4 +1,4 @@
-"""Tests for autoprec._backends.tensorflow_tensorboard: histograms, scalars and text as event files.
+"""Tests for autoprec._backends.tensorflow: histograms, scalars and text as event files.
 
 Each event file written is read back record by record with TensorFlow's own
 `Event` parser, so what TensorBoard would show is what is checked.
@@ -11,7 +11,7 @@ import tensorflow as tf
 from tensorflow.core.util import event_pb2
 
 from autoprec._backends import tensorflow as tf_backend
-from autoprec._backends import tensorflow_tensorboard as tensorboard
+from autoprec._backends import tensorflow as tensorboard
 
 
 def _summaries(logdir) -> list[tuple[int, str, str, str, np.ndarray]]:

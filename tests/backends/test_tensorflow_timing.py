@@ -1,4 +1,4 @@
-"""Tests for autoprec._backends.tensorflow_timing: the functions cost calibration times."""
+"""Tests for autoprec._backends.tensorflow: the functions cost calibration times."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from autoprec._backends import tensorflow_timing, timing_backend
+from autoprec._backends import tensorflow as tensorflow_timing, timing_backend
 
 
 def test_the_timing_backend_on_tensorflow_is_this_module():

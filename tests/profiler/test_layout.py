@@ -1,4 +1,4 @@
-"""Tests for autoprec.profiler.layout: the names a profile uses."""
+"""Tests for autoprec.profiler.profile_json: the names a profile uses."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import dataclasses
 
 from autoprec import numerics
 from autoprec.profiler import Float8Ranges, Float8TensorRange, stats
-from autoprec.profiler.layout import (
+from autoprec.profiler.profile_json import (
     ATTENTION_LOGITS,
     FLOAT8_FORMAT_NAMES,
     FLOAT8_TENSORS,

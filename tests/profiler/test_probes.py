@@ -1,4 +1,4 @@
-"""Tests for autoprec.profiler.probes: probes inside real Keras training steps, no mocks."""
+"""Tests for autoprec.profiler.runner: probes inside real Keras training steps, no mocks."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Tests for autoprec.runtime.step_logs: a step the guard skipped leaves no NaN in the logs.
+"""Tests for autoprec.runtime.telemetry: a step the guard skipped leaves no NaN in the logs.
 
 Real Keras training runs on the TensorFlow backend: a batch of NaN or inf inputs makes one
 step's loss non-finite; under `AutoPrecision`'s guard the epoch's loss and metrics stay
@@ -17,7 +17,7 @@ from conftest import classification_data
 
 import autoprec
 from autoprec import PrecisionPlan
-from autoprec.runtime.step_logs import SKIPPED_STEPS, SkippedStepLogs
+from autoprec.runtime.telemetry import SKIPPED_STEPS, SkippedStepLogs
 
 pytestmark = pytest.mark.skipif(
     keras.backend.backend() != "tensorflow", reason="SkippedStepLogs wraps TensorFlow train steps"
