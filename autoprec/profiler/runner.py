@@ -17,7 +17,12 @@ from .._backends import PROFILER_UNSUPPORTED, instrument_backend
 from .._backends.instrument import Slot, is_float_tensor
 from .._core.data import fit_arguments
 from .._core.dtypes import float8_eligible
-from .._core.models import rebuild_train_function, strategy_scope, swap_attribute
+from .._core.models import (
+    call_model_code,
+    rebuild_train_function,
+    strategy_scope,
+    swap_attribute,
+)
 from ..errors import ProfileError
 from ..instrument import copy_keras_attributes, instrumented_layers
 from ..layers import layer_paths, model_fingerprint, observing_attention
@@ -237,7 +242,12 @@ class ProbeSession:
             outputs = original(*args, **kwargs)
             if not hooks.recording:
                 return outputs
-            return session._probe_outputs(hooks, path, outputs)
+            return call_model_code(
+                lambda: session._probe_outputs(hooks, path, outputs),
+                layer=f"recording layer {path!r}",
+                lost="its outputs will not be profiled",
+                fallback=outputs,
+            )
 
         return call
 

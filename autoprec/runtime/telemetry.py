@@ -25,7 +25,7 @@ from .._backends.instrument import (
     is_float_tensor,
 )
 from .._core.dtypes import BFLOAT16, FLOAT16, FLOAT32
-from .._core.models import swap_attribute
+from .._core.models import call_model_code, swap_attribute
 from ..instrument import copy_keras_attributes, instrumented_layers
 from ..layers import (
     PASS_THROUGH_CLASSES,
@@ -494,18 +494,33 @@ class GuardTelemetry:
             trace = active_trace()
             if trace is None:
                 return original(*args, **kwargs)
-            lazy = telemetry._lazy(index)
-            for value in keras.tree.flatten((args, kwargs)):
-                if not is_float_tensor(value):
-                    continue
-                if lazy:
-                    trace.add_lazy(index, INPUT, trace.lazy_parts(value))
-                else:
-                    trace.add(index, INPUT, trace.amax(value))
+            layer = f"recording layer {telemetry.paths[index]!r}"
+            lost = "its values will not be guarded"
+            call_model_code(
+                lambda: telemetry._observe_inputs(trace, index, (args, kwargs)),
+                layer=layer,
+                lost=lost,
+                fallback=None,
+            )
             outputs = original(*args, **kwargs)
-            return telemetry._observe(trace, index, outputs)
+            return call_model_code(
+                lambda: telemetry._observe(trace, index, outputs),
+                layer=layer,
+                lost=lost,
+                fallback=outputs,
+            )
 
         return call
+
+    def _observe_inputs(self, trace: StepTrace, index: int, inputs: Any) -> None:
+        lazy = self._lazy(index)
+        for value in keras.tree.flatten(inputs):
+            if not is_float_tensor(value):
+                continue
+            if lazy:
+                trace.add_lazy(index, INPUT, trace.lazy_parts(value))
+            else:
+                trace.add(index, INPUT, trace.amax(value))
 
     def _wrap_bounded_call(self, original: Callable) -> Callable:
         """A pass-through layer's outputs inherit the largest amax of its inputs, as a bound."""
