@@ -24,7 +24,7 @@ from .._core.models import (
     swap_attribute,
 )
 from ..errors import ProfileError
-from ..instrument import copy_keras_attributes, instrumented_layers
+from ..instrument import instrumented_layers, replace_float_outputs
 from ..layers import layer_paths, model_fingerprint, observing_attention
 from .float8_ranges import Float8Ranges, Float8TensorRange
 from .profile_json import ATTENTION_LOGITS, FLOAT8_TENSORS, OUTPUT_KEY, ROOT_PATH, TENSOR_KINDS
@@ -292,23 +292,13 @@ class ProbeSession:
     # -- recording (at trace time, inside the train step)
 
     def _probe_outputs(self, hooks: Any, path: str, outputs: Any) -> Any:
-        flat = keras.tree.flatten_with_path(outputs)
-        if not any(self._backend.is_float_tensor(value) for _, value in flat):
-            return outputs
-        probed = []
-        for tree_path, value in flat:
-            if not self._backend.is_float_tensor(value):
-                probed.append(value)
-                continue
+        def probe(tree_path: tuple, value: Any) -> Any:
             key = _output_key(tree_path)
-            observed = hooks.probe(
+            return hooks.probe(
                 value, (path, "activations", key), (path, "activation_gradients", key)
             )
-            copy_keras_attributes(value, observed)
-            probed.append(observed)
-        if len(flat) == 1 and not flat[0][0]:
-            return probed[0]
-        return keras.tree.pack_sequence_as(outputs, probed)
+
+        return replace_float_outputs(outputs, self._backend.is_float_tensor, probe)
 
     # -- collecting and removing
 

@@ -26,7 +26,7 @@ from .._backends.instrument import (
 )
 from .._core.dtypes import BFLOAT16, FLOAT16, FLOAT32
 from .._core.models import call_model_code, swap_attribute
-from ..instrument import copy_keras_attributes, instrumented_layers
+from ..instrument import instrumented_layers, replace_float_outputs
 from ..layers import (
     PASS_THROUGH_CLASSES,
     is_pass_through,
@@ -564,18 +564,13 @@ class GuardTelemetry:
                 else:
                     trace.add(index, OUTPUT, trace.amax(value))
             return outputs
-        observed = []
-        for value in flat:
-            if not is_float_tensor(value):
-                observed.append(value)
-                continue
+
+        def watch(_: tuple, value: Any) -> Any:
             result = self.hooks.watch_gradient(self, trace, index, value)
             trace.add(index, OUTPUT, trace.amax(result))
-            copy_keras_attributes(value, result)
-            observed.append(result)
-        if len(flat) == 1 and not isinstance(outputs, (list, tuple, dict)):
-            return observed[0]
-        return keras.tree.pack_sequence_as(outputs, observed)
+            return result
+
+        return replace_float_outputs(outputs, is_float_tensor, watch)
 
     def _lazy(self, index: int) -> bool:
         """Whether a layer's values are measured only in failing steps (bfloat16, if the hooks do)."""
