@@ -1,7 +1,10 @@
 """What the profiler's probes and the guard's telemetry share when they wrap layer calls inside the
-compiled train step: which layers are wrapped, and what a wrapped output carries on."""
+compiled train step: which layers are wrapped, and how a wrapped output is replaced."""
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
 
 import keras
 
@@ -32,12 +35,25 @@ def instrumented_layers(
     return chosen
 
 
-def copy_keras_attributes(source: object, target: object) -> None:
-    """Copies the mask and logits Keras hung on `source` onto `target`."""
-    for name in KERAS_TENSOR_ATTRIBUTES:
-        value = getattr(source, name, None)
-        if value is not None:
-            try:
-                setattr(target, name, value)
-            except AttributeError:  # a tensor type without a __dict__
-                pass
+def replace_float_outputs(
+    outputs: Any, is_float: Callable[[Any], bool], replace: Callable[[tuple, Any], Any]
+) -> Any:
+    """Returns `outputs` with each float tensor at tree path `p` replaced by `replace(p, tensor)`."""
+    flat = keras.tree.flatten_with_path(outputs)
+    if not any(is_float(value) for _, value in flat):
+        return outputs
+    replaced = []
+    for tree_path, value in flat:
+        if is_float(value):
+            result = replace(tree_path, value)
+            for name in KERAS_TENSOR_ATTRIBUTES:  # the mask and logits Keras hung on `value`
+                if getattr(value, name, None) is not None:
+                    try:
+                        setattr(result, name, getattr(value, name))
+                    except AttributeError:  # a tensor type without a __dict__
+                        pass
+            value = result
+        replaced.append(value)
+    if len(flat) == 1 and not flat[0][0]:
+        return replaced[0]
+    return keras.tree.pack_sequence_as(outputs, replaced)

@@ -137,10 +137,9 @@ def local_with_fast_16bit():
 #: seconds to minutes on 2 cores: the whole module is `slow` (`pytest -m slow`), so that
 #: CI's `long` stage stays within its time.
 SLOW_MODULES = (
+    "tests/backends/test_jax.py",
     "tests/backends/test_jax_probes.py",
-    "tests/backends/test_jax_sinks.py",
     "tests/backends/test_jax_telemetry.py",
-    "tests/backends/test_jax_timing.py",
     "tests/profiler/test_jax_profile.py",
     "tests/test_backends.py",
     "tests/test_bench_fp8.py",
@@ -178,7 +177,7 @@ LONG_TESTS = (
     "tests/demo/test_run.py::test_run_demo_quick_prints_the_verdicts_its_figures_support",
     "tests/hardware/test_builtin.py::test_names_cover_the_rtx_table_and_cpu_classes",
     "tests/profiler/test_float8_ranges.py::test_conv2d_gets_no_float8_ranges_and_einsum_dense_does",
-    "tests/profiler/test_probes.py::test_recurrent_layers_are_profiled_at_their_outputs_and_cells_keep_weights",
+    "tests/profiler/test_runner.py::test_recurrent_layers_are_profiled_at_their_outputs_and_cells_keep_weights",
     "tests/profiler/test_runner.py::test_mirrored_strategy_sums_replicas",
     "tests/profiler/test_runner.py::test_profile_callback_with_jit_compile_stops_recording_after_steps",
     "tests/profiler/test_runner.py::test_profile_leaves_weights_optimizer_and_graph_unchanged",

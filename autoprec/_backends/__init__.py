@@ -1,8 +1,8 @@
-"""Backend-specific parts of autoprec: one module per Keras backend for the in-step instrumentation
-(`tensorflow`, `jax`), one per backend for timing.
+"""Backend-specific parts of autoprec: one module per Keras backend (`tensorflow`, `jax`) for the
+in-step instrumentation and the compiled steps that timing measures.
 
 Each instrumentation module offers the same interface (its types in `instrument.py`): `ProbeHooks(xla)` (the profiler's exact
-statistics: `recording`, `tensor_count`, `install_step`, `rebuild_train_function`, `probe`, `record`,
+statistics: `recording`, `tensor_count`, `install_step`, `probe`, `record`,
 `read`, `steps_recorded`), `TelemetryHooks(history)` (the guard's amax frame every step:
 `measures_bfloat16_lazily`, `integer_amax_is_fast`, `step_wrappers`, `watch_gradient`,
 `read_history`, `read_count`, `read_status`, `clear_status`), and `is_float_tensor`,
@@ -51,13 +51,13 @@ def timing_backend(what: str, supported: tuple[str, ...] = ("tensorflow", "jax")
     """Returns the module that builds timed functions on the active Keras backend, imported lazily."""
     name = keras.backend.backend()
     if name == "tensorflow":
-        from . import tensorflow_timing
+        from . import tensorflow as tensorflow_backend
 
-        return tensorflow_timing
+        return tensorflow_backend
     if name == "jax":
-        from . import jax_timing
+        from . import jax as jax_backend
 
-        return jax_timing
+        return jax_backend
     raise BackendError(
         f"{what} measures on the {' and '.join(supported)} Keras backends; the "
         f"active Keras backend is {name!r}. Set KERAS_BACKEND=jax (or tensorflow) before "

@@ -28,8 +28,7 @@ from .instrument import (
     bit_view,
     cleared_status,
 )
-from .jax_sinks import StepTrace
-from .jax_statistics import combine_totals, empty_totals, host_statistics
+from .jax_probes import StepTrace, combine_totals, empty_totals, host_statistics
 
 #: The logs key under which a probed train step returns its statistics.
 LOGS_KEY = "_autoprec_probe_statistics"
@@ -110,12 +109,6 @@ class ProbeHooks:
         replace(
             optimizer, "stateless_apply", self._wrap_apply(optimizer.stateless_apply, positions)
         )
-
-    def rebuild_train_function(self, model: keras.Model) -> None:
-        """Rebuilds the train function; inside `fit`, first puts the step's state back in the
-        variables."""
-        model.jax_state_sync()
-        model.make_train_function(force=True)
 
     def _wrap_make(self, model: keras.Model, original: Callable) -> Callable:
         hooks = self
@@ -319,7 +312,7 @@ def write_histograms(
 ) -> None:
     """Writes exponent histograms as TensorBoard summaries with TensorFlow's writer, if installed."""
     try:
-        from . import tensorflow_tensorboard
+        from . import tensorflow as tensorflow_backend
     except ImportError as error:
         raise BackendError(
             "Profile.to_tensorboard writes TensorBoard event files with TensorFlow's summary "
@@ -327,7 +320,7 @@ def write_histograms(
             "(tensorflow-cpu is enough), or save the profile with Profile.save(path) and call "
             "Profile.load(path).to_tensorboard(logdir) where TensorFlow is installed."
         ) from error
-    tensorflow_tensorboard.write_histograms(logdir, series, step=step, description=description)
+    tensorflow_backend.write_histograms(logdir, series, step=step, description=description)
 
 
 def every_replica(flag: Any) -> Any:
@@ -547,3 +540,119 @@ class TelemetryHooks:
         """Resets the status (waiting for the callbacks still to run)."""
         with self._settled():
             self._status = cleared_status()
+
+
+# Cost calibration: compiled forward+backward steps, casts and device placement.
+
+
+def versions() -> dict[str, str]:
+    """Returns the framework versions that belong in a measurement's cache key."""
+    return {"jax": jax.__version__}
+
+
+def to_device(value: Any) -> Any:
+    """Returns `value` with every NumPy array placed on the default device (once, not per step)."""
+    return jax.tree_util.tree_map(
+        lambda leaf: jax.device_put(leaf) if isinstance(leaf, np.ndarray) else leaf, value
+    )
+
+
+def random_tensor(shape: tuple[int, ...], dtype: str, rng: np.random.Generator) -> jax.Array:
+    """Returns standard-normal values in `dtype` on the default device, drawn from `rng`."""
+    values = rng.standard_normal(shape, dtype=np.float32).astype(jnp.dtype(dtype))
+    return jax.device_put(values)
+
+
+def _symbolic(value: Any) -> Any:
+    return (
+        keras.KerasTensor(value.shape, dtype=str(value.dtype))
+        if isinstance(value, jax.Array)
+        else value
+    )
+
+
+def _build(layer: keras.layers.Layer, args: list, kwargs: dict) -> list:
+    """Builds `layer` for its arguments; returns `(shape, dtype)` of its float outputs."""
+    symbolic_args, symbolic_kwargs = jax.tree_util.tree_map(_symbolic, (args, kwargs))
+    try:
+        outputs = layer(*symbolic_args, **symbolic_kwargs)
+    except Exception:  # noqa: BLE001 - some layers only run eagerly
+        outputs = layer(*args, **kwargs)
+    flat = [
+        tensor
+        for tensor in jax.tree_util.tree_leaves(outputs)
+        if hasattr(tensor, "dtype") and keras.backend.is_float_dtype(tensor.dtype)
+    ]
+    return [(tuple(int(dim) for dim in tensor.shape), str(tensor.dtype)) for tensor in flat]
+
+
+def layer_step(
+    layer: keras.layers.Layer, args: list, kwargs: dict, jit_compile: bool = True
+) -> Callable[[], Any]:
+    """Returns a function running one compiled forward+backward of a built-on-call `layer`."""
+    del jit_compile
+    output_specs = _build(layer, args, kwargs)
+    leaves, treedef = jax.tree_util.tree_flatten((args, kwargs))
+    float_positions = [index for index, leaf in enumerate(leaves) if is_float_tensor(leaf)]
+    other_positions = [
+        index
+        for index, leaf in enumerate(leaves)
+        if isinstance(leaf, jax.Array) and not is_float_tensor(leaf)
+    ]
+    trainable_variables = list(layer.trainable_variables)
+    state_variables = list(layer.non_trainable_variables)
+    rng = np.random.default_rng(1)
+    upstream = [random_tensor(shape, dtype, rng) for shape, dtype in output_specs]
+
+    def forward(trainable, float_inputs, state, other_inputs):
+        values = list(leaves)
+        for index, value in zip(float_positions, float_inputs):
+            values[index] = value
+        for index, value in zip(other_positions, other_inputs):
+            values[index] = value
+        call_args, call_kwargs = jax.tree_util.tree_unflatten(treedef, values)
+        mapping = list(zip(trainable_variables, trainable)) + list(zip(state_variables, state))
+        with keras.StatelessScope(state_mapping=mapping) as scope:
+            results = layer(*call_args, **call_kwargs)
+        updated = [scope.get_current_value(variable) for variable in state_variables]
+        flat = [tensor for tensor in jax.tree_util.tree_leaves(results) if is_float_tensor(tensor)]
+        return flat, updated
+
+    def step(trainable, float_inputs, state, other_inputs, cotangents):
+        flat, pullback, updated = jax.vjp(
+            lambda weights, inputs: forward(weights, inputs, state, other_inputs),
+            trainable,
+            float_inputs,
+            has_aux=True,
+        )
+        return flat, pullback(cotangents), updated
+
+    compiled = jax.jit(step)
+    arguments = (
+        [variable.value for variable in trainable_variables],
+        [leaves[index] for index in float_positions],
+        [variable.value for variable in state_variables],
+        [leaves[index] for index in other_positions],
+        upstream,
+    )
+    return lambda: jax.block_until_ready(compiled(*arguments))
+
+
+def empty_step() -> Callable[[], Any]:
+    """Returns a function running a compiled trivial op: the per-call dispatch overhead."""
+    value = jnp.ones((1,), jnp.float32)
+    compiled = jax.jit(lambda tensor: jnp.sum(tensor + 1.0))
+    return lambda: jax.block_until_ready(compiled(value))
+
+
+def cast_step(dtype: str, elements: int) -> Callable[[], Any]:
+    """Returns a function casting `elements` float32 values to `dtype` and back (compiled)."""
+    source = random_tensor((elements,), "float32", np.random.default_rng(0))
+    target = jnp.dtype(dtype)
+
+    def casts(tensor):
+        there = tensor.astype(target)
+        return there, there.astype(jnp.float32)
+
+    compiled = jax.jit(casts)
+    return lambda: jax.block_until_ready(compiled(source))

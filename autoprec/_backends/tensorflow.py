@@ -1,9 +1,11 @@
-"""TensorFlow side of the in-step instrumentation: statistic and telemetry variables updated inside
-the traced step, one copy per replica."""
+"""TensorFlow side of autoprec: statistic and telemetry variables updated inside the traced step
+(one copy per replica), one tensor's raw statistics in-graph, TensorBoard event files, and the
+compiled steps cost calibration times."""
 
 from __future__ import annotations
 
 import functools
+import os
 import re
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -13,9 +15,175 @@ import numpy as np
 import tensorflow as tf
 from keras import ops
 
-from .instrument import advance_history, amax_bits, cleared_status
-from .tensorflow_statistics import RAW_COUNT_SLOTS, combine_floats, tensor_statistics
-from .tensorflow_tensorboard import write_histograms as write_histograms  # the interface's
+from .instrument import HistogramSeries, advance_history, amax_bits, cleared_status
+
+_MANTISSA_BITS = 23
+_BIASED_EXPONENT_BINS = 256
+_SUBNORMAL_EXPONENTS = 23
+_SMALLEST_NORMAL_BITS = 1 << _MANTISSA_BITS
+_INFINITY_BITS = 0x7F800000
+_FLOAT32_EXPONENT_BIAS = 127
+#: Magnitudes from 2^40 up take the rescaled (exact) branch: squares of such
+#: values summed over a large tensor could overflow float32.
+_LARGE_BIASED_EXPONENT = _FLOAT32_EXPONENT_BIAS + 40
+
+#: Length of the raw count vector: 256 biased-exponent slots (slot 0 holds the
+#: zeros, slot 255 the non-finite values), 23 float32 subnormal exponents
+#: (-149 .. -127), then one slot counting the NaNs among the non-finite values
+#: (an overflow gives inf; a NaN usually comes from the data or 0 * inf).
+RAW_COUNT_SLOTS = _BIASED_EXPONENT_BINS + _SUBNORMAL_EXPONENTS + 1
+#: Order of the float accumulator slots.
+FLOAT_SLOTS = ("max_abs", "min_nonzero_abs", "sum_abs", "sum_squares")
+
+
+def _count_values(indices: tf.Tensor, slots: int, xla: bool) -> tf.Tensor:
+    """Counts occurrences of each integer in `[0, slots)` (int32 result)."""
+    if xla:
+        return tf.math.unsorted_segment_sum(tf.ones_like(indices), indices, slots)
+    return tf.raw_ops.DenseBincount(
+        input=indices, size=slots, weights=tf.zeros([0], tf.int32), binary_output=False
+    )
+
+
+def _sum_of_squares(values: tf.Tensor) -> tf.Tensor:
+    """Sum of squares of a 1-D float32 tensor in one pass (`L2Loss` is half of it)."""
+    return 2.0 * tf.nn.l2_loss(values)
+
+
+def _subnormal_counts(bits: tf.Tensor, xla: bool) -> tf.Tensor:
+    """Counts float32 subnormals by exact exponent (-149 .. -127); `bits` are of `|x|`."""
+    is_subnormal = tf.logical_and(bits > 0, bits < _SMALLEST_NORMAL_BITS)
+    # For a subnormal, |x| = m * 2^-149 with integer m < 2^23: floor(log2(m)) is
+    # the biased exponent of float32(m) (exact) minus the bias.
+    mantissa_exponent = (
+        tf.bitwise.right_shift(tf.bitcast(tf.cast(bits, tf.float32), tf.int32), _MANTISSA_BITS)
+        - _FLOAT32_EXPONENT_BIAS
+    )
+    slots = tf.where(is_subnormal, mantissa_exponent, _SUBNORMAL_EXPONENTS)
+    return _count_values(slots, _SUBNORMAL_EXPONENTS + 1, xla)[:_SUBNORMAL_EXPONENTS]
+
+
+def _plain_sums(flat: tf.Tensor, magnitude: tf.Tensor) -> tf.Tensor:
+    """Max, sum |x| and sum x^2 of an all-finite tensor of moderate magnitude."""
+    return tf.stack(
+        [
+            tf.cast(tf.reduce_max(magnitude), tf.float64),
+            tf.cast(tf.reduce_sum(magnitude), tf.float64),
+            tf.cast(_sum_of_squares(flat), tf.float64),
+        ]
+    )
+
+
+def _masked_rescaled_sums(bits: tf.Tensor, magnitude: tf.Tensor) -> tf.Tensor:
+    """Max, sum |x| and sum x^2 over finite values, rescaled by a power of two to avoid overflow."""
+    finite = tf.where(bits < _INFINITY_BITS, magnitude, tf.zeros_like(magnitude))
+    largest = tf.reduce_max(finite)
+    exponent = tf.where(
+        largest > 0,
+        tf.cast(tf.bitwise.right_shift(tf.bitcast(largest, tf.int32), _MANTISSA_BITS), tf.float32)
+        - _FLOAT32_EXPONENT_BIAS,
+        0.0,
+    )
+    scaled = finite * tf.pow(2.0, -exponent)
+    factor = tf.pow(tf.constant(2.0, tf.float64), tf.cast(exponent, tf.float64))
+    return tf.stack(
+        [
+            tf.cast(largest, tf.float64),
+            tf.cast(tf.reduce_sum(scaled), tf.float64) * factor,
+            tf.cast(_sum_of_squares(scaled), tf.float64) * factor * factor,
+        ]
+    )
+
+
+def _flat_statistics(flat: tf.Tensor, xla: bool) -> tuple[tf.Tensor, tf.Tensor]:
+    """Raw statistics of a 1-D float32 tensor: int64 counts and float64 `FLOAT_SLOTS`."""
+    magnitude = tf.abs(flat)
+    bits = tf.bitcast(magnitude, tf.int32)
+    biased_counts = _count_values(
+        tf.bitwise.right_shift(bits, _MANTISSA_BITS), _BIASED_EXPONENT_BINS, xla
+    )
+    smallest_bits = tf.reduce_min(tf.bitcast(bits, tf.uint32) - 1) + 1
+    has_finite_nonzero = tf.logical_and(smallest_bits > 0, smallest_bits < _INFINITY_BITS)
+    min_nonzero = tf.where(
+        has_finite_nonzero,
+        tf.cast(tf.bitcast(tf.bitcast(smallest_bits, tf.int32), tf.float32), tf.float64),
+        tf.constant(np.inf, tf.float64),
+    )
+    has_subnormal = tf.logical_and(has_finite_nonzero, smallest_bits < _SMALLEST_NORMAL_BITS)
+    needs_masking = tf.reduce_sum(biased_counts[_LARGE_BIASED_EXPONENT:]) > 0
+    if xla:
+        subnormal = _subnormal_counts(bits, xla)
+        max_and_sums = _masked_rescaled_sums(bits, magnitude)
+    else:
+        size = tf.size(flat)
+        subnormal_size = tf.where(has_subnormal, size, 0)
+        subnormal = _subnormal_counts(bits[:subnormal_size], xla)
+        masked_size = tf.where(needs_masking, size, 0)
+        plain_size = size - masked_size
+        max_and_sums = tf.where(
+            needs_masking,
+            _masked_rescaled_sums(bits[:masked_size], magnitude[:masked_size]),
+            _plain_sums(flat[:plain_size], magnitude[:plain_size]),
+        )
+    has_nonfinite = biased_counts[_BIASED_EXPONENT_BINS - 1] > 0
+    if xla:
+        nan_bits = bits
+    else:
+        nan_bits = bits[: tf.where(has_nonfinite, tf.size(flat), 0)]
+    nans = tf.reduce_sum(tf.cast(nan_bits > _INFINITY_BITS, tf.int32))
+    zeros = biased_counts[0] - tf.reduce_sum(subnormal)
+    counts = tf.concat(
+        [tf.reshape(zeros, [1]), biased_counts[1:], subnormal, tf.reshape(nans, [1])], axis=0
+    )
+    floats = tf.stack([max_and_sums[0], min_nonzero, max_and_sums[1], max_and_sums[2]])
+    return tf.cast(counts, tf.int64), floats
+
+
+#: Which float slot combines over steps by maximum and which by minimum (the rest add up).
+_COMBINE_BY_MAX = (True, False, False, False)
+_COMBINE_BY_MIN = (False, True, False, False)
+
+
+def combine_floats(current: tf.Tensor, new: tf.Tensor) -> tf.Tensor:
+    """Accumulates float slots (last axis): max of maxima, min of minima, sums of sums."""
+    return tf.where(
+        _COMBINE_BY_MAX,
+        tf.maximum(current, new),
+        tf.where(_COMBINE_BY_MIN, tf.minimum(current, new), current + new),
+    )
+
+
+@functools.cache
+def _statistics_function(xla: bool) -> Callable:
+    """Returns a `tf.function` computing `(counts, floats)` of a 1-D tensor, traced once."""
+
+    @tf.function(
+        input_signature=[tf.TensorSpec([None], tf.float32)],
+        autograph=False,
+        experimental_attributes={"_noinline": True},
+    )
+    def statistics(flat):
+        return _flat_statistics(flat, xla)
+
+    return statistics
+
+
+def tensor_statistics(
+    tensor: tf.Tensor, xla: bool = False, multiplier: tf.Tensor | None = None
+) -> tuple[tf.Tensor, tf.Tensor]:
+    """Computes the raw statistics of one tensor (see the module docstring)."""
+    return _statistics_function(xla)(_flatten(tensor, multiplier))
+
+
+def _flatten(tensor: tf.Tensor, multiplier: tf.Tensor | None) -> tf.Tensor:
+    """`tensor` as a 1-D float32 tensor without gradient, times `multiplier` if given."""
+    flat = tf.reshape(tf.stop_gradient(tensor), [-1])
+    if flat.dtype != tf.float32:
+        flat = tf.cast(flat, tf.float32)
+    if multiplier is not None:
+        flat = flat * tf.cast(multiplier, tf.float32)
+    return flat
+
 
 _NAME_UNSAFE = re.compile(r"[^A-Za-z0-9_.\-]")
 
@@ -55,15 +223,12 @@ class TensorAccumulator:
     """Statistic variables of one probed tensor, accumulated over steps."""
 
     def __init__(self, name: str):
-        safe_name = variable_name(name, "tensor")
-        with tf.init_scope():
-            self._strategy = tf.distribute.get_strategy()
-            self.counts = _statistic_variable(
-                tf.zeros([RAW_COUNT_SLOTS], tf.int64), f"autoprec_counts_{safe_name}"
-            )
-            self.floats = _statistic_variable(
-                tf.constant([0.0, np.inf, 0.0, 0.0], tf.float64), f"autoprec_floats_{safe_name}"
-            )
+        self.counts = replica_local_variable(
+            np.zeros(RAW_COUNT_SLOTS, np.int64), f"autoprec_counts_{name}"
+        )
+        self.floats = replica_local_variable(
+            np.array([0.0, np.inf, 0.0, 0.0]), f"autoprec_floats_{name}"
+        )
 
     def update(
         self,
@@ -82,23 +247,10 @@ class TensorAccumulator:
 
     def read(self) -> tuple[np.ndarray, np.ndarray]:
         """Returns `(counts, floats)` as NumPy arrays, combined over replicas."""
-        counts = sum(
-            np.asarray(local.numpy(), np.int64)
-            for local in self._strategy.experimental_local_results(self.counts)
-        )
-        locals_ = [
-            np.asarray(local.numpy(), np.float64)
-            for local in self._strategy.experimental_local_results(self.floats)
-        ]
-        stacked = np.stack(locals_)
-        floats = np.array(
-            [
-                stacked[:, 0].max(),
-                stacked[:, 1].min(),
-                stacked[:, 2].sum(),
-                stacked[:, 3].sum(),
-            ]
-        )
+        counts = sum(np.asarray(value, np.int64) for value in replica_values(self.counts))
+        stacked = np.stack([np.asarray(value, np.float64) for value in replica_values(self.floats)])
+        largest, smallest = stacked[:, :1].max(0), stacked[:, 1:2].min(0)
+        floats = np.concatenate([largest, smallest, stacked[:, 2:].sum(0)])
         return counts, floats
 
 
@@ -106,9 +258,7 @@ class StepCounter:
     """Counts train steps run with probes (per replica; read as the largest replica count)."""
 
     def __init__(self):
-        with tf.init_scope():
-            self._strategy = tf.distribute.get_strategy()
-            self.variable = _statistic_variable(tf.constant(0, tf.int64), "autoprec_steps")
+        self.variable = replica_local_variable(np.int64(0), "autoprec_steps")
 
     def increment(self, batch: object = None) -> None:
         """Adds one step (call inside the traced train step)."""
@@ -118,22 +268,7 @@ class StepCounter:
 
     def read(self) -> int:
         """Returns the number of steps recorded."""
-        return int(
-            max(
-                int(local.numpy())
-                for local in self._strategy.experimental_local_results(self.variable)
-            )
-        )
-
-
-def _statistic_variable(initial_value: tf.Tensor, name: str) -> tf.Variable:
-    return tf.Variable(
-        initial_value,
-        trainable=False,
-        name=name,
-        synchronization=tf.VariableSynchronization.ON_READ,
-        aggregation=tf.VariableAggregation.SUM,
-    )
+        return max(int(value) for value in replica_values(self.variable))
 
 
 def probe(
@@ -221,10 +356,6 @@ class ProbeHooks:
         optimizer = model.optimizer
         replace(optimizer, "apply_gradients", self._wrap_apply(optimizer.apply_gradients, owners))
 
-    def rebuild_train_function(self, model) -> None:
-        """Rebuilds the model's train function (`make_train_function(force=True)`)."""
-        model.make_train_function(force=True)
-
     def _wrap_train_step(self, model, original: Callable) -> Callable:
         hooks = self
 
@@ -275,8 +406,7 @@ class ProbeHooks:
         return self._accumulators[slot]
 
     def probe(self, tensor: tf.Tensor, forward, backward) -> tf.Tensor:
-        """Returns `tensor` through `probe`, recording it and its gradient in the slots'
-        accumulators."""
+        """Returns `tensor` through `probe`, recording it and its gradient in the slots."""
         return probe(
             tensor,
             self._accumulator(forward),
@@ -381,8 +511,7 @@ def loss_scale(model: keras.Model) -> tf.Tensor:
 
 
 class TelemetryHooks:
-    """The telemetry's state and step wrappers on TensorFlow: per-replica variables written in the
-    step."""
+    """The guard's telemetry on TensorFlow: per-replica variables written in the step."""
 
     #: bfloat16 layers are measured in a conditional branch that only failing steps take.
     measures_bfloat16_lazily = True
@@ -399,8 +528,7 @@ class TelemetryHooks:
     def step_wrappers(
         self, model: keras.Model, recorder: Any, owners: Mapping[int, int]
     ) -> list[tuple[object, str, Callable]]:
-        """Returns the wrappers of `model.train_step` (frame written in the step) and
-        `apply_gradients`."""
+        """Returns the wrappers of `model.train_step` and `apply_gradients`."""
         optimizer = model.optimizer
         return [
             (model, "train_step", self._wrap_train_step(model, recorder)),
@@ -513,3 +641,147 @@ def _skipped_on_every_replica(pairs: list, finite: Any) -> list:
     pairs = list(pairs)
     pairs[index] = (gradient + poison, pairs[index][1])
     return pairs
+
+
+# TensorBoard output: exponent histograms, scalars and text as event files.
+
+
+def write_histograms(
+    logdir: str | os.PathLike,
+    series: HistogramSeries,
+    step: int = 0,
+    description: Callable[[str], str] | None = None,
+) -> None:
+    """Writes exponent histograms as TensorBoard histogram summaries."""
+    from tensorflow.core.framework import summary_pb2
+
+    writer = tf.summary.create_file_writer(str(logdir))
+    with writer.as_default():
+        for tag, exponents, counts in series:
+            metadata = summary_pb2.SummaryMetadata(
+                display_name=tag,
+                summary_description=description(tag) if description else "",
+            )
+            metadata.plugin_data.plugin_name = "histograms"
+            buckets = np.stack(
+                [
+                    np.asarray(exponents, np.float64),
+                    np.asarray(exponents, np.float64) + 1.0,
+                    np.asarray(counts, np.float64),
+                ],
+                axis=1,
+            )
+            tf.summary.write(tag=tag, tensor=tf.constant(buckets), step=step, metadata=metadata)
+    writer.flush()
+    writer.close()
+
+
+def read_histograms(logdir: str | os.PathLike) -> dict[str, np.ndarray]:
+    """Reads back the histogram summaries that `write_histograms` wrote."""
+    from tensorflow.core.util import event_pb2
+
+    found: dict[str, np.ndarray] = {}
+    for path in sorted(tf.io.gfile.glob(os.path.join(str(logdir), "events.out.tfevents.*"))):
+        for record_bytes in tf.data.TFRecordDataset(path):
+            event = event_pb2.Event.FromString(record_bytes.numpy())
+            for value in event.summary.value:
+                if value.metadata.plugin_data.plugin_name == "histograms":
+                    found[value.tag] = tf.make_ndarray(value.tensor)
+    return found
+
+
+def _write_plugin_summary(tag: str, tensor: tf.Tensor, step: int, plugin: str) -> None:
+    """Writes one summary in a TensorBoard plugin's format, without needing TensorBoard."""
+    from tensorflow.core.framework import summary_pb2
+
+    metadata = summary_pb2.SummaryMetadata(display_name=tag)
+    metadata.plugin_data.plugin_name = plugin
+    tf.summary.write(tag=tag, tensor=tensor, step=step, metadata=metadata)
+
+
+class SummaryWriter:
+    """Writes scalars and text next to Keras' own TensorBoard logs (one event file per run)."""
+
+    def __init__(self, logdir: str | os.PathLike) -> None:
+        self._writer = tf.summary.create_file_writer(str(logdir))
+
+    def write(self, step: int, scalars: dict[str, float], texts: dict[str, str]) -> None:
+        """Writes `scalars` and Markdown `texts` at `step` and flushes."""
+        with self._writer.as_default():
+            for tag, value in scalars.items():
+                _write_plugin_summary(tag, tf.constant(float(value), tf.float32), step, "scalars")
+            for tag, text in texts.items():
+                _write_plugin_summary(tag, tf.constant(text), step, "text")
+        self._writer.flush()
+
+    def close(self) -> None:
+        """Flushes and closes the event file."""
+        self._writer.close()
+
+
+# Cost calibration: compiled forward+backward steps, casts and dispatch.
+
+
+def versions() -> dict[str, str]:
+    """Framework versions that key the cost cache."""
+    return {"tensorflow": tf.__version__}
+
+
+def to_device(value: Any) -> Any:
+    """Returns `value` unchanged: `train_on_batch` converts NumPy batches each step."""
+    return value
+
+
+def random_tensor(shape: tuple[int, ...], dtype: str, rng: np.random.Generator) -> tf.Tensor:
+    """A standard-normal tensor of `shape`, drawn with `rng`, in `dtype`."""
+    values = rng.standard_normal(shape).astype("float32")
+    return tf.cast(tf.constant(values), dtype)
+
+
+def layer_step(layer, args: list, kwargs: dict, jit_compile: bool) -> Callable[[], Any]:
+    """A compiled forward and backward pass of `layer` on fixed inputs and upstream gradients."""
+    outputs = layer(*args, **kwargs)
+    float_outputs = [t for t in tf.nest.flatten(outputs) if t.dtype.is_floating]
+    upstream = [tf.cast(tf.random.normal(t.shape), t.dtype) for t in float_outputs]
+    float_inputs = [
+        t for t in tf.nest.flatten((args, kwargs)) if tf.is_tensor(t) and t.dtype.is_floating
+    ]
+    variables = list(layer.trainable_variables)
+
+    @tf.function(jit_compile=jit_compile, autograph=False)
+    def step():
+        with tf.GradientTape() as tape:
+            tape.watch(float_inputs)
+            results = layer(*args, **kwargs)
+            flat = [t for t in tf.nest.flatten(results) if t.dtype.is_floating]
+        gradients = tape.gradient(flat, float_inputs + variables, output_gradients=upstream)
+        touched = [tf.reshape(g, [-1])[:1] for g in gradients if g is not None]
+        touched += [tf.reshape(t, [-1])[:1] for t in flat]
+        return tf.add_n([tf.cast(tf.reduce_sum(t), tf.float32) for t in touched])
+
+    return lambda: step().numpy()
+
+
+def empty_step() -> Callable[[], Any]:
+    """The cheapest compiled call: what one dispatch costs."""
+    value = tf.constant([1.0])
+
+    @tf.function(autograph=False)
+    def step():
+        return tf.reduce_sum(value + 1.0)
+
+    return lambda: step().numpy()
+
+
+def cast_step(dtype: str, elements: int) -> Callable[[], Any]:
+    """A compiled float32 -> `dtype` -> float32 round trip over `elements` values."""
+    source = tf.random.normal([elements])
+    target_dtype = tf.as_dtype(dtype)
+
+    @tf.function(autograph=False)
+    def step():
+        there = tf.cast(source, target_dtype)
+        back = tf.cast(there, tf.float32)
+        return back[0]
+
+    return lambda: step().numpy()

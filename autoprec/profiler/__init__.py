@@ -1,8 +1,7 @@
 """Per-layer value ranges of a model in training: probes, `profile()`, `ProfileCallback`, `Profile`."""
 
 from .float8_ranges import Float8Ranges, Float8TensorRange
-from .probes import ProbeSession
-from .runner import ProfileCallback, ProfileData, profile
+from .runner import ProbeSession, ProfileCallback, ProfileData, profile
 from .stats import LayerProfile, Profile
 from .tensor_stats import TensorStats
 

@@ -11,7 +11,7 @@ import numpy as np
 
 from .. import numerics
 from . import profile_json
-from .layout import FLOAT8_FORMAT_NAMES, FLOAT8_TENSORS
+from .profile_json import FLOAT8_FORMAT_NAMES, FLOAT8_TENSORS
 from .tensor_stats import TensorStats
 
 

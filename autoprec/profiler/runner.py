@@ -1,8 +1,12 @@
-"""`profile()` and `ProfileCallback`: real train steps with probes, the model left as it was."""
+"""In-step probes and the runs that use them: `ProbeSession` installs, reads and removes the probes;
+`profile()` and `ProfileCallback` run real train steps with them, the model left as it was."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+import functools
+import warnings
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from types import ModuleType, TracebackType
 from typing import Any, TypeAlias
 
 import keras
@@ -10,11 +14,384 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from .._backends import PROFILER_UNSUPPORTED, instrument_backend
+from .._backends.instrument import Slot, is_float_tensor
 from .._core.data import fit_arguments
-from .._core.models import strategy_scope
+from .._core.dtypes import float8_eligible
+from .._core.models import (
+    call_model_code,
+    rebuild_train_function,
+    strategy_scope,
+    swap_attribute,
+)
 from ..errors import ProfileError
-from .probes import ProbeSession
-from .stats import Profile
+from ..instrument import instrumented_layers, replace_float_outputs
+from ..layers import layer_paths, model_fingerprint, observing_attention
+from .float8_ranges import Float8Ranges, Float8TensorRange
+from .profile_json import ATTENTION_LOGITS, FLOAT8_TENSORS, OUTPUT_KEY, ROOT_PATH, TENSOR_KINDS
+from .stats import LayerProfile, Profile
+from .tensor_stats import TensorStats
+
+#: Slot kind of the tensors recorded only for float8 ranges (not a `LayerProfile` kind).
+FLOAT8_SLOT_KIND = "float8"
+
+#: Name of the kernel among a float8-eligible layer's weights.
+KERNEL_WEIGHT = "kernel"
+
+#: One `observe_step()`: the steps recorded so far and the raw `(counts, floats)`
+#: summed up to then, by slot.
+Observation = tuple[int, dict[Slot, tuple[np.ndarray, np.ndarray]]]
+
+
+def _is_multi_head_attention(layer: keras.layers.Layer) -> bool:
+    return isinstance(layer, keras.layers.MultiHeadAttention)
+
+
+def _weight_owners(model: keras.Model) -> dict[int, tuple[str, str]]:
+    """Maps `id(variable)` of each trainable weight to `(layer path, weight name)`."""
+    owners: dict[int, tuple[str, str]] = {}
+    for weight in model.trainable_weights:
+        owners[id(weight)] = (ROOT_PATH, weight.name)
+    for path, layer in layer_paths(model).items():  # parents first: the deepest owner wins
+        for weight in layer.trainable_weights:
+            owners[id(weight)] = (path, weight.name)
+    names_seen: dict[tuple[str, str], int] = {}
+    unique: dict[int, tuple[str, str]] = {}
+    for weight_id, (path, name) in owners.items():
+        seen = names_seen.get((path, name), 0)
+        names_seen[(path, name)] = seen + 1
+        unique[weight_id] = (path, name if seen == 0 else f"{name}_{seen}")
+    return unique
+
+
+def _has_activation(layer: keras.layers.Layer) -> bool:
+    activation = getattr(layer, "activation", None)
+    return activation is not None and activation is not keras.activations.linear
+
+
+def _layer_inputs(args: tuple, kwargs: dict) -> Any:
+    return args[0] if args else kwargs.get("inputs")
+
+
+def _output_key(tree_path: tuple) -> str:
+    if not tree_path:
+        return OUTPUT_KEY
+    return OUTPUT_KEY + "/" + "/".join(str(part) for part in tree_path)
+
+
+def _kernel_values(layer: keras.layers.Layer) -> np.ndarray | None:
+    """A float kernel's values read on the host (for a kernel the optimizer does not record)."""
+    kernel = getattr(layer, KERNEL_WEIGHT, None)
+    if kernel is None or not is_float_tensor(kernel):
+        return None
+    return np.asarray(keras.ops.convert_to_numpy(kernel), dtype=np.float32)
+
+
+class ProbeSession:
+    """Probes on a compiled model: they record statistics in every train step until removed.
+
+    `install()` lets the backend wrap the train step and the optimizer, wraps
+    the probed layers' `call` (on the instances) and rebuilds the train
+    function; from then on every `model.fit` step records. `collect()` reads
+    what was recorded into a `Profile`; `remove()` restores every method and
+    rebuilds the train function, so nothing of the probes stays in the graph.
+    As a context manager it installs on entry and removes on exit.
+    `ProfileCallback` and `autoprec.profile` are built on it; use it directly to
+    keep probes on across several `fit` calls (as the overhead benchmark does).
+    TensorFlow and JAX backends.
+
+    Args:
+        model: a compiled Keras model.
+        include_pass_through: also probe pass-through layers (Dropout, Flatten, ...).
+
+    Raises:
+        BackendError: if the Keras backend is neither TensorFlow nor JAX.
+
+    Example:
+
+    ```python
+    with autoprec.profiler.ProbeSession(model) as session:
+        model.fit(x, y, epochs=1, verbose=0)
+        prof = session.collect()
+    session.steps_recorded(), session.probed_tensor_count
+    ```
+    """
+
+    def __init__(self, model: keras.Model, include_pass_through: bool = False):
+        self._backend: ModuleType = instrument_backend("autoprec profiling", PROFILER_UNSUPPORTED)
+        self.model = model
+        self._targets = instrumented_layers(model, include_pass_through)
+        self._weight_owners = _weight_owners(model)
+        self._hooks: Any | None = None
+        self._installed = False
+        self._xla = False
+        self._undo: list[Callable[[], None]] = []
+        self._original_jit_compile: bool | None = None
+        self._float8_slots: dict[str, dict[str, Slot]] = {}
+        self._fixed_kernels: dict[str, TensorStats] = {}
+        self._observations: list[Observation] = []
+
+    def __enter__(self) -> ProbeSession:
+        try:
+            self.install()
+        except BaseException:
+            self.remove()
+            raise
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.remove()
+
+    @property
+    def probed_tensor_count(self) -> int:
+        """Number of tensors recorded, each under its own slot."""
+        return 0 if self._hooks is None else self._hooks.tensor_count
+
+    # -- installing
+
+    def enable_float8_ranges(self) -> None:
+        """Also records what a float8 decision needs for each `Dense` and `EinsumDense` layer."""
+        if self._installed:
+            raise ProfileError("enable_float8_ranges() must be called before install().")
+        weights = set(self._weight_owners.values())
+        for path, layer in self._targets.items():
+            if not float8_eligible(type(layer).__name__):
+                continue
+            gradients = (
+                (path, FLOAT8_SLOT_KIND, "output_gradients")
+                if _has_activation(layer)
+                else (path, "activation_gradients", OUTPUT_KEY)
+            )
+            slots = {"inputs": (path, FLOAT8_SLOT_KIND, "inputs"), "output_gradients": gradients}
+            if (path, KERNEL_WEIGHT) in weights:
+                slots["kernel"] = (path, "weights", KERNEL_WEIGHT)
+            else:  # not trained: its values now are its values in every step
+                kernel = _kernel_values(layer)
+                if kernel is not None:
+                    self._fixed_kernels[path] = TensorStats.from_values(kernel)
+            self._float8_slots[path] = slots
+
+    def install(self) -> None:
+        """Wraps the train step, the optimizer and the layer calls, then rebuilds the train function."""
+        if getattr(self.model, "_autoprec_probe_session", None) is not None:
+            raise ProfileError(
+                f"model {self.model.name!r} is already being profiled; finish that profile "
+                "(or remove its ProfileCallback) first."
+            )
+        self._choose_xla()
+        hooks = self._backend.ProbeHooks(self._xla)
+        self._hooks = hooks
+        self._replace(self.model, "_autoprec_probe_session", self)
+        hooks.install_step(self.model, self._weight_owners, self._replace)
+        for path, layer in self._targets.items():
+            float8 = self._float8_slots.get(path)
+            inputs_slot = None if float8 is None else float8["inputs"]
+            self._replace(layer, "call", self._wrap_call(hooks, path, layer.call, inputs_slot))
+            if inputs_slot is not None and hasattr(layer, "quantized_call"):
+                # A quantized layer (a float8 policy) runs `quantized_call`, not `call`.
+                self._replace(
+                    layer,
+                    "quantized_call",
+                    self._recording_inputs(hooks, inputs_slot, layer.quantized_call),
+                )
+            if float8 is not None and float8["output_gradients"][1] == FLOAT8_SLOT_KIND:
+                self._replace(
+                    layer, "activation", self._wrap_activation(hooks, path, layer.activation)
+                )
+            if _is_multi_head_attention(layer):
+                self._replace(
+                    layer,
+                    "_compute_attention",
+                    observing_attention(
+                        layer, layer._compute_attention, self._attention_sink(hooks, path)
+                    ),
+                )
+        self._installed = True
+        rebuild_train_function(self.model)
+
+    def _choose_xla(self) -> None:
+        self._xla = bool(getattr(self.model, "jit_compile", False))
+        if self._xla and not self._backend.xla_can_host_probes():
+            warnings.warn(
+                "autoprec: XLA cannot compile the profiler's probes on this machine; "
+                f"model {self.model.name!r} is profiled with jit_compile=False and switched "
+                "back to jit_compile=True afterwards.",
+                stacklevel=3,
+            )
+            self._original_jit_compile = True
+            self.model.jit_compile = False
+            self._xla = False
+
+    def _replace(self, owner: object, name: str, value: object) -> None:
+        self._undo.append(swap_attribute(owner, name, value))
+
+    def _wrap_call(
+        self, hooks: Any, path: str, original: Callable, inputs_slot: Slot | None = None
+    ) -> Callable:
+        session = self
+
+        if inputs_slot is not None:
+            original = self._recording_inputs(hooks, inputs_slot, original)
+
+        @functools.wraps(original)
+        def call(*args, **kwargs):
+            outputs = original(*args, **kwargs)
+            if not hooks.recording:
+                return outputs
+            return call_model_code(
+                lambda: session._probe_outputs(hooks, path, outputs),
+                layer=f"recording layer {path!r}",
+                lost="its outputs will not be profiled",
+                fallback=outputs,
+            )
+
+        return call
+
+    def _recording_inputs(self, hooks: Any, slot: Slot, original: Callable) -> Callable:
+        """`original`, its first (float) argument recorded under `slot` while a step is traced."""
+        backend = self._backend
+
+        @functools.wraps(original)
+        def recording(*args, **kwargs):
+            if hooks.recording:
+                inputs = _layer_inputs(args, kwargs)
+                if backend.is_float_tensor(inputs):
+                    hooks.record(slot, inputs)
+            return original(*args, **kwargs)
+
+        return recording
+
+    def _wrap_activation(self, hooks: Any, path: str, activation: Callable) -> Callable:
+        """The layer's activation, its input probed: the matmul output's values and gradients."""
+        forward = (path, FLOAT8_SLOT_KIND, "preactivation")
+        backward = (path, FLOAT8_SLOT_KIND, "output_gradients")
+        backend = self._backend
+
+        @functools.wraps(activation)
+        def probed_activation(values, *args, **kwargs):
+            if hooks.recording and backend.is_float_tensor(values):
+                values = hooks.probe(values, forward, backward)
+            return activation(values, *args, **kwargs)
+
+        return probed_activation
+
+    def _attention_sink(self, hooks: Any, path: str) -> Callable[[], Callable[[Any], None] | None]:
+        slot: Slot = (path, "internals", ATTENTION_LOGITS)
+
+        def sink() -> Callable[[Any], None] | None:
+            if not hooks.recording:
+                return None
+            return lambda logits: hooks.record(slot, logits)
+
+        return sink
+
+    # -- recording (at trace time, inside the train step)
+
+    def _probe_outputs(self, hooks: Any, path: str, outputs: Any) -> Any:
+        def probe(tree_path: tuple, value: Any) -> Any:
+            key = _output_key(tree_path)
+            return hooks.probe(
+                value, (path, "activations", key), (path, "activation_gradients", key)
+            )
+
+        return replace_float_outputs(outputs, self._backend.is_float_tensor, probe)
+
+    # -- collecting and removing
+
+    def steps_recorded(self) -> int:
+        """Returns the number of train steps run with probes so far."""
+        return 0 if self._hooks is None else self._hooks.steps_recorded()
+
+    def _read(self) -> dict[Slot, TensorStats]:
+        if self._hooks is None:
+            return {}
+        return {slot: TensorStats.from_raw(*raw) for slot, raw in self._hooks.read().items()}
+
+    def values_recorded(self) -> int:
+        """Returns the number of tensor elements measured so far, over every probe and step."""
+        return sum(stats.count for stats in self._read().values())
+
+    def observe_step(self) -> None:
+        """Keeps the running statistics of the float8 tensors after a train step."""
+        if not self._float8_slots or self._hooks is None:
+            return
+        steps = self.steps_recorded()
+        if steps == 0 or (self._observations and self._observations[-1][0] == steps):
+            return
+        raw = self._hooks.read()
+        wanted = {slot for slots in self._float8_slots.values() for slot in slots.values()}
+        self._observations.append((steps, {slot: raw[slot] for slot in wanted if slot in raw}))
+
+    def _steps_per_observation(self) -> int:
+        steps = [0, *(step for step, _ in self._observations)]
+        return max((after - before for before, after in zip(steps, steps[1:])), default=1)
+
+    def _float8_ranges(self, path: str, totals: dict[Slot, TensorStats]) -> Float8Ranges:
+        per_observation = self._steps_per_observation()
+        ranges: dict[str, Float8TensorRange] = {}
+        for name, slot in self._float8_slots[path].items():
+            total = totals.get(slot)
+            if total is None or total.count == 0:
+                continue
+            observed = [
+                TensorStats.from_raw(*raw[slot]) for _, raw in self._observations if slot in raw
+            ]
+            ranges[name] = Float8TensorRange.measure(
+                FLOAT8_TENSORS[name][0], total, observed, per_observation
+            )
+        if "kernel" not in ranges and path in self._fixed_kernels:
+            ranges["kernel"] = Float8TensorRange.measure(
+                FLOAT8_TENSORS["kernel"][0], self._fixed_kernels[path]
+            )
+        return Float8Ranges(**ranges)
+
+    def collect(self) -> Profile:
+        """Returns what the probes recorded so far as a `Profile` (the probes stay installed)."""
+        groups: dict[str, dict[str, dict[str, TensorStats]]] = {}
+        totals = self._read()
+        for (path, kind, key), stats in totals.items():
+            if stats.count == 0 or kind == FLOAT8_SLOT_KIND:
+                continue
+            groups.setdefault(path, {name: {} for name in TENSOR_KINDS})[kind][key] = stats
+        all_paths = layer_paths(self.model)
+        layers = {}
+        for path in [*all_paths, ROOT_PATH]:
+            if path not in groups:
+                continue
+            layer = all_paths.get(path, self.model)
+            float8 = None
+            if path in self._float8_slots:
+                float8 = self._float8_ranges(path, totals)
+            layers[path] = LayerProfile(
+                path=path,
+                class_name=type(layer).__name__,
+                dtype=str(getattr(layer, "compute_dtype", "float32")),
+                float8=float8,
+                **groups[path],
+            )
+        return Profile(
+            layers=layers,
+            steps=self.steps_recorded(),
+            model_name=self.model.name,
+            fingerprint=model_fingerprint(self.model),
+        )
+
+    def remove(self) -> None:
+        """Restores every wrapped method and rebuilds the train function without probes."""
+        for undo in reversed(self._undo):
+            undo()
+        self._undo.clear()
+        if self._original_jit_compile is not None:
+            self.model.jit_compile = self._original_jit_compile
+            self._original_jit_compile = None
+        if self._installed:
+            self._installed = False
+            rebuild_train_function(self.model)
+
 
 #: Model inputs or targets as Keras takes them: one array (NumPy or a tensor),
 #: or a list, tuple or dict of arrays.

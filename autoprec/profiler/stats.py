@@ -18,8 +18,14 @@ from .._core.io import atomic_write_json, parse_json_text, read_json_file
 from ..errors import ProfileError
 from . import profile_json, views
 from .float8_ranges import Float8Ranges, Float8TensorRange
-from .layout import ATTENTION_LOGITS, FLOAT8_TENSORS, OUTPUT_KEY, ROOT_PATH, TENSOR_KINDS
-from .profile_json import FORMAT_VERSION
+from .profile_json import (
+    ATTENTION_LOGITS,
+    FLOAT8_TENSORS,
+    FORMAT_VERSION,
+    OUTPUT_KEY,
+    ROOT_PATH,
+    TENSOR_KINDS,
+)
 from .tensor_stats import TensorStats, merge_groups
 
 __all__ = [

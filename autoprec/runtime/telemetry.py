@@ -1,5 +1,5 @@
 """Per-layer amax telemetry inside the compiled train step: the frame layout, the records the host
-reads, and the trace of one step."""
+reads, the trace of one step, and the logs of a guarded run (a skipped step leaves no NaN)."""
 
 from __future__ import annotations
 
@@ -25,8 +25,8 @@ from .._backends.instrument import (
     is_float_tensor,
 )
 from .._core.dtypes import BFLOAT16, FLOAT16, FLOAT32
-from .._core.models import swap_attribute
-from ..instrument import copy_keras_attributes, instrumented_layers
+from .._core.models import call_model_code, swap_attribute
+from ..instrument import instrumented_layers, replace_float_outputs
 from ..layers import (
     PASS_THROUGH_CLASSES,
     is_pass_through,
@@ -494,18 +494,33 @@ class GuardTelemetry:
             trace = active_trace()
             if trace is None:
                 return original(*args, **kwargs)
-            lazy = telemetry._lazy(index)
-            for value in keras.tree.flatten((args, kwargs)):
-                if not is_float_tensor(value):
-                    continue
-                if lazy:
-                    trace.add_lazy(index, INPUT, trace.lazy_parts(value))
-                else:
-                    trace.add(index, INPUT, trace.amax(value))
+            layer = f"recording layer {telemetry.paths[index]!r}"
+            lost = "its values will not be guarded"
+            call_model_code(
+                lambda: telemetry._observe_inputs(trace, index, (args, kwargs)),
+                layer=layer,
+                lost=lost,
+                fallback=None,
+            )
             outputs = original(*args, **kwargs)
-            return telemetry._observe(trace, index, outputs)
+            return call_model_code(
+                lambda: telemetry._observe(trace, index, outputs),
+                layer=layer,
+                lost=lost,
+                fallback=outputs,
+            )
 
         return call
+
+    def _observe_inputs(self, trace: StepTrace, index: int, inputs: Any) -> None:
+        lazy = self._lazy(index)
+        for value in keras.tree.flatten(inputs):
+            if not is_float_tensor(value):
+                continue
+            if lazy:
+                trace.add_lazy(index, INPUT, trace.lazy_parts(value))
+            else:
+                trace.add(index, INPUT, trace.amax(value))
 
     def _wrap_bounded_call(self, original: Callable) -> Callable:
         """A pass-through layer's outputs inherit the largest amax of its inputs, as a bound."""
@@ -549,18 +564,13 @@ class GuardTelemetry:
                 else:
                     trace.add(index, OUTPUT, trace.amax(value))
             return outputs
-        observed = []
-        for value in flat:
-            if not is_float_tensor(value):
-                observed.append(value)
-                continue
+
+        def watch(_: tuple, value: Any) -> Any:
             result = self.hooks.watch_gradient(self, trace, index, value)
             trace.add(index, OUTPUT, trace.amax(result))
-            copy_keras_attributes(value, result)
-            observed.append(result)
-        if len(flat) == 1 and not isinstance(outputs, (list, tuple, dict)):
-            return observed[0]
-        return keras.tree.pack_sequence_as(outputs, observed)
+            return result
+
+        return replace_float_outputs(outputs, is_float_tensor, watch)
 
     def _lazy(self, index: int) -> bool:
         """Whether a layer's values are measured only in failing steps (bfloat16, if the hooks do)."""
@@ -604,3 +614,79 @@ class GuardTelemetry:
             step_record(history[-offset], count - offset + 1, self.paths)
             for offset in range(available, 0, -1)
         ]
+
+
+#: The key `fit`'s logs gain while the guard is on.
+SKIPPED_STEPS = "skipped_steps"
+
+_STEP_LOGS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+class SkippedStepLogs:
+    """Keeps a guarded run's logs finite and counts its skipped steps."""
+
+    def __init__(self, model: keras.Model) -> None:
+        self.model = model
+        self.active = False
+        self.supported = keras.backend.backend() == "tensorflow"
+        self._skipped_at_epoch_start = None
+        if self.supported:
+            swap_attribute(model, "train_step", self._wrap(model.train_step))
+
+    @classmethod
+    def for_model(cls, model: keras.Model) -> SkippedStepLogs:
+        """Returns the model's `SkippedStepLogs`, installing it on first use."""
+        logs = _STEP_LOGS.get(model)
+        if logs is None:
+            logs = cls(model)
+            _STEP_LOGS[model] = logs
+        return logs
+
+    def activate(self) -> None:
+        """Keeps the logs finite from the next trace of the train step on."""
+        self.active = True
+
+    def deactivate(self) -> None:
+        """Lets the train step report as Keras reports, from its next trace on."""
+        self.active = False
+
+    def start_epoch(self) -> None:
+        """Counts `skipped_steps` from now (call at the start of each epoch)."""
+        counter = self._counter()
+        if counter is None:
+            return
+        if self._skipped_at_epoch_start is None:
+            self._skipped_at_epoch_start = keras.Variable(
+                0, dtype="int64", trainable=False, name="autoprec_skipped_at_epoch_start"
+            )
+        self._skipped_at_epoch_start.assign(keras.ops.cast(counter, "int64"))
+
+    def _counter(self):
+        return getattr(getattr(self.model, "optimizer", None), "non_finite_steps", None)
+
+    def _wrap(self, original: Callable) -> Callable:
+        logs_keeper = self
+
+        @functools.wraps(original)
+        def train_step(*args, **kwargs):
+            if not logs_keeper.active:
+                return original(*args, **kwargs)
+            return logs_keeper._finite_step(original, *args, **kwargs)
+
+        return train_step
+
+    def _finite_step(self, original: Callable, *args, **kwargs):
+        variables = list(self.model.metrics_variables)
+        before = [keras.ops.copy(variable.value) for variable in variables]
+        logs = original(*args, **kwargs)
+        if not isinstance(logs, dict) or "loss" not in logs:
+            return logs
+        finite = keras.ops.all(keras.ops.isfinite(keras.ops.convert_to_tensor(logs["loss"])))
+        finite = instrument_backend().every_replica(finite)
+        for variable, value in zip(variables, before):
+            variable.assign(keras.ops.where(finite, variable.value, value))
+        logs = dict(self.model.get_metrics_result())
+        counter, start = self._counter(), self._skipped_at_epoch_start
+        if counter is not None and start is not None:
+            logs[SKIPPED_STEPS] = keras.ops.cast(counter, "int64") - start.value
+        return logs

@@ -51,8 +51,7 @@ from .loss_scale import (
     wrap_optimizer,
 )
 from .saving import attach_plan
-from .step_logs import SkippedStepLogs
-from .telemetry import GuardTelemetry, remove_installed_telemetry
+from .telemetry import GuardTelemetry, SkippedStepLogs, remove_installed_telemetry
 
 logger = logging.getLogger("autoprec")
 
@@ -490,7 +489,7 @@ class TrainingLog:
 
     def __init__(self, logdir: str | os.PathLike) -> None:
         try:  # TensorFlow stays optional on the JAX backend
-            from .._backends import tensorflow_tensorboard as tensorflow_backend
+            from .._backends import tensorflow as tensorflow_backend
         except ImportError as error:
             raise BackendError(
                 f"tensorboard_dir needs TensorFlow to write summaries ({error}); "

@@ -1,9 +1,10 @@
-"""Tests for autoprec._backends.tensorflow: accumulators, probes and the step hooks on TensorFlow.
+"""Tests for autoprec._backends.tensorflow: one tensor's raw statistics, accumulators, probes and
+the step hooks, TensorBoard event files and the compiled steps calibration times.
 
 The values each probe records are checked against the NumPy reference
 (`statistics_reference`) of what `tf.GradientTape` computes for the same
 model and batches. The profiler on top of these hooks is tested in
-`tests/profiler/test_probes.py` and `test_stats.py`.
+`tests/profiler/test_runner.py` and `test_stats.py`.
 """
 
 from __future__ import annotations
@@ -13,14 +14,17 @@ import numpy as np
 import pytest
 import tensorflow as tf
 from backends.statistics_reference import SPECIAL, reference_statistics
+from tensorflow.core.util import event_pb2
 
-from autoprec._backends import PROFILER_UNSUPPORTED, instrument_backend
+from autoprec._backends import PROFILER_UNSUPPORTED, instrument_backend, timing_backend
 from autoprec._backends import tensorflow as tf_backend
+from autoprec._core.models import rebuild_train_function
 
 
 def _assert_matches(measured, values, rtol: float = 1e-6) -> None:
     counts, floats = measured
     expected_counts, expected_floats = reference_statistics(values)
+    assert counts.dtype == np.int64 and floats.dtype == np.float64
     np.testing.assert_array_equal(counts, expected_counts)
     np.testing.assert_allclose(floats, expected_floats, rtol=rtol)
 
@@ -188,7 +192,7 @@ def probed_fit():
     Probed.hooks = hooks
     try:
         hooks.install_step(model, {id(model.get_layer("out").kernel): ("out", "kernel")}, replace)
-        hooks.rebuild_train_function(model)
+        rebuild_train_function(model)
         model.fit(x, y, batch_size=4, shuffle=False, verbose=0)
     finally:
         Probed.hooks = None
@@ -209,3 +213,191 @@ def test_the_hooks_record_what_the_gradient_tape_computes(probed_fit):
     assert set(recorded) == set(expected)
     for slot, values in expected.items():
         _assert_matches(recorded[slot], values, rtol=1e-5)
+
+
+def _measured(values, xla: bool = False, multiplier=None) -> tuple[np.ndarray, np.ndarray]:
+    counts, floats = tf_backend.tensor_statistics(tf.constant(values), xla, multiplier)
+    return counts.numpy(), floats.numpy()
+
+
+#: Values whose statistics are exact on every path, as the reference gives them.
+CASES = {
+    "plain": np.random.default_rng(0).normal(scale=3.0, size=(5, 7, 11)).astype(np.float32),
+    # SPECIAL without its subnormals and its magnitudes from 2**127 up (see DEFECTS).
+    "special_normal": np.array(
+        [0.0, -0.0, np.inf, -np.inf, np.nan, 1.0, 0.99999994, -(2.0**-14), 6.0e-8]
+        + [3e30, 65504.0, 70000.0, 1e38, 0.25, -3.0],
+        np.float32,
+    ),
+    "huge": np.array([3e30, -1e35, 2.0, 0.0], np.float32),  # squares overflow float32
+    "zeros": np.zeros((4, 3), np.float32),
+    "non_finite_only": np.array([np.inf, np.nan, -np.inf], np.float32),
+}
+
+#: Values whose counts are exact but whose floats are not, on this host (known defects).
+DEFECTS = {
+    # A float32 subnormal as the smallest magnitude reads as 0.0: the cast to float64
+    # flushes it to zero (TensorFlow's CPU kernels run with flush-to-zero).
+    "subnormal": np.array([1e-40, 1.0], np.float32),
+    # A magnitude from 2**127 up is rescaled by 2**-127, a subnormal factor that is
+    # flushed to zero: sum |x| and sum x^2 read as 0.0.
+    "largest_binade": np.array([3e38, 1.0], np.float32),
+    # Only subnormals: the largest magnitude and the sums read as 0.0 (flushed).
+    "only_subnormals": np.array([1e-41, 0.0, 2e-39, -1.4e-45, 1e-38], np.float32),
+}
+
+
+@pytest.mark.parametrize("xla", [False, True], ids=["graph_ops", "xla_ops"])
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_statistics_match_the_numpy_reference(name, xla):
+    values = CASES[name]
+    _assert_matches(_measured(values, xla), values)
+
+
+@pytest.mark.parametrize("xla", [False, True], ids=["graph_ops", "xla_ops"])
+@pytest.mark.parametrize("values", [SPECIAL, *DEFECTS.values()], ids=["special", *DEFECTS])
+def test_counts_are_exact_for_subnormals_and_the_largest_magnitudes(values, xla):
+    counts, _ = _measured(values, xla)
+    np.testing.assert_array_equal(counts, reference_statistics(values)[0])
+
+
+@pytest.mark.xfail(strict=True, reason="known defect: subnormals flushed to zero (see DEFECTS)")
+@pytest.mark.parametrize("name", sorted(DEFECTS))
+def test_floats_of_subnormals_and_the_largest_magnitudes(name):
+    values = DEFECTS[name]
+    _assert_matches(_measured(values), values)
+
+
+def test_the_count_layout_is_the_documented_one():
+    assert tf_backend.RAW_COUNT_SLOTS == 256 + 23 + 1
+    assert tf_backend.FLOAT_SLOTS == ("max_abs", "min_nonzero_abs", "sum_abs", "sum_squares")
+    counts, floats = _measured(np.array([0.0, 1.0, -3.0, np.inf, np.nan, 0.25], np.float32))
+    assert counts[0] == 1 and counts[125] == counts[127] == counts[128] == 1
+    assert counts[255] == 2 and counts[-1] == 1  # inf and NaN; one of them NaN
+    assert floats.tolist() == [3.0, 0.25, 4.25, 10.0625]
+
+
+def test_half_precision_tensors_are_measured_in_float32():
+    values = np.array([65504.0, -(2.0**-24), 0.5], np.float16)
+    _assert_matches(_measured(values), values.astype(np.float32))
+
+
+def test_a_multiplier_is_applied_before_measuring():
+    values = np.array([1024.0, -4096.0, 0.0], np.float32)
+    measured = _measured(values, multiplier=tf.constant(1.0 / 1024.0))
+    _assert_matches(measured, values / 1024.0)
+
+
+def test_inside_an_xla_compiled_function_the_statistics_are_the_same():
+    values = CASES["special_normal"]
+
+    @tf.function(jit_compile=True)
+    def compiled(tensor):
+        return tf_backend.tensor_statistics(tensor, xla=True)
+
+    counts, floats = compiled(tf.constant(values))
+    _assert_matches((counts.numpy(), floats.numpy()), values)
+
+
+def test_float_slots_combine_by_max_min_and_sum():
+    current = tf.constant([2.0, 0.5, 3.0, 5.0], tf.float64)
+    new = tf.constant([1.0, 0.25, 1.0, 1.0], tf.float64)
+    assert tf_backend.combine_floats(current, new).numpy().tolist() == [2.0, 0.25, 4.0, 6.0]
+    start = tf.constant([0.0, np.inf, 0.0, 0.0], tf.float64)  # an accumulator's first value
+    assert tf_backend.combine_floats(start, new).numpy().tolist() == new.numpy().tolist()
+
+
+def _summaries(logdir) -> list[tuple[int, str, str, str, np.ndarray]]:
+    """`(step, tag, plugin, description, value)` of every summary value under `logdir`."""
+    found = []
+    for path in sorted(tf.io.gfile.glob(str(logdir / "events.out.tfevents.*"))):
+        for record in tf.data.TFRecordDataset(path):
+            event = event_pb2.Event.FromString(record.numpy())
+            for value in event.summary.value:
+                metadata = value.metadata
+                found.append(
+                    (
+                        event.step,
+                        value.tag,
+                        metadata.plugin_data.plugin_name,
+                        metadata.summary_description,
+                        tf.make_ndarray(value.tensor),
+                    )
+                )
+    return found
+
+
+def test_histograms_written_are_read_back(tmp_path):
+    exponents, counts = np.array([-2, 0, 3]), np.array([1, 5, 2])
+    tf_backend.write_histograms(tmp_path, [("layer/output", exponents, counts)], step=1)
+    (buckets,) = tf_backend.read_histograms(tmp_path).values()
+    assert buckets[:, 0].tolist() == [-2, 0, 3] and buckets[:, 1].tolist() == [-1, 1, 4]
+    assert buckets[:, 2].tolist() == [1, 5, 2]
+
+
+def test_histograms_carry_their_step_plugin_and_description(tmp_path):
+    series = [("a/output", np.array([0]), np.array([4])), ("b/output", np.array([7]), [1])]
+    tf_backend.write_histograms(tmp_path, series, step=5, description=lambda tag: f"of {tag}")
+    summaries = _summaries(tmp_path)
+    assert [(step, tag, plugin, text) for step, tag, plugin, text, _ in summaries] == [
+        (5, "a/output", "histograms", "of a/output"),
+        (5, "b/output", "histograms", "of b/output"),
+    ]
+    assert sorted(tf_backend.read_histograms(tmp_path)) == ["a/output", "b/output"]
+
+
+def test_the_profilers_tensorflow_module_writes_with_this_writer():
+    assert tf_backend.write_histograms is tf_backend.write_histograms
+
+
+def test_summary_writer_writes_scalars_and_markdown_text(tmp_path):
+    writer = tf_backend.SummaryWriter(tmp_path / "guard")
+    writer.write(3, {"loss_scale": 1024.0}, {"plan": "**dense**: float16"})
+    writer.write(4, {"loss_scale": 512.0}, {})
+    writer.close()
+    written = {
+        (step, tag, plugin): value for step, tag, plugin, _, value in _summaries(tmp_path / "guard")
+    }
+    assert set(written) == {
+        (3, "loss_scale", "scalars"),
+        (3, "plan", "text"),
+        (4, "loss_scale", "scalars"),
+    }
+    assert float(written[(3, "loss_scale", "scalars")]) == 1024.0
+    assert float(written[(4, "loss_scale", "scalars")]) == 512.0
+    assert written[(3, "plan", "text")].item() == b"**dense**: float16"
+    assert tf_backend.read_histograms(tmp_path / "guard") == {}  # no histogram among them
+
+
+def test_a_histogram_series_is_what_the_writers_take(tmp_path):
+    series = [("dense/output", np.array([-1, 2]), np.array([3, 4]))]
+    tf_backend.write_histograms(tmp_path, series, step=2)
+    (buckets,) = tf_backend.read_histograms(tmp_path).values()
+    assert buckets.tolist() == [[-1.0, 0.0, 3.0], [2.0, 3.0, 4.0]]
+
+
+def test_the_timing_backend_on_tensorflow_is_this_module():
+    assert timing_backend("calibrate()") is tf_backend
+    assert tf_backend.versions() == {"tensorflow": tf.__version__}
+
+
+def test_random_tensors_come_from_the_generator_in_the_asked_dtype():
+    first = tf_backend.random_tensor((3, 4), "bfloat16", np.random.default_rng(1))
+    again = tf_backend.random_tensor((3, 4), "bfloat16", np.random.default_rng(1))
+    assert first.dtype == tf.bfloat16 and tuple(first.shape) == (3, 4)
+    assert np.array_equal(first.numpy(), again.numpy())
+    batch = np.ones((2, 2), "float32")
+    assert tf_backend.to_device(batch) is batch
+
+
+def test_layer_step_runs_a_forward_and_backward_pass_of_a_mixed_layer():
+    layer = keras.layers.Dense(4, dtype="mixed_float16")
+    inputs = tf.ones((2, 8), tf.float16)
+    step = tf_backend.layer_step(layer, [inputs], {}, jit_compile=False)
+    assert np.isfinite(step())
+    assert layer.built and layer.kernel.dtype == "float32"
+
+
+def test_empty_and_cast_steps_return_finite_values():
+    assert float(tf_backend.empty_step()()) == 2.0
+    assert np.isfinite(float(tf_backend.cast_step("float16", 1024)()))

@@ -47,7 +47,7 @@ import pytest
 from profiler.reference import assert_matches_reference, cross_backend_model
 
 from autoprec.profiler import Profile, TensorStats, profile
-from autoprec.profiler.layout import TENSOR_KINDS
+from autoprec.profiler.profile_json import TENSOR_KINDS
 
 pytest.importorskip("jax")
 
@@ -78,7 +78,7 @@ CHILD = textwrap.dedent(
     sys.modules["tensorflow"] = None  # as on a machine with JAX and no TensorFlow
     import jax, keras, numpy as np
     import autoprec
-    from autoprec._backends import jax_statistics as jax_probes
+    from autoprec._backends import jax_probes
     from autoprec.layers import layer_paths
     from autoprec.profiler import ProbeSession, ProfileCallback, TensorStats, profile
     from profiler.reference import cross_backend_model

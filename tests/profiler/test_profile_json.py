@@ -1,4 +1,4 @@
-"""Tests for autoprec.profiler.profile_json: the profile's JSON, written and read back with clear errors."""
+"""Tests for autoprec.profiler.profile_json: the names a profile uses and its JSON, written and read back with clear errors."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import json
 import pytest
 from profiler.reference import synthetic_profile
 
+from autoprec import numerics
 from autoprec.errors import ProfileError
 from autoprec.profiler import (
     Float8Ranges,
@@ -16,6 +17,15 @@ from autoprec.profiler import (
     Profile,
     TensorStats,
     profile_json,
+    stats,
+)
+from autoprec.profiler.profile_json import (
+    ATTENTION_LOGITS,
+    FLOAT8_FORMAT_NAMES,
+    FLOAT8_TENSORS,
+    OUTPUT_KEY,
+    ROOT_PATH,
+    TENSOR_KINDS,
 )
 
 
@@ -116,3 +126,24 @@ def test_float8_ranges_round_trip_and_refuse_unknown_tensors_and_formats():
         )
     with pytest.raises(ProfileError, match=r"k\.saturation_fraction: expected a finite number"):
         Float8TensorRange.from_dict({**data["kernel"], "saturation_fraction": "high"}, "k")
+
+
+def test_the_tensor_kinds_are_the_layer_profile_groups():
+    fields = [field.name for field in dataclasses.fields(stats.LayerProfile)]
+    assert [name for name in fields if name in TENSOR_KINDS] == list(TENSOR_KINDS)
+    assert (OUTPUT_KEY, ATTENTION_LOGITS, ROOT_PATH) == ("output", "attention_logits", "<model>")
+
+
+def test_float8_tensors_are_the_float8_ranges_fields_with_their_formats():
+    assert list(FLOAT8_TENSORS) == [field.name for field in dataclasses.fields(Float8Ranges)]
+    assert {fmt for fmt, _ in FLOAT8_TENSORS.values()} == set(FLOAT8_FORMAT_NAMES)
+    assert FLOAT8_TENSORS["output_gradients"][0] == numerics.FLOAT8_E5M2.name
+    assert FLOAT8_FORMAT_NAMES[numerics.FLOAT8_E4M3.name] == "E4M3"
+
+
+def test_the_names_stay_importable_from_stats():
+    # docs/api.md names these as autoprec.profiler.stats.<name>.
+    assert stats.FLOAT8_TENSORS is FLOAT8_TENSORS and stats.TENSOR_KINDS is TENSOR_KINDS
+    assert (stats.OUTPUT_KEY, stats.ATTENTION_LOGITS) == (OUTPUT_KEY, ATTENTION_LOGITS)
+    assert stats.Float8Ranges is Float8Ranges and stats.Float8TensorRange is Float8TensorRange
+    assert stats.FORMAT_VERSION == 1

@@ -7,7 +7,7 @@ import pytest
 from profiler.reference import synthetic_profile
 
 from autoprec import numerics
-from autoprec._backends import tensorflow_tensorboard as tf_backend
+from autoprec._backends import tensorflow as tf_backend
 from autoprec.profiler.views import (
     SummaryRow,
     format_fraction,

@@ -1,4 +1,5 @@
-"""The guard's in-step telemetry on real faults (autoprec/runtime/telemetry.py, guard.py).
+"""The guard's in-step telemetry on real faults, and a guarded run's finite logs
+(autoprec/runtime/telemetry.py, guard.py).
 
 The amax maths is tested in `tests/backends/test_amax.py`, the record types in
 `test_telemetry_records.py`, a step's trace and frame in `test_step_trace.py`.
@@ -6,10 +7,15 @@ The amax maths is tested in `tests/backends/test_amax.py`, the record types in
 
 from __future__ import annotations
 
+import collections
+import math
+
 import keras
 import numpy as np
 import pytest
+from conftest import classification_data
 
+import autoprec
 from autoprec import LossScale, PrecisionPlan
 from autoprec._backends.instrument import amax_bits
 from autoprec.layers import layer_paths
@@ -23,8 +29,10 @@ from autoprec.runtime.guard import (
 from autoprec.runtime.telemetry import (
     FORMAT_MAX,
     NOT_RECORDED,
+    SKIPPED_STEPS,
     GuardTelemetry,
     LayerAmax,
+    SkippedStepLogs,
     StepRecord,
     format_max,
     is_out_of_range,
@@ -346,3 +354,173 @@ def test_the_step_knows_whether_every_gradient_so_far_is_finite():
     assert not finite()
     bits = amax_bits(keras.ops.convert_to_tensor([-2.0, 1.0], "float16"), trace.integer)
     assert int(keras.ops.convert_to_numpy(bits)) == 0x40000000  # 2.0 as float32 bits
+
+
+pytestmark = pytest.mark.skipif(
+    keras.backend.backend() != "tensorflow", reason="SkippedStepLogs wraps TensorFlow train steps"
+)
+
+BATCH = 16
+
+
+def small_classifier(optimizer=None) -> keras.Model:
+    """Dense 16, linear (a ReLU may map NaN to 0), and a head, with a loss and an accuracy metric."""
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential(
+        [
+            keras.Input((8,)),
+            keras.layers.Dense(16, name="hidden"),
+            keras.layers.Dense(3, name="head"),
+        ],
+        name="small_classifier",
+    )
+    model.compile(
+        optimizer=optimizer if optimizer is not None else keras.optimizers.SGD(0.05),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        metrics=["accuracy"],
+    )
+    return model
+
+
+def poisoned_data(bad_batches=(1,), value=np.nan, batches: int = 4):
+    """`batches` batches of `BATCH` samples; the inputs of `bad_batches` hold `value`."""
+    x, y = classification_data(samples=batches * BATCH)
+    for batch in bad_batches:
+        x[batch * BATCH : (batch + 1) * BATCH, 0] = value
+    return x, y
+
+
+def metric_variables(model: keras.Model) -> dict[str, float]:
+    return {variable.path: float(variable.numpy()) for variable in model.metrics_variables}
+
+
+@pytest.mark.parametrize(
+    ("dtype", "poison"),
+    [("float16", np.nan), ("bfloat16", np.inf)],
+    ids=["float16-loss-scaling-nan-inputs", "bfloat16-step-skipping-inf-inputs"],
+)
+def test_a_guarded_run_keeps_finite_logs_and_counts_the_skipped_step_per_epoch(dtype, poison):
+    model = small_classifier()
+    x, y = poisoned_data(bad_batches=(1,), value=poison)
+    plan = PrecisionPlan.uniform(model, dtype).with_dtype("head", "float32")
+    callback = autoprec.AutoPrecision(plan, verbose=0)
+    history = model.fit(
+        x, y, batch_size=BATCH, epochs=3, shuffle=False, verbose=0, callbacks=[callback]
+    )
+    logs = history.history
+    assert len(logs["loss"]) == 3  # the guard did not stop the run
+    assert all(math.isfinite(loss) for loss in logs["loss"])
+    assert all(math.isfinite(accuracy) for accuracy in logs["accuracy"])
+    # One bad batch per epoch: the count starts again at each epoch (the optimizer's is 3).
+    assert logs[SKIPPED_STEPS] == [1.0, 1.0, 1.0]
+    assert int(model.optimizer.non_finite_steps.numpy()) == 3
+    assert all(np.isfinite(weight).all() for weight in model.get_weights())
+    # The metric variables left the skipped step out: 3 good batches in the last epoch.
+    counts = [value for path, value in metric_variables(model).items() if "count" in path]
+    assert counts and all(count == 3 * BATCH for count in counts)
+    assert [event["kind"] for event in callback.plan.events] == ["not_precision"] * 3
+    assert SkippedStepLogs.for_model(model).active
+
+
+def test_an_active_wrapper_reports_a_non_finite_step_as_if_it_had_not_run():
+    clean_model = small_classifier()
+    weights = clean_model.get_weights()
+    x, y = poisoned_data(bad_batches=(2,), batches=3)  # the last batch is the bad one
+    clean = clean_model.fit(
+        x[: 2 * BATCH], y[: 2 * BATCH], batch_size=BATCH, shuffle=False, verbose=0
+    ).history
+
+    model = small_classifier()
+    model.set_weights(weights)
+    logs = SkippedStepLogs.for_model(model)
+    logs.activate()
+    logs.start_epoch()  # a plain optimizer counts no skipped step: nothing to count from
+    guarded = model.fit(x, y, batch_size=BATCH, shuffle=False, verbose=0).history
+    # Same two good steps, then the NaN step left the metrics where they were.
+    assert guarded["loss"] == pytest.approx(clean["loss"], rel=1e-6)
+    assert guarded["accuracy"] == pytest.approx(clean["accuracy"], rel=1e-6)
+    assert SKIPPED_STEPS not in guarded  # no counter on the optimizer, no count in the logs
+
+    unguarded_model = small_classifier()
+    unguarded_model.set_weights(weights)
+    SkippedStepLogs.for_model(unguarded_model)  # installed but not active: Keras' own logs
+    unguarded = unguarded_model.fit(x, y, batch_size=BATCH, shuffle=False, verbose=0).history
+    assert math.isnan(unguarded["loss"][0])
+
+
+def test_the_wrapper_is_installed_once_and_follows_active_from_the_next_trace():
+    # Keras' loss-scale optimizer skips the non-finite step: the weights stay finite.
+    model = small_classifier(keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(0.05)))
+    logs = SkippedStepLogs.for_model(model)
+    assert SkippedStepLogs.for_model(model) is logs and logs.model is model
+    assert SkippedStepLogs.for_model(small_classifier()) is not logs
+    assert logs.supported and not logs.active
+    x, y = poisoned_data(bad_batches=(1,), batches=3)
+
+    def epoch_loss() -> float:
+        model.make_train_function(force=True)  # trace the step again
+        return model.fit(x, y, batch_size=BATCH, shuffle=False, verbose=0).history["loss"][0]
+
+    assert math.isnan(epoch_loss())
+    logs.activate()
+    assert logs.active and math.isfinite(epoch_loss())
+    logs.deactivate()
+    assert not logs.active and math.isnan(epoch_loss())
+    logs.activate()
+    assert math.isfinite(epoch_loss())
+    assert SkippedStepLogs.for_model(model) is logs  # not installed a second time
+    assert all(np.isfinite(weight).all() for weight in model.get_weights())
+
+
+class Pair(collections.namedtuple("Pair", ["value", "scale"])):
+    """A result type only its own code builds: a rebuilt copy misses the keyword."""
+
+    def __new__(cls, value, scale, *, checked):
+        return super().__new__(cls, value, scale)
+
+
+class ReturnsPair(keras.layers.Layer):
+    def call(self, inputs):
+        return Pair(inputs * 2.0, inputs[:, :1], checked=True)
+
+
+class PairModel(keras.Model):
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.hidden = keras.layers.Dense(8, name="hidden")
+        self.pair = ReturnsPair(name="pair")
+        self.head = keras.layers.Dense(1, name="head")
+
+    def call(self, inputs):
+        pair = self.pair(self.hidden(inputs))
+        return self.head(pair.value * pair.scale)
+
+
+def test_a_layer_whose_outputs_cannot_be_recorded_warns_once_and_the_fit_goes_on(caplog):
+    x = np.random.default_rng(0).normal(size=(32, 4)).astype("float32")
+    model = PairModel()
+    model.compile(optimizer="adam", loss="mse")
+    callback = autoprec.AutoPrecision(hardware="rtx4090", auto=autoprec.AutoPlan(profile_steps=2))
+    with caplog.at_level("WARNING", logger="autoprec"):
+        history = model.fit(x, x[:, :1], epochs=2, batch_size=8, verbose=0, callbacks=[callback])
+    assert np.isfinite(history.history["loss"]).all()
+    profiled = [line for line in caplog.messages if "pair" in line and "profiled" in line]
+    assert len(profiled) == 1 and "TypeError" in profiled[0]
+
+    caplog.clear()
+    model = PairModel()
+    model.compile(optimizer="adam", loss="mse")
+    model(x[:2])
+    plan = autoprec.PrecisionPlan.uniform(model, "float16")
+    with caplog.at_level("WARNING", logger="autoprec"):
+        history = model.fit(
+            x,
+            x[:, :1],
+            epochs=2,
+            batch_size=8,
+            verbose=0,
+            callbacks=[autoprec.AutoPrecision(plan, verbose=0)],
+        )
+    assert np.isfinite(history.history["loss"]).all()
+    guarded = [line for line in caplog.messages if "pair" in line and "guard" in line]
+    assert len(guarded) == 1 and "TypeError" in guarded[0]
