@@ -20,12 +20,12 @@ from conftest import (
 )
 
 import autoprec
-from autoprec import AutoPrecision, FlooredLossScaleOptimizer, PlanError, PrecisionPlan
+from autoprec import AutoPrecision, PlanError, PrecisionPlan
 from autoprec.callback import AutoPlan
 from autoprec.errors import AutoprecError
 from autoprec.hardware import resolve_hardware
 from autoprec.layers import layer_paths
-from autoprec.runtime import Guard, LossScale
+from autoprec.runtime import FlooredLossScaleOptimizer, Guard, LossScale
 
 
 def _compiled(model, optimizer="adam", jit_compile=False):
