@@ -345,9 +345,6 @@ def trial_counts(study: optuna.Study) -> dict[str, int]:
     }
 
 
-logger = logging.getLogger("autoprec")
-
-
 def log_trial(context: SearchContext, trial: optuna.trial.FrozenTrial) -> None:
     """Logs one line about a finished trial (verbose searches only)."""
     if not context.verbose:
