@@ -193,15 +193,6 @@ CONFIRMATION_ATTEMPTS = 3
 
 
 @dataclasses.dataclass(frozen=True)
-class TimedPlan:
-    """One plan the measured comparison times."""
-
-    name: str
-    plan: PrecisionPlan
-    trial: optuna.trial.FrozenTrial | None
-
-
-@dataclasses.dataclass(frozen=True)
 class MeasuredRanking:
     """The ranking of the trials within budget after their plans' steps were timed here."""
 
@@ -238,17 +229,17 @@ def finalist_name(context: SearchContext, trial: optuna.trial.FrozenTrial) -> st
 
 def measurement_candidates(
     context: SearchContext, ranked: Sequence[optuna.trial.FrozenTrial]
-) -> list[TimedPlan]:
-    """Returns the plans to time: the best by predicted cost, float32, every finalist within budget."""
+) -> dict[str, tuple[PrecisionPlan, optuna.trial.FrozenTrial | None]]:
+    """Returns `{name: (plan, trial)}` of the plans to time: the best by predicted cost, float32,
+    every finalist within budget."""
     best = ranked[0]
     float32_trial = next((trial for trial in ranked if context.is_float32(trial)), None)
-    candidates = [TimedPlan(finalist_name(context, best), finalist_plan(context, best), best)]
-    if candidates[0].name != FLOAT32:
-        candidates.append(TimedPlan(FLOAT32, context.float32_plan(), float32_trial))
+    candidates = {finalist_name(context, best): (finalist_plan(context, best), best)}
+    candidates.setdefault(FLOAT32, (context.float32_plan(), float32_trial))
     for trial in ranked[1:]:
         label = TrialRecord.from_trial(trial).warm_start or ""
-        if label and not context.is_float32(trial) and all(label != c.name for c in candidates):
-            candidates.append(TimedPlan(label, finalist_plan(context, trial), trial))
+        if label and not context.is_float32(trial) and label not in candidates:
+            candidates[label] = (finalist_plan(context, trial), trial)
     return candidates
 
 
@@ -293,10 +284,10 @@ def order_by_measurement(
     """Times every finalist within budget in the same interleaved rounds and ranks them."""
     candidates = measurement_candidates(context, ranked)
     rounds = measure_until_decided(
-        context.evaluator, {candidate.name: candidate.plan for candidate in candidates}
+        context.evaluator, {name: plan for name, (plan, _) in candidates.items()}
     )
     ranking = rank_by_measurement(
-        ranked, {candidate.name: candidate.trial for candidate in candidates}, rounds
+        ranked, {name: trial for name, (_, trial) in candidates.items()}, rounds
     )
     say(context.verbose, "%s", verdict_line(ranking))
     return ranking

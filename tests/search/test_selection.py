@@ -240,15 +240,14 @@ def test_a_search_returns_float32_when_float32_measures_fastest():
         finalists = add_finalists(context)
         ranked = ranked_finalists(context, context.study)
         candidates = measurement_candidates(context, ranked)
-        assert candidates[0].trial.number == ranked[0].number
-        assert {"float32", "keras mixed_bfloat16"} <= {c.name for c in candidates} | set(
-            finalists["same_as"]
-        )
+        trials = {name: trial for name, (_, trial) in candidates.items()}
+        assert next(iter(trials.values())).number == ranked[0].number  # the best first
+        assert {"float32", "keras mixed_bfloat16"} <= set(candidates) | set(finalists["same_as"])
         rounds = {  # float32 fastest beyond the noise in every round
-            c.name: [0.5 + 0.001 * i if c.name == "float32" else 1.0 + 0.001 * i for i in range(5)]
-            for c in candidates
+            name: [0.5 + 0.001 * i if name == "float32" else 1.0 + 0.001 * i for i in range(5)]
+            for name in candidates
         }
-        measured = rank_by_measurement(ranked, {c.name: c.trial for c in candidates}, rounds)
+        measured = rank_by_measurement(ranked, trials, rounds)
         context.ranked, context.measured, context.measure = list(measured.trials), measured, True
         result = choose_plan(context)
         assert set(result.plan.resolve().values()) == {"float32"}
