@@ -1,12 +1,21 @@
-"""`Budget`: how much worse than float32 a plan's validation metric may be."""
+"""`Budget`, how much worse than float32 a plan may be, and the output rounding floor its 16-bit outputs put on it."""
 
 from __future__ import annotations
 
 import dataclasses
 import math
 import re
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
 
+import keras
+import ml_dtypes
+import numpy as np
+
+from .._core.dtypes import BFLOAT16, FLOAT16
 from ..errors import AutoprecError
+from ..layers import LayerInfo, layer_paths
+from .space import compute_layers
 
 #: Metric-name words (and joined phrases) of metrics that are better when lower.
 LOWER_IS_BETTER: frozenset[str] = frozenset(
@@ -198,3 +207,290 @@ def infer_mode(metric: str) -> str:
         f"{why}. Pass mode='min' (lower is better, like a loss) or mode='max' (higher is "
         "better, like accuracy), as keras.callbacks.ModelCheckpoint takes it."
     )
+
+
+#: Words in a loss's name that make it a classification loss (outputs may round to 16 bits).
+CLASSIFICATION_LOSS_WORDS = ("crossentropy", "hinge")
+
+
+def loss_names(model: keras.Model) -> list[str]:
+    """Returns the names of the losses `model` is compiled with, one per output that has one."""
+
+    def name_of(loss: Any) -> str:
+        if isinstance(loss, str):
+            return loss
+        name = getattr(loss, "name", None) or type(loss).__name__
+        if type(loss).__name__ in ("function", "LossFunctionWrapper"):
+            name = getattr(loss, "__name__", None) or getattr(loss, "name", "")
+        return str(name)
+
+    losses = keras.tree.flatten(getattr(model, "loss", None))
+    return [name_of(loss) for loss in losses if loss is not None]
+
+
+def has_classification_loss(model: keras.Model) -> bool:
+    """Returns whether every loss `model` is compiled with is a classification loss."""
+    names = loss_names(model)
+    return bool(names) and all(
+        any(word in name.lower().replace("_", "") for word in CLASSIFICATION_LOSS_WORDS)
+        for name in names
+    )
+
+
+def rounding_floor_outputs(model: keras.Model, outputs: Iterable[str]) -> dict[str, str]:
+    """Returns `{path: reason}` for the output layers whose 16-bit rounding would floor the loss."""
+    names = loss_names(model)
+    if not names or has_classification_loss(model):
+        return {}
+    words = "/".join(sorted(set(names)))
+    reason = (
+        f"the loss '{words}' reads the predictions themselves; rounded to 16 bits "
+        "they carry a relative error floor of 2^-9 (bfloat16) or 2^-12 (float16) that "
+        "training cannot remove"
+    )
+    return dict.fromkeys(sorted(outputs), reason)
+
+
+#: The output dtypes that round a model's outputs enough to leave a floor.
+SIXTEEN_BIT: tuple[str, ...] = (BFLOAT16, FLOAT16)
+#: Largest share of the budget's allowance a floor may take (the rest is for the plan's training).
+FLOOR_FRACTION = 0.5
+#: How many times closer to zero the float32 reference may get once trained to convergence.
+CONVERGENCE_HEADROOM = 10.0
+#: Where the unrounded outputs come from: the targets, or the float32 reference's outputs.
+TARGETS, FLOAT32_OUTPUTS = "targets", "float32 outputs"
+
+_NUMPY_DTYPES = {BFLOAT16: np.dtype(ml_dtypes.bfloat16), FLOAT16: np.dtype(np.float16)}
+
+
+def round_to(values: Any, dtype: str) -> np.ndarray:
+    """Returns `values` rounded to `dtype` and back to float32 (nearest, ties to even)."""
+    array = np.asarray(values, dtype=np.float32)
+    with np.errstate(over="ignore"):
+        return array.astype(_NUMPY_DTYPES[dtype]).astype(np.float32)
+
+
+def output_paths(model: keras.Model, infos: Mapping[str, LayerInfo]) -> tuple[str, ...]:
+    """Returns, for each of the model's outputs (flattened), the compute layer that produces it."""
+    paths = layer_paths(model)
+    path_of = {id(layer): path for path, layer in paths.items()}
+    compute = compute_layers(infos)
+    fallback = compute[-1] if compute else None
+    found = []
+    for tensor in keras.tree.flatten(getattr(model, "outputs", None) or []):
+        found.append(_producer(tensor, path_of, infos) or fallback)
+    if not found and fallback is not None:
+        found.append(fallback)
+    return tuple(path for path in found if path is not None)
+
+
+def _producer(
+    tensor: Any, path_of: Mapping[int, str], infos: Mapping[str, LayerInfo]
+) -> str | None:
+    """The compute layer that produces a symbolic tensor (through nested models and followers)."""
+    for _ in range(50):
+        history = getattr(tensor, "_keras_history", None)
+        operation = getattr(history, "operation", None)
+        path = path_of.get(id(operation)) if operation is not None else None
+        if path is None:
+            return None
+        inner = getattr(operation, "outputs", None) if infos[path].is_container else None
+        if not inner:
+            break
+        tensor = keras.tree.flatten(inner)[getattr(history, "tensor_index", 0)]
+    for _ in range(50):
+        follows = infos[path].follows
+        if not follows or follows not in infos:
+            break
+        path = follows
+    return path
+
+
+def converged_outputs(
+    targets: Any,
+    output_shapes: Sequence[tuple[int | None, ...] | None],
+    float32_outputs: Callable[[], Any],
+) -> tuple[list[np.ndarray], tuple[str, ...]]:
+    """Returns the outputs a converged model would give, one per model output, and their sources."""
+    count = len(output_shapes)
+    flat_targets = keras.tree.flatten(targets)
+    if len(flat_targets) != count:
+        flat_targets = [None] * count
+    predicted: list[np.ndarray] = []
+    outputs, sources = [], []
+    for index, (target, shape) in enumerate(zip(flat_targets, output_shapes)):
+        array = None if target is None else np.asarray(target)
+        known = shape is not None and all(isinstance(d, int) for d in shape)
+        if (
+            array is not None
+            and known
+            and np.issubdtype(array.dtype, np.floating)
+            and array.size == len(array) * math.prod(shape)
+        ):
+            outputs.append(array.astype(np.float32).reshape((len(array), *shape)))
+            sources.append(TARGETS)
+            continue
+        if not predicted:
+            predicted = [np.asarray(a, np.float32) for a in keras.tree.flatten(float32_outputs())]
+            if len(predicted) != count:
+                raise ValueError(
+                    f"the model gave {len(predicted)} validation output(s) for {count} "
+                    "output layer(s); the output floor cannot pair them."
+                )
+        outputs.append(predicted[index])
+        sources.append(FLOAT32_OUTPUTS)
+    return outputs, tuple(sources)
+
+
+def measure_floor(
+    metric_of: Callable[[list[np.ndarray]], Mapping[str, float]],
+    outputs: Sequence[np.ndarray],
+    rounded: Mapping[int, str],
+    budget: Budget,
+) -> float:
+    """Returns the floor the rounding of some outputs puts on a metric (0 or more; inf out of
+    range)."""
+    up, down = list(outputs), list(outputs)
+    for index, dtype in rounded.items():
+        error = round_to(outputs[index], dtype) - outputs[index]
+        if not np.isfinite(error).all():
+            return math.inf
+        up[index] = outputs[index] + error
+        down[index] = outputs[index] - error
+    name = budget.log_name
+    base = float(metric_of(list(outputs))[name])
+    mean = 0.5 * (float(metric_of(up)[name]) + float(metric_of(down)[name]))
+    if not math.isfinite(mean):
+        return math.inf
+    return max(0.0, budget.worse_by(base, mean))
+
+
+@dataclasses.dataclass(frozen=True)
+class FloorRule:
+    """When an output floor breaks the budget: a share of the allowance at a converged reference."""
+
+    fraction: float = FLOOR_FRACTION
+    headroom: float = CONVERGENCE_HEADROOM
+
+    def converged_reference(self, budget: Budget, reference: float) -> float:
+        """Returns the float32 metric the allowance is measured against once converged."""
+        if budget.mode == "max" and reference >= 0:
+            return float(reference)
+        return float(reference) / self.headroom
+
+    def limit(self, budget: Budget, reference: float) -> float:
+        """Returns the largest floor a plan may have, in the metric's units."""
+        return self.fraction * budget.allowance(self.converged_reference(budget, reference))
+
+    def break_even(self, budget: Budget, floor: float) -> float | None:
+        """Returns |converged float32 metric| below which `floor` is refused (inf: always; None:
+        never)."""
+        if budget.max_drop is not None and floor >= self.fraction * budget.max_drop:
+            return math.inf
+        if budget.max_relative_drop is None:
+            return None
+        if budget.max_relative_drop == 0:
+            return math.inf
+        return floor / (self.fraction * budget.max_relative_drop)
+
+    def to_dict(self) -> dict[str, float]:
+        """Returns the rule as a JSON-ready dict."""
+        return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass(frozen=True)
+class OutputFloor:
+    """The floor a plan's 16-bit outputs put on the budget metric, and whether it is refused."""
+
+    metric: str
+    dtypes: Mapping[str, str]
+    floors: Mapping[str, float]
+    sources: Mapping[str, str]
+    value: float
+    reference: float
+    converged_reference: float
+    limit: float
+    break_even: float | None
+    rule: FloorRule = FloorRule()
+
+    @property
+    def violation(self) -> float:
+        """By how much the floor exceeds the limit: > 0 refused."""
+        return self.value - self.limit if math.isfinite(self.value) else 1e30
+
+    @property
+    def refused(self) -> bool:
+        """Whether the floor breaks the budget once trained to convergence."""
+        return self.violation > 0
+
+    @property
+    def reason(self) -> str:
+        """One line: which outputs, what floor, against which limit, and the verdict."""
+        outputs = ", ".join(
+            f"{dtype} {path!r} ({_floor_text(self.floors.get(path, math.nan))}, "
+            f"{self.sources.get(path, TARGETS)} rounded)"
+            for path, dtype in self.dtypes.items()
+        )
+        if self.converged_reference == self.reference:
+            against = f"float32 at the {self.reference:.4g} seen"
+        else:
+            against = (
+                f"float32 once converged, assumed at {self.converged_reference:.4g}: "
+                f"{self.rule.headroom:g}x closer to zero than the {self.reference:.4g} seen"
+            )
+        verdict = "more than" if self.refused else "within"
+        return (
+            f"the outputs of {outputs} put a floor of {_floor_text(self.value)} on "
+            f"{self.metric} that no training removes, {verdict} the limit {self.limit:.3g} "
+            f"({self.rule.fraction:g} of the budget's allowance against {against})"
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """Returns the floor as a JSON-ready dict (inf as `None`), with `refused` and `reason`."""
+        return {
+            "metric": self.metric,
+            "dtypes": dict(self.dtypes),
+            "floors": {path: _json(value) for path, value in self.floors.items()},
+            "sources": dict(self.sources),
+            "value": _json(self.value),
+            "reference": self.reference,
+            "converged_reference": self.converged_reference,
+            "limit": self.limit,
+            "break_even": _json(self.break_even),
+            "rule": self.rule.to_dict(),
+            "refused": self.refused,
+            "reason": self.reason,
+        }
+
+
+def judge_floor(
+    budget: Budget,
+    reference: float,
+    dtypes: Mapping[str, str],
+    floors: Mapping[str, float],
+    sources: Mapping[str, str],
+    value: float,
+    rule: FloorRule | None = None,
+) -> OutputFloor:
+    """Returns the `OutputFloor` of measured floors under a rule."""
+    rule = FloorRule() if rule is None else rule
+    return OutputFloor(
+        metric=budget.metric,
+        dtypes=dict(dtypes),
+        floors=dict(floors),
+        sources=dict(sources),
+        value=float(value),
+        reference=float(reference),
+        converged_reference=rule.converged_reference(budget, reference),
+        limit=rule.limit(budget, reference),
+        break_even=rule.break_even(budget, value),
+        rule=rule,
+    )
+
+
+def _floor_text(value: float) -> str:
+    return "beyond the dtype's range" if math.isinf(value) else f"{value:.3g}"
+
+
+def _json(value: float | None) -> float | None:
+    return float(value) if value is not None and math.isfinite(value) else None

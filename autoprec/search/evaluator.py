@@ -8,6 +8,7 @@ import gc
 import itertools
 import logging
 import math
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import keras
@@ -16,7 +17,7 @@ import numpy as np
 from .._core.data import batch_size_of, concatenate_batches, take_batches
 from .._core.dtypes import FLOAT32
 from .._core.models import compile_arguments, recompile
-from .._core.timing import rotated, time_interleaved
+from .._core.timing import MAX_ROUNDS, MIN_ROUNDS, rotated, time_interleaved, time_until_decided
 from ..errors import AutoprecError, BackendError
 from ..layers import describe_model, layer_paths, layer_policy
 from ..plan import PrecisionPlan
@@ -29,6 +30,7 @@ from ..runtime.float8 import (
     weight_variables,
 )
 from .budget import Budget
+from .result import simplicity
 
 logger = logging.getLogger("autoprec")
 
@@ -546,3 +548,42 @@ def confirmation_reasons(
             f"{budget.allowance(reference):.3g}; spread not measured)"
         )
     return reasons
+
+
+#: Seconds the measured ranking may spend adding rounds after its first `MIN_ROUNDS`.
+MEASUREMENT_SECONDS = 120.0
+#: Steps of one timed round (and of the warm-up before the rounds).
+ROUND_STEPS = 5
+
+
+def measure_until_decided(
+    evaluator: Evaluator,
+    plans: Mapping[str, PrecisionPlan],
+    *,
+    min_rounds: int = MIN_ROUNDS,
+    max_rounds: int = MAX_ROUNDS,
+    max_seconds: float = MEASUREMENT_SECONDS,
+) -> dict[str, list[float]]:
+    """Times plans in interleaved rounds until the fastest is ahead beyond the noise, or a cap."""
+    return time_until_decided(
+        lambda names, rounds: measure_step_rounds(evaluator, [plans[n] for n in names], rounds),
+        list(plans),
+        simplicity,
+        min_rounds=min_rounds,
+        max_rounds=max_rounds,
+        max_seconds=max_seconds,
+    )
+
+
+def measure_step_seconds(
+    evaluator: Evaluator, plans: Sequence[PrecisionPlan], rounds: int = 3
+) -> list[float]:
+    """Times each plan's train step on this device in interleaved rounds: the fastest round."""
+    return [min(figures) for figures in measure_step_rounds(evaluator, plans, rounds)]
+
+
+def measure_step_rounds(
+    evaluator: Evaluator, plans: Sequence[PrecisionPlan], rounds: int = 5
+) -> list[list[float]]:
+    """Times each plan's train step in interleaved, rotating rounds and returns every round."""
+    return evaluator.step_rounds(list(plans), rounds=rounds, steps=ROUND_STEPS)

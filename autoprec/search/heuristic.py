@@ -14,7 +14,7 @@ from ..hardware import HardwareProfile, resolve_hardware
 from ..layers import LayerInfo, describe_model
 from ..plan import PrecisionPlan
 from ..profiler import Profile
-from .floor import rounding_floor_outputs
+from .budget import rounding_floor_outputs
 from .space import (
     PlanCosts,
     allowed_dtypes,

@@ -1,19 +1,193 @@
-"""What `search()` returns: `SearchResult`, its `ParetoPoint`s, the report text and the optional
-plot."""
+"""What the search keeps per trial (`TrialRecord`) and what it returns (`SearchResult`, its report)."""
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
+from typing import Any
 
+import numpy as np
 import optuna
 
-from .._core.dtypes import BFLOAT16, FLOAT8, FLOAT16, FLOAT32
+from .._core.dtypes import BFLOAT16, FLOAT8, FLOAT16, FLOAT32, policy_name
 from ..errors import AutoprecError
 from ..plan import PrecisionPlan
 from .budget import Budget
+
+
+@dataclasses.dataclass(frozen=True)
+class TrialRecord:
+    """What one trial evaluated and found, as kept in its `user_attrs` (one key per field,
+    under the field's name); unset fields are `None` (`fidelity` empty, `reused` False) and not
+    written, so a record built to write one stage holds only that stage's fields."""
+
+    assignment: Mapping[str, str] | None = None  # {compute path: dtype} evaluated
+    assignment_key: str | None = None
+    train_steps: int | None = None  # the fidelity it was trained at
+    warm_start: str | None = None  # "float32", "heuristic", "keras mixed_bfloat16"...
+    neighbour: str | None = None  # the move, e.g. "dense+3 -> bfloat16"
+    evaluating: int | None = None  # its own number, once it evaluates the plan itself
+    dtype_counts: Mapping[str, int] | None = None
+    predicted_seconds: float | None = None
+    activation_bytes_per_sample: float | None = None
+    fidelity: tuple[str, ...] = ()  # levels reached: "profile", "proxy", "train"
+    pruned_by: str | None = None
+    proxy: Mapping[str, Any] | None = None  # ProxyResult.to_dict()
+    proxy_score: float | None = None
+    proxy_skipped: str | None = None
+    metrics: Mapping[str, float | None] | None = None
+    metric: float | None = None
+    budget_violation: float | None = None  # > 0: the metric missed the budget
+    reused: bool = False
+    reused_from: int | str | None = None  # the trial it reused, or "reference"
+
+    @classmethod
+    def from_user_attrs(cls, attrs: Mapping[str, Any]) -> TrialRecord:
+        """Returns the record a trial's `user_attrs` hold (other keys are ignored)."""
+        values = {field.name: attrs[field.name] for field in _FIELDS if field.name in attrs}
+        if values.get("fidelity") is not None:
+            values["fidelity"] = tuple(values["fidelity"])
+        else:
+            values.pop("fidelity", None)
+        values["reused"] = bool(values.get("reused"))
+        return cls(**values)
+
+    @classmethod
+    def from_trial(cls, trial: optuna.trial.FrozenTrial | optuna.Trial) -> TrialRecord:
+        """Returns the record of a trial, finished or running."""
+        return cls.from_user_attrs(trial.user_attrs)
+
+    def to_user_attrs(self, *, with_none: Iterable[str] = ()) -> dict[str, Any]:
+        """Returns `{user attr key: JSON value}` of the fields that are set (and of those in
+        `with_none`, even when `None`); tuples become lists, as the storage returns them."""
+        keep = set(with_none)
+        unknown = keep - {field.name for field in _FIELDS}
+        if unknown:
+            raise ValueError(f"TrialRecord has no field {sorted(unknown)[0]!r}.")
+        attrs = {}
+        for field in _FIELDS:
+            key = field.name
+            value = getattr(self, key)
+            if (value is None and key not in keep) or value is False or value == ():
+                continue
+            if isinstance(value, Mapping):
+                value = dict(value)
+            elif isinstance(value, tuple):
+                value = list(value)
+            attrs[key] = value
+        return attrs
+
+    @property
+    def label(self) -> str | None:
+        """The warm start's label or the neighbour's move; `None` for a sampled trial."""
+        return self.warm_start or self.neighbour
+
+    @property
+    def trained_here(self) -> bool:
+        """Whether the trial trained its assignment itself (has metrics, reused nothing)."""
+        return self.metrics is not None and self.reused_from is None
+
+
+#: The user attrs a `TrialRecord` reads and writes: one per field, under the field's name.
+_FIELDS = dataclasses.fields(TrialRecord)
+
+
+def write_record(
+    trial: optuna.Trial, record: TrialRecord, *, with_none: Iterable[str] = ()
+) -> None:
+    """Sets the fields a record holds as the running trial's user attrs (the others stay)."""
+    for key, value in record.to_user_attrs(with_none=with_none).items():
+        trial.set_user_attr(key, value)
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainedOutcome:
+    """What training one assignment found, reused by every trial of the same assignment."""
+
+    metrics: Mapping[str, float]
+    proxy: Mapping[str, Any] | None
+    proxy_score: float | None
+    trial: int | str
+
+
+def stored_outcome(trial: optuna.trial.FrozenTrial) -> TrainedOutcome | None:
+    """Returns what a completed trial trained, or `None` when it trained nothing itself."""
+    record = TrialRecord.from_trial(trial)
+    if not record.trained_here:
+        return None
+    metrics = {
+        name: (math.nan if value is None else float(value))
+        for name, value in record.metrics.items()
+    }
+    return TrainedOutcome(metrics, record.proxy, record.proxy_score, trial.number)
+
+
+def assignment_key(assignment: Mapping[str, str]) -> str:
+    """Returns a short stable digest of a per-layer assignment (equal assignments, equal keys)."""
+    text = json.dumps(sorted(assignment.items()), separators=(",", ":"))
+    return hashlib.sha1(text.encode()).hexdigest()[:20]
+
+
+def json_safe(value: Any) -> Any:
+    """Returns `value`, or `None` for a float that is not finite (JSON has no NaN)."""
+    if isinstance(value, (float, np.floating)):
+        return float(value) if math.isfinite(value) else None
+    return value
+
+
+#: The name of the best plan by predicted cost when it is no warm start.
+SEARCHED = "searched"
+#: Prefix of the labels of Keras' own global policies (`"keras mixed_bfloat16"`).
+KERAS_PREFIX = "keras "
+#: Prefix of the uniform warm starts' labels (`"uniform bfloat16"`).
+UNIFORM_PREFIX = "uniform "
+#: The heuristic's warm start label.
+HEURISTIC = "heuristic"
+#: Prefix of the labels of plans with one kind of float32 protection dropped.
+DROPPED_PREFIX = "no float32 "
+#: The kinds of default float32 protections, in the order their candidates are made.
+PROTECTION_KINDS = ("softmax", "normalisation", "outputs")
+
+
+def keras_label(dtype: str) -> str:
+    """Returns the label of Keras' global policy for `dtype`: `"keras mixed_bfloat16"`."""
+    return f"{KERAS_PREFIX}{policy_name(dtype)}"
+
+
+def keras_dtype(label: str | None) -> str | None:
+    """Returns the dtype of a Keras global label (`"float8"` for `float8_from_mixed_bfloat16`)."""
+    for dtype in (BFLOAT16, FLOAT16, FLOAT8):
+        if label == keras_label(dtype):
+            return dtype
+    return None
+
+
+def plan_default(dtype: str) -> str:
+    """The default of a Keras global plan: `dtype`, or bfloat16 (float8's source) for float8."""
+    return BFLOAT16 if dtype == FLOAT8 else dtype
+
+
+def dropped_label(kind: str) -> str:
+    """Returns the label of the plan with one protection kind dropped: `"no float32 softmax"`."""
+    return f"{DROPPED_PREFIX}{kind}"
+
+
+def simplicity(name: str) -> int:
+    """Returns how simple a finalist is (lower is simpler): ties in the measured ranking go lower."""
+    if name == FLOAT32:
+        return 0
+    if name.startswith((KERAS_PREFIX, UNIFORM_PREFIX)):
+        return 1
+    if name == HEURISTIC:
+        return 2
+    if name.startswith(DROPPED_PREFIX):
+        return 3
+    return 4
+
 
 _SHORT_NAMES = {FLOAT32: "f32", BFLOAT16: "bf16", FLOAT16: "f16", FLOAT8: "f8"}
 

@@ -1,38 +1,47 @@
-"""The search's last stages: finalists, ranking, confirmation and the result."""
+"""After the trials: finalists, the measured ranking, the confirmation at a higher fidelity and the result."""
 
 from __future__ import annotations
 
 import dataclasses
+import fnmatch
 import logging
+import math
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import optuna
 
-from .._core.dtypes import BFLOAT16, FLOAT8, FLOAT16, PLAN_DTYPES, count_dtypes
+from .._core.dtypes import BFLOAT16, FLOAT8, FLOAT16, FLOAT32, PLAN_DTYPES, count_dtypes
+from .._core.timing import RoundsVerdict, judge_rounds
 from ..hardware import is_local
+from ..layers import LayerInfo, model_fingerprint
 from ..plan import PrecisionPlan
-from .confirmation import (
-    Confirmation,
-    MeasuredRanking,
-    StepTiming,
-    chosen_step_timing,
-    confirm_plan,
-    dropped_protection,
-    finalist_plan,
-    keras_global_plan,
-    order_by_measurement,
-    protections,
-    ranked_finalists,
-    say,
+from ..profiler import Profile
+from .budget import OutputFloor
+from .context import SearchContext, say
+from .evaluator import (
+    confirmation_reasons,
+    longer_batches,
+    measure_step_seconds,
+    measure_until_decided,
 )
-from .context import SearchContext
-from .floor import OUTPUT_FLOOR_ATTR, OutputFloor
-from .record import TrialRecord, assignment_key, json_safe, keras_label
-from .result import SearchResult
+from .result import (
+    SEARCHED,
+    SearchResult,
+    TrialRecord,
+    assignment_key,
+    dropped_label,
+    json_safe,
+    keras_dtype,
+    keras_label,
+    plan_default,
+    simplicity,
+)
+from .space import SENSITIVE_CLASS_PATTERNS, matches_any
 from .study import (
     COST_STEP,
+    is_feasible,
     pareto_points,
     plan_writer,
     trial_counts,
@@ -45,27 +54,397 @@ from .warm_start import WarmStart, enqueue_candidates
 logger = logging.getLogger("autoprec")
 
 
-@dataclasses.dataclass(frozen=True)
-class Finalists:
-    """What the finalists stage added: the finalists' trials and why others are not."""
+def keras_global_plan(
+    context: SearchContext, dtype: str, keep_float32: Sequence[str] = ()
+) -> PrecisionPlan:
+    """Returns Keras' global policy as Keras applies it: every layer in `dtype`, containers too."""
+    plan = PrecisionPlan.uniform(context.model, dtype)
+    if not keep_float32:
+        return plan
+    layers = dict(plan.layers)
+    for path in layers:
+        info = context.infos.get(path)
+        if info is not None and matches_any(path, info, keep_float32):
+            layers[path] = FLOAT32
+    return exact_plan(context, layers, plan_default(dtype))
 
-    trials: Mapping[str, int]
-    same_as: Mapping[str, str]
-    skipped: Mapping[str, str]
-    base_trial: int | None
+
+def exact_plan(context: SearchContext, layers: Mapping[str, str], default: str) -> PrecisionPlan:
+    """Returns the plan naming `layers` (containers included) with `default` elsewhere."""
+    return PrecisionPlan(
+        dict(layers),
+        default=default,
+        layer_info=context.infos,
+        fingerprint=model_fingerprint(dict(context.infos)),
+        model_name=context.model.name,
+    )
+
+
+def finalist_plan(context: SearchContext, trial: optuna.trial.FrozenTrial) -> PrecisionPlan:
+    """Returns the plan a trial evaluated: a Keras global policy exactly, else its assignment's."""
+    record = TrialRecord.from_trial(trial)
+    dtype = keras_dtype(record.warm_start)
+    if dtype is None or not record.assignment:
+        return context.trial_plan(trial)
+    return exact_plan(context, record.assignment, plan_default(dtype))
+
+
+def finalist_key(context: SearchContext, trial: optuna.trial.FrozenTrial) -> str:
+    """Returns a key equal for trials that evaluated the same plan (containers counted)."""
+    record = TrialRecord.from_trial(trial)
+    if keras_dtype(record.warm_start) is not None and record.assignment_key:
+        return record.assignment_key
+    return assignment_key(context.trial_assignment(trial))
+
+
+def ranked_finalists(context: SearchContext, study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
+    """Returns the completed trials within budget, cheapest first, one per plan."""
+    feasible = [
+        trial
+        for trial in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+        if is_feasible(trial) and trial.value is not None
+    ]
+    ranked, seen = [], set()
+    for trial in sorted(feasible, key=lambda t: (t.value, t.number)):
+        key = finalist_key(context, trial)
+        if key not in seen:
+            seen.add(key)
+            ranked.append(trial)
+    return ranked
+
+
+def protections(
+    compute: Sequence[str], infos: Mapping[str, LayerInfo], outputs: Sequence[str]
+) -> dict[str, tuple[str, ...]]:
+    """Returns `{kind: compute paths}` of the default float32 protections, one entry per kind."""
+    softmax = tuple(pattern for pattern in SENSITIVE_CLASS_PATTERNS if "Softmax" in pattern)
+    normalisation = tuple(pattern for pattern in SENSITIVE_CLASS_PATTERNS if pattern not in softmax)
+
+    def of_class(patterns: Sequence[str]) -> tuple[str, ...]:
+        return tuple(
+            path
+            for path in compute
+            if any(fnmatch.fnmatchcase(infos[path].class_name, pattern) for pattern in patterns)
+        )
+
+    return {
+        "softmax": of_class(softmax),
+        "normalisation": of_class(normalisation),
+        "outputs": tuple(path for path in compute if path in set(outputs)),
+    }
+
+
+def sixteen_bit_dtype(assignment: Mapping[str, str]) -> str | None:
+    """Returns the 16-bit dtype most layers of `assignment` take (bfloat16 among equals), or `None`."""
+    counts = {
+        dtype: sum(value == dtype for value in assignment.values()) for dtype in (BFLOAT16, FLOAT16)
+    }
+    best = max(counts, key=lambda dtype: (counts[dtype], dtype == BFLOAT16))
+    return best if counts[best] else None
+
+
+def fits_profile(profile: Profile | None, path: str, dtype: str) -> bool:
+    """Whether the profile shows a layer's forward values and gradients fit `dtype`."""
+    if profile is None:
+        return False
+    layer, parts = None, path.split("/")
+    while parts and layer is None:
+        layer = profile.layers.get("/".join(parts))
+        parts = parts[:-1]
+    if layer is None:
+        return False
+    return layer.float16_safe if dtype == FLOAT16 else layer.bfloat16_safe
+
+
+def dropped_protection(
+    assignment: Mapping[str, str],
+    kinds: Mapping[str, Sequence[str]],
+    allowed: Mapping[str, Sequence[str]],
+    profile: Profile | None,
+) -> tuple[dict[str, dict[str, str]], dict[str, str]]:
+    """Returns the plans with one protection kind moved to the plan's 16-bit dtype, and why not."""
+    dtype = sixteen_bit_dtype(assignment)
+    plans: dict[str, dict[str, str]] = {}
+    skipped: dict[str, str] = {}
+    for kind, paths in kinds.items():
+        label = dropped_label(kind)
+        kept = [path for path in paths if assignment.get(path) == FLOAT32]
+        if dtype is None:
+            skipped[label] = "the plan has no 16-bit layer"
+        elif profile is None:
+            skipped[label] = "no profile to show the ranges fit"
+        elif not kept:
+            skipped[label] = f"no {kind} layer kept in float32"
+        else:
+            moved = [
+                path
+                for path in kept
+                if dtype in allowed.get(path, ()) and fits_profile(profile, path, dtype)
+            ]
+            if moved:
+                plans[label] = {**assignment, **dict.fromkeys(moved, dtype)}
+            else:
+                skipped[label] = f"the profile does not show the {kind} ranges fit {dtype}"
+    return plans, skipped
+
+
+#: Plans confirmed at the higher fidelity, down the ranking, before falling back to float32.
+CONFIRMATION_ATTEMPTS = 3
+
+
+@dataclasses.dataclass(frozen=True)
+class MeasuredRanking:
+    """The ranking of the trials within budget after their plans' steps were timed here."""
+
+    trials: tuple[optuna.trial.FrozenTrial, ...]
+    order: tuple[str, ...]
+    rounds: Mapping[str, tuple[float, ...]]
+    names: Mapping[int, str]
+    replaced_by: str | None = None
+    replacing_trial: int | None = None
+    verdict: RoundsVerdict | None = None
+
+    @property
+    def fastest(self) -> dict[str, float]:
+        """`{name: seconds of its fastest round}`."""
+        return {name: min(figures) for name, figures in self.rounds.items()}
 
     def to_dict(self) -> dict[str, Any]:
-        """Returns the record kept in `plan.metadata["search"]["finalists"]`."""
-        return {
-            "trials": dict(self.trials),
-            "same_as": dict(self.same_as),
-            "skipped": dict(self.skipped),
-            "base_trial": self.base_trial,
+        """Returns what `plan.metadata["search"]["measurement"]` keeps: rounds, noise, verdict."""
+        record: dict[str, Any] = {
+            "rounds": {name: list(figures) for name, figures in self.rounds.items()},
+            "trials": {name: number for number, name in self.names.items()},
         }
+        if self.verdict is not None:
+            record.update(self.verdict.to_dict())
+        return record
 
 
-def add_finalists(context: SearchContext) -> Finalists:
-    """Evaluates Keras' global policies and the best plan with each protection dropped."""
+def finalist_name(context: SearchContext, trial: optuna.trial.FrozenTrial) -> str:
+    """Returns the name a trial is timed under: `"float32"`, its warm start's label or `"searched"`."""
+    if context.is_float32(trial):
+        return FLOAT32
+    return TrialRecord.from_trial(trial).warm_start or SEARCHED
+
+
+def measurement_candidates(
+    context: SearchContext, ranked: Sequence[optuna.trial.FrozenTrial]
+) -> dict[str, tuple[PrecisionPlan, optuna.trial.FrozenTrial | None]]:
+    """Returns `{name: (plan, trial)}` of the plans to time: the best by predicted cost, float32,
+    every finalist within budget."""
+    best = ranked[0]
+    float32_trial = next((trial for trial in ranked if context.is_float32(trial)), None)
+    candidates = {finalist_name(context, best): (finalist_plan(context, best), best)}
+    candidates.setdefault(FLOAT32, (context.float32_plan(), float32_trial))
+    for trial in ranked[1:]:
+        label = TrialRecord.from_trial(trial).warm_start or ""
+        if label and not context.is_float32(trial) and label not in candidates:
+            candidates[label] = (finalist_plan(context, trial), trial)
+    return candidates
+
+
+def rank_by_measurement(
+    ranked: Sequence[optuna.trial.FrozenTrial],
+    timed: Mapping[str, optuna.trial.FrozenTrial | None],
+    rounds: Mapping[str, Sequence[float]],
+) -> MeasuredRanking:
+    """Reorders the ranking by measured rounds: the pure decision of `order_by_measurement`."""
+    verdict = judge_rounds(rounds, simplicity)
+    order = verdict.order
+    names = {
+        trial.number: name for name, trial in timed.items() if trial is not None and name in rounds
+    }
+    figures = {name: tuple(float(value) for value in rounds[name]) for name in rounds}
+    reordered: list[optuna.trial.FrozenTrial] = []
+    stopped = False
+    for name in order:
+        trial = timed[name]
+        if trial is None:  # float32, not among the trials: nothing below it is chosen
+            stopped = True
+            break
+        if all(trial.number != other.number for other in reordered):
+            reordered.append(trial)
+    if not stopped:
+        reordered += [trial for trial in ranked if trial.number not in names]
+    replaced = bool(reordered) and reordered[0].number != ranked[0].number
+    return MeasuredRanking(
+        tuple(reordered),
+        tuple(order),
+        figures,
+        names,
+        replaced_by=order[0] if replaced else None,
+        replacing_trial=reordered[0].number if replaced else None,
+        verdict=verdict,
+    )
+
+
+def order_by_measurement(
+    context: SearchContext, ranked: Sequence[optuna.trial.FrozenTrial]
+) -> MeasuredRanking:
+    """Times every finalist within budget in the same interleaved rounds and ranks them."""
+    candidates = measurement_candidates(context, ranked)
+    rounds = measure_until_decided(
+        context.evaluator, {name: plan for name, (plan, _) in candidates.items()}
+    )
+    ranking = rank_by_measurement(
+        ranked, {name: trial for name, (_, trial) in candidates.items()}, rounds
+    )
+    say(context.verbose, "%s", verdict_line(ranking))
+    return ranking
+
+
+def verdict_line(ranking: MeasuredRanking) -> str:
+    """Returns the one line saying which plan the measured step chose, and by how much."""
+    verdict = ranking.verdict
+    if verdict is None:
+        return "autoprec.search: measured step: no verdict."
+    medians = verdict.medians
+    leader = verdict.leader
+    rounds = max(verdict.rounds.values())
+    head = f"autoprec.search: measured step ({rounds} interleaved rounds, {len(medians)} plans): "
+    against = ""
+    if leader != FLOAT32 and FLOAT32 in medians:
+        against = (
+            f" against float32's {1e3 * medians[FLOAT32]:.4g} ms "
+            f"({medians[FLOAT32] / medians[leader]:.3g}x)"
+        )
+    if verdict.decided:
+        others = sorted(verdict.comparisons.items(), key=lambda item: item[1].margin)
+        nearest = (
+            f"; next {others[0][0]}, slower by {1e3 * others[0][1].margin:.3g} ms "
+            f"(noise {1e3 * others[0][1].noise:.2g} ms)"
+            if others
+            else ""
+        )
+        return f"{head}{leader} leads, {1e3 * medians[leader]:.4g} ms median{against}{nearest}."
+    tied = ", ".join(f"{name} {1e3 * medians[name]:.4g} ms" for name in verdict.contenders)
+    return (
+        f"{head}a tie within the noise ({tied}); using the simpler {leader}, "
+        f"{1e3 * medians[leader]:.4g} ms median{against}."
+    )
+
+
+def chosen_step_timing(
+    context: SearchContext,
+    chosen: optuna.trial.FrozenTrial | None,
+    plan: PrecisionPlan,
+    ranking: MeasuredRanking | None,
+) -> dict[str, Any]:
+    """Returns the chosen plan's measured step beside float32's (the metadata's `measured_*`
+    entries), timing both unless the ranking did."""
+    fastest = dict(ranking.fastest) if ranking is not None else {}
+    rounds = {name: list(f) for name, f in (ranking.rounds if ranking else {}).items()}
+    name = FLOAT32 if chosen is None else (ranking.names if ranking else {}).get(chosen.number)
+    if name is None or name not in fastest:
+        float32_seconds, fastest["chosen"] = measure_step_seconds(
+            context.evaluator, [context.float32_plan(), plan]
+        )
+        fastest.setdefault(FLOAT32, float32_seconds)
+        name = "chosen"
+    return {
+        "measured_float32_step_seconds": fastest[FLOAT32],
+        "measured_plan_step_seconds": fastest[name],
+        "measured_step_seconds": fastest,
+        "measured_step_rounds": rounds,
+    }
+
+
+def confirm_plan(
+    context: SearchContext,
+    ranked: Sequence[optuna.trial.FrozenTrial],
+    confirm_steps: int | None = None,
+) -> tuple[optuna.trial.FrozenTrial | None, dict[str, Any]]:
+    """Returns `(trial whose plan is returned, confirmation record)`: the first plan, confirmed at
+    `confirm_steps` (default 4 x the search's) when needed, falling back down the ranking."""
+    evaluator, request = context.evaluator, context.request
+    if not ranked or context.is_float32(ranked[0]):
+        return (ranked[0] if ranked else None), {"run": False, "reasons": ["float32 chosen"]}
+    violation = TrialRecord.from_trial(ranked[0]).budget_violation or 0.0
+    steps = len(evaluator.train_batches)
+    reasons = confirmation_reasons(
+        context.budget, context.reference, violation, context.spread, steps
+    )
+    confirm_steps = 4 * steps if confirm_steps is None else confirm_steps
+    if not reasons or confirm_steps <= steps:
+        return ranked[0], {"run": False, "reasons": reasons}
+    searched_batches = evaluator.train_batches
+    evaluator.set_train_batches(
+        longer_batches(
+            request.train_data, request.settings.batch_size, confirm_steps, searched_batches
+        )
+    )
+    try:
+        return _confirm_longer(context, ranked, reasons, confirm_steps)
+    finally:
+        evaluator.set_train_batches(searched_batches)
+
+
+def _confirm_longer(
+    context: SearchContext,
+    ranked: Sequence[optuna.trial.FrozenTrial],
+    reasons: list[str],
+    confirm_steps: int,
+) -> tuple[optuna.trial.FrozenTrial | None, dict[str, Any]]:
+    """Trains float32 and then the ranked plans at the confirmation's fidelity."""
+    budget = context.budget
+    record: dict[str, Any] = {"run": True, "reasons": reasons, "train_steps": confirm_steps}
+    reference = context.evaluator.train_and_evaluate(context.float32_plan())[budget.log_name]
+    record["reference_metric"] = json_safe(reference)
+    record["threshold"] = json_safe(budget.threshold(reference))
+    if not math.isfinite(reference):
+        record["result"] = "skipped: float32 not finite at the confirmation's fidelity"
+        return ranked[0], record
+    attempts: list[dict[str, Any]] = []
+    record["attempts"] = attempts
+    for trial in ranked[:CONFIRMATION_ATTEMPTS]:
+        if context.is_float32(trial):
+            break
+        attempt = _attempt(context, trial, reference, confirm_steps)
+        attempts.append(attempt)
+        if attempt["held"]:
+            record["result"] = "held" if trial is ranked[0] else "fell back"
+            record["chosen_trial"] = trial.number
+            return trial, record
+    record["result"] = "fell back to float32"
+    logger.warning(
+        "autoprec.search: no plan held the budget when trained %d steps; returning float32.",
+        confirm_steps,
+    )
+    return None, record
+
+
+def _attempt(
+    context: SearchContext, trial: optuna.trial.FrozenTrial, reference: float, confirm_steps: int
+) -> dict[str, Any]:
+    """Trains one trial's plan at the confirmation's fidelity; returns its attempt record."""
+    budget = context.budget
+    plan = finalist_plan(context, trial)
+    metric = context.evaluator.train_and_evaluate(plan).get(budget.log_name)
+    violation = budget.violation(reference, metric)
+    held = violation <= 0
+    say(
+        context.verbose,
+        "autoprec.search: confirmation at %d steps: trial %d %s %s = %s (float32 %.6g, limit %.6g)",
+        confirm_steps,
+        trial.number,
+        "held" if held else "missed the budget:",
+        budget.metric,
+        "n/a" if metric is None else f"{metric:.6g}",
+        reference,
+        budget.threshold(reference),
+    )
+    return {
+        "trial": trial.number,
+        "label": TrialRecord.from_trial(trial).label,
+        "metric": json_safe(metric),
+        "violation": json_safe(violation),
+        "held": held,
+    }
+
+
+def add_finalists(context: SearchContext) -> dict[str, Any]:
+    """Evaluates Keras' global policies and the best plan with each protection dropped; returns
+    (and keeps in `context.finalists`) their trials and why others are not."""
     study = context.study
     trials: dict[str, int] = {}
     same_as: dict[str, str] = {}
@@ -84,14 +463,19 @@ def add_finalists(context: SearchContext) -> Finalists:
         )
         skipped.update(why)
         trials.update(_run_candidates(context, plans))
-    finalists = Finalists(trials, same_as, skipped, None if base is None else base.number)
+    context.finalists = {
+        "trials": trials,
+        "same_as": same_as,
+        "skipped": skipped,
+        "base_trial": None if base is None else base.number,
+    }
     say(
         context.verbose,
         "autoprec.search: finalists %s%s",
         ", ".join(f"{label} (trial {number})" for label, number in trials.items()) or "none",
         "".join(f"; {label} = {other}" for label, other in same_as.items()),
     )
-    return finalists
+    return context.finalists
 
 
 def _keras_global(
@@ -163,8 +547,8 @@ def _add_trial(
     attrs: dict[str, Any] = {}
     constraints: dict[str, float] = {}
     if floor is not None:
-        attrs[OUTPUT_FLOOR_ATTR] = floor.to_dict()
-        constraints[OUTPUT_FLOOR_ATTR] = floor.violation
+        attrs["output_floor"] = floor.to_dict()
+        constraints["output_floor"] = floor.violation
     if metrics is None:
         record = dataclasses.replace(
             record, fidelity=("profile", "floor"), budget_violation=floor.violation
@@ -250,17 +634,9 @@ def _run_candidates(
     return found
 
 
-@dataclasses.dataclass(frozen=True)
-class Ranking:
-    """The trials within budget, first choice first: the ranking stage's value."""
-
-    trials: tuple[optuna.trial.FrozenTrial, ...]
-    measured: MeasuredRanking | None
-    measure: bool
-
-
-def rank_trials(context: SearchContext) -> Ranking:
-    """Ranks the study's trials within budget, timing the best plans here when asked."""
+def rank_trials(context: SearchContext) -> list[optuna.trial.FrozenTrial]:
+    """Ranks the study's trials within budget, timing the best plans here when asked; keeps the
+    ranking (and its measurement) in the context."""
     study, request = context.study, context.request
     ranked = ranked_finalists(context, study)
     if not ranked:
@@ -270,76 +646,41 @@ def rank_trials(context: SearchContext) -> Ranking:
         )
     settings = request.settings
     local = settings.costs is None and is_local(request.hardware)
-    measure = settings.measure_speedup if settings.measure_speedup is not None else local
-    if not (measure and ranked):
-        return Ranking(tuple(ranked), None, bool(measure))
-    with request.clock.stage("measurement"):
-        measured = order_by_measurement(context, ranked)
-    return Ranking(measured.trials, measured, True)
+    context.measure = bool(
+        settings.measure_speedup if settings.measure_speedup is not None else local
+    )
+    context.measured = None
+    if context.measure and ranked:
+        with request.clock.stage("measurement"):
+            context.measured = order_by_measurement(context, ranked)
+        ranked = list(context.measured.trials)
+    context.ranked = ranked
+    return ranked
 
 
-@dataclasses.dataclass(frozen=True)
-class Choice:
-    """The plan the search returns, before its final metadata: the confirmation stage's value."""
-
-    trial: optuna.trial.FrozenTrial | None
-    plan: PrecisionPlan
-    confirmation: Confirmation
-    timing: StepTiming | None
-    replaced_by: str | None
-
-
-def choose_plan(context: SearchContext, ranking: Ranking) -> Choice:
-    """Confirms the ranking's first plan (falling back down it), then times the chosen one."""
-    request = context.request
-    settings = request.settings
+def choose_plan(context: SearchContext) -> SearchResult:
+    """Confirms the ranking's first plan (falling back down it), times the chosen one and returns
+    the `SearchResult`: the plan with its metadata (saved to `plan_path`)."""
+    request, study, measured = context.request, context.study, context.measured
     with request.clock.stage("confirmation"):
-        confirmation = confirm_plan(
-            context,
-            ranking.trials,
-            context.spread,
-            request.train_data,
-            settings.batch_size,
-            settings.confirm_steps,
-        )
-    chosen = confirmation.chosen
+        chosen, confirmation = confirm_plan(context, context.ranked, request.settings.confirm_steps)
     plan = context.float32_plan() if chosen is None else finalist_plan(context, chosen)
-    measured = ranking.measured
-    replaced_by = None
-    if measured is not None and chosen is not None and chosen.number == measured.replacing_trial:
-        replaced_by = measured.replaced_by
-    timing = None
-    if ranking.measure:
+    metadata = _chosen_metadata(context, chosen)
+    search = dict(metadata.get("search", {}))
+    if measured is not None:
+        search["measurement"] = measured.to_dict()
+        if chosen is not None and chosen.number == measured.replacing_trial:
+            search["replaced_by_measurement"] = measured.replaced_by
+    metadata["measured_speedup"] = None
+    if context.measure:
         with request.clock.stage("measurement"):
             timing = chosen_step_timing(context, chosen, plan, measured)
-    return Choice(chosen, plan, confirmation, timing, replaced_by)
-
-
-def build_result(
-    context: SearchContext,
-    choice: Choice,
-    ranking: Ranking | None = None,
-    finalists: Finalists | None = None,
-) -> SearchResult:
-    """Returns the `SearchResult`: the chosen plan with its metadata (saved to `plan_path`)."""
-    request, study = context.request, context.study
-    metadata = _chosen_metadata(context, choice)
-    search = dict(metadata.get("search", {}))
-    if choice.replaced_by is not None:
-        search["replaced_by_measurement"] = choice.replaced_by
-    if ranking is not None and ranking.measured is not None:
-        search["measurement"] = ranking.measured.to_dict()
-    if finalists is not None:
-        search["finalists"] = finalists.to_dict()
-    timing = choice.timing
-    if timing is not None:
-        search.update(
-            measured_float32_step_seconds=timing.float32_seconds,
-            measured_plan_step_seconds=timing.plan_seconds,
-            measured_step_seconds=dict(timing.fastest),
-            measured_step_rounds={name: list(f) for name, f in timing.rounds.items()},
+        search.update(timing)
+        metadata["measured_speedup"] = (
+            timing["measured_float32_step_seconds"] / timing["measured_plan_step_seconds"]
         )
-    metadata["measured_speedup"] = timing.speedup if timing is not None else None
+    if context.finalists is not None:
+        search["finalists"] = context.finalists
     metadata["evidence"] = evidence(context)
     search["output_floor"] = context.floor_metadata(study)
     search.update(
@@ -348,10 +689,10 @@ def build_result(
         stage_seconds={name: round(value, 3) for name, value in request.clock.seconds.items()},
         fidelity="train",
         warm_starts=warm_start_summary(study),
-        confirmation=dict(choice.confirmation.record),
+        confirmation=confirmation,
     )
     metadata["search"] = search
-    plan = choice.plan.with_metadata(**metadata)
+    plan = plan.with_metadata(**metadata)
     if request.settings.plan_path is not None:
         plan.save(request.settings.plan_path)
     return SearchResult(
@@ -365,9 +706,9 @@ def build_result(
     )
 
 
-def _chosen_metadata(context: SearchContext, choice: Choice) -> dict:
-    if choice.trial is not None:
-        return trial_plan_metadata(context, choice.trial, dict(context.metadata))
+def _chosen_metadata(context: SearchContext, chosen: optuna.trial.FrozenTrial | None) -> dict:
+    if chosen is not None:
+        return trial_plan_metadata(context, chosen, dict(context.metadata))
     return {
         **context.metadata,
         "reference_metric": context.reference,

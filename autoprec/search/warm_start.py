@@ -6,18 +6,13 @@ import dataclasses
 import logging
 from collections.abc import Callable, Mapping, Sequence
 
-import keras
 import optuna
 
 from .._core.dtypes import BFLOAT16, FLOAT8, FLOAT16, FLOAT32, widen
-from ..cost import CostTable
-from ..hardware import HardwareProfile
-from ..profiler import Profile
 from .context import SearchContext
 from .heuristic import heuristic_plan
-from .record import WARM_STARTS_MARK, TrialRecord, assignment_key
-from .storage import claim_study_lock, release_study_lock
-from .study import best_feasible, is_feasible
+from .result import TrialRecord, assignment_key
+from .study import best_feasible, claim_study_lock, is_feasible, release_study_lock
 
 
 @dataclasses.dataclass(frozen=True)
@@ -29,28 +24,20 @@ class WarmStart:
     params: Mapping[str, str]
 
 
-def warm_starts(
-    context: SearchContext,
-    model: keras.Model,
-    profile: Profile | None,
-    table: CostTable | None,
-    hardware: HardwareProfile | str,
-    dtypes: Sequence[str],
-    keep_float32: Sequence[str],
-) -> list[WarmStart]:
+def warm_starts(context: SearchContext) -> list[WarmStart]:
     """Returns the plans every study starts with, equal assignments once."""
     plans = [("float32", context.uniform_assignment(FLOAT32))]
     for dtype in (BFLOAT16, FLOAT16, FLOAT8):
-        if dtype in dtypes:
+        if dtype in context.dtypes:
             # float8: every Dense/EinsumDense layer that allows it, bfloat16 elsewhere.
             plans.append((f"uniform {dtype}", context.uniform_assignment(dtype)))
     heuristic = heuristic_plan(
-        model,
-        profile=profile,
-        costs=table,
-        hardware=hardware,
-        dtypes=dtypes,
-        keep_float32=keep_float32,
+        context.model,
+        profile=context.profile,
+        costs=context.table,
+        hardware=context.hardware_profile or context.request.hardware,
+        dtypes=context.dtypes,
+        keep_float32=context.request.settings.keep_float32,
     )
     plans.append(("heuristic", context.normalise(dict(heuristic.layers))))
     unique: list[WarmStart] = []
@@ -61,8 +48,8 @@ def warm_starts(
 
 
 def has_warm_starts(study: optuna.Study) -> bool:
-    """Whether the study's warm starts were enqueued (its `WARM_STARTS_MARK` is set)."""
-    return bool(study.user_attrs.get(WARM_STARTS_MARK))
+    """Whether the study's warm starts were enqueued (its `"warm_starts_enqueued"` is set)."""
+    return bool(study.user_attrs.get("warm_starts_enqueued"))
 
 
 def enqueue_warm_starts(study: optuna.Study, starts: Sequence[WarmStart]) -> int:
@@ -75,49 +62,32 @@ def enqueue_warm_starts(study: optuna.Study, starts: Sequence[WarmStart]) -> int
     try:
         if has_warm_starts(study):  # another process finished and released the lock meanwhile
             return 0
-        added = _enqueue_missing(study, starts)
-        study.set_user_attr(WARM_STARTS_MARK, True)
+        added = len(enqueue_candidates(study, starts, warm=True))
+        study.set_user_attr("warm_starts_enqueued", True)
         return added
     finally:
         release_study_lock(study, lock)
 
 
-def _enqueue_missing(study: optuna.Study, starts: Sequence[WarmStart]) -> int:
+def enqueue_candidates(
+    study: optuna.Study, starts: Sequence[WarmStart], *, warm: bool = False
+) -> list[str]:
+    """Enqueues the plans whose assignment the study has not tried yet; returns their keys.
+    Warm starts also skip a label already there, or the params of a study without keys."""
     trials = study.get_trials(deepcopy=False)
     records = [TrialRecord.from_trial(trial) for trial in trials]
     keys = {record.assignment_key for record in records}
     labels = {record.warm_start for record in records}
-    existing = [trial.params for trial in trials if trial.params]
-    existing += [
-        trial.system_attrs["fixed_params"]
-        for trial, record in zip(trials, records)
-        if trial.system_attrs.get("fixed_params") and record.assignment_key is None
-    ]
-    added = 0
-    for start in starts:
-        key = assignment_key(start.assignment)
-        params = dict(start.params)
-        if key in keys or start.label in labels or (not keys - {None} and params in existing):
-            continue
-        record = TrialRecord(
-            warm_start=start.label, assignment=start.assignment, assignment_key=key
-        )
-        study.enqueue_trial(params, user_attrs=record.to_user_attrs(), skip_if_exists=False)
-        keys.add(key)
-        labels.add(start.label)
-        added += 1
-    return added
-
-
-def enqueue_candidates(study: optuna.Study, starts: Sequence[WarmStart]) -> list[str]:
-    """Enqueues the plans whose assignment the study has not tried yet; returns their keys."""
-    keys = {
-        TrialRecord.from_trial(trial).assignment_key for trial in study.get_trials(deepcopy=False)
-    }
+    existing = []
+    if warm and not keys - {None}:  # a study without keys: its params tell what was tried
+        existing = [trial.params for trial in trials if trial.params]
+        existing += [
+            t.system_attrs["fixed_params"] for t in trials if "fixed_params" in t.system_attrs
+        ]
     added = []
     for start in starts:
         key = assignment_key(start.assignment)
-        if key in keys:
+        if key in keys or (warm and start.label in labels) or dict(start.params) in existing:
             continue
         record = TrialRecord(
             warm_start=start.label, assignment=start.assignment, assignment_key=key
@@ -126,6 +96,7 @@ def enqueue_candidates(study: optuna.Study, starts: Sequence[WarmStart]) -> list
             dict(start.params), user_attrs=record.to_user_attrs(), skip_if_exists=False
         )
         keys.add(key)
+        labels.add(start.label)
         added.append(key)
     return added
 

@@ -150,8 +150,8 @@ def prepared_search(model=None, data=None, budget=None, **changes):
         A `PreparedSearch`; its evaluator is closed afterwards.
     """
     from autoprec.search import Budget, Evaluator
-    from autoprec.search.preparation import prepare
-    from autoprec.search.settings import SearchRequest
+    from autoprec.search.context import SearchRequest
+    from autoprec.search.driver import prepare
 
     keywords = fast(**{"baseline": None, **changes})
     settings = keywords["settings"]

@@ -1,16 +1,21 @@
-"""Tests for `autoprec.search.context`: assignments, params, plans and output floors of a real search's context."""
+"""Tests for `autoprec.search.context`: settings, the stage clock, and a real search's context."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import time
 
 import keras
 import optuna
 import pytest
 from search.search_models import far_regression, far_targets, prepared_search
 
-from autoprec.search import Budget, TrialRecord
-from autoprec.search.record import assignment_key
+import autoprec
+from autoprec.errors import AutoprecError
+from autoprec.search import Budget, SearchSettings, TrialRecord
+from autoprec.search.context import StageClock
+from autoprec.search.result import assignment_key
 
 
 def test_assignments_params_and_plans_agree():
@@ -80,3 +85,49 @@ def test_a_floor_that_cannot_be_measured_refuses_nothing_and_says_so(caplog):
         with caplog.at_level(logging.WARNING, logger="autoprec"):
             assert context.output_floor(context.uniform_assignment("bfloat16")) is None
         assert "could not be measured" in caplog.text and "val_not_a_metric" in caplog.text
+
+
+def test_settings_are_printable_and_round_trip():
+    settings = SearchSettings(batch_size=64, steps_per_trial=40, dtypes=["float32", "bfloat16"])
+    assert settings.dtypes == ("float32", "bfloat16")  # lists become tuples: hashable, frozen
+    assert "steps_per_trial=40" in repr(settings)
+    assert SearchSettings.from_config(settings.get_config()) == settings
+    assert dataclasses.replace(settings, seed=3).seed == 3
+    assert settings.longest_steps_per_trial == 320
+    assert SearchSettings(max_steps_per_trial=50).longest_steps_per_trial == 50
+    assert autoprec.SearchSettings is SearchSettings
+
+
+@pytest.mark.parametrize(
+    ("changes", "words"),
+    [
+        ({"batch_size": 0}, "SearchSettings.batch_size must be a positive integer"),
+        ({"steps_per_trial": True}, "steps_per_trial must be a positive integer"),
+        ({"validation_steps": -1}, "validation_steps must be a positive integer"),
+        ({"confirm_steps": -2}, "confirm_steps must be an integer >= 0"),
+        ({"dtypes": ["float64"]}, "each must be one of float32"),
+        ({"group_by": "module"}, "use 'layer', 'block', 'auto'"),
+        ({"baseline": "chance"}, "use 'auto', a number, or None"),
+        ({"float16_trials": "fast"}, "float16_trials='fast': use 'auto', 'native', 'emulated'"),
+        ({"profile": "profile.json"}, "autoprec.Profile.load"),
+        ({"costs": {"dense": 1.0}}, "CostTable.load"),
+    ],
+)
+def test_bad_settings_are_refused_naming_the_field(changes, words):
+    with pytest.raises(AutoprecError, match=words.replace("(", r"\(")):
+        SearchSettings(**changes)
+
+
+def test_unknown_config_keys_are_refused():
+    with pytest.raises(AutoprecError, match=r"unknown field\(s\) \['train_steps'\]"):
+        SearchSettings.from_config({"train_steps": 4})
+
+
+def test_the_clock_adds_up_each_stage_even_when_it_raises():
+    clock = StageClock()
+    for _ in range(2):
+        with clock.stage("trials"):
+            time.sleep(0.01)
+    with pytest.raises(KeyboardInterrupt), clock.stage("confirmation"):
+        raise KeyboardInterrupt
+    assert clock.seconds["trials"] >= 0.02 and set(clock.seconds) == {"trials", "confirmation"}

@@ -1,7 +1,8 @@
-"""Tests for `autoprec.search.driver`: `search()` end to end, its failures and its measured confirmation."""
+"""Tests for `autoprec.search.driver`: `search()` end to end, its stages, its workers, float8 in the search."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import subprocess
@@ -11,6 +12,8 @@ import keras
 import numpy as np
 import optuna
 import pytest
+from conftest import build_mlp, classification_data
+from pg_server import postgres_server  # noqa: F401  (the session fixture `postgres`)
 from search.search_models import (
     attention_classifier,
     compiled_mlp,
@@ -19,16 +22,27 @@ from search.search_models import (
     fast,
     labelled,
     mlp_data,
+    prepared_search,
     wide_classifier,
 )
 
+import autoprec
 from autoprec import PrecisionPlan, cost
 from autoprec._core.timing import MAX_ROUNDS, MIN_ROUNDS, judge_rounds
 from autoprec.errors import AutoprecError
 from autoprec.hardware import resolve_hardware
-from autoprec.search import Budget, SearchSettings, TrialRecord, heuristic_plan, search
-from autoprec.search.evaluator import Evaluator
-from autoprec.search.record import simplicity
+from autoprec.search import (
+    Budget,
+    SearchSettings,
+    TrialRecord,
+    heuristic_plan,
+    resolve_storage,
+    search,
+    search_in_processes,
+)
+from autoprec.search.driver import run_trials, search_metadata
+from autoprec.search.evaluator import Evaluator, FidelityCheck
+from autoprec.search.result import simplicity
 
 
 def measured_ranking(rounds):
@@ -386,3 +400,149 @@ def test_the_search_returns_a_plan_predicted_no_slower_than_any_uniform_policy()
     chosen = step(result.plan)
     for dtype in ("float32", "bfloat16"):
         assert chosen <= step(PrecisionPlan.uniform(model, dtype)) * 1.0001, dtype
+
+
+def test_the_first_stages_return_typed_values_that_agree():
+    with prepared_search(keep_float32=("dense_1",)) as prepared:
+        context = prepared.context
+        assert context.dtypes == ("float32", "bfloat16") and context.float16_trials is None
+        assert context.hardware_profile.name == "rtx4090" and context.table.source.startswith(
+            "predicted"
+        )
+        assert context.profile is None  # no float16: nothing to profile
+        assert context.allowed["dense_1"] == ("float32",) and "dense_1" in context.removed
+        assert context.outputs and all(path in context.compute for path in context.outputs)
+        grouped = {path for group in context.groups for path in group.paths}
+        assert grouped == set(context.compute)
+        assert isinstance(context.fidelity, FidelityCheck) and context.spread is None
+        assert context.reference == context.reference_metrics["accuracy"]
+        assert context.risk[sorted(context.outputs)[0]] >= 2.0  # output layers are riskiest
+        assert context.float32_seconds == context.costs.step(context.normalise({}))[0]
+
+
+def test_the_reference_spread_is_measured_when_asked_and_the_metadata_carries_it():
+    budget = Budget("val_accuracy", max_drop=0.5)
+    with prepared_search(budget=budget, reference_repeats=1) as prepared:
+        spread = prepared.context.spread
+        assert spread is not None and spread >= 0
+        study = optuna.create_study(study_name="meta")
+        prepared.context.study = study
+        metadata = search_metadata(prepared.context)
+        assert metadata["hardware"] == "rtx4090"
+        assert metadata["budget"]["reference_spread"] == spread
+        search = metadata["search"]
+        assert search["study_name"] == "meta" and search["dtypes"] == ["float32", "bfloat16"]
+        assert search["fidelity_check"] == prepared.context.fidelity.to_dict()
+
+
+def test_the_trial_stage_starts_with_the_warm_starts_and_records_the_reference(tmp_path):
+    with prepared_search() as prepared:
+        request = dataclasses.replace(
+            prepared.request, storage=str(tmp_path / "t.log"), study_name="t", n_trials=2
+        )
+        prepared.context.request = request
+        study = run_trials(prepared.context)
+        assert study.study_name == "t" and len(study.trials) >= 2
+        labels = [TrialRecord.from_trial(t).warm_start for t in study.trials[:2]]
+        assert labels == ["float32", "uniform bfloat16"]
+        assert study.user_attrs["reference_metric"] == prepared.context.reference
+        assert prepared.context.metadata["search"]["study_name"] == "t"
+        assert request.clock.seconds["trials"] > 0
+        again = run_trials(prepared.context)
+        finished = [t for t in again.trials if t.state.is_finished()]
+        assert len(finished) == 4  # resumed: two more, no warm start enqueued twice
+
+
+@pytest.mark.parametrize("kind", ["journal", pytest.param("postgres", marks=pytest.mark.slow)])
+def test_two_processes_search_one_study_and_the_caller_gets_its_best_plan(tmp_path, request, kind):
+    if kind == "postgres":
+        storage = request.getfixturevalue("postgres").create_database("pool")
+    else:
+        storage = tmp_path / "workers.log"
+    model = build_mlp()
+    model.compile("adam", "sparse_categorical_crossentropy", metrics=["accuracy"])
+    x, y = classification_data(samples=192)
+    result = search_in_processes(
+        2,
+        model,
+        (x[:128], y[:128]),
+        (x[128:], y[128:]),
+        budget=Budget("val_accuracy", max_drop=0.05),
+        storage=storage,
+        study_name="pool",
+        n_trials=3,
+        hardware="rtx4090",
+        verbose=0,
+        settings=SearchSettings(dtypes=["float32", "bfloat16"], steps_per_trial=2),
+    )
+    study = optuna.load_study(study_name="pool", storage=resolve_storage(str(storage)))
+    # 2 workers x 3 trials, and the finalists the caller's measured ranking added.
+    count = len(study.trials)
+    assert count >= 6 and len({t.number for t in study.trials}) == count
+    assert not [t for t in study.trials if t.state == optuna.trial.TrialState.RUNNING]
+    labels = [r.warm_start for r in map(TrialRecord.from_trial, study.trials) if r.warm_start]
+    assert labels and len(labels) == len(set(labels))  # enqueued once across workers
+    assert result.study.study_name == "pool" and len(result.study.trials) == count
+    assert result.plan.metadata["search"]["trials"] == count
+
+
+def wide_encoder(classes: int = 4):
+    """Wide Dense layers around attention: float8 pays for them on `rtx4090` at a large batch."""
+    import keras
+
+    inputs = keras.Input((16, 64))
+    hidden = keras.layers.Dense(512, name="embed")(inputs)
+    attended = keras.layers.MultiHeadAttention(4, 128, name="attention")(hidden, hidden)
+    hidden = keras.layers.LayerNormalization(name="norm")(keras.layers.Add()([hidden, attended]))
+    hidden = keras.layers.Dense(2048, activation="gelu", name="up")(hidden)
+    hidden = keras.layers.Dense(512, name="down")(hidden)
+    pooled = keras.layers.GlobalAveragePooling1D()(hidden)
+    outputs = keras.layers.Dense(classes, activation="softmax", name="head")(pooled)
+    model = keras.Model(inputs, outputs, name="wide_encoder")
+    model.compile(
+        keras.optimizers.Adam(1e-3), "sparse_categorical_crossentropy", metrics=["accuracy"]
+    )
+    return model
+
+
+def test_a_search_on_fp8_hardware_puts_wide_dense_layers_in_float8_and_keeps_the_head_out():
+    model = wide_encoder()
+    train, val = labelled(model, samples=256)
+    weights = [np.array(w) for w in model.get_weights()]
+    result = search(
+        model,
+        train,
+        val,
+        budget=Budget("val_loss", max_relative_drop=0.5),
+        n_trials=4,
+        **fast(dtypes=("float32", "bfloat16", "float8"), cost_batch_size=512, baseline=None),
+    )
+    plan = result.plan
+    classes = {path: info.class_name for path, info in plan.layer_info.items()}
+    for path, dtype in plan.resolve().items():
+        if dtype == "float8":
+            assert classes[path] in ("Dense", "EinsumDense"), path
+    assert plan.resolve()["head"] != "float8"
+    evidence = plan.metadata["evidence"]
+    assert "float8" in evidence["up"]["allowed"]
+    assert "float8" not in evidence["head"]["allowed"]
+    assert "output layer" in evidence["head"]["removed"]["float8"]
+    assert "float8" not in evidence["norm"]["allowed"]
+    assert evidence["up"]["seconds"]["float8"] < evidence["up"]["seconds"]["bfloat16"]
+    warm = {TrialRecord.from_trial(t).warm_start for t in result.study.trials}
+    assert "uniform float8" in warm
+    # Keras' global float8 (every Dense/EinsumDense, the head too) is judged as a finalist.
+    assert "keras float8_from_mixed_bfloat16" in warm
+    float8_trials = [
+        t
+        for t in result.study.trials
+        if t.state == optuna.trial.TrialState.COMPLETE
+        and "float8" in TrialRecord.from_trial(t).assignment.values()
+    ]
+    assert float8_trials  # trials trained with Keras' float8 numerics (emulated here)
+    # The user's model is unchanged: no float8 policy, no scaling variable left trainable.
+    assert all(np.array_equal(a, b) for a, b in zip(weights, model.get_weights()))
+    assert all(layer.dtype_policy.quantization_mode is None for layer in model.layers)
+    assert len(model.trainable_variables) == len(weights)
+    reloaded = autoprec.PrecisionPlan.from_json(plan.to_json())
+    assert reloaded == plan

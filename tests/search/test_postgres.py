@@ -22,9 +22,13 @@ import pytest
 from pg_server import postgres_server  # noqa: F401  (the session fixture `postgres`)
 
 from autoprec.search import TrialRecord, resolve_storage
-from autoprec.search.record import WARM_STARTS_MARK, write_record
-from autoprec.search.storage import claim_study_lock, release_study_lock, wait_for_same_assignment
-from autoprec.search.study import plan_file_trial
+from autoprec.search.result import write_record
+from autoprec.search.study import (
+    claim_study_lock,
+    plan_file_trial,
+    release_study_lock,
+    wait_for_same_assignment,
+)
 from autoprec.search.warm_start import WarmStart, enqueue_warm_starts
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -103,7 +107,7 @@ def test_warm_starts_are_enqueued_once_when_processes_race(postgres):
     assert sorted(added) == [0, 0, 0, 2]
     study = optuna.load_study(study_name="s", storage=resolve_storage(url))
     assert [_record(t).warm_start for t in study.trials] == ["float32", "uniform bfloat16"]
-    assert study.user_attrs[WARM_STARTS_MARK] is True
+    assert study.user_attrs["warm_starts_enqueued"] is True
     assert enqueue_warm_starts(study, warm) == 0  # a process resuming it later
     assert len(study.trials) == 2
 

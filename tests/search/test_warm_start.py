@@ -1,25 +1,37 @@
-"""Tests for `autoprec.search.warm_start` and the finalists' plans (`candidates`): the plans
-every study starts with, enqueued once, Keras' global policies and the protections dropped."""
+"""Tests for `autoprec.search.warm_start`: the plans a study starts with and the neighbours it explores."""
 
 from __future__ import annotations
 
 import keras
 import numpy as np
 import optuna
-from search.search_models import attention_classifier, labelled, prepared_search
+from search.search_models import (
+    attention_classifier,
+    far_regression,
+    far_targets,
+    labelled,
+    prepared_search,
+)
 
 import autoprec
 from autoprec.layers import describe_model
 from autoprec.plan import PrecisionPlan
-from autoprec.search import TrialRecord, compute_layers, output_layers
-from autoprec.search.confirmation import (
+from autoprec.search import (
+    Budget,
+    SearchSettings,
+    TrialRecord,
+    compute_layers,
+    output_layers,
+    search,
+)
+from autoprec.search.result import assignment_key, keras_dtype, keras_label
+from autoprec.search.selection import (
     dropped_protection,
     fits_profile,
     keras_global_plan,
     protections,
 )
-from autoprec.search.record import WARM_STARTS_MARK, assignment_key, keras_dtype, keras_label
-from autoprec.search.storage import claim_study_lock, resolve_storage
+from autoprec.search.study import claim_study_lock, resolve_storage
 from autoprec.search.warm_start import (
     WarmStart,
     enqueue_candidates,
@@ -32,15 +44,7 @@ from autoprec.search.warm_start import (
 def test_every_study_starts_with_float32_the_uniform_plans_and_the_heuristic():
     with prepared_search() as prepared:
         context = prepared.context
-        starts = warm_starts(
-            context,
-            prepared.model,
-            context.profile,
-            context.table,
-            context.hardware_profile,
-            context.dtypes,
-            (),
-        )
+        starts = warm_starts(context)
         labels = [start.label for start in starts]
         assert labels[0] == "float32" and "uniform bfloat16" in labels
         assert len({assignment_key(start.assignment) for start in starts}) == len(starts)
@@ -59,7 +63,7 @@ def test_warm_starts_are_enqueued_once_with_their_records(tmp_path):
     ]
     assert not has_warm_starts(study)
     assert enqueue_warm_starts(study, starts) == 2
-    assert has_warm_starts(study) and study.user_attrs[WARM_STARTS_MARK] is True
+    assert has_warm_starts(study) and study.user_attrs["warm_starts_enqueued"] is True
     records = [TrialRecord.from_trial(trial) for trial in study.trials]
     assert [(r.warm_start, r.assignment) for r in records] == [
         ("float32", {"dense": "float32"}),
@@ -157,3 +161,35 @@ def test_candidates_are_enqueued_once_per_assignment_and_labels_may_repeat():
     assert [r.warm_start for r in records] == ["no float32 outputs"] * 2
     assert records[1].assignment_key == assignment_key(starts[1].assignment)
     assert all(t.state == optuna.trial.TrialState.WAITING for t in study.trials)
+
+
+def test_after_the_warm_starts_a_neighbour_repairs_a_faster_plan_that_missed_the_budget():
+    keras.utils.set_random_seed(0)
+    train, val = far_targets()
+    result = search(
+        far_regression(),
+        train,
+        val,
+        budget=Budget("val_mae", max_relative_drop=0.1),
+        hardware="rtx4090",
+        n_trials=4,
+        verbose=0,
+        settings=SearchSettings(
+            dtypes=["float32", "bfloat16"],
+            steps_per_trial=2,
+            cost_batch_size=4096,
+            proxy_batches=1,
+            confirm_steps=0,
+        ),
+    )
+    records = [TrialRecord.from_trial(t) for t in result.study.trials]
+    warm = [r for r in records if r.warm_start]
+    uniform = {r.warm_start: r for r in warm}["uniform bfloat16"]
+    assert uniform.budget_violation > 0  # the bfloat16 head misses the budget
+    neighbour = records[len(warm)]
+    assert neighbour.neighbour.endswith("-> float32")
+    before, after = uniform.assignment, neighbour.assignment
+    changed = [path for path in before if before[path] != after[path]]
+    assert len(changed) == 1 and after[changed[0]] == "float32"
+    assert neighbour.predicted_seconds < result.float32_predicted_seconds
+    assert result.plan.layers["head"] == "float32"
