@@ -11,6 +11,7 @@ from typing import Any
 
 import keras
 
+from .._core.models import call_model_code
 from ..layers import is_graph_model, layer_paths, layer_policy
 
 #: Marks a container whose `get_config` already writes the model's policy map.
@@ -83,9 +84,7 @@ def _names_in_config(container: keras.layers.Layer) -> set[str]:
     """The names of the layers `container`'s own config holds whole (read once, with no map)."""
     _READING_CONFIGS.append(True)  # inner configs are read plain: no map inside a map
     try:
-        config = type(container).get_config(container)
-    except (NotImplementedError, TypeError):
-        return set()
+        config = own_config(container, type(container).get_config) or {}
     finally:
         _READING_CONFIGS.pop()
     return {
@@ -224,10 +223,21 @@ def lists_own_layers(layer: keras.layers.Layer) -> bool:
     """Returns whether `layer` is a Sequential or functional model whose config lists its layers."""
     if not is_graph_model(layer):
         return False
-    try:
-        return "layers" in layer.get_config()
-    except (NotImplementedError, TypeError):
-        return True
+    config = own_config(layer, type(layer).get_config)
+    return config is None or "layers" in config
+
+
+def own_config(layer: keras.layers.Layer, get_config) -> dict | None:
+    """Returns `get_config(layer)`, or `None` (a warning unless the layer has no config)."""
+
+    def read() -> dict | None:
+        try:
+            return get_config(layer)
+        except NotImplementedError:  # a layer without a config of its own: nothing lost here
+            return None
+
+    lost = "Keras cannot save this model (its config cannot be read)"
+    return call_model_code(read, layer=layer.name, lost=lost, fallback=None)
 
 
 def _builds_own_sub_layers(layer: keras.layers.Layer, path: str, paths: dict) -> bool:
