@@ -12,7 +12,7 @@ from typing import Any
 import keras
 
 from .._core.models import call_model_code
-from ..layers import is_graph_model, layer_paths, layer_policy
+from ..layers import is_graph_model, layer_paths, layer_policy, unprefixed_path
 
 #: Marks a container whose `get_config` already writes the model's policy map.
 _WRITES_MAP = "_autoprec_writes_policy_map"
@@ -25,24 +25,35 @@ def policy_map_of(
 ) -> keras.dtype_policies.DTypePolicyMap:
     """Returns a `DTypePolicyMap` of every built layer under `model`, keyed by Keras' layer path."""
     layers: dict[str, keras.layers.Layer] = {}
-    for layer in [model, *layer_paths(model).values()]:
+    paths = layer_paths(model)
+    for layer in [model, *paths.values()]:
         if layer.path and layer.path not in layers:
             layers[layer.path] = layer
     entries = {path: layer_policy(layer) for path, layer in layers.items()}
+    # The container a sub-layer's one-segment Keras path leaves out (it may put its name before).
+    containers = {
+        layer.path: paths[path.rpartition("/")[0]].name
+        for path, layer in paths.items()
+        if "/" in path and layer.path and "/" not in layer.path
+    }
     return keras.dtype_policies.DTypePolicyMap(
-        default_policy=default, policy_map=name_patterns(entries, layers)
+        default_policy=default, policy_map=name_patterns(entries, layers, containers)
     )
 
 
 def name_patterns(
-    entries: Mapping[str, Any], layers: Mapping[str, keras.layers.Layer]
+    entries: Mapping[str, Any],
+    layers: Mapping[str, keras.layers.Layer],
+    containers: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
-    r"""Returns `entries` keyed by patterns that also match a Keras-made name's other numbers."""
+    r"""Returns `entries` keyed by patterns that also match a Keras-made name's other numbers and
+    a container's name put before a sub-layer's (`containers`: Keras path -> container name)."""
+    containers = containers or {}
     apart = _rebuilt_apart(layers)
     keyed: dict[str, Any] = {}
     for open_names in (True, False):  # Keras-made names open to any number, else as they are
         patterns = {
-            path: _path_pattern(path, layers, apart, open_names)
+            path: _path_pattern(path, layers, apart, open_names, containers.get(path, ""))
             for path in entries
             if path not in keyed.values()
         }
@@ -99,6 +110,7 @@ def _path_pattern(
     layers: Mapping[str, keras.layers.Layer],
     apart: set[str] = frozenset(),
     open_names: bool = True,
+    container: str = "",
 ) -> str | None:
     """`path` as a regular expression, each Keras-made name open to any number; `None` if none."""
     segments = path.split("/")
@@ -110,10 +122,14 @@ def _path_pattern(
     for index, segment in enumerate(segments):
         layer = layers.get("/".join(segments[: index + 1]))
         stem = _snake_case(type(layer).__name__) if layer is not None else None
-        if open_names and stem and re.fullmatch(rf"{re.escape(stem)}(?:_\d+)?", segment):
-            parts.append(rf"{re.escape(stem)}(?:_\d+)?")
+        parent = re.sub(r"_\d+$", "", segments[index - 1] if index else container)
+        own = unprefixed_path(segment, parent) if parent else segment
+        # A container may put its own name before its sub-layers' (keras-hub's DINOV2Backbone).
+        prefix = rf"(?:{re.escape(parent)}(?:_\d+)?_)?" if parent else ""
+        if open_names and stem and re.fullmatch(rf"{re.escape(stem)}(?:_\d+)?", own):
+            parts.append(rf"{prefix}{re.escape(stem)}(?:_\d+)?")
         else:
-            parts.append(re.escape(segment))
+            parts.append(prefix + re.escape(own))
     pattern = "/".join(parts)
     if optional_until:
         pattern = f"(?:{'/'.join(parts[:optional_until])}/)?{'/'.join(parts[optional_until:])}"
