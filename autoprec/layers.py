@@ -264,7 +264,10 @@ def _children_with_names(layer: keras.layers.Layer) -> list[tuple[str, keras.lay
         children = list(layer.layers)
     else:
         children = [c for c in _tracked_children(layer) if type(c).__name__ != "InputLayer"]
-    return list(zip(_local_names_for_graph_children(children, layer.name), children))
+    # A model class that builds its own graph may name its layers after itself (keras-hub's).
+    own_class = type(layer).__name__ not in ("Sequential", "Functional")
+    names = _local_names_for_graph_children(children, layer.name if own_class else "")
+    return list(zip(names, children))
 
 
 def iter_layers(model: keras.layers.Layer) -> Iterator[tuple[str, keras.layers.Layer]]:
