@@ -84,8 +84,12 @@ class PrefixedBackbone(keras.Model):
         self.width = width
         inputs = keras.Input((6, width), name="tokens")
         self.embed = keras.layers.Dense(width, dtype=dtype, name=f"{prefix}embed")
+        self.attention = keras.layers.MultiHeadAttention(
+            2, 4, dtype=dtype, name=f"{prefix}attention"
+        )
         self.norm = keras.layers.LayerNormalization(dtype=dtype, name=f"{prefix}norm")
-        outputs = self.norm(self.embed(inputs))
+        hidden = self.embed(inputs)
+        outputs = self.norm(hidden + self.attention(hidden, hidden))
         super().__init__(inputs, outputs, name=name, **kwargs)
         if dtype is not None:  # as keras-hub's Backbone: a functional model drops `dtype`
             self.dtype_policy = keras.dtype_policies.get(dtype)

@@ -77,7 +77,7 @@ def prefixed():
     model = reload_checks.prefixed_classifier()
     x = np.random.default_rng(0).normal(size=(32, 6, 8)).astype("float32")
     plan = autoprec.PrecisionPlan.uniform(model, "bfloat16").with_dtype("head", "float32")
-    plan = plan.with_dtype("prefixed_backbone/norm", "float16")
+    plan = plan.with_dtype("prefixed_backbone/attention", "float16")
     return model, plan, x, x[:, 0, :1]
 
 

@@ -30,7 +30,7 @@ def policy_map_of(
         if layer.path and layer.path not in layers:
             layers[layer.path] = layer
     entries = {path: layer_policy(layer) for path, layer in layers.items()}
-    # The container a sub-layer's one-segment Keras path leaves out (it may put its name before).
+    # The container a Keras path's first segment leaves out (it may put its name before).
     containers = {
         layer.path: paths[path.rpartition("/")[0]].name
         for path, layer in paths.items()
@@ -53,7 +53,9 @@ def name_patterns(
     keyed: dict[str, Any] = {}
     for open_names in (True, False):  # Keras-made names open to any number, else as they are
         patterns = {
-            path: _path_pattern(path, layers, apart, open_names, containers.get(path, ""))
+            path: _path_pattern(
+                path, layers, apart, open_names, containers.get(path.split("/")[0], "")
+            )
             for path in entries
             if path not in keyed.values()
         }
