@@ -161,18 +161,50 @@ def _snake_case(name: str) -> str:
     return re.sub("([a-z])([A-Z])", r"\1_\2", name).lower()
 
 
-def _local_names_for_graph_children(children: list[keras.layers.Layer]) -> list[str]:
-    """Names children of a Sequential/Functional model, renumbering auto-generated names."""
-    bases = [_snake_case(type(child).__name__) for child in children]
-    auto = [
-        (match := _AUTO_NAME.match(child.name)) is not None and match.group("base") == base
-        for child, base in zip(children, bases)
+def unprefixed_path(path: str, root: str = "") -> str:
+    """Returns `path` without the names a container puts before its sub-layers' own names
+    (`backbone/backbone_3_embeddings` -> `backbone/embeddings`); `root` is the model's name."""
+    parent, segments = root, []
+    for segment in path.split("/"):
+        match = (
+            re.fullmatch(rf"{re.escape(parent)}(?:_\d+)?_(?!\d+$)(.+)", segment) if parent else None
+        )
+        segments.append(match.group(1) if match else segment)
+        parent = segment
+    return "/".join(segments)
+
+
+def _own_names(children: list[keras.layers.Layer], container: str) -> list[str]:
+    """The children's names without `container`'s name before them, where none then collide
+    (a name Keras made from the class, `prefixed_backbone` in `prefixed`, is kept)."""
+    names = [child.name for child in children]
+    own = [
+        name if _is_auto_name(child) else unprefixed_path(name, container)
+        for child, name in zip(children, names)
     ]
-    explicit_names = {child.name for child, is_auto in zip(children, auto) if not is_auto}
+    return [
+        mine if mine == name or (own.count(mine) == 1 and mine not in names) else name
+        for name, mine in zip(names, own)
+    ]
+
+
+def _is_auto_name(layer: keras.layers.Layer, name: str | None = None) -> bool:
+    match = _AUTO_NAME.match(name or layer.name)
+    return match is not None and match.group("base") == _snake_case(type(layer).__name__)
+
+
+def _local_names_for_graph_children(
+    children: list[keras.layers.Layer], container: str = ""
+) -> list[str]:
+    """Names children of a Sequential/Functional model, renumbering auto-generated names."""
+    own_names = _own_names(children, container)
+    bases = [_snake_case(type(child).__name__) for child in children]
+    auto = [_is_auto_name(child, name) for child, name in zip(children, own_names)]
+    explicit_names = {name for name, is_auto in zip(own_names, auto) if not is_auto}
     used: set[str] = set()
     counters: dict[str, int] = {}
     names = []
-    for child, base, is_auto in zip(children, bases, auto):
+    for name, base, is_auto in zip(own_names, bases, auto):
         if is_auto:
             candidate = None
             while candidate is None or candidate in explicit_names or candidate in used:
@@ -180,9 +212,9 @@ def _local_names_for_graph_children(children: list[keras.layers.Layer]) -> list[
                 counters[base] = index + 1
                 candidate = base if index == 0 else f"{base}_{index}"
         else:
-            candidate, suffix = child.name, 1
+            candidate, suffix = name, 1
             while candidate in used:
-                candidate, suffix = f"{child.name}_{suffix}", suffix + 1
+                candidate, suffix = f"{name}_{suffix}", suffix + 1
         used.add(candidate)
         names.append(candidate)
     return names
@@ -217,7 +249,7 @@ def _attribute_children(layer: keras.layers.Layer) -> list[tuple[str, keras.laye
 
     leftovers = [child for child in _tracked_children(layer) if id(child) not in seen]
     used = {name for name, _ in named}
-    for child, name in zip(leftovers, _local_names_for_graph_children(leftovers)):
+    for child, name in zip(leftovers, _local_names_for_graph_children(leftovers, layer.name)):
         while name in used:
             name = f"{name}_"
         used.add(name)
@@ -232,7 +264,10 @@ def _children_with_names(layer: keras.layers.Layer) -> list[tuple[str, keras.lay
         children = list(layer.layers)
     else:
         children = [c for c in _tracked_children(layer) if type(c).__name__ != "InputLayer"]
-    return list(zip(_local_names_for_graph_children(children), children))
+    # A model class that builds its own graph may name its layers after itself (keras-hub's).
+    own_class = type(layer).__name__ not in ("Sequential", "Functional")
+    names = _local_names_for_graph_children(children, layer.name if own_class else "")
+    return list(zip(names, children))
 
 
 def iter_layers(model: keras.layers.Layer) -> Iterator[tuple[str, keras.layers.Layer]]:

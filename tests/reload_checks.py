@@ -48,3 +48,64 @@ def nested_model() -> keras.Model:
     attended = keras.layers.MultiHeadAttention(2, 4, name="attention")(hidden, hidden)
     pooled = keras.layers.GlobalAveragePooling1D(name="pool")(attended + hidden)
     return keras.Model(inputs, keras.layers.Dense(1, name="head")(pooled), name="nested")
+
+
+@keras.saving.register_keras_serializable(package="autoprec_reload")
+class TokenGateModel(keras.Model):
+    """A subclassed model on token ids that Keras cannot build from its build config (its call
+    needs integers): its weightless gate is only built at the first call after a reload."""
+
+    def __init__(self, vocabulary: int = 16, width: int = 8, **kwargs):
+        super().__init__(**kwargs)
+        self.vocabulary, self.width = vocabulary, width
+        policy = self.dtype_policy
+        self.embed = keras.layers.Embedding(vocabulary, width, dtype=policy, name="embed")
+        self.norm = keras.layers.LayerNormalization(dtype=policy, name="norm")
+        self.head = keras.layers.Dense(1, dtype=policy, name="head")
+        self.gate = keras.layers.Multiply(dtype=policy, name="gate")
+
+    def call(self, tokens):
+        hidden = self.head(self.norm(self.embed(tokens)))
+        odd = keras.ops.cast(keras.ops.bitwise_and(tokens, 1), hidden.dtype)
+        gated = keras.ops.cast(self.gate([hidden[..., 0], odd + 1.0]), "float32")
+        return keras.ops.mean(gated, axis=-1, keepdims=True)
+
+    def get_config(self):
+        return {**super().get_config(), "vocabulary": self.vocabulary, "width": self.width}
+
+
+@keras.saving.register_keras_serializable(package="autoprec_reload")
+class PrefixedBackbone(keras.Model):
+    """A functional backbone that names its sub-layers after its own name when it has one, as
+    keras-hub's DINOV2Backbone does: `embed` when built, `prefixed_backbone_3_embed` reloaded."""
+
+    def __init__(self, width: int = 8, name: str | None = None, dtype=None, **kwargs):
+        prefix = f"{name}_" if name else ""
+        self.width = width
+        inputs = keras.Input((6, width), name="tokens")
+        self.embed = keras.layers.Dense(width, dtype=dtype, name=f"{prefix}embed")
+        self.attention = keras.layers.MultiHeadAttention(
+            2, 4, dtype=dtype, name=f"{prefix}attention"
+        )
+        self.norm = keras.layers.LayerNormalization(dtype=dtype, name=f"{prefix}norm")
+        hidden = self.embed(inputs)
+        outputs = self.norm(hidden + self.attention(hidden, hidden))
+        super().__init__(inputs, outputs, name=name, **kwargs)
+        if dtype is not None:  # as keras-hub's Backbone: a functional model drops `dtype`
+            self.dtype_policy = keras.dtype_policies.get(dtype)
+
+    def get_config(self):
+        dtype = keras.dtype_policies.serialize(self.dtype_policy)
+        return {"width": self.width, "name": self.name, "trainable": self.trainable, "dtype": dtype}
+
+    @classmethod
+    def from_config(cls, config):
+        return cls(**config)
+
+
+def prefixed_classifier() -> keras.Model:
+    """A functional classifier around a `PrefixedBackbone` built without a name."""
+    inputs = keras.Input((6, 8), name="features")
+    hidden = PrefixedBackbone()(inputs)
+    pooled = keras.layers.GlobalAveragePooling1D(name="pool")(hidden)
+    return keras.Model(inputs, keras.layers.Dense(1, name="head")(pooled), name="prefixed")

@@ -75,6 +75,21 @@ def test_one_liner_trains_and_its_checkpoint_reloads_whole(family, tmp_path):
     assert math.isfinite(restored.fit(x, y, batch_size=8, epochs=1, verbose=0).history["loss"][0])
 
 
+def test_a_model_keras_cannot_save_trains_with_the_one_liner(caplog):
+    """keras-hub 0.32's Llama decoder's `get_config` raises: plain `fit` trains, so must autoprec's."""
+    model, (x, y) = zoo_models.llama_causal_lm()
+    with pytest.raises(AttributeError, match="rope_scaling_factor"):
+        model.backbone.transformer_layers[0].get_config()
+    caplog.set_level("WARNING", logger="autoprec")
+    callback = autoprec.AutoPrecision(hardware="rtx4090", verbose=0)
+    history = model.fit(x, y, batch_size=8, epochs=2, verbose=0, callbacks=[callback])
+    assert all(math.isfinite(loss) for loss in history.history["loss"])
+    assert callback.current_plan().layers
+    warned = [r.getMessage() for r in caplog.records if "rope_scaling_factor" in r.getMessage()]
+    assert warned and all("Keras cannot save this model" in message for message in warned)
+    assert len(warned) == len(set(warned))  # once each
+
+
 @pytest.mark.parametrize("family", _default_run("bart", "vit"))
 def test_guard_rescues_a_float16_plan_whose_inputs_overflow(family):
     model, (x, y) = zoo_models.ZOO[family]()

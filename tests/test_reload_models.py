@@ -1,4 +1,5 @@
-"""A subclassed and a nested model trained under a plan reload exactly, each door in a fresh process.
+"""Models trained under a plan reload exactly, each door in a fresh process: a subclassed and a
+nested model, one Keras cannot build at load, one whose sub-layers carry its per-process name.
 
 Each model trains two steps under a plan of three dtypes, is saved by a `ModelCheckpoint`,
 and is loaded in a new process through `keras.models.load_model` with autoprec imported,
@@ -37,8 +38,9 @@ if door == "autoprec":
 else:
     model = keras.models.load_model(path, compile=door != "keras_only")
 batch = np.load(batch_path)
-dtypes = sorted(layer.compute_dtype for layer in model._flatten_layers(include_self=False))
 np.save(found_path + ".npy", keras.ops.convert_to_numpy(model(batch, training=False)))
+# After the call: a layer Keras could not build at load takes its dtype from the map at its first.
+dtypes = sorted(layer.compute_dtype for layer in model._flatten_layers(include_self=False))
 json.dump({"dtypes": dtypes, "autoprec": "autoprec" in sys.modules}, open(found_path, "w"))
 """
 
@@ -60,6 +62,25 @@ def nested():
     return model, plan, x, x[:, 0, :1]
 
 
+def token_gate():
+    model = reload_checks.TokenGateModel(name="token_gate")
+    x = np.random.default_rng(0).integers(0, 16, (32, 6)).astype("int32")
+    model(x[:2])
+    plan = autoprec.PrecisionPlan.uniform(model, "bfloat16").with_dtype("head", "float16")
+    # Keras runs a layer it could not build at load in the map's default (float32) at its first
+    # call, before the layer has the path its entry names: the gate stays float32 here.
+    plan = plan.with_dtype("norm", "float32").with_dtype("gate", "float32")
+    return model, plan, x, (x[:, :1] % 2).astype("float32")
+
+
+def prefixed():
+    model = reload_checks.prefixed_classifier()
+    x = np.random.default_rng(0).normal(size=(32, 6, 8)).astype("float32")
+    plan = autoprec.PrecisionPlan.uniform(model, "bfloat16").with_dtype("head", "float32")
+    plan = plan.with_dtype("prefixed_backbone/attention", "float16")
+    return model, plan, x, x[:, 0, :1]
+
+
 def load_in_fresh_process(saved: Path, batch_file: Path, door: str) -> dict:
     found_path = saved.with_suffix(f".{door}.json")
     environment = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONPATH": f"{TESTS}"}
@@ -76,7 +97,11 @@ def load_in_fresh_process(saved: Path, batch_file: Path, door: str) -> dict:
     return found
 
 
-@pytest.fixture(scope="module", params=[residual_model, nested], ids=["subclassed", "nested"])
+@pytest.fixture(
+    scope="module",
+    params=[residual_model, nested, token_gate, prefixed],
+    ids=["subclassed", "nested", "unbuilt-at-load", "prefixed-sub-layers"],
+)
 def trained(request, tmp_path_factory):
     model, plan, x, y = request.param()
     model.compile(optimizer="adam", loss="mse")

@@ -162,6 +162,22 @@ def mixtral_causal_lm(seed: int = 0):
     return _causal_lm(backbone, keras_hub.models.MixtralCausalLM, seed)
 
 
+def llama_causal_lm(seed: int = 0):
+    """keras-hub 0.32's Llama (2 blocks, width 128), whose decoder's own `get_config` raises."""
+    import keras_hub
+
+    keras.utils.set_random_seed(seed)
+    backbone = keras_hub.models.LlamaBackbone(
+        vocabulary_size=VOCABULARY,
+        num_layers=2,
+        num_query_heads=4,
+        num_key_value_heads=2,
+        hidden_dim=128,
+        intermediate_dim=256,
+    )
+    return _causal_lm(backbone, keras_hub.models.LlamaCausalLM, seed)
+
+
 def resnet_classifier(seed: int = 0):
     """A convolutional image backbone: keras-hub's ResNet (2 stages of basic blocks, 32x32 images)."""
     import keras_hub

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import re
 import sys
 import weakref
 from collections.abc import Callable, Hashable, Mapping
@@ -197,6 +198,24 @@ logger = logging.getLogger("autoprec")
 
 #: The (layer, what is lost) pairs already warned about in this process.
 _WARNED_MODEL_CODE: set[tuple[str, str]] = set()
+#: Lines Keras wraps an error in, which say where it happened but not what.
+_WRAPPER_LINE = re.compile(
+    r"^(Exception encountered when calling|Arguments received by|•|Could not automatically infer"
+    r"|Error encountered:?$)"
+)
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def error_lines(error: BaseException) -> list[str]:
+    """Returns the non-empty lines of `error`'s message, without terminal colours."""
+    return [line.strip() for line in _ANSI.sub("", str(error)).splitlines() if line.strip()]
+
+
+def error_line(error: BaseException) -> str:
+    """Returns `"ErrorType: line"` with the first line of a (Keras-wrapped) error that says what."""
+    lines = error_lines(error)
+    told = [line for line in lines if not _WRAPPER_LINE.match(line)] or lines
+    return f"{type(error).__name__}: {told[0] if told else ''}"[:300]
 
 
 def call_model_code(call: Callable[[], Value], *, layer: str, lost: str, fallback: Value) -> Value:
@@ -214,8 +233,9 @@ def call_model_code(call: Callable[[], Value], *, layer: str, lost: str, fallbac
         key = (layer, lost)
         if key not in _WARNED_MODEL_CODE:
             _WARNED_MODEL_CODE.add(key)
-            reason = f"{type(error).__name__}: {error}".splitlines()[0][:300]
-            logger.warning("autoprec: %s raised %s; %s. Training goes on.", layer, reason, lost)
+            logger.warning(
+                "autoprec: %s raised %s; %s. Training goes on.", layer, error_line(error), lost
+            )
         return fallback
 
 

@@ -26,6 +26,7 @@ from ..layers import (
     layer_paths,
     layer_policy,
     model_fingerprint,
+    unprefixed_path,
 )
 from ..plan import PrecisionPlan
 from .check import check_plan_runs
@@ -198,7 +199,7 @@ def apply_plan(
             f"apply_plan: expected a PrecisionPlan, got {type(plan).__name__}; "
             "load one with autoprec.PrecisionPlan.load(path)."
         )
-    infos = _checked_layers(model, plan, strict)
+    plan, infos = _checked_layers(model, plan, strict)
     dtypes = plan.resolve(infos)
     paths = layer_paths(model)
     sync_fit_state(model)  # inside JAX's fit: the variables are read and changed below
@@ -276,8 +277,11 @@ def _set_policies(
     return original_policies, applied, skipped
 
 
-def _checked_layers(model: keras.Model, plan: PrecisionPlan, strict: bool) -> dict[str, LayerInfo]:
-    """The model's layers, once the model is built and the plan fits it (or `strict` is off)."""
+def _checked_layers(
+    model: keras.Model, plan: PrecisionPlan, strict: bool
+) -> tuple[PrecisionPlan, dict[str, LayerInfo]]:
+    """The plan in the model's paths and the model's layers, once the model is built and the plan
+    fits it (or `strict` is off)."""
     if not is_fully_built(model):
         message = (
             f"model {model.name!r} is not built, so its sub-layers have no weights or paths "
@@ -288,6 +292,7 @@ def _checked_layers(model: keras.Model, plan: PrecisionPlan, strict: bool) -> di
             raise PlanError(message)
         warnings.warn(message, stacklevel=3)
     infos = describe_model(model)
+    plan = _in_model_paths(plan, infos)
     problems = check_plan_fits(plan, infos, model.name)
     if problems:
         message = (
@@ -298,8 +303,28 @@ def _checked_layers(model: keras.Model, plan: PrecisionPlan, strict: bool) -> di
         if strict:
             raise PlanError(message)
         warnings.warn(message, stacklevel=3)
+    return plan, infos
 
-    return infos
+
+def _in_model_paths(plan: PrecisionPlan, infos: Mapping[str, LayerInfo]) -> PrecisionPlan:
+    """`plan` with paths that still carry a container's name before a sub-layer's own (plans
+    written by 0.4: `backbone/backbone_3_embeddings`) as the model's paths now name them."""
+    renamed = {
+        path: unprefixed_path(path, plan.model_name or "")
+        for path in [*plan.layers, *plan.layer_info]
+        if path not in infos
+    }
+    renamed = {old: new for old, new in renamed.items() if new != old and new in infos}
+    if not renamed:
+        return plan
+    layer_info = {
+        renamed.get(path, path): dataclasses.replace(
+            info, path=renamed.get(path, path), follows=renamed.get(info.follows, info.follows)
+        )
+        for path, info in plan.layer_info.items()
+    }
+    layers = {renamed.get(path, path): dtype for path, dtype in plan.layers.items()}
+    return dataclasses.replace(plan, layers=layers, layer_info=layer_info)
 
 
 #: The model attribute that holds its `AppliedState`.

@@ -20,6 +20,7 @@ from .._core.dtypes import (
     is_float8_policy,
     wider_dtypes,
 )
+from .._core.models import call_model_code, error_line, error_lines
 from ..cost import LayerCall, ModelTrace, sample_inputs, synthetic_arguments, trace_model
 from ..errors import AutoprecError, BackendError, PlanError
 from ..layers import is_graph_model, layer_paths, layer_policy
@@ -51,7 +52,6 @@ _MISMATCH_PATTERNS = (
 )
 #: TensorFlow's C++ names of the float dtypes, as eager errors write them.
 _TF_NAMES = {"float": "float32", "half": "float16", "double": "float64"}
-_ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,14 +79,9 @@ class MissingKernel:
     kind: str = MISSING_KERNEL
 
 
-def _lines(error: BaseException) -> list[str]:
-    text = _ANSI.sub("", str(error))
-    return [line.strip() for line in text.splitlines() if line.strip()]
-
-
 def error_summary(error: Exception) -> str:
     """Returns `"ErrorType: line"`, the line of a (possibly Keras-wrapped) error that tells most."""
-    lines = _lines(error)
+    lines = error_lines(error)
     for line in lines:
         if any(pattern.search(line) for pattern in _MISMATCH_PATTERNS):
             return f"{type(error).__name__}: {line}"[:300]
@@ -94,7 +89,7 @@ def error_summary(error: Exception) -> str:
         for line in lines:
             if keyword in line.lower():
                 return f"{type(error).__name__}: {line}"[:300]
-    return f"{type(error).__name__}: {lines[0] if lines else ''}"[:300]
+    return error_line(error)
 
 
 def mismatched_dtypes(error: Exception) -> tuple[str, str] | None:
@@ -104,7 +99,7 @@ def mismatched_dtypes(error: Exception) -> tuple[str, str] | None:
         and "InvalidArgument" not in type(error).__name__
     ):
         return None
-    for line in _lines(error):
+    for line in error_lines(error):
         for pattern in _MISMATCH_PATTERNS:
             match = pattern.search(line)
             if match:
@@ -118,12 +113,18 @@ def is_missing_kernel(error: Exception) -> bool:
     """Returns whether `error` is the device saying it has no kernel for an operation's dtype."""
     if mismatched_dtypes(error) is not None:
         return False
-    text = " ".join(_lines(error)).lower()
+    text = " ".join(error_lines(error)).lower()
     return any(keyword in text for keyword in _KERNEL_KEYWORDS)
 
 
 def trace_for_check(model: keras.Model) -> ModelTrace | None:
     """Returns a forward pass of `model` whose calls the kernel check replays, or `None`."""
+    lost = "its kernel check is skipped"
+    return call_model_code(lambda: _traced(model), layer=model.name, lost=lost, fallback=None)
+
+
+def _traced(model: keras.Model) -> ModelTrace | None:
+    """The first way of tracing `model` that works; `None` when none does."""
     try:
         return trace_model(model)
     except AutoprecError as error:
@@ -136,9 +137,7 @@ def trace_for_check(model: keras.Model) -> ModelTrace | None:
         try:
             trace = attempt(model)
         except Exception as error:  # the model refused the probe: the next way, or nothing
-            text = str(error).strip()
-            first = f": {text.splitlines()[0]}" if text else ""
-            reason += f"; {way} it raised {type(error).__name__}{first}"
+            reason += f"; {way} it raised {error_line(error)}"
             continue
         if trace is not None:
             logger.debug("autoprec: kernel check of %r traced %s", model.name, way)
@@ -419,7 +418,7 @@ def check_plan_runs(model: keras.Model, inputs: object) -> None:
             )
         raise PlanError(
             f"model {model.name!r} cannot run under this plan: calling it on one sample "
-            f"raised {type(error).__name__}: {' '.join(_lines(error)[:3])} {advice}"
+            f"raised {type(error).__name__}: {' '.join(error_lines(error)[:3])} {advice}"
         ) from error
 
 

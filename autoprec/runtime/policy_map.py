@@ -11,7 +11,8 @@ from typing import Any
 
 import keras
 
-from ..layers import is_graph_model, layer_paths, layer_policy
+from .._core.models import call_model_code
+from ..layers import is_graph_model, layer_paths, layer_policy, unprefixed_path
 
 #: Marks a container whose `get_config` already writes the model's policy map.
 _WRITES_MAP = "_autoprec_writes_policy_map"
@@ -24,24 +25,37 @@ def policy_map_of(
 ) -> keras.dtype_policies.DTypePolicyMap:
     """Returns a `DTypePolicyMap` of every built layer under `model`, keyed by Keras' layer path."""
     layers: dict[str, keras.layers.Layer] = {}
-    for layer in [model, *layer_paths(model).values()]:
+    paths = layer_paths(model)
+    for layer in [model, *paths.values()]:
         if layer.path and layer.path not in layers:
             layers[layer.path] = layer
     entries = {path: layer_policy(layer) for path, layer in layers.items()}
+    # The container a Keras path's first segment leaves out (it may put its name before).
+    containers = {
+        layer.path: paths[path.rpartition("/")[0]].name
+        for path, layer in paths.items()
+        if "/" in path and layer.path and "/" not in layer.path
+    }
     return keras.dtype_policies.DTypePolicyMap(
-        default_policy=default, policy_map=name_patterns(entries, layers)
+        default_policy=default, policy_map=name_patterns(entries, layers, containers)
     )
 
 
 def name_patterns(
-    entries: Mapping[str, Any], layers: Mapping[str, keras.layers.Layer]
+    entries: Mapping[str, Any],
+    layers: Mapping[str, keras.layers.Layer],
+    containers: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
-    r"""Returns `entries` keyed by patterns that also match a Keras-made name's other numbers."""
+    r"""Returns `entries` keyed by patterns that also match a Keras-made name's other numbers and
+    a container's name put before a sub-layer's (`containers`: Keras path -> container name)."""
+    containers = containers or {}
     apart = _rebuilt_apart(layers)
     keyed: dict[str, Any] = {}
     for open_names in (True, False):  # Keras-made names open to any number, else as they are
         patterns = {
-            path: _path_pattern(path, layers, apart, open_names)
+            path: _path_pattern(
+                path, layers, apart, open_names, containers.get(path.split("/")[0], "")
+            )
             for path in entries
             if path not in keyed.values()
         }
@@ -83,9 +97,7 @@ def _names_in_config(container: keras.layers.Layer) -> set[str]:
     """The names of the layers `container`'s own config holds whole (read once, with no map)."""
     _READING_CONFIGS.append(True)  # inner configs are read plain: no map inside a map
     try:
-        config = type(container).get_config(container)
-    except (NotImplementedError, TypeError):
-        return set()
+        config = own_config(container, type(container).get_config) or {}
     finally:
         _READING_CONFIGS.pop()
     return {
@@ -100,6 +112,7 @@ def _path_pattern(
     layers: Mapping[str, keras.layers.Layer],
     apart: set[str] = frozenset(),
     open_names: bool = True,
+    container: str = "",
 ) -> str | None:
     """`path` as a regular expression, each Keras-made name open to any number; `None` if none."""
     segments = path.split("/")
@@ -111,10 +124,14 @@ def _path_pattern(
     for index, segment in enumerate(segments):
         layer = layers.get("/".join(segments[: index + 1]))
         stem = _snake_case(type(layer).__name__) if layer is not None else None
-        if open_names and stem and re.fullmatch(rf"{re.escape(stem)}(?:_\d+)?", segment):
-            parts.append(rf"{re.escape(stem)}(?:_\d+)?")
+        parent = re.sub(r"_\d+$", "", segments[index - 1] if index else container)
+        own = unprefixed_path(segment, parent) if parent else segment
+        # A container may put its own name before its sub-layers' (keras-hub's DINOV2Backbone).
+        prefix = rf"(?:{re.escape(parent)}(?:_\d+)?_)?" if parent else ""
+        if open_names and stem and re.fullmatch(rf"{re.escape(stem)}(?:_\d+)?", own):
+            parts.append(rf"{prefix}{re.escape(stem)}(?:_\d+)?")
         else:
-            parts.append(re.escape(segment))
+            parts.append(prefix + re.escape(own))
     pattern = "/".join(parts)
     if optional_until:
         pattern = f"(?:{'/'.join(parts[:optional_until])}/)?{'/'.join(parts[optional_until:])}"
@@ -224,10 +241,21 @@ def lists_own_layers(layer: keras.layers.Layer) -> bool:
     """Returns whether `layer` is a Sequential or functional model whose config lists its layers."""
     if not is_graph_model(layer):
         return False
-    try:
-        return "layers" in layer.get_config()
-    except (NotImplementedError, TypeError):
-        return True
+    config = own_config(layer, type(layer).get_config)
+    return config is None or "layers" in config
+
+
+def own_config(layer: keras.layers.Layer, get_config) -> dict | None:
+    """Returns `get_config(layer)`, or `None` (a warning unless the layer has no config)."""
+
+    def read() -> dict | None:
+        try:
+            return get_config(layer)
+        except NotImplementedError:  # a layer without a config of its own: nothing lost here
+            return None
+
+    lost = "Keras cannot save this model (its config cannot be read)"
+    return call_model_code(read, layer=layer.name, lost=lost, fallback=None)
 
 
 def _builds_own_sub_layers(layer: keras.layers.Layer, path: str, paths: dict) -> bool:

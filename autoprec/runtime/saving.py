@@ -10,8 +10,10 @@ from pathlib import Path
 import keras
 
 from ..errors import PlanError
+from ..layers import is_fully_built
 from ..plan import PrecisionPlan
 from .apply import apply_plan
+from .check import probe_inputs
 from .loss_scale import FlooredLossScaleOptimizer, current_loss_scale
 
 #: Name of the plan inside the `.keras` zip archive.
@@ -138,7 +140,8 @@ def load_model(
         compile: passed to `keras.saving.load_model`.
 
     Returns:
-        The model, with every layer's dtype as it was when saved and, if it was
+        The model, built (on a small probe batch where Keras left it unbuilt), with every
+        layer's dtype as it was when saved and, if it was
         training with loss scaling, its optimizer wrapped again with the saved scale.
     """
     if not Path(path).exists():
@@ -147,6 +150,8 @@ def load_model(
     model = keras.saving.load_model(path, custom_objects=custom_objects, compile=compile)
     if plan is None:
         return model
+    if not is_fully_built(model):
+        probe_inputs(model)  # a model Keras cannot build from its build config builds at a call
     handle = apply_plan(model, plan, strict=True)
     attach_plan(model, handle.plan)
     loss_scale = plan.metadata.get("loss_scale") or {}

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import keras
+import numpy as np
 import pytest
 
 from autoprec import PlanError, PrecisionPlan
@@ -74,3 +76,49 @@ def test_the_order_hint_takes_dtype_names_and_aliases_only(mlp):
             plan.with_dtype(name, "dense")
     with pytest.raises(PlanError, match="unknown dtype 'dense'"):  # float64 is no dtype here
         plan.with_dtype("float64", "dense")
+
+
+class _Autoencoder(keras.Model):
+    """A keras.io-style VAE: two nested functional models and a `train_step`, no `call`."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        images = keras.Input((8, 8, 1))
+        hidden = keras.layers.Conv2D(4, 3, strides=2, padding="same", activation="relu")(images)
+        code = keras.layers.Dense(2)(keras.layers.Flatten()(hidden))
+        self.encoder = keras.Model(images, code, name="encoder")
+        codes = keras.Input((2,))
+        grid = keras.layers.Reshape((4, 4, 1))(keras.layers.Dense(16, activation="relu")(codes))
+        pixels = keras.layers.Conv2DTranspose(1, 3, strides=2, padding="same")(grid)
+        self.decoder = keras.Model(codes, pixels, name="decoder")
+
+
+class _FlattensFirst(keras.Model):
+    """A subclassed model whose first layer passes values through."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.flatten = keras.layers.Flatten()
+        self.dense = keras.layers.Dense(3)
+
+    def call(self, inputs):
+        return self.dense(self.flatten(inputs))
+
+
+def test_every_key_a_plan_lists_is_one_with_dtype_accepts(mlp, cnn, attention_model):
+    flattens_first = _FlattensFirst()
+    flattens_first(np.zeros((2, 4, 4), "float32"))
+    models = [mlp, cnn, attention_model, _Autoencoder(), flattens_first]
+    for model in models:
+        plans = [
+            PrecisionPlan.uniform(model, "float32"),
+            PrecisionPlan.uniform(model, "float8"),
+            PrecisionPlan.from_model(model),
+        ]
+        for plan in plans:
+            assert plan.layers, model.name
+            for path in plan.layers:
+                for dtype in ("bfloat16", "float16", "float32"):
+                    assert plan.with_dtype(path, dtype).dtype_for(path) == dtype, (model, path)
+            for path in plan.followers:
+                assert path not in plan.layers

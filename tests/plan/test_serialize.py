@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
+import keras
 import pytest
 from conftest import build_cnn
+from reload_checks import PrefixedBackbone
 
+import autoprec
 from autoprec import PlanError, PrecisionPlan
+from autoprec.layers import describe_model, model_fingerprint
 from autoprec.plan import FORMAT_VERSION
 from autoprec.plan.serialize import FORMAT_NAME
 
@@ -135,3 +140,32 @@ def test_plan_to_dict_writes_every_field_of_the_format(cnn):
     data["metadata"]["hardware"] = "changed"
     assert plan.metadata["hardware"] is None  # a copy
     assert PrecisionPlan.from_dict(data, "<dict>").metadata["hardware"] == "changed"
+
+
+def _prefixed(backbone_name: str | None) -> keras.Model:
+    inputs = keras.Input((6, 8), name="features")
+    hidden = PrefixedBackbone(name=backbone_name)(inputs)
+    pooled = keras.layers.GlobalAveragePooling1D(name="pool")(hidden)
+    return keras.Model(inputs, keras.layers.Dense(1, name="head")(pooled), name="prefixed")
+
+
+def test_paths_and_fingerprint_leave_out_a_container_name_before_its_sub_layers():
+    unnamed, counted = _prefixed(None), _prefixed("prefixed_backbone_3")
+    assert counted.layers[1].embed.name == "prefixed_backbone_3_embed"
+    paths = list(describe_model(unnamed))
+    assert paths == list(describe_model(counted))
+    assert "prefixed_backbone/embed" in paths
+    assert model_fingerprint(unnamed) == model_fingerprint(counted)
+
+
+def test_a_0_4_plan_with_a_container_name_in_its_paths_loads_and_applies():
+    """0.4 wrote `backbone/backbone_norm` where paths now say `backbone/norm`."""
+    plan = PrecisionPlan.load(Path(__file__).parent / "data" / "plan_0_4_prefixed.json")
+    assert "backbone/backbone_norm" in plan.layers
+    model = _prefixed("backbone")
+    handle = autoprec.apply_plan(model, plan)
+    assert handle.dtypes["backbone/norm"] == "float16"
+    assert handle.dtypes["backbone/embed"] == "bfloat16"
+    assert handle.dtypes["head"] == "float32"
+    assert model.get_layer("backbone").norm.compute_dtype == "float16"
+    assert "backbone/backbone_norm" not in handle.plan.layers
