@@ -1,6 +1,6 @@
 """The one whole-step timing engine: interleaved rotating rounds, their noise and the verdict.
 
-Compiled clones (`cost.steps`), the search's evaluator copies (`search.timing`) and live steps
+Compiled clones (`cost.steps`), the search's evaluator copies (`search.evaluator`) and live steps
 inside `fit` (`decision.race`) are all timed in these rounds and judged by `judge_rounds`.
 """
 
