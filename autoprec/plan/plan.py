@@ -278,15 +278,8 @@ class PrecisionPlan:
     def _for_model(
         cls, model, infos: dict[str, LayerInfo], layers: dict[str, str], default: str, **kwargs: Any
     ) -> PrecisionPlan:
-        fingerprint, name = model_fingerprint(infos), model.name
-        return cls(
-            layers,
-            default=default,
-            layer_info=infos,
-            fingerprint=fingerprint,
-            model_name=name,
-            **kwargs,
-        )
+        identity = {"fingerprint": model_fingerprint(infos), "model_name": model.name}
+        return cls(layers, default=default, layer_info=infos, **identity, **kwargs)
 
     def dtype_for(self, path: str, class_name: str | None = None) -> str:
         """Returns the compute dtype for a layer: exact path, then rules in order, then default.

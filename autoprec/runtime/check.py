@@ -103,9 +103,8 @@ def mismatched_dtypes(error: Exception) -> tuple[str, str] | None:
         for pattern in _MISMATCH_PATTERNS:
             match = pattern.search(line)
             if match:
-                return _TF_NAMES.get(match.group(1), match.group(1)), _TF_NAMES.get(
-                    match.group(2), match.group(2)
-                )
+                first, second = (_TF_NAMES.get(name, name) for name in match.groups())
+                return first, second
     return None
 
 

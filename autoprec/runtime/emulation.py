@@ -76,10 +76,8 @@ class Float16Emulation:
 
     def set_layers(self, layers: Mapping[str, str] | Iterable[str]) -> None:
         """Sets the layers emulated from the next trace on."""
-        if isinstance(layers, Mapping):
-            self.active = dict(layers)
-        else:
-            self.active = {path: BOTH_SIDES for path in layers}
+        mapping = isinstance(layers, Mapping)
+        self.active = dict(layers) if mapping else dict.fromkeys(layers, BOTH_SIDES)
 
     def remove(self) -> None:
         """Puts back every layer's own `call`."""
