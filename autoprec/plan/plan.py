@@ -92,10 +92,8 @@ class PlanDiff:
         width = max([len(path) for path, _, _ in self.changed] + [5])
         for path, before, after in self.changed:
             lines.append(f"~ {path:<{width}}  {before} -> {after}")
-        for path in self.only_in_self:
-            lines.append(f"- {path}")
-        for path in self.only_in_other:
-            lines.append(f"+ {path}")
+        lines.extend(f"- {path}" for path in self.only_in_self)
+        lines.extend(f"+ {path}" for path in self.only_in_other)
         if self.rules_changed:
             lines.extend(_rule_lines(*self.rules_changed))
         return "\n".join(lines)
