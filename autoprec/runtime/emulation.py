@@ -94,11 +94,7 @@ class Float16Emulation:
             how = emulation.active.get(path)
             if how is None:
                 return original(*args, **kwargs)
-            args = keras.tree.map_structure(round_to_float16, args)
-            kwargs = {
-                name: keras.tree.map_structure(round_to_float16, value)
-                for name, value in kwargs.items()
-            }
+            args, kwargs = keras.tree.map_structure(round_to_float16, (args, kwargs))
             outputs = original(*args, **kwargs)
             if how == INPUTS_ONLY:
                 return outputs
