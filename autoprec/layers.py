@@ -129,19 +129,10 @@ def layer_policy(layer: keras.layers.Layer) -> keras.dtype_policies.DTypePolicy:
 
 
 def _own_weights(layer: keras.layers.Layer) -> list:
-    child_weight_ids = set()
-    for child in _tracked_children(layer):
-        child_weight_ids.update(id(weight) for weight in child.weights)
-    scaling_ids = {
-        id(getattr(layer, name))
-        for name in FLOAT8_SCALING_VARIABLES
-        if isinstance(getattr(layer, name, None), keras.Variable)
-    }
-    return [
-        weight
-        for weight in layer.weights
-        if id(weight) not in child_weight_ids and id(weight) not in scaling_ids
-    ]
+    scaling = (getattr(layer, name, None) for name in FLOAT8_SCALING_VARIABLES)
+    excluded = {id(weight) for child in _tracked_children(layer) for weight in child.weights}
+    excluded.update(id(variable) for variable in scaling if isinstance(variable, keras.Variable))
+    return [weight for weight in layer.weights if id(weight) not in excluded]
 
 
 def _tracked_children(layer: keras.layers.Layer) -> list[keras.layers.Layer]:
@@ -366,11 +357,8 @@ def _read_description(model: keras.layers.Layer) -> dict[str, LayerInfo]:
     previous_compute_path: dict[str, str | None] = {}
     for path, layer in paths.items():
         parent = path.rsplit("/", 1)[0] if "/" in path else ""
-        children = _tracked_children(layer)
         pass_through = is_pass_through(layer)
-        follows: str | None = None
-        if pass_through:
-            follows = producers.get(path, previous_compute_path.get(parent))
+        follows = producers.get(path, previous_compute_path.get(parent)) if pass_through else None
         weights = _own_weights(layer)
         infos[path] = LayerInfo(
             path=path,
@@ -378,7 +366,7 @@ def _read_description(model: keras.layers.Layer) -> dict[str, LayerInfo]:
             keras_path=getattr(layer, "path", None),
             parameters=int(sum(_element_count(weight.shape) for weight in weights)),
             weight_shapes=tuple(tuple(int(d) for d in weight.shape) for weight in weights),
-            is_container=bool(children),
+            is_container=bool(_tracked_children(layer)),
             pass_through=pass_through,
             follows=follows,
         )

@@ -92,10 +92,8 @@ class PlanDiff:
         width = max([len(path) for path, _, _ in self.changed] + [5])
         for path, before, after in self.changed:
             lines.append(f"~ {path:<{width}}  {before} -> {after}")
-        for path in self.only_in_self:
-            lines.append(f"- {path}")
-        for path in self.only_in_other:
-            lines.append(f"+ {path}")
+        lines.extend(f"- {path}" for path in self.only_in_self)
+        lines.extend(f"+ {path}" for path in self.only_in_other)
         if self.rules_changed:
             lines.extend(_rule_lines(*self.rules_changed))
         return "\n".join(lines)
@@ -278,15 +276,8 @@ class PrecisionPlan:
     def _for_model(
         cls, model, infos: dict[str, LayerInfo], layers: dict[str, str], default: str, **kwargs: Any
     ) -> PrecisionPlan:
-        fingerprint, name = model_fingerprint(infos), model.name
-        return cls(
-            layers,
-            default=default,
-            layer_info=infos,
-            fingerprint=fingerprint,
-            model_name=name,
-            **kwargs,
-        )
+        identity = {"fingerprint": model_fingerprint(infos), "model_name": model.name}
+        return cls(layers, default=default, layer_info=infos, **identity, **kwargs)
 
     def dtype_for(self, path: str, class_name: str | None = None) -> str:
         """Returns the compute dtype for a layer: exact path, then rules in order, then default.

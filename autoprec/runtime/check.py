@@ -82,14 +82,9 @@ class MissingKernel:
 def error_summary(error: Exception) -> str:
     """Returns `"ErrorType: line"`, the line of a (possibly Keras-wrapped) error that tells most."""
     lines = error_lines(error)
-    for line in lines:
-        if any(pattern.search(line) for pattern in _MISMATCH_PATTERNS):
-            return f"{type(error).__name__}: {line}"[:300]
-    for keyword in _KERNEL_KEYWORDS:
-        for line in lines:
-            if keyword in line.lower():
-                return f"{type(error).__name__}: {line}"[:300]
-    return error_line(error)
+    told = [line for line in lines if any(pattern.search(line) for pattern in _MISMATCH_PATTERNS)]
+    told += [line for keyword in _KERNEL_KEYWORDS for line in lines if keyword in line.lower()]
+    return f"{type(error).__name__}: {told[0]}"[:300] if told else error_line(error)
 
 
 def mismatched_dtypes(error: Exception) -> tuple[str, str] | None:
@@ -103,9 +98,8 @@ def mismatched_dtypes(error: Exception) -> tuple[str, str] | None:
         for pattern in _MISMATCH_PATTERNS:
             match = pattern.search(line)
             if match:
-                return _TF_NAMES.get(match.group(1), match.group(1)), _TF_NAMES.get(
-                    match.group(2), match.group(2)
-                )
+                first, second = (_TF_NAMES.get(name, name) for name in match.groups())
+                return first, second
     return None
 
 

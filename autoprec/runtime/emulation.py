@@ -76,10 +76,8 @@ class Float16Emulation:
 
     def set_layers(self, layers: Mapping[str, str] | Iterable[str]) -> None:
         """Sets the layers emulated from the next trace on."""
-        if isinstance(layers, Mapping):
-            self.active = dict(layers)
-        else:
-            self.active = {path: BOTH_SIDES for path in layers}
+        mapping = isinstance(layers, Mapping)
+        self.active = dict(layers) if mapping else dict.fromkeys(layers, BOTH_SIDES)
 
     def remove(self) -> None:
         """Puts back every layer's own `call`."""
@@ -96,11 +94,7 @@ class Float16Emulation:
             how = emulation.active.get(path)
             if how is None:
                 return original(*args, **kwargs)
-            args = keras.tree.map_structure(round_to_float16, args)
-            kwargs = {
-                name: keras.tree.map_structure(round_to_float16, value)
-                for name, value in kwargs.items()
-            }
+            args, kwargs = keras.tree.map_structure(round_to_float16, (args, kwargs))
             outputs = original(*args, **kwargs)
             if how == INPUTS_ONLY:
                 return outputs

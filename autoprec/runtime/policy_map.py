@@ -221,16 +221,15 @@ def _config_with_map(layer: keras.layers.Layer, own_get_config, root: weakref.re
 
 def _group_default(model: keras.Model, owner: str, layer: keras.layers.Layer):
     """The policy most of the group's nameless layers have, else `layer`'s own."""
-    counts: dict[str, int] = {}
-    policies = {}
-    for path, member in layer_paths(model).items():
-        if _is_under(path, owner) and not member.path:
-            policy = layer_policy(member)
-            counts[policy.name] = counts.get(policy.name, 0) + 1
-            policies.setdefault(policy.name, policy)
-    if not counts:
+    policies = [
+        layer_policy(member)
+        for path, member in layer_paths(model).items()
+        if _is_under(path, owner) and not member.path
+    ]
+    if not policies:
         return layer_policy(layer)
-    return policies[max(counts, key=counts.get)]
+    name = collections.Counter(policy.name for policy in policies).most_common(1)[0][0]
+    return next(policy for policy in policies if policy.name == name)
 
 
 def _is_under(path: str, container: str) -> bool:
