@@ -6,7 +6,7 @@ from __future__ import annotations
 import functools
 import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from types import ModuleType, TracebackType
+from types import ModuleType
 from typing import Any, TypeAlias
 
 import keras
@@ -62,12 +62,6 @@ def _weight_owners(model: keras.Model) -> dict[int, tuple[str, str]]:
 def _has_activation(layer: keras.layers.Layer) -> bool:
     activation = getattr(layer, "activation", None)
     return activation is not None and activation is not keras.activations.linear
-
-
-def _output_key(tree_path: tuple) -> str:
-    if not tree_path:
-        return OUTPUT_KEY
-    return OUTPUT_KEY + "/" + "/".join(str(part) for part in tree_path)
 
 
 def _kernel_values(layer: keras.layers.Layer) -> np.ndarray | None:
@@ -130,12 +124,7 @@ class ProbeSession:
             raise
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.remove()
 
     @property
@@ -285,7 +274,7 @@ class ProbeSession:
 
     def _probe_outputs(self, hooks: Any, path: str, outputs: Any) -> Any:
         def probe(tree_path: tuple, value: Any) -> Any:
-            key = _output_key(tree_path)
+            key = OUTPUT_KEY + "".join(f"/{part}" for part in tree_path)
             return hooks.probe(
                 value, (path, "activations", key), (path, "activation_gradients", key)
             )
