@@ -264,9 +264,7 @@ class AutoPrecision(PlanCallback):
         self._start_deciding(device, fast)
 
     def _start_deciding(self, device: HardwareProfile | None, fast: list[str]) -> None:
-        """Starts what decides the plan: the first batch's reader, then the profile where it counts."""
-        # fit's first batch gives the shapes costs are timed at (its size, unless
-        # `AutoPlan(batch_size=...)` names another).
+        """Starts the first batch's reader (the shapes costs are timed at), then the profile."""
         reader = FirstBatchSize(self.model)
         reader.install()
         deciding = self._deciding = _Deciding(device, fast, reader)
@@ -296,8 +294,7 @@ class AutoPrecision(PlanCallback):
         )
 
     def _recall(self, entry: dict) -> None:
-        """Applies the plan stored for this model, device and menu from the next step on; the first
-        batch and the step time are checked against the stored ones (`_check_recalled`)."""
+        """Applies the plan stored for this model, device and menu from the next step on."""
         self._recalled = dict(entry, reader=FirstBatchSize(self.model))
         self._recalled["reader"].install()
         plan = entry["plan"]
@@ -317,8 +314,7 @@ class AutoPrecision(PlanCallback):
         )
 
     def _check_recalled(self) -> None:
-        """Decides afresh where fit's first batch differs from the stored one or the recalled plan's
-        step time drifted from the stored one; else records the check."""
+        """Decides afresh where the first batch or the step time differs from the stored ones."""
         entry, clock = self._recalled, self._kept_clock
         why = ""
         if clock.steps == 1:
@@ -420,8 +416,7 @@ class AutoPrecision(PlanCallback):
         return params["steps"] * params["epochs"] - (self._step if left else 0)
 
     def _race_or_apply(self, deciding: _Deciding, plan: PrecisionPlan, trace: float) -> None:
-        """Starts timing the candidates inside fit where the predicted gain pays their traces; else
-        applies `plan` (the simpler one, float32, where the race was out of budget)."""
+        """Starts timing the candidates inside fit where the gain pays their traces; else applies."""
         optimizer = self.model.optimizer
         candidates = self._timed_candidates(deciding.device, plan)  # may add loss scaling
         reuse_fit_step = self.model.optimizer is optimizer
@@ -466,8 +461,7 @@ class AutoPrecision(PlanCallback):
         )
 
     def _checked(self, candidates: dict[str, PrecisionPlan]) -> dict[str, PrecisionPlan]:
-        """The race's candidates as the model runs them (checked once the race is on: the check
-        calls each 16-bit layer, work the race would waste where it is not run)."""
+        """The race's candidates as the model runs them (kernels checked once the race is on)."""
         if self.guard is None or not self.guard.check_kernels:
             return candidates
         return {
@@ -526,8 +520,7 @@ class AutoPrecision(PlanCallback):
             )
 
     def _first_batch(self, reader: FirstBatchSize) -> tuple[int, Any]:
-        """Returns the batch size to time costs at (`auto.batch_size`, else fit's first batch's) and
-        inputs of that many samples shaped as fit's first batch (`None` when none was read)."""
+        """Returns the batch size to time costs at and inputs shaped as fit's first batch (or `None`)."""
         size = self.auto.batch_size or reader.read()
         sample = reader.read_inputs(size)
         # The traced step keeps the reader (it records one batch, once): a plan that
@@ -544,8 +537,7 @@ class AutoPrecision(PlanCallback):
 
 @dataclasses.dataclass
 class _Deciding:
-    """What the automatic mode holds inside the fit that decides: the race is on once `race` is set,
-    the profile is being recorded while `profiler` is."""
+    """What the automatic mode holds while it decides (racing once `race` is set)."""
 
     device: HardwareProfile | None  # `hardware=` resolved for this fit; None: an unknown device
     fast: list[str]  # the 16-bit (and float8) dtypes the device runs fast: what a plan can win

@@ -1,5 +1,4 @@
-"""The automatic mode's decision: its settings (`AutoPlan`), fit's first batch, the heuristic plan
-from the profile and the costs, and the report printed once it is applied."""
+"""The automatic mode's decision: `AutoPlan`, fit's first batch, the heuristic plan and its report."""
 
 from __future__ import annotations
 
@@ -49,8 +48,7 @@ def race_budget(
     steps_left: int | None,
     left_over: float,
 ) -> tuple[float, str]:
-    """Returns the seconds the race's traces may cost and why: `PAYBACK_SHARE` of the predicted
-    gain per step times the steps left, else (`auto.decision_seconds`, no prediction) `left_over`."""
+    """Returns the seconds the race's traces may cost (`PAYBACK_SHARE` of the gain), and why."""
     if auto.decision_seconds is not None or not (step_seconds and speedup and steps_left):
         return max(left_over, 0.0), "what the decision budget leaves"
     gain = step_seconds * max(1.0 - 1.0 / speedup, 0.0)
@@ -200,7 +198,7 @@ def _require_count(name: str, value: object, otherwise: str = "") -> None:
 
 
 def _describe_data(data: Any) -> str:
-    """Returns a short description of a data argument (shapes, not values) for reprs."""
+    """Returns a data argument's shapes, not values, for reprs."""
     if isinstance(data, (tuple, list)):
         return "(" + ", ".join(_describe_data(item) for item in data) + ")"
     shape = getattr(data, "shape", None)

@@ -1,5 +1,4 @@
-"""The memory of decisions: the plan a fit ended with on this device, recalled by the next run of the
-same script, under `autoprec.cost.default_cache_dir() / "decisions"`."""
+"""The memory of decisions: the plan a fit ended with, recalled by the next run on this device."""
 
 from __future__ import annotations
 
@@ -42,8 +41,7 @@ def memory_dir() -> Path:
 
 
 def decision_key(model: keras.Model, device: str, dtypes: list[str], settings: Any) -> dict:
-    """Returns what a stored decision is valid for: device, versions, model, dtype menu and the
-    `AutoPlan` settings (its budget included; not its data or `remember`)."""
+    """Returns what a stored decision is valid for: device, versions, model, dtypes, settings."""
     config = {
         name: repr(value)
         for name, value in settings.get_config().items()
@@ -66,8 +64,7 @@ def _entry_path(key: dict) -> Path:
 
 
 def recall(key: dict) -> dict | None:
-    """Returns the entry stored under `key`, or `None` (none, another key, or unreadable: warned
-    once)."""
+    """Returns the entry stored under `key`, or `None` (an unreadable one is warned about once)."""
     path = _entry_path(key)
     if not path.exists():
         return None

@@ -1,6 +1,4 @@
-"""Whole train steps timed inside `fit`: the plans raced, the race itself, its report and the
-plan kept; and what `fit`'s first steps tell the decision (the epoch's length, a trace's cost).
-"""
+"""Whole train steps timed inside `fit`: the plans raced, the race, its report and the plan kept."""
 
 from __future__ import annotations
 
@@ -197,8 +195,7 @@ class _Candidate:
 
 
 class StepRace:
-    """Times candidate plans' train steps inside `fit`: call `begin_step` and `end_step` around each
-    step."""
+    """Times candidate plans' train steps inside `fit` (`begin_step`/`end_step` around each)."""
 
     def __init__(
         self,
@@ -316,8 +313,7 @@ class StepRace:
         )
 
     def close(self) -> None:
-        """Puts back the policies every layer had before the race, and a train function that runs
-        them."""
+        """Puts back the layers' policies from before the race and a train function running them."""
         self._restore_policies()
         if self._current is not None:  # a candidate's train function is in place
             if self._fit_function is not None:
@@ -341,8 +337,7 @@ class StepRace:
         return judge_rounds(rounds, order.index)
 
     def _prepare_float8(self) -> None:
-        """Creates every float8 candidate's scaling variables and an optimizer that knows them, up
-        front."""
+        """Creates the float8 candidates' scaling variables and an optimizer knowing them."""
         float8_plans = [c.plan for c in self.candidates if c.plan.uses_float8]
         if not float8_plans:
             return

@@ -210,28 +210,7 @@ def profile_from_dict(
     source: str,
     read_layer: Callable[[str, object, str], Any],
 ) -> _T:
-    """Builds a whole profile from `profile_to_dict` output.
-
-    Args:
-        cls: the class to build (`Profile`).
-        data: the decoded JSON value.
-        source: the file or string it came from, named in errors.
-        read_layer: reads one layer from its path, value and place
-            (`LayerProfile.from_dict`).
-
-    Returns:
-        A `cls`.
-
-    Raises:
-        ProfileError: naming `source` and the field when `data` is malformed, or
-            when its `format_version` is missing or newer than `FORMAT_VERSION`.
-
-    Example:
-
-    ```python
-    profile_from_dict(Profile, json.loads(text), "profile.json", LayerProfile.from_dict)
-    ```
-    """
+    """Builds a whole profile from `profile_to_dict` output, raising `ProfileError` naming `source`."""
     mapping = _require_mapping(data, source)
     version = mapping.get("format_version")
     if version is None:

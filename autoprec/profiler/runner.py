@@ -6,7 +6,7 @@ from __future__ import annotations
 import functools
 import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from types import ModuleType, TracebackType
+from types import ModuleType
 from typing import Any, TypeAlias
 
 import keras
@@ -42,10 +42,6 @@ KERNEL_WEIGHT = "kernel"
 Observation = tuple[int, dict[Slot, tuple[np.ndarray, np.ndarray]]]
 
 
-def _is_multi_head_attention(layer: keras.layers.Layer) -> bool:
-    return isinstance(layer, keras.layers.MultiHeadAttention)
-
-
 def _weight_owners(model: keras.Model) -> dict[int, tuple[str, str]]:
     """Maps `id(variable)` of each trainable weight to `(layer path, weight name)`."""
     owners: dict[int, tuple[str, str]] = {}
@@ -66,16 +62,6 @@ def _weight_owners(model: keras.Model) -> dict[int, tuple[str, str]]:
 def _has_activation(layer: keras.layers.Layer) -> bool:
     activation = getattr(layer, "activation", None)
     return activation is not None and activation is not keras.activations.linear
-
-
-def _layer_inputs(args: tuple, kwargs: dict) -> Any:
-    return args[0] if args else kwargs.get("inputs")
-
-
-def _output_key(tree_path: tuple) -> str:
-    if not tree_path:
-        return OUTPUT_KEY
-    return OUTPUT_KEY + "/" + "/".join(str(part) for part in tree_path)
 
 
 def _kernel_values(layer: keras.layers.Layer) -> np.ndarray | None:
@@ -138,12 +124,7 @@ class ProbeSession:
             raise
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.remove()
 
     @property
@@ -202,7 +183,7 @@ class ProbeSession:
                 self._replace(
                     layer, "activation", self._wrap_activation(hooks, path, layer.activation)
                 )
-            if _is_multi_head_attention(layer):
+            if isinstance(layer, keras.layers.MultiHeadAttention):
                 self._replace(
                     layer,
                     "_compute_attention",
@@ -258,7 +239,7 @@ class ProbeSession:
         @functools.wraps(original)
         def recording(*args, **kwargs):
             if hooks.recording:
-                inputs = _layer_inputs(args, kwargs)
+                inputs = args[0] if args else kwargs.get("inputs")
                 if backend.is_float_tensor(inputs):
                     hooks.record(slot, inputs)
             return original(*args, **kwargs)
@@ -293,7 +274,7 @@ class ProbeSession:
 
     def _probe_outputs(self, hooks: Any, path: str, outputs: Any) -> Any:
         def probe(tree_path: tuple, value: Any) -> Any:
-            key = _output_key(tree_path)
+            key = OUTPUT_KEY + "".join(f"/{part}" for part in tree_path)
             return hooks.probe(
                 value, (path, "activations", key), (path, "activation_gradients", key)
             )
@@ -581,15 +562,10 @@ def _ensure_built(model: keras.Model, sample_inputs: Any) -> None:
         optimizer.build(model.trainable_variables)
 
 
-def _snapshot_variables(model: keras.Model) -> list:
+def _snapshot(model: keras.Model) -> dict[str, Any]:
     variables = list(model.variables) + list(model.optimizer.variables)
     variables += list(getattr(model, "metrics_variables", []))
-    unique = {id(variable): variable for variable in variables}
-    return list(unique.values())
-
-
-def _snapshot(model: keras.Model) -> dict[str, Any]:
-    variables = _snapshot_variables(model)
+    variables = list({id(variable): variable for variable in variables}.values())
     return {
         "values": [(variable, np.array(variable.numpy(), copy=True)) for variable in variables],
         "attributes": {

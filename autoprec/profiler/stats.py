@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from .. import numerics
+from .._backends import PROFILER_UNSUPPORTED, instrument_backend
 from .._core.io import atomic_write_json, parse_json_text, read_json_file
 from ..errors import ProfileError
 from . import profile_json, views
@@ -378,7 +379,8 @@ class Profile:
             logdir: TensorBoard log directory.
             step: the summary step to write at.
         """
-        views.write_tensorboard(logdir, self._histogram_series(), step=step)
+        backend = instrument_backend("Profile.to_tensorboard", PROFILER_UNSUPPORTED)
+        backend.write_histograms(logdir, self._histogram_series(), step=step)
 
     def _histogram_series(self) -> Iterator[tuple[str, np.ndarray, np.ndarray]]:
         exponents = numerics.bin_exponents()

@@ -1,17 +1,16 @@
-"""Views of a profile's numbers: the summary table, the exponent heat map, TensorBoard histograms."""
+"""Views of a profile's numbers: the summary table and the exponent heat map."""
 
 from __future__ import annotations
 
 import dataclasses
 import math
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 
 from .. import numerics
-from .._backends import PROFILER_UNSUPPORTED, instrument_backend
 
 #: Column titles of `summary_table`.
 SUMMARY_COLUMNS: tuple[str, ...] = (
@@ -150,16 +149,6 @@ def summary_table(
         if index == 0:
             lines.append("  ".join("-" * width for width in widths))
     return "\n".join(lines)
-
-
-def write_tensorboard(
-    logdir: str | os.PathLike,
-    series: Iterable[tuple[str, np.ndarray, np.ndarray]],
-    step: int = 0,
-) -> None:
-    """Writes exponent histograms as TensorBoard histograms (with TensorFlow's summary writer)."""
-    backend = instrument_backend("Profile.to_tensorboard", PROFILER_UNSUPPORTED)
-    backend.write_histograms(logdir, series, step=step)
 
 
 def _occupied_exponent_range(matrices: Sequence[np.ndarray]) -> tuple[int, int]:
