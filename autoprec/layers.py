@@ -42,19 +42,7 @@ FLOAT8_SCALING_VARIABLES = frozenset(
 
 @dataclasses.dataclass(frozen=True)
 class LayerInfo:
-    """What autoprec knows about one layer of a model.
-
-    Args:
-        path: the stable autoprec path, e.g. `"encoder/attention/query_dense"`.
-        class_name: the layer's class name, e.g. `"EinsumDense"`.
-        keras_path: Keras' own `layer.path`, or `None` where Keras has none.
-        parameters: number of weight elements the layer owns directly (not its children's).
-        weight_shapes: shapes of the weights the layer owns directly.
-        is_container: whether the layer holds sub-layers.
-        pass_through: whether the layer does no precision-relevant arithmetic.
-        follows: path whose dtype this layer takes (pass-through layers and nested
-            models), or `None` when it is assigned a dtype of its own.
-    """
+    """What autoprec knows about one layer of a model (fields in docs/api.md)."""
 
     path: str
     class_name: str
@@ -67,14 +55,8 @@ class LayerInfo:
 
 
 def is_pass_through(layer: keras.layers.Layer) -> bool:
-    """Returns whether `layer` does no floating-point arithmetic worth a dtype of its own.
-
-    Args:
-        layer: any Keras layer.
-
-    Returns:
-        `True` for `PASS_THROUGH_CLASSES` (an `Activation` only with a piecewise-linear function).
-    """
+    """Returns whether `layer` does no floating-point arithmetic worth a dtype of its own
+    (`PASS_THROUGH_CLASSES`, an `Activation` only with a piecewise-linear function)."""
     class_name = type(layer).__name__
     if class_name not in PASS_THROUGH_CLASSES:
         return False
@@ -86,14 +68,7 @@ def is_pass_through(layer: keras.layers.Layer) -> bool:
 
 
 def is_graph_model(layer: keras.layers.Layer) -> bool:
-    """Returns whether `layer` is a Sequential or Functional model (a graph of layers).
-
-    Args:
-        layer: any Keras layer or model.
-
-    Returns:
-        `True` for Sequential and Functional models; `False` for subclassed models and layers.
-    """
+    """Returns whether `layer` is a Sequential or Functional model (a graph of layers)."""
     return (
         isinstance(layer, keras.Sequential)
         or type(layer).__name__ == "Functional"
@@ -106,22 +81,8 @@ def is_graph_model(layer: keras.layers.Layer) -> bool:
 
 
 def layer_policy(layer: keras.layers.Layer) -> keras.dtype_policies.DTypePolicy:
-    """Returns the dtype policy a layer computes with, its path's entry where it holds a map.
-
-    A float8 sub-layer of a reloaded `MultiHeadAttention` holds its container's whole map.
-
-    Args:
-        layer: any Keras layer.
-
-    Returns:
-        The layer's own `DTypePolicy`.
-
-    Example:
-
-    ```python
-    layer_policy(model.get_layer("mha")._query_dense).name  # "float8_from_mixed_bfloat16"
-    ```
-    """
+    """Returns the dtype policy a layer computes with, its path's entry where it holds a map (a
+    float8 sub-layer of a reloaded `MultiHeadAttention` holds its container's whole map)."""
     policy = layer.dtype_policy
     if isinstance(policy, keras.dtype_policies.DTypePolicyMap):
         return policy[layer.path] if layer.path else policy.default_policy
@@ -262,21 +223,7 @@ def _children_with_names(layer: keras.layers.Layer) -> list[tuple[str, keras.lay
 
 
 def iter_layers(model: keras.layers.Layer) -> Iterator[tuple[str, keras.layers.Layer]]:
-    """Yields `(stable_path, layer)` for every layer under `model`, parents before children.
-
-    Args:
-        model: a Keras model or layer (the root itself is not yielded).
-
-    Yields:
-        Pairs of stable path and layer, in a deterministic order.
-
-    Example:
-
-    ```python
-    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
-    [path for path, _ in autoprec.layers.iter_layers(model)]  # ["dense"]
-    ```
-    """
+    """Yields `(stable_path, layer)` for every layer under `model` (not the root), parents first."""
     seen: set[int] = {id(model)}
 
     def walk(prefix: str, layer: keras.layers.Layer) -> Iterator[tuple[str, keras.layers.Layer]]:
@@ -325,23 +272,8 @@ DESCRIPTIONS = ModelMemo("model descriptions")
 
 
 def describe_model(model: keras.layers.Layer) -> dict[str, LayerInfo]:
-    """Returns `{stable_path: LayerInfo}` for every layer under `model`, in traversal order.
-
-    The model is read once per structure; later calls copy it (`DESCRIPTIONS` counts reads).
-
-    Args:
-        model: a Keras model (built or not; unbuilt layers report no weights).
-
-    Returns:
-        An ordered mapping from stable path to `LayerInfo`.
-
-    Example:
-
-    ```python
-    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
-    autoprec.layers.describe_model(model)["dense"].parameters  # 10
-    ```
-    """
+    """Returns `{stable_path: LayerInfo}` for every layer under `model`, in traversal order; read
+    once per structure (`DESCRIPTIONS` counts reads)."""
     return dict(DESCRIPTIONS.get(model, structure_key(model), lambda: _read_description(model)))
 
 
@@ -393,14 +325,8 @@ def _element_count(shape) -> int:
 
 
 def model_fingerprint(model_or_infos) -> str:
-    """Returns a short hash of the model's layer paths, classes and weight shapes.
-
-    Args:
-        model_or_infos: a Keras model, or the mapping returned by `describe_model`.
-
-    Returns:
-        A 16-character hexadecimal string.
-    """
+    """Returns a 16-character hash of the layer paths, classes and weight shapes of a model
+    (or of `describe_model` output)."""
     infos = model_or_infos if isinstance(model_or_infos, dict) else describe_model(model_or_infos)
     payload = [
         [info.path, info.class_name, [list(shape) for shape in info.weight_shapes]]
@@ -411,11 +337,8 @@ def model_fingerprint(model_or_infos) -> str:
 
 
 def is_fully_built(model: keras.layers.Layer) -> bool:
-    """Returns whether `model` and every layer under it are built.
-
-    A model with no `call` of its own (a GAN whose `train_step` calls its sub-models) is never
-    built itself: it counts as built once every layer under it is.
-    """
+    """Returns whether `model` and every layer under it are built (a model with no `call` of
+    its own, a GAN stepping its sub-models, counts as built once every layer under it is)."""
     layers = [layer for _, layer in iter_layers(model)]
     if not all(layer.built for layer in layers):
         return False
@@ -431,24 +354,8 @@ def attention_logits(
     key: object,
     return_attention_scores: bool = False,
 ) -> object | None:
-    """Recomputes, in float32 and without gradients, the logits `MultiHeadAttention` computes in
-    its dtype (in float16 they overflow long before the layer's outputs do).
-
-    Args:
-        layer: a `MultiHeadAttention` layer.
-        query: the projected query its `_compute_attention` receives.
-        key: the projected key.
-        return_attention_scores: whether the call asked for the scores (no fused kernel then).
-
-    Returns:
-        The float32 logits, or `None` for a layer whose internals differ from Keras'.
-
-    Example:
-
-    ```python
-    logits = attention_logits(layer, query, key)
-    ```
-    """
+    """Recomputes in float32, without gradients, the logits `MultiHeadAttention` computes in its
+    dtype; `None` for a layer whose internals differ from Keras'."""
     ops = keras.ops
     if not hasattr(layer, "_inverse_sqrt_key_dim") or not hasattr(layer, "_dot_product_equation"):
         return None
@@ -471,22 +378,8 @@ def observing_attention(
     original: Callable,
     sink: Callable[[], Callable[[object], None] | None],
 ) -> Callable:
-    """Wraps `MultiHeadAttention._compute_attention` so that a sink sees its float32 logits.
-
-    Args:
-        layer: the `MultiHeadAttention` layer.
-        original: its `_compute_attention` method, called unchanged.
-        sink: called at every trace; returns the function that takes the logits, or `None`.
-
-    Returns:
-        The wrapping method, to set as the layer's `_compute_attention`.
-
-    Example:
-
-    ```python
-    layer._compute_attention = observing_attention(layer, layer._compute_attention, lambda: seen.append)
-    ```
-    """
+    """Wraps `MultiHeadAttention._compute_attention` so that `sink()`'s function sees its
+    float32 logits at every trace."""
 
     @functools.wraps(original)
     def compute_attention(

@@ -10,48 +10,23 @@ from typing import Any
 import numpy as np
 
 from .. import numerics
-from . import profile_json
-from .profile_json import FLOAT8_FORMAT_NAMES, FLOAT8_TENSORS
+from ..errors import ProfileError
+from .profile_json import (
+    FLOAT8_FORMAT_NAMES,
+    FLOAT8_TENSORS,
+    optional_number,
+    require_count,
+    require_float8_format,
+    require_mapping,
+    require_number,
+)
 from .tensor_stats import TensorStats
 
 
 @dataclasses.dataclass(frozen=True)
 class Float8TensorRange:
-    """How one tensor of a float8-eligible layer fits its float8 format under Keras' scaling.
-
-    Keras multiplies the tensor by `format max / amax` (`numerics.float8_scale`),
-    the amax coming from a history of earlier steps (see
-    `numerics.FLOAT8_SCALE_DELAY_STEPS`). Fractions are of the finite non-zero
-    values seen.
-
-    Attributes:
-        format: `"float8_e4m3fn"` or `"float8_e5m2"`.
-        amax: largest finite magnitude over the recorded steps: the amax a
-            history covering them scales by.
-        values: finite non-zero values seen.
-        nonfinite: infs and NaNs seen.
-        flush_fraction: fraction that rounds to zero once scaled by `max / amax`.
-        saturation_fraction: fraction that Keras' delayed scale clips to the
-            format's max by more than the format's own spacing (relative
-            `2^-mantissa_bits`; smaller clips are within float8's rounding):
-            step `t` is scaled by the amax of steps `<= t - 2`
-            (`numerics.FLOAT8_SCALE_DELAY_STEPS`), and only steps whose history
-            holds `numerics.FLOAT8_MIN_HISTORY_STEPS` steps are judged; `None`
-            when the steps were not observed one by one or were too few.
-        amax_growth: largest factor by which one step's amax exceeded that of
-            every earlier step (at most 1.0 when it never grew), over the steps
-            after the first `numerics.FLOAT8_MIN_HISTORY_STEPS`; `None` when not
-            observed step by step or too few steps.
-        steps: observations behind `saturation_fraction` and `amax_growth`
-            (0: window totals only).
-
-    Example:
-
-    ```python
-    kernel = prof.layers["dense"].float8.kernel
-    kernel.flush_fraction, kernel.amax_growth
-    ```
-    """
+    """How one tensor of a float8-eligible layer fits its float8 format under Keras' delayed
+    per-tensor scaling (fields in docs/api.md)."""
 
     format: str
     amax: float
@@ -70,27 +45,8 @@ class Float8TensorRange:
         observed: Sequence[TensorStats] = (),
         steps_per_observation: int = 1,
     ) -> Float8TensorRange:
-        """Measures one tensor from its statistics over the window and, if any, after each step.
-
-        Args:
-            dtype: the float8 format, e.g. `"float8_e4m3fn"` (aliases accepted).
-            total: the tensor's statistics over the recorded steps.
-            observed: its statistics summed up to each observed step, in order
-                (differences give each step's histogram, `max_abs` a bound of
-                each step's amax).
-            steps_per_observation: train steps between two observations
-                (`steps_per_execution`); the delay and the growth per step are
-                converted accordingly.
-
-        Returns:
-            A `Float8TensorRange`.
-
-        Example:
-
-        ```python
-        Float8TensorRange.measure("e4m3", layer.weights["kernel"])
-        ```
-        """
+        """Measures one tensor from its statistics over the window and, where given, summed up to each
+        observed step (`steps_per_observation` train steps apart)."""
         fmt = numerics.format_for(dtype)
         flush = numerics.float8_flush_fraction(
             total.histogram, total.max_abs, fmt, min_abs=total.min_nonzero_abs
@@ -126,42 +82,31 @@ class Float8TensorRange:
 
     def to_dict(self) -> dict[str, Any]:
         """Returns a JSON-ready dict."""
-        return profile_json.float8_range_to_dict(self)
+        return dataclasses.asdict(self)
 
     @classmethod
     def from_dict(cls, data: object, where: str) -> Float8TensorRange:
         """Builds the range from `to_dict` output, raising `ProfileError` naming `where`."""
-        return profile_json.float8_range_from_dict(cls, data, where)
+        mapping = require_mapping(data, where)
+        readers = {
+            "format": require_float8_format, "amax": require_number, "values": require_count,
+            "nonfinite": require_count, "flush_fraction": require_number,
+            "saturation_fraction": optional_number, "amax_growth": optional_number,
+            "steps": require_count,
+        }  # fmt: skip
+        defaults = {"nonfinite": 0, "steps": 0}
+        return cls(
+            **{
+                name: read(mapping.get(name, defaults.get(name)), f"{where}.{name}")
+                for name, read in readers.items()
+            }
+        )
 
 
 @dataclasses.dataclass(frozen=True)
 class Float8Ranges:
-    """What a float8 decision needs for one `Dense` or `EinsumDense` layer.
-
-    Keras' float8 path quantizes three tensors, each scaled per tensor: the
-    layer's inputs and its kernel to E4M3, the gradients of its matmul output
-    to E5M2 (`FLOAT8_TENSORS`). A tensor that was not recorded is `None` and
-    is not judged.
-
-    Attributes:
-        inputs: the layer's inputs, as the layer received them.
-        kernel: the kernel's values, read every step before the update.
-        output_gradients: the gradients flowing back into the matmul output
-            (before the bias and activation: the gradient Keras quantizes).
-
-    The verdict (`safe`, `unsafe_reason`) fails on the first of: a non-finite
-    value; more than `numerics.FLOAT8_FLUSH_TOLERANCE` of a tensor's non-zero
-    values rounding to zero; more than `numerics.FLOAT8_SATURATION_TOLERANCE`
-    clipped by the delayed scale; an amax growing by more than
-    `numerics.FLOAT8_MAX_AMAX_GROWTH` in one step.
-
-    Example:
-
-    ```python
-    ranges = prof.layers["dense"].float8
-    ranges.inputs.flush_fraction, ranges.safe, ranges.unsafe_reason
-    ```
-    """
+    """What a float8 decision needs for one `Dense` or `EinsumDense` layer: its three quantized
+    tensors (`FLOAT8_TENSORS`), `None` where not recorded, and the verdict (docs/api.md)."""
 
     inputs: Float8TensorRange | None = None
     kernel: Float8TensorRange | None = None
@@ -207,12 +152,25 @@ class Float8Ranges:
 
     def to_dict(self) -> dict[str, Any]:
         """Returns a JSON-ready dict of the recorded tensors."""
-        return profile_json.float8_ranges_to_dict(self)
+        return {name: item.to_dict() for name, item in self.tensors.items()}
 
     @classmethod
     def from_dict(cls, data: object, where: str) -> Float8Ranges:
         """Builds the ranges from `to_dict` output, raising `ProfileError` naming `where`."""
-        return profile_json.float8_ranges_from_dict(cls, data, where, Float8TensorRange.from_dict)
+        mapping = require_mapping(data, where)
+        unknown = sorted(set(mapping) - set(FLOAT8_TENSORS))
+        if unknown:
+            raise ProfileError(
+                f"{where}: unknown float8 tensor(s) {', '.join(map(repr, unknown))}; expected "
+                f"{', '.join(FLOAT8_TENSORS)}."
+            )
+        return cls(
+            **{
+                name: Float8TensorRange.from_dict(value, f"{where}.{name}")
+                for name, value in mapping.items()
+                if value is not None
+            }
+        )
 
 
 def _format_name(item: Float8TensorRange) -> str:

@@ -46,122 +46,15 @@ FORMAT_VERSION = 1
 FORMAT_KIND = "autoprec.profile"
 
 _T = TypeVar("_T")
-_Stats = TypeVar("_Stats")
-
-
-def tensor_stats_to_dict(stats: Any) -> dict[str, Any]:
-    """Returns one tensor's statistics as a JSON-ready dict."""
-    exponents = numerics.bin_exponents()
-    return {
-        "count": stats.count,
-        "zeros": stats.zeros,
-        "nonfinite": stats.nonfinite,
-        "nan": stats.nan,
-        "max_abs": stats.max_abs,
-        "min_nonzero_abs": stats.min_nonzero_abs,
-        "sum_abs": stats.sum_abs,
-        "sum_squares": stats.sum_squares,
-        "exponents": {
-            str(int(exponents[i])): int(stats.histogram[i]) for i in np.flatnonzero(stats.histogram)
-        },
-    }
-
-
-def tensor_stats_from_dict(cls: type[_Stats], data: object, where: str) -> _Stats:
-    """Builds one tensor's statistics from `tensor_stats_to_dict` output."""
-    mapping = _require_mapping(data, where)
-    histogram = _read_histogram(mapping.get("exponents"), f"{where}.exponents")
-    min_nonzero = mapping.get("min_nonzero_abs")
-    stats = cls(
-        count=_require_count(mapping.get("count"), f"{where}.count"),
-        zeros=_require_count(mapping.get("zeros"), f"{where}.zeros"),
-        nonfinite=_require_count(mapping.get("nonfinite"), f"{where}.nonfinite"),
-        nan=_require_count(mapping.get("nan", 0), f"{where}.nan"),
-        max_abs=_require_number(mapping.get("max_abs"), f"{where}.max_abs"),
-        min_nonzero_abs=None
-        if min_nonzero is None
-        else _require_number(min_nonzero, f"{where}.min_nonzero_abs"),
-        sum_abs=_require_number(mapping.get("sum_abs"), f"{where}.sum_abs"),
-        sum_squares=_require_number(mapping.get("sum_squares"), f"{where}.sum_squares"),
-        histogram=histogram,
-    )
-    if stats.zeros + stats.nonfinite + int(histogram.sum()) != stats.count:
-        raise ProfileError(
-            f"{where}: count {stats.count} does not equal zeros + nonfinite + histogram "
-            f"total ({stats.zeros} + {stats.nonfinite} + {int(histogram.sum())}); the "
-            "profile was edited or corrupted. Re-create it with autoprec.profile()."
-        )
-    return stats
-
-
-def float8_range_to_dict(item: Any) -> dict[str, Any]:
-    """Returns how one tensor fits its float8 format as a JSON-ready dict."""
-    return {
-        "format": item.format,
-        "amax": item.amax,
-        "values": item.values,
-        "nonfinite": item.nonfinite,
-        "flush_fraction": item.flush_fraction,
-        "saturation_fraction": item.saturation_fraction,
-        "amax_growth": item.amax_growth,
-        "steps": item.steps,
-    }
-
-
-def float8_range_from_dict(cls: type[_T], data: object, where: str) -> _T:
-    """Builds how one tensor fits its float8 format from `float8_range_to_dict` output."""
-    mapping = _require_mapping(data, where)
-    return cls(
-        format=_require_float8_format(mapping.get("format"), f"{where}.format"),
-        amax=_require_number(mapping.get("amax"), f"{where}.amax"),
-        values=_require_count(mapping.get("values"), f"{where}.values"),
-        nonfinite=_require_count(mapping.get("nonfinite", 0), f"{where}.nonfinite"),
-        flush_fraction=_require_number(mapping.get("flush_fraction"), f"{where}.flush_fraction"),
-        saturation_fraction=_optional_number(
-            mapping.get("saturation_fraction"), f"{where}.saturation_fraction"
-        ),
-        amax_growth=_optional_number(mapping.get("amax_growth"), f"{where}.amax_growth"),
-        steps=_require_count(mapping.get("steps", 0), f"{where}.steps"),
-    )
-
-
-def float8_ranges_to_dict(ranges: Any) -> dict[str, Any]:
-    """Returns a layer's float8 ranges as a JSON-ready dict of its recorded tensors."""
-    return {name: float8_range_to_dict(item) for name, item in ranges.tensors.items()}
-
-
-def float8_ranges_from_dict(
-    cls: type[_T],
-    data: object,
-    where: str,
-    read_range: Callable[[object, str], Any],
-) -> _T:
-    """Builds a layer's float8 ranges from `float8_ranges_to_dict` output."""
-    mapping = _require_mapping(data, where)
-    unknown = sorted(set(mapping) - set(FLOAT8_TENSORS))
-    if unknown:
-        raise ProfileError(
-            f"{where}: unknown float8 tensor(s) {', '.join(map(repr, unknown))}; expected "
-            f"{', '.join(FLOAT8_TENSORS)}."
-        )
-    return cls(
-        **{
-            name: read_range(value, f"{where}.{name}")
-            for name, value in mapping.items()
-            if value is not None
-        }
-    )
 
 
 def layer_to_dict(layer: Any) -> dict[str, Any]:
     """Returns what was recorded for one layer as a JSON-ready dict."""
     data: dict[str, Any] = {"class_name": layer.class_name, "dtype": layer.dtype}
     for kind in TENSOR_KINDS:
-        data[kind] = {
-            key: tensor_stats_to_dict(stats) for key, stats in getattr(layer, kind).items()
-        }
+        data[kind] = {key: stats.to_dict() for key, stats in getattr(layer, kind).items()}
     if layer.float8 is not None:
-        data["float8"] = float8_ranges_to_dict(layer.float8)
+        data["float8"] = layer.float8.to_dict()
     return data
 
 
@@ -174,10 +67,10 @@ def layer_from_dict(
     read_float8: Callable[[object, str], Any],
 ) -> _T:
     """Builds one layer's profile from `layer_to_dict` output."""
-    mapping = _require_mapping(data, where)
+    mapping = require_mapping(data, where)
     groups = {}
     for kind in TENSOR_KINDS:
-        group = _require_mapping(mapping.get(kind, {}), f"{where}.{kind}")
+        group = require_mapping(mapping.get(kind, {}), f"{where}.{kind}")
         groups[kind] = {
             key: read_stats(value, f"{where}.{kind}[{key!r}]") for key, value in group.items()
         }
@@ -211,7 +104,7 @@ def profile_from_dict(
     read_layer: Callable[[str, object, str], Any],
 ) -> _T:
     """Builds a whole profile from `profile_to_dict` output, raising `ProfileError` naming `source`."""
-    mapping = _require_mapping(data, source)
+    mapping = require_mapping(data, source)
     version = mapping.get("format_version")
     if version is None:
         raise ProfileError(
@@ -223,7 +116,7 @@ def profile_from_dict(
             f"{source}: format_version {version!r} is not supported (this autoprec reads "
             f"up to {FORMAT_VERSION}); upgrade autoprec or re-create the profile."
         )
-    layers_data = _require_mapping(mapping.get("layers"), f"{source}: layers")
+    layers_data = require_mapping(mapping.get("layers"), f"{source}: layers")
     layers = {
         path: read_layer(path, value, f"{source}: layers[{path!r}]")
         for path, value in layers_data.items()
@@ -231,7 +124,7 @@ def profile_from_dict(
     fingerprint = mapping.get("fingerprint")
     return cls(
         layers=layers,
-        steps=_require_count(mapping.get("steps"), f"{source}: steps"),
+        steps=require_count(mapping.get("steps"), f"{source}: steps"),
         model_name=str(mapping.get("model_name", "")),
         fingerprint=None if fingerprint is None else str(fingerprint),
     )
@@ -240,17 +133,17 @@ def profile_from_dict(
 # ----------------------------------------------------------------------------- validation
 
 
-def _read_histogram(value: object, where: str) -> np.ndarray:
+def read_histogram(value: object, where: str) -> np.ndarray:
     histogram = np.zeros(numerics.HISTOGRAM_BINS, dtype=np.int64)
-    for key, count in _require_mapping(value, where).items():
+    for key, count in require_mapping(value, where).items():
         exponent = _parse_exponent(key, where)
-        histogram[exponent - numerics.HISTOGRAM_MIN_EXPONENT] = _require_count(
+        histogram[exponent - numerics.HISTOGRAM_MIN_EXPONENT] = require_count(
             count, f"{where}[{key!r}]"
         )
     return histogram
 
 
-def _require_mapping(value: object, where: str) -> Mapping[str, Any]:
+def require_mapping(value: object, where: str) -> Mapping[str, Any]:
     if not isinstance(value, Mapping):
         raise ProfileError(
             f"{where}: expected a JSON object, got {type(value).__name__}; the profile is "
@@ -259,23 +152,23 @@ def _require_mapping(value: object, where: str) -> Mapping[str, Any]:
     return value
 
 
-def _require_count(value: object, where: str) -> int:
+def require_count(value: object, where: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise ProfileError(f"{where}: expected a non-negative integer, got {value!r}.")
     return value
 
 
-def _require_number(value: object, where: str) -> float:
+def require_number(value: object, where: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise ProfileError(f"{where}: expected a finite number, got {value!r}.")
     return float(value)
 
 
-def _optional_number(value: object, where: str) -> float | None:
-    return None if value is None else _require_number(value, where)
+def optional_number(value: object, where: str) -> float | None:
+    return None if value is None else require_number(value, where)
 
 
-def _require_float8_format(value: object, where: str) -> str:
+def require_float8_format(value: object, where: str) -> str:
     if value not in FLOAT8_FORMAT_NAMES:
         raise ProfileError(
             f"{where}: expected one of {', '.join(FLOAT8_FORMAT_NAMES)}, got {value!r}."

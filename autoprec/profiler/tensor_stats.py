@@ -5,39 +5,25 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Iterable, Mapping
-from typing import Any, TypeVar
+from typing import Any
 
 import numpy as np
 
 from .. import numerics
-from . import profile_json
+from ..errors import ProfileError
+from .profile_json import (
+    optional_number,
+    read_histogram,
+    require_count,
+    require_mapping,
+    require_number,
+)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class TensorStats:
-    """Statistics of one tensor, summed over the recorded steps.
-
-    Attributes:
-        count: number of elements seen (zeros and non-finite values included).
-        zeros: number of exact zeros.
-        nonfinite: number of infs and NaNs.
-        max_abs: largest finite magnitude (0.0 when there is none).
-        min_nonzero_abs: smallest finite non-zero magnitude, or `None`.
-        sum_abs: sum of finite magnitudes.
-        sum_squares: sum of squares of finite values.
-        histogram: read-only int64 array of `numerics.HISTOGRAM_BINS` counts of
-            `floor(log2(|x|))` over finite non-zero values, exponents
-            `numerics.HISTOGRAM_MIN_EXPONENT` (-149) to `HISTOGRAM_MAX_EXPONENT` (127).
-        nan: how many of the non-finite values are NaN (the rest are infinities:
-            an overflow gives inf, while a NaN usually comes from the data).
-
-    Example:
-
-    ```python
-    stats = prof.layers["dense"].activation
-    stats.max_abs, stats.float16_overflow_fraction, stats.exponent_counts()
-    ```
-    """
+    """Statistics of one tensor, summed over the recorded steps (fields in docs/api.md); `histogram`
+    counts `floor(log2(|x|))` of finite non-zero values over `numerics.HISTOGRAM_BINS` exponents."""
 
     count: int
     zeros: int
@@ -109,9 +95,19 @@ class TensorStats:
         )
 
     @classmethod
-    def merge(cls, stats: Iterable[TensorStats]) -> TensorStats | None:
+    def merge(cls, stats: Iterable[TensorStats | None]) -> TensorStats | None:
         """Returns the statistics of the union of several tensors, or `None` for none."""
-        return merge_stats(cls, stats)
+        items = [item for item in stats if item is not None]
+        if not items:
+            return None
+        minima = [item.min_nonzero_abs for item in items if item.min_nonzero_abs is not None]
+        summed = ("count", "zeros", "nonfinite", "nan", "sum_abs", "sum_squares")
+        return cls(
+            **{name: sum(getattr(item, name) for item in items) for name in summed},
+            max_abs=max(item.max_abs for item in items),
+            min_nonzero_abs=min(minima, default=None),
+            histogram=np.sum([item.histogram for item in items], axis=0),
+        )
 
     @property
     def finite(self) -> int:
@@ -214,36 +210,36 @@ class TensorStats:
 
     def to_dict(self) -> dict[str, Any]:
         """Returns a JSON-ready dict (the histogram as `{exponent: count}` for non-empty bins)."""
-        return profile_json.tensor_stats_to_dict(self)
+        data: dict[str, Any] = {name: getattr(self, name) for name in _JSON_FIELDS}
+        data["exponents"] = {str(exponent): n for exponent, n in self.exponent_counts().items()}
+        return data
 
     @classmethod
     def from_dict(cls, data: object, where: str) -> TensorStats:
         """Builds statistics from `to_dict` output, raising `ProfileError` naming `where`."""
-        return profile_json.tensor_stats_from_dict(cls, data, where)
+        mapping = require_mapping(data, where)
+        histogram = read_histogram(mapping.get("exponents"), f"{where}.exponents")
+        values = {
+            name: read(mapping.get(name, 0 if name == "nan" else None), f"{where}.{name}")
+            for name, read in zip(_JSON_FIELDS, _JSON_READERS)
+        }
+        stats = cls(**values, histogram=histogram)
+        if stats.zeros + stats.nonfinite + int(histogram.sum()) != stats.count:
+            raise ProfileError(
+                f"{where}: count {stats.count} does not equal zeros + nonfinite + histogram "
+                f"total ({stats.zeros} + {stats.nonfinite} + {int(histogram.sum())}); the "
+                "profile was edited or corrupted. Re-create it with autoprec.profile()."
+            )
+        return stats
 
 
-_Stats = TypeVar("_Stats")
+#: The fields of `TensorStats.to_dict` besides its histogram, in order, and how each is read.
+_JSON_FIELDS = (
+    "count", "zeros", "nonfinite", "nan", "max_abs", "min_nonzero_abs", "sum_abs", "sum_squares",
+)  # fmt: skip
+_JSON_READERS = (*[require_count] * 4, require_number, optional_number, *[require_number] * 2)
 
 
-def merge_stats(cls: type[_Stats], stats: Iterable[_Stats | None]) -> _Stats | None:
-    """Returns the statistics of the union of several tensors, or `None` for none."""
-    items = [item for item in stats if item is not None]
-    if not items:
-        return None
-    minima = [item.min_nonzero_abs for item in items if item.min_nonzero_abs is not None]
-    return cls(
-        count=sum(item.count for item in items),
-        zeros=sum(item.zeros for item in items),
-        nonfinite=sum(item.nonfinite for item in items),
-        nan=sum(item.nan for item in items),
-        max_abs=max(item.max_abs for item in items),
-        min_nonzero_abs=min(minima) if minima else None,
-        sum_abs=sum(item.sum_abs for item in items),
-        sum_squares=sum(item.sum_squares for item in items),
-        histogram=np.sum([item.histogram for item in items], axis=0),
-    )
-
-
-def merge_groups(cls: type[_Stats], *groups: Mapping[str, _Stats]) -> _Stats | None:
+def merge_groups(cls: type[TensorStats], *groups: Mapping[str, TensorStats]) -> TensorStats | None:
     """Returns the statistics of every tensor of some `{name: statistics}` groups together."""
-    return merge_stats(cls, (stats for group in groups for stats in group.values()))
+    return cls.merge(stats for group in groups for stats in group.values())

@@ -45,33 +45,8 @@ def find_missing_kernels(
     trace: ModelTrace | None = None,
     planned: Mapping[str, str] | None = None,
 ) -> list[MissingKernel]:
-    """Returns the layers that cannot run forward and backward in their planned dtype here.
-
-    Each layer is called alone, its sub-layers (a container's) in their planned
-    dtypes, innermost first; a container is checked with what its sub-layers
-    fell back to. What the call raises tells the finding's `kind`.
-
-    Args:
-        model: a built model, with the policies it had before the plan (the
-            trace runs the whole model once).
-        dtypes: `{path: dtype}` of the layers to check.
-        trace: an `autoprec.cost.ModelTrace` of the model; traced here if omitted.
-        planned: `{path: dtype}` the whole plan gives, for sub-layers not in
-            `dtypes`; `dtypes` by default.
-
-    Returns:
-        One `MissingKernel` per failing layer, with the dtype it falls back to
-        (float16 -> bfloat16 -> float32 for a missing kernel; one dtype for the
-        layer and its sub-layers alike for mixed arithmetic, so that Keras runs
-        the plan as it is saved), and one of `kind` `"check_failed"` per layer the check
-        could not call (logged; nothing to change).
-
-    Example:
-
-    ```python
-    missing = autoprec.runtime.kernels.find_missing_kernels(model, plan.resolve(describe_model(model)))
-    ```
-    """
+    """Returns the layers that cannot run forward and backward in their planned dtype here,
+    each called alone, innermost first (see docs/api.md)."""
     current = {**(planned or {}), **dtypes}
     if all(dtype == FLOAT32 for dtype in current.values()):
         return []
@@ -123,50 +98,15 @@ def _check_keys(dtypes: Mapping[str, str]) -> dict[str, tuple]:
 
 
 def unchecked_kernels(model: keras.Model, dtypes: Mapping[str, str]) -> dict[str, str]:
-    """Returns the `{path: dtype}` of `dtypes` whose layer was not checked on this model yet.
-
-    A layer counts with its sub-layers' dtypes: a container checked with other
-    sub-layer dtypes is checked again.
-
-    Args:
-        model: the model.
-        dtypes: `{path: dtype}` a plan gives each layer.
-
-    Returns:
-        The layers `missing_kernels_once` would check now (empty: it answers from memory).
-
-    Example:
-
-    ```python
-    if unchecked_kernels(model, handle.dtypes):
-        handle.restore()  # the check runs with the model as it was
-    ```
-    """
+    """Returns the `{path: dtype}` of `dtypes` whose layer, with its sub-layers' dtypes, was not
+    checked on this model yet."""
     checked = _CHECKED_KERNELS.get(model, {})
     return {path: dtypes[path] for path, key in _check_keys(dtypes).items() if key not in checked}
 
 
 def missing_kernels_once(model: keras.Model, dtypes: Mapping[str, str]) -> list[MissingKernel]:
-    """Returns the `find_missing_kernels` findings that change `dtypes`, checking each layer once.
-
-    Layers already checked on this model with the same dtypes (their own and
-    their sub-layers') are answered from memory; the others are checked now,
-    with the model in the policies it has (those before any plan). Layers the
-    check could not call are logged when checked and left out.
-
-    Args:
-        model: a built model, with the policies it had before the plan.
-        dtypes: `{path: dtype}` the plan gives each layer.
-
-    Returns:
-        One `MissingKernel` per layer of `dtypes` that cannot run in its dtype here.
-
-    Example:
-
-    ```python
-    missing = missing_kernels_once(model, handle.dtypes)
-    ```
-    """
+    """Returns the `find_missing_kernels` findings that change `dtypes`, checking each layer
+    (with its sub-layers' dtypes) once per model."""
     checked = _CHECKED_KERNELS.setdefault(model, {})
     keys = _check_keys(dtypes)
     unchecked = {path: dtypes[path] for path, key in keys.items() if key not in checked}
@@ -221,26 +161,8 @@ def fallback_plan(
     step: int = 0,
     logged: set[tuple[str, ...]] | None = None,
 ) -> PrecisionPlan:
-    """Returns `plan` with each failing layer and its sub-layers moved to its fallback dtype, logged.
-
-    Args:
-        plan: the plan to change.
-        missing: what `find_missing_kernels` returned.
-        step: the train step recorded in each event.
-        logged: findings already logged (`(path, dtype, fallback, kind)`), which are
-            not logged again; the ones logged now are added. `None` logs every one.
-
-    Returns:
-        A new plan; each change is an event in `plan.events` whose `kind` is the
-        finding's (`"missing_kernel"`, `"mixed_arithmetic"`, `"dtype_failure"`);
-        findings of kind `"check_failed"` change nothing.
-
-    Example:
-
-    ```python
-    plan = autoprec.runtime.kernels.fallback_plan(plan, missing)
-    ```
-    """
+    """Returns `plan` with each failing layer and its sub-layers moved to its fallback dtype, each
+    change an event and a warning (once per finding in `logged`)."""
     for item in missing:
         if item.kind == CHECK_FAILED:
             continue  # the check could not tell: the plan stays as it is
@@ -274,30 +196,8 @@ def checked_plan(
     step: int = 0,
     logged: set[tuple[str, ...]] | None = None,
 ) -> PrecisionPlan:
-    """Returns `plan` with every layer that cannot run as planned here moved to what it runs in.
-
-    Checks the dtypes `apply_plan` will set (layers Keras leaves without a path take
-    their policy map's default, `unnamed_layer_dtypes`; a plain Sequential or
-    functional sub-model keeps its own policy), falls back what fails
-    (`fallback_plan`), and checks again until nothing changes.
-
-    Args:
-        model: a built model, with the policies it had before the plan.
-        plan: the plan to check.
-        step: the train step recorded in each event.
-        logged: findings already logged, for `fallback_plan`.
-
-    Returns:
-        The plan as the model runs it, each change an event in `plan.events`.
-
-    Example:
-
-    ```python
-    plan = checked_plan(model, plan)
-    autoprec.apply_plan(model, plan)
-    model.fit(x, y)  # no layer meets a dtype it cannot take
-    ```
-    """
+    """Returns `plan` with every layer that cannot run as planned here moved to what it runs in,
+    checked again until nothing changes."""
     paths = layer_paths(model)
     kept = {  # Keras rebuilds these in their own policy: apply_plan leaves it
         path: dtype_of_policy(layer_policy(layer))

@@ -6,7 +6,7 @@ import numpy as np
 from profiler.reference import assert_matches_reference
 
 from autoprec.profiler import LayerProfile, TensorStats
-from autoprec.profiler.tensor_stats import merge_groups, merge_stats
+from autoprec.profiler.tensor_stats import merge_groups
 
 _PARTS = {
     "normal": np.random.default_rng(2).normal(scale=4.0, size=(6, 5)).astype(np.float32),
@@ -17,7 +17,7 @@ _PARTS = {
 
 
 def test_merged_statistics_are_those_of_the_concatenated_tensors():
-    merged = merge_stats(TensorStats, [TensorStats.from_values(v) for v in _PARTS.values()])
+    merged = TensorStats.merge([TensorStats.from_values(v) for v in _PARTS.values()])
     everything = np.concatenate([values.ravel() for values in _PARTS.values()])
     assert isinstance(merged, TensorStats)
     assert_matches_reference(merged, everything)
@@ -27,21 +27,20 @@ def test_merged_statistics_are_those_of_the_concatenated_tensors():
 
 
 def test_nothing_to_merge_is_none_and_none_items_are_skipped():
-    assert merge_stats(TensorStats, []) is None
-    assert merge_stats(TensorStats, [None, None]) is None
+    assert TensorStats.merge([]) is None
+    assert TensorStats.merge([None, None]) is None
     only = TensorStats.from_values(_PARTS["tiny"])
-    alone = merge_stats(TensorStats, [None, only, None])
+    alone = TensorStats.merge([None, only, None])
     assert alone.to_dict() == only.to_dict()
     # A tensor without non-zero values leaves the smallest magnitude to the others.
     zeros = TensorStats.from_values(_PARTS["zeros"])
-    assert merge_stats(TensorStats, [zeros]).min_nonzero_abs is None
-    assert merge_stats(TensorStats, [zeros, only]).min_nonzero_abs == 2.0**-30
+    assert TensorStats.merge([zeros]).min_nonzero_abs is None
+    assert TensorStats.merge([zeros, only]).min_nonzero_abs == 2.0**-30
 
 
-def test_tensor_stats_merge_is_merge_stats():
+def test_merge_takes_any_iterable():
     parts = [TensorStats.from_values(values) for values in _PARTS.values()]
-    assert TensorStats.merge(iter(parts)).to_dict() == merge_stats(TensorStats, parts).to_dict()
-    assert TensorStats.merge([]) is None
+    assert TensorStats.merge(iter(parts)).to_dict() == TensorStats.merge(parts).to_dict()
 
 
 def test_groups_merge_across_kinds_as_the_layer_views_do():

@@ -88,9 +88,9 @@ def test_each_level_is_written_and_read_by_its_function():
     )
     assert read.path == "attention" and read.to_dict() == entry
     logits = layer.internals["attention_logits"]
-    written = profile_json.tensor_stats_to_dict(logits)
+    written = logits.to_dict()
     assert written["exponents"] == {str(k): v for k, v in logits.exponent_counts().items()}
-    assert profile_json.tensor_stats_from_dict(TensorStats, written, "here").to_dict() == written
+    assert TensorStats.from_dict(written, "here").to_dict() == written
     # A layer written before dtypes or float8 ranges were recorded reads with the defaults.
     old = profile_json.layer_from_dict(
         LayerProfile,
@@ -107,23 +107,15 @@ def test_float8_ranges_round_trip_and_refuse_unknown_tensors_and_formats():
     kernel = Float8TensorRange("float8_e4m3fn", 2.0, 100, 0, 0.01, None, None, 0)
     grads = Float8TensorRange("float8_e5m2", 3e4, 50, 1, 0.0, 0.002, 1.5, 6)
     ranges = Float8Ranges(kernel=kernel, output_gradients=grads)
-    data = profile_json.float8_ranges_to_dict(ranges)
+    data = ranges.to_dict()
     assert list(data) == ["kernel", "output_gradients"]
     assert data["kernel"] == dataclasses.asdict(kernel)
-    assert data == ranges.to_dict()
-    read = profile_json.float8_ranges_from_dict(
-        Float8Ranges, data, "here", Float8TensorRange.from_dict
-    )
-    assert read == ranges
-    assert profile_json.float8_range_from_dict(Float8TensorRange, data["kernel"], "k") == kernel
+    assert Float8Ranges.from_dict(data, "here") == ranges
+    assert Float8TensorRange.from_dict(data["kernel"], "k") == kernel
     with pytest.raises(ProfileError, match=r"here: unknown float8 tensor\(s\) 'bias'"):
-        profile_json.float8_ranges_from_dict(
-            Float8Ranges, {**data, "bias": {}}, "here", Float8TensorRange.from_dict
-        )
+        Float8Ranges.from_dict({**data, "bias": {}}, "here")
     with pytest.raises(ProfileError, match=r"k\.format: expected one of float8_e4m3fn"):
-        profile_json.float8_range_from_dict(
-            Float8TensorRange, {**data["kernel"], "format": "int8"}, "k"
-        )
+        Float8TensorRange.from_dict({**data["kernel"], "format": "int8"}, "k")
     with pytest.raises(ProfileError, match=r"k\.saturation_fraction: expected a finite number"):
         Float8TensorRange.from_dict({**data["kernel"], "saturation_fraction": "high"}, "k")
 
