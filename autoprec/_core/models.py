@@ -219,12 +219,8 @@ def error_line(error: BaseException) -> str:
 
 
 def call_model_code(call: Callable[[], Value], *, layer: str, lost: str, fallback: Value) -> Value:
-    """Runs model code autoprec calls for its own use; an exception from it becomes one warning.
-
-    `get_config`, `from_config`, `clone_model`, traces and probes serve autoprec's conveniences, so a
-    defect in the model's own code must not stop a fit that trains without autoprec. autoprec's own
-    errors still raise. `lost` says what the run goes on without (e.g. "this layer stays float32").
-    """
+    """Runs model code autoprec calls for its own use (configs, clones, traces, probes): an
+    exception from it becomes one warning saying what is `lost`; autoprec's own errors still raise."""
     try:
         return call()
     except AutoprecError:

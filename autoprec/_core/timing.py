@@ -1,8 +1,5 @@
-"""The one whole-step timing engine: interleaved rotating rounds, their noise and the verdict.
-
-Compiled clones (`cost.steps`), the search's evaluator copies (`search.evaluator`) and live steps
-inside `fit` (`decision.race`) are all timed in these rounds and judged by `judge_rounds`.
-"""
+"""The one whole-step timing engine: interleaved rotating rounds, their noise and the verdict, for
+compiled clones (`cost.steps`), the search's copies and live steps inside `fit` (`decision.race`)."""
 
 from __future__ import annotations
 

@@ -54,16 +54,16 @@ def _measure_casts(
     for dtype in dtypes:
         if dtype == FLOAT32:
             continue
-        timings = []
-        for elements in (small, large):
-            key = cache.key({"cast": dtype, "elements": elements})
-            seconds = cache.get(key)
-            if seconds is None:
-                # At least 9 rounds: a 1024-value cast takes microseconds, and one round
-                # disturbed by another process would set its fixed cost alone.
-                seconds = time_cast(dtype, elements, max(repeats, 9))
-                cache.put(key, seconds, f"cast float32<->{dtype}, {elements} elements")
-            timings.append(seconds)
+        # At least 9 rounds: a 1024-value cast takes microseconds, and one round disturbed by
+        # another process would set its fixed cost alone.
+        timings = [
+            cache.measured(
+                {"cast": dtype, "elements": elements},
+                f"cast float32<->{dtype}, {elements} elements",
+                lambda dtype=dtype, elements=elements: time_cast(dtype, elements, max(repeats, 9)),
+            )
+            for elements in (small, large)
+        ]
         per_element = max((timings[1] - timings[0]) / (large - small), 0.0)
         fixed = max(timings[0] - per_element * small - dispatch_seconds / 2.0, 0.0)
         result[dtype] = {"fixed": fixed, "per_element": per_element}
@@ -243,9 +243,24 @@ def calibrate(
         stats=stats,
         plans={name: plan.dtypes for name, plan in plans.items()},
     )
-    dispatch_seconds = _dispatch_seconds(setting.cache, repeats)
+    dispatch_seconds = setting.cache.measured(
+        {"dispatch": True}, "empty compiled call", lambda: time_empty_function(repeats)
+    )
     setting = dataclasses.replace(setting, dispatch_seconds=dispatch_seconds)
-    table = _measured_table(model, setting, _measure_layers(model, setting, verbose), stats)
+    table = CostTable(
+        device=setting.device,
+        source="measured",
+        batch_size=setting.batch_size,
+        layers=_measure_layers(model, setting, verbose),
+        edges=[
+            (edge.producer, edge.consumer, edge.elements_per_sample) for edge in setting.trace.edges
+        ],
+        cast_seconds={},
+        memory_bytes=setting.profile.memory_bytes,
+        model_fingerprint=model_fingerprint(model),
+        versions=setting.cache.versions,
+        stats=stats,
+    )
     table.cast_seconds = _measure_casts(setting.dtypes, setting.cache, repeats, dispatch_seconds)
     attribute_step_overhead(table, uniform)
     fit_boundary_cost(model, table, plans, mixed, noise)
@@ -274,40 +289,6 @@ def _mixed_plans(
         return mixed_plans(model, halves)
     except Exception:  # noqa: BLE001 - a model whose layers cannot be listed: no mixed steps
         return {}
-
-
-def _measured_table(
-    model: keras.Model,
-    setting: _Setting,
-    layers: dict[str, LayerCostRecord],
-    stats: dict[str, int],
-) -> CostTable:
-    """Returns the `CostTable` of measured `layers` (casts and step correction still to add)."""
-    return CostTable(
-        device=setting.device,
-        source="measured",
-        batch_size=setting.batch_size,
-        layers=layers,
-        edges=[
-            (edge.producer, edge.consumer, edge.elements_per_sample) for edge in setting.trace.edges
-        ],
-        cast_seconds={},
-        layer_fixed_seconds=0.0,
-        memory_bytes=setting.profile.memory_bytes,
-        model_fingerprint=model_fingerprint(model),
-        versions=setting.cache.versions,
-        stats=stats,
-    )
-
-
-def _dispatch_seconds(cache: MeasurementCache, repeats: int) -> float:
-    """Returns the seconds of an empty compiled call (subtracted from each layer's), cached."""
-    key = cache.key({"dispatch": True})
-    seconds = cache.get(key)
-    if seconds is None:
-        seconds = time_empty_function(repeats)
-        cache.put(key, seconds, "empty compiled call")
-    return seconds
 
 
 def _measure_layers(

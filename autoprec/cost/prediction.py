@@ -120,12 +120,8 @@ ACTIVATION_FLOPS: dict[str, int] = {
 }  # fmt: skip
 _DEFAULT_ACTIVATION_FLOPS = 4
 
-# What each pass-through layer (`autoprec.layers.PASS_THROUGH_CLASSES`, the one
-# list of them) costs: views nothing, dropouts two FLOPs per element; the
-# pass-through activations, max poolings and element-wise maximum/minimum are
-# counted by their own formulas; every other pass-through layer copies its
-# elements without arithmetic. tests/cost/test_prediction.py checks that views and
-# dropouts are pass-through classes.
+# What each pass-through layer (`autoprec.layers.PASS_THROUGH_CLASSES`) costs: views nothing, the
+# others their own formula below, or a copy of their elements.
 #: Pass-through layers that only view their input: no FLOPs, no copy.
 VIEW_CLASSES = frozenset({"Flatten", "Reshape", "InputLayer", "Identity"})
 #: Pass-through layers counted at two FLOPs per element.
@@ -446,11 +442,9 @@ def count_call(
         return _count_rnn(call, layer)
     if class_name.endswith("Cell") or parent_class in _RNN_GATES:
         return {"note": "counted in its recurrent layer"}
-    if info is not None and info.is_container:
+    if (info is not None and info.is_container) or class_name in VIEW_CLASSES:
         return {}
-    if class_name in VIEW_CLASSES:
-        return {}
-    if class_name in ("Dense",):
+    if class_name == "Dense":
         return _count_dense(call, layer)
     if class_name == "EinsumDense":
         return _count_einsum_dense(call, layer)
@@ -466,14 +460,12 @@ def count_call(
         return _count_pooling(call, layer)
     if class_name in MERGE_CLASSES:
         return _count_elementwise(call, max(len(call.inputs) - 1, 1))
-    if class_name in DROPOUT_CLASSES:
+    if class_name in DROPOUT_CLASSES or class_name in ("Rescaling", "Normalization"):
         return _count_elementwise(call, 2)
     if class_name in COPY_CLASSES:
         return {"activation_elements": _io_elements(call), "kernels": 2}
     if class_name in ACTIVATION_CLASSES:
         return _count_activation_layer(call, layer)
-    if class_name in ("Rescaling", "Normalization"):
-        return _count_elementwise(call, 2)
     return _count_elementwise(call, 1, note=f"estimated: no formula for {class_name}")
 
 
@@ -539,33 +531,18 @@ def predicted_layer_seconds(
     rate = hardware.peak_flops(source if aligned else FLOAT32)
     if float8 and all(dim % max(hardware.float8_alignment, 1) == 0 for dim in cost.float8_dims):
         rate = hardware.peak_flops(FLOAT8)
-    bytes_moved = cost.bytes_moved(source, batch_size)
-    seconds = _work_seconds(
-        cost, hardware, rate * MATMUL_EFFICIENCY, bytes_moved, batch_size, support
+    vector_flops = (cost.vector_flops + cost.backward_vector_flops) * batch_size
+    matmul_flops = (cost.matmul_flops + cost.backward_matmul_flops) * batch_size
+    compute_seconds = matmul_flops / (rate * MATMUL_EFFICIENCY) + vector_flops / (
+        hardware.float32_flops * VECTOR_EFFICIENCY
     )
+    seconds = max(compute_seconds, cost.bytes_moved(source, batch_size) / hardware.memory_bandwidth)
+    if support == SLOW:
+        seconds *= hardware.slow_penalty
     seconds += max(cost.kernels, 1) * hardware.op_overhead_seconds
     return seconds + (
         float8_quantize_seconds(cost, hardware, batch_size, source) if float8 else 0.0
     )
-
-
-def _work_seconds(
-    cost: LayerCost,
-    hardware: HardwareProfile,
-    matmul_rate: float,
-    bytes_moved: float,
-    batch_size: int,
-    support: str,
-) -> float:
-    """Returns `max(compute, memory)` seconds, times `slow_penalty` for a slow dtype."""
-    vector_rate = hardware.float32_flops * VECTOR_EFFICIENCY
-    matmul_flops = (cost.matmul_flops + cost.backward_matmul_flops) * batch_size
-    vector_flops = (cost.vector_flops + cost.backward_vector_flops) * batch_size
-    compute_seconds = matmul_flops / matmul_rate + vector_flops / vector_rate
-    work_seconds = max(compute_seconds, bytes_moved / hardware.memory_bandwidth)
-    if support == SLOW:
-        work_seconds *= hardware.slow_penalty
-    return work_seconds
 
 
 def float8_quantize_seconds(

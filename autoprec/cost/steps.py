@@ -1,9 +1,5 @@
-"""Whole training steps of model copies timed on this device, and what they correct in a table.
-
-Copies of a model under other policies (every layer in one dtype, or each named layer in its own),
-timed through the one engine of `_core.timing`; also a layer alone, a cast and an empty compiled
-call on the active backend.
-"""
+"""Whole training steps of model copies (uniform or per-layer policies) timed through `_core.timing`,
+and what they correct in a table; a layer alone, a cast and an empty compiled call timed too."""
 
 from __future__ import annotations
 

@@ -10,7 +10,7 @@ import json
 import math
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -226,9 +226,7 @@ class CostTable:
 
 def _float_mapping(value: Any) -> dict[str, float]:
     """Returns `{str: float}` from a decoded JSON object (`{}` for a missing field)."""
-    if value is None:
-        return {}
-    return {str(key): float(item) for key, item in dict(value).items()}
+    return {str(key): float(item) for key, item in dict(value or {}).items()}
 
 
 _CACHE_FORMAT = 1
@@ -273,6 +271,15 @@ class MeasurementCache:
             return float(data["seconds"])
         except (OSError, ValueError, KeyError, TypeError):
             return None
+
+    def measured(self, payload: Any, description: str, measure: Callable[[], float]) -> float:
+        """Returns the seconds cached under `payload`, measured (and cached) the first time."""
+        key = self.key(payload)
+        seconds = self.get(key)
+        if seconds is None:
+            seconds = measure()
+            self.put(key, seconds, description)
+        return seconds
 
     def put(self, key: str, seconds: float, description: str) -> None:
         """Writes `seconds` under `key` (nothing without a cache; a write error is ignored)."""

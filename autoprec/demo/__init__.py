@@ -1,7 +1,4 @@
-"""`autoprec demo`: profile, search, train and time a built-in model on this device.
-
-The models and their data are generated here; nothing is downloaded.
-"""
+"""`autoprec demo`: profile, search, train and time a built-in model (generated, with its data)."""
 
 from __future__ import annotations
 

@@ -56,21 +56,9 @@ _TF_NAMES = {"float": "float32", "half": "float16", "double": "float64"}
 
 @dataclasses.dataclass(frozen=True)
 class MissingKernel:
-    """A layer that cannot run in its planned dtype here, or could not be checked.
-
-    Attributes:
-        path: the layer's stable path.
-        dtype: the planned dtype that failed.
-        fallback: the dtype the layer and its sub-layers fall back to (`dtype`
-            where the check failed: nothing changes).
-        error: the first line of the error the device raised, or the evidence
-            (`"its own arithmetic mixes float32 tensors it makes with bfloat16
-            ones: ..."`), or why the check could not call the layer.
-        kind: `"missing_kernel"` (the device has no kernel for the dtype),
-            `"mixed_arithmetic"` (the layer's own call mixes dtypes),
-            `"dtype_failure"` (another failure only in 16-bit) or
-            `"check_failed"` (the check could not call the layer alone).
-    """
+    """A layer that cannot run in its planned dtype here (`kind` "missing_kernel",
+    "mixed_arithmetic", "dtype_failure"), or could not be checked ("check_failed": `fallback` is
+    `dtype`); `error` is the line of the error that tells, or the evidence."""
 
     path: str
     dtype: str
