@@ -36,8 +36,7 @@ def float_format(name: str) -> FloatFormat:
     """Returns the range facts of a float format, read from `ml_dtypes.finfo`."""
     name = FORMAT_ALIASES.get(name, name)
     info = ml_dtypes.finfo(name)
-    maximum = float(info.max)
-    min_normal = float(info.smallest_normal)
+    maximum, min_normal = float(info.max), float(info.smallest_normal)
     min_subnormal = float(info.smallest_subnormal)
     return FloatFormat(
         name=name,
@@ -101,10 +100,9 @@ def exponent_histogram(values: ArrayLike) -> tuple[np.ndarray, int, int]:
 
 def _scaled_exponents(scale: float) -> np.ndarray:
     """Each bin's exponent after multiplying by a power-of-two `scale` (else `ValueError`)."""
-    mantissa, exponent = math.frexp(scale)
-    if scale <= 0 or mantissa != 0.5:
+    if scale <= 0 or math.frexp(scale)[0] != 0.5:
         raise ValueError(f"scale must be a positive power of two, got {scale!r}")
-    return bin_exponents() + exponent - 1
+    return bin_exponents() + math.frexp(scale)[1] - 1
 
 
 def _fraction(histogram: np.ndarray, count: int, mask: np.ndarray) -> float:
@@ -115,16 +113,15 @@ def overflow_fraction(
     histogram: np.ndarray, count: int, dtype: str | FloatFormat = FLOAT16, scale: float = 1.0
 ) -> float:
     """Returns the fraction of elements that overflow `dtype` after multiplying by `scale`."""
-    fmt = format_for(dtype)
-    return _fraction(histogram, count, _scaled_exponents(scale) > fmt.max_exponent)
+    return _fraction(histogram, count, _scaled_exponents(scale) > format_for(dtype).max_exponent)
 
 
 def underflow_fraction(
     histogram: np.ndarray, count: int, dtype: str | FloatFormat = FLOAT16, scale: float = 1.0
 ) -> float:
     """Returns the fraction of elements that flush to zero in `dtype` after scaling."""
-    fmt = format_for(dtype)
-    return _fraction(histogram, count, _scaled_exponents(scale) < fmt.min_subnormal_exponent)
+    minimum = format_for(dtype).min_subnormal_exponent
+    return _fraction(histogram, count, _scaled_exponents(scale) < minimum)
 
 
 def subnormal_fraction(
@@ -144,17 +141,12 @@ def exceeds_max(max_abs: float, dtype: str | FloatFormat = FLOAT16, scale: float
 
 #: Largest loss scale ever suggested (2^24, far above Keras' initial 2^15).
 MAX_LOSS_SCALE = 2.0**24
-
 #: Smallest loss scale ever suggested (for gradients that overflow float16 at scale 1).
 MIN_LOSS_SCALE = 2.0**-24
-
-#: Bits of headroom a suggested loss scale keeps below the format's maximum:
-#: 1 bit means the largest scaled gradient stays below half of float16's max.
+#: Bits of headroom a suggested loss scale keeps below the format's maximum (1: under half of it).
 LOSS_SCALE_MARGIN_BITS = 1
-
-#: Fraction of a tensor's elements that may flush to zero before the tensor
-#: counts as not fitting a format (also the quantile that defines the
-#: "smallest significant" gradient magnitude).
+#: Fraction of a tensor's elements that may flush to zero before it does not fit a format (also
+#: the quantile that defines the "smallest significant" gradient magnitude).
 UNDERFLOW_TOLERANCE = 1e-3
 
 
@@ -224,27 +216,18 @@ def loss_scale_covers_range(
     return underflow_fraction(histogram, count, dtype, scale) <= tolerance
 
 
-#: Steps by which Keras' float8 scale lags the amax: the scale a step uses was
-#: computed, one step earlier, from the amax history of the steps before that,
-#: so step `t` is scaled by the largest amax of steps `<= t - 2`.
+#: Steps by which Keras' float8 scale lags the amax: step `t` is scaled by the largest amax of
+#: steps `<= t - 2` (the scale was computed a step earlier from the history before it).
 FLOAT8_SCALE_DELAY_STEPS = 2
-
-#: Earlier steps a step's amax is compared with before it is judged: the first
-#: steps of a profile only fill the history (in training it holds up to 1024
-#: steps), as against too few steps a batch-to-batch swing looks like growth.
+#: Earlier steps a step's amax is compared with before it is judged (against fewer, a
+#: batch-to-batch swing looks like growth).
 FLOAT8_MIN_HISTORY_STEPS = 3
-
-#: Fraction of a tensor's non-zero values that may round to zero in float8
-#: after per-tensor scaling before the layer counts as unsafe for float8.
+#: Fraction of a tensor's non-zero values that may round to zero in float8 after scaling.
 FLOAT8_FLUSH_TOLERANCE = 1e-2
-
-#: Fraction of a tensor's non-zero values that may be clipped to the format's
-#: max by Keras' delayed scale (by more than the format's own spacing).
+#: Fraction that Keras' delayed scale may clip to the format's max (beyond its own spacing).
 FLOAT8_SATURATION_TOLERANCE = 1e-3
-
-#: Largest factor a tensor's amax may grow by from one step to the next: above
-#: 2, the largest values of such a step are clipped to less than half their
-#: size, whatever their number, since the scale comes from earlier steps.
+#: Largest factor an amax may grow by in one step: above 2, that step's largest values are
+#: clipped to less than half their size, since the scale comes from earlier steps.
 FLOAT8_MAX_AMAX_GROWTH = 2.0
 
 
@@ -346,8 +329,7 @@ def float8_saturation_fraction(
 
 def amax_growth(step_amax: Sequence[float], min_history: int = 1) -> float | None:
     """Returns the largest factor by which a step's amax exceeded the amax of every earlier step."""
-    ratios = []
-    largest = 0.0
+    ratios, largest = [], 0.0
     for step, value in enumerate(step_amax):
         if not math.isfinite(value):
             continue

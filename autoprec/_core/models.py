@@ -91,16 +91,18 @@ def _deserialize_tree(value: Any, key: str) -> Any:
 
 
 def swap_attribute(owner: object, name: str, value: object) -> Callable[[], None]:
-    """Sets `owner.name = value` on the instance itself and returns the function that undoes it."""
+    """Sets `owner.name = value` on the instance (or class) itself and returns the function that
+    undoes it."""
+    is_class = isinstance(owner, type)
     had_own = name in vars(owner)
     previous = vars(owner).get(name)
-    object.__setattr__(owner, name, value)
+    (setattr if is_class else object.__setattr__)(owner, name, value)
 
     def undo() -> None:
         if had_own:
-            object.__setattr__(owner, name, previous)
+            (setattr if is_class else object.__setattr__)(owner, name, previous)
         elif name in vars(owner):
-            object.__delattr__(owner, name)
+            (delattr if is_class else object.__delattr__)(owner, name)
 
     return undo
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-from collections.abc import Mapping
+import math
+from collections.abc import Callable, Mapping
 from typing import Any, TypeAlias
 
 import keras
@@ -13,7 +14,7 @@ import numpy as np
 
 from .._backends import timing_backend
 from .._core.data import flat_arrays, is_array, slice_batch
-from .._core.models import ModelMemo, structure_key
+from .._core.models import ModelMemo, structure_key, swap_attribute
 from ..errors import BackendError, PlanError
 from ..layers import layer_paths, layer_policy
 
@@ -131,10 +132,7 @@ class ModelTrace:
 
 
 def element_count(values) -> int:
-    result = 1
-    for value in values:
-        result *= int(value)
-    return result
+    return math.prod(int(value) for value in values)
 
 
 def spec_of(tensor: Any) -> TensorSpec:
@@ -238,13 +236,14 @@ class _Recorder:
         self.source_of: dict[int, int] = {}
         self.raw_edges: list[tuple[int, str | None, str, int]] = []
         self.keep_alive: list[Any] = []
-        self.installed: list[tuple[Any, str, bool, Any]] = []
+        self.undo: list[Callable[[], None]] = []
 
     def install(self) -> None:
         for path, layer in self.paths.items():
             quantized = getattr(getattr(layer, "dtype_policy", None), "quantization_mode", None)
             name = "quantized_call" if quantized else "call"
-            self._replace(layer, name, self._hook(path, layer, getattr(layer, name), layer.call))
+            hook = self._hook(path, layer, getattr(layer, name), layer.call)
+            self.undo.append(swap_attribute(layer, name, hook))
         convert_input = keras.DTypePolicy.convert_input
 
         def converted(policy, x, autocast, dtype):
@@ -254,25 +253,12 @@ class _Recorder:
                 self.keep_alive.extend((x, result))
             return result
 
-        self._replace(keras.DTypePolicy, "convert_input", converted)
-
-    def _replace(self, owner: Any, name: str, value: Any) -> None:
-        had_own = name in vars(owner)
-        self.installed.append((owner, name, had_own, vars(owner).get(name)))
-        if isinstance(owner, type):
-            setattr(owner, name, value)
-        else:
-            object.__setattr__(owner, name, value)
+        self.undo.append(swap_attribute(keras.DTypePolicy, "convert_input", converted))
 
     def remove(self) -> None:
-        for owner, name, had_own, previous in reversed(self.installed):
-            if had_own and isinstance(owner, type):
-                setattr(owner, name, previous)
-            elif had_own:
-                object.__setattr__(owner, name, previous)
-            else:
-                object.__delattr__(owner, name)
-        self.installed.clear()
+        for undo in reversed(self.undo):
+            undo()
+        self.undo.clear()
         self.keep_alive.clear()
 
     def _hook(self, path: str, layer: keras.layers.Layer, original, described):

@@ -30,16 +30,11 @@ from .table import CostTable, LayerCostRecord
 ITEMSIZE = {"float32": 4, "bfloat16": 2, "float16": 2}
 #: Bytes per element of a float8 tensor (E4M3 or E5M2).
 FLOAT8_ITEMSIZE = 1
-#: Tensors a float8 matrix product quantizes each step: its inputs, its kernel (E4M3) and
-#: its output gradients (E5M2), each with its own scale and amax history (Keras'
-#: `Dense._float8_call`).
+#: Tensors a float8 matrix product quantizes each step, each with its scale and amax history:
+#: inputs and kernel (E4M3), output gradients (E5M2) (Keras' `Dense._float8_call`).
 FLOAT8_QUANTIZED_TENSORS = 3
-#: Kernel launches a float8 matrix product adds per step beyond its 16-bit version: for each
-#: of its three quantized tensors, one quantize pass (read in the source dtype, scale,
-#: clip, write 8 bits), one amax reduction over the tensor and one update of its amax
-#: history and scale, each a kernel of its own (Keras' `quantize_and_dequantize`,
-#: `compute_float8_amax_history`, `compute_float8_scale`: 3 x 3 = 9; compilers that fuse
-#: the amax into the quantize pass launch about 6).
+#: Kernel launches a float8 matrix product adds per step: per quantized tensor a quantize pass, an
+#: amax reduction and an amax history and scale update (fused compilers launch about 6).
 FLOAT8_EXTRA_KERNELS = 3 * FLOAT8_QUANTIZED_TENSORS
 #: Length of each amax history (`QuantizedFloat8DTypePolicy.default_amax_history_length`).
 FLOAT8_AMAX_HISTORY = 1024

@@ -14,17 +14,9 @@ from .. import numerics
 
 #: Column titles of `summary_table`.
 SUMMARY_COLUMNS: tuple[str, ...] = (
-    "layer",
-    "class",
-    "max|x|",
-    "f16 ovf",
-    "f16 ftz",
-    "bf16 ftz",
-    "max|g|",
-    "loss scale",
-    "g ftz@scale",
-    "f16 safe",
-)
+    "layer", "class", "max|x|", "f16 ovf", "f16 ftz", "bf16 ftz", "max|g|", "loss scale",
+    "g ftz@scale", "f16 safe",
+)  # fmt: skip
 
 #: Column titles `summary_table` adds when some layer has float8 ranges.
 FLOAT8_COLUMNS: tuple[str, ...] = ("f8 ftz", "f8 sat", "amax x/step", "f8 safe")
@@ -109,8 +101,7 @@ def _float8_cells(cells: Float8Cells | None) -> tuple[str, ...]:
     flush = format_fraction(cells.flush_fraction)
     if cells.flush_fraction and cells.flush_tensor is not None:
         flush += " " + FLOAT8_TENSOR_LABELS.get(cells.flush_tensor, cells.flush_tensor)
-    saturation = cells.saturation_fraction
-    growth = cells.amax_growth
+    saturation, growth = cells.saturation_fraction, cells.amax_growth
     return (
         flush,
         "-" if saturation is None else format_fraction(saturation),
@@ -153,9 +144,7 @@ def summary_table(
 
 def _occupied_exponent_range(matrices: Sequence[np.ndarray]) -> tuple[int, int]:
     occupied = np.flatnonzero(np.sum([matrix.sum(axis=0) for matrix in matrices], axis=0))
-    float16 = numerics.FLOAT16
-    low = float16.min_subnormal_exponent - 2
-    high = float16.max_exponent + 2
+    low, high = numerics.FLOAT16.min_subnormal_exponent - 2, numerics.FLOAT16.max_exponent + 2
     if occupied.size:
         low = min(low, int(occupied[0]) + numerics.HISTOGRAM_MIN_EXPONENT - 1)
         high = max(high, int(occupied[-1]) + numerics.HISTOGRAM_MIN_EXPONENT + 1)
