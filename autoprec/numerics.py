@@ -178,32 +178,6 @@ def suggested_loss_scale(
     return float(min(MAX_LOSS_SCALE, max(MIN_LOSS_SCALE, 2.0**exponent)))
 
 
-def smallest_significant_exponent(
-    histogram: np.ndarray, tolerance: float = UNDERFLOW_TOLERANCE
-) -> int | None:
-    """Returns the lowest exponent below which at most `tolerance` of non-zero values lie."""
-    counts = np.asarray(histogram, dtype=np.int64)
-    total = int(counts.sum())
-    if total == 0:
-        return None
-    below = np.cumsum(counts) - counts
-    allowed = tolerance * total
-    significant = np.nonzero((below <= allowed) & (counts > 0))[0]
-    return int(bin_exponents()[significant[-1]])
-
-
-def required_loss_scale(
-    histogram: np.ndarray,
-    dtype: str | FloatFormat = FLOAT16,
-    tolerance: float = UNDERFLOW_TOLERANCE,
-) -> float:
-    """Returns the smallest power-of-two scale that lifts significant values above flush-to-zero."""
-    exponent = smallest_significant_exponent(histogram, tolerance)
-    if exponent is None:
-        return 1.0
-    return 2.0 ** (format_for(dtype).min_subnormal_exponent - exponent)
-
-
 def loss_scale_covers_range(
     histogram: np.ndarray,
     count: int,

@@ -130,13 +130,11 @@ def take_batches(
 
 def concatenate_batches(batches: list[tuple]) -> tuple[Any, Any]:
     """Returns `(x, y)` with the batches' arrays joined along the first axis."""
-    xs = [batch[0] for batch in batches]
-    ys = [batch[1] for batch in batches]
-
-    def join(*arrays):
-        return np.concatenate(arrays, axis=0)
-
-    return keras.tree.map_structure(join, *xs), keras.tree.map_structure(join, *ys)
+    joined = [
+        keras.tree.map_structure(lambda *arrays: np.concatenate(arrays, axis=0), *part)
+        for part in ([batch[0] for batch in batches], [batch[1] for batch in batches])
+    ]
+    return joined[0], joined[1]
 
 
 def _chain_first(first: Any, rest: Iterator) -> Iterator:

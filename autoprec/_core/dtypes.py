@@ -85,11 +85,8 @@ def dtype_of_policy(policy: object) -> str:
     """Returns the plan dtype of a Keras dtype policy (or policy name)."""
     if is_float8_policy(policy) or policy == "float8" or str(policy).startswith("float8_from_"):
         return FLOAT8
-    compute_dtype = getattr(policy, "compute_dtype", policy)
-    name = str(compute_dtype)
-    if name in COMPUTE_DTYPES:
-        return name
-    return FLOAT32
+    name = str(getattr(policy, "compute_dtype", policy))
+    return name if name in COMPUTE_DTYPES else FLOAT32
 
 
 def float8_eligible(class_name: str | None) -> bool:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import tempfile
@@ -23,21 +24,15 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
             os.fsync(temp_file.fileno())
         os.replace(temp_name, destination)
     except BaseException:
-        try:
+        with contextlib.suppress(FileNotFoundError):
             os.unlink(temp_name)
-        except FileNotFoundError:
-            pass
         raise
-    try:
+    with contextlib.suppress(OSError):  # the rename made durable where the folder can be synced
         directory_handle = os.open(destination.parent, os.O_RDONLY)
-    except OSError:
-        return destination
-    try:
-        os.fsync(directory_handle)
-    except OSError:
-        pass
-    finally:
-        os.close(directory_handle)
+        try:
+            os.fsync(directory_handle)
+        finally:
+            os.close(directory_handle)
     return destination
 
 

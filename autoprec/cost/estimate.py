@@ -216,38 +216,18 @@ def estimate(
 ) -> Estimate:
     """Estimates a plan's training step time, speedup over float32 and memory.
 
-    The step is the sum of each layer's cost in its assigned dtype (scaled by
-    the table's correction for that dtype, `CostTable.time_scale`), casts where
-    neighbouring layers differ in dtype (a float8 layer passes tensors in its
-    source dtype), what the whole step adds at each such
-    boundary between two layers (`CostTable.boundary_cost`, learned by
-    `calibrate` from a measured mixed step), and the table's fixed per-step
-    overhead. For a table from `calibrate`, a uniform plan in a dtype whose
-    whole step was measured is estimated at that measured step; a mixed plan
-    weighs each dtype's correction by the layer time spent in it. The
-    prediction is good to about `relative_error` (the table's).
+    The step sums each layer's cost in its dtype (times the table's correction), casts and
+    boundaries where neighbouring layers differ, and the fixed per-step overhead (docs/api.md).
 
     Args:
         model: the built Keras model the plan is for.
-        plan: a `PrecisionPlan` (anything with a `.layers` mapping),
-            a `{path: dtype}` dict, or one dtype name for a uniform plan. Layers the
-            plan does not name take the dtype of the layer they follow, of their
-            first named descendant or of their nearest named parent, else float32.
-            float8 reaches only `Dense` and `EinsumDense` layers: any other layer
-            it reaches (a follower, a container, `"float8"` as a uniform plan)
-            computes in the plan's `float8_source` (bfloat16 by default). A
-            float8 layer is infeasible where the table has no float8 time for
-            it (a device without FP8 tensor cores).
-        hardware: the device the costs are predicted for when no `costs` are given:
-            `"local"` (this device, detected), a profile name such as `"rtx4090"` or a
-            `HardwareProfile`.
-        costs: a `CostTable` (from `calibrate`, measured, or `predict_costs`) to
-            estimate with instead of a prediction.
-        batch_size: samples per step; default the table's batch size (32 for a
-            prediction).
-        x: a batch, inputs alone or `(x, y)`, whose shapes the prediction traces
-            when no `costs` are given (subclassed models, inputs with a dynamic
-            dimension); any nesting of arrays.
+        plan: a `PrecisionPlan`, a `{path: dtype}` dict, or one dtype name for a uniform plan;
+            layers it does not name follow their producer, descendant or parent, else float32.
+        hardware: the device costs are predicted for without `costs`: `"local"`, a profile name
+            such as `"rtx4090"` or a `HardwareProfile`.
+        costs: a `CostTable` (from `calibrate` or `predict_costs`) to estimate with.
+        batch_size: samples per step; default the table's (32 for a prediction).
+        x: a batch whose shapes the prediction traces (subclassed models, dynamic dimensions).
 
     Returns:
         An `Estimate`.

@@ -166,55 +166,35 @@ def calibrate(
 ) -> CostTable:
     """Measures every layer's forward+backward time in each dtype on this device.
 
-    Each computing layer is rebuilt alone in the dtype's policy at the shapes it sees on `x`,
-    and its compiled forward+backward is timed (TensorFlow or JAX; layers that cannot be
-    rebuilt get the roofline prediction, flagged in `source`). Casts, whole steps of uniform
-    copies (their gap to the summed layers becomes the table's correction) and two mixed plans
-    per fast 16-bit dtype (the boundary cost and `relative_error`, `fit_boundary_cost`) are
-    timed too. Every measurement is cached (device, versions, layer signature and shapes).
+    Each computing layer is rebuilt alone in the dtype's policy at the shapes it sees on `x` and
+    timed; casts, uniform whole steps (a per-dtype correction) and two mixed plans per fast 16-bit
+    dtype (the boundary cost and `relative_error`) are timed too, all cached (docs/api.md).
 
     Args:
         model: a built Keras model.
-        x: one training batch, inputs alone or an `(x, y)` tuple; the inputs may
-            be an array, a list, a dict or any nesting of them, as the model takes
-            them. Every shape is timed as it is here (the batch size too), so pass
-            a batch `fit` feeds: dimensions the model leaves dynamic (a sequence
-            length) come from it.
-        dtypes: compute dtypes to time.
-        hardware: what this device is, for the predictions of layers that cannot be
-            timed alone and for which dtypes run natively: `"local"` (detected), a
-            hardware profile name or a `HardwareProfile`. The timings are always of
-            this device.
+        x: one training batch as `fit` feeds it, inputs alone or `(x, y)`: its shapes are timed.
+        dtypes: compute dtypes to time (`"float8"` only on a device with FP8 tensor cores).
+        hardware: `"local"`, a profile name or a `HardwareProfile`: what `"fast"` means, and the
+            predictions of layers that cannot be timed alone.
         repeats: timed repetitions per measurement (median).
-        measure_model_step: which whole training steps to time: `True` (or
-            `"all"`) every dtype of `dtypes`; a list of dtypes (from `dtypes`);
-            `"fast"` only those `hardware` runs natively; `False` none.
+        measure_model_step: uniform whole steps to time: `True`/`"all"`, `"fast"`, a list of
+            dtypes from `dtypes`, or `False`.
         cache_dir: cache folder; default `$AUTOPREC_CACHE_DIR` or `~/.cache/autoprec`.
         use_cache: read and write the cache.
-        verbose: 0 silent, 1 (default) a `keras.utils.Progbar` over the layers timed.
-        measure_mixed_steps: whether to time the two mixed plans (a few extra
-            steps and one compilation each, the first time) that learn the
-            boundary cost and `relative_error`; without them `relative_error` is
-            `DEFAULT_RELATIVE_ERROR` (or the noise of the uniform steps, if larger).
-        time_budget: seconds calibration may take, whole steps first; a layer not
-            timed (nor cached) when they have run out gets the roofline prediction,
-            flagged in its `source` and counted in `stats["out_of_time"]`. `None`:
-            no limit.
-        layers_per_kind: time at most this many layers of each class (the most
-            expensive, then others spread over the kind's sizes); the others of the
-            kind get their roofline prediction scaled as the timed ones showed
-            (`sample_kinds`, `kind_scales`), counted in `stats["scaled"]`, unless cached.
-            `None` (default): every layer is timed.
+        verbose: 0 silent, 1 a progress bar over the layers timed.
+        measure_mixed_steps: time the two mixed plans (else `relative_error` is
+            `DEFAULT_RELATIVE_ERROR`, or the noise if larger).
+        time_budget: seconds it may take, whole steps first; layers left get the roofline
+            prediction (`stats["out_of_time"]`). `None`: no limit.
+        layers_per_kind: time at most this many layers of each class, the others predicted as
+            the timed ones showed (`stats["scaled"]`). `None`: every layer is timed.
 
     Returns:
-        A `CostTable` with `source="measured"`; `stats` counts `"timed"`,
-        `"cached"` and `"fallback"` layer measurements, `"model_step"` uniform
-        whole steps (`"model_steps_timed"` of them timed now) and `"mixed_step"`
-        mixed ones (`"mixed_steps_timed"`).
+        A `CostTable` with `source="measured"` and its `stats`.
 
     Raises:
         PlanError: if `measure_model_step` names a dtype not in `dtypes`.
-        BackendError: on a Keras backend other than TensorFlow or JAX (torch).
+        BackendError: on a Keras backend other than TensorFlow or JAX.
 
     Example:
 
@@ -438,12 +418,11 @@ def sample_kinds(
     timed: set[str] = set()
     predicted_from: dict[str, str] = {}
     for kind, paths in by_kind.items():
-        ranked = sorted(
-            paths,
-            key=lambda path: (
-                -(predicted_layer_seconds(counts[path], profile, FLOAT32, batch_size) or 0.0)
-            ),
-        )
+        predicted = {
+            path: predicted_layer_seconds(counts[path], profile, FLOAT32, batch_size) or 0.0
+            for path in paths
+        }
+        ranked = sorted(paths, key=lambda path: -predicted[path])
         chosen = _spread(ranked, max(per_kind, 1))
         timed.update(chosen)
         predicted_from.update({path: kind for path in ranked if path not in chosen})
@@ -518,13 +497,15 @@ def _units(paths: Mapping[str, keras.layers.Layer]) -> dict[str, str]:
     units = {}
     for path in paths:
         parts = path.split("/")
-        unit = path
-        for depth in range(1, len(parts)):
-            prefix = "/".join(parts[:depth])
-            if prefix in paths and not is_graph_model(paths[prefix]):
-                unit = prefix
-                break
-        units[path] = unit
+        prefixes = ("/".join(parts[:depth]) for depth in range(1, len(parts)))
+        units[path] = next(
+            (
+                prefix
+                for prefix in prefixes
+                if prefix in paths and not is_graph_model(paths[prefix])
+            ),
+            path,
+        )
     return units
 
 
@@ -538,13 +519,9 @@ def mixed_assignment(model: keras.Model, dtype: str, pattern: str) -> dict[str, 
     order = list(dict.fromkeys(units[path] for path in paths if not is_graph_model(paths[path])))
     weighted = [unit for unit in order if paths[unit].weights]
     chosen: dict[str, str] = {}
-    if len(weighted) >= 2:
-        for index, unit in enumerate(weighted):
-            if pattern == "alternating":
-                in_half = index % 2 == 0
-            else:
-                in_half = index < len(weighted) // 2
-            chosen[unit] = dtype if in_half else FLOAT32
+    for index, unit in enumerate(weighted if len(weighted) >= 2 else []):
+        in_half = index % 2 == 0 if pattern == "alternating" else index < len(weighted) // 2
+        chosen[unit] = dtype if in_half else FLOAT32
     current, unit_dtype = FLOAT32, {}
     for unit in order:
         current = chosen.get(unit, current)

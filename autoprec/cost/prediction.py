@@ -589,25 +589,16 @@ def predict_costs(
 ) -> CostTable:
     """Predicts every layer's forward+backward seconds per dtype with a roofline model.
 
-    With `"float8"` (there by default), the table gets a float8 entry for each `Dense` and
-    `EinsumDense` layer, and only on a device with FP8 tensor cores
-    (`predicted_float8_seconds`, their non-matmul work in `float8_source`); other
-    layers and devices have none. The same model gives the same table whatever
-    plan it runs under. `estimate` predicts through this function, so a plan's
-    `metadata["predicted_speedup"]` is what `estimate` reports.
+    float8 entries go to `Dense` and `EinsumDense` layers on a device with FP8 tensor cores only;
+    `estimate` predicts through this function (docs/api.md).
 
     Args:
         model: a built Keras model.
-        hardware: `"local"` (this device, detected), a profile name such as
-            `"rtx4090"` or a `HardwareProfile`.
+        hardware: `"local"`, a profile name such as `"rtx4090"` or a `HardwareProfile`.
         batch_size: samples per training step.
-        x: a batch, inputs alone or `(x, y)`, whose shapes are traced: an array,
-            a list, a dict or any nesting of them. Needed for subclassed models
-            and for inputs with a dynamic dimension (a sequence length), which
-            then take the batch's.
-        dtypes: dtypes to predict (by default all four; `"float8"`: see above).
-        float8_source: the dtype of float8 layers' non-matmul work, `"bfloat16"`
-            or `"float16"` (a plan's `float8_source`).
+        x: a batch whose shapes are traced (subclassed models, dynamic dimensions).
+        dtypes: dtypes to predict.
+        float8_source: the dtype of float8 layers' non-matmul work (a plan's `float8_source`).
 
     Returns:
         A `CostTable` with `source="predicted"`.
