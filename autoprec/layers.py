@@ -97,11 +97,8 @@ def _own_weights(layer: keras.layers.Layer) -> list:
 
 
 def _tracked_children(layer: keras.layers.Layer) -> list[keras.layers.Layer]:
-    children = {}
-    for child in getattr(layer, "_layers", []):
-        if child is not layer:
-            children.setdefault(id(child), child)
-    return list(children.values())
+    children = getattr(layer, "_layers", [])
+    return list({id(child): child for child in children if child is not layer}.values())
 
 
 _AUTO_NAME = re.compile(r"^(?P<base>[a-z0-9_]+?)(?:_(?P<index>\d+))?$")
@@ -296,7 +293,7 @@ def _read_description(model: keras.layers.Layer) -> dict[str, LayerInfo]:
             path=path,
             class_name=type(layer).__name__,
             keras_path=getattr(layer, "path", None),
-            parameters=int(sum(_element_count(weight.shape) for weight in weights)),
+            parameters=sum(math.prod(int(d or 0) for d in weight.shape) for weight in weights),
             weight_shapes=tuple(tuple(int(d) for d in weight.shape) for weight in weights),
             is_container=bool(_tracked_children(layer)),
             pass_through=pass_through,
@@ -318,10 +315,6 @@ def _read_description(model: keras.layers.Layer) -> dict[str, LayerInfo]:
             )
             infos[path] = dataclasses.replace(infos[path], follows=first)
     return infos
-
-
-def _element_count(shape) -> int:
-    return math.prod(int(dimension) if dimension is not None else 0 for dimension in shape)
 
 
 def model_fingerprint(model_or_infos) -> str:

@@ -22,6 +22,7 @@ from ..callback import AutoPrecision
 from ..cost import calibrate, estimate, predict_costs
 from ..plan import PrecisionPlan
 from ..profiler import Profile, profile
+from ..profiler.views import text_table
 from ..search import Budget, SearchResult, SearchSettings, search
 
 _CLASSES = 10
@@ -105,12 +106,11 @@ CARD_BATCH = 1024
 
 
 def _settings(quick: bool, trials: int | None) -> dict[str, int]:
+    settings = {"train": 4096, "val": 1024, "batch": 128, "epochs": 3, "trials": 6, "rounds": 20}
+    settings.update({"search_steps": 32, "profile_steps": 2, "measure": 1})
     if quick:
-        settings = {"train": 1024, "val": 256, "batch": 32, "epochs": 1, "trials": 1}
-        settings.update({"search_steps": 32, "rounds": 3, "profile_steps": 1, "measure": 0})
-    else:
-        settings = {"train": 4096, "val": 1024, "batch": 128, "epochs": 3, "trials": 6}
-        settings.update({"search_steps": 32, "rounds": 20, "profile_steps": 2, "measure": 1})
+        settings.update(train=1024, val=256, batch=32, epochs=1, trials=1, rounds=3)
+        settings.update(profile_steps=1, measure=0)
     if trials is not None:
         settings["trials"] = max(1, int(trials))
     return settings
@@ -632,15 +632,7 @@ def layer_table(
                 dtype,
             )
         )
-    return _table(headers, rows)
-
-
-def _table(headers: tuple[str, ...], rows: list[tuple[str, ...]]) -> str:
-    widths = [max(len(str(row[i])) for row in (headers, *rows)) for i in range(len(headers))]
-    lines = ["  ".join(str(cell).ljust(width) for cell, width in zip(headers, widths))]
-    lines.append("  ".join("-" * width for width in widths))
-    lines += ["  ".join(str(cell).ljust(width) for cell, width in zip(row, widths)) for row in rows]
-    return "\n".join(line.rstrip() for line in lines)
+    return text_table(headers, rows)
 
 
 def results_table(figures: Mapping[str, Any]) -> str:
@@ -666,7 +658,7 @@ def results_table(figures: Mapping[str, Any]) -> str:
         if predicted:
             row.append(f"{predicted['step_seconds'][name] * 1e3:.3f}")
         rows.append(tuple(row))
-    return _table(tuple(headers), rows)
+    return text_table(tuple(headers), rows)
 
 
 def _rounds_text(figures: Mapping[str, Any], name: str) -> str:

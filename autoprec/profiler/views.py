@@ -132,14 +132,16 @@ def summary_table(
         table = [cells + _float8_cells(row.float8) for cells, row in zip(table, ordered)]
         unsafe = sum(not cells.safe for cells in eligible)
         title += f", float8: {unsafe} of {len(eligible)} Dense/EinsumDense layers unsafe"
-    table = [columns, *table]
-    widths = [max(len(cells[i]) for cells in table) for i in range(len(columns))]
-    lines = [title]
-    for index, cells in enumerate(table):
-        lines.append("  ".join(cell.ljust(width) for cell, width in zip(cells, widths)).rstrip())
-        if index == 0:
-            lines.append("  ".join("-" * width for width in widths))
-    return "\n".join(lines)
+    return title + "\n" + text_table(columns, table)
+
+
+def text_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
+    """Returns `rows` under `headers` in left-aligned columns, with a rule under the headers."""
+    table = [[str(cell) for cell in row] for row in (headers, *rows)]
+    widths = [max(len(row[i]) for row in table) for i in range(len(headers))]
+    lines = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)) for row in table]
+    lines.insert(1, "  ".join("-" * width for width in widths))
+    return "\n".join(line.rstrip() for line in lines)
 
 
 def _occupied_exponent_range(matrices: Sequence[np.ndarray]) -> tuple[int, int]:

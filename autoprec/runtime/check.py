@@ -21,7 +21,15 @@ from .._core.dtypes import (
     wider_dtypes,
 )
 from .._core.models import call_model_code, error_line, error_lines
-from ..cost import LayerCall, ModelTrace, sample_inputs, synthetic_arguments, trace_model
+from ..cost import (
+    LayerCall,
+    ModelTrace,
+    TensorSpec,
+    random_inputs,
+    sample_inputs,
+    synthetic_arguments,
+    trace_model,
+)
 from ..errors import AutoprecError, BackendError, PlanError
 from ..layers import is_graph_model, layer_paths, layer_policy
 
@@ -173,10 +181,14 @@ def _built_shape_samples(model: keras.Model) -> list:
     shapes = (config or {}).get("input_shape")
     if shapes is None:
         return []
-    return [
-        lambda make=make: keras.tree.map_shape_structure(make, shapes)
-        for make in (_normal_floats, _token_zeros)
-    ]
+
+    def make(dtype: str) -> Any:
+        specs = keras.tree.map_shape_structure(
+            lambda shape: TensorSpec((None, *tuple(shape)[1:]) if len(shape) else (), dtype), shapes
+        )
+        return random_inputs(specs, PROBE_BATCH, unknown_length=PROBE_LENGTH)
+
+    return [lambda dtype=dtype: make(dtype) for dtype in ("float32", "int32")]
 
 
 def _at_built_shapes(model: keras.Model) -> ModelTrace | None:
@@ -204,20 +216,6 @@ def probe_inputs(model: keras.Model) -> Any:
             continue
         return batch
     return None
-
-
-def _probe_shape(shape: Any) -> tuple[int, ...]:
-    dims = tuple(shape)
-    rest = tuple(PROBE_LENGTH if dim is None else int(dim) for dim in dims[1:])
-    return (PROBE_BATCH, *rest) if dims else ()
-
-
-def _normal_floats(shape: Any) -> np.ndarray:
-    return np.random.default_rng(0).standard_normal(_probe_shape(shape)).astype("float32")
-
-
-def _token_zeros(shape: Any) -> np.ndarray:
-    return np.zeros(_probe_shape(shape), "int32")
 
 
 def subtree(paths: Mapping[str, Any], path: str) -> dict[str, Any]:
