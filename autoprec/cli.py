@@ -245,17 +245,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         with quiet_framework_imports(), autoprec_messages(getattr(args, "verbose", 1)):
             return handler(args)
-    except (AutoprecError, json.JSONDecodeError) as error:
-        if args.debug:
-            traceback.print_exc()
-        print(f"autoprec: error: {_one_line(error)}", file=sys.stderr)
-        return EXIT_BAD_INPUT
     except KeyboardInterrupt:
         print(f"autoprec: {args.command} interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
     except Exception as error:  # a failure: say so, keep the details one flag away
         if args.debug:
             traceback.print_exc()
+        if isinstance(error, (AutoprecError, json.JSONDecodeError)):
+            print(f"autoprec: error: {_one_line(error)}", file=sys.stderr)
+            return EXIT_BAD_INPUT
         print(
             f"autoprec: error: {args.command} failed: {type(error).__name__}: "
             f"{_one_line(error)} (run with --debug for the traceback)",

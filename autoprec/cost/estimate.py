@@ -166,8 +166,7 @@ def _step_seconds(
     layer_seconds = {path: table.seconds(path, dtype_of(path), batch_size) for path in table.layers}
     cast_seconds = boundary_seconds = 0.0
     for producer, consumer, elements in table.edges:
-        source_dtype = activation_dtype_of(producer)
-        target_dtype = activation_dtype_of(consumer)
+        source_dtype, target_dtype = activation_dtype_of(producer), activation_dtype_of(consumer)
         if source_dtype != target_dtype:
             cast_dtype = target_dtype if target_dtype != FLOAT32 else source_dtype
             cast_seconds += table.cast_cost(elements * batch_size, cast_dtype)

@@ -258,17 +258,6 @@ def whole_step_dtypes(
     return [dtype for dtype in dtypes if dtype in chosen]
 
 
-def _fast_steps(
-    dtypes: Sequence[str], plans: Mapping[str, Mapping[str, str]], profile: HardwareProfile
-) -> list[str]:
-    """Returns the uniform dtypes and the mixed plans whose every dtype is fast here."""
-    return [dtype for dtype in dtypes if profile.support(dtype) == FAST] + [
-        name
-        for name, assignment in plans.items()
-        if all(profile.support(canonical_dtype(dtype)) == FAST for dtype in assignment.values())
-    ]
-
-
 def measure_whole_steps(
     model: keras.Model,
     batch: Any,
@@ -299,7 +288,11 @@ def measure_whole_steps(
     }
     measured = {name: cache.get(key) for name, (key, _) in keys.items()}
     spreads = {name: cache.get(key) for name, (_, key) in keys.items()}
-    fast = _fast_steps(dtypes, plans, profile)
+    fast = [dtype for dtype in dtypes if profile.support(dtype) == FAST] + [
+        name
+        for name, assignment in plans.items()
+        if all(profile.support(canonical_dtype(dtype)) == FAST for dtype in assignment.values())
+    ]
     # The second warm-up step, past tracing, tells whether a step is slow.
     groups = [fast] if any(measured[name] is None for name in fast) else []
     groups += [[name] for name in payloads if name not in fast and measured[name] is None]
@@ -334,20 +327,12 @@ def measure_whole_steps(
 
 def _uniform_step_parts(table: CostTable, dtype: str) -> tuple[float, float]:
     """Returns `(summed raw layer seconds, cast seconds)` of a uniform `dtype` plan."""
-    layers = 0.0
-    for record in table.layers.values():
-        seconds = record.seconds.get(dtype)
-        if seconds is None:
-            return math.inf, 0.0
-        layers += seconds
-    casts = 0.0
-    if dtype != FLOAT32:
-        casts = sum(
-            table.cast_cost(elements * table.batch_size, dtype)
-            for producer, _, elements in table.edges
-            if producer is None
-        )
-    return layers, casts
+    seconds = [record.seconds.get(dtype) for record in table.layers.values()]
+    if None in seconds:
+        return math.inf, 0.0
+    inputs = [elements for producer, _, elements in table.edges if producer is None]
+    casts = [table.cast_cost(elements * table.batch_size, dtype) for elements in inputs]
+    return sum(seconds), (sum(casts) if dtype != FLOAT32 else 0.0)
 
 
 def attribute_step_overhead(table: CostTable, measured: Mapping[str, float]) -> None:

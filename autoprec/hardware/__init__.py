@@ -144,12 +144,14 @@ class HardwareProfile:
 # --------------------------------------------------------------------------- user files
 
 _REQUIRED_FIELDS = ("name", "kind", "float32_flops", "memory_bandwidth", "memory_bytes")
+#: The fields that must be positive numbers where given (and the rates, where not `None`).
+_POSITIVE_FIELDS = (
+    *_REQUIRED_FIELDS[2:], "op_overhead_seconds", "slow_penalty", "alignment", "float8_alignment"
+)  # fmt: skip
 _FIELD_TYPES = {field.name: field for field in dataclasses.fields(HardwareProfile)}
 
 
-def _check_positive(path: str, field: str, value: Any, allow_none: bool = False) -> None:
-    if value is None and allow_none:
-        return
+def _check_positive(path: str, field: str, value: Any) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
         raise HardwareError(f"{path}: field {field!r} must be a positive number, got {value!r}.")
 
@@ -186,17 +188,11 @@ def profile_from_dict(data: Any, source: str = "user data") -> HardwareProfile:
         raise HardwareError(f"{source}: field 'name' must be a non-empty string.")
     if data["kind"] not in ("gpu", "cpu"):
         raise HardwareError(f"{source}: field 'kind' must be 'gpu' or 'cpu', got {data['kind']!r}.")
-    for field in ("float32_flops", "memory_bandwidth", "memory_bytes"):
-        _check_positive(source, field, data[field])
-    for field in ("float16_flops", "bfloat16_flops", "float8_flops"):
-        _check_positive(source, field, data.get(field), allow_none=True)
-    for field in ("op_overhead_seconds", "slow_penalty", "alignment", "float8_alignment"):
-        if field in data:
+    rates = [field for _, field in _RATE_FIELDS]
+    for field in (*_POSITIVE_FIELDS, *rates):
+        if field in data and not (field in rates and data[field] is None):
             _check_positive(source, field, data[field])
-    values = dict(data)
-    values.setdefault("display_name", data["name"])
-    for field in ("compute_capability", "float16_flops", "bfloat16_flops", "float8_flops"):
-        values.setdefault(field, None)
+    values = {"display_name": data["name"], **dict.fromkeys(("compute_capability", *rates)), **data}
     if "fast_dtypes" not in values:
         values["fast_dtypes"] = [
             dtype for dtype, field in _RATE_FIELDS if values[field] is not None
@@ -654,21 +650,14 @@ def _detected_builtin(name: str, device_name: str) -> HardwareProfile:
     )
 
 
-def _capability_tuple(compute_capability: str | None) -> tuple[int, int] | None:
-    """Returns `(major, minor)` of a compute capability such as `"8.9"`, or `None`."""
-    if not compute_capability:
-        return None
-    major, _, minor = str(compute_capability).partition(".")
-    try:
-        return int(major), int(minor or 0)
-    except ValueError:
-        return None
-
-
 def _estimated_gpu(
     device_name: str, compute_capability: str | None, memory_bytes: int | None
 ) -> HardwareProfile:
-    capability = _capability_tuple(compute_capability)
+    major_text, _, minor_text = str(compute_capability or "").partition(".")
+    try:  # `(major, minor)` of a compute capability such as "8.9", or `None`
+        capability: tuple[int, int] | None = (int(major_text), int(minor_text or 0))
+    except ValueError:
+        capability = None
     major = capability[0] if capability else 0
     reference = {7: "rtx2080ti", 8: "rtx3080", 9: "h100", 10: "rtx5080", 12: "rtx5080"}.get(
         major, "rtx3080"
