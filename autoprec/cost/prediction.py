@@ -148,13 +148,10 @@ def _activation_flops(activation: Any) -> int:
 
 
 def _bias_and_activation(layer, output_elements: float) -> float:
-    flops = 0.0
-    if getattr(layer, "use_bias", False) or getattr(layer, "bias", None) is not None:
-        flops += output_elements
+    bias = getattr(layer, "use_bias", False) or getattr(layer, "bias", None) is not None
     activation = getattr(layer, "activation", None)
-    if activation is not None:
-        flops += _activation_flops(activation) * output_elements
-    return flops
+    per_element = (1 if bias else 0) + (0 if activation is None else _activation_flops(activation))
+    return float(per_element * output_elements)
 
 
 def _elements(specs: Sequence[TensorSpec]) -> float:
@@ -336,7 +333,6 @@ def _count_attention(call: LayerCall, layer) -> dict[str, Any]:
         "backward_vector_flops": 2 * vector,
         "activation_elements": 3.0 * scores + 2.0 * heads * (target + source) * key_dim,
         "saved_elements": 2.0 * scores,
-        "weight_elements": 0,
         "matmul_dims": (key_dim, value_dim),
         "kernels": 10,
     }
@@ -369,8 +365,6 @@ def _count_embedding(call: LayerCall, layer) -> dict[str, Any]:
     return {
         "backward_vector_flops": output,
         "activation_elements": output + _elements(call.inputs),
-        "saved_elements": 0.0,
-        "weight_elements": 0,
         "kernels": 3,
     }
 

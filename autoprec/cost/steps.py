@@ -258,6 +258,17 @@ def whole_step_dtypes(
     return [dtype for dtype in dtypes if dtype in chosen]
 
 
+def _fast_steps(
+    dtypes: Sequence[str], plans: Mapping[str, Mapping[str, str]], profile: HardwareProfile
+) -> list[str]:
+    """Returns the uniform dtypes and the mixed plans whose every dtype is fast here."""
+    return [dtype for dtype in dtypes if profile.support(dtype) == FAST] + [
+        name
+        for name, assignment in plans.items()
+        if all(profile.support(canonical_dtype(dtype)) == FAST for dtype in assignment.values())
+    ]
+
+
 def measure_whole_steps(
     model: keras.Model,
     batch: Any,
@@ -288,11 +299,7 @@ def measure_whole_steps(
     }
     measured = {name: cache.get(key) for name, (key, _) in keys.items()}
     spreads = {name: cache.get(key) for name, (_, key) in keys.items()}
-    fast = [dtype for dtype in dtypes if profile.support(dtype) == FAST] + [
-        name
-        for name, assignment in plans.items()
-        if all(profile.support(canonical_dtype(dtype)) == FAST for dtype in assignment.values())
-    ]
+    fast = _fast_steps(dtypes, plans, profile)
     # The second warm-up step, past tracing, tells whether a step is slow.
     groups = [fast] if any(measured[name] is None for name in fast) else []
     groups += [[name] for name in payloads if name not in fast and measured[name] is None]

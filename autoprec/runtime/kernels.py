@@ -35,10 +35,6 @@ logger = logging.getLogger("autoprec")
 _CHECKED_KERNELS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def _depth(path: str) -> int:
-    return path.count("/")
-
-
 def find_missing_kernels(
     model: keras.Model,
     dtypes: Mapping[str, str],
@@ -57,7 +53,7 @@ def find_missing_kernels(
     infos = describe_model(model)
     paths = layer_paths(model)
     missing = []
-    for path in sorted(dtypes, key=_depth, reverse=True):
+    for path in sorted(dtypes, key=lambda path: path.count("/"), reverse=True):
         info = infos.get(path)
         calls = trace.calls.get(path, ())
         if info is None or info.pass_through or not calls:
@@ -127,7 +123,7 @@ def _own_call_findings(
 ) -> list[MissingKernel]:
     """A subclassed model's own call, with its layers where their checks left them."""
     after = dict(dtypes)
-    for item in sorted(findings, key=lambda found: _depth(found.path)):
+    for item in sorted(findings, key=lambda found: found.path.count("/")):
         after.update(dict.fromkeys(subtree(after, item.path), item.fallback))
     if not needs_own_call_check(model, after):
         return []
