@@ -535,11 +535,7 @@ def demo(args: argparse.Namespace) -> int:
 
     predict_for = None if str(args.predict_for).lower() == "none" else args.predict_for
     run_demo(
-        output=args.output,
-        quick=args.quick,
-        n_trials=args.n_trials,
-        predict_for=predict_for,
-        figures_path=args.figures,
+        args.output, args.quick, args.n_trials, predict_for=predict_for, figures_path=args.figures
     )
     return EXIT_OK
 

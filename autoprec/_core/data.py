@@ -50,16 +50,12 @@ def input_part(batch: Any) -> Any:
     """Returns the model-input part of a batch: `x` of `(x, y)` / `(x, y, w)`, else `batch`."""
     if is_dataset(batch) or (hasattr(batch, "__iter__") and hasattr(batch, "__next__")):
         batch = next(iter(batch))
-    if isinstance(batch, tuple) and len(batch) in (1, 2, 3):
-        return batch[0]
-    return batch
+    return batch[0] if isinstance(batch, tuple) and len(batch) in (1, 2, 3) else batch
 
 
 def target_part(batch: Any) -> Any:
     """Returns `y` of an `(x, y)` / `(x, y, w)` tuple, else `None` (a list is inputs only)."""
-    if isinstance(batch, tuple) and len(batch) in (2, 3):
-        return batch[1]
-    return None
+    return batch[1] if isinstance(batch, tuple) and len(batch) in (2, 3) else None
 
 
 def slice_batch(inputs: Any, count: int) -> Any:

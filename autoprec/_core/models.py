@@ -154,10 +154,6 @@ class ModelMemo:
         kept[key] = value
         return value
 
-    def clear(self) -> None:
-        """Forgets every kept value (the counts stay)."""
-        self._entries.clear()
-
     def __len__(self) -> int:
         """Returns how many live models have values kept."""
         return len(self._entries)

@@ -3,6 +3,7 @@ shapes, outputs), the tensors between layers, and random arguments shaped like a
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import inspect
 import math
@@ -195,10 +196,8 @@ def random_inputs(
 
 def _symbolic_inputs(model: keras.Model) -> Any:
     """Returns the model's symbolic inputs in the structure it takes them, or `None`."""
-    try:
+    with contextlib.suppress(AttributeError, ValueError):
         return model.input
-    except (AttributeError, ValueError):
-        pass
     try:
         symbolic = model.inputs
     except (AttributeError, ValueError):
@@ -262,10 +261,9 @@ class _Recorder:
         self.keep_alive.clear()
 
     def _hook(self, path: str, layer: keras.layers.Layer, original, described):
-        try:
+        signature = None
+        with contextlib.suppress(TypeError, ValueError):
             signature = inspect.signature(described)
-        except (TypeError, ValueError):
-            signature = None
 
         def hooked(*args, **kwargs):
             outputs = original(*args, **kwargs)
@@ -278,10 +276,8 @@ class _Recorder:
         arguments: list[tuple[str, Any]] = []
         named = [(f"arg{index}", value) for index, value in enumerate(args)] + list(kwargs.items())
         if signature is not None:
-            try:
+            with contextlib.suppress(TypeError):
                 named = list(signature.bind_partial(*args, **kwargs).arguments.items())
-            except TypeError:
-                pass
         for name, value in named:
             if name == "training":
                 continue
@@ -294,13 +290,9 @@ class _Recorder:
                     value = tuple(value)
             arguments.append((name, _encode_argument(value)))
         output_tensors = flat_arrays(outputs)
+        output_specs = tuple(spec_of(tensor) for tensor in output_tensors)
         self.calls[path].append(
-            LayerCall(
-                path=path,
-                class_name=type(layer).__name__,
-                arguments=tuple(arguments),
-                outputs=tuple(spec_of(tensor) for tensor in output_tensors),
-            )
+            LayerCall(path, type(layer).__name__, tuple(arguments), output_specs)
         )
         for tensor in flat_arrays((args, kwargs)):
             tensor_id = self.source_of.get(id(tensor), id(tensor))

@@ -3,6 +3,7 @@ and what they correct in a table; a layer alone, a cast and an empty compiled ca
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import logging
 import math
@@ -135,10 +136,8 @@ def _clone(model: keras.Model) -> keras.Model:
 def _set_policy(layer: keras.layers.Layer, dtype: str) -> None:
     if dtype == FLOAT8 and not isinstance(layer, (keras.layers.Dense, keras.layers.EinsumDense)):
         dtype = BFLOAT16  # float8's source: a layer without a float8 path computes in it
-    try:
+    with contextlib.suppress(Exception):  # a layer that refuses a policy keeps its own
         layer.dtype_policy = policy_name(dtype)
-    except Exception:  # noqa: BLE001 - a layer that refuses a policy keeps its own
-        pass
 
 
 def clone_with_policies(model: keras.Model, dtypes: Mapping[str, str]) -> keras.Model:

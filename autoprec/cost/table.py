@@ -3,6 +3,7 @@ of measurements (one small JSON file each, keyed by what was measured)."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import hashlib
@@ -265,9 +266,8 @@ class MeasurementCache:
         """Returns the cached seconds under `key`, or `None` (no cache, no entry, unreadable)."""
         if self.directory is None:
             return None
-        file_path = self.directory / f"{key}.json"
         try:
-            data = json.loads(file_path.read_text(encoding="utf-8"))
+            data = json.loads((self.directory / f"{key}.json").read_text(encoding="utf-8"))
             return float(data["seconds"])
         except (OSError, ValueError, KeyError, TypeError):
             return None
@@ -283,14 +283,10 @@ class MeasurementCache:
 
     def put(self, key: str, seconds: float, description: str) -> None:
         """Writes `seconds` under `key` (nothing without a cache; a write error is ignored)."""
-        if self.directory is None:
-            return
-        try:
-            atomic_write_json(
-                self.directory / f"{key}.json", {"seconds": seconds, "what": description}
-            )
-        except OSError:
-            pass
+        if self.directory is not None:
+            with contextlib.suppress(OSError):
+                entry = {"seconds": seconds, "what": description}
+                atomic_write_json(self.directory / f"{key}.json", entry)
 
 
 def layer_signature(layer: keras.layers.Layer, call: LayerCall, batch_size: int) -> dict:

@@ -301,12 +301,10 @@ def run_demo(
     figures_path: str | os.PathLike | None = None,
 ) -> dict[str, Any]:
     """Profiles, searches, trains and times the built-in demo model, printing each result."""
-    try:  # every policy is traced on purpose: no retracing warnings
+    with contextlib.suppress(ImportError):  # every policy is traced on purpose: no retrace warning
         import tensorflow as tf
 
         tf.get_logger().setLevel("ERROR")
-    except ImportError:
-        pass
     started = time.perf_counter()
     settings = _settings(quick, n_trials)
     device = hardware.detect()
@@ -603,9 +601,7 @@ def _comparator(figures) -> str:
 
 
 def _number(value: float | None) -> str:
-    if value is None or not math.isfinite(value):
-        return "nan"
-    return f"{value:.4g}"
+    return "nan" if value is None or not math.isfinite(value) else f"{value:.4g}"
 
 
 def layer_table(
@@ -619,19 +615,13 @@ def layer_table(
         layer_profile = profile.layers.get(path) if profile is not None else None
         seconds = costs_evidence.get(path, {}).get("seconds", {})
         activation = layer_profile.activation if layer_profile is not None else None
-        rows.append(
-            (
-                path,
-                info.class_name if info else "?",
-                f"{activation.max_abs:.3g}" if activation is not None else "-",
-                "-" if layer_profile is None else "yes" if layer_profile.float16_safe else "NO",
-                *(
-                    "-" if seconds.get(key) is None else f"{seconds[key] * 1e3:.2f}"
-                    for key in _MS_DTYPES
-                ),
-                dtype,
-            )
-        )
+        fits = "-" if layer_profile is None else "yes" if layer_profile.float16_safe else "NO"
+        milliseconds = [
+            "-" if seconds.get(key) is None else f"{seconds[key] * 1e3:.2f}" for key in _MS_DTYPES
+        ]
+        largest = f"{activation.max_abs:.3g}" if activation is not None else "-"
+        class_name = info.class_name if info else "?"
+        rows.append((path, class_name, largest, fits, *milliseconds, dtype))
     return text_table(headers, rows)
 
 

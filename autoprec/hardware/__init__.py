@@ -4,6 +4,7 @@ built-in profiles (whitepaper figures), user profile files, and the one resolver
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import difflib
 import functools
@@ -72,9 +73,7 @@ class HardwareProfile:
         """Returns `"fast"`, `"slow"` or `"unsupported"` for a plan dtype."""
         if dtype == FLOAT32 or dtype in self.fast_dtypes:
             return FAST
-        if dtype in self.slow_dtypes:
-            return SLOW
-        return UNSUPPORTED
+        return SLOW if dtype in self.slow_dtypes else UNSUPPORTED
 
     def is_fast(self, dtype: str) -> bool:
         """Returns whether `dtype` runs on native fast kernels on this device."""
@@ -97,9 +96,7 @@ class HardwareProfile:
             BFLOAT16: self.bfloat16_flops,
             FLOAT8: self.float8_flops,
         }.get(dtype)
-        if rate is None or not self.is_fast(dtype):
-            return self.float32_flops
-        return rate
+        return self.float32_flops if rate is None or not self.is_fast(dtype) else rate
 
     def to_dict(self) -> dict[str, Any]:
         """Returns the profile as a JSON-serialisable dict (the user-file format)."""
@@ -122,9 +119,7 @@ class HardwareProfile:
 
         support = ", ".join(f"{dtype} {self.support(dtype)}" for dtype in PLAN_DTYPES)
         float8 = "" if self.float8_flops is None else f", float8 {tflops(self.float8_flops)}"
-        rate_source = []
-        if self.float8_flops is not None:
-            rate_source = [f"  float8 rate: {self.float8_flops_source}"]
+        rate_source = [f"  float8 rate: {self.float8_flops_source}"] if float8 else []
         return "\n".join(
             [
                 f"{self.display_name} ({self.name}, {self.kind}"
@@ -438,10 +433,8 @@ def _cpu_flags(cpuinfo_path: str = "/proc/cpuinfo") -> tuple[set[str], str, floa
         elif key == "model name" and model == "CPU":
             model = value.strip()
         elif key == "cpu MHz" and megahertz is None:
-            try:
+            with contextlib.suppress(ValueError):
                 megahertz = float(value)
-            except ValueError:
-                pass
     return flags, model, megahertz
 
 

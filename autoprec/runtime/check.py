@@ -99,14 +99,6 @@ def mismatched_dtypes(error: Exception) -> tuple[str, str] | None:
     return None
 
 
-def is_missing_kernel(error: Exception) -> bool:
-    """Returns whether `error` is the device saying it has no kernel for an operation's dtype."""
-    if mismatched_dtypes(error) is not None:
-        return False
-    text = " ".join(error_lines(error)).lower()
-    return any(keyword in text for keyword in _KERNEL_KEYWORDS)
-
-
 def trace_for_check(model: keras.Model) -> ModelTrace | None:
     """Returns a forward pass of `model` whose calls the kernel check replays, or `None`."""
     lost = "its kernel check is skipped"
@@ -165,10 +157,8 @@ def _through_nested_models(model: keras.Model) -> ModelTrace | None:
 
 def _nested_trace(model: keras.Model) -> ModelTrace | None:
     """A nested model's trace from its own inputs (unknown lengths probed), or `None`."""
-    try:
+    with contextlib.suppress(AutoprecError):
         return trace_model(model)
-    except AutoprecError:
-        pass
     try:
         return _at_probe_length(model)
     except Exception:  # the nested model refused the probe length: left unchecked
@@ -346,7 +336,8 @@ def check_layer(
         )
         fallback = _first_that_runs(alike_candidates(dtypes.values(), container_dtype), runs)
         return MissingKernel(path, dtype, fallback, evidence, MIXED_ARITHMETIC)
-    kind = MISSING_KERNEL if is_missing_kernel(error) else DTYPE_FAILURE
+    text = " ".join(error_lines(error)).lower()  # the device says it has no kernel for a dtype
+    kind = MISSING_KERNEL if any(word in text for word in _KERNEL_KEYWORDS) else DTYPE_FAILURE
     return MissingKernel(
         path, dtype, _first_that_runs(wider_dtypes(dtype), runs), error_summary(error), kind
     )

@@ -61,9 +61,8 @@ def extend_optimizer(model: keras.Model) -> bool:
 
 def _copy_state(old: keras.optimizers.Optimizer, new: keras.optimizers.Optimizer) -> None:
     """Copies each of `old`'s own state variables to `new`'s variable of the same name and shape."""
-    inner_ids = set()
-    if inner_optimizer(old) is not old:
-        inner_ids = {id(variable) for variable in inner_optimizer(old).variables}
+    inner = inner_optimizer(old)
+    inner_ids = {id(variable) for variable in inner.variables} if inner is not old else set()
     targets = {
         variable.name: variable
         for variable in new.variables

@@ -42,7 +42,6 @@ def test_values_go_with_their_model_and_old_keys_make_room():
     del model
     gc.collect()
     assert len(memo) == 0
-    memo.clear()
 
 
 def test_the_structure_key_changes_when_a_model_is_built_or_gains_variables():
