@@ -437,8 +437,8 @@ def count_call(
         return _count_dense(call, layer)
     if class_name == "EinsumDense":
         return _count_einsum_dense(call, layer)
-    if re.match(r"^(Conv|DepthwiseConv|SeparableConv)\d?D(Transpose)?$", class_name) or (
-        class_name in ("Convolution2D", "Conv2DTranspose")
+    if re.match(
+        r"^((Conv|DepthwiseConv|SeparableConv)\d?D(Transpose)?|Convolution2D)$", class_name
     ):
         return _count_conv(call, layer)
     if class_name == "Embedding":

@@ -203,10 +203,8 @@ class CostTable:
         header = f"{'layer':<{width}}  " + "  ".join(f"{dtype:>9}" for dtype in dtypes)
         lines = [f"{self.source} costs on {self.device}, batch {self.batch_size} (ms)", header]
         for record in rows:
-            cells = []
-            for dtype in dtypes:
-                value = record.seconds.get(dtype)
-                cells.append(f"{'-' if value is None else f'{value * 1e3:.3f}':>9}")
+            values = [record.seconds.get(dtype) for dtype in dtypes]
+            cells = [f"{'-' if value is None else f'{value * 1e3:.3f}':>9}" for value in values]
             lines.append(f"{record.path:<{width}}  " + "  ".join(cells))
         lines.append(f"step overhead {self.step_overhead_seconds * 1e3:.2f} ms")
         for dtype, measured in self.measured_step_seconds_by_dtype.items():
