@@ -67,11 +67,28 @@ class TokenGateModel(keras.Model):
     def call(self, tokens):
         hidden = self.head(self.norm(self.embed(tokens)))
         odd = keras.ops.cast(keras.ops.bitwise_and(tokens, 1), hidden.dtype)
-        gated = keras.ops.cast(self.gate([hidden[..., 0], odd + 1.0]), "float32")
+        gated = keras.ops.cast(self.gate([hidden[..., 0], odd + 1.1]), "float32")
         return keras.ops.mean(gated, axis=-1, keepdims=True)
 
     def get_config(self):
         return {**super().get_config(), "vocabulary": self.vocabulary, "width": self.width}
+
+
+@keras.saving.register_keras_serializable(package="autoprec_reload")
+class LazyBlock(keras.layers.Layer):
+    """A block with no `build` of its own that adds its input to its dense layer's output, as
+    keras-hub's Swin blocks do: Keras builds `dense` by tracing `call` at the first call."""
+
+    def __init__(self, width: int = 8, **kwargs):
+        super().__init__(**kwargs)
+        self.width = width
+        self.dense = keras.layers.Dense(width, dtype=self.dtype_policy, name="dense")
+
+    def call(self, inputs):
+        return inputs + self.dense(inputs)
+
+    def get_config(self):
+        return {**super().get_config(), "width": self.width}
 
 
 @keras.saving.register_keras_serializable(package="autoprec_reload")
@@ -88,8 +105,9 @@ class PrefixedBackbone(keras.Model):
             2, 4, dtype=dtype, name=f"{prefix}attention"
         )
         self.norm = keras.layers.LayerNormalization(dtype=dtype, name=f"{prefix}norm")
+        self.block = LazyBlock(width, dtype=dtype, name=f"{prefix}block")
         hidden = self.embed(inputs)
-        outputs = self.norm(hidden + self.attention(hidden, hidden))
+        outputs = self.block(self.norm(hidden + self.attention(hidden, hidden)))
         super().__init__(inputs, outputs, name=name, **kwargs)
         if dtype is not None:  # as keras-hub's Backbone: a functional model drops `dtype`
             self.dtype_policy = keras.dtype_policies.get(dtype)

@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import keras
+from keras.src.backend.common.name_scope import current_path
 
 from .._core.models import call_model_code
 from ..layers import is_graph_model, layer_paths, layer_policy, unprefixed_path
@@ -18,6 +19,22 @@ from ..layers import is_graph_model, layer_paths, layer_policy, unprefixed_path
 _WRITES_MAP = "_autoprec_writes_policy_map"
 #: Non-empty while `_rebuilt_apart` reads containers' configs (no policy map is written then).
 _READING_CONFIGS: list[bool] = []
+
+
+def _entry_of(layer: keras.layers.Layer) -> keras.dtype_policies.DTypePolicy:
+    """The policy `layer` computes with: its entry of a map at its first call too, where Keras
+    (which sets `layer.path` only as the layer builds) would read the map's default."""
+    policy = layer._dtype_policy
+    if not isinstance(policy, keras.dtype_policies.DTypePolicyMap):
+        return policy
+    parent = current_path() if layer._parent_path is None else layer._parent_path
+    return policy[layer.path or "/".join(filter(None, (parent, layer.name)))]
+
+
+for _name in ("compute_dtype", "variable_dtype", "quantization_mode"):
+    setattr(
+        keras.layers.Layer, _name, property(lambda layer, n=_name: getattr(_entry_of(layer), n))
+    )
 
 
 def policy_map_of(
