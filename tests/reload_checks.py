@@ -94,36 +94,41 @@ class LazyBlock(keras.layers.Layer):
 @keras.saving.register_keras_serializable(package="autoprec_reload")
 class PrefixedBackbone(keras.Model):
     """A functional backbone that names its sub-layers after its own name when it has one, as
-    keras-hub's DINOV2Backbone does: `embed` when built, `prefixed_backbone_3_embed` reloaded."""
+    keras-hub's DINOV2Backbone does: `embed` when built, `prefixed_backbone_3_embed` reloaded;
+    with `lazy_block`, a `LazyBlock` after its norm."""
 
-    def __init__(self, width: int = 8, name: str | None = None, dtype=None, **kwargs):
+    def __init__(self, width=8, name=None, dtype=None, lazy_block: bool = False, **kwargs):
         prefix = f"{name}_" if name else ""
-        self.width = width
+        self.width, self.lazy_block = width, lazy_block
         inputs = keras.Input((6, width), name="tokens")
         self.embed = keras.layers.Dense(width, dtype=dtype, name=f"{prefix}embed")
         self.attention = keras.layers.MultiHeadAttention(
             2, 4, dtype=dtype, name=f"{prefix}attention"
         )
         self.norm = keras.layers.LayerNormalization(dtype=dtype, name=f"{prefix}norm")
-        self.block = LazyBlock(width, dtype=dtype, name=f"{prefix}block")
         hidden = self.embed(inputs)
-        outputs = self.block(self.norm(hidden + self.attention(hidden, hidden)))
+        outputs = self.norm(hidden + self.attention(hidden, hidden))
+        if lazy_block:
+            outputs = LazyBlock(width, dtype=dtype, name=f"{prefix}block")(outputs)
         super().__init__(inputs, outputs, name=name, **kwargs)
         if dtype is not None:  # as keras-hub's Backbone: a functional model drops `dtype`
             self.dtype_policy = keras.dtype_policies.get(dtype)
 
     def get_config(self):
         dtype = keras.dtype_policies.serialize(self.dtype_policy)
-        return {"width": self.width, "name": self.name, "trainable": self.trainable, "dtype": dtype}
+        return {
+            **{"width": self.width, "name": self.name, "trainable": self.trainable},
+            **{"dtype": dtype, "lazy_block": self.lazy_block},
+        }
 
     @classmethod
     def from_config(cls, config):
         return cls(**config)
 
 
-def prefixed_classifier() -> keras.Model:
+def prefixed_classifier(lazy_block: bool = False) -> keras.Model:
     """A functional classifier around a `PrefixedBackbone` built without a name."""
     inputs = keras.Input((6, 8), name="features")
-    hidden = PrefixedBackbone()(inputs)
+    hidden = PrefixedBackbone(lazy_block=lazy_block)(inputs)
     pooled = keras.layers.GlobalAveragePooling1D(name="pool")(hidden)
     return keras.Model(inputs, keras.layers.Dense(1, name="head")(pooled), name="prefixed")

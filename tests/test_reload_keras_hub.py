@@ -30,7 +30,7 @@ DTYPES = ("float32", "bfloat16", "float16")
 TESTS = Path(__file__).resolve().parent
 
 #: Families checked in every CI run; the others are `slow`.
-IN_CI = ("gemma",)
+IN_CI = ("gemma", "dinov2", "rwkv7")
 
 #: Run in a fresh process: loads the file through each door named, writes what it found.
 CHILD = r"""
@@ -205,6 +205,8 @@ def test_every_door_reloads_every_layer_s_dtype_and_predicts_bitwise(trained):
         pytest.param("gpt2", marks=pytest.mark.slow),
         pytest.param("bart", marks=pytest.mark.slow),
         pytest.param("gemma", marks=pytest.mark.slow),
+        # A block with no `build` of its own that Keras builds by tracing it at load.
+        "swin",
     ],
 )
 def test_a_random_plan_trains_as_keras_runs_it_and_reloads_bitwise_through_both_doors(

@@ -230,6 +230,9 @@ def dinov2_classifier(seed: int = 0):
         image_shape=(32, 32, 3),
         position_embedding_shape=(32, 32, 3),
     )
+    # keras-hub makes these again from `position_embeddings` at a reload: trained, they would
+    # not come back bitwise, whatever the dtypes.
+    backbone.get_layer("embeddings").interpolated_position_embeddings.trainable = False
     images = keras.Input((32, 32, 3), name="images")
     pooled = keras.layers.GlobalAveragePooling1D(name="pool")(backbone({"images": images}))
     model = keras.Model(images, keras.layers.Dense(3, name="head")(pooled), name="dinov2")

@@ -169,10 +169,15 @@ class PrecisionPlan:
             str(path): canonical_dtype(dtype, f"layers[{path!r}]")
             for path, dtype in (layers or {}).items()
         }
-        _check_float8_layers(explicit, infos)
+        refused = [
+            path
+            for path, dtype in explicit.items()
+            if dtype == FLOAT8 and path in infos and not float8_eligible(infos[path].class_name)
+        ]
+        if refused:
+            _refuse_float8("layers", refused, infos)
         decided = decided_layers(explicit, rules, default, infos, followers)
-        full_metadata: dict[str, Any] = {slot: None for slot in METADATA_SLOTS}
-        full_metadata["evidence"] = {}
+        full_metadata = {**dict.fromkeys(METADATA_SLOTS), "evidence": {}}
         full_metadata.update(copy.deepcopy(dict(metadata or {})))
         if full_metadata["float8_source"] is not None:
             full_metadata["float8_source"] = canonical_float8_source(
@@ -441,17 +446,13 @@ class PrecisionPlan:
 
     def _float8_targets(self, path_or_glob: str, decided: list[str]) -> list[str]:
         """The decided layers float8 may go to: Dense and EinsumDense; refuses a name with none."""
-        classes = {
-            path: self.layer_info[path].class_name for path in decided if path in self.layer_info
-        }
-        eligible = [path for path in decided if float8_eligible(classes.get(path))]
-        if eligible:
-            return eligible
-        named = ", ".join(f"{path!r} ({classes.get(path, '?')})" for path in decided[:3])
-        raise PlanError(
-            f"with_dtype({path_or_glob!r}, 'float8'): float8 is only for Dense and EinsumDense "
-            f"layers (Keras has no float8 path for {named}); give it bfloat16, float16 or float32."
-        )
+        info = self.layer_info
+        eligible = [
+            path for path in decided if float8_eligible(getattr(info.get(path), "class_name", None))
+        ]
+        if not eligible:
+            _refuse_float8(f"with_dtype({path_or_glob!r}, 'float8')", decided, info)
+        return eligible
 
     def with_metadata(self, **values: Any) -> PrecisionPlan:
         """Returns a new plan with metadata slots set (e.g. `measured_metric=0.91`)."""
@@ -535,21 +536,24 @@ class PrecisionPlan:
         rows = []
         for path, dtype in self._every_layer().items():
             info = self.layer_info.get(path)
-            class_name, parameters = (info.class_name, info.parameters) if info else ("?", 0)
             note = f"follows {self.followers[path]}" if path in self.followers else ""
-            rows.append((path, class_name, dtype, parameters, note))
+            rows.append(
+                (
+                    path,
+                    info.class_name if info else "?",
+                    dtype,
+                    info.parameters if info else 0,
+                    note,
+                )
+            )
         title = (
             f"PrecisionPlan for {self.model_name or 'model'} "
             f"(default {self.default}, {len(self.rules)} rule(s))"
         )
+        notes = [f"{len(self.followers)} follower(s) take the dtype of the layer they follow"]
+        notes = notes[: bool(self.followers)] + [f"rule: {rule.to_dict()}" for rule in self.rules]
+        notes += [f"{len(self.events)} event(s): see plan.events"][: bool(self.events)]
         decided = [row for row in rows if row[0] in self.layers]
-        notes = [f"rule: {rule.to_dict()}" for rule in self.rules]
-        if self.followers:
-            notes.insert(
-                0, f"{len(self.followers)} follower(s) take the dtype of the layer they follow"
-            )
-        if self.events:
-            notes.append(f"{len(self.events)} event(s): see plan.events")
         return "\n".join([title, *_table_lines(rows), "", *_total_lines(decided), *notes])
 
     def to_dict(self) -> dict[str, Any]:
@@ -616,20 +620,14 @@ class PrecisionPlan:
         return cls.from_dict(read_json_file(path, PlanError, "precision plan"), str(path))
 
 
-def _check_float8_layers(explicit: Mapping[str, str], infos: Mapping[str, LayerInfo]) -> None:
-    """Refuses float8 on a layer whose class has no float8 path, naming the layer."""
-    refused = [
-        f"{path!r} ({infos[path].class_name})"
-        for path, dtype in explicit.items()
-        if dtype == FLOAT8 and path in infos and not float8_eligible(infos[path].class_name)
-    ]
-    if refused:
-        raise PlanError(
-            f"layers: float8 is only for Dense and EinsumDense layers (Keras has no float8 "
-            f"path elsewhere), but it is set on {', '.join(refused[:5])}"
-            + (f" and {len(refused) - 5} more" if len(refused) > 5 else "")
-            + "; give those layers bfloat16, float16 or float32."
-        )
+def _refuse_float8(where: str, paths: list[str], infos: Mapping[str, LayerInfo]) -> None:
+    """Refuses float8 on `paths`, naming them and their classes."""
+    named = [f"{path!r} ({getattr(infos.get(path), 'class_name', '?')})" for path in paths[:5]]
+    more = f" and {len(paths) - 5} more" if len(paths) > 5 else ""
+    raise PlanError(
+        f"{where}: float8 is only for Dense and EinsumDense layers (Keras has no float8 path "
+        f"for {', '.join(named)}{more}); give them bfloat16, float16 or float32."
+    )
 
 
 def _rule_lines(before: tuple[PlanRule, ...], after: tuple[PlanRule, ...]) -> list[str]:
@@ -701,32 +699,25 @@ def _is_dtype(value: object) -> bool:
 
 def _table_lines(rows: list[Row]) -> list[str]:
     """Returns the header, the rule under it and one aligned line per row."""
-    widths = [
-        max([len(_HEADERS[column])] + [len(str(row[column])) for row in rows])
-        for column in range(4)
-    ]
-    lines = [
-        "  ".join(header.ljust(width) for header, width in zip(_HEADERS, widths)).rstrip(),
-        "  ".join("-" * width for width in widths),
-    ]
+    widths = [max(len(str(row[column])) for row in [_HEADERS, *rows]) for column in range(4)]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(_HEADERS, widths)).rstrip()]
+    lines.append("  ".join("-" * width for width in widths))
     for path, class_name, dtype, parameters, note in rows:
-        lines.append(
-            f"{path:<{widths[0]}}  {class_name:<{widths[1]}}  {dtype:<{widths[2]}}  "
-            f"{parameters:>{widths[3]},}  {note}".rstrip()
-        )
+        cells = (path.ljust(widths[0]), class_name.ljust(widths[1]), dtype.ljust(widths[2]))
+        lines.append(f"{'  '.join(cells)}  {parameters:>{widths[3]},}  {note}".rstrip())
     return lines
 
 
 def _total_lines(decided: list[Row]) -> list[str]:
     """Returns one line per compute dtype: layers and parameters of the decided rows."""
-    total_parameters = sum(row[3] for row in decided) or 1
+    total = sum(row[3] for row in decided) or 1
+    float8 = (FLOAT8,) if any(row[2] == FLOAT8 for row in decided) else ()
     lines = []
-    has_float8 = any(row[2] == FLOAT8 for row in decided)
-    for dtype in (*COMPUTE_DTYPES, FLOAT8) if has_float8 else COMPUTE_DTYPES:
-        count = sum(1 for row in decided if row[2] == dtype)
-        parameters = sum(row[3] for row in decided if row[2] == dtype)
+    for dtype in (*COMPUTE_DTYPES, *float8):
+        rows = [row for row in decided if row[2] == dtype]
+        parameters = sum(row[3] for row in rows)
         lines.append(
-            f"{dtype:<9} {count:>4} layers  {parameters:>12,} params "
-            f"({100.0 * parameters / total_parameters:5.1f} %)"
+            f"{dtype:<9} {len(rows):>4} layers  {parameters:>12,} params "
+            f"({100.0 * parameters / total:5.1f} %)"
         )
     return lines
