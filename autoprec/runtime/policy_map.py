@@ -22,19 +22,21 @@ _READING_CONFIGS: list[bool] = []
 
 
 def _entry_of(layer: keras.layers.Layer) -> keras.dtype_policies.DTypePolicy:
-    """The policy `layer` computes with: its entry of a map at its first call too, where Keras
-    (which sets `layer.path` only as the layer builds) would read the map's default."""
-    policy = layer._dtype_policy
+    """The policy `layer` computes with: its entry of a map before it builds too (Keras sets
+    `layer.path` as it builds, after the first call cast its inputs to the map's default)."""
+    policy, path = layer._dtype_policy, layer.path
     if not isinstance(policy, keras.dtype_policies.DTypePolicyMap):
         return policy
-    parent = current_path() if layer._parent_path is None else layer._parent_path
-    return policy[layer.path or "/".join(filter(None, (parent, layer.name)))]
+    if not path:  # where its name scope puts it: its parent's, once that scope opened
+        parent = getattr(layer, "_parent_path", None)
+        parent = current_path() if parent is None else parent
+        path = f"{parent}/{layer.name}" if parent else layer.name
+    return policy[path]
 
 
+# Keras' `Layer.compute_dtype`, `variable_dtype` and `quantization_mode` with that lookup.
 for _name in ("compute_dtype", "variable_dtype", "quantization_mode"):
-    setattr(
-        keras.layers.Layer, _name, property(lambda layer, n=_name: getattr(_entry_of(layer), n))
-    )
+    setattr(keras.layers.Layer, _name, property(lambda self, n=_name: getattr(_entry_of(self), n)))
 
 
 def policy_map_of(
