@@ -169,13 +169,9 @@ class PrecisionPlan:
             str(path): canonical_dtype(dtype, f"layers[{path!r}]")
             for path, dtype in (layers or {}).items()
         }
-        refused = [
-            path
-            for path, dtype in explicit.items()
-            if dtype == FLOAT8 and path in infos and not float8_eligible(infos[path].class_name)
-        ]
-        if refused:
-            _refuse_float8("layers", refused, infos)
+        _float8_layers(
+            "layers", [p for p, d in explicit.items() if d == FLOAT8 and p in infos], infos
+        )
         decided = decided_layers(explicit, rules, default, infos, followers)
         full_metadata = {**dict.fromkeys(METADATA_SLOTS), "evidence": {}}
         full_metadata.update(copy.deepcopy(dict(metadata or {})))
@@ -331,13 +327,8 @@ class PrecisionPlan:
 
     def _every_layer(self) -> dict[str, str]:
         """Returns `{path: dtype}` of the decided layers and the followers, in the model's order."""
-        if not self.layer_info:
-            return dict(self.layers)
         resolved = self.resolve()
-        resolved.update(
-            {path: dtype for path, dtype in self.layers.items() if path not in resolved}
-        )
-        return resolved
+        return {**resolved, **{p: d for p, d in self.layers.items() if p not in resolved}}
 
     def dtype_counts(self) -> dict[str, int]:
         """Returns how many of the layers the plan decides (`layers`) compute in each dtype."""
@@ -405,7 +396,8 @@ class PrecisionPlan:
             message = follower_message(matched[0], self.followers, self.layer_info)
             raise PlanError(f"with_dtype: {message}")
         if dtype == FLOAT8 and self.layer_info:
-            decided = self._float8_targets(path_or_glob, decided)
+            where = f"with_dtype({path_or_glob!r}, 'float8')"
+            decided = _float8_layers(where, decided, self.layer_info, every=False)
         layers = {**self.layers, **dict.fromkeys(decided, dtype)}
         return dataclasses.replace(self, layers=layers)
 
@@ -443,16 +435,6 @@ class PrecisionPlan:
         targets = rule_targets(rule, self.layers, self.followers, self.layer_info)
         layers = {**self.layers, **dict.fromkeys(targets, rule.dtype)}
         return dataclasses.replace(self, layers=layers, rules=(*self.rules, rule))
-
-    def _float8_targets(self, path_or_glob: str, decided: list[str]) -> list[str]:
-        """The decided layers float8 may go to: Dense and EinsumDense; refuses a name with none."""
-        info = self.layer_info
-        eligible = [
-            path for path in decided if float8_eligible(getattr(info.get(path), "class_name", None))
-        ]
-        if not eligible:
-            _refuse_float8(f"with_dtype({path_or_glob!r}, 'float8')", decided, info)
-        return eligible
 
     def with_metadata(self, **values: Any) -> PrecisionPlan:
         """Returns a new plan with metadata slots set (e.g. `measured_metric=0.91`)."""
@@ -620,14 +602,22 @@ class PrecisionPlan:
         return cls.from_dict(read_json_file(path, PlanError, "precision plan"), str(path))
 
 
-def _refuse_float8(where: str, paths: list[str], infos: Mapping[str, LayerInfo]) -> None:
-    """Refuses float8 on `paths`, naming them and their classes."""
-    named = [f"{path!r} ({getattr(infos.get(path), 'class_name', '?')})" for path in paths[:5]]
-    more = f" and {len(paths) - 5} more" if len(paths) > 5 else ""
-    raise PlanError(
-        f"{where}: float8 is only for Dense and EinsumDense layers (Keras has no float8 path "
-        f"for {', '.join(named)}{more}); give them bfloat16, float16 or float32."
-    )
+def _float8_layers(
+    where: str, paths: list[str], infos: Mapping[str, LayerInfo], every: bool = True
+) -> list[str]:
+    """Returns the `paths` float8 may go to (Dense, EinsumDense); refuses the others if `every`,
+    else a list with none."""
+    classes = {path: getattr(infos.get(path), "class_name", None) for path in paths}
+    eligible = [path for path in paths if float8_eligible(classes[path])]
+    refused = [path for path in paths if path not in eligible]
+    if refused and (every or not eligible):
+        named = ", ".join(f"{path!r} ({classes[path] or '?'})" for path in refused[:5])
+        more = f" and {len(refused) - 5} more" if len(refused) > 5 else ""
+        raise PlanError(
+            f"{where}: float8 is only for Dense and EinsumDense layers (Keras has no float8 "
+            f"path for {named}{more}); give them bfloat16, float16 or float32."
+        )
+    return eligible
 
 
 def _rule_lines(before: tuple[PlanRule, ...], after: tuple[PlanRule, ...]) -> list[str]:
