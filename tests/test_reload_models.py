@@ -1,10 +1,12 @@
 """Models trained under a plan reload exactly, each door in a fresh process: a subclassed and a
-nested model, one Keras cannot build at load, one whose sub-layers carry its per-process name.
+nested model, one Keras cannot build at load, one whose sub-layers carry its per-process name,
+and one whose block with no `build` of its own Keras builds by tracing its `call` at load.
 
 Each model trains two steps under a plan of three dtypes, is saved by a `ModelCheckpoint`,
 and is loaded in a new process through `keras.models.load_model` with autoprec imported,
 `autoprec.load_model`, and Keras alone (`compile=False`): every layer's dtype and
-bitwise-equal outputs must come back.
+bitwise-equal outputs must come back (through Keras alone where no layer's first call after the
+reload is in a dtype other than its policy map's default).
 """
 
 from __future__ import annotations
@@ -129,13 +131,9 @@ def trained(request, tmp_path_factory):
     dtypes = sorted(layer.compute_dtype for layer in model._flatten_layers(include_self=False))
     assert {"float32", "bfloat16", "float16"} <= set(dtypes), dtypes
     outputs = keras.ops.convert_to_numpy(model(x[:4], training=False))
-    keras_alone = request.param not in KERAS_ALONE_MISSES
     return {
-        "saved": saved,
-        "batch": batch_file,
-        "dtypes": dtypes,
-        "outputs": outputs,
-        "keras_alone": keras_alone,
+        **{"saved": saved, "batch": batch_file, "dtypes": dtypes, "outputs": outputs},
+        "keras_alone": request.param not in KERAS_ALONE_MISSES,
     }
 
 
