@@ -63,11 +63,10 @@ def policy_map_of(
 def name_patterns(
     entries: Mapping[str, Any],
     layers: Mapping[str, keras.layers.Layer],
-    containers: Mapping[str, str] | None = None,
+    containers: Mapping[str, str],
 ) -> dict[str, Any]:
     r"""Returns `entries` keyed by patterns that also match a Keras-made name's other numbers and
     a container's name put before a sub-layer's (`containers`: Keras path -> container name)."""
-    containers = containers or {}
     apart = _rebuilt_apart(layers)
     keyed: dict[str, Any] = {}
     for open_names in (True, False):  # Keras-made names open to any number, else as they are
@@ -84,13 +83,10 @@ def name_patterns(
                 and list(patterns.values()).count(pattern) == 1
             ):
                 keyed[pattern] = path
-    paths_keyed = set(keyed.values())
+    done = set(keyed.values())
+    keyed.update({re.escape(path): path for path in entries if path not in done})
     # Anchored: Keras 3.10 matches a key with `re.search`, later versions in full.
-    result = {f"^{pattern}$": entries[path] for pattern, path in keyed.items()}
-    result.update(
-        {f"^{re.escape(path)}$": entries[path] for path in entries if path not in paths_keyed}
-    )
-    return result
+    return {f"^{pattern}$": entries[path] for pattern, path in keyed.items()}
 
 
 def _rebuilt_apart(layers: Mapping[str, keras.layers.Layer]) -> set[str]:
