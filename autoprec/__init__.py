@@ -115,5 +115,7 @@ _sys.modules[__name__].__class__ = _Package
 
 if "keras" in _sys.modules:
     # Keras is loaded already: register the classes a saved model's file may name (the
-    # loss-scale optimizer of a float16 plan), so `keras.models.load_model` finds them.
+    # loss-scale optimizer of a float16 plan) and look a layer's entry of a policy map up
+    # at its first call, so `keras.models.load_model` rebuilds what trained.
     _importlib.import_module(f"{__name__}.runtime.loss_scale")
+    _importlib.import_module(f"{__name__}.runtime.policy_map")

@@ -67,7 +67,7 @@ class TokenGateModel(keras.Model):
     def call(self, tokens):
         hidden = self.head(self.norm(self.embed(tokens)))
         odd = keras.ops.cast(keras.ops.bitwise_and(tokens, 1), hidden.dtype)
-        gated = keras.ops.cast(self.gate([hidden[..., 0], odd + 1.0]), "float32")
+        gated = keras.ops.cast(self.gate([hidden[..., 0], odd + 1.1]), "float32")
         return keras.ops.mean(gated, axis=-1, keepdims=True)
 
     def get_config(self):
@@ -75,13 +75,31 @@ class TokenGateModel(keras.Model):
 
 
 @keras.saving.register_keras_serializable(package="autoprec_reload")
+class LazyBlock(keras.layers.Layer):
+    """A block with no `build` of its own that adds its input to its dense layer's output, as
+    keras-hub's Swin blocks do: Keras builds `dense` by tracing `call` at the first call."""
+
+    def __init__(self, width: int = 8, **kwargs):
+        super().__init__(**kwargs)
+        self.width = width
+        self.dense = keras.layers.Dense(width, dtype=self.dtype_policy, name="dense")
+
+    def call(self, inputs):
+        return inputs + self.dense(inputs)
+
+    def get_config(self):
+        return {**super().get_config(), "width": self.width}
+
+
+@keras.saving.register_keras_serializable(package="autoprec_reload")
 class PrefixedBackbone(keras.Model):
     """A functional backbone that names its sub-layers after its own name when it has one, as
-    keras-hub's DINOV2Backbone does: `embed` when built, `prefixed_backbone_3_embed` reloaded."""
+    keras-hub's DINOV2Backbone does: `embed` when built, `prefixed_backbone_3_embed` reloaded;
+    with `lazy_block`, a `LazyBlock` after its norm."""
 
-    def __init__(self, width: int = 8, name: str | None = None, dtype=None, **kwargs):
+    def __init__(self, width=8, name=None, dtype=None, lazy_block: bool = False, **kwargs):
         prefix = f"{name}_" if name else ""
-        self.width = width
+        self.width, self.lazy_block = width, lazy_block
         inputs = keras.Input((6, width), name="tokens")
         self.embed = keras.layers.Dense(width, dtype=dtype, name=f"{prefix}embed")
         self.attention = keras.layers.MultiHeadAttention(
@@ -90,22 +108,27 @@ class PrefixedBackbone(keras.Model):
         self.norm = keras.layers.LayerNormalization(dtype=dtype, name=f"{prefix}norm")
         hidden = self.embed(inputs)
         outputs = self.norm(hidden + self.attention(hidden, hidden))
+        if lazy_block:
+            outputs = LazyBlock(width, dtype=dtype, name=f"{prefix}block")(outputs)
         super().__init__(inputs, outputs, name=name, **kwargs)
         if dtype is not None:  # as keras-hub's Backbone: a functional model drops `dtype`
             self.dtype_policy = keras.dtype_policies.get(dtype)
 
     def get_config(self):
         dtype = keras.dtype_policies.serialize(self.dtype_policy)
-        return {"width": self.width, "name": self.name, "trainable": self.trainable, "dtype": dtype}
+        return {
+            **{"width": self.width, "name": self.name, "trainable": self.trainable},
+            **{"dtype": dtype, "lazy_block": self.lazy_block},
+        }
 
     @classmethod
     def from_config(cls, config):
         return cls(**config)
 
 
-def prefixed_classifier() -> keras.Model:
+def prefixed_classifier(lazy_block: bool = False) -> keras.Model:
     """A functional classifier around a `PrefixedBackbone` built without a name."""
     inputs = keras.Input((6, 8), name="features")
-    hidden = PrefixedBackbone()(inputs)
+    hidden = PrefixedBackbone(lazy_block=lazy_block)(inputs)
     pooled = keras.layers.GlobalAveragePooling1D(name="pool")(hidden)
     return keras.Model(inputs, keras.layers.Dense(1, name="head")(pooled), name="prefixed")

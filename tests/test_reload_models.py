@@ -1,10 +1,12 @@
 """Models trained under a plan reload exactly, each door in a fresh process: a subclassed and a
-nested model, one Keras cannot build at load, one whose sub-layers carry its per-process name.
+nested model, one Keras cannot build at load, one whose sub-layers carry its per-process name,
+and one whose block with no `build` of its own Keras builds by tracing its `call` at load.
 
 Each model trains two steps under a plan of three dtypes, is saved by a `ModelCheckpoint`,
 and is loaded in a new process through `keras.models.load_model` with autoprec imported,
 `autoprec.load_model`, and Keras alone (`compile=False`): every layer's dtype and
-bitwise-equal outputs must come back.
+bitwise-equal outputs must come back (through Keras alone where no layer's first call after the
+reload is in a dtype other than its policy map's default).
 """
 
 from __future__ import annotations
@@ -67,18 +69,27 @@ def token_gate():
     x = np.random.default_rng(0).integers(0, 16, (32, 6)).astype("int32")
     model(x[:2])
     plan = autoprec.PrecisionPlan.uniform(model, "bfloat16").with_dtype("head", "float16")
-    # Keras runs a layer it could not build at load in the map's default (float32) at its first
-    # call, before the layer has the path its entry names: the gate stays float32 here.
-    plan = plan.with_dtype("norm", "float32").with_dtype("gate", "float32")
+    # The gate, built at its first call after a reload, runs that call in its own dtype.
+    plan = plan.with_dtype("norm", "float32").with_dtype("gate", "float16")
     return model, plan, x, (x[:, :1] % 2).astype("float32")
 
 
-def prefixed():
-    model = reload_checks.prefixed_classifier()
+def prefixed(lazy_block: bool = False):
+    model = reload_checks.prefixed_classifier(lazy_block)
     x = np.random.default_rng(0).normal(size=(32, 6, 8)).astype("float32")
     plan = autoprec.PrecisionPlan.uniform(model, "bfloat16").with_dtype("head", "float32")
     plan = plan.with_dtype("prefixed_backbone/attention", "float16")
+    if lazy_block:  # in a dtype other than its map's default (float16, most nameless layers')
+        plan = plan.with_dtype("prefixed_backbone/block", "float32")
     return model, plan, x, x[:, 0, :1]
+
+
+def lazy_block():
+    return prefixed(lazy_block=True)
+
+
+#: Keras alone runs a layer's first call after a reload in its map's default dtype.
+KERAS_ALONE_MISSES = (token_gate, lazy_block)
 
 
 def load_in_fresh_process(saved: Path, batch_file: Path, door: str) -> dict:
@@ -99,8 +110,8 @@ def load_in_fresh_process(saved: Path, batch_file: Path, door: str) -> dict:
 
 @pytest.fixture(
     scope="module",
-    params=[residual_model, nested, token_gate, prefixed],
-    ids=["subclassed", "nested", "unbuilt-at-load", "prefixed-sub-layers"],
+    params=[residual_model, nested, token_gate, prefixed, lazy_block],
+    ids=["subclassed", "nested", "unbuilt-at-load", "prefixed-sub-layers", "lazily-built"],
 )
 def trained(request, tmp_path_factory):
     model, plan, x, y = request.param()
@@ -120,11 +131,16 @@ def trained(request, tmp_path_factory):
     dtypes = sorted(layer.compute_dtype for layer in model._flatten_layers(include_self=False))
     assert {"float32", "bfloat16", "float16"} <= set(dtypes), dtypes
     outputs = keras.ops.convert_to_numpy(model(x[:4], training=False))
-    return {"saved": saved, "batch": batch_file, "dtypes": dtypes, "outputs": outputs}
+    return {
+        **{"saved": saved, "batch": batch_file, "dtypes": dtypes, "outputs": outputs},
+        "keras_alone": request.param not in KERAS_ALONE_MISSES,
+    }
 
 
 @pytest.mark.parametrize("door", ["keras", "autoprec", "keras_only"])
 def test_a_subclassed_and_a_nested_model_reload_every_dtype_and_their_outputs(trained, door):
+    if door == "keras_only" and not trained["keras_alone"]:
+        pytest.skip("Keras alone runs a layer's first call in its policy map's default dtype")
     found = load_in_fresh_process(trained["saved"], trained["batch"], door)
     assert found["autoprec"] == (door != "keras_only")
     assert found["dtypes"] == trained["dtypes"], door

@@ -21,6 +21,11 @@ def _tokens(rng: np.random.Generator) -> dict[str, np.ndarray]:
     }
 
 
+def _images(seed: int) -> tuple[np.ndarray, np.ndarray]:
+    x = np.random.default_rng(seed).normal(size=(SAMPLES, 32, 32, 3)).astype("float32")
+    return x, (x[:, :, :, 0].mean(axis=(1, 2)) > 0).astype("int32")
+
+
 def _compile(model: keras.Model) -> keras.Model:
     model.compile(
         optimizer=keras.optimizers.Adam(1e-3),
@@ -79,10 +84,7 @@ def vit_classifier(seed: int = 0):
         image_shape=(32, 32, 3), patch_size=8, num_layers=2, num_heads=2, hidden_dim=32, mlp_dim=64
     )
     model = keras_hub.models.ViTImageClassifier(backbone=backbone, num_classes=3, preprocessor=None)
-    rng = np.random.default_rng(seed)
-    x = rng.normal(size=(SAMPLES, 32, 32, 3)).astype("float32")
-    y = (x[:, :, :, 0].mean(axis=(1, 2)) > 0).astype("int32")
-    return _compile(model), (x, y)
+    return _compile(model), _images(seed)
 
 
 def bart_seq2seq(seed: int = 0):
@@ -195,10 +197,65 @@ def resnet_classifier(seed: int = 0):
     model = keras_hub.models.ResNetImageClassifier(
         backbone=backbone, num_classes=3, preprocessor=None
     )
-    rng = np.random.default_rng(seed)
-    x = rng.normal(size=(SAMPLES, 32, 32, 3)).astype("float32")
-    y = (x[:, :, :, 0].mean(axis=(1, 2)) > 0).astype("int32")
-    return _compile(model), (x, y)
+    return _compile(model), _images(seed)
+
+
+def swin_classifier(seed: int = 0):
+    """A windowed-attention image backbone: keras-hub's Swin Transformer (2 stages of 2 blocks,
+    width 32, 4x4 windows of 32x32 images)."""
+    import keras_hub
+
+    keras.utils.set_random_seed(seed)
+    backbone = keras_hub.models.SwinTransformerBackbone(
+        image_shape=(32, 32, 3), embed_dim=32, depths=(2, 2), num_heads=(2, 2), window_size=4
+    )
+    model = keras_hub.models.SwinTransformerImageClassifier(
+        backbone=backbone, num_classes=3, preprocessor=None
+    )
+    return _compile(model), _images(seed)
+
+
+def dinov2_classifier(seed: int = 0):
+    """A backbone that puts its name before its sub-layers' at a reload: keras-hub's DINOV2
+    (2 blocks, width 32, 8x8 patches of 32x32 images) under a pooled dense head."""
+    import keras_hub
+
+    keras.utils.set_random_seed(seed)
+    backbone = keras_hub.models.DINOV2Backbone(
+        patch_size=8,
+        num_layers=2,
+        hidden_dim=32,
+        num_heads=2,
+        intermediate_dim=64,
+        image_shape=(32, 32, 3),
+        position_embedding_shape=(32, 32, 3),
+    )
+    # keras-hub makes these again from `position_embeddings` at a reload: trained, they would
+    # not come back bitwise, whatever the dtypes.
+    backbone.get_layer("embeddings").interpolated_position_embeddings.trainable = False
+    images = keras.Input((32, 32, 3), name="images")
+    pooled = keras.layers.GlobalAveragePooling1D(name="pool")(backbone({"images": images}))
+    model = keras.Model(images, keras.layers.Dense(3, name="head")(pooled), name="dinov2")
+    return _compile(model), _images(seed)
+
+
+def rwkv7_causal_lm(seed: int = 0):
+    """A recurrent language model: keras-hub's RWKV-7 (1 block, width 32)."""
+    import keras_hub
+
+    keras.utils.set_random_seed(seed)
+    backbone = keras_hub.models.RWKV7Backbone(
+        hidden_size=32,
+        head_size=16,
+        num_layers=1,
+        vocabulary_size=VOCABULARY,
+        intermediate_dim=64,
+        gate_lora=8,
+        mv_lora=8,
+        aaa_lora=8,
+        decay_lora=8,
+    )
+    return _causal_lm(backbone, keras_hub.models.RWKV7CausalLM, seed)
 
 
 #: Families `keras.models.load_model` is checked to reload exactly (tests/test_reload_keras_hub.py).
@@ -207,4 +264,7 @@ RELOAD_ZOO = {
     "gemma": gemma_causal_lm,
     "mixtral": mixtral_causal_lm,
     "resnet": resnet_classifier,
+    "swin": swin_classifier,
+    "dinov2": dinov2_classifier,
+    "rwkv7": rwkv7_causal_lm,
 }

@@ -169,10 +169,11 @@ class PrecisionPlan:
             str(path): canonical_dtype(dtype, f"layers[{path!r}]")
             for path, dtype in (layers or {}).items()
         }
-        _check_float8_layers(explicit, infos)
+        _float8_layers(
+            "layers", [p for p, d in explicit.items() if d == FLOAT8 and p in infos], infos
+        )
         decided = decided_layers(explicit, rules, default, infos, followers)
-        full_metadata: dict[str, Any] = {slot: None for slot in METADATA_SLOTS}
-        full_metadata["evidence"] = {}
+        full_metadata = {**dict.fromkeys(METADATA_SLOTS), "evidence": {}}
         full_metadata.update(copy.deepcopy(dict(metadata or {})))
         if full_metadata["float8_source"] is not None:
             full_metadata["float8_source"] = canonical_float8_source(
@@ -326,13 +327,8 @@ class PrecisionPlan:
 
     def _every_layer(self) -> dict[str, str]:
         """Returns `{path: dtype}` of the decided layers and the followers, in the model's order."""
-        if not self.layer_info:
-            return dict(self.layers)
         resolved = self.resolve()
-        resolved.update(
-            {path: dtype for path, dtype in self.layers.items() if path not in resolved}
-        )
-        return resolved
+        return {**resolved, **{p: d for p, d in self.layers.items() if p not in resolved}}
 
     def dtype_counts(self) -> dict[str, int]:
         """Returns how many of the layers the plan decides (`layers`) compute in each dtype."""
@@ -400,7 +396,8 @@ class PrecisionPlan:
             message = follower_message(matched[0], self.followers, self.layer_info)
             raise PlanError(f"with_dtype: {message}")
         if dtype == FLOAT8 and self.layer_info:
-            decided = self._float8_targets(path_or_glob, decided)
+            where = f"with_dtype({path_or_glob!r}, 'float8')"
+            decided = _float8_layers(where, decided, self.layer_info, every=False)
         layers = {**self.layers, **dict.fromkeys(decided, dtype)}
         return dataclasses.replace(self, layers=layers)
 
@@ -438,20 +435,6 @@ class PrecisionPlan:
         targets = rule_targets(rule, self.layers, self.followers, self.layer_info)
         layers = {**self.layers, **dict.fromkeys(targets, rule.dtype)}
         return dataclasses.replace(self, layers=layers, rules=(*self.rules, rule))
-
-    def _float8_targets(self, path_or_glob: str, decided: list[str]) -> list[str]:
-        """The decided layers float8 may go to: Dense and EinsumDense; refuses a name with none."""
-        classes = {
-            path: self.layer_info[path].class_name for path in decided if path in self.layer_info
-        }
-        eligible = [path for path in decided if float8_eligible(classes.get(path))]
-        if eligible:
-            return eligible
-        named = ", ".join(f"{path!r} ({classes.get(path, '?')})" for path in decided[:3])
-        raise PlanError(
-            f"with_dtype({path_or_glob!r}, 'float8'): float8 is only for Dense and EinsumDense "
-            f"layers (Keras has no float8 path for {named}); give it bfloat16, float16 or float32."
-        )
 
     def with_metadata(self, **values: Any) -> PrecisionPlan:
         """Returns a new plan with metadata slots set (e.g. `measured_metric=0.91`)."""
@@ -535,21 +518,24 @@ class PrecisionPlan:
         rows = []
         for path, dtype in self._every_layer().items():
             info = self.layer_info.get(path)
-            class_name, parameters = (info.class_name, info.parameters) if info else ("?", 0)
             note = f"follows {self.followers[path]}" if path in self.followers else ""
-            rows.append((path, class_name, dtype, parameters, note))
+            rows.append(
+                (
+                    path,
+                    info.class_name if info else "?",
+                    dtype,
+                    info.parameters if info else 0,
+                    note,
+                )
+            )
         title = (
             f"PrecisionPlan for {self.model_name or 'model'} "
             f"(default {self.default}, {len(self.rules)} rule(s))"
         )
+        notes = [f"{len(self.followers)} follower(s) take the dtype of the layer they follow"]
+        notes = notes[: bool(self.followers)] + [f"rule: {rule.to_dict()}" for rule in self.rules]
+        notes += [f"{len(self.events)} event(s): see plan.events"][: bool(self.events)]
         decided = [row for row in rows if row[0] in self.layers]
-        notes = [f"rule: {rule.to_dict()}" for rule in self.rules]
-        if self.followers:
-            notes.insert(
-                0, f"{len(self.followers)} follower(s) take the dtype of the layer they follow"
-            )
-        if self.events:
-            notes.append(f"{len(self.events)} event(s): see plan.events")
         return "\n".join([title, *_table_lines(rows), "", *_total_lines(decided), *notes])
 
     def to_dict(self) -> dict[str, Any]:
@@ -616,20 +602,22 @@ class PrecisionPlan:
         return cls.from_dict(read_json_file(path, PlanError, "precision plan"), str(path))
 
 
-def _check_float8_layers(explicit: Mapping[str, str], infos: Mapping[str, LayerInfo]) -> None:
-    """Refuses float8 on a layer whose class has no float8 path, naming the layer."""
-    refused = [
-        f"{path!r} ({infos[path].class_name})"
-        for path, dtype in explicit.items()
-        if dtype == FLOAT8 and path in infos and not float8_eligible(infos[path].class_name)
-    ]
-    if refused:
+def _float8_layers(
+    where: str, paths: list[str], infos: Mapping[str, LayerInfo], every: bool = True
+) -> list[str]:
+    """Returns the `paths` float8 may go to (Dense, EinsumDense); refuses the others if `every`,
+    else a list with none."""
+    classes = {path: getattr(infos.get(path), "class_name", None) for path in paths}
+    eligible = [path for path in paths if float8_eligible(classes[path])]
+    refused = [path for path in paths if path not in eligible]
+    if refused and (every or not eligible):
+        named = ", ".join(f"{path!r} ({classes[path] or '?'})" for path in refused[:5])
+        more = f" and {len(refused) - 5} more" if len(refused) > 5 else ""
         raise PlanError(
-            f"layers: float8 is only for Dense and EinsumDense layers (Keras has no float8 "
-            f"path elsewhere), but it is set on {', '.join(refused[:5])}"
-            + (f" and {len(refused) - 5} more" if len(refused) > 5 else "")
-            + "; give those layers bfloat16, float16 or float32."
+            f"{where}: float8 is only for Dense and EinsumDense layers (Keras has no float8 "
+            f"path for {named}{more}); give them bfloat16, float16 or float32."
         )
+    return eligible
 
 
 def _rule_lines(before: tuple[PlanRule, ...], after: tuple[PlanRule, ...]) -> list[str]:
@@ -701,32 +689,25 @@ def _is_dtype(value: object) -> bool:
 
 def _table_lines(rows: list[Row]) -> list[str]:
     """Returns the header, the rule under it and one aligned line per row."""
-    widths = [
-        max([len(_HEADERS[column])] + [len(str(row[column])) for row in rows])
-        for column in range(4)
-    ]
-    lines = [
-        "  ".join(header.ljust(width) for header, width in zip(_HEADERS, widths)).rstrip(),
-        "  ".join("-" * width for width in widths),
-    ]
+    widths = [max(len(str(row[column])) for row in [_HEADERS, *rows]) for column in range(4)]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(_HEADERS, widths)).rstrip()]
+    lines.append("  ".join("-" * width for width in widths))
     for path, class_name, dtype, parameters, note in rows:
-        lines.append(
-            f"{path:<{widths[0]}}  {class_name:<{widths[1]}}  {dtype:<{widths[2]}}  "
-            f"{parameters:>{widths[3]},}  {note}".rstrip()
-        )
+        cells = (path.ljust(widths[0]), class_name.ljust(widths[1]), dtype.ljust(widths[2]))
+        lines.append(f"{'  '.join(cells)}  {parameters:>{widths[3]},}  {note}".rstrip())
     return lines
 
 
 def _total_lines(decided: list[Row]) -> list[str]:
     """Returns one line per compute dtype: layers and parameters of the decided rows."""
-    total_parameters = sum(row[3] for row in decided) or 1
+    total = sum(row[3] for row in decided) or 1
+    float8 = (FLOAT8,) if any(row[2] == FLOAT8 for row in decided) else ()
     lines = []
-    has_float8 = any(row[2] == FLOAT8 for row in decided)
-    for dtype in (*COMPUTE_DTYPES, FLOAT8) if has_float8 else COMPUTE_DTYPES:
-        count = sum(1 for row in decided if row[2] == dtype)
-        parameters = sum(row[3] for row in decided if row[2] == dtype)
+    for dtype in (*COMPUTE_DTYPES, *float8):
+        rows = [row for row in decided if row[2] == dtype]
+        parameters = sum(row[3] for row in rows)
         lines.append(
-            f"{dtype:<9} {count:>4} layers  {parameters:>12,} params "
-            f"({100.0 * parameters / total_parameters:5.1f} %)"
+            f"{dtype:<9} {len(rows):>4} layers  {parameters:>12,} params "
+            f"({100.0 * parameters / total:5.1f} %)"
         )
     return lines

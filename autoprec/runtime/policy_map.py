@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import keras
+from keras.src.backend.common.name_scope import current_path
 
 from .._core.models import call_model_code
 from ..layers import is_graph_model, layer_paths, layer_policy, unprefixed_path
@@ -18,6 +19,24 @@ from ..layers import is_graph_model, layer_paths, layer_policy, unprefixed_path
 _WRITES_MAP = "_autoprec_writes_policy_map"
 #: Non-empty while `_rebuilt_apart` reads containers' configs (no policy map is written then).
 _READING_CONFIGS: list[bool] = []
+
+
+def _entry_of(layer: keras.layers.Layer) -> keras.dtype_policies.DTypePolicy:
+    """The policy `layer` computes with: its entry of a map before it builds too (Keras sets
+    `layer.path` as it builds, after the first call cast its inputs to the map's default)."""
+    policy, path = layer._dtype_policy, layer.path
+    if not isinstance(policy, keras.dtype_policies.DTypePolicyMap):
+        return policy
+    if not path:  # where its name scope puts it: its parent's, once that scope opened
+        parent = getattr(layer, "_parent_path", None)
+        parent = current_path() if parent is None else parent
+        path = f"{parent}/{layer.name}" if parent else layer.name
+    return policy[path]
+
+
+# Keras' `Layer.compute_dtype`, `variable_dtype` and `quantization_mode` with that lookup.
+for _name in ("compute_dtype", "variable_dtype", "quantization_mode"):
+    setattr(keras.layers.Layer, _name, property(lambda self, n=_name: getattr(_entry_of(self), n)))
 
 
 def policy_map_of(
@@ -44,11 +63,10 @@ def policy_map_of(
 def name_patterns(
     entries: Mapping[str, Any],
     layers: Mapping[str, keras.layers.Layer],
-    containers: Mapping[str, str] | None = None,
+    containers: Mapping[str, str],
 ) -> dict[str, Any]:
     r"""Returns `entries` keyed by patterns that also match a Keras-made name's other numbers and
     a container's name put before a sub-layer's (`containers`: Keras path -> container name)."""
-    containers = containers or {}
     apart = _rebuilt_apart(layers)
     keyed: dict[str, Any] = {}
     for open_names in (True, False):  # Keras-made names open to any number, else as they are
@@ -65,13 +83,10 @@ def name_patterns(
                 and list(patterns.values()).count(pattern) == 1
             ):
                 keyed[pattern] = path
-    paths_keyed = set(keyed.values())
+    done = set(keyed.values())
+    keyed.update({re.escape(path): path for path in entries if path not in done})
     # Anchored: Keras 3.10 matches a key with `re.search`, later versions in full.
-    result = {f"^{pattern}$": entries[path] for pattern, path in keyed.items()}
-    result.update(
-        {f"^{re.escape(path)}$": entries[path] for path in entries if path not in paths_keyed}
-    )
-    return result
+    return {f"^{pattern}$": entries[path] for pattern, path in keyed.items()}
 
 
 def _rebuilt_apart(layers: Mapping[str, keras.layers.Layer]) -> set[str]:

@@ -14,15 +14,10 @@ from ..layers import is_fully_built
 from ..plan import PrecisionPlan
 from .apply import apply_plan
 from .check import probe_inputs
-from .loss_scale import FlooredLossScaleOptimizer, current_loss_scale
 
-#: Name of the plan inside the `.keras` zip archive.
+#: Name of the plan among a `.keras` archive's assets (`model.save` writes it there, as
+#: `ModelCheckpoint` and `BackupAndRestore` call it); earlier releases wrote it at the top.
 PLAN_ENTRY = "autoprec_plan.json"
-
-
-#: Where the plan sits in a `.keras` archive that Keras itself wrote (`model.save`, as
-#: `ModelCheckpoint` and `BackupAndRestore` call it): the model's assets folder.
-PLAN_ASSET = "assets/" + PLAN_ENTRY
 
 
 def attach_plan(model: keras.Model, plan: PrecisionPlan) -> None:
@@ -82,20 +77,8 @@ def save_model(
     destination = Path(path)
     if destination.suffix != ".keras":
         raise PlanError(f"save_model: {destination} must end in '.keras'.")
-    plan = plan or attached_plan(model) or PrecisionPlan.from_model(model)
-    attach_plan(model, plan)  # Keras' own save then writes the optimizer as it trains
-    optimizer = getattr(model, "optimizer", None)
-    scale = current_loss_scale(optimizer)
-    if scale is not None:
-        plan = plan.with_metadata(
-            loss_scale={
-                **dict(plan.metadata.get("loss_scale") or {}),
-                "current": scale,
-                "floor": getattr(optimizer, "floor", None),
-                "fixed": bool(getattr(optimizer, "fixed", False)),
-                "dynamic_growth_steps": int(optimizer.dynamic_growth_steps),
-            }
-        )
+    # Keras' own save then writes the plan among the assets and the optimizer as it trains.
+    attach_plan(model, plan or attached_plan(model) or PrecisionPlan.from_model(model))
     destination.parent.mkdir(parents=True, exist_ok=True)
     handle, temp_name = tempfile.mkstemp(
         prefix=f".{destination.stem}.", suffix=".keras", dir=destination.parent
@@ -103,8 +86,6 @@ def save_model(
     os.close(handle)
     try:
         model.save(temp_name)
-        with zipfile.ZipFile(temp_name, "a") as archive:
-            archive.writestr(PLAN_ENTRY, plan.to_json())
         with open(temp_name, "rb") as written:
             os.fsync(written.fileno())
         os.replace(temp_name, destination)
@@ -120,7 +101,7 @@ def load_plan_from_archive(path: str | os.PathLike) -> PrecisionPlan | None:
     try:
         with zipfile.ZipFile(path) as archive:
             names = archive.namelist()
-            entry = next((name for name in (PLAN_ENTRY, PLAN_ASSET) if name in names), None)
+            entry = next((n for n in (PLAN_ENTRY, f"assets/{PLAN_ENTRY}") if n in names), None)
             if entry is None:
                 return None
             text = archive.read(entry).decode("utf-8")
@@ -141,34 +122,15 @@ def load_model(
 
     Returns:
         The model, built (on a small probe batch where Keras left it unbuilt), with every
-        layer's dtype as it was when saved and, if it was
-        training with loss scaling, its optimizer wrapped again with the saved scale.
+        layer's dtype as it was when saved and its optimizer as it trained (a loss-scale
+        wrap and its scale included).
     """
     if not Path(path).exists():
         raise PlanError(f"load_model: {path}: no such file.")
     plan = load_plan_from_archive(path)
     model = keras.saving.load_model(path, custom_objects=custom_objects, compile=compile)
-    if plan is None:
-        return model
-    if not is_fully_built(model):
-        probe_inputs(model)  # a model Keras cannot build from its build config builds at a call
-    handle = apply_plan(model, plan, strict=True)
-    attach_plan(model, handle.plan)
-    loss_scale = plan.metadata.get("loss_scale") or {}
-    optimizer = getattr(model, "optimizer", None)
-    if (
-        compile
-        and optimizer is not None
-        and loss_scale.get("current") is not None
-        and not isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
-    ):
-        wrapped = FlooredLossScaleOptimizer(
-            optimizer,
-            initial_scale=float(loss_scale["current"]),
-            dynamic_growth_steps=int(loss_scale.get("dynamic_growth_steps", 2000)),
-            floor=loss_scale.get("floor"),
-            fixed=bool(loss_scale.get("fixed", False)),
-        )
-        wrapped.build(model.trainable_variables)
-        model.optimizer = wrapped
+    if plan is not None:
+        if not is_fully_built(model):
+            probe_inputs(model)  # a model Keras cannot build from its build config builds at a call
+        attach_plan(model, apply_plan(model, plan, strict=True).plan)
     return model
