@@ -19,57 +19,14 @@ from .space import compute_layers
 
 #: Metric-name words (and joined phrases) of metrics that are better when lower.
 LOWER_IS_BETTER: frozenset[str] = frozenset(
-    {
-        "loss",
-        "error",
-        "mae",
-        "mse",
-        "rmse",
-        "mape",
-        "msle",
-        "perplexity",
-        "crossentropy",
-        "hinge",
-        "kl",
-        "kld",
-        "divergence",
-        "kullback_leibler",
-        "log_cosh",
-        "logcosh",
-        "poisson",
-        "huber",
-        "false_positives",
-        "false_negatives",
-        "wer",
-        "cer",
-    }
+    "loss error mae mse rmse mape msle perplexity crossentropy hinge kl kld divergence "
+    "kullback_leibler log_cosh logcosh poisson huber false_positives false_negatives wer cer".split()
 )
 
 #: Metric-name words (and joined phrases) of metrics that are better when higher.
 HIGHER_IS_BETTER: frozenset[str] = frozenset(
-    {
-        "accuracy",
-        "acc",
-        "auc",
-        "precision",
-        "recall",
-        "f1",
-        "fbeta",
-        "iou",
-        "top_k",
-        "r2",
-        "sensitivity",
-        "specificity",
-        "true_positives",
-        "true_negatives",
-        "cosine_similarity",
-        "correlation",
-        "bleu",
-        "rouge",
-        "psnr",
-        "ssim",
-        "dice",
-    }
+    "accuracy acc auc precision recall f1 fbeta iou top_k r2 sensitivity specificity "
+    "true_positives true_negatives cosine_similarity correlation bleu rouge psnr ssim dice".split()
 )
 
 _MODES = ("min", "max", "auto")
@@ -402,21 +359,28 @@ class FloorRule:
 class OutputFloor:
     """The floor a plan's 16-bit outputs put on the budget metric, and whether it is refused."""
 
-    metric: str
+    budget: Budget
+    reference: float
     dtypes: Mapping[str, str]
     floors: Mapping[str, float]
     sources: Mapping[str, str]
     value: float
-    reference: float
-    converged_reference: float
-    limit: float
-    break_even: float | None
     rule: FloorRule = FloorRule()
+
+    @property
+    def converged_reference(self) -> float:
+        """The float32 metric the allowance is measured against once converged."""
+        return self.rule.converged_reference(self.budget, self.reference)
+
+    @property
+    def limit(self) -> float:
+        """The largest floor a plan may have, in the metric's units."""
+        return self.rule.limit(self.budget, self.reference)
 
     @property
     def violation(self) -> float:
         """By how much the floor exceeds the limit: > 0 refused."""
-        return self.value - self.limit if math.isfinite(self.value) else 1e30
+        return self.value - self.limit if math.isfinite(self.value) else HUGE_VIOLATION
 
     @property
     def refused(self) -> bool:
@@ -441,56 +405,34 @@ class OutputFloor:
         verdict = "more than" if self.refused else "within"
         return (
             f"the outputs of {outputs} put a floor of {_floor_text(self.value)} on "
-            f"{self.metric} that no training removes, {verdict} the limit {self.limit:.3g} "
-            f"({self.rule.fraction:g} of the budget's allowance against {against})"
+            f"{self.budget.metric} that no training removes, {verdict} the limit "
+            f"{self.limit:.3g} ({self.rule.fraction:g} of the budget's allowance against {against})"
         )
 
     def to_dict(self) -> dict[str, Any]:
         """Returns the floor as a JSON-ready dict (inf as `None`), with `refused` and `reason`."""
         return {
-            "metric": self.metric,
+            "metric": self.budget.metric,
             "dtypes": dict(self.dtypes),
-            "floors": {path: _json(value) for path, value in self.floors.items()},
+            "floors": {path: json_safe(value) for path, value in self.floors.items()},
             "sources": dict(self.sources),
-            "value": _json(self.value),
-            "reference": self.reference,
+            "value": json_safe(self.value),
+            "reference": float(self.reference),
             "converged_reference": self.converged_reference,
             "limit": self.limit,
-            "break_even": _json(self.break_even),
+            "break_even": json_safe(self.rule.break_even(self.budget, self.value)),
             "rule": self.rule.to_dict(),
             "refused": self.refused,
             "reason": self.reason,
         }
 
 
-def judge_floor(
-    budget: Budget,
-    reference: float,
-    dtypes: Mapping[str, str],
-    floors: Mapping[str, float],
-    sources: Mapping[str, str],
-    value: float,
-    rule: FloorRule | None = None,
-) -> OutputFloor:
-    """Returns the `OutputFloor` of measured floors under a rule."""
-    rule = FloorRule() if rule is None else rule
-    return OutputFloor(
-        metric=budget.metric,
-        dtypes=dict(dtypes),
-        floors=dict(floors),
-        sources=dict(sources),
-        value=float(value),
-        reference=float(reference),
-        converged_reference=rule.converged_reference(budget, reference),
-        limit=rule.limit(budget, reference),
-        break_even=rule.break_even(budget, value),
-        rule=rule,
-    )
-
-
 def _floor_text(value: float) -> str:
     return "beyond the dtype's range" if math.isinf(value) else f"{value:.3g}"
 
 
-def _json(value: float | None) -> float | None:
-    return float(value) if value is not None and math.isfinite(value) else None
+def json_safe(value: Any) -> Any:
+    """Returns `value`, or `None` for a float that is not finite (JSON has no NaN)."""
+    if isinstance(value, (float, np.floating)):
+        return float(value) if math.isfinite(value) else None
+    return value

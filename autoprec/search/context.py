@@ -29,7 +29,6 @@ from .budget import (
     FloorRule,
     OutputFloor,
     converged_outputs,
-    judge_floor,
     measure_floor,
     output_paths,
 )
@@ -250,7 +249,6 @@ class SearchContext:
     verbose: int
     risk: dict[str, float] = dataclasses.field(default_factory=dict)
     cache: dict[str, TrainedOutcome] = dataclasses.field(default_factory=dict)
-    floor_rule: FloorRule = dataclasses.field(default_factory=FloorRule)
     floors: dict[tuple[tuple[str, str], ...], OutputFloor | None] = dataclasses.field(
         default_factory=dict
     )
@@ -395,9 +393,7 @@ class SearchContext:
             )
             return None
         where = {path: sources[indices[path][0]] for path in dtypes if indices[path]}
-        return judge_floor(
-            self.budget, self.reference, dtypes, floors, where, together, self.floor_rule
-        )
+        return OutputFloor(self.budget, self.reference, dtypes, floors, where, together)
 
     @functools.cached_property
     def _paths_per_output(self) -> tuple[str, ...]:
@@ -448,7 +444,7 @@ class SearchContext:
             if isinstance(record, Mapping) and record.get("refused"):
                 refused[str(trial.number)] = record.get("reason")
         return {
-            "rule": self.floor_rule.to_dict(),
+            "rule": FloorRule().to_dict(),
             "outputs": self.floor_evidence(),
             "refused_trials": refused,
         }

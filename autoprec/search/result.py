@@ -10,7 +10,6 @@ import os
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-import numpy as np
 import optuna
 
 from .._core.dtypes import BFLOAT16, FLOAT8, FLOAT16, FLOAT32, policy_name
@@ -114,29 +113,10 @@ class TrainedOutcome:
     trial: int | str
 
 
-def stored_outcome(trial: optuna.trial.FrozenTrial) -> TrainedOutcome | None:
-    """Returns what a completed trial trained, or `None` when it trained nothing itself."""
-    record = TrialRecord.from_trial(trial)
-    if not record.trained_here:
-        return None
-    metrics = {
-        name: (math.nan if value is None else float(value))
-        for name, value in record.metrics.items()
-    }
-    return TrainedOutcome(metrics, record.proxy, record.proxy_score, trial.number)
-
-
 def assignment_key(assignment: Mapping[str, str]) -> str:
     """Returns a short stable digest of a per-layer assignment (equal assignments, equal keys)."""
     text = json.dumps(sorted(assignment.items()), separators=(",", ":"))
     return hashlib.sha1(text.encode()).hexdigest()[:20]
-
-
-def json_safe(value: Any) -> Any:
-    """Returns `value`, or `None` for a float that is not finite (JSON has no NaN)."""
-    if isinstance(value, (float, np.floating)):
-        return float(value) if math.isfinite(value) else None
-    return value
 
 
 #: The name of the best plan by predicted cost when it is no warm start.
@@ -269,13 +249,7 @@ class SearchResult:
             f"{'trial':>5}  {'pred. step':>11}  {'speedup':>7}  {self.budget.metric:>14}  "
             f"{'ok':>3}  dtypes",
         ]
-        for point in self.pareto:
-            speedup = self.float32_predicted_seconds / max(point.predicted_seconds, 1e-12)
-            lines.append(
-                f"{point.trial:>5}  {point.predicted_seconds * 1e3:>9.3f}ms  {speedup:>6.2f}x  "
-                f"{point.metric:>14.6g}  {'yes' if point.feasible else 'no':>3}  "
-                f"{short_counts_text(point.counts)}"
-            )
+        lines += [self._row(point, short_counts_text(point.counts)) for point in self.pareto]
         warm = [point for point in self.points if point.label]
         search = metadata.get("search") or {}
         measurement = search.get("measurement") or {}
@@ -284,12 +258,9 @@ class SearchResult:
             fastest = search.get("measured_step_seconds") or {}
             lines.append("finalists (warm starts and plans added after the trials, ungrouped):")
             for point in sorted(warm, key=lambda p: p.trial):
-                speedup = self.float32_predicted_seconds / max(point.predicted_seconds, 1e-12)
+                measured = _measured_text(medians.get(point.label), fastest.get(point.label))
                 lines.append(
-                    f"{point.trial:>5}  {point.predicted_seconds * 1e3:>9.3f}ms  {speedup:>6.2f}x  "
-                    f"{point.metric:>14.6g}  {'yes' if point.feasible else 'no':>3}  "
-                    f"{point.label}: {short_counts_text(point.counts)}"
-                    + _measured_text(medians.get(point.label), fastest.get(point.label))
+                    self._row(point, f"{point.label}: {short_counts_text(point.counts)}{measured}")
                 )
         if measurement.get("verdict"):
             lines.append(measurement_text(measurement))
@@ -303,6 +274,14 @@ class SearchResult:
             _plot(self, plot_path)
             lines.append(f"plot: {plot_path}")
         return "\n".join(lines)
+
+    def _row(self, point: ParetoPoint, dtypes: str) -> str:
+        """One row of the report's table: trial, predicted step, speedup, metric, verdict."""
+        speedup = self.float32_predicted_seconds / max(point.predicted_seconds, 1e-12)
+        return (
+            f"{point.trial:>5}  {point.predicted_seconds * 1e3:>9.3f}ms  {speedup:>6.2f}x  "
+            f"{point.metric:>14.6g}  {'yes' if point.feasible else 'no':>3}  {dtypes}"
+        )
 
 
 def short_counts_text(counts: Mapping[str, int]) -> str:

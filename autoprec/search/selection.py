@@ -18,7 +18,7 @@ from ..hardware import is_local
 from ..layers import LayerInfo, model_fingerprint
 from ..plan import PrecisionPlan
 from ..profiler import Profile
-from .budget import OutputFloor
+from .budget import OutputFloor, json_safe
 from .context import SearchContext, say
 from .evaluator import (
     confirmation_reasons,
@@ -32,7 +32,6 @@ from .result import (
     TrialRecord,
     assignment_key,
     dropped_label,
-    json_safe,
     keras_dtype,
     keras_label,
     plan_default,
@@ -42,6 +41,7 @@ from .space import SENSITIVE_CLASS_PATTERNS, matches_any
 from .study import (
     COST_STEP,
     is_feasible,
+    judged_record,
     pareto_points,
     plan_writer,
     trial_counts,
@@ -445,61 +445,43 @@ def _attempt(
 def add_finalists(context: SearchContext) -> dict[str, Any]:
     """Evaluates Keras' global policies and the best plan with each protection dropped; returns
     (and keeps in `context.finalists`) their trials and why others are not."""
-    study = context.study
-    trials: dict[str, int] = {}
-    same_as: dict[str, str] = {}
-    skipped: dict[str, str] = {}
+    finalists: dict[str, Any] = {"trials": {}, "same_as": {}, "skipped": {}}
+    context.finalists = finalists
     for dtype in (BFLOAT16, FLOAT16, FLOAT8):
         if dtype in context.dtypes:
-            _keras_global(context, study, dtype, trials, same_as, skipped)
-    ranked = ranked_finalists(context, study)
+            _keras_global(context, dtype)
+    ranked = ranked_finalists(context, context.study)
     base = ranked[0] if ranked else None
     if base is None:
-        skipped["protections"] = "no plan within budget"
+        finalists["skipped"]["protections"] = "no plan within budget"
     else:
         kinds = protections(context.compute, context.infos, sorted(context.outputs))
         plans, why = dropped_protection(
             context.trial_assignment(base), kinds, context.allowed, context.profile
         )
-        skipped.update(why)
-        trials.update(_run_candidates(context, plans))
-    context.finalists = {
-        "trials": trials,
-        "same_as": same_as,
-        "skipped": skipped,
-        "base_trial": None if base is None else base.number,
-    }
+        finalists["skipped"].update(why)
+        finalists["trials"].update(_run_candidates(context, plans))
+    finalists["base_trial"] = None if base is None else base.number
+    trials, same_as = finalists["trials"], finalists["same_as"]
     say(
         context.verbose,
         "autoprec.search: finalists %s%s",
         ", ".join(f"{label} (trial {number})" for label, number in trials.items()) or "none",
         "".join(f"; {label} = {other}" for label, other in same_as.items()),
     )
-    return context.finalists
+    return finalists
 
 
-def _keras_global(
-    context: SearchContext,
-    study: optuna.Study,
-    dtype: str,
-    trials: dict[str, int],
-    same_as: dict[str, str],
-    skipped: dict[str, str],
-) -> None:
+def _keras_global(context: SearchContext, dtype: str) -> None:
     """Finds, or trains and adds, the trial of Keras' global policy for `dtype`."""
-    label = keras_label(dtype)
+    label, study, trials = keras_label(dtype), context.study, context.finalists["trials"]
     plan = keras_global_plan(context, dtype, context.request.settings.keep_float32)
     compute = {path: plan.dtype_for(path) for path in context.compute}
-    key = assignment_key(plan.layers)
     completed = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+    wanted = (label, assignment_key(plan.layers), context.train_steps)
     for trial in completed:
         record = TrialRecord.from_trial(trial)
-        steps = record.train_steps
-        if (
-            record.warm_start == label
-            and record.assignment_key == key
-            and steps == context.train_steps
-        ):
+        if (record.warm_start, record.assignment_key, record.train_steps) == wanted:
             trials[label] = trial.number  # a resumed study trained it already
             return
     if context.plan_for(compute).resolve() == plan.resolve():  # no container: a trial's plan
@@ -509,7 +491,7 @@ def _keras_global(
                 context.trial_assignment(trial) == compute
             ):
                 trials[label] = trial.number
-                same_as[label] = record.warm_start or f"trial {trial.number}"
+                context.finalists["same_as"][label] = record.warm_start or f"trial {trial.number}"
                 return
     floor = context.output_floor(compute)
     metrics = None
@@ -517,25 +499,37 @@ def _keras_global(
         try:
             metrics = context.evaluator.train_and_evaluate(plan)
         except tuple(context.request.settings.catch) as error:
-            skipped[label] = f"training failed: {type(error).__name__}: {error}"
+            context.finalists["skipped"][label] = (
+                f"training failed: {type(error).__name__}: {error}"
+            )
             logger.warning("autoprec.search: %s could not be trained (%s).", label, error)
             return
-    trials[label] = _add_trial(context, study, label, plan.layers, key, compute, metrics, floor)
+    trials[label] = _add_trial(context, label, plan.layers, compute, metrics, floor)
 
 
 def _add_trial(
     context: SearchContext,
-    study: optuna.Study,
     label: str,
     layers: Mapping[str, str],
-    key: str,
     compute: Mapping[str, str],
     metrics: Mapping[str, float] | None,
     floor: OutputFloor | None,
 ) -> int:
     """Adds a judged plan to the study as a completed trial, as the objective records one."""
+    study, key = context.study, assignment_key(layers)
     seconds, activation_bytes = context.costs.step(dict(compute))
-    record = TrialRecord(
+    attrs: dict[str, Any] = {}
+    constraints: dict[str, float] = {}
+    if floor is not None:
+        attrs["output_floor"] = floor.to_dict()
+        constraints["output_floor"] = floor.violation
+    if metrics is None:
+        record = TrialRecord(fidelity=("profile", "floor"), budget_violation=floor.violation)
+    else:
+        record = judged_record(context, metrics, ("profile", "train"))
+        constraints["budget"] = record.budget_violation
+    record = dataclasses.replace(
+        record,
         assignment=dict(layers),
         assignment_key=key,
         train_steps=context.train_steps,
@@ -544,30 +538,10 @@ def _add_trial(
         predicted_seconds=seconds,
         activation_bytes_per_sample=activation_bytes,
     )
-    attrs: dict[str, Any] = {}
-    constraints: dict[str, float] = {}
-    if floor is not None:
-        attrs["output_floor"] = floor.to_dict()
-        constraints["output_floor"] = floor.violation
-    if metrics is None:
-        record = dataclasses.replace(
-            record, fidelity=("profile", "floor"), budget_violation=floor.violation
-        )
-    else:
-        metric = metrics.get(context.budget.log_name)
-        violation = context.budget.violation(context.reference, metric)
-        record = dataclasses.replace(
-            record,
-            fidelity=("profile", "train"),
-            metrics={name: json_safe(value) for name, value in metrics.items()},
-            metric=json_safe(metric),
-            budget_violation=violation,
-        )
-        constraints["budget"] = violation
     attrs.update(record.to_user_attrs(with_none=() if metrics is None else ("metric",)))
     study.add_trial(
         optuna.trial.create_trial(
-            value=_objective_value(context, study, compute, seconds),
+            value=_objective_value(context, compute, seconds),
             user_attrs=attrs,
             constraints=constraints,
         )
@@ -580,9 +554,7 @@ def _add_trial(
     return added[-1]
 
 
-def _objective_value(
-    context: SearchContext, study: optuna.Study, compute: Mapping[str, str], seconds: float
-) -> float:
+def _objective_value(context: SearchContext, compute: Mapping[str, str], seconds: float) -> float:
     """The objective value of a trial of `compute`'s assignment (its memory tie-break included),
     else the predicted seconds: a Keras global policy ranks by predicted cost as its trial would."""
     normalised = context.normalise(compute)
@@ -590,7 +562,7 @@ def _objective_value(
         # Outside the search space (float8 on an output layer, say): no trial evaluated it.
         return float(seconds)
     key = assignment_key(normalised)
-    for trial in study.get_trials(deepcopy=False):
+    for trial in context.study.get_trials(deepcopy=False):
         if TrialRecord.from_trial(trial).assignment_key != key:
             continue
         value = trial.value if trial.value is not None else trial.intermediate_values.get(COST_STEP)

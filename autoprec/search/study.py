@@ -8,7 +8,7 @@ import math
 import os
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import keras
@@ -18,7 +18,7 @@ from optuna.storages.journal import JournalFileBackend
 
 from .._core.dtypes import FLOAT32, count_dtypes
 from ..errors import AutoprecError
-from .budget import HUGE_VIOLATION
+from .budget import HUGE_VIOLATION, json_safe
 from .context import SearchContext
 from .evaluator import ProxyResult
 from .result import (
@@ -26,11 +26,11 @@ from .result import (
     TrainedOutcome,
     TrialRecord,
     assignment_key,
-    json_safe,
     short_counts_text,
-    stored_outcome,
     write_record,
 )
+
+_COMPLETE = (optuna.trial.TrialState.COMPLETE,)
 
 #: Database storages: seconds between two heartbeats of a running trial.
 HEARTBEAT_INTERVAL_SECONDS = 60
@@ -52,7 +52,7 @@ def resolve_storage(
     text = os.fspath(storage)
     if text.startswith("journal://"):
         text = text[len("journal://") :]
-        if text.startswith("/") and text.startswith("//"):
+        if text.startswith("//"):
             text = text[1:]
     elif not text.endswith(".log"):
         return _database_storage(text, heartbeat_interval, grace_period)
@@ -64,20 +64,18 @@ def _database_storage(
 ) -> RDBStorage:
     import sqlalchemy.exc
 
+    heartbeat = {}
+    if heartbeat_interval is not None:
+        heartbeat = dict(
+            heartbeat_interval=int(heartbeat_interval),
+            grace_period=int(grace_period or 2 * heartbeat_interval),
+            heartbeat_stale_trial_callback=RetryHeartbeatStaleTrialCallback(_STALE_TRIAL_RETRIES),
+        )
     for attempt in range(_SCHEMA_ATTEMPTS):
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-                if heartbeat_interval is None:
-                    return RDBStorage(url)
-                return RDBStorage(
-                    url,
-                    heartbeat_interval=int(heartbeat_interval),
-                    grace_period=int(grace_period or 2 * heartbeat_interval),
-                    heartbeat_stale_trial_callback=RetryHeartbeatStaleTrialCallback(
-                        max_retry=_STALE_TRIAL_RETRIES
-                    ),
-                )
+                return RDBStorage(url, **heartbeat)
         except ImportError as error:
             driver = "psycopg[binary]" if url.startswith("postgresql") else "the database driver"
             raise AutoprecError(
@@ -131,14 +129,19 @@ _MIN_WAIT_SECONDS = 120.0
 
 
 def trained_outcome(study: optuna.Study, key: str, train_steps: int) -> TrainedOutcome | None:
-    """Returns the outcome of a completed trial of the study that trained the same assignment."""
-    for other in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
+    """Returns what a completed trial of the study trained itself for the same assignment."""
+    for other in study.get_trials(deepcopy=False, states=_COMPLETE):
         record = TrialRecord.from_trial(other)
-        if record.assignment_key != key or record.train_steps != train_steps:
-            continue
-        outcome = stored_outcome(other)
-        if outcome is not None:
-            return outcome
+        if (
+            record.assignment_key == key
+            and record.train_steps == train_steps
+            and record.trained_here
+        ):
+            metrics = {
+                name: math.nan if value is None else float(value)
+                for name, value in record.metrics.items()
+            }
+            return TrainedOutcome(metrics, record.proxy, record.proxy_score, other.number)
     return None
 
 
@@ -200,7 +203,7 @@ def _evaluating_same(
 def _longest_wait(study: optuna.Study) -> float:
     durations = [
         trial.duration.total_seconds()
-        for trial in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+        for trial in study.get_trials(deepcopy=False, states=_COMPLETE)
         if trial.duration is not None
     ]
     return max(_MIN_WAIT_SECONDS, 3.0 * max(durations, default=0.0))
@@ -208,8 +211,6 @@ def _longest_wait(study: optuna.Study) -> float:
 
 #: Steps reported to the pruner: after the cost prediction, after the numerical proxy.
 COST_STEP, PROXY_STEP = 0, 1
-
-_COMPLETE = (optuna.trial.TrialState.COMPLETE,)
 
 
 class FidelityPruner(optuna.pruners.BasePruner):
@@ -571,17 +572,20 @@ def _record_outcome(
     value: float,
     levels: tuple[str, ...] | list[str],
 ) -> float:
-    metric = outcome.metrics.get(context.budget.log_name)
-    violation = context.budget.violation(context.reference, metric)
-    write_record(
-        trial,
-        TrialRecord(
-            fidelity=tuple(levels),
-            metrics={name: json_safe(v) for name, v in outcome.metrics.items()},
-            metric=json_safe(metric),
-            budget_violation=violation,
-        ),
-        with_none=("metric",),
-    )
-    trial.set_constraint("budget", violation)
+    record = judged_record(context, outcome.metrics, levels)
+    write_record(trial, record, with_none=("metric",))
+    trial.set_constraint("budget", record.budget_violation)
     return value
+
+
+def judged_record(
+    context: SearchContext, metrics: Mapping[str, float], levels: Sequence[str]
+) -> TrialRecord:
+    """Returns the record of trained metrics: the levels reached, the metric and its violation."""
+    metric = metrics.get(context.budget.log_name)
+    return TrialRecord(
+        fidelity=tuple(levels),
+        metrics={name: json_safe(value) for name, value in metrics.items()},
+        metric=json_safe(metric),
+        budget_violation=context.budget.violation(context.reference, metric),
+    )
