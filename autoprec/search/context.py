@@ -131,21 +131,17 @@ class SearchSettings(ConfigValue):
     def __post_init__(self) -> None:
         for name in ("dtypes", "keep_float32", "callbacks", "catch"):
             value = getattr(self, name)
-            if isinstance(value, str):
-                value = (value,)
-            if value is not None and not isinstance(value, tuple):
-                object.__setattr__(self, name, tuple(value))
-        for name in ("batch_size", "steps_per_trial", "profile_steps", "proxy_batches"):
-            _require_positive_int(name, getattr(self, name))
-        for name in ("max_steps_per_trial", "validation_steps", "cost_batch_size"):
-            if getattr(self, name) is not None:
-                _require_positive_int(name, getattr(self, name))
-        for name in ("reference_repeats", "confirm_steps"):
-            value = getattr(self, name)
-            if value is not None and (not isinstance(value, int) or value < 0):
-                raise AutoprecError(
-                    f"SearchSettings.{name} must be an integer >= 0, got {value!r}."
-                )
+            if value is not None:
+                object.__setattr__(self, name, (value,) if isinstance(value, str) else tuple(value))
+        required = ("batch_size", "steps_per_trial", "profile_steps", "proxy_batches")
+        optional = ("max_steps_per_trial", "validation_steps", "cost_batch_size")
+        for name in (*required, *optional, "reference_repeats", "confirm_steps"):
+            value, least = getattr(self, name), 1 if name in required + optional else 0
+            if (value is not None or name in required) and (
+                isinstance(value, bool) or not isinstance(value, int) or value < least
+            ):
+                kind = "a positive integer" if least else "an integer >= 0"
+                raise AutoprecError(f"SearchSettings.{name} must be {kind}, got {value!r}.")
         if self.dtypes is not None:
             unknown = [dtype for dtype in self.dtypes if dtype not in PLAN_DTYPES]
             if unknown or not self.dtypes:
@@ -184,11 +180,6 @@ class SearchSettings(ConfigValue):
     def longest_steps_per_trial(self) -> int:
         """The most training steps a trial may be lengthened to."""
         return self.max_steps_per_trial or 8 * self.steps_per_trial
-
-
-def _require_positive_int(name: str, value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise AutoprecError(f"SearchSettings.{name} must be a positive integer, got {value!r}.")
 
 
 class StageClock:
@@ -366,21 +357,19 @@ class SearchContext:
         """Measures and judges the floor of the given 16-bit outputs; `None` when it cannot."""
         try:
             outputs, sources, metric_of = self._floor_inputs
-            indices = {
-                path: [i for i, p in enumerate(self._paths_per_output) if p == path]
-                for path in dtypes
-            }
+            rounded: dict[str, dict[int, str]] = {path: {} for path in dtypes}
+            for index, path in enumerate(self._paths_per_output):
+                if path in dtypes:
+                    rounded[path][index] = dtypes[path]
             floors = {
-                path: measure_floor(
-                    metric_of, outputs, {i: dtypes[path] for i in indices[path]}, self.budget
-                )
-                for path in dtypes
+                path: measure_floor(metric_of, outputs, indices, self.budget)
+                for path, indices in rounded.items()
             }
-            rounded = {i: dtypes[path] for path in dtypes for i in indices[path]}
+            everything = {index: dtype for one in rounded.values() for index, dtype in one.items()}
             together = (
                 next(iter(floors.values()))
                 if len(dtypes) == 1
-                else measure_floor(metric_of, outputs, rounded, self.budget)
+                else measure_floor(metric_of, outputs, everything, self.budget)
             )
         except Exception as error:  # noqa: BLE001 - a floor that cannot be measured refuses nothing
             logger.warning(
@@ -392,7 +381,7 @@ class SearchContext:
                 error,
             )
             return None
-        where = {path: sources[indices[path][0]] for path in dtypes if indices[path]}
+        where = {path: sources[min(indices)] for path, indices in rounded.items() if indices}
         return OutputFloor(self.budget, self.reference, dtypes, floors, where, together)
 
     @functools.cached_property

@@ -44,6 +44,8 @@ from .space import (
 from .study import open_study, plan_writer, resolve_storage, trial_objective
 from .warm_start import enqueue_warm_starts, explorer, warm_starts
 
+logger = logging.getLogger("autoprec")
+
 
 def search(
     model: keras.Model,
@@ -272,11 +274,7 @@ def search_in_processes(
             + f" failed; the study {study_name!r} in {os.fspath(storage)} keeps their "
             "finished trials, rerun to resume."
         )
-    final = {**arguments, "n_trials": 0}
-    return search(**final)
-
-
-logger = logging.getLogger("autoprec")
+    return search(**{**arguments, "n_trials": 0})
 
 
 def _space(model: keras.Model, evaluator: Evaluator, request: SearchRequest) -> dict[str, Any]:
@@ -289,14 +287,7 @@ def _space(model: keras.Model, evaluator: Evaluator, request: SearchRequest) -> 
     cost_batch_size = settings.cost_batch_size or evaluator.batch_size
     if table is None:
         with request.clock.stage("costs"):
-            hardware_profile, table = load_costs(
-                evaluator.model,
-                request.hardware,
-                evaluator.train_batches[0],
-                settings.dtypes,
-                request.verbose,
-                cost_batch_size,
-            )
+            hardware_profile, table = load_costs(evaluator, request, cost_batch_size)
     elif not is_local(request.hardware):
         hardware_profile = resolve_hardware(request.hardware)
     dtypes = tuple(default_dtypes(settings.dtypes, hardware_profile, table))
@@ -360,37 +351,22 @@ def _float16_trials(
 
 
 def load_costs(
-    model: keras.Model,
-    hardware: HardwareProfile | str | None,
-    batch: tuple,
-    dtypes: Sequence[str] | None,
-    verbose: int,
-    batch_size: int,
+    evaluator: Evaluator, request: SearchRequest, batch_size: int
 ) -> tuple[HardwareProfile, CostTable]:
-    """Returns `(hardware profile, cost table)`: measured here for a local `hardware`, else
-    predicted."""
-    profile = resolve_hardware(hardware)
-    if is_local(hardware):
+    """Returns `(hardware profile, cost table)`: measured here for a local `hardware`, else predicted."""
+    profile, dtypes = resolve_hardware(request.hardware), request.settings.dtypes
+    model, batch = evaluator.model, evaluator.train_batches[0]
+    if is_local(request.hardware):
         # Time only what the search may use: float16 on a CPU costs minutes per model to time.
-        measured = default_dtypes(dtypes, profile, None)
-        table = calibrate(
-            model, batch, dtypes=list(measured), verbose=int(verbose > 1), hardware=profile
-        )
-    else:
-        # The batch gives the shapes of inputs with dynamic dimensions (sequence lengths).
-        table = predict_costs(
-            model,
-            profile,
-            batch_size=batch_size,
-            x=batch,
-            dtypes=list(dtypes or _predicted_dtypes(profile)),
-        )
-    return profile, table
-
-
-def _predicted_dtypes(profile: HardwareProfile) -> list[str]:
-    """Every compute dtype, and float8 where the device has FP8 tensor cores."""
-    return [*COMPUTE_DTYPES, FLOAT8] if profile.is_fast(FLOAT8) else list(COMPUTE_DTYPES)
+        measured = list(default_dtypes(dtypes, profile, None))
+        verbose = int(request.verbose > 1)
+        return profile, calibrate(model, batch, dtypes=measured, verbose=verbose, hardware=profile)
+    if not dtypes:  # every compute dtype, and float8 where the device has FP8 tensor cores
+        dtypes = [*COMPUTE_DTYPES, FLOAT8] if profile.is_fast(FLOAT8) else COMPUTE_DTYPES
+    # The batch gives the shapes of inputs with dynamic dimensions (sequence lengths).
+    return profile, predict_costs(
+        model, profile, batch_size=batch_size, x=batch, dtypes=list(dtypes)
+    )
 
 
 def prepare(model: keras.Model, evaluator: Evaluator, request: SearchRequest) -> SearchContext:
@@ -468,19 +444,13 @@ def _reference_spread(
 
 
 def _risk(context: SearchContext) -> dict[str, float]:
-    """Returns `{path: risk}` of 16-bit per layer: output layers 2, softmax/normalisation 1, and 1
-    more where the profile found ranges float16 cannot hold."""
-    risk = {}
-    for path in context.compute:
-        value = 0.0
-        if path in context.outputs:
-            value += 2.0
-        if is_sensitive(context.infos[path]):
-            value += 1.0
-        if path in context.unsafe:
-            value += 1.0
-        risk[path] = value
-    return risk
+    """Returns `{path: risk of 16-bit}`: output 2, softmax/normalisation 1, unsafe in float16 1."""
+    return {
+        path: 2.0 * (path in context.outputs)
+        + float(is_sensitive(context.infos[path]))
+        + float(path in context.unsafe)
+        for path in context.compute
+    }
 
 
 def _announce(context: SearchContext) -> None:
