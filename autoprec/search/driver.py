@@ -41,7 +41,7 @@ from .space import (
     output_layers,
     run_profiler,
 )
-from .study import open_study, plan_writer, resolve_storage, trial_objective
+from .study import open_study, plan_writer, trial_objective
 from .warm_start import enqueue_warm_starts, explorer, warm_starts
 
 logger = logging.getLogger("autoprec")
@@ -508,7 +508,7 @@ def run_trials(context: SearchContext) -> optuna.Study:
     request = context.request
     settings = request.settings
     starts = warm_starts(context)
-    study, created = _study(request)
+    study, created = open_study(request)
     context.study = study
     added = enqueue_warm_starts(study, starts)
     study.set_user_attr("reference_metric", context.reference)
@@ -539,17 +539,3 @@ def run_trials(context: SearchContext) -> optuna.Study:
             show_progress_bar=request.verbose >= 1,
         )
     return study
-
-
-def _study(request: SearchRequest) -> tuple[optuna.Study, bool]:
-    """Returns `(study, created)`: the study given, or the one `storage`/`study_name` name."""
-    if request.study is not None:
-        return request.study, not request.study.trials
-    return open_study(
-        resolve_storage(request.storage),
-        request.study_name,
-        request.settings.seed,
-        request.settings.proxy_tolerance,
-        sampler=request.sampler,
-        pruner=request.pruner,
-    )

@@ -17,7 +17,7 @@ import numpy as np
 from .._core.data import batch_size_of, concatenate_batches, take_batches
 from .._core.dtypes import FLOAT32
 from .._core.models import compile_arguments, recompile
-from .._core.timing import MAX_ROUNDS, MIN_ROUNDS, rotated, time_interleaved, time_until_decided
+from .._core.timing import rotated, time_interleaved, time_until_decided
 from ..errors import AutoprecError, BackendError
 from ..layers import describe_model, layer_paths, layer_policy
 from ..plan import PrecisionPlan
@@ -55,12 +55,7 @@ class ProxyResult:
 
     def to_dict(self) -> dict[str, float | bool | None]:
         """Returns the figures as a JSON-ready dict (non-finite numbers as `None`)."""
-        return {
-            "loss_relative_error": json_safe(self.loss_relative_error),
-            "gradient_cosine": json_safe(self.gradient_cosine),
-            "gradient_relative_error": json_safe(self.gradient_relative_error),
-            "finite": self.finite,
-        }
+        return {name: json_safe(value) for name, value in dataclasses.asdict(self).items()}
 
 
 def clone_for_search(model: keras.Model) -> tuple[keras.Model, bool]:
@@ -406,7 +401,7 @@ def trivial_baseline(evaluator: Evaluator, budget: Budget) -> tuple[float, str]:
     return float(evaluator.untrained_metrics()[budget.log_name]), "untrained"
 
 
-def _noise_margin(budget: Budget, baseline: float, kind: str, samples: int) -> float:
+def _noise_margin(baseline: float, kind: str, samples: int) -> float:
     """How much better than the baseline a reference must be to count as having learned."""
     if kind.startswith("chance") and 0.0 < baseline < 1.0:
         return math.sqrt(baseline * (1.0 - baseline) / max(samples, 1))
@@ -438,14 +433,10 @@ def check_reference(
     reference = _finite_reference(metrics, budget, requested)
     if baseline is None:
         return metrics, FidelityCheck(requested, requested, reference, None, "off", "off")
-    if isinstance(baseline, str):
-        if baseline != "auto":
-            raise AutoprecError(
-                f"search: baseline must be 'auto', a number or None, got {baseline!r}."
-            )
-        value, kind = trivial_baseline(evaluator, budget)
-    else:
-        value, kind = float(baseline), "given"
+    if isinstance(baseline, str) and baseline != "auto":
+        raise AutoprecError(f"search: baseline must be 'auto', a number or None, got {baseline!r}.")
+    given = not isinstance(baseline, str)
+    value, kind = (float(baseline), "given") if given else trivial_baseline(evaluator, budget)
     steps = requested
     while budget.violation(reference, value) <= 0 and steps * 2 <= max_train_steps:
         steps *= 2
@@ -467,8 +458,7 @@ def check_reference(
     if budget.violation(reference, value) > 0:
         return metrics, check
     samples = len(keras.tree.flatten(evaluator.val_y)[0])
-    gain = (reference - value) if budget.mode == "max" else (value - reference)
-    if gain <= _noise_margin(budget, value, kind, samples):
+    if budget.worse_by(reference, value) <= _noise_margin(value, kind, samples):
         raise AutoprecError(
             f"search: the float32 reference's {budget.metric} is {reference:.4g} after {steps} "
             f"train steps, no better than the trivial baseline {value:.4g} ({kind}): it has not "
@@ -524,21 +514,15 @@ ROUND_STEPS = 5
 
 
 def measure_until_decided(
-    evaluator: Evaluator,
-    plans: Mapping[str, PrecisionPlan],
-    *,
-    min_rounds: int = MIN_ROUNDS,
-    max_rounds: int = MAX_ROUNDS,
-    max_seconds: float = MEASUREMENT_SECONDS,
+    evaluator: Evaluator, plans: Mapping[str, PrecisionPlan], **limits: float
 ) -> dict[str, list[float]]:
-    """Times plans in interleaved rounds until the fastest is ahead beyond the noise, or a cap."""
+    """Times plans in interleaved rounds until the fastest is ahead beyond the noise, or a cap
+    (`min_rounds`, `max_rounds`, `max_seconds`: `MEASUREMENT_SECONDS` unless given)."""
     return time_until_decided(
         lambda names, rounds: measure_step_rounds(evaluator, [plans[n] for n in names], rounds),
         list(plans),
         simplicity,
-        min_rounds=min_rounds,
-        max_rounds=max_rounds,
-        max_seconds=max_seconds,
+        **{"max_seconds": MEASUREMENT_SECONDS, **limits},
     )
 
 

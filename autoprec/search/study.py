@@ -19,7 +19,7 @@ from optuna.storages.journal import JournalFileBackend
 from .._core.dtypes import FLOAT32, count_dtypes
 from ..errors import AutoprecError
 from .budget import HUGE_VIOLATION, json_safe
-from .context import SearchContext
+from .context import SearchContext, SearchRequest
 from .evaluator import ProxyResult
 from .result import (
     ParetoPoint,
@@ -268,19 +268,19 @@ def best_feasible(study: optuna.Study) -> optuna.trial.FrozenTrial | None:
     return min(feasible, key=lambda trial: (trial.value, trial.number), default=None)
 
 
-def open_study(
-    storage: optuna.storages.BaseStorage | None,
-    study_name: str | None,
-    seed: int | None,
-    proxy_tolerance: float,
-    sampler: optuna.samplers.BaseSampler | None = None,
-    pruner: optuna.pruners.BasePruner | None = None,
-) -> tuple[optuna.Study, bool]:
-    """Creates the study, or loads it when another run created it; returns `(study, created)`."""
+def open_study(request: SearchRequest) -> tuple[optuna.Study, bool]:
+    """Returns `(study, created)`: the study given, else created, or loaded where another run
+    created it (a seeded TPE sampler and the `FidelityPruner` unless given)."""
+    if request.study is not None:
+        return request.study, not request.study.trials
+    sampler, pruner = request.sampler, request.pruner
     if sampler is None:
-        sampler = optuna.samplers.TPESampler(seed=seed, n_startup_trials=6, multivariate=False)
+        sampler = optuna.samplers.TPESampler(
+            seed=request.settings.seed, n_startup_trials=6, multivariate=False
+        )
     if pruner is None:
-        pruner = FidelityPruner(proxy_tolerance)
+        pruner = FidelityPruner(request.settings.proxy_tolerance)
+    storage, study_name = resolve_storage(request.storage), request.study_name
     arguments = dict(
         storage=storage, study_name=study_name, sampler=sampler, pruner=pruner, direction="minimize"
     )
