@@ -110,17 +110,13 @@ class Budget:
 
     def allowance(self, reference: float) -> float:
         """Returns how much worse than `reference` a plan may be (the tighter of both limits)."""
-        limits = []
-        if self.max_drop is not None:
-            limits.append(self.max_drop)
-        if self.max_relative_drop is not None:
-            limits.append(self.max_relative_drop * abs(reference))
-        return min(limits)
+        relative = self.max_relative_drop
+        relative = None if relative is None else relative * abs(reference)
+        return min(limit for limit in (self.max_drop, relative) if limit is not None)
 
     def threshold(self, reference: float) -> float:
         """Returns the worst metric value still within budget."""
-        sign = -1.0 if self.mode == "max" else 1.0
-        return reference + sign * self.allowance(reference)
+        return reference + (-1.0 if self.mode == "max" else 1.0) * self.allowance(reference)
 
     def worse_by(self, reference: float, value: float) -> float:
         """Returns how much worse than `reference` `value` is (< 0: better), in the metric's units."""
@@ -229,15 +225,11 @@ def round_to(values: Any, dtype: str) -> np.ndarray:
 
 def output_paths(model: keras.Model, infos: Mapping[str, LayerInfo]) -> tuple[str, ...]:
     """Returns, for each of the model's outputs (flattened), the compute layer that produces it."""
-    paths = layer_paths(model)
-    path_of = {id(layer): path for path, layer in paths.items()}
+    path_of = {id(layer): path for path, layer in layer_paths(model).items()}
     compute = compute_layers(infos)
     fallback = compute[-1] if compute else None
-    found = []
-    for tensor in keras.tree.flatten(getattr(model, "outputs", None) or []):
-        found.append(_producer(tensor, path_of, infos) or fallback)
-    if not found and fallback is not None:
-        found.append(fallback)
+    tensors = keras.tree.flatten(getattr(model, "outputs", None) or [])
+    found = [_producer(tensor, path_of, infos) or fallback for tensor in tensors] or [fallback]
     return tuple(path for path in found if path is not None)
 
 
@@ -305,8 +297,7 @@ def measure_floor(
     rounded: Mapping[int, str],
     budget: Budget,
 ) -> float:
-    """Returns the floor the rounding of some outputs puts on a metric (0 or more; inf out of
-    range)."""
+    """Returns the floor that rounding some outputs puts on a metric (>= 0; inf out of range)."""
     up, down = list(outputs), list(outputs)
     for index, dtype in rounded.items():
         error = round_to(outputs[index], dtype) - outputs[index]

@@ -220,13 +220,6 @@ class MeasuredRanking:
         return record
 
 
-def finalist_name(context: SearchContext, trial: optuna.trial.FrozenTrial) -> str:
-    """Returns the name a trial is timed under: `"float32"`, its warm start's label or `"searched"`."""
-    if context.is_float32(trial):
-        return FLOAT32
-    return TrialRecord.from_trial(trial).warm_start or SEARCHED
-
-
 def measurement_candidates(
     context: SearchContext, ranked: Sequence[optuna.trial.FrozenTrial]
 ) -> dict[str, tuple[PrecisionPlan, optuna.trial.FrozenTrial | None]]:
@@ -234,7 +227,9 @@ def measurement_candidates(
     every finalist within budget."""
     best = ranked[0]
     float32_trial = next((trial for trial in ranked if context.is_float32(trial)), None)
-    candidates = {finalist_name(context, best): (finalist_plan(context, best), best)}
+    # The best is timed as "float32", under its warm start's label, or as "searched".
+    name = FLOAT32 if context.is_float32(best) else TrialRecord.from_trial(best).warm_start
+    candidates = {name or SEARCHED: (finalist_plan(context, best), best)}
     candidates.setdefault(FLOAT32, (context.float32_plan(), float32_trial))
     for trial in ranked[1:]:
         label = TrialRecord.from_trial(trial).warm_start or ""
@@ -250,29 +245,26 @@ def rank_by_measurement(
 ) -> MeasuredRanking:
     """Reorders the ranking by measured rounds: the pure decision of `order_by_measurement`."""
     verdict = judge_rounds(rounds, simplicity)
-    order = verdict.order
     names = {
         trial.number: name for name, trial in timed.items() if trial is not None and name in rounds
     }
     figures = {name: tuple(float(value) for value in rounds[name]) for name in rounds}
     reordered: list[optuna.trial.FrozenTrial] = []
-    stopped = False
-    for name in order:
+    for name in verdict.order:
         trial = timed[name]
         if trial is None:  # float32, not among the trials: nothing below it is chosen
-            stopped = True
             break
         if all(trial.number != other.number for other in reordered):
             reordered.append(trial)
-    if not stopped:
+    else:
         reordered += [trial for trial in ranked if trial.number not in names]
     replaced = bool(reordered) and reordered[0].number != ranked[0].number
     return MeasuredRanking(
         tuple(reordered),
-        tuple(order),
+        tuple(verdict.order),
         figures,
         names,
-        replaced_by=order[0] if replaced else None,
+        replaced_by=verdict.order[0] if replaced else None,
         replacing_trial=reordered[0].number if replaced else None,
         verdict=verdict,
     )

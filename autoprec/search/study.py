@@ -20,7 +20,6 @@ from .._core.dtypes import FLOAT32, count_dtypes
 from ..errors import AutoprecError
 from .budget import HUGE_VIOLATION, json_safe
 from .context import SearchContext, SearchRequest
-from .evaluator import ProxyResult
 from .result import (
     ParetoPoint,
     TrainedOutcome,
@@ -429,24 +428,42 @@ def trial_plan_metadata(
 
 #: Weight of activation memory in the objective: a tie-break between equally fast plans.
 _MEMORY_TIE_BREAK = 1e-3
-#: The levels a trial reaches when it reuses another trial's training.
-_REUSED_LEVELS = ("profile", "proxy", "train")
+#: The levels a trial reaches when it trains with the proxy, or reuses another trial's training.
+_TRAINED_LEVELS = ("profile", "proxy", "train")
 
 
 def trial_objective(context: SearchContext, trial: optuna.Trial) -> float:
     """Returns a trial's predicted cost after judging its plan; prunes or constrains it."""
-    assignment = _suggested_assignment(context, trial)
+    params = {
+        group.name: trial.suggest_categorical(group.name, list(group.choices))
+        for group in context.groups
+        if len(group.choices) > 1
+    }
+    fixed = TrialRecord.from_trial(trial).assignment  # an enqueued plan, else the suggestions
+    assignment = context.normalise(fixed) if fixed else context.assignment(params)
     key = assignment_key(assignment)
-    value = _record_prediction(context, trial, assignment, key)
+    seconds, activation_bytes = context.costs.step(assignment)
+    float32_bytes = context.costs.step(dict.fromkeys(context.compute, FLOAT32))[1]
+    value = seconds * (1.0 + _MEMORY_TIE_BREAK * activation_bytes / max(float32_bytes, 1.0))
+    write_record(
+        trial,
+        TrialRecord(
+            assignment=assignment,
+            assignment_key=key,
+            train_steps=context.train_steps,
+            dtype_counts=count_dtypes(assignment.values()),
+            predicted_seconds=seconds,
+            activation_bytes_per_sample=activation_bytes,
+            fidelity=("profile",),
+        ),
+    )
     floor = context.output_floor(assignment)
     if floor is not None:
         trial.set_user_attr("output_floor", floor.to_dict())
         trial.set_constraint("output_floor", floor.violation)
         if floor.refused:
-            write_record(
-                trial,
-                TrialRecord(fidelity=("profile", "floor"), budget_violation=floor.violation),
-            )
+            refused = TrialRecord(fidelity=("profile", "floor"), budget_violation=floor.violation)
+            write_record(trial, refused)
             return value
     stored = context.cache.get(key) or wait_for_same_assignment(
         trial.study, trial.number, key, context.train_steps
@@ -463,88 +480,37 @@ def trial_objective(context: SearchContext, trial: optuna.Trial) -> float:
     return _train_trial(context, trial, assignment, key, value)
 
 
-def _suggested_assignment(context: SearchContext, trial: optuna.Trial) -> dict[str, str]:
-    """Returns the trial's `{layer path: dtype}`: enqueued as it is, or from its suggestions."""
-    params = {
-        group.name: trial.suggest_categorical(group.name, list(group.choices))
-        for group in context.groups
-        if len(group.choices) > 1
-    }
-    fixed = TrialRecord.from_trial(trial).assignment
-    return context.normalise(fixed) if fixed else context.assignment(params)
-
-
-def _record_prediction(
-    context: SearchContext, trial: optuna.Trial, assignment: dict[str, str], key: str
-) -> float:
-    """Records the trial's assignment and predicted cost; returns the objective value."""
-    seconds, activation_bytes = context.costs.step(assignment)
-    value = seconds * (1.0 + _MEMORY_TIE_BREAK * activation_bytes / _max_activation(context))
-    write_record(
-        trial,
-        TrialRecord(
-            assignment=assignment,
-            assignment_key=key,
-            train_steps=context.train_steps,
-            dtype_counts=count_dtypes(assignment.values()),
-            predicted_seconds=seconds,
-            activation_bytes_per_sample=activation_bytes,
-            fidelity=("profile",),
-        ),
-    )
-    return value
-
-
 def _train_trial(
-    context: SearchContext,
-    trial: optuna.Trial,
-    assignment: dict[str, str],
-    key: str,
-    value: float,
+    context: SearchContext, trial: optuna.Trial, assignment: dict[str, str], key: str, value: float
 ) -> float:
-    """Runs the proxy (TensorFlow) and the short training of a trial's plan; records the outcome."""
-    plan = context.plan_for(assignment)
-    levels = ["profile"]
-    proxy = None
+    """Runs the proxy (TensorFlow; prunes a hopeless plan) and the short training of a trial's
+    plan; records the outcome."""
+    plan, proxy = context.plan_for(assignment), None
     if keras.backend.backend() == "tensorflow":
-        proxy = _proxy_step(context, trial, plan, value)
-        levels.append("proxy")
-    else:
+        proxy = context.evaluator.proxy(plan)
+        score = proxy.score if math.isfinite(proxy.score) else None
         write_record(
-            trial, TrialRecord(proxy_skipped="the numerical proxy needs the TensorFlow backend")
+            trial,
+            TrialRecord(fidelity=("profile", "proxy"), proxy=proxy.to_dict(), proxy_score=score),
+            with_none=("proxy_score",),
         )
-    metrics = context.evaluator.train_and_evaluate(plan)
-    levels.append("train")
+        trial.report(value, PROXY_STEP)
+        if trial.should_prune():
+            write_record(trial, TrialRecord(pruned_by="proxy: loss/gradients too far from float32"))
+            trial.set_constraint("budget", HUGE_VIOLATION if not proxy.finite else 1.0)
+            raise optuna.TrialPruned()
+    else:
+        skipped = "the numerical proxy needs the TensorFlow backend"
+        write_record(trial, TrialRecord(proxy_skipped=skipped))
     outcome = TrainedOutcome(
-        metrics=metrics,
+        metrics=context.evaluator.train_and_evaluate(plan),
         proxy=proxy.to_dict() if proxy is not None else None,
         proxy_score=proxy.score if proxy is not None else None,
         trial=trial.number,
     )
     context.cache[key] = outcome
+    levels = _TRAINED_LEVELS if proxy is not None else ("profile", "train")
     return _record_outcome(context, trial, outcome, value, levels)
-
-
-def _proxy_step(context: SearchContext, trial: optuna.Trial, plan, value: float) -> ProxyResult:
-    """Runs the numerical proxy, records it and prunes a hopeless plan."""
-    proxy = context.evaluator.proxy(plan)
-    score = proxy.score if math.isfinite(proxy.score) else None
-    write_record(
-        trial,
-        TrialRecord(fidelity=("profile", "proxy"), proxy=proxy.to_dict(), proxy_score=score),
-        with_none=("proxy_score",),
-    )
-    trial.report(value, PROXY_STEP)
-    if trial.should_prune():
-        write_record(trial, TrialRecord(pruned_by="proxy: loss/gradients too far from float32"))
-        trial.set_constraint("budget", HUGE_VIOLATION if not proxy.finite else 1.0)
-        raise optuna.TrialPruned()
-    return proxy
-
-
-def _max_activation(context: SearchContext) -> float:
-    _, float32_bytes = context.costs.step({path: FLOAT32 for path in context.compute})
-    return max(float32_bytes, 1.0)
 
 
 def _reuse(
@@ -562,7 +528,7 @@ def _reuse(
         ),
         with_none=("proxy", "proxy_score"),
     )
-    return _record_outcome(context, trial, outcome, value, _REUSED_LEVELS)
+    return _record_outcome(context, trial, outcome, value, _TRAINED_LEVELS)
 
 
 def _record_outcome(
