@@ -253,7 +253,6 @@ class SearchContext:
     unsafe: Mapping[str, str] = dataclasses.field(default_factory=dict)
     removed: Mapping[str, Mapping[str, str]] = dataclasses.field(default_factory=dict)
     outputs: set[str] = dataclasses.field(default_factory=set)
-    reference_metrics: Mapping[str, float] = dataclasses.field(default_factory=dict)
     fidelity: FidelityCheck | None = None
     spread: float | None = None
     study: optuna.Study | None = None

@@ -41,7 +41,7 @@ from .space import (
     output_layers,
     run_profiler,
 )
-from .study import open_study, plan_writer, trial_objective
+from .study import open_study, optimize
 from .warm_start import enqueue_warm_starts, explorer, warm_starts
 
 logger = logging.getLogger("autoprec")
@@ -139,7 +139,12 @@ def search(
             "KERAS_BACKEND=tensorflow or jax before importing keras, or predict a plan "
             "without training with autoprec.heuristic_plan(model, hardware=...)."
         )
-    settings = _checked_settings(budget, settings)
+    settings = SearchSettings() if settings is None else settings
+    for name, value, kind in (("budget", budget, Budget), ("settings", settings, SearchSettings)):
+        if not isinstance(value, kind):
+            raise AutoprecError(
+                f"search: {name} must be an autoprec.{kind.__name__}, got {type(value).__name__}."
+            )
     _check_study(study, storage, study_name, sampler, pruner)
     train_batches = take_batches(
         x, settings.batch_size, settings.steps_per_trial,
@@ -167,20 +172,6 @@ def search(
         return choose_plan(context)
     finally:
         evaluator.close()
-
-
-def _checked_settings(budget: Budget, settings: SearchSettings | None) -> SearchSettings:
-    """Returns the settings (default `SearchSettings()`) once `budget` and they are the right types."""
-    if not isinstance(budget, Budget):
-        raise AutoprecError(
-            f"search: budget must be an autoprec.Budget, got {type(budget).__name__}."
-        )
-    settings = SearchSettings() if settings is None else settings
-    if not isinstance(settings, SearchSettings):
-        raise AutoprecError(
-            f"search: settings must be an autoprec.SearchSettings, got {type(settings).__name__}."
-        )
-    return settings
 
 
 def _check_study(
@@ -395,7 +386,6 @@ def prepare(model: keras.Model, evaluator: Evaluator, request: SearchRequest) ->
         float32_seconds=float32_seconds,
         verbose=request.verbose,
         request=request,
-        reference_metrics=dict(metrics),
         fidelity=fidelity,
         spread=spread,
         **space,
@@ -506,7 +496,6 @@ def search_metadata(context: SearchContext) -> dict[str, Any]:
 def run_trials(context: SearchContext) -> optuna.Study:
     """Opens the study, enqueues the warm starts once, and runs this call's trials."""
     request = context.request
-    settings = request.settings
     starts = warm_starts(context)
     study, created = open_study(request)
     context.study = study
@@ -520,7 +509,7 @@ def run_trials(context: SearchContext) -> optuna.Study:
         len(study.trials) - added,
         added,
     )
-    context.metadata = metadata = search_metadata(context)
+    context.metadata = search_metadata(context)
     n_trials = request.n_trials
     if all(len(group.choices) <= 1 for group in context.groups):
         say(
@@ -528,14 +517,6 @@ def run_trials(context: SearchContext) -> optuna.Study:
             "autoprec.search: nothing to choose (one dtype per layer); one trial only.",
         )
         n_trials = min(n_trials or 1, 1)
-    writer = plan_writer(context, settings.plan_path, metadata)
     with request.clock.stage("trials"):
-        study.optimize(
-            lambda trial: trial_objective(context, trial),
-            n_trials=n_trials,
-            timeout=request.timeout,
-            catch=tuple(settings.catch),
-            callbacks=[writer, explorer(context), *settings.callbacks],
-            show_progress_bar=request.verbose >= 1,
-        )
+        optimize(context, n_trials, timeout=request.timeout, explorer=explorer(context))
     return study

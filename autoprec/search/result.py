@@ -45,20 +45,13 @@ class TrialRecord:
     reused_from: int | str | None = None  # the trial it reused, or "reference"
 
     @classmethod
-    def from_user_attrs(cls, attrs: Mapping[str, Any]) -> TrialRecord:
-        """Returns the record a trial's `user_attrs` hold (other keys are ignored)."""
+    def from_trial(cls, trial: optuna.trial.FrozenTrial | optuna.Trial) -> TrialRecord:
+        """Returns the record of a trial, finished or running (other user attrs are ignored)."""
+        attrs = trial.user_attrs
         values = {field.name: attrs[field.name] for field in _FIELDS if field.name in attrs}
-        if values.get("fidelity") is not None:
-            values["fidelity"] = tuple(values["fidelity"])
-        else:
-            values.pop("fidelity", None)
+        values["fidelity"] = tuple(values.pop("fidelity", None) or ())
         values["reused"] = bool(values.get("reused"))
         return cls(**values)
-
-    @classmethod
-    def from_trial(cls, trial: optuna.trial.FrozenTrial | optuna.Trial) -> TrialRecord:
-        """Returns the record of a trial, finished or running."""
-        return cls.from_user_attrs(trial.user_attrs)
 
     def to_user_attrs(self, *, with_none: Iterable[str] = ()) -> dict[str, Any]:
         """Returns `{user attr key: JSON value}` of the fields that are set (and of those in

@@ -42,10 +42,9 @@ from .study import (
     COST_STEP,
     is_feasible,
     judged_record,
+    optimize,
     pareto_points,
-    plan_writer,
     trial_counts,
-    trial_objective,
     trial_plan_metadata,
     warm_start_summary,
 )
@@ -577,17 +576,7 @@ def _run_candidates(
     mine = [t.number for t in waiting if TrialRecord.from_trial(t).assignment_key in keys]
     if mine:  # the trials queued before them run first (Optuna's queue is first in, first out)
         ahead = sum(trial.number <= max(mine) for trial in waiting)
-        settings = context.request.settings
-        study.optimize(
-            lambda trial: trial_objective(context, trial),
-            n_trials=ahead,
-            catch=tuple(settings.catch),
-            callbacks=[
-                plan_writer(context, settings.plan_path, dict(context.metadata)),
-                *settings.callbacks,
-            ],
-            show_progress_bar=False,
-        )
+        optimize(context, ahead)
     wanted = {assignment_key(start.assignment): start.label for start in starts}
     found: dict[str, int] = {}
     for trial in study.get_trials(deepcopy=False):

@@ -555,3 +555,23 @@ def judged_record(
         metric=json_safe(metric),
         budget_violation=context.budget.violation(context.reference, metric),
     )
+
+
+def optimize(
+    context: SearchContext,
+    n_trials: int | None,
+    *,
+    timeout: float | None = None,
+    explorer: Callable[[optuna.Study, optuna.trial.FrozenTrial], None] | None = None,
+) -> None:
+    """Runs trials of the study with the objective, the plan writer and the user's callbacks."""
+    settings = context.request.settings
+    writer = plan_writer(context, settings.plan_path, context.metadata)
+    context.study.optimize(
+        lambda trial: trial_objective(context, trial),
+        n_trials=n_trials,
+        timeout=timeout,
+        catch=tuple(settings.catch),
+        callbacks=[writer, *([explorer] if explorer else []), *settings.callbacks],
+        show_progress_bar=explorer is not None and context.verbose >= 1,
+    )

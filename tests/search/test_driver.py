@@ -42,7 +42,7 @@ from autoprec.search import (
 )
 from autoprec.search.driver import run_trials, search_metadata
 from autoprec.search.evaluator import Evaluator, FidelityCheck
-from autoprec.search.result import simplicity
+from autoprec.search.result import assignment_key, simplicity
 
 
 def measured_ranking(rounds):
@@ -415,7 +415,8 @@ def test_the_first_stages_return_typed_values_that_agree():
         grouped = {path for group in context.groups for path in group.paths}
         assert grouped == set(context.compute)
         assert isinstance(context.fidelity, FidelityCheck) and context.spread is None
-        assert context.reference == context.reference_metrics["accuracy"]
+        reference = context.cache[assignment_key(context.uniform_assignment("float32"))]
+        assert context.reference == reference.metrics["accuracy"]
         assert context.risk[sorted(context.outputs)[0]] >= 2.0  # output layers are riskiest
         assert context.float32_seconds == context.costs.step(context.normalise({}))[0]
 
