@@ -34,6 +34,7 @@ from .result import (
     dropped_label,
     keras_dtype,
     keras_label,
+    measurement_text,
     plan_default,
     simplicity,
 )
@@ -280,39 +281,8 @@ def order_by_measurement(
     ranking = rank_by_measurement(
         ranked, {name: trial for name, (_, trial) in candidates.items()}, rounds
     )
-    say(context.verbose, "%s", verdict_line(ranking))
+    say(context.verbose, "autoprec.search: %s", measurement_text(ranking.to_dict()))
     return ranking
-
-
-def verdict_line(ranking: MeasuredRanking) -> str:
-    """Returns the one line saying which plan the measured step chose, and by how much."""
-    verdict = ranking.verdict
-    if verdict is None:
-        return "autoprec.search: measured step: no verdict."
-    medians = verdict.medians
-    leader = verdict.leader
-    rounds = max(verdict.rounds.values())
-    head = f"autoprec.search: measured step ({rounds} interleaved rounds, {len(medians)} plans): "
-    against = ""
-    if leader != FLOAT32 and FLOAT32 in medians:
-        against = (
-            f" against float32's {1e3 * medians[FLOAT32]:.4g} ms "
-            f"({medians[FLOAT32] / medians[leader]:.3g}x)"
-        )
-    if verdict.decided:
-        others = sorted(verdict.comparisons.items(), key=lambda item: item[1].margin)
-        nearest = (
-            f"; next {others[0][0]}, slower by {1e3 * others[0][1].margin:.3g} ms "
-            f"(noise {1e3 * others[0][1].noise:.2g} ms)"
-            if others
-            else ""
-        )
-        return f"{head}{leader} leads, {1e3 * medians[leader]:.4g} ms median{against}{nearest}."
-    tied = ", ".join(f"{name} {1e3 * medians[name]:.4g} ms" for name in verdict.contenders)
-    return (
-        f"{head}a tie within the noise ({tied}); using the simpler {leader}, "
-        f"{1e3 * medians[leader]:.4g} ms median{against}."
-    )
 
 
 def chosen_step_timing(
