@@ -331,8 +331,7 @@ class FloorRule:
         return self.fraction * budget.allowance(self.converged_reference(budget, reference))
 
     def break_even(self, budget: Budget, floor: float) -> float | None:
-        """Returns |converged float32 metric| below which `floor` is refused (inf: always; None:
-        never)."""
+        """Returns |converged float32 metric| below which `floor` is refused (inf always, None never)."""
         if budget.max_drop is not None and floor >= self.fraction * budget.max_drop:
             return math.inf
         if budget.max_relative_drop is None:

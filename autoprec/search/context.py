@@ -277,8 +277,7 @@ class SearchContext:
         return dtypes
 
     def normalise(self, assignment: Mapping[str, str]) -> dict[str, str]:
-        """Returns `{compute path: dtype}`: float32 where missing, widened to what each layer
-        allows."""
+        """Returns `{compute path: dtype}`: float32 where missing, widened to what each allows."""
         return {
             path: widen(assignment.get(path, FLOAT32), self.allowed[path]) for path in self.compute
         }

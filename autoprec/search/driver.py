@@ -361,8 +361,7 @@ def load_costs(
 
 
 def prepare(model: keras.Model, evaluator: Evaluator, request: SearchRequest) -> SearchContext:
-    """Returns the search's context: its space, then the float32 reference, lengthened until it
-    beats a trivial baseline; its cache holds the reference."""
+    """Returns the search's context: its space and the float32 reference (in its cache)."""
     space = _space(model, evaluator, request)
     settings, budget = request.settings, request.budget
     with request.clock.stage("reference"):
@@ -452,23 +451,16 @@ def _announce(context: SearchContext) -> None:
         if named and not is_local(request.hardware)
         else f"{getattr(context.table, 'source', 'no')} costs"
     )
+    baseline = "n/a" if fidelity.baseline is None else f"{fidelity.baseline:.4g}"
     say(
         request.verbose,
-        "autoprec.search: %d compute layers in %d groups; dtypes %s; float32 reference "
-        "%s = %.6g after %d train steps (budget %s %.6g; trivial baseline %s %s); "
-        "float32 step %.3f ms (%s)",
-        len(context.compute),
-        len(context.groups),
-        "/".join(context.dtypes),
-        budget.metric,
-        context.reference,
-        fidelity.train_steps,
-        ">=" if budget.mode == "max" else "<=",
-        budget.threshold(context.reference),
-        "n/a" if fidelity.baseline is None else f"{fidelity.baseline:.4g}",
-        fidelity.baseline_kind,
-        context.float32_seconds * 1e3,
-        cost_words,
+        "%s",
+        f"autoprec.search: {len(context.compute)} compute layers in {len(context.groups)} groups; "
+        f"dtypes {'/'.join(context.dtypes)}; float32 reference {budget.metric} = "
+        f"{context.reference:.6g} after {fidelity.train_steps} train steps (budget "
+        f"{'>=' if budget.mode == 'max' else '<='} {budget.threshold(context.reference):.6g}; "
+        f"trivial baseline {baseline} {fidelity.baseline_kind}); float32 step "
+        f"{context.float32_seconds * 1e3:.3f} ms ({cost_words})",
     )
 
 

@@ -516,8 +516,7 @@ ROUND_STEPS = 5
 def measure_until_decided(
     evaluator: Evaluator, plans: Mapping[str, PrecisionPlan], **limits: float
 ) -> dict[str, list[float]]:
-    """Times plans in interleaved rounds until the fastest is ahead beyond the noise, or a cap
-    (`min_rounds`, `max_rounds`, `max_seconds`: `MEASUREMENT_SECONDS` unless given)."""
+    """Times plans in interleaved rounds until one leads beyond the noise, or a `limits` cap."""
     return time_until_decided(
         lambda names, rounds: measure_step_rounds(evaluator, [plans[n] for n in names], rounds),
         list(plans),

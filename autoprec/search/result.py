@@ -54,8 +54,7 @@ class TrialRecord:
         return cls(**values)
 
     def to_user_attrs(self, *, with_none: Iterable[str] = ()) -> dict[str, Any]:
-        """Returns `{user attr key: JSON value}` of the fields that are set (and of those in
-        `with_none`, even when `None`); tuples become lists, as the storage returns them."""
+        """Returns `{field: JSON value}` of the fields set (or named in `with_none`), tuples as lists."""
         keep = set(with_none)
         unknown = keep - {field.name for field in _FIELDS}
         if unknown:
@@ -278,8 +277,7 @@ class SearchResult:
 
 
 def short_counts_text(counts: Mapping[str, int]) -> str:
-    """Returns `"2 bf16 / 1 f32 / 0 f16"`: layer counts of bfloat16, float32 and float16 (and float8
-    when any)."""
+    """Returns `"2 bf16 / 1 f32 / 0 f16"`: layer counts per dtype (float8 too when any)."""
     shown = (
         (BFLOAT16, FLOAT32, FLOAT16, FLOAT8) if counts.get(FLOAT8) else (BFLOAT16, FLOAT32, FLOAT16)
     )

@@ -223,8 +223,7 @@ class MeasuredRanking:
 def measurement_candidates(
     context: SearchContext, ranked: Sequence[optuna.trial.FrozenTrial]
 ) -> dict[str, tuple[PrecisionPlan, optuna.trial.FrozenTrial | None]]:
-    """Returns `{name: (plan, trial)}` of the plans to time: the best by predicted cost, float32,
-    every finalist within budget."""
+    """Returns `{name: (plan, trial)}` to time: the best predicted, float32, each finalist."""
     best = ranked[0]
     float32_trial = next((trial for trial in ranked if context.is_float32(trial)), None)
     # The best is timed as "float32", under its warm start's label, or as "searched".
@@ -291,8 +290,7 @@ def chosen_step_timing(
     plan: PrecisionPlan,
     ranking: MeasuredRanking | None,
 ) -> dict[str, Any]:
-    """Returns the chosen plan's measured step beside float32's (the metadata's `measured_*`
-    entries), timing both unless the ranking did."""
+    """Returns the metadata's `measured_*` steps of the chosen plan and float32, timed if not yet."""
     fastest = dict(ranking.fastest) if ranking is not None else {}
     rounds = {name: list(f) for name, f in (ranking.rounds if ranking else {}).items()}
     name = FLOAT32 if chosen is None else (ranking.names if ranking else {}).get(chosen.number)
@@ -315,8 +313,7 @@ def confirm_plan(
     ranked: Sequence[optuna.trial.FrozenTrial],
     confirm_steps: int | None = None,
 ) -> tuple[optuna.trial.FrozenTrial | None, dict[str, Any]]:
-    """Returns `(trial whose plan is returned, confirmation record)`: the first plan, confirmed at
-    `confirm_steps` (default 4 x the search's) when needed, falling back down the ranking."""
+    """Returns `(chosen trial, record)`: the first plan, confirmed longer where needed, or the next."""
     evaluator, request = context.evaluator, context.request
     if not ranked or context.is_float32(ranked[0]):
         return (ranked[0] if ranked else None), {"run": False, "reasons": ["float32 chosen"]}
@@ -385,14 +382,11 @@ def _attempt(
     held = violation <= 0
     say(
         context.verbose,
-        "autoprec.search: confirmation at %d steps: trial %d %s %s = %s (float32 %.6g, limit %.6g)",
-        confirm_steps,
-        trial.number,
-        "held" if held else "missed the budget:",
-        budget.metric,
-        "n/a" if metric is None else f"{metric:.6g}",
-        reference,
-        budget.threshold(reference),
+        "%s",
+        f"autoprec.search: confirmation at {confirm_steps} steps: trial {trial.number} "
+        f"{'held' if held else 'missed the budget:'} {budget.metric} = "
+        f"{'n/a' if metric is None else f'{metric:.6g}'} (float32 {reference:.6g}, "
+        f"limit {budget.threshold(reference):.6g})",
     )
     return {
         "trial": trial.number,
@@ -404,8 +398,7 @@ def _attempt(
 
 
 def add_finalists(context: SearchContext) -> dict[str, Any]:
-    """Evaluates Keras' global policies and the best plan with each protection dropped; returns
-    (and keeps in `context.finalists`) their trials and why others are not."""
+    """Evaluates Keras' global policies and the best plan with each protection dropped."""
     finalists: dict[str, Any] = {"trials": {}, "same_as": {}, "skipped": {}}
     context.finalists = finalists
     for dtype in (BFLOAT16, FLOAT16, FLOAT8):
@@ -516,8 +509,7 @@ def _add_trial(
 
 
 def _objective_value(context: SearchContext, compute: Mapping[str, str], seconds: float) -> float:
-    """The objective value of a trial of `compute`'s assignment (its memory tie-break included),
-    else the predicted seconds: a Keras global policy ranks by predicted cost as its trial would."""
+    """The objective value of a trial of the same assignment, else the predicted seconds."""
     normalised = context.normalise(compute)
     if normalised != dict(compute):
         # Outside the search space (float8 on an output layer, say): no trial evaluated it.
@@ -558,8 +550,7 @@ def _run_candidates(
 
 
 def rank_trials(context: SearchContext) -> list[optuna.trial.FrozenTrial]:
-    """Ranks the study's trials within budget, timing the best plans here when asked; keeps the
-    ranking (and its measurement) in the context."""
+    """Ranks the trials within budget (by their measured steps where timed here) into the context."""
     study, request = context.study, context.request
     ranked = ranked_finalists(context, study)
     if not ranked:
@@ -582,8 +573,7 @@ def rank_trials(context: SearchContext) -> list[optuna.trial.FrozenTrial]:
 
 
 def choose_plan(context: SearchContext) -> SearchResult:
-    """Confirms the ranking's first plan (falling back down it), times the chosen one and returns
-    the `SearchResult`: the plan with its metadata (saved to `plan_path`)."""
+    """Confirms and times the ranking's first plan; returns the `SearchResult` (plan saved)."""
     request, study, measured = context.request, context.study, context.measured
     with request.clock.stage("confirmation"):
         chosen, confirmation = confirm_plan(context, context.ranked, request.settings.confirm_steps)
@@ -641,8 +631,7 @@ def _chosen_metadata(context: SearchContext, chosen: optuna.trial.FrozenTrial | 
 
 
 def evidence(context: SearchContext) -> dict[str, dict]:
-    """Returns `{path: {"allowed", "removed", "seconds", "profile", "output_floor"}}`: why each
-    layer could be what."""
+    """Returns `{path: {"allowed", "removed", "seconds", "profile", "output_floor"}}`."""
     result: dict[str, dict] = {}
     floors = context.floor_evidence()
     for path in context.compute:

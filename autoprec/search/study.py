@@ -99,8 +99,7 @@ def _safe_url(url: str) -> str:
 
 
 def claim_study_lock(study: optuna.Study, what: str) -> str | None:
-    """Takes a lock shared by every process of a study: creates the study
-    `"<name>:autoprec-<what>"`."""
+    """Takes a lock shared by a study's processes: creates the study `"<name>:autoprec-<what>"`."""
     name = f"{study.study_name}:autoprec-{what}"
     try:
         study._storage.create_new_study([optuna.study.StudyDirection.MINIMIZE], name)
@@ -268,8 +267,7 @@ def best_feasible(study: optuna.Study) -> optuna.trial.FrozenTrial | None:
 
 
 def open_study(request: SearchRequest) -> tuple[optuna.Study, bool]:
-    """Returns `(study, created)`: the study given, else created, or loaded where another run
-    created it (a seeded TPE sampler and the `FidelityPruner` unless given)."""
+    """Returns `(study, created)`: the study given, else created or loaded (TPE, `FidelityPruner`)."""
     if request.study is not None:
         return request.study, not request.study.trials
     sampler, pruner = request.sampler, request.pruner
@@ -314,8 +312,7 @@ def pareto_points(study: optuna.Study) -> list[ParetoPoint]:
 
 
 def warm_start_summary(study: optuna.Study) -> dict[str, dict]:
-    """Returns `{label: {trial, state, metric, within_budget, predicted_seconds}}` of the warm
-    starts."""
+    """Returns `{label: {trial, state, metric, within_budget, predicted_seconds}}`."""
     summary = {}
     for trial in study.get_trials(deepcopy=False):
         record = TrialRecord.from_trial(trial)
@@ -332,8 +329,7 @@ def warm_start_summary(study: optuna.Study) -> dict[str, dict]:
 
 
 def trial_counts(study: optuna.Study) -> dict[str, int]:
-    """Returns `{"trials", "complete", "pruned", "failed", "reused"}`: the study's trials by
-    outcome."""
+    """Returns `{"trials", "complete", "pruned", "failed", "reused"}` of the study."""
     trials = study.trials
     states = optuna.trial.TrialState
     return {
@@ -483,8 +479,7 @@ def trial_objective(context: SearchContext, trial: optuna.Trial) -> float:
 def _train_trial(
     context: SearchContext, trial: optuna.Trial, assignment: dict[str, str], key: str, value: float
 ) -> float:
-    """Runs the proxy (TensorFlow; prunes a hopeless plan) and the short training of a trial's
-    plan; records the outcome."""
+    """Runs the proxy (TensorFlow, may prune) and the short training; records the outcome."""
     plan, proxy = context.plan_for(assignment), None
     if keras.backend.backend() == "tensorflow":
         proxy = context.evaluator.proxy(plan)

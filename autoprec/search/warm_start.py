@@ -73,8 +73,7 @@ def enqueue_warm_starts(study: optuna.Study, starts: Sequence[WarmStart]) -> int
 def enqueue_candidates(
     study: optuna.Study, starts: Sequence[WarmStart], *, warm: bool = False
 ) -> list[str]:
-    """Enqueues the plans whose assignment the study has not tried yet; returns their keys.
-    Warm starts also skip a label already there, or the params of a study without keys."""
+    """Enqueues the plans not tried yet (warm starts: nor their label); returns their keys."""
     trials = study.get_trials(deepcopy=False)
     records = [TrialRecord.from_trial(trial) for trial in trials]
     keys = {record.assignment_key for record in records}
@@ -159,8 +158,7 @@ def neighbours(context: SearchContext, study: optuna.Study) -> list[Neighbour]:
 def _moves(
     context: SearchContext, assignment: Mapping[str, str], base_seconds: float, repair: bool
 ) -> list[Neighbour]:
-    """Plans one group away and faster than `base_seconds`: to a cheaper dtype, or (`repair`) to
-    float32, scored by time gained per risk, or by the risk put back in float32."""
+    """Faster plans one group away: to a cheaper dtype, or (`repair`) back to float32."""
     moves = []
     for group in context.groups:
         for dtype in (FLOAT32,) if repair else group.choices:
