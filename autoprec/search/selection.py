@@ -104,13 +104,10 @@ def ranked_finalists(context: SearchContext, study: optuna.Study) -> list[optuna
         for trial in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
         if is_feasible(trial) and trial.value is not None
     ]
-    ranked, seen = [], set()
+    unique: dict[str, optuna.trial.FrozenTrial] = {}
     for trial in sorted(feasible, key=lambda t: (t.value, t.number)):
-        key = finalist_key(context, trial)
-        if key not in seen:
-            seen.add(key)
-            ranked.append(trial)
-    return ranked
+        unique.setdefault(finalist_key(context, trial), trial)
+    return list(unique.values())
 
 
 def protections(
@@ -352,14 +349,31 @@ def _confirm_longer(
     if not math.isfinite(reference):
         record["result"] = "skipped: float32 not finite at the confirmation's fidelity"
         return ranked[0], record
-    attempts: list[dict[str, Any]] = []
-    record["attempts"] = attempts
+    record["attempts"] = attempts = []
     for trial in ranked[:CONFIRMATION_ATTEMPTS]:
         if context.is_float32(trial):
             break
-        attempt = _attempt(context, trial, reference, confirm_steps)
-        attempts.append(attempt)
-        if attempt["held"]:
+        plan = finalist_plan(context, trial)
+        metric = context.evaluator.train_and_evaluate(plan).get(budget.log_name)
+        violation = budget.violation(reference, metric)
+        say(
+            context.verbose,
+            "%s",
+            f"autoprec.search: confirmation at {confirm_steps} steps: trial {trial.number} "
+            f"{'held' if violation <= 0 else 'missed the budget:'} {budget.metric} = "
+            f"{'n/a' if metric is None else f'{metric:.6g}'} (float32 {reference:.6g}, "
+            f"limit {budget.threshold(reference):.6g})",
+        )
+        attempts.append(
+            {
+                "trial": trial.number,
+                "label": TrialRecord.from_trial(trial).label,
+                "metric": json_safe(metric),
+                "violation": json_safe(violation),
+                "held": violation <= 0,
+            }
+        )
+        if violation <= 0:
             record["result"] = "held" if trial is ranked[0] else "fell back"
             record["chosen_trial"] = trial.number
             return trial, record
@@ -369,32 +383,6 @@ def _confirm_longer(
         confirm_steps,
     )
     return None, record
-
-
-def _attempt(
-    context: SearchContext, trial: optuna.trial.FrozenTrial, reference: float, confirm_steps: int
-) -> dict[str, Any]:
-    """Trains one trial's plan at the confirmation's fidelity; returns its attempt record."""
-    budget = context.budget
-    plan = finalist_plan(context, trial)
-    metric = context.evaluator.train_and_evaluate(plan).get(budget.log_name)
-    violation = budget.violation(reference, metric)
-    held = violation <= 0
-    say(
-        context.verbose,
-        "%s",
-        f"autoprec.search: confirmation at {confirm_steps} steps: trial {trial.number} "
-        f"{'held' if held else 'missed the budget:'} {budget.metric} = "
-        f"{'n/a' if metric is None else f'{metric:.6g}'} (float32 {reference:.6g}, "
-        f"limit {budget.threshold(reference):.6g})",
-    )
-    return {
-        "trial": trial.number,
-        "label": TrialRecord.from_trial(trial).label,
-        "metric": json_safe(metric),
-        "violation": json_safe(violation),
-        "held": held,
-    }
 
 
 def add_finalists(context: SearchContext) -> dict[str, Any]:

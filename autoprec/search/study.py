@@ -161,8 +161,13 @@ def wait_for_same_assignment(
         if not others:
             return None
         if deadline is None:
-            limit = timeout if timeout is not None else _longest_wait(study)
-            deadline = time.monotonic() + limit
+            durations = [
+                trial.duration.total_seconds()
+                for trial in study.get_trials(deepcopy=False, states=_COMPLETE)
+                if trial.duration is not None
+            ]
+            longest = max(_MIN_WAIT_SECONDS, 3.0 * max(durations, default=0.0))
+            deadline = time.monotonic() + (timeout if timeout is not None else longest)
             logger.info(
                 "autoprec.search: trial %d waits for trial %d, which evaluates the same plan.",
                 trial_number,
@@ -196,15 +201,6 @@ def _evaluating_same(
         ):
             numbers.append(other.number)
     return numbers
-
-
-def _longest_wait(study: optuna.Study) -> float:
-    durations = [
-        trial.duration.total_seconds()
-        for trial in study.get_trials(deepcopy=False, states=_COMPLETE)
-        if trial.duration is not None
-    ]
-    return max(_MIN_WAIT_SECONDS, 3.0 * max(durations, default=0.0))
 
 
 #: Steps reported to the pruner: after the cost prediction, after the numerical proxy.
@@ -281,8 +277,6 @@ def open_study(request: SearchRequest) -> tuple[optuna.Study, bool]:
     arguments = dict(
         storage=storage, study_name=study_name, sampler=sampler, pruner=pruner, direction="minimize"
     )
-    if storage is None:
-        return optuna.create_study(**arguments), True
     try:
         return optuna.create_study(load_if_exists=False, **arguments), True
     except optuna.exceptions.DuplicatedStudyError:
