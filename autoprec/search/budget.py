@@ -210,6 +210,8 @@ SIXTEEN_BIT: tuple[str, ...] = (BFLOAT16, FLOAT16)
 FLOOR_FRACTION = 0.5
 #: How many times closer to zero the float32 reference may get once trained to convergence.
 CONVERGENCE_HEADROOM = 10.0
+#: The rule a floor is judged by, as the metadata records it.
+FLOOR_RULE = {"fraction": FLOOR_FRACTION, "headroom": CONVERGENCE_HEADROOM}
 #: Where the unrounded outputs come from: the targets, or the float32 reference's outputs.
 TARGETS, FLOAT32_OUTPUTS = "targets", "float32 outputs"
 
@@ -314,40 +316,9 @@ def measure_floor(
 
 
 @dataclasses.dataclass(frozen=True)
-class FloorRule:
-    """When an output floor breaks the budget: a share of the allowance at a converged reference."""
-
-    fraction: float = FLOOR_FRACTION
-    headroom: float = CONVERGENCE_HEADROOM
-
-    def converged_reference(self, budget: Budget, reference: float) -> float:
-        """Returns the float32 metric the allowance is measured against once converged."""
-        if budget.mode == "max" and reference >= 0:
-            return float(reference)
-        return float(reference) / self.headroom
-
-    def limit(self, budget: Budget, reference: float) -> float:
-        """Returns the largest floor a plan may have, in the metric's units."""
-        return self.fraction * budget.allowance(self.converged_reference(budget, reference))
-
-    def break_even(self, budget: Budget, floor: float) -> float | None:
-        """Returns |converged float32 metric| below which `floor` is refused (inf always, None never)."""
-        if budget.max_drop is not None and floor >= self.fraction * budget.max_drop:
-            return math.inf
-        if budget.max_relative_drop is None:
-            return None
-        if budget.max_relative_drop == 0:
-            return math.inf
-        return floor / (self.fraction * budget.max_relative_drop)
-
-    def to_dict(self) -> dict[str, float]:
-        """Returns the rule as a JSON-ready dict."""
-        return dataclasses.asdict(self)
-
-
-@dataclasses.dataclass(frozen=True)
 class OutputFloor:
-    """The floor a plan's 16-bit outputs put on the budget metric, and whether it is refused."""
+    """The floor a plan's 16-bit outputs put on the budget metric, and whether it is refused: when
+    it takes more than `FLOOR_FRACTION` of the allowance at a converged reference."""
 
     budget: Budget
     reference: float
@@ -355,17 +326,30 @@ class OutputFloor:
     floors: Mapping[str, float]
     sources: Mapping[str, str]
     value: float
-    rule: FloorRule = FloorRule()
 
     @property
     def converged_reference(self) -> float:
         """The float32 metric the allowance is measured against once converged."""
-        return self.rule.converged_reference(self.budget, self.reference)
+        if self.budget.mode == "max" and self.reference >= 0:
+            return float(self.reference)
+        return float(self.reference) / CONVERGENCE_HEADROOM
 
     @property
     def limit(self) -> float:
         """The largest floor a plan may have, in the metric's units."""
-        return self.rule.limit(self.budget, self.reference)
+        return FLOOR_FRACTION * self.budget.allowance(self.converged_reference)
+
+    @property
+    def break_even(self) -> float | None:
+        """|Converged float32 metric| below which the floor is refused (inf always, None never)."""
+        budget, share = self.budget, FLOOR_FRACTION
+        if budget.max_drop is not None and self.value >= share * budget.max_drop:
+            return math.inf
+        if budget.max_relative_drop is None:
+            return None
+        if budget.max_relative_drop == 0:
+            return math.inf
+        return self.value / (share * budget.max_relative_drop)
 
     @property
     def violation(self) -> float:
@@ -390,13 +374,13 @@ class OutputFloor:
         else:
             against = (
                 f"float32 once converged, assumed at {self.converged_reference:.4g}: "
-                f"{self.rule.headroom:g}x closer to zero than the {self.reference:.4g} seen"
+                f"{CONVERGENCE_HEADROOM:g}x closer to zero than the {self.reference:.4g} seen"
             )
         verdict = "more than" if self.refused else "within"
         return (
             f"the outputs of {outputs} put a floor of {_floor_text(self.value)} on "
             f"{self.budget.metric} that no training removes, {verdict} the limit "
-            f"{self.limit:.3g} ({self.rule.fraction:g} of the budget's allowance against {against})"
+            f"{self.limit:.3g} ({FLOOR_FRACTION:g} of the budget's allowance against {against})"
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -410,8 +394,8 @@ class OutputFloor:
             "reference": float(self.reference),
             "converged_reference": self.converged_reference,
             "limit": self.limit,
-            "break_even": json_safe(self.rule.break_even(self.budget, self.value)),
-            "rule": self.rule.to_dict(),
+            "break_even": json_safe(self.break_even),
+            "rule": dict(FLOOR_RULE),
             "refused": self.refused,
             "reason": self.reason,
         }

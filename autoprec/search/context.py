@@ -24,9 +24,9 @@ from ..plan import PrecisionPlan
 from ..profiler import Profile
 from ..runtime.kernels import checked_plan
 from .budget import (
+    FLOOR_RULE,
     SIXTEEN_BIT,
     Budget,
-    FloorRule,
     OutputFloor,
     converged_outputs,
     measure_floor,
@@ -431,7 +431,7 @@ class SearchContext:
             if isinstance(record, Mapping) and record.get("refused"):
                 refused[str(trial.number)] = record.get("reason")
         return {
-            "rule": FloorRule().to_dict(),
+            "rule": dict(FLOOR_RULE),
             "outputs": self.floor_evidence(),
             "refused_trials": refused,
         }
