@@ -216,7 +216,6 @@ class SearchRequest:
     verbose: int
     started: float
     train_data: Any
-    max_train_steps: int
     clock: StageClock = dataclasses.field(default_factory=StageClock)
 
 
@@ -269,12 +268,11 @@ class SearchContext:
 
     def assignment(self, params: Mapping[str, str]) -> dict[str, str]:
         """Returns `{compute path: dtype}` of group parameters, widened to what each layer allows."""
-        dtypes = {}
-        for group in self.groups:
-            choice = params.get(group.name, group.choices[0])
-            for path in group.paths:
-                dtypes[path] = widen(choice, self.allowed[path])
-        return dtypes
+        return {
+            path: widen(params.get(group.name, group.choices[0]), self.allowed[path])
+            for group in self.groups
+            for path in group.paths
+        }
 
     def normalise(self, assignment: Mapping[str, str]) -> dict[str, str]:
         """Returns `{compute path: dtype}`: float32 where missing, widened to what each allows."""
@@ -286,12 +284,11 @@ class SearchContext:
         """Returns the group parameters closest to a per-layer assignment (each group's majority)."""
         params = {}
         for group in self.groups:
-            if len(group.choices) <= 1:
-                continue
-            chosen = [assignment.get(path, FLOAT32) for path in group.paths]
-            params[group.name] = max(
-                group.choices, key=lambda dtype: (chosen.count(dtype), dtype == FLOAT32)
-            )
+            if len(group.choices) > 1:
+                chosen = [assignment.get(path, FLOAT32) for path in group.paths]
+                params[group.name] = max(
+                    group.choices, key=lambda dtype: (chosen.count(dtype), dtype == FLOAT32)
+                )
         return params
 
     def uniform_assignment(self, dtype: str) -> dict[str, str]:

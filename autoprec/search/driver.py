@@ -158,7 +158,6 @@ def search(
         budget=budget, hardware=hardware, n_trials=n_trials, timeout=timeout, storage=storage,
         study_name=study_name, study=study, sampler=sampler, pruner=pruner, settings=settings,
         verbose=verbose, started=started, train_data=x,
-        max_train_steps=settings.max_steps_per_trial or 8 * len(train_batches),
     )  # fmt: skip
     seed = 0 if settings.seed is None else int(settings.seed)
     evaluator = Evaluator(model, train_batches, val_batches, settings.proxy_batches, seed)
@@ -370,7 +369,7 @@ def prepare(model: keras.Model, evaluator: Evaluator, request: SearchRequest) ->
             budget,
             request.train_data,
             settings.batch_size,
-            request.max_train_steps,
+            settings.max_steps_per_trial or 8 * len(evaluator.train_batches),
             settings.baseline,
         )
         spread = _reference_spread(
@@ -409,13 +408,9 @@ def _reference_spread(
     float32_plan = PrecisionPlan.uniform(evaluator.model, FLOAT32)
     original_seed = evaluator.seed
     try:
-        for repeat in range(repeats):
-            order = list(
-                np.random.default_rng(original_seed + repeat + 1).permutation(
-                    len(evaluator.train_batches)
-                )
-            )
-            evaluator.seed = original_seed + repeat + 1
+        for seed in range(original_seed + 1, original_seed + repeats + 1):
+            order = list(np.random.default_rng(seed).permutation(len(evaluator.train_batches)))
+            evaluator.seed = seed
             metrics = evaluator.train_and_evaluate(float32_plan, batch_order=order)
             values.append(metrics[budget.log_name])
     finally:
