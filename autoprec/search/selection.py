@@ -12,7 +12,7 @@ from typing import Any
 
 import optuna
 
-from .._core.dtypes import BFLOAT16, FLOAT8, FLOAT16, FLOAT32, PLAN_DTYPES, count_dtypes
+from .._core.dtypes import BFLOAT16, FLOAT8, FLOAT16, FLOAT32, PLAN_DTYPES
 from .._core.timing import RoundsVerdict, judge_rounds
 from ..hardware import is_local
 from ..layers import LayerInfo, model_fingerprint
@@ -45,6 +45,7 @@ from .study import (
     judged_record,
     optimize,
     pareto_points,
+    prediction,
     trial_counts,
     trial_plan_metadata,
     warm_start_summary,
@@ -459,31 +460,24 @@ def _add_trial(
 ) -> int:
     """Adds a judged plan to the study as a completed trial, as the objective records one."""
     study, key = context.study, assignment_key(layers)
-    seconds, activation_bytes = context.costs.step(dict(compute))
+    predicted = prediction(context, compute)
+    fields = dict(assignment=dict(layers), assignment_key=key, warm_start=label, **predicted)
     attrs: dict[str, Any] = {}
     constraints: dict[str, float] = {}
     if floor is not None:
         attrs["output_floor"] = floor.to_dict()
         constraints["output_floor"] = floor.violation
     if metrics is None:
-        record = TrialRecord(fidelity=("profile", "floor"), budget_violation=floor.violation)
+        record = TrialRecord(
+            fidelity=("profile", "floor"), budget_violation=floor.violation, **fields
+        )
     else:
-        record = judged_record(context, metrics, ("profile", "train"))
+        record = judged_record(context, metrics, ("profile", "train"), **fields)
         constraints["budget"] = record.budget_violation
-    record = dataclasses.replace(
-        record,
-        assignment=dict(layers),
-        assignment_key=key,
-        train_steps=context.train_steps,
-        warm_start=label,
-        dtype_counts=count_dtypes(compute.values()),
-        predicted_seconds=seconds,
-        activation_bytes_per_sample=activation_bytes,
-    )
     attrs.update(record.to_user_attrs(with_none=() if metrics is None else ("metric",)))
     study.add_trial(
         optuna.trial.create_trial(
-            value=_objective_value(context, compute, seconds),
+            value=_objective_value(context, compute, predicted["predicted_seconds"]),
             user_attrs=attrs,
             constraints=constraints,
         )

@@ -10,6 +10,7 @@ import time
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import keras
 import optuna
@@ -431,21 +432,16 @@ def trial_objective(context: SearchContext, trial: optuna.Trial) -> float:
     }
     fixed = TrialRecord.from_trial(trial).assignment  # an enqueued plan, else the suggestions
     assignment = context.normalise(fixed) if fixed else context.assignment(params)
-    key = assignment_key(assignment)
-    seconds, activation_bytes = context.costs.step(assignment)
-    float32_bytes = context.costs.step(dict.fromkeys(context.compute, FLOAT32))[1]
-    value = seconds * (1.0 + _MEMORY_TIE_BREAK * activation_bytes / max(float32_bytes, 1.0))
+    key, predicted = assignment_key(assignment), prediction(context, assignment)
+    memory = predicted["activation_bytes_per_sample"]
+    float32_memory = context.costs.step(dict.fromkeys(context.compute, FLOAT32))[1]
+    value = predicted["predicted_seconds"] * (
+        1.0 + _MEMORY_TIE_BREAK * memory / max(float32_memory, 1.0)
+    )
+    fidelity = ("profile",)
     write_record(
         trial,
-        TrialRecord(
-            assignment=assignment,
-            assignment_key=key,
-            train_steps=context.train_steps,
-            dtype_counts=count_dtypes(assignment.values()),
-            predicted_seconds=seconds,
-            activation_bytes_per_sample=activation_bytes,
-            fidelity=("profile",),
-        ),
+        TrialRecord(assignment=assignment, assignment_key=key, fidelity=fidelity, **predicted),
     )
     floor = context.output_floor(assignment)
     if floor is not None:
@@ -534,15 +530,27 @@ def _record_outcome(
 
 
 def judged_record(
-    context: SearchContext, metrics: Mapping[str, float], levels: Sequence[str]
+    context: SearchContext, metrics: Mapping[str, float], levels: Sequence[str], **fields: Any
 ) -> TrialRecord:
-    """Returns the record of trained metrics: the levels reached, the metric and its violation."""
+    """Returns the record of trained metrics (levels reached, metric, violation) and `fields`."""
     metric = metrics.get(context.budget.log_name)
     return TrialRecord(
         fidelity=tuple(levels),
         metrics={name: json_safe(value) for name, value in metrics.items()},
         metric=json_safe(metric),
         budget_violation=context.budget.violation(context.reference, metric),
+        **fields,
+    )
+
+
+def prediction(context: SearchContext, compute: Mapping[str, str]) -> dict[str, Any]:
+    """Returns the record fields of an assignment's predicted cost, at the search's fidelity."""
+    seconds, activation_bytes = context.costs.step(dict(compute))
+    return dict(
+        train_steps=context.train_steps,
+        dtype_counts=count_dtypes(compute.values()),
+        predicted_seconds=seconds,
+        activation_bytes_per_sample=activation_bytes,
     )
 
 
