@@ -66,17 +66,10 @@ def search(
 ) -> SearchResult:
     """Searches the cheapest dtype per layer whose short-training metric stays within `budget`.
 
-    The user's model is left unchanged: trials run on a clone
-    (`keras.models.clone_model`, same weights, recompiled with a fresh copy of the
-    optimizer from its config and the same loss and metrics). Subclassed models
-    need `get_config` to be cloned; without it the search works on the model itself
-    and puts back its weights and policies at the end (its optimizer is never used).
-    Every uniform plan and the heuristic's per-layer plan are evaluated first; after
-    the trials, Keras' own global policies (every layer, containers included) and the
-    best plan with each default float32 protection dropped where the profile allows
-    it are evaluated too. The returned plan costs no more than any of them that held
-    the budget, and where steps are timed here it is the fastest of them beyond the
-    measured noise (a tie goes to the simpler plan).
+    Trials run on a clone of the model (a subclassed model without `get_config` is used
+    itself and put back at the end). The plan returned costs no more than any uniform plan,
+    the heuristic's or Keras' global policies that held the budget and, where steps are timed
+    here, is the fastest of them beyond the measured noise (docs/api.md tells the stages).
 
     Args:
         model: a built, compiled Keras model.

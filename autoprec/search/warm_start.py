@@ -129,10 +129,7 @@ def neighbours(context: SearchContext, study: optuna.Study) -> list[Neighbour]:
         context.trial_assignment(best) if best is not None else context.uniform_assignment(FLOAT32)
     )
     base_seconds = context.costs.step(base)[0]
-    cheaper = sorted(
-        _moves(context, base, base_seconds, repair=False),
-        key=lambda n: (-n.score, n.predicted_seconds),
-    )
+    cheaper = _moves(context, base, base_seconds, repair=False)
     missed = sorted(
         (
             trial
@@ -146,7 +143,7 @@ def neighbours(context: SearchContext, study: optuna.Study) -> list[Neighbour]:
     repairs: list[Neighbour] = []
     for trial in missed[:_REPAIRED_PLANS]:
         repairs += _moves(context, context.trial_assignment(trial), base_seconds, repair=True)
-    repairs.sort(key=lambda n: (-n.score, n.predicted_seconds))
+    repairs.sort(key=_best_first)
     unique: dict[str, Neighbour] = {}
     for neighbour in itertools.chain(*itertools.zip_longest(cheaper, repairs)):
         key = assignment_key(neighbour.assignment) if neighbour is not None else None
@@ -161,9 +158,7 @@ def _moves(
     """Faster plans one group away: to a cheaper dtype, or (`repair`) back to float32."""
     moves = []
     for group in context.groups:
-        for dtype in (FLOAT32,) if repair else group.choices:
-            if dtype == FLOAT32 and not repair:
-                continue
+        for dtype in (FLOAT32,) if repair else [d for d in group.choices if d != FLOAT32]:
             flipped = {**assignment, **{p: widen(dtype, context.allowed[p]) for p in group.paths}}
             if flipped == dict(assignment):
                 continue
@@ -173,7 +168,11 @@ def _moves(
             risk = max((context.risk.get(path, 0.0) for path in group.paths), default=0.0)
             score = risk if repair else (base_seconds - seconds) / (1.0 + risk)
             moves.append(Neighbour(flipped, f"{group.name} -> {dtype}", seconds, score))
-    return moves
+    return sorted(moves, key=_best_first)
+
+
+def _best_first(neighbour: Neighbour) -> tuple[float, float]:
+    return -neighbour.score, neighbour.predicted_seconds
 
 
 def explorer(
