@@ -304,12 +304,10 @@ class SearchContext:
         plan = plan_from_assignment(self.model, self.infos, self.normalise(assignment), **kwargs)
         return checked_plan(self.model, plan, logged=self.logged_fallbacks)
 
-    def trial_assignment(self, trial: optuna.trial.FrozenTrial) -> dict[str, str]:
-        """Returns the per-layer assignment a trial evaluated (its record's, else its params)."""
+    def trial_assignment(self, trial: optuna.trial.FrozenTrial | optuna.Trial) -> dict[str, str]:
+        """Returns the per-layer assignment a trial evaluates (its record's, else its params)."""
         stored = TrialRecord.from_trial(trial).assignment
-        if stored:
-            return self.normalise(stored)
-        return self.assignment(trial.params)
+        return self.normalise(stored) if stored else self.assignment(trial.params)
 
     def trial_plan(self, trial: optuna.trial.FrozenTrial, **kwargs: object) -> PrecisionPlan:
         """Returns the plan a trial evaluated."""
@@ -318,8 +316,6 @@ class SearchContext:
     def is_float32(self, trial: optuna.trial.FrozenTrial) -> bool:
         """Whether a trial evaluated the float32 plan."""
         return all(dtype == FLOAT32 for dtype in self.trial_assignment(trial).values())
-
-    # ------------------------------------------------------------------ output rounding floor
 
     @functools.cached_property
     def output_paths(self) -> tuple[str, ...]:

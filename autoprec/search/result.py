@@ -132,10 +132,9 @@ def keras_label(dtype: str) -> str:
 
 def keras_dtype(label: str | None) -> str | None:
     """Returns the dtype of a Keras global label (`"float8"` for `float8_from_mixed_bfloat16`)."""
-    for dtype in (BFLOAT16, FLOAT16, FLOAT8):
-        if label == keras_label(dtype):
-            return dtype
-    return None
+    return next(
+        (dtype for dtype in (BFLOAT16, FLOAT16, FLOAT8) if label == keras_label(dtype)), None
+    )
 
 
 def plan_default(dtype: str) -> str:
@@ -278,9 +277,7 @@ class SearchResult:
 
 def short_counts_text(counts: Mapping[str, int]) -> str:
     """Returns `"2 bf16 / 1 f32 / 0 f16"`: layer counts per dtype (float8 too when any)."""
-    shown = (
-        (BFLOAT16, FLOAT32, FLOAT16, FLOAT8) if counts.get(FLOAT8) else (BFLOAT16, FLOAT32, FLOAT16)
-    )
+    shown = (BFLOAT16, FLOAT32, FLOAT16) + ((FLOAT8,) if counts.get(FLOAT8) else ())
     return " / ".join(f"{counts.get(dtype, 0)} {_SHORT_NAMES[dtype]}" for dtype in shown)
 
 

@@ -425,13 +425,10 @@ _TRAINED_LEVELS = ("profile", "proxy", "train")
 
 def trial_objective(context: SearchContext, trial: optuna.Trial) -> float:
     """Returns a trial's predicted cost after judging its plan; prunes or constrains it."""
-    params = {
-        group.name: trial.suggest_categorical(group.name, list(group.choices))
-        for group in context.groups
-        if len(group.choices) > 1
-    }
-    fixed = TrialRecord.from_trial(trial).assignment  # an enqueued plan, else the suggestions
-    assignment = context.normalise(fixed) if fixed else context.assignment(params)
+    for group in context.groups:
+        if len(group.choices) > 1:
+            trial.suggest_categorical(group.name, list(group.choices))
+    assignment = context.trial_assignment(trial)  # an enqueued plan, else the suggestions
     key, predicted = assignment_key(assignment), prediction(context, assignment)
     memory = predicted["activation_bytes_per_sample"]
     float32_memory = context.costs.step(dict.fromkeys(context.compute, FLOAT32))[1]
