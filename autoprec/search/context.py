@@ -135,8 +135,9 @@ class SearchSettings(ConfigValue):
                 object.__setattr__(self, name, (value,) if isinstance(value, str) else tuple(value))
         required = ("batch_size", "steps_per_trial", "profile_steps", "proxy_batches")
         optional = ("max_steps_per_trial", "validation_steps", "cost_batch_size")
-        for name in (*required, *optional, "reference_repeats", "confirm_steps"):
-            value, least = getattr(self, name), 1 if name in required + optional else 0
+        counts = ("reference_repeats", "confirm_steps")  # 0 allowed
+        for name in (*required, *optional, *counts):
+            value, least = getattr(self, name), 0 if name in counts else 1
             if (value is not None or name in required) and (
                 isinstance(value, bool) or not isinstance(value, int) or value < least
             ):
