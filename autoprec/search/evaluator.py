@@ -75,8 +75,7 @@ def clone_for_search(model: keras.Model) -> tuple[keras.Model, bool]:
 
 
 class Evaluator:
-    """Runs plans on a private copy of a compiled model: proxy (level 2) and short training (level
-    3)."""
+    """Runs plans on a private copy of a compiled model: proxy (level 2), short training (3)."""
 
     def __init__(
         self,
