@@ -64,28 +64,32 @@ def _database_storage(
 ) -> RDBStorage:
     import sqlalchemy.exc
 
-    heartbeat = {}
-    if heartbeat_interval is not None:
-        heartbeat = dict(
-            heartbeat_interval=int(heartbeat_interval),
-            grace_period=int(grace_period or 2 * heartbeat_interval),
-            heartbeat_stale_trial_callback=RetryHeartbeatStaleTrialCallback(_STALE_TRIAL_RETRIES),
-        )
-    for attempt in range(_SCHEMA_ATTEMPTS):
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+    with warnings.catch_warnings():  # the heartbeat's retry callback is experimental
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        heartbeat = {}
+        if heartbeat_interval is not None:
+            heartbeat = dict(
+                heartbeat_interval=int(heartbeat_interval),
+                grace_period=int(grace_period or 2 * heartbeat_interval),
+                heartbeat_stale_trial_callback=RetryHeartbeatStaleTrialCallback(
+                    _STALE_TRIAL_RETRIES
+                ),
+            )
+        for attempt in range(_SCHEMA_ATTEMPTS):
+            try:
                 return RDBStorage(url, **heartbeat)
-        except ImportError as error:
-            driver = "psycopg[binary]" if url.startswith("postgresql") else "the database driver"
-            raise AutoprecError(
-                f"storage {_safe_url(url)!r}: {error.__cause__ or error}. Install {driver} "
-                "(pip install ...) in this environment, or use a journal file (search.log)."
-            ) from error
-        except (sqlalchemy.exc.IntegrityError, sqlalchemy.exc.ProgrammingError):
-            if attempt == _SCHEMA_ATTEMPTS - 1:
-                raise
-            time.sleep(0.2 * (attempt + 1))  # another process is creating the tables
+            except ImportError as error:
+                driver = (
+                    "psycopg[binary]" if url.startswith("postgresql") else "the database driver"
+                )
+                raise AutoprecError(
+                    f"storage {_safe_url(url)!r}: {error.__cause__ or error}. Install {driver} "
+                    "(pip install ...) in this environment, or use a journal file (search.log)."
+                ) from error
+            except (sqlalchemy.exc.IntegrityError, sqlalchemy.exc.ProgrammingError):
+                if attempt == _SCHEMA_ATTEMPTS - 1:
+                    raise
+                time.sleep(0.2 * (attempt + 1))  # another process is creating the tables
     raise AssertionError("unreachable")
 
 
