@@ -138,7 +138,12 @@ def search(
             raise AutoprecError(
                 f"search: {name} must be an autoprec.{kind.__name__}, got {type(value).__name__}."
             )
-    _check_study(study, storage, study_name, sampler, pruner)
+    request = SearchRequest(
+        budget=budget, hardware=hardware, n_trials=n_trials, timeout=timeout, storage=storage,
+        study_name=study_name, study=study, sampler=sampler, pruner=pruner, settings=settings,
+        verbose=verbose, started=started, train_data=x,
+    )  # fmt: skip
+    _check_study(request)
     train_batches = take_batches(
         x, settings.batch_size, settings.steps_per_trial,
         what="search: x", error_class=AutoprecError,
@@ -146,11 +151,6 @@ def search(
     val_batches = take_batches(
         validation_data, settings.batch_size, settings.validation_steps,
         what="search: validation_data", error_class=AutoprecError,
-    )  # fmt: skip
-    request = SearchRequest(
-        budget=budget, hardware=hardware, n_trials=n_trials, timeout=timeout, storage=storage,
-        study_name=study_name, study=study, sampler=sampler, pruner=pruner, settings=settings,
-        verbose=verbose, started=started, train_data=x,
     )  # fmt: skip
     seed = 0 if settings.seed is None else int(settings.seed)
     evaluator = Evaluator(model, train_batches, val_batches, settings.proxy_batches, seed)
@@ -166,22 +166,17 @@ def search(
         evaluator.close()
 
 
-def _check_study(
-    study: optuna.Study | None,
-    storage: object,
-    study_name: str | None,
-    sampler: optuna.samplers.BaseSampler | None,
-    pruner: optuna.pruners.BasePruner | None,
-) -> None:
+def _check_study(request: SearchRequest) -> None:
     """Refuses a `study=` given with what it already has, or one that does not minimise."""
+    study = request.study
     if study is None:
         return
-    if storage is not None or study_name is not None:
+    if request.storage is not None or request.study_name is not None:
         raise AutoprecError(
             "search: pass either study= or storage=/study_name=, not both (a study already "
             "has its storage and name)."
         )
-    if sampler is not None or pruner is not None:
+    if request.sampler is not None or request.pruner is not None:
         raise AutoprecError(
             "search: study= brings its own sampler and pruner; pass them to "
             "optuna.create_study instead of to search."

@@ -92,6 +92,20 @@ def test_unknown_metric_names_available_metrics():
     assert "val_loss" in str(error.value)
 
 
+def test_a_study_given_with_what_it_already_has_or_maximising_is_refused():
+    model = compiled_mlp()
+    train, val = mlp_data()
+    budget = Budget("val_accuracy", max_drop=0.1)
+    refused = {
+        "not both": dict(study=optuna.create_study(), study_name="mlp"),
+        "its own sampler": dict(study=optuna.create_study(), pruner=optuna.pruners.NopPruner()),
+        "minimised": dict(study=optuna.create_study(direction="maximize")),
+    }
+    for message, arguments in refused.items():
+        with pytest.raises(AutoprecError, match=message):
+            search(model, train, val, budget=budget, n_trials=1, verbose=0, **arguments)
+
+
 def test_search_finds_mixed_plan_where_uniform_policies_fail():
     model = build_sensitive_model()
     train, val = sensitive_data(model)
