@@ -19,57 +19,14 @@ from .space import compute_layers
 
 #: Metric-name words (and joined phrases) of metrics that are better when lower.
 LOWER_IS_BETTER: frozenset[str] = frozenset(
-    {
-        "loss",
-        "error",
-        "mae",
-        "mse",
-        "rmse",
-        "mape",
-        "msle",
-        "perplexity",
-        "crossentropy",
-        "hinge",
-        "kl",
-        "kld",
-        "divergence",
-        "kullback_leibler",
-        "log_cosh",
-        "logcosh",
-        "poisson",
-        "huber",
-        "false_positives",
-        "false_negatives",
-        "wer",
-        "cer",
-    }
+    "loss error mae mse rmse mape msle perplexity crossentropy hinge kl kld divergence "
+    "kullback_leibler log_cosh logcosh poisson huber false_positives false_negatives wer cer".split()
 )
 
 #: Metric-name words (and joined phrases) of metrics that are better when higher.
 HIGHER_IS_BETTER: frozenset[str] = frozenset(
-    {
-        "accuracy",
-        "acc",
-        "auc",
-        "precision",
-        "recall",
-        "f1",
-        "fbeta",
-        "iou",
-        "top_k",
-        "r2",
-        "sensitivity",
-        "specificity",
-        "true_positives",
-        "true_negatives",
-        "cosine_similarity",
-        "correlation",
-        "bleu",
-        "rouge",
-        "psnr",
-        "ssim",
-        "dice",
-    }
+    "accuracy acc auc precision recall f1 fbeta iou top_k r2 sensitivity specificity "
+    "true_positives true_negatives cosine_similarity correlation bleu rouge psnr ssim dice".split()
 )
 
 _MODES = ("min", "max", "auto")
@@ -153,17 +110,13 @@ class Budget:
 
     def allowance(self, reference: float) -> float:
         """Returns how much worse than `reference` a plan may be (the tighter of both limits)."""
-        limits = []
-        if self.max_drop is not None:
-            limits.append(self.max_drop)
-        if self.max_relative_drop is not None:
-            limits.append(self.max_relative_drop * abs(reference))
-        return min(limits)
+        relative = self.max_relative_drop
+        relative = None if relative is None else relative * abs(reference)
+        return min(limit for limit in (self.max_drop, relative) if limit is not None)
 
     def threshold(self, reference: float) -> float:
         """Returns the worst metric value still within budget."""
-        sign = -1.0 if self.mode == "max" else 1.0
-        return reference + sign * self.allowance(reference)
+        return reference + (-1.0 if self.mode == "max" else 1.0) * self.allowance(reference)
 
     def worse_by(self, reference: float, value: float) -> float:
         """Returns how much worse than `reference` `value` is (< 0: better), in the metric's units."""
@@ -257,6 +210,8 @@ SIXTEEN_BIT: tuple[str, ...] = (BFLOAT16, FLOAT16)
 FLOOR_FRACTION = 0.5
 #: How many times closer to zero the float32 reference may get once trained to convergence.
 CONVERGENCE_HEADROOM = 10.0
+#: The rule a floor is judged by, as the metadata records it.
+FLOOR_RULE = {"fraction": FLOOR_FRACTION, "headroom": CONVERGENCE_HEADROOM}
 #: Where the unrounded outputs come from: the targets, or the float32 reference's outputs.
 TARGETS, FLOAT32_OUTPUTS = "targets", "float32 outputs"
 
@@ -272,15 +227,11 @@ def round_to(values: Any, dtype: str) -> np.ndarray:
 
 def output_paths(model: keras.Model, infos: Mapping[str, LayerInfo]) -> tuple[str, ...]:
     """Returns, for each of the model's outputs (flattened), the compute layer that produces it."""
-    paths = layer_paths(model)
-    path_of = {id(layer): path for path, layer in paths.items()}
+    path_of = {id(layer): path for path, layer in layer_paths(model).items()}
     compute = compute_layers(infos)
     fallback = compute[-1] if compute else None
-    found = []
-    for tensor in keras.tree.flatten(getattr(model, "outputs", None) or []):
-        found.append(_producer(tensor, path_of, infos) or fallback)
-    if not found and fallback is not None:
-        found.append(fallback)
+    tensors = keras.tree.flatten(getattr(model, "outputs", None) or [])
+    found = [_producer(tensor, path_of, infos) or fallback for tensor in tensors] or [fallback]
     return tuple(path for path in found if path is not None)
 
 
@@ -348,8 +299,7 @@ def measure_floor(
     rounded: Mapping[int, str],
     budget: Budget,
 ) -> float:
-    """Returns the floor the rounding of some outputs puts on a metric (0 or more; inf out of
-    range)."""
+    """Returns the floor that rounding some outputs puts on a metric (>= 0; inf out of range)."""
     up, down = list(outputs), list(outputs)
     for index, dtype in rounded.items():
         error = round_to(outputs[index], dtype) - outputs[index]
@@ -366,57 +316,45 @@ def measure_floor(
 
 
 @dataclasses.dataclass(frozen=True)
-class FloorRule:
-    """When an output floor breaks the budget: a share of the allowance at a converged reference."""
+class OutputFloor:
+    """The floor a plan's 16-bit outputs put on the budget metric, and whether it is refused: when
+    it takes more than `FLOOR_FRACTION` of the allowance at a converged reference."""
 
-    fraction: float = FLOOR_FRACTION
-    headroom: float = CONVERGENCE_HEADROOM
+    budget: Budget
+    reference: float
+    dtypes: Mapping[str, str]
+    floors: Mapping[str, float]
+    sources: Mapping[str, str]
+    value: float
 
-    def converged_reference(self, budget: Budget, reference: float) -> float:
-        """Returns the float32 metric the allowance is measured against once converged."""
-        if budget.mode == "max" and reference >= 0:
-            return float(reference)
-        return float(reference) / self.headroom
+    @property
+    def converged_reference(self) -> float:
+        """The float32 metric the allowance is measured against once converged."""
+        if self.budget.mode == "max" and self.reference >= 0:
+            return float(self.reference)
+        return float(self.reference) / CONVERGENCE_HEADROOM
 
-    def limit(self, budget: Budget, reference: float) -> float:
-        """Returns the largest floor a plan may have, in the metric's units."""
-        return self.fraction * budget.allowance(self.converged_reference(budget, reference))
+    @property
+    def limit(self) -> float:
+        """The largest floor a plan may have, in the metric's units."""
+        return FLOOR_FRACTION * self.budget.allowance(self.converged_reference)
 
-    def break_even(self, budget: Budget, floor: float) -> float | None:
-        """Returns |converged float32 metric| below which `floor` is refused (inf: always; None:
-        never)."""
-        if budget.max_drop is not None and floor >= self.fraction * budget.max_drop:
+    @property
+    def break_even(self) -> float | None:
+        """|Converged float32 metric| below which the floor is refused (inf always, None never)."""
+        budget, share = self.budget, FLOOR_FRACTION
+        if budget.max_drop is not None and self.value >= share * budget.max_drop:
             return math.inf
         if budget.max_relative_drop is None:
             return None
         if budget.max_relative_drop == 0:
             return math.inf
-        return floor / (self.fraction * budget.max_relative_drop)
-
-    def to_dict(self) -> dict[str, float]:
-        """Returns the rule as a JSON-ready dict."""
-        return dataclasses.asdict(self)
-
-
-@dataclasses.dataclass(frozen=True)
-class OutputFloor:
-    """The floor a plan's 16-bit outputs put on the budget metric, and whether it is refused."""
-
-    metric: str
-    dtypes: Mapping[str, str]
-    floors: Mapping[str, float]
-    sources: Mapping[str, str]
-    value: float
-    reference: float
-    converged_reference: float
-    limit: float
-    break_even: float | None
-    rule: FloorRule = FloorRule()
+        return self.value / (share * budget.max_relative_drop)
 
     @property
     def violation(self) -> float:
         """By how much the floor exceeds the limit: > 0 refused."""
-        return self.value - self.limit if math.isfinite(self.value) else 1e30
+        return self.value - self.limit if math.isfinite(self.value) else HUGE_VIOLATION
 
     @property
     def refused(self) -> bool:
@@ -436,61 +374,39 @@ class OutputFloor:
         else:
             against = (
                 f"float32 once converged, assumed at {self.converged_reference:.4g}: "
-                f"{self.rule.headroom:g}x closer to zero than the {self.reference:.4g} seen"
+                f"{CONVERGENCE_HEADROOM:g}x closer to zero than the {self.reference:.4g} seen"
             )
         verdict = "more than" if self.refused else "within"
         return (
             f"the outputs of {outputs} put a floor of {_floor_text(self.value)} on "
-            f"{self.metric} that no training removes, {verdict} the limit {self.limit:.3g} "
-            f"({self.rule.fraction:g} of the budget's allowance against {against})"
+            f"{self.budget.metric} that no training removes, {verdict} the limit "
+            f"{self.limit:.3g} ({FLOOR_FRACTION:g} of the budget's allowance against {against})"
         )
 
     def to_dict(self) -> dict[str, Any]:
         """Returns the floor as a JSON-ready dict (inf as `None`), with `refused` and `reason`."""
         return {
-            "metric": self.metric,
+            "metric": self.budget.metric,
             "dtypes": dict(self.dtypes),
-            "floors": {path: _json(value) for path, value in self.floors.items()},
+            "floors": {path: json_safe(value) for path, value in self.floors.items()},
             "sources": dict(self.sources),
-            "value": _json(self.value),
-            "reference": self.reference,
+            "value": json_safe(self.value),
+            "reference": float(self.reference),
             "converged_reference": self.converged_reference,
             "limit": self.limit,
-            "break_even": _json(self.break_even),
-            "rule": self.rule.to_dict(),
+            "break_even": json_safe(self.break_even),
+            "rule": dict(FLOOR_RULE),
             "refused": self.refused,
             "reason": self.reason,
         }
-
-
-def judge_floor(
-    budget: Budget,
-    reference: float,
-    dtypes: Mapping[str, str],
-    floors: Mapping[str, float],
-    sources: Mapping[str, str],
-    value: float,
-    rule: FloorRule | None = None,
-) -> OutputFloor:
-    """Returns the `OutputFloor` of measured floors under a rule."""
-    rule = FloorRule() if rule is None else rule
-    return OutputFloor(
-        metric=budget.metric,
-        dtypes=dict(dtypes),
-        floors=dict(floors),
-        sources=dict(sources),
-        value=float(value),
-        reference=float(reference),
-        converged_reference=rule.converged_reference(budget, reference),
-        limit=rule.limit(budget, reference),
-        break_even=rule.break_even(budget, value),
-        rule=rule,
-    )
 
 
 def _floor_text(value: float) -> str:
     return "beyond the dtype's range" if math.isinf(value) else f"{value:.3g}"
 
 
-def _json(value: float | None) -> float | None:
-    return float(value) if value is not None and math.isfinite(value) else None
+def json_safe(value: Any) -> Any:
+    """Returns `value`, or `None` for a float that is not finite (JSON has no NaN)."""
+    if isinstance(value, (float, np.floating)):
+        return float(value) if math.isfinite(value) else None
+    return value

@@ -24,12 +24,11 @@ from ..plan import PrecisionPlan
 from ..profiler import Profile
 from ..runtime.kernels import checked_plan
 from .budget import (
+    FLOOR_RULE,
     SIXTEEN_BIT,
     Budget,
-    FloorRule,
     OutputFloor,
     converged_outputs,
-    judge_floor,
     measure_floor,
     output_paths,
 )
@@ -132,21 +131,18 @@ class SearchSettings(ConfigValue):
     def __post_init__(self) -> None:
         for name in ("dtypes", "keep_float32", "callbacks", "catch"):
             value = getattr(self, name)
-            if isinstance(value, str):
-                value = (value,)
-            if value is not None and not isinstance(value, tuple):
-                object.__setattr__(self, name, tuple(value))
-        for name in ("batch_size", "steps_per_trial", "profile_steps", "proxy_batches"):
-            _require_positive_int(name, getattr(self, name))
-        for name in ("max_steps_per_trial", "validation_steps", "cost_batch_size"):
-            if getattr(self, name) is not None:
-                _require_positive_int(name, getattr(self, name))
-        for name in ("reference_repeats", "confirm_steps"):
-            value = getattr(self, name)
-            if value is not None and (not isinstance(value, int) or value < 0):
-                raise AutoprecError(
-                    f"SearchSettings.{name} must be an integer >= 0, got {value!r}."
-                )
+            if value is not None:
+                object.__setattr__(self, name, (value,) if isinstance(value, str) else tuple(value))
+        required = ("batch_size", "steps_per_trial", "profile_steps", "proxy_batches")
+        optional = ("max_steps_per_trial", "validation_steps", "cost_batch_size")
+        counts = ("reference_repeats", "confirm_steps")  # 0 allowed
+        for name in (*required, *optional, *counts):
+            value, least = getattr(self, name), 0 if name in counts else 1
+            if (value is not None or name in required) and (
+                isinstance(value, bool) or not isinstance(value, int) or value < least
+            ):
+                kind = "a positive integer" if least else "an integer >= 0"
+                raise AutoprecError(f"SearchSettings.{name} must be {kind}, got {value!r}.")
         if self.dtypes is not None:
             unknown = [dtype for dtype in self.dtypes if dtype not in PLAN_DTYPES]
             if unknown or not self.dtypes:
@@ -187,11 +183,6 @@ class SearchSettings(ConfigValue):
         return self.max_steps_per_trial or 8 * self.steps_per_trial
 
 
-def _require_positive_int(name: str, value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise AutoprecError(f"SearchSettings.{name} must be a positive integer, got {value!r}.")
-
-
 class StageClock:
     """Seconds spent in each stage of one search, added up as the search goes."""
 
@@ -226,7 +217,6 @@ class SearchRequest:
     verbose: int
     started: float
     train_data: Any
-    max_train_steps: int
     clock: StageClock = dataclasses.field(default_factory=StageClock)
 
 
@@ -250,7 +240,6 @@ class SearchContext:
     verbose: int
     risk: dict[str, float] = dataclasses.field(default_factory=dict)
     cache: dict[str, TrainedOutcome] = dataclasses.field(default_factory=dict)
-    floor_rule: FloorRule = dataclasses.field(default_factory=FloorRule)
     floors: dict[tuple[tuple[str, str], ...], OutputFloor | None] = dataclasses.field(
         default_factory=dict
     )
@@ -264,7 +253,6 @@ class SearchContext:
     unsafe: Mapping[str, str] = dataclasses.field(default_factory=dict)
     removed: Mapping[str, Mapping[str, str]] = dataclasses.field(default_factory=dict)
     outputs: set[str] = dataclasses.field(default_factory=set)
-    reference_metrics: Mapping[str, float] = dataclasses.field(default_factory=dict)
     fidelity: FidelityCheck | None = None
     spread: float | None = None
     study: optuna.Study | None = None
@@ -281,16 +269,14 @@ class SearchContext:
 
     def assignment(self, params: Mapping[str, str]) -> dict[str, str]:
         """Returns `{compute path: dtype}` of group parameters, widened to what each layer allows."""
-        dtypes = {}
-        for group in self.groups:
-            choice = params.get(group.name, group.choices[0])
-            for path in group.paths:
-                dtypes[path] = widen(choice, self.allowed[path])
-        return dtypes
+        return {
+            path: widen(params.get(group.name, group.choices[0]), self.allowed[path])
+            for group in self.groups
+            for path in group.paths
+        }
 
     def normalise(self, assignment: Mapping[str, str]) -> dict[str, str]:
-        """Returns `{compute path: dtype}`: float32 where missing, widened to what each layer
-        allows."""
+        """Returns `{compute path: dtype}`: float32 where missing, widened to what each allows."""
         return {
             path: widen(assignment.get(path, FLOAT32), self.allowed[path]) for path in self.compute
         }
@@ -299,12 +285,11 @@ class SearchContext:
         """Returns the group parameters closest to a per-layer assignment (each group's majority)."""
         params = {}
         for group in self.groups:
-            if len(group.choices) <= 1:
-                continue
-            chosen = [assignment.get(path, FLOAT32) for path in group.paths]
-            params[group.name] = max(
-                group.choices, key=lambda dtype: (chosen.count(dtype), dtype == FLOAT32)
-            )
+            if len(group.choices) > 1:
+                chosen = [assignment.get(path, FLOAT32) for path in group.paths]
+                params[group.name] = max(
+                    group.choices, key=lambda dtype: (chosen.count(dtype), dtype == FLOAT32)
+                )
         return params
 
     def uniform_assignment(self, dtype: str) -> dict[str, str]:
@@ -320,12 +305,10 @@ class SearchContext:
         plan = plan_from_assignment(self.model, self.infos, self.normalise(assignment), **kwargs)
         return checked_plan(self.model, plan, logged=self.logged_fallbacks)
 
-    def trial_assignment(self, trial: optuna.trial.FrozenTrial) -> dict[str, str]:
-        """Returns the per-layer assignment a trial evaluated (its record's, else its params)."""
+    def trial_assignment(self, trial: optuna.trial.FrozenTrial | optuna.Trial) -> dict[str, str]:
+        """Returns the per-layer assignment a trial evaluates (its record's, else its params)."""
         stored = TrialRecord.from_trial(trial).assignment
-        if stored:
-            return self.normalise(stored)
-        return self.assignment(trial.params)
+        return self.normalise(stored) if stored else self.assignment(trial.params)
 
     def trial_plan(self, trial: optuna.trial.FrozenTrial, **kwargs: object) -> PrecisionPlan:
         """Returns the plan a trial evaluated."""
@@ -334,8 +317,6 @@ class SearchContext:
     def is_float32(self, trial: optuna.trial.FrozenTrial) -> bool:
         """Whether a trial evaluated the float32 plan."""
         return all(dtype == FLOAT32 for dtype in self.trial_assignment(trial).values())
-
-    # ------------------------------------------------------------------ output rounding floor
 
     @functools.cached_property
     def output_paths(self) -> tuple[str, ...]:
@@ -368,21 +349,19 @@ class SearchContext:
         """Measures and judges the floor of the given 16-bit outputs; `None` when it cannot."""
         try:
             outputs, sources, metric_of = self._floor_inputs
-            indices = {
-                path: [i for i, p in enumerate(self._paths_per_output) if p == path]
-                for path in dtypes
-            }
+            rounded: dict[str, dict[int, str]] = {path: {} for path in dtypes}
+            for index, path in enumerate(self._paths_per_output):
+                if path in dtypes:
+                    rounded[path][index] = dtypes[path]
             floors = {
-                path: measure_floor(
-                    metric_of, outputs, {i: dtypes[path] for i in indices[path]}, self.budget
-                )
-                for path in dtypes
+                path: measure_floor(metric_of, outputs, indices, self.budget)
+                for path, indices in rounded.items()
             }
-            rounded = {i: dtypes[path] for path in dtypes for i in indices[path]}
+            everything = {index: dtype for one in rounded.values() for index, dtype in one.items()}
             together = (
                 next(iter(floors.values()))
                 if len(dtypes) == 1
-                else measure_floor(metric_of, outputs, rounded, self.budget)
+                else measure_floor(metric_of, outputs, everything, self.budget)
             )
         except Exception as error:  # noqa: BLE001 - a floor that cannot be measured refuses nothing
             logger.warning(
@@ -394,10 +373,8 @@ class SearchContext:
                 error,
             )
             return None
-        where = {path: sources[indices[path][0]] for path in dtypes if indices[path]}
-        return judge_floor(
-            self.budget, self.reference, dtypes, floors, where, together, self.floor_rule
-        )
+        where = {path: sources[min(indices)] for path, indices in rounded.items() if indices}
+        return OutputFloor(self.budget, self.reference, dtypes, floors, where, together)
 
     @functools.cached_property
     def _paths_per_output(self) -> tuple[str, ...]:
@@ -448,7 +425,7 @@ class SearchContext:
             if isinstance(record, Mapping) and record.get("refused"):
                 refused[str(trial.number)] = record.get("reason")
         return {
-            "rule": self.floor_rule.to_dict(),
+            "rule": dict(FLOOR_RULE),
             "outputs": self.floor_evidence(),
             "refused_trials": refused,
         }

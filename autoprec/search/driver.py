@@ -41,8 +41,10 @@ from .space import (
     output_layers,
     run_profiler,
 )
-from .study import open_study, plan_writer, resolve_storage, trial_objective
+from .study import open_study, optimize
 from .warm_start import enqueue_warm_starts, explorer, warm_starts
+
+logger = logging.getLogger("autoprec")
 
 
 def search(
@@ -64,17 +66,10 @@ def search(
 ) -> SearchResult:
     """Searches the cheapest dtype per layer whose short-training metric stays within `budget`.
 
-    The user's model is left unchanged: trials run on a clone
-    (`keras.models.clone_model`, same weights, recompiled with a fresh copy of the
-    optimizer from its config and the same loss and metrics). Subclassed models
-    need `get_config` to be cloned; without it the search works on the model itself
-    and puts back its weights and policies at the end (its optimizer is never used).
-    Every uniform plan and the heuristic's per-layer plan are evaluated first; after
-    the trials, Keras' own global policies (every layer, containers included) and the
-    best plan with each default float32 protection dropped where the profile allows
-    it are evaluated too. The returned plan costs no more than any of them that held
-    the budget, and where steps are timed here it is the fastest of them beyond the
-    measured noise (a tie goes to the simpler plan).
+    Trials run on a clone of the model (a subclassed model without `get_config` is used
+    itself and put back at the end). The plan returned costs no more than any uniform plan,
+    the heuristic's or Keras' global policies that held the budget and, where steps are timed
+    here, is the fastest of them beyond the measured noise (docs/api.md tells the stages).
 
     Args:
         model: a built, compiled Keras model.
@@ -137,8 +132,18 @@ def search(
             "KERAS_BACKEND=tensorflow or jax before importing keras, or predict a plan "
             "without training with autoprec.heuristic_plan(model, hardware=...)."
         )
-    settings = _checked_settings(budget, settings)
-    _check_study(study, storage, study_name, sampler, pruner)
+    settings = SearchSettings() if settings is None else settings
+    for name, value, kind in (("budget", budget, Budget), ("settings", settings, SearchSettings)):
+        if not isinstance(value, kind):
+            raise AutoprecError(
+                f"search: {name} must be an autoprec.{kind.__name__}, got {type(value).__name__}."
+            )
+    request = SearchRequest(
+        budget=budget, hardware=hardware, n_trials=n_trials, timeout=timeout, storage=storage,
+        study_name=study_name, study=study, sampler=sampler, pruner=pruner, settings=settings,
+        verbose=verbose, started=started, train_data=x,
+    )  # fmt: skip
+    _check_study(request)
     train_batches = take_batches(
         x, settings.batch_size, settings.steps_per_trial,
         what="search: x", error_class=AutoprecError,
@@ -146,12 +151,6 @@ def search(
     val_batches = take_batches(
         validation_data, settings.batch_size, settings.validation_steps,
         what="search: validation_data", error_class=AutoprecError,
-    )  # fmt: skip
-    request = SearchRequest(
-        budget=budget, hardware=hardware, n_trials=n_trials, timeout=timeout, storage=storage,
-        study_name=study_name, study=study, sampler=sampler, pruner=pruner, settings=settings,
-        verbose=verbose, started=started, train_data=x,
-        max_train_steps=settings.max_steps_per_trial or 8 * len(train_batches),
     )  # fmt: skip
     seed = 0 if settings.seed is None else int(settings.seed)
     evaluator = Evaluator(model, train_batches, val_batches, settings.proxy_batches, seed)
@@ -167,36 +166,17 @@ def search(
         evaluator.close()
 
 
-def _checked_settings(budget: Budget, settings: SearchSettings | None) -> SearchSettings:
-    """Returns the settings (default `SearchSettings()`) once `budget` and they are the right types."""
-    if not isinstance(budget, Budget):
-        raise AutoprecError(
-            f"search: budget must be an autoprec.Budget, got {type(budget).__name__}."
-        )
-    settings = SearchSettings() if settings is None else settings
-    if not isinstance(settings, SearchSettings):
-        raise AutoprecError(
-            f"search: settings must be an autoprec.SearchSettings, got {type(settings).__name__}."
-        )
-    return settings
-
-
-def _check_study(
-    study: optuna.Study | None,
-    storage: object,
-    study_name: str | None,
-    sampler: optuna.samplers.BaseSampler | None,
-    pruner: optuna.pruners.BasePruner | None,
-) -> None:
+def _check_study(request: SearchRequest) -> None:
     """Refuses a `study=` given with what it already has, or one that does not minimise."""
+    study = request.study
     if study is None:
         return
-    if storage is not None or study_name is not None:
+    if request.storage is not None or request.study_name is not None:
         raise AutoprecError(
             "search: pass either study= or storage=/study_name=, not both (a study already "
             "has its storage and name)."
         )
-    if sampler is not None or pruner is not None:
+    if request.sampler is not None or request.pruner is not None:
         raise AutoprecError(
             "search: study= brings its own sampler and pruner; pass them to "
             "optuna.create_study instead of to search."
@@ -272,11 +252,7 @@ def search_in_processes(
             + f" failed; the study {study_name!r} in {os.fspath(storage)} keeps their "
             "finished trials, rerun to resume."
         )
-    final = {**arguments, "n_trials": 0}
-    return search(**final)
-
-
-logger = logging.getLogger("autoprec")
+    return search(**{**arguments, "n_trials": 0})
 
 
 def _space(model: keras.Model, evaluator: Evaluator, request: SearchRequest) -> dict[str, Any]:
@@ -289,14 +265,7 @@ def _space(model: keras.Model, evaluator: Evaluator, request: SearchRequest) -> 
     cost_batch_size = settings.cost_batch_size or evaluator.batch_size
     if table is None:
         with request.clock.stage("costs"):
-            hardware_profile, table = load_costs(
-                evaluator.model,
-                request.hardware,
-                evaluator.train_batches[0],
-                settings.dtypes,
-                request.verbose,
-                cost_batch_size,
-            )
+            hardware_profile, table = load_costs(evaluator, request, cost_batch_size)
     elif not is_local(request.hardware):
         hardware_profile = resolve_hardware(request.hardware)
     dtypes = tuple(default_dtypes(settings.dtypes, hardware_profile, table))
@@ -360,42 +329,26 @@ def _float16_trials(
 
 
 def load_costs(
-    model: keras.Model,
-    hardware: HardwareProfile | str | None,
-    batch: tuple,
-    dtypes: Sequence[str] | None,
-    verbose: int,
-    batch_size: int,
+    evaluator: Evaluator, request: SearchRequest, batch_size: int
 ) -> tuple[HardwareProfile, CostTable]:
-    """Returns `(hardware profile, cost table)`: measured here for a local `hardware`, else
-    predicted."""
-    profile = resolve_hardware(hardware)
-    if is_local(hardware):
+    """Returns `(hardware profile, cost table)`: measured here for a local `hardware`, else predicted."""
+    profile, dtypes = resolve_hardware(request.hardware), request.settings.dtypes
+    model, batch = evaluator.model, evaluator.train_batches[0]
+    if is_local(request.hardware):
         # Time only what the search may use: float16 on a CPU costs minutes per model to time.
-        measured = default_dtypes(dtypes, profile, None)
-        table = calibrate(
-            model, batch, dtypes=list(measured), verbose=int(verbose > 1), hardware=profile
-        )
-    else:
-        # The batch gives the shapes of inputs with dynamic dimensions (sequence lengths).
-        table = predict_costs(
-            model,
-            profile,
-            batch_size=batch_size,
-            x=batch,
-            dtypes=list(dtypes or _predicted_dtypes(profile)),
-        )
-    return profile, table
-
-
-def _predicted_dtypes(profile: HardwareProfile) -> list[str]:
-    """Every compute dtype, and float8 where the device has FP8 tensor cores."""
-    return [*COMPUTE_DTYPES, FLOAT8] if profile.is_fast(FLOAT8) else list(COMPUTE_DTYPES)
+        measured = list(default_dtypes(dtypes, profile, None))
+        verbose = int(request.verbose > 1)
+        return profile, calibrate(model, batch, dtypes=measured, verbose=verbose, hardware=profile)
+    if not dtypes:  # every compute dtype, and float8 where the device has FP8 tensor cores
+        dtypes = [*COMPUTE_DTYPES, FLOAT8] if profile.is_fast(FLOAT8) else COMPUTE_DTYPES
+    # The batch gives the shapes of inputs with dynamic dimensions (sequence lengths).
+    return profile, predict_costs(
+        model, profile, batch_size=batch_size, x=batch, dtypes=list(dtypes)
+    )
 
 
 def prepare(model: keras.Model, evaluator: Evaluator, request: SearchRequest) -> SearchContext:
-    """Returns the search's context: its space, then the float32 reference, lengthened until it
-    beats a trivial baseline; its cache holds the reference."""
+    """Returns the search's context: its space and the float32 reference (in its cache)."""
     space = _space(model, evaluator, request)
     settings, budget = request.settings, request.budget
     with request.clock.stage("reference"):
@@ -404,7 +357,7 @@ def prepare(model: keras.Model, evaluator: Evaluator, request: SearchRequest) ->
             budget,
             request.train_data,
             settings.batch_size,
-            request.max_train_steps,
+            settings.max_steps_per_trial or 8 * len(evaluator.train_batches),
             settings.baseline,
         )
         spread = _reference_spread(
@@ -419,7 +372,6 @@ def prepare(model: keras.Model, evaluator: Evaluator, request: SearchRequest) ->
         float32_seconds=float32_seconds,
         verbose=request.verbose,
         request=request,
-        reference_metrics=dict(metrics),
         fidelity=fidelity,
         spread=spread,
         **space,
@@ -444,13 +396,9 @@ def _reference_spread(
     float32_plan = PrecisionPlan.uniform(evaluator.model, FLOAT32)
     original_seed = evaluator.seed
     try:
-        for repeat in range(repeats):
-            order = list(
-                np.random.default_rng(original_seed + repeat + 1).permutation(
-                    len(evaluator.train_batches)
-                )
-            )
-            evaluator.seed = original_seed + repeat + 1
+        for seed in range(original_seed + 1, original_seed + repeats + 1):
+            order = list(np.random.default_rng(seed).permutation(len(evaluator.train_batches)))
+            evaluator.seed = seed
             metrics = evaluator.train_and_evaluate(float32_plan, batch_order=order)
             values.append(metrics[budget.log_name])
     finally:
@@ -468,19 +416,13 @@ def _reference_spread(
 
 
 def _risk(context: SearchContext) -> dict[str, float]:
-    """Returns `{path: risk}` of 16-bit per layer: output layers 2, softmax/normalisation 1, and 1
-    more where the profile found ranges float16 cannot hold."""
-    risk = {}
-    for path in context.compute:
-        value = 0.0
-        if path in context.outputs:
-            value += 2.0
-        if is_sensitive(context.infos[path]):
-            value += 1.0
-        if path in context.unsafe:
-            value += 1.0
-        risk[path] = value
-    return risk
+    """Returns `{path: risk of 16-bit}`: output 2, softmax/normalisation 1, unsafe in float16 1."""
+    return {
+        path: 2.0 * (path in context.outputs)
+        + float(is_sensitive(context.infos[path]))
+        + float(path in context.unsafe)
+        for path in context.compute
+    }
 
 
 def _announce(context: SearchContext) -> None:
@@ -492,23 +434,16 @@ def _announce(context: SearchContext) -> None:
         if named and not is_local(request.hardware)
         else f"{getattr(context.table, 'source', 'no')} costs"
     )
+    baseline = "n/a" if fidelity.baseline is None else f"{fidelity.baseline:.4g}"
     say(
         request.verbose,
-        "autoprec.search: %d compute layers in %d groups; dtypes %s; float32 reference "
-        "%s = %.6g after %d train steps (budget %s %.6g; trivial baseline %s %s); "
-        "float32 step %.3f ms (%s)",
-        len(context.compute),
-        len(context.groups),
-        "/".join(context.dtypes),
-        budget.metric,
-        context.reference,
-        fidelity.train_steps,
-        ">=" if budget.mode == "max" else "<=",
-        budget.threshold(context.reference),
-        "n/a" if fidelity.baseline is None else f"{fidelity.baseline:.4g}",
-        fidelity.baseline_kind,
-        context.float32_seconds * 1e3,
-        cost_words,
+        "%s",
+        f"autoprec.search: {len(context.compute)} compute layers in {len(context.groups)} groups; "
+        f"dtypes {'/'.join(context.dtypes)}; float32 reference {budget.metric} = "
+        f"{context.reference:.6g} after {fidelity.train_steps} train steps (budget "
+        f"{'>=' if budget.mode == 'max' else '<='} {budget.threshold(context.reference):.6g}; "
+        f"trivial baseline {baseline} {fidelity.baseline_kind}); float32 step "
+        f"{context.float32_seconds * 1e3:.3f} ms ({cost_words})",
     )
 
 
@@ -536,9 +471,8 @@ def search_metadata(context: SearchContext) -> dict[str, Any]:
 def run_trials(context: SearchContext) -> optuna.Study:
     """Opens the study, enqueues the warm starts once, and runs this call's trials."""
     request = context.request
-    settings = request.settings
     starts = warm_starts(context)
-    study, created = _study(request)
+    study, created = open_study(request)
     context.study = study
     added = enqueue_warm_starts(study, starts)
     study.set_user_attr("reference_metric", context.reference)
@@ -550,7 +484,7 @@ def run_trials(context: SearchContext) -> optuna.Study:
         len(study.trials) - added,
         added,
     )
-    context.metadata = metadata = search_metadata(context)
+    context.metadata = search_metadata(context)
     n_trials = request.n_trials
     if all(len(group.choices) <= 1 for group in context.groups):
         say(
@@ -558,28 +492,6 @@ def run_trials(context: SearchContext) -> optuna.Study:
             "autoprec.search: nothing to choose (one dtype per layer); one trial only.",
         )
         n_trials = min(n_trials or 1, 1)
-    writer = plan_writer(context, settings.plan_path, metadata)
     with request.clock.stage("trials"):
-        study.optimize(
-            lambda trial: trial_objective(context, trial),
-            n_trials=n_trials,
-            timeout=request.timeout,
-            catch=tuple(settings.catch),
-            callbacks=[writer, explorer(context), *settings.callbacks],
-            show_progress_bar=request.verbose >= 1,
-        )
+        optimize(context, n_trials, timeout=request.timeout, explorer=explorer(context))
     return study
-
-
-def _study(request: SearchRequest) -> tuple[optuna.Study, bool]:
-    """Returns `(study, created)`: the study given, or the one `storage`/`study_name` name."""
-    if request.study is not None:
-        return request.study, not request.study.trials
-    return open_study(
-        resolve_storage(request.storage),
-        request.study_name,
-        request.settings.seed,
-        request.settings.proxy_tolerance,
-        sampler=request.sampler,
-        pruner=request.pruner,
-    )

@@ -17,7 +17,7 @@ import numpy as np
 from .._core.data import batch_size_of, concatenate_batches, take_batches
 from .._core.dtypes import FLOAT32
 from .._core.models import compile_arguments, recompile
-from .._core.timing import MAX_ROUNDS, MIN_ROUNDS, rotated, time_interleaved, time_until_decided
+from .._core.timing import rotated, time_interleaved, time_until_decided
 from ..errors import AutoprecError, BackendError
 from ..layers import describe_model, layer_paths, layer_policy
 from ..plan import PrecisionPlan
@@ -29,7 +29,7 @@ from ..runtime.float8 import (
     sync_float8_variables,
     weight_variables,
 )
-from .budget import Budget
+from .budget import Budget, json_safe
 from .result import simplicity
 
 logger = logging.getLogger("autoprec")
@@ -55,16 +55,7 @@ class ProxyResult:
 
     def to_dict(self) -> dict[str, float | bool | None]:
         """Returns the figures as a JSON-ready dict (non-finite numbers as `None`)."""
-        return {
-            "loss_relative_error": _json_float(self.loss_relative_error),
-            "gradient_cosine": _json_float(self.gradient_cosine),
-            "gradient_relative_error": _json_float(self.gradient_relative_error),
-            "finite": self.finite,
-        }
-
-
-def _json_float(value: float) -> float | None:
-    return float(value) if math.isfinite(value) else None
+        return {name: json_safe(value) for name, value in dataclasses.asdict(self).items()}
 
 
 def clone_for_search(model: keras.Model) -> tuple[keras.Model, bool]:
@@ -84,8 +75,7 @@ def clone_for_search(model: keras.Model) -> tuple[keras.Model, bool]:
 
 
 class Evaluator:
-    """Runs plans on a private copy of a compiled model: proxy (level 2) and short training (level
-    3)."""
+    """Runs plans on a private copy of a compiled model: proxy (level 2), short training (3)."""
 
     def __init__(
         self,
@@ -97,10 +87,6 @@ class Evaluator:
     ) -> None:
         self.user_model = model
         self.compile_template = compile_arguments(model, what="search")
-        self.user_optimizer_state = [
-            keras.ops.convert_to_numpy(variable)
-            for variable in getattr(model.optimizer, "variables", [])
-        ]
         self.model, self.is_clone = clone_for_search(model)
         self.user_state = None if self.is_clone else self._snapshot(model)
         self.initial_state = self._snapshot(self.model)
@@ -114,8 +100,6 @@ class Evaluator:
         self._float32_gradients: list | None = None
         self._emulation: Float16Emulation | None = None
         self._float32_outputs: object | None = None
-
-    # ------------------------------------------------------------------ float16 emulation
 
     def emulate_float16(self) -> bool:
         """Trains and proxies float16 layers emulated from now on (float32 math, float16 rounding)."""
@@ -136,19 +120,9 @@ class Evaluator:
         if self._emulation is None:
             return plan, False
         infos = describe_model(self.model)
-        dtypes = plan.resolve(infos)
-        emulated = emulated_layers(dtypes)
+        emulated = emulated_layers(plan.resolve(infos))
         self._emulation.set_layers(emulated)
-        if not emulated:
-            return plan, False
-        native = without_float16(plan, infos)
-        return native, True
-
-    def _scale_loss(self) -> None:
-        """Wraps the optimizer in the default dynamic loss scale (emulated float16 needs it)."""
-        _scale_loss(self.model)
-
-    # ------------------------------------------------------------------ state
+        return (without_float16(plan, infos), True) if emulated else (plan, False)
 
     @staticmethod
     def _snapshot(model: keras.Model) -> dict[str, list | dict]:
@@ -180,17 +154,9 @@ class Evaluator:
         restore_variables(self.user_model, self.user_state["variables"])
         reset_compiled_functions(self.user_model)
 
-    # ------------------------------------------------------------------ metrics
-
     def metric_names(self) -> list[str]:
         """Returns the names `evaluate` reports, checked on one validation batch in float32."""
-        self._reset()
-        float32_plan, _ = self._native_plan(PrecisionPlan.uniform(self.model, FLOAT32))
-        apply_plan(self.model, float32_plan)
-        recompile(self.model, self.compile_template)
-        x, y = self.val_batches[0]
-        logs = self.model.evaluate(x, y, batch_size=self.batch_size, verbose=0, return_dict=True)
-        return list(logs)
+        return list(self.untrained_metrics(*self.val_batches[0]))
 
     def set_train_batches(self, train_batches: list[tuple]) -> None:
         """Replaces the batches every training run goes through (a longer or shorter fidelity)."""
@@ -198,15 +164,16 @@ class Evaluator:
         self.train_x, self.train_y = concatenate_batches(self.train_batches)
         self._float32_outputs = None
 
-    def untrained_metrics(self) -> dict[str, float]:
-        """Returns the validation metrics of the initial weights in float32 (no training)."""
+    def untrained_metrics(self, x: Any = None, y: Any = None) -> dict[str, float]:
+        """Returns the validation metrics (of all, or of `x, y`) of the initial float32 weights."""
         self._reset()
         float32_plan, _ = self._native_plan(PrecisionPlan.uniform(self.model, FLOAT32))
         apply_plan(self.model, float32_plan)
         recompile(self.model, self.compile_template)
-        logs = self.model.evaluate(
-            self.val_x, self.val_y, batch_size=self.batch_size, verbose=0, return_dict=True
-        )
+        return self._evaluate(self.val_x if x is None else x, self.val_y if y is None else y)
+
+    def _evaluate(self, x: Any, y: Any) -> dict[str, float]:
+        logs = self.model.evaluate(x, y, batch_size=self.batch_size, verbose=0, return_dict=True)
         return {name: float(value) for name, value in logs.items()}
 
     def train_and_evaluate(
@@ -220,7 +187,7 @@ class Evaluator:
         plan, emulated = self._native_plan(plan)
         recompile(self.model, self.compile_template)
         if emulated:
-            self._scale_loss()
+            _scale_loss(self.model)
         order = list(range(len(self.train_batches))) if batch_order is None else list(batch_order)
         x, y = self.train_x, self.train_y
         if batch_order is not None:
@@ -239,14 +206,12 @@ class Evaluator:
         if 0 < skipped < len(order):
             logger.debug("autoprec.search: %d skipped step(s) trained again", skipped)
             fit(*concatenate_batches([self.train_batches[index] for index in order[:skipped]]))
-        logs = self.model.evaluate(
-            self.val_x, self.val_y, batch_size=self.batch_size, verbose=0, return_dict=True
-        )
+        logs = self._evaluate(self.val_x, self.val_y)
         if keep_outputs:
             self._float32_outputs = self.model.predict(
                 self.val_x, batch_size=self.batch_size, verbose=0
             )
-        return {name: float(value) for name, value in logs.items()}
+        return logs
 
     def float32_outputs(self) -> object:
         """Returns the float32 plan's validation outputs after training on the current batches."""
@@ -329,8 +294,6 @@ class Evaluator:
             results.append((float(loss), arrays))
         return results
 
-    # ------------------------------------------------------------------ timing
-
     def step_rounds(
         self, plans: list[PrecisionPlan], rounds: int = 5, steps: int = 5
     ) -> list[list[float]]:
@@ -368,21 +331,22 @@ class Evaluator:
         """A compiled clone of the working model (its current weights) running `plan` natively."""
         copy = keras.models.clone_model(self.model)
         copy.set_weights(self.model.get_weights())
-        handle = apply_plan(copy, plan)
-        recompile(copy, self.compile_template)
-        if handle.uses_float16:
-            _scale_loss(copy)
+        self._compile_natively(copy, plan)
         return copy
+
+    def _compile_natively(self, model: keras.Model, plan: PrecisionPlan) -> None:
+        """Applies `plan` (float16 native, loss-scaled) to `model` and recompiles it."""
+        uses_float16 = apply_plan(model, plan).uses_float16
+        recompile(model, self.compile_template)
+        if uses_float16:
+            _scale_loss(model)
 
     def step_seconds(self, plan: PrecisionPlan, steps: int = 5, warmup: int = 2) -> float:
         """Measures the median train-step time of the plan on this device (weights reset after)."""
         self._reset()
         if self._emulation is not None:
             self._emulation.set_layers(())  # timing runs float16 natively
-        handle = apply_plan(self.model, plan)
-        recompile(self.model, self.compile_template)
-        if handle.uses_float16:
-            _scale_loss(self.model)
+        self._compile_natively(self.model, plan)
         x, y = self.train_batches[0]
 
         def train_step() -> None:
@@ -422,9 +386,7 @@ class FidelityCheck:
         return dataclasses.asdict(self)
 
 
-def trivial_baseline(
-    evaluator: Evaluator, budget: Budget, untrained: dict[str, float] | None = None
-) -> tuple[float, str]:
+def trivial_baseline(evaluator: Evaluator, budget: Budget) -> tuple[float, str]:
     """Returns `(value, kind)`: what a model that learned nothing scores on the budget metric."""
     name = budget.log_name.lower()
     outputs = getattr(evaluator.model, "outputs", None) or []
@@ -435,11 +397,10 @@ def trivial_baseline(
             width = outputs[0].shape[-1]
             classes = 2 if width in (None, 1) else int(width)
             return 1.0 / classes, f"chance (1/{classes} classes)"
-    metrics = untrained if untrained is not None else evaluator.untrained_metrics()
-    return float(metrics[budget.log_name]), "untrained"
+    return float(evaluator.untrained_metrics()[budget.log_name]), "untrained"
 
 
-def _noise_margin(budget: Budget, baseline: float, kind: str, samples: int) -> float:
+def _noise_margin(baseline: float, kind: str, samples: int) -> float:
     """How much better than the baseline a reference must be to count as having learned."""
     if kind.startswith("chance") and 0.0 < baseline < 1.0:
         return math.sqrt(baseline * (1.0 - baseline) / max(samples, 1))
@@ -471,14 +432,10 @@ def check_reference(
     reference = _finite_reference(metrics, budget, requested)
     if baseline is None:
         return metrics, FidelityCheck(requested, requested, reference, None, "off", "off")
-    if isinstance(baseline, str):
-        if baseline != "auto":
-            raise AutoprecError(
-                f"search: baseline must be 'auto', a number or None, got {baseline!r}."
-            )
-        value, kind = trivial_baseline(evaluator, budget)
-    else:
-        value, kind = float(baseline), "given"
+    if isinstance(baseline, str) and baseline != "auto":
+        raise AutoprecError(f"search: baseline must be 'auto', a number or None, got {baseline!r}.")
+    given = not isinstance(baseline, str)
+    value, kind = (float(baseline), "given") if given else trivial_baseline(evaluator, budget)
     steps = requested
     while budget.violation(reference, value) <= 0 and steps * 2 <= max_train_steps:
         steps *= 2
@@ -500,8 +457,7 @@ def check_reference(
     if budget.violation(reference, value) > 0:
         return metrics, check
     samples = len(keras.tree.flatten(evaluator.val_y)[0])
-    gain = (reference - value) if budget.mode == "max" else (value - reference)
-    if gain <= _noise_margin(budget, value, kind, samples):
+    if budget.worse_by(reference, value) <= _noise_margin(value, kind, samples):
         raise AutoprecError(
             f"search: the float32 reference's {budget.metric} is {reference:.4g} after {steps} "
             f"train steps, no better than the trivial baseline {value:.4g} ({kind}): it has not "
@@ -557,21 +513,14 @@ ROUND_STEPS = 5
 
 
 def measure_until_decided(
-    evaluator: Evaluator,
-    plans: Mapping[str, PrecisionPlan],
-    *,
-    min_rounds: int = MIN_ROUNDS,
-    max_rounds: int = MAX_ROUNDS,
-    max_seconds: float = MEASUREMENT_SECONDS,
+    evaluator: Evaluator, plans: Mapping[str, PrecisionPlan], **limits: float
 ) -> dict[str, list[float]]:
-    """Times plans in interleaved rounds until the fastest is ahead beyond the noise, or a cap."""
+    """Times plans in interleaved rounds until one leads beyond the noise, or a `limits` cap."""
     return time_until_decided(
         lambda names, rounds: measure_step_rounds(evaluator, [plans[n] for n in names], rounds),
         list(plans),
         simplicity,
-        min_rounds=min_rounds,
-        max_rounds=max_rounds,
-        max_seconds=max_seconds,
+        **{"max_seconds": MEASUREMENT_SECONDS, **limits},
     )
 
 

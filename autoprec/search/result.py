@@ -10,7 +10,6 @@ import os
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-import numpy as np
 import optuna
 
 from .._core.dtypes import BFLOAT16, FLOAT8, FLOAT16, FLOAT32, policy_name
@@ -46,24 +45,16 @@ class TrialRecord:
     reused_from: int | str | None = None  # the trial it reused, or "reference"
 
     @classmethod
-    def from_user_attrs(cls, attrs: Mapping[str, Any]) -> TrialRecord:
-        """Returns the record a trial's `user_attrs` hold (other keys are ignored)."""
+    def from_trial(cls, trial: optuna.trial.FrozenTrial | optuna.Trial) -> TrialRecord:
+        """Returns the record of a trial, finished or running (other user attrs are ignored)."""
+        attrs = trial.user_attrs
         values = {field.name: attrs[field.name] for field in _FIELDS if field.name in attrs}
-        if values.get("fidelity") is not None:
-            values["fidelity"] = tuple(values["fidelity"])
-        else:
-            values.pop("fidelity", None)
+        values["fidelity"] = tuple(values.pop("fidelity", None) or ())
         values["reused"] = bool(values.get("reused"))
         return cls(**values)
 
-    @classmethod
-    def from_trial(cls, trial: optuna.trial.FrozenTrial | optuna.Trial) -> TrialRecord:
-        """Returns the record of a trial, finished or running."""
-        return cls.from_user_attrs(trial.user_attrs)
-
     def to_user_attrs(self, *, with_none: Iterable[str] = ()) -> dict[str, Any]:
-        """Returns `{user attr key: JSON value}` of the fields that are set (and of those in
-        `with_none`, even when `None`); tuples become lists, as the storage returns them."""
+        """Returns `{field: JSON value}` of the fields set (or named in `with_none`), tuples as lists."""
         keep = set(with_none)
         unknown = keep - {field.name for field in _FIELDS}
         if unknown:
@@ -114,29 +105,10 @@ class TrainedOutcome:
     trial: int | str
 
 
-def stored_outcome(trial: optuna.trial.FrozenTrial) -> TrainedOutcome | None:
-    """Returns what a completed trial trained, or `None` when it trained nothing itself."""
-    record = TrialRecord.from_trial(trial)
-    if not record.trained_here:
-        return None
-    metrics = {
-        name: (math.nan if value is None else float(value))
-        for name, value in record.metrics.items()
-    }
-    return TrainedOutcome(metrics, record.proxy, record.proxy_score, trial.number)
-
-
 def assignment_key(assignment: Mapping[str, str]) -> str:
     """Returns a short stable digest of a per-layer assignment (equal assignments, equal keys)."""
     text = json.dumps(sorted(assignment.items()), separators=(",", ":"))
     return hashlib.sha1(text.encode()).hexdigest()[:20]
-
-
-def json_safe(value: Any) -> Any:
-    """Returns `value`, or `None` for a float that is not finite (JSON has no NaN)."""
-    if isinstance(value, (float, np.floating)):
-        return float(value) if math.isfinite(value) else None
-    return value
 
 
 #: The name of the best plan by predicted cost when it is no warm start.
@@ -160,10 +132,9 @@ def keras_label(dtype: str) -> str:
 
 def keras_dtype(label: str | None) -> str | None:
     """Returns the dtype of a Keras global label (`"float8"` for `float8_from_mixed_bfloat16`)."""
-    for dtype in (BFLOAT16, FLOAT16, FLOAT8):
-        if label == keras_label(dtype):
-            return dtype
-    return None
+    return next(
+        (dtype for dtype in (BFLOAT16, FLOAT16, FLOAT8) if label == keras_label(dtype)), None
+    )
 
 
 def plan_default(dtype: str) -> str:
@@ -269,13 +240,7 @@ class SearchResult:
             f"{'trial':>5}  {'pred. step':>11}  {'speedup':>7}  {self.budget.metric:>14}  "
             f"{'ok':>3}  dtypes",
         ]
-        for point in self.pareto:
-            speedup = self.float32_predicted_seconds / max(point.predicted_seconds, 1e-12)
-            lines.append(
-                f"{point.trial:>5}  {point.predicted_seconds * 1e3:>9.3f}ms  {speedup:>6.2f}x  "
-                f"{point.metric:>14.6g}  {'yes' if point.feasible else 'no':>3}  "
-                f"{short_counts_text(point.counts)}"
-            )
+        lines += [self._row(point, short_counts_text(point.counts)) for point in self.pareto]
         warm = [point for point in self.points if point.label]
         search = metadata.get("search") or {}
         measurement = search.get("measurement") or {}
@@ -284,12 +249,9 @@ class SearchResult:
             fastest = search.get("measured_step_seconds") or {}
             lines.append("finalists (warm starts and plans added after the trials, ungrouped):")
             for point in sorted(warm, key=lambda p: p.trial):
-                speedup = self.float32_predicted_seconds / max(point.predicted_seconds, 1e-12)
+                measured = _measured_text(medians.get(point.label), fastest.get(point.label))
                 lines.append(
-                    f"{point.trial:>5}  {point.predicted_seconds * 1e3:>9.3f}ms  {speedup:>6.2f}x  "
-                    f"{point.metric:>14.6g}  {'yes' if point.feasible else 'no':>3}  "
-                    f"{point.label}: {short_counts_text(point.counts)}"
-                    + _measured_text(medians.get(point.label), fastest.get(point.label))
+                    self._row(point, f"{point.label}: {short_counts_text(point.counts)}{measured}")
                 )
         if measurement.get("verdict"):
             lines.append(measurement_text(measurement))
@@ -304,13 +266,18 @@ class SearchResult:
             lines.append(f"plot: {plot_path}")
         return "\n".join(lines)
 
+    def _row(self, point: ParetoPoint, dtypes: str) -> str:
+        """One row of the report's table: trial, predicted step, speedup, metric, verdict."""
+        speedup = self.float32_predicted_seconds / max(point.predicted_seconds, 1e-12)
+        return (
+            f"{point.trial:>5}  {point.predicted_seconds * 1e3:>9.3f}ms  {speedup:>6.2f}x  "
+            f"{point.metric:>14.6g}  {'yes' if point.feasible else 'no':>3}  {dtypes}"
+        )
+
 
 def short_counts_text(counts: Mapping[str, int]) -> str:
-    """Returns `"2 bf16 / 1 f32 / 0 f16"`: layer counts of bfloat16, float32 and float16 (and float8
-    when any)."""
-    shown = (
-        (BFLOAT16, FLOAT32, FLOAT16, FLOAT8) if counts.get(FLOAT8) else (BFLOAT16, FLOAT32, FLOAT16)
-    )
+    """Returns `"2 bf16 / 1 f32 / 0 f16"`: layer counts per dtype (float8 too when any)."""
+    shown = (BFLOAT16, FLOAT32, FLOAT16) + ((FLOAT8,) if counts.get(FLOAT8) else ())
     return " / ".join(f"{counts.get(dtype, 0)} {_SHORT_NAMES[dtype]}" for dtype in shown)
 
 

@@ -12,13 +12,13 @@ from typing import Any
 
 import optuna
 
-from .._core.dtypes import BFLOAT16, FLOAT8, FLOAT16, FLOAT32, PLAN_DTYPES, count_dtypes
+from .._core.dtypes import BFLOAT16, FLOAT8, FLOAT16, FLOAT32, PLAN_DTYPES
 from .._core.timing import RoundsVerdict, judge_rounds
 from ..hardware import is_local
 from ..layers import LayerInfo, model_fingerprint
 from ..plan import PrecisionPlan
 from ..profiler import Profile
-from .budget import OutputFloor
+from .budget import OutputFloor, json_safe
 from .context import SearchContext, say
 from .evaluator import (
     confirmation_reasons,
@@ -32,9 +32,9 @@ from .result import (
     TrialRecord,
     assignment_key,
     dropped_label,
-    json_safe,
     keras_dtype,
     keras_label,
+    measurement_text,
     plan_default,
     simplicity,
 )
@@ -42,10 +42,11 @@ from .space import SENSITIVE_CLASS_PATTERNS, matches_any
 from .study import (
     COST_STEP,
     is_feasible,
+    judged_record,
+    optimize,
     pareto_points,
-    plan_writer,
+    prediction,
     trial_counts,
-    trial_objective,
     trial_plan_metadata,
     warm_start_summary,
 )
@@ -104,13 +105,10 @@ def ranked_finalists(context: SearchContext, study: optuna.Study) -> list[optuna
         for trial in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
         if is_feasible(trial) and trial.value is not None
     ]
-    ranked, seen = [], set()
+    unique: dict[str, optuna.trial.FrozenTrial] = {}
     for trial in sorted(feasible, key=lambda t: (t.value, t.number)):
-        key = finalist_key(context, trial)
-        if key not in seen:
-            seen.add(key)
-            ranked.append(trial)
-    return ranked
+        unique.setdefault(finalist_key(context, trial), trial)
+    return list(unique.values())
 
 
 def protections(
@@ -220,21 +218,15 @@ class MeasuredRanking:
         return record
 
 
-def finalist_name(context: SearchContext, trial: optuna.trial.FrozenTrial) -> str:
-    """Returns the name a trial is timed under: `"float32"`, its warm start's label or `"searched"`."""
-    if context.is_float32(trial):
-        return FLOAT32
-    return TrialRecord.from_trial(trial).warm_start or SEARCHED
-
-
 def measurement_candidates(
     context: SearchContext, ranked: Sequence[optuna.trial.FrozenTrial]
 ) -> dict[str, tuple[PrecisionPlan, optuna.trial.FrozenTrial | None]]:
-    """Returns `{name: (plan, trial)}` of the plans to time: the best by predicted cost, float32,
-    every finalist within budget."""
+    """Returns `{name: (plan, trial)}` to time: the best predicted, float32, each finalist."""
     best = ranked[0]
     float32_trial = next((trial for trial in ranked if context.is_float32(trial)), None)
-    candidates = {finalist_name(context, best): (finalist_plan(context, best), best)}
+    # The best is timed as "float32", under its warm start's label, or as "searched".
+    name = FLOAT32 if context.is_float32(best) else TrialRecord.from_trial(best).warm_start
+    candidates = {name or SEARCHED: (finalist_plan(context, best), best)}
     candidates.setdefault(FLOAT32, (context.float32_plan(), float32_trial))
     for trial in ranked[1:]:
         label = TrialRecord.from_trial(trial).warm_start or ""
@@ -250,29 +242,26 @@ def rank_by_measurement(
 ) -> MeasuredRanking:
     """Reorders the ranking by measured rounds: the pure decision of `order_by_measurement`."""
     verdict = judge_rounds(rounds, simplicity)
-    order = verdict.order
     names = {
         trial.number: name for name, trial in timed.items() if trial is not None and name in rounds
     }
     figures = {name: tuple(float(value) for value in rounds[name]) for name in rounds}
     reordered: list[optuna.trial.FrozenTrial] = []
-    stopped = False
-    for name in order:
+    for name in verdict.order:
         trial = timed[name]
         if trial is None:  # float32, not among the trials: nothing below it is chosen
-            stopped = True
             break
         if all(trial.number != other.number for other in reordered):
             reordered.append(trial)
-    if not stopped:
+    else:
         reordered += [trial for trial in ranked if trial.number not in names]
     replaced = bool(reordered) and reordered[0].number != ranked[0].number
     return MeasuredRanking(
         tuple(reordered),
-        tuple(order),
+        tuple(verdict.order),
         figures,
         names,
-        replaced_by=order[0] if replaced else None,
+        replaced_by=verdict.order[0] if replaced else None,
         replacing_trial=reordered[0].number if replaced else None,
         verdict=verdict,
     )
@@ -289,39 +278,8 @@ def order_by_measurement(
     ranking = rank_by_measurement(
         ranked, {name: trial for name, (_, trial) in candidates.items()}, rounds
     )
-    say(context.verbose, "%s", verdict_line(ranking))
+    say(context.verbose, "autoprec.search: %s", measurement_text(ranking.to_dict()))
     return ranking
-
-
-def verdict_line(ranking: MeasuredRanking) -> str:
-    """Returns the one line saying which plan the measured step chose, and by how much."""
-    verdict = ranking.verdict
-    if verdict is None:
-        return "autoprec.search: measured step: no verdict."
-    medians = verdict.medians
-    leader = verdict.leader
-    rounds = max(verdict.rounds.values())
-    head = f"autoprec.search: measured step ({rounds} interleaved rounds, {len(medians)} plans): "
-    against = ""
-    if leader != FLOAT32 and FLOAT32 in medians:
-        against = (
-            f" against float32's {1e3 * medians[FLOAT32]:.4g} ms "
-            f"({medians[FLOAT32] / medians[leader]:.3g}x)"
-        )
-    if verdict.decided:
-        others = sorted(verdict.comparisons.items(), key=lambda item: item[1].margin)
-        nearest = (
-            f"; next {others[0][0]}, slower by {1e3 * others[0][1].margin:.3g} ms "
-            f"(noise {1e3 * others[0][1].noise:.2g} ms)"
-            if others
-            else ""
-        )
-        return f"{head}{leader} leads, {1e3 * medians[leader]:.4g} ms median{against}{nearest}."
-    tied = ", ".join(f"{name} {1e3 * medians[name]:.4g} ms" for name in verdict.contenders)
-    return (
-        f"{head}a tie within the noise ({tied}); using the simpler {leader}, "
-        f"{1e3 * medians[leader]:.4g} ms median{against}."
-    )
 
 
 def chosen_step_timing(
@@ -330,8 +288,7 @@ def chosen_step_timing(
     plan: PrecisionPlan,
     ranking: MeasuredRanking | None,
 ) -> dict[str, Any]:
-    """Returns the chosen plan's measured step beside float32's (the metadata's `measured_*`
-    entries), timing both unless the ranking did."""
+    """Returns the metadata's `measured_*` steps of the chosen plan and float32, timed if not yet."""
     fastest = dict(ranking.fastest) if ranking is not None else {}
     rounds = {name: list(f) for name, f in (ranking.rounds if ranking else {}).items()}
     name = FLOAT32 if chosen is None else (ranking.names if ranking else {}).get(chosen.number)
@@ -354,8 +311,7 @@ def confirm_plan(
     ranked: Sequence[optuna.trial.FrozenTrial],
     confirm_steps: int | None = None,
 ) -> tuple[optuna.trial.FrozenTrial | None, dict[str, Any]]:
-    """Returns `(trial whose plan is returned, confirmation record)`: the first plan, confirmed at
-    `confirm_steps` (default 4 x the search's) when needed, falling back down the ranking."""
+    """Returns `(chosen trial, record)`: the first plan, confirmed longer where needed, or the next."""
     evaluator, request = context.evaluator, context.request
     if not ranked or context.is_float32(ranked[0]):
         return (ranked[0] if ranked else None), {"run": False, "reasons": ["float32 chosen"]}
@@ -394,14 +350,31 @@ def _confirm_longer(
     if not math.isfinite(reference):
         record["result"] = "skipped: float32 not finite at the confirmation's fidelity"
         return ranked[0], record
-    attempts: list[dict[str, Any]] = []
-    record["attempts"] = attempts
+    record["attempts"] = attempts = []
     for trial in ranked[:CONFIRMATION_ATTEMPTS]:
         if context.is_float32(trial):
             break
-        attempt = _attempt(context, trial, reference, confirm_steps)
-        attempts.append(attempt)
-        if attempt["held"]:
+        plan = finalist_plan(context, trial)
+        metric = context.evaluator.train_and_evaluate(plan).get(budget.log_name)
+        violation = budget.violation(reference, metric)
+        say(
+            context.verbose,
+            "%s",
+            f"autoprec.search: confirmation at {confirm_steps} steps: trial {trial.number} "
+            f"{'held' if violation <= 0 else 'missed the budget:'} {budget.metric} = "
+            f"{'n/a' if metric is None else f'{metric:.6g}'} (float32 {reference:.6g}, "
+            f"limit {budget.threshold(reference):.6g})",
+        )
+        attempts.append(
+            {
+                "trial": trial.number,
+                "label": TrialRecord.from_trial(trial).label,
+                "metric": json_safe(metric),
+                "violation": json_safe(violation),
+                "held": violation <= 0,
+            }
+        )
+        if violation <= 0:
             record["result"] = "held" if trial is ranked[0] else "fell back"
             record["chosen_trial"] = trial.number
             return trial, record
@@ -413,93 +386,45 @@ def _confirm_longer(
     return None, record
 
 
-def _attempt(
-    context: SearchContext, trial: optuna.trial.FrozenTrial, reference: float, confirm_steps: int
-) -> dict[str, Any]:
-    """Trains one trial's plan at the confirmation's fidelity; returns its attempt record."""
-    budget = context.budget
-    plan = finalist_plan(context, trial)
-    metric = context.evaluator.train_and_evaluate(plan).get(budget.log_name)
-    violation = budget.violation(reference, metric)
-    held = violation <= 0
-    say(
-        context.verbose,
-        "autoprec.search: confirmation at %d steps: trial %d %s %s = %s (float32 %.6g, limit %.6g)",
-        confirm_steps,
-        trial.number,
-        "held" if held else "missed the budget:",
-        budget.metric,
-        "n/a" if metric is None else f"{metric:.6g}",
-        reference,
-        budget.threshold(reference),
-    )
-    return {
-        "trial": trial.number,
-        "label": TrialRecord.from_trial(trial).label,
-        "metric": json_safe(metric),
-        "violation": json_safe(violation),
-        "held": held,
-    }
-
-
 def add_finalists(context: SearchContext) -> dict[str, Any]:
-    """Evaluates Keras' global policies and the best plan with each protection dropped; returns
-    (and keeps in `context.finalists`) their trials and why others are not."""
-    study = context.study
-    trials: dict[str, int] = {}
-    same_as: dict[str, str] = {}
-    skipped: dict[str, str] = {}
+    """Evaluates Keras' global policies and the best plan with each protection dropped."""
+    finalists: dict[str, Any] = {"trials": {}, "same_as": {}, "skipped": {}}
+    context.finalists = finalists
     for dtype in (BFLOAT16, FLOAT16, FLOAT8):
         if dtype in context.dtypes:
-            _keras_global(context, study, dtype, trials, same_as, skipped)
-    ranked = ranked_finalists(context, study)
+            _keras_global(context, dtype)
+    ranked = ranked_finalists(context, context.study)
     base = ranked[0] if ranked else None
     if base is None:
-        skipped["protections"] = "no plan within budget"
+        finalists["skipped"]["protections"] = "no plan within budget"
     else:
         kinds = protections(context.compute, context.infos, sorted(context.outputs))
         plans, why = dropped_protection(
             context.trial_assignment(base), kinds, context.allowed, context.profile
         )
-        skipped.update(why)
-        trials.update(_run_candidates(context, plans))
-    context.finalists = {
-        "trials": trials,
-        "same_as": same_as,
-        "skipped": skipped,
-        "base_trial": None if base is None else base.number,
-    }
+        finalists["skipped"].update(why)
+        finalists["trials"].update(_run_candidates(context, plans))
+    finalists["base_trial"] = None if base is None else base.number
+    trials, same_as = finalists["trials"], finalists["same_as"]
     say(
         context.verbose,
         "autoprec.search: finalists %s%s",
         ", ".join(f"{label} (trial {number})" for label, number in trials.items()) or "none",
         "".join(f"; {label} = {other}" for label, other in same_as.items()),
     )
-    return context.finalists
+    return finalists
 
 
-def _keras_global(
-    context: SearchContext,
-    study: optuna.Study,
-    dtype: str,
-    trials: dict[str, int],
-    same_as: dict[str, str],
-    skipped: dict[str, str],
-) -> None:
+def _keras_global(context: SearchContext, dtype: str) -> None:
     """Finds, or trains and adds, the trial of Keras' global policy for `dtype`."""
-    label = keras_label(dtype)
+    label, study, trials = keras_label(dtype), context.study, context.finalists["trials"]
     plan = keras_global_plan(context, dtype, context.request.settings.keep_float32)
     compute = {path: plan.dtype_for(path) for path in context.compute}
-    key = assignment_key(plan.layers)
     completed = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+    wanted = (label, assignment_key(plan.layers), context.train_steps)
     for trial in completed:
         record = TrialRecord.from_trial(trial)
-        steps = record.train_steps
-        if (
-            record.warm_start == label
-            and record.assignment_key == key
-            and steps == context.train_steps
-        ):
+        if (record.warm_start, record.assignment_key, record.train_steps) == wanted:
             trials[label] = trial.number  # a resumed study trained it already
             return
     if context.plan_for(compute).resolve() == plan.resolve():  # no container: a trial's plan
@@ -509,7 +434,7 @@ def _keras_global(
                 context.trial_assignment(trial) == compute
             ):
                 trials[label] = trial.number
-                same_as[label] = record.warm_start or f"trial {trial.number}"
+                context.finalists["same_as"][label] = record.warm_start or f"trial {trial.number}"
                 return
     floor = context.output_floor(compute)
     metrics = None
@@ -517,57 +442,42 @@ def _keras_global(
         try:
             metrics = context.evaluator.train_and_evaluate(plan)
         except tuple(context.request.settings.catch) as error:
-            skipped[label] = f"training failed: {type(error).__name__}: {error}"
+            context.finalists["skipped"][label] = (
+                f"training failed: {type(error).__name__}: {error}"
+            )
             logger.warning("autoprec.search: %s could not be trained (%s).", label, error)
             return
-    trials[label] = _add_trial(context, study, label, plan.layers, key, compute, metrics, floor)
+    trials[label] = _add_trial(context, label, plan.layers, compute, metrics, floor)
 
 
 def _add_trial(
     context: SearchContext,
-    study: optuna.Study,
     label: str,
     layers: Mapping[str, str],
-    key: str,
     compute: Mapping[str, str],
     metrics: Mapping[str, float] | None,
     floor: OutputFloor | None,
 ) -> int:
     """Adds a judged plan to the study as a completed trial, as the objective records one."""
-    seconds, activation_bytes = context.costs.step(dict(compute))
-    record = TrialRecord(
-        assignment=dict(layers),
-        assignment_key=key,
-        train_steps=context.train_steps,
-        warm_start=label,
-        dtype_counts=count_dtypes(compute.values()),
-        predicted_seconds=seconds,
-        activation_bytes_per_sample=activation_bytes,
-    )
+    study, key = context.study, assignment_key(layers)
+    predicted = prediction(context, compute)
+    fields = dict(assignment=dict(layers), assignment_key=key, warm_start=label, **predicted)
     attrs: dict[str, Any] = {}
     constraints: dict[str, float] = {}
     if floor is not None:
         attrs["output_floor"] = floor.to_dict()
         constraints["output_floor"] = floor.violation
     if metrics is None:
-        record = dataclasses.replace(
-            record, fidelity=("profile", "floor"), budget_violation=floor.violation
+        record = TrialRecord(
+            fidelity=("profile", "floor"), budget_violation=floor.violation, **fields
         )
     else:
-        metric = metrics.get(context.budget.log_name)
-        violation = context.budget.violation(context.reference, metric)
-        record = dataclasses.replace(
-            record,
-            fidelity=("profile", "train"),
-            metrics={name: json_safe(value) for name, value in metrics.items()},
-            metric=json_safe(metric),
-            budget_violation=violation,
-        )
-        constraints["budget"] = violation
+        record = judged_record(context, metrics, ("profile", "train"), **fields)
+        constraints["budget"] = record.budget_violation
     attrs.update(record.to_user_attrs(with_none=() if metrics is None else ("metric",)))
     study.add_trial(
         optuna.trial.create_trial(
-            value=_objective_value(context, study, compute, seconds),
+            value=_objective_value(context, compute, predicted["predicted_seconds"]),
             user_attrs=attrs,
             constraints=constraints,
         )
@@ -580,17 +490,14 @@ def _add_trial(
     return added[-1]
 
 
-def _objective_value(
-    context: SearchContext, study: optuna.Study, compute: Mapping[str, str], seconds: float
-) -> float:
-    """The objective value of a trial of `compute`'s assignment (its memory tie-break included),
-    else the predicted seconds: a Keras global policy ranks by predicted cost as its trial would."""
+def _objective_value(context: SearchContext, compute: Mapping[str, str], seconds: float) -> float:
+    """The objective value of a trial of the same assignment, else the predicted seconds."""
     normalised = context.normalise(compute)
     if normalised != dict(compute):
         # Outside the search space (float8 on an output layer, say): no trial evaluated it.
         return float(seconds)
     key = assignment_key(normalised)
-    for trial in study.get_trials(deepcopy=False):
+    for trial in context.study.get_trials(deepcopy=False):
         if TrialRecord.from_trial(trial).assignment_key != key:
             continue
         value = trial.value if trial.value is not None else trial.intermediate_values.get(COST_STEP)
@@ -613,17 +520,7 @@ def _run_candidates(
     mine = [t.number for t in waiting if TrialRecord.from_trial(t).assignment_key in keys]
     if mine:  # the trials queued before them run first (Optuna's queue is first in, first out)
         ahead = sum(trial.number <= max(mine) for trial in waiting)
-        settings = context.request.settings
-        study.optimize(
-            lambda trial: trial_objective(context, trial),
-            n_trials=ahead,
-            catch=tuple(settings.catch),
-            callbacks=[
-                plan_writer(context, settings.plan_path, dict(context.metadata)),
-                *settings.callbacks,
-            ],
-            show_progress_bar=False,
-        )
+        optimize(context, ahead)
     wanted = {assignment_key(start.assignment): start.label for start in starts}
     found: dict[str, int] = {}
     for trial in study.get_trials(deepcopy=False):
@@ -635,8 +532,7 @@ def _run_candidates(
 
 
 def rank_trials(context: SearchContext) -> list[optuna.trial.FrozenTrial]:
-    """Ranks the study's trials within budget, timing the best plans here when asked; keeps the
-    ranking (and its measurement) in the context."""
+    """Ranks the trials within budget (by their measured steps where timed here) into the context."""
     study, request = context.study, context.request
     ranked = ranked_finalists(context, study)
     if not ranked:
@@ -659,8 +555,7 @@ def rank_trials(context: SearchContext) -> list[optuna.trial.FrozenTrial]:
 
 
 def choose_plan(context: SearchContext) -> SearchResult:
-    """Confirms the ranking's first plan (falling back down it), times the chosen one and returns
-    the `SearchResult`: the plan with its metadata (saved to `plan_path`)."""
+    """Confirms and times the ranking's first plan; returns the `SearchResult` (plan saved)."""
     request, study, measured = context.request, context.study, context.measured
     with request.clock.stage("confirmation"):
         chosen, confirmation = confirm_plan(context, context.ranked, request.settings.confirm_steps)
@@ -718,8 +613,7 @@ def _chosen_metadata(context: SearchContext, chosen: optuna.trial.FrozenTrial | 
 
 
 def evidence(context: SearchContext) -> dict[str, dict]:
-    """Returns `{path: {"allowed", "removed", "seconds", "profile", "output_floor"}}`: why each
-    layer could be what."""
+    """Returns `{path: {"allowed", "removed", "seconds", "profile", "output_floor"}}`."""
     result: dict[str, dict] = {}
     floors = context.floor_evidence()
     for path in context.compute:

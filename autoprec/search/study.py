@@ -8,8 +8,9 @@ import math
 import os
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import keras
 import optuna
@@ -18,19 +19,18 @@ from optuna.storages.journal import JournalFileBackend
 
 from .._core.dtypes import FLOAT32, count_dtypes
 from ..errors import AutoprecError
-from .budget import HUGE_VIOLATION
-from .context import SearchContext
-from .evaluator import ProxyResult
+from .budget import HUGE_VIOLATION, json_safe
+from .context import SearchContext, SearchRequest
 from .result import (
     ParetoPoint,
     TrainedOutcome,
     TrialRecord,
     assignment_key,
-    json_safe,
     short_counts_text,
-    stored_outcome,
     write_record,
 )
+
+_COMPLETE = (optuna.trial.TrialState.COMPLETE,)
 
 #: Database storages: seconds between two heartbeats of a running trial.
 HEARTBEAT_INTERVAL_SECONDS = 60
@@ -52,7 +52,7 @@ def resolve_storage(
     text = os.fspath(storage)
     if text.startswith("journal://"):
         text = text[len("journal://") :]
-        if text.startswith("/") and text.startswith("//"):
+        if text.startswith("//"):
             text = text[1:]
     elif not text.endswith(".log"):
         return _database_storage(text, heartbeat_interval, grace_period)
@@ -64,30 +64,32 @@ def _database_storage(
 ) -> RDBStorage:
     import sqlalchemy.exc
 
-    for attempt in range(_SCHEMA_ATTEMPTS):
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-                if heartbeat_interval is None:
-                    return RDBStorage(url)
-                return RDBStorage(
-                    url,
-                    heartbeat_interval=int(heartbeat_interval),
-                    grace_period=int(grace_period or 2 * heartbeat_interval),
-                    heartbeat_stale_trial_callback=RetryHeartbeatStaleTrialCallback(
-                        max_retry=_STALE_TRIAL_RETRIES
-                    ),
+    with warnings.catch_warnings():  # the heartbeat's retry callback is experimental
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        heartbeat = {}
+        if heartbeat_interval is not None:
+            heartbeat = dict(
+                heartbeat_interval=int(heartbeat_interval),
+                grace_period=int(grace_period or 2 * heartbeat_interval),
+                heartbeat_stale_trial_callback=RetryHeartbeatStaleTrialCallback(
+                    _STALE_TRIAL_RETRIES
+                ),
+            )
+        for attempt in range(_SCHEMA_ATTEMPTS):
+            try:
+                return RDBStorage(url, **heartbeat)
+            except ImportError as error:
+                driver = (
+                    "psycopg[binary]" if url.startswith("postgresql") else "the database driver"
                 )
-        except ImportError as error:
-            driver = "psycopg[binary]" if url.startswith("postgresql") else "the database driver"
-            raise AutoprecError(
-                f"storage {_safe_url(url)!r}: {error.__cause__ or error}. Install {driver} "
-                "(pip install ...) in this environment, or use a journal file (search.log)."
-            ) from error
-        except (sqlalchemy.exc.IntegrityError, sqlalchemy.exc.ProgrammingError):
-            if attempt == _SCHEMA_ATTEMPTS - 1:
-                raise
-            time.sleep(0.2 * (attempt + 1))  # another process is creating the tables
+                raise AutoprecError(
+                    f"storage {_safe_url(url)!r}: {error.__cause__ or error}. Install {driver} "
+                    "(pip install ...) in this environment, or use a journal file (search.log)."
+                ) from error
+            except (sqlalchemy.exc.IntegrityError, sqlalchemy.exc.ProgrammingError):
+                if attempt == _SCHEMA_ATTEMPTS - 1:
+                    raise
+                time.sleep(0.2 * (attempt + 1))  # another process is creating the tables
     raise AssertionError("unreachable")
 
 
@@ -102,8 +104,7 @@ def _safe_url(url: str) -> str:
 
 
 def claim_study_lock(study: optuna.Study, what: str) -> str | None:
-    """Takes a lock shared by every process of a study: creates the study
-    `"<name>:autoprec-<what>"`."""
+    """Takes a lock shared by a study's processes: creates the study `"<name>:autoprec-<what>"`."""
     name = f"{study.study_name}:autoprec-{what}"
     try:
         study._storage.create_new_study([optuna.study.StudyDirection.MINIMIZE], name)
@@ -131,14 +132,19 @@ _MIN_WAIT_SECONDS = 120.0
 
 
 def trained_outcome(study: optuna.Study, key: str, train_steps: int) -> TrainedOutcome | None:
-    """Returns the outcome of a completed trial of the study that trained the same assignment."""
-    for other in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
+    """Returns what a completed trial of the study trained itself for the same assignment."""
+    for other in study.get_trials(deepcopy=False, states=_COMPLETE):
         record = TrialRecord.from_trial(other)
-        if record.assignment_key != key or record.train_steps != train_steps:
-            continue
-        outcome = stored_outcome(other)
-        if outcome is not None:
-            return outcome
+        if (
+            record.assignment_key == key
+            and record.train_steps == train_steps
+            and record.trained_here
+        ):
+            metrics = {
+                name: math.nan if value is None else float(value)
+                for name, value in record.metrics.items()
+            }
+            return TrainedOutcome(metrics, record.proxy, record.proxy_score, other.number)
     return None
 
 
@@ -160,8 +166,13 @@ def wait_for_same_assignment(
         if not others:
             return None
         if deadline is None:
-            limit = timeout if timeout is not None else _longest_wait(study)
-            deadline = time.monotonic() + limit
+            durations = [
+                trial.duration.total_seconds()
+                for trial in study.get_trials(deepcopy=False, states=_COMPLETE)
+                if trial.duration is not None
+            ]
+            longest = max(_MIN_WAIT_SECONDS, 3.0 * max(durations, default=0.0))
+            deadline = time.monotonic() + (timeout if timeout is not None else longest)
             logger.info(
                 "autoprec.search: trial %d waits for trial %d, which evaluates the same plan.",
                 trial_number,
@@ -197,19 +208,8 @@ def _evaluating_same(
     return numbers
 
 
-def _longest_wait(study: optuna.Study) -> float:
-    durations = [
-        trial.duration.total_seconds()
-        for trial in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
-        if trial.duration is not None
-    ]
-    return max(_MIN_WAIT_SECONDS, 3.0 * max(durations, default=0.0))
-
-
 #: Steps reported to the pruner: after the cost prediction, after the numerical proxy.
 COST_STEP, PROXY_STEP = 0, 1
-
-_COMPLETE = (optuna.trial.TrialState.COMPLETE,)
 
 
 class FidelityPruner(optuna.pruners.BasePruner):
@@ -267,24 +267,21 @@ def best_feasible(study: optuna.Study) -> optuna.trial.FrozenTrial | None:
     return min(feasible, key=lambda trial: (trial.value, trial.number), default=None)
 
 
-def open_study(
-    storage: optuna.storages.BaseStorage | None,
-    study_name: str | None,
-    seed: int | None,
-    proxy_tolerance: float,
-    sampler: optuna.samplers.BaseSampler | None = None,
-    pruner: optuna.pruners.BasePruner | None = None,
-) -> tuple[optuna.Study, bool]:
-    """Creates the study, or loads it when another run created it; returns `(study, created)`."""
+def open_study(request: SearchRequest) -> tuple[optuna.Study, bool]:
+    """Returns `(study, created)`: the study given, else created or loaded (TPE, `FidelityPruner`)."""
+    if request.study is not None:
+        return request.study, not request.study.trials
+    sampler, pruner = request.sampler, request.pruner
     if sampler is None:
-        sampler = optuna.samplers.TPESampler(seed=seed, n_startup_trials=6, multivariate=False)
+        sampler = optuna.samplers.TPESampler(
+            seed=request.settings.seed, n_startup_trials=6, multivariate=False
+        )
     if pruner is None:
-        pruner = FidelityPruner(proxy_tolerance)
+        pruner = FidelityPruner(request.settings.proxy_tolerance)
+    storage, study_name = resolve_storage(request.storage), request.study_name
     arguments = dict(
         storage=storage, study_name=study_name, sampler=sampler, pruner=pruner, direction="minimize"
     )
-    if storage is None:
-        return optuna.create_study(**arguments), True
     try:
         return optuna.create_study(load_if_exists=False, **arguments), True
     except optuna.exceptions.DuplicatedStudyError:
@@ -314,8 +311,7 @@ def pareto_points(study: optuna.Study) -> list[ParetoPoint]:
 
 
 def warm_start_summary(study: optuna.Study) -> dict[str, dict]:
-    """Returns `{label: {trial, state, metric, within_budget, predicted_seconds}}` of the warm
-    starts."""
+    """Returns `{label: {trial, state, metric, within_budget, predicted_seconds}}`."""
     summary = {}
     for trial in study.get_trials(deepcopy=False):
         record = TrialRecord.from_trial(trial)
@@ -332,8 +328,7 @@ def warm_start_summary(study: optuna.Study) -> dict[str, dict]:
 
 
 def trial_counts(study: optuna.Study) -> dict[str, int]:
-    """Returns `{"trials", "complete", "pruned", "failed", "reused"}`: the study's trials by
-    outcome."""
+    """Returns `{"trials", "complete", "pruned", "failed", "reused"}` of the study."""
     trials = study.trials
     states = optuna.trial.TrialState
     return {
@@ -428,24 +423,34 @@ def trial_plan_metadata(
 
 #: Weight of activation memory in the objective: a tie-break between equally fast plans.
 _MEMORY_TIE_BREAK = 1e-3
-#: The levels a trial reaches when it reuses another trial's training.
-_REUSED_LEVELS = ("profile", "proxy", "train")
+#: The levels a trial reaches when it trains with the proxy, or reuses another trial's training.
+_TRAINED_LEVELS = ("profile", "proxy", "train")
 
 
 def trial_objective(context: SearchContext, trial: optuna.Trial) -> float:
     """Returns a trial's predicted cost after judging its plan; prunes or constrains it."""
-    assignment = _suggested_assignment(context, trial)
-    key = assignment_key(assignment)
-    value = _record_prediction(context, trial, assignment, key)
+    for group in context.groups:
+        if len(group.choices) > 1:
+            trial.suggest_categorical(group.name, list(group.choices))
+    assignment = context.trial_assignment(trial)  # an enqueued plan, else the suggestions
+    key, predicted = assignment_key(assignment), prediction(context, assignment)
+    memory = predicted["activation_bytes_per_sample"]
+    float32_memory = context.costs.step(dict.fromkeys(context.compute, FLOAT32))[1]
+    value = predicted["predicted_seconds"] * (
+        1.0 + _MEMORY_TIE_BREAK * memory / max(float32_memory, 1.0)
+    )
+    fidelity = ("profile",)
+    write_record(
+        trial,
+        TrialRecord(assignment=assignment, assignment_key=key, fidelity=fidelity, **predicted),
+    )
     floor = context.output_floor(assignment)
     if floor is not None:
         trial.set_user_attr("output_floor", floor.to_dict())
         trial.set_constraint("output_floor", floor.violation)
         if floor.refused:
-            write_record(
-                trial,
-                TrialRecord(fidelity=("profile", "floor"), budget_violation=floor.violation),
-            )
+            refused = TrialRecord(fidelity=("profile", "floor"), budget_violation=floor.violation)
+            write_record(trial, refused)
             return value
     stored = context.cache.get(key) or wait_for_same_assignment(
         trial.study, trial.number, key, context.train_steps
@@ -462,88 +467,36 @@ def trial_objective(context: SearchContext, trial: optuna.Trial) -> float:
     return _train_trial(context, trial, assignment, key, value)
 
 
-def _suggested_assignment(context: SearchContext, trial: optuna.Trial) -> dict[str, str]:
-    """Returns the trial's `{layer path: dtype}`: enqueued as it is, or from its suggestions."""
-    params = {
-        group.name: trial.suggest_categorical(group.name, list(group.choices))
-        for group in context.groups
-        if len(group.choices) > 1
-    }
-    fixed = TrialRecord.from_trial(trial).assignment
-    return context.normalise(fixed) if fixed else context.assignment(params)
-
-
-def _record_prediction(
-    context: SearchContext, trial: optuna.Trial, assignment: dict[str, str], key: str
-) -> float:
-    """Records the trial's assignment and predicted cost; returns the objective value."""
-    seconds, activation_bytes = context.costs.step(assignment)
-    value = seconds * (1.0 + _MEMORY_TIE_BREAK * activation_bytes / _max_activation(context))
-    write_record(
-        trial,
-        TrialRecord(
-            assignment=assignment,
-            assignment_key=key,
-            train_steps=context.train_steps,
-            dtype_counts=count_dtypes(assignment.values()),
-            predicted_seconds=seconds,
-            activation_bytes_per_sample=activation_bytes,
-            fidelity=("profile",),
-        ),
-    )
-    return value
-
-
 def _train_trial(
-    context: SearchContext,
-    trial: optuna.Trial,
-    assignment: dict[str, str],
-    key: str,
-    value: float,
+    context: SearchContext, trial: optuna.Trial, assignment: dict[str, str], key: str, value: float
 ) -> float:
-    """Runs the proxy (TensorFlow) and the short training of a trial's plan; records the outcome."""
-    plan = context.plan_for(assignment)
-    levels = ["profile"]
-    proxy = None
+    """Runs the proxy (TensorFlow, may prune) and the short training; records the outcome."""
+    plan, proxy = context.plan_for(assignment), None
     if keras.backend.backend() == "tensorflow":
-        proxy = _proxy_step(context, trial, plan, value)
-        levels.append("proxy")
-    else:
+        proxy = context.evaluator.proxy(plan)
+        score = proxy.score if math.isfinite(proxy.score) else None
         write_record(
-            trial, TrialRecord(proxy_skipped="the numerical proxy needs the TensorFlow backend")
+            trial,
+            TrialRecord(fidelity=("profile", "proxy"), proxy=proxy.to_dict(), proxy_score=score),
+            with_none=("proxy_score",),
         )
-    metrics = context.evaluator.train_and_evaluate(plan)
-    levels.append("train")
+        trial.report(value, PROXY_STEP)
+        if trial.should_prune():
+            write_record(trial, TrialRecord(pruned_by="proxy: loss/gradients too far from float32"))
+            trial.set_constraint("budget", HUGE_VIOLATION if not proxy.finite else 1.0)
+            raise optuna.TrialPruned()
+    else:
+        skipped = "the numerical proxy needs the TensorFlow backend"
+        write_record(trial, TrialRecord(proxy_skipped=skipped))
     outcome = TrainedOutcome(
-        metrics=metrics,
+        metrics=context.evaluator.train_and_evaluate(plan),
         proxy=proxy.to_dict() if proxy is not None else None,
         proxy_score=proxy.score if proxy is not None else None,
         trial=trial.number,
     )
     context.cache[key] = outcome
+    levels = _TRAINED_LEVELS if proxy is not None else ("profile", "train")
     return _record_outcome(context, trial, outcome, value, levels)
-
-
-def _proxy_step(context: SearchContext, trial: optuna.Trial, plan, value: float) -> ProxyResult:
-    """Runs the numerical proxy, records it and prunes a hopeless plan."""
-    proxy = context.evaluator.proxy(plan)
-    score = proxy.score if math.isfinite(proxy.score) else None
-    write_record(
-        trial,
-        TrialRecord(fidelity=("profile", "proxy"), proxy=proxy.to_dict(), proxy_score=score),
-        with_none=("proxy_score",),
-    )
-    trial.report(value, PROXY_STEP)
-    if trial.should_prune():
-        write_record(trial, TrialRecord(pruned_by="proxy: loss/gradients too far from float32"))
-        trial.set_constraint("budget", HUGE_VIOLATION if not proxy.finite else 1.0)
-        raise optuna.TrialPruned()
-    return proxy
-
-
-def _max_activation(context: SearchContext) -> float:
-    _, float32_bytes = context.costs.step({path: FLOAT32 for path in context.compute})
-    return max(float32_bytes, 1.0)
 
 
 def _reuse(
@@ -561,7 +514,7 @@ def _reuse(
         ),
         with_none=("proxy", "proxy_score"),
     )
-    return _record_outcome(context, trial, outcome, value, _REUSED_LEVELS)
+    return _record_outcome(context, trial, outcome, value, _TRAINED_LEVELS)
 
 
 def _record_outcome(
@@ -571,17 +524,52 @@ def _record_outcome(
     value: float,
     levels: tuple[str, ...] | list[str],
 ) -> float:
-    metric = outcome.metrics.get(context.budget.log_name)
-    violation = context.budget.violation(context.reference, metric)
-    write_record(
-        trial,
-        TrialRecord(
-            fidelity=tuple(levels),
-            metrics={name: json_safe(v) for name, v in outcome.metrics.items()},
-            metric=json_safe(metric),
-            budget_violation=violation,
-        ),
-        with_none=("metric",),
-    )
-    trial.set_constraint("budget", violation)
+    record = judged_record(context, outcome.metrics, levels)
+    write_record(trial, record, with_none=("metric",))
+    trial.set_constraint("budget", record.budget_violation)
     return value
+
+
+def judged_record(
+    context: SearchContext, metrics: Mapping[str, float], levels: Sequence[str], **fields: Any
+) -> TrialRecord:
+    """Returns the record of trained metrics (levels reached, metric, violation) and `fields`."""
+    metric = metrics.get(context.budget.log_name)
+    return TrialRecord(
+        fidelity=tuple(levels),
+        metrics={name: json_safe(value) for name, value in metrics.items()},
+        metric=json_safe(metric),
+        budget_violation=context.budget.violation(context.reference, metric),
+        **fields,
+    )
+
+
+def prediction(context: SearchContext, compute: Mapping[str, str]) -> dict[str, Any]:
+    """Returns the record fields of an assignment's predicted cost, at the search's fidelity."""
+    seconds, activation_bytes = context.costs.step(dict(compute))
+    return dict(
+        train_steps=context.train_steps,
+        dtype_counts=count_dtypes(compute.values()),
+        predicted_seconds=seconds,
+        activation_bytes_per_sample=activation_bytes,
+    )
+
+
+def optimize(
+    context: SearchContext,
+    n_trials: int | None,
+    *,
+    timeout: float | None = None,
+    explorer: Callable[[optuna.Study, optuna.trial.FrozenTrial], None] | None = None,
+) -> None:
+    """Runs trials of the study with the objective, the plan writer and the user's callbacks."""
+    settings = context.request.settings
+    writer = plan_writer(context, settings.plan_path, context.metadata)
+    context.study.optimize(
+        lambda trial: trial_objective(context, trial),
+        n_trials=n_trials,
+        timeout=timeout,
+        catch=tuple(settings.catch),
+        callbacks=[writer, *([explorer] if explorer else []), *settings.callbacks],
+        show_progress_bar=explorer is not None and context.verbose >= 1,
+    )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import logging
 from collections.abc import Callable, Mapping, Sequence
 
@@ -72,8 +73,7 @@ def enqueue_warm_starts(study: optuna.Study, starts: Sequence[WarmStart]) -> int
 def enqueue_candidates(
     study: optuna.Study, starts: Sequence[WarmStart], *, warm: bool = False
 ) -> list[str]:
-    """Enqueues the plans whose assignment the study has not tried yet; returns their keys.
-    Warm starts also skip a label already there, or the params of a study without keys."""
+    """Enqueues the plans not tried yet (warm starts: nor their label); returns their keys."""
     trials = study.get_trials(deepcopy=False)
     records = [TrialRecord.from_trial(trial) for trial in trials]
     keys = {record.assignment_key for record in records}
@@ -129,7 +129,7 @@ def neighbours(context: SearchContext, study: optuna.Study) -> list[Neighbour]:
         context.trial_assignment(best) if best is not None else context.uniform_assignment(FLOAT32)
     )
     base_seconds = context.costs.step(base)[0]
-    cheaper = _cheaper_moves(context, base, base_seconds)
+    cheaper = _moves(context, base, base_seconds, repair=False)
     missed = sorted(
         (
             trial
@@ -142,76 +142,37 @@ def neighbours(context: SearchContext, study: optuna.Study) -> list[Neighbour]:
     )
     repairs: list[Neighbour] = []
     for trial in missed[:_REPAIRED_PLANS]:
-        repairs += _repairs(context, context.trial_assignment(trial), base_seconds)
-    repairs.sort(key=lambda n: (-n.score, n.predicted_seconds))
-    ordered: list[Neighbour] = []
-    for index in range(max(len(cheaper), len(repairs))):
-        ordered += [moves[index] for moves in (cheaper, repairs) if index < len(moves)]
-    seen: set[str] = set()
-    unique = []
-    for neighbour in ordered:
-        key = assignment_key(neighbour.assignment)
-        if key in tried or key in seen:
-            continue
-        seen.add(key)
-        unique.append(neighbour)
-    return unique
+        repairs += _moves(context, context.trial_assignment(trial), base_seconds, repair=True)
+    repairs.sort(key=_best_first)
+    unique: dict[str, Neighbour] = {}
+    for neighbour in itertools.chain(*itertools.zip_longest(cheaper, repairs)):
+        key = assignment_key(neighbour.assignment) if neighbour is not None else None
+        if key is not None and key not in tried:
+            unique.setdefault(key, neighbour)
+    return list(unique.values())
 
 
-def _group_risk(context: SearchContext, paths: tuple[str, ...]) -> float:
-    return max((context.risk.get(path, 0.0) for path in paths), default=0.0)
-
-
-def _cheaper_moves(
-    context: SearchContext, base: Mapping[str, str], base_seconds: float
+def _moves(
+    context: SearchContext, assignment: Mapping[str, str], base_seconds: float, repair: bool
 ) -> list[Neighbour]:
+    """Faster plans one group away: to a cheaper dtype, or (`repair`) back to float32."""
     moves = []
     for group in context.groups:
-        for dtype in group.choices:
-            if dtype == FLOAT32:
-                continue
-            flipped = dict(base)
-            for path in group.paths:
-                flipped[path] = widen(dtype, context.allowed[path])
-            if flipped == dict(base):
+        for dtype in (FLOAT32,) if repair else [d for d in group.choices if d != FLOAT32]:
+            flipped = {**assignment, **{p: widen(dtype, context.allowed[p]) for p in group.paths}}
+            if flipped == dict(assignment):
                 continue
             seconds = context.costs.step(flipped)[0]
-            gain = base_seconds - seconds
-            if gain <= 0:
+            if seconds >= base_seconds:
                 continue
-            moves.append(
-                Neighbour(
-                    assignment=flipped,
-                    move=f"{group.name} -> {dtype}",
-                    predicted_seconds=seconds,
-                    score=gain / (1.0 + _group_risk(context, group.paths)),
-                )
-            )
-    return sorted(moves, key=lambda n: (-n.score, n.predicted_seconds))
+            risk = max((context.risk.get(path, 0.0) for path in group.paths), default=0.0)
+            score = risk if repair else (base_seconds - seconds) / (1.0 + risk)
+            moves.append(Neighbour(flipped, f"{group.name} -> {dtype}", seconds, score))
+    return sorted(moves, key=_best_first)
 
 
-def _repairs(
-    context: SearchContext, assignment: Mapping[str, str], base_seconds: float
-) -> list[Neighbour]:
-    moves = []
-    for group in context.groups:
-        if all(assignment.get(path) == FLOAT32 for path in group.paths):
-            continue
-        repaired = dict(assignment)
-        for path in group.paths:
-            repaired[path] = FLOAT32
-        seconds = context.costs.step(repaired)[0]
-        if seconds >= base_seconds:
-            continue
-        moves.append(
-            Neighbour(
-                assignment=repaired,
-                move=f"{group.name} -> float32",
-                predicted_seconds=seconds,
-                score=_group_risk(context, group.paths),
-            )
-        )
-    return moves
+def _best_first(neighbour: Neighbour) -> tuple[float, float]:
+    return -neighbour.score, neighbour.predicted_seconds
 
 
 def explorer(

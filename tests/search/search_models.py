@@ -178,7 +178,6 @@ def prepared_search(model=None, data=None, budget=None, **changes):
         verbose=0,
         started=time.perf_counter(),
         train_data=train,
-        max_train_steps=8 * settings.steps_per_trial,
     )
     try:
         yield PreparedSearch(model, evaluator, request, prepare(model, evaluator, request))

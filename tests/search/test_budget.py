@@ -14,14 +14,15 @@ from autoprec.errors import AutoprecError
 from autoprec.layers import describe_model
 from autoprec.search import Budget, has_classification_loss, rounding_floor_outputs
 from autoprec.search.budget import (
+    CONVERGENCE_HEADROOM,
     FLOAT32_OUTPUTS,
+    FLOOR_FRACTION,
     HIGHER_IS_BETTER,
     LOWER_IS_BETTER,
     TARGETS,
-    FloorRule,
+    OutputFloor,
     converged_outputs,
     infer_mode,
-    judge_floor,
     loss_names,
     measure_floor,
     output_paths,
@@ -162,7 +163,7 @@ def test_outputs_beyond_float16_range_have_an_infinite_floor():
     y = np.full((8, 1), 70000.0, "float32")
     floor = measure_floor(lambda outputs: _regression(outputs, y), [y], {0: "float16"}, MSE)
     assert math.isinf(floor)
-    judged = judge_floor(MSE, 1.0, {"head": "float16"}, {"head": floor}, {"head": TARGETS}, floor)
+    judged = OutputFloor(MSE, 1.0, {"head": "float16"}, {"head": floor}, {"head": TARGETS}, floor)
     assert judged.refused and "beyond the dtype's range" in judged.reason
     assert judged.to_dict()["value"] is None  # JSON has no inf
 
@@ -186,30 +187,33 @@ def test_a_classifier_with_ordinary_logits_has_no_decision_floor_and_a_negligibl
         assert measure_floor(metric_of, [probabilities], {0: dtype}, accuracy) == 0.0
         floor = measure_floor(metric_of, [probabilities], {0: dtype}, loss)
         reference = metric_of([probabilities])["loss"]
-        judged = judge_floor(loss, reference, {"head": dtype}, {"head": floor}, {}, floor)
+        judged = OutputFloor(loss, reference, {"head": dtype}, {"head": floor}, {}, floor)
         assert floor < 1e-4 * reference and not judged.refused
 
 
 def test_the_rule_measures_the_allowance_against_a_converged_reference_and_refuses_a_far_head():
-    rule = FloorRule()
-    assert (rule.fraction, rule.headroom) == (0.5, 10.0)
+    def limit(budget: Budget, reference: float) -> float:
+        return OutputFloor(budget, reference, {}, {}, {}, 0.0).limit
+
+    assert (FLOOR_FRACTION, CONVERGENCE_HEADROOM) == (0.5, 10.0)
     # Lower is better: float32 may end up 10x closer to zero than seen.
-    assert rule.limit(Budget("val_loss", max_relative_drop=0.02), 20.0) == pytest.approx(0.02)
+    assert limit(Budget("val_loss", max_relative_drop=0.02), 20.0) == pytest.approx(0.02)
     # Higher is better and positive: float32 only gains allowance as it improves.
-    assert rule.limit(Budget("val_accuracy", max_drop=0.01), 0.6) == pytest.approx(0.005)
-    assert rule.limit(Budget("val_r2", max_relative_drop=0.1), 0.5) == pytest.approx(0.025)
+    assert limit(Budget("val_accuracy", max_drop=0.01), 0.6) == pytest.approx(0.005)
+    assert limit(Budget("val_r2", max_relative_drop=0.1), 0.5) == pytest.approx(0.025)
     # Trials at this reference would hold the budget (allowance 2.0 > 1.33); converged, not.
     budget = Budget("val_loss", max_relative_drop=0.02)
-    far = judge_floor(budget, 100.0, {"head": "bfloat16"}, {"head": 1.33}, {"head": TARGETS}, 1.33)
+    far = OutputFloor(budget, 100.0, {"head": "bfloat16"}, {"head": 1.33}, {"head": TARGETS}, 1.33)
     assert budget.allowance(100.0) > 1.33
     assert far.refused and far.limit == pytest.approx(0.1) and far.violation > 0
     assert far.break_even == pytest.approx(1.33 / 0.01)  # refused below |loss| 133
     assert "'head'" in far.reason and "no training removes" in far.reason
     assert "10x closer to zero" in far.reason
-    near = judge_floor(budget, 100.0, {"head": "float16"}, {"head": 0.02}, {"head": TARGETS}, 0.02)
+    near = OutputFloor(budget, 100.0, {"head": "float16"}, {"head": 0.02}, {"head": TARGETS}, 0.02)
     assert not near.refused and near.violation < 0
-    assert rule.break_even(Budget("val_mae", max_drop=1.0), 0.6) == math.inf
-    assert rule.break_even(Budget("val_mae", max_drop=1.0), 0.1) is None
+    mae = Budget("val_mae", max_drop=1.0)
+    assert OutputFloor(mae, 1.0, {}, {}, {}, 0.6).break_even == math.inf
+    assert OutputFloor(mae, 1.0, {}, {}, {}, 0.1).break_even is None
     record = far.to_dict()
     assert record["refused"] and record["rule"] == {"fraction": 0.5, "headroom": 10.0}
     assert record["floors"] == {"head": 1.33} and record["sources"] == {"head": TARGETS}

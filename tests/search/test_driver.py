@@ -42,7 +42,7 @@ from autoprec.search import (
 )
 from autoprec.search.driver import run_trials, search_metadata
 from autoprec.search.evaluator import Evaluator, FidelityCheck
-from autoprec.search.result import simplicity
+from autoprec.search.result import assignment_key, simplicity
 
 
 def measured_ranking(rounds):
@@ -90,6 +90,20 @@ def test_unknown_metric_names_available_metrics():
             **fast(),
         )
     assert "val_loss" in str(error.value)
+
+
+def test_a_study_given_with_what_it_already_has_or_maximising_is_refused():
+    model = compiled_mlp()
+    train, val = mlp_data()
+    budget = Budget("val_accuracy", max_drop=0.1)
+    refused = {
+        "not both": dict(study=optuna.create_study(), study_name="mlp"),
+        "its own sampler": dict(study=optuna.create_study(), pruner=optuna.pruners.NopPruner()),
+        "minimised": dict(study=optuna.create_study(direction="maximize")),
+    }
+    for message, arguments in refused.items():
+        with pytest.raises(AutoprecError, match=message):
+            search(model, train, val, budget=budget, n_trials=1, verbose=0, **arguments)
 
 
 def test_search_finds_mixed_plan_where_uniform_policies_fail():
@@ -415,7 +429,8 @@ def test_the_first_stages_return_typed_values_that_agree():
         grouped = {path for group in context.groups for path in group.paths}
         assert grouped == set(context.compute)
         assert isinstance(context.fidelity, FidelityCheck) and context.spread is None
-        assert context.reference == context.reference_metrics["accuracy"]
+        reference = context.cache[assignment_key(context.uniform_assignment("float32"))]
+        assert context.reference == reference.metrics["accuracy"]
         assert context.risk[sorted(context.outputs)[0]] >= 2.0  # output layers are riskiest
         assert context.float32_seconds == context.costs.step(context.normalise({}))[0]
 

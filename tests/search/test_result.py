@@ -10,14 +10,13 @@ import pytest
 
 from autoprec.plan import PrecisionPlan
 from autoprec.search import Budget, ParetoPoint, SearchResult
+from autoprec.search.budget import json_safe
 from autoprec.search.result import (
     TrialRecord,
     assignment_key,
-    json_safe,
-    stored_outcome,
     write_record,
 )
-from autoprec.search.study import resolve_storage
+from autoprec.search.study import resolve_storage, trained_outcome
 
 
 def _result(model) -> SearchResult:
@@ -180,19 +179,20 @@ def test_none_is_written_only_where_asked_and_unknown_fields_are_refused():
         TrialRecord().to_user_attrs(with_none=["metrc"])
 
 
-def test_stored_outcome_reads_what_a_trial_trained_and_not_what_it_reused():
+def test_a_trained_outcome_is_what_a_trial_trained_and_not_what_it_reused():
     study = optuna.create_study()
-    trained = TrialRecord(metrics={"loss": None, "accuracy": 0.5}, proxy_score=0.1)
-    reused = TrialRecord(metrics={"accuracy": 0.5}, reused=True, reused_from=0)
-    for record in (trained, reused, TrialRecord(assignment_key="k")):
+    reused = TrialRecord(assignment_key="k", train_steps=4, metrics={"accuracy": 0.5}, reused=True)
+    trained = TrialRecord(
+        assignment_key="k", train_steps=4, metrics={"loss": None, "accuracy": 0.5}, proxy_score=0.1
+    )
+    for record in (dataclasses.replace(reused, reused_from=1), trained):
         study.enqueue_trial({}, user_attrs=record.to_user_attrs())
-    study.optimize(lambda trial: 0.0, n_trials=3)
-    first, second, third = study.trials
-    outcome = stored_outcome(first)
-    assert outcome.trial == 0 and outcome.proxy_score == 0.1
+    study.optimize(lambda trial: 0.0, n_trials=2)
+    outcome = trained_outcome(study, "k", 4)
+    assert outcome.trial == 1 and outcome.proxy_score == 0.1
     assert outcome.metrics["accuracy"] == 0.5 and math.isnan(outcome.metrics["loss"])
-    assert stored_outcome(second) is None and stored_outcome(third) is None
-    assert TrialRecord.from_trial(second).label is None
+    assert trained_outcome(study, "k", 8) is None
+    assert TrialRecord.from_trial(study.trials[0]).label is None
 
 
 def test_assignment_keys_are_stable_and_order_free():

@@ -45,6 +45,7 @@ from autoprec.search.result import (
     dropped_label,
     keras_dtype,
     keras_label,
+    measurement_text,
     plan_default,
     simplicity,
 )
@@ -67,7 +68,6 @@ from autoprec.search.selection import (
     rank_trials,
     ranked_finalists,
     sixteen_bit_dtype,
-    verdict_line,
 )
 from autoprec.search.warm_start import WarmStart, enqueue_candidates
 
@@ -1018,15 +1018,15 @@ def test_a_tie_of_every_finalist_goes_float32_keras_uniform_heuristic_dropped_se
     assert measured_ranking(with_uniform)[:2] == ["uniform bfloat16", "keras mixed_bfloat16"]
 
 
-def test_the_verdict_line_names_the_winner_and_its_margin_or_the_tie(ranked):
+def test_the_measured_line_names_the_winner_or_the_tie(ranked):
     clear = {"searched": [0.50, 0.51, 0.50], "float32": [1.00, 1.01, 1.00]}
-    won = verdict_line(rank_by_measurement(ranked, _timed(ranked), clear))
-    assert "searched leads, 500 ms median against float32's 1000 ms (2x)" in won
-    assert "next float32, slower by 500 ms" in won and "3 interleaved rounds, 2 plans" in won
+    won = measurement_text(rank_by_measurement(ranked, _timed(ranked), clear).to_dict())
+    assert "searched at 500 ms median (2x float32), ahead of every other plan" in won
+    assert "3 interleaved round(s) of 2 plan(s)" in won
     tied = {"searched": [0.99, 1.02, 0.98], "float32": [1.00, 0.99, 1.01]}
     ranking = rank_by_measurement(ranked, _timed(ranked), tied)
-    line = verdict_line(ranking)
-    assert "a tie within the noise" in line and "using the simpler float32" in line
+    line = measurement_text(ranking.to_dict())
+    assert "a tie within the noise" in line and "the simpler float32 at 1000 ms median" in line
     assert ranking.trials[0].number == 0 and ranking.replaced_by == "float32"
     record = ranking.to_dict()
     assert record["verdict"] == "tie" and record["leader"] == "float32"
