@@ -210,7 +210,7 @@ def calibrate(
     how = {"repeats": repeats, "stats": stats, "deadline": deadline, "per_kind": layers_per_kind}
     setting = _setting(model, x, dtypes, hardware, cache_dir, use_cache, **how)
     # Whole steps are timed first, in a process not yet crowded by per-layer functions.
-    steps = _whole_steps(measure_model_step, setting)
+    steps = whole_step_dtypes(measure_model_step, setting.dtypes, setting.profile)
     plans = _mixed_plans(model, steps, setting.profile) if measure_mixed_steps else {}
     uniform, mixed, noise = measure_whole_steps(
         model,
@@ -245,17 +245,6 @@ def calibrate(
     attribute_step_overhead(table, uniform)
     fit_boundary_cost(model, table, plans, mixed, noise)
     return table
-
-
-def _whole_steps(requested: bool | str | Sequence[str], setting: _Setting) -> list[str]:
-    """Returns the dtypes whose uniform whole step is timed: float8's never (`whole_step_dtypes`)."""
-    if isinstance(requested, (list, tuple)) or (
-        isinstance(requested, str) and requested.strip().lower() not in ("all", "fast")
-    ):
-        names = [requested] if isinstance(requested, str) else list(requested)
-        requested = [name for name in names if canonical_dtype(name) != FLOAT8]
-    steps = [dtype for dtype in setting.dtypes if dtype != FLOAT8]
-    return whole_step_dtypes(requested, steps, setting.profile)
 
 
 def _mixed_plans(
