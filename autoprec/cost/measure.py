@@ -370,10 +370,8 @@ def _measure_layer(
         seconds[dtype] = None if math.isinf(total) else total
         if setting.bar is not None:
             setting.bar.add(1)
-    fallback = [source for source in sources if source.startswith("predicted")]
-    if fallback:
-        return seconds, fallback[0]
-    return seconds, "measured" if "measured" in sources else "cached"
+    fallback = next((source for source in sources if source.startswith("predicted")), None)
+    return seconds, fallback or ("measured" if "measured" in sources else "cached")
 
 
 def _subtract_children(layers: dict[str, LayerCostRecord], counts: Mapping[str, LayerCost]) -> None:
@@ -487,14 +485,8 @@ def _units(paths: Mapping[str, keras.layers.Layer]) -> dict[str, str]:
     for path in paths:
         parts = path.split("/")
         prefixes = ("/".join(parts[:depth]) for depth in range(1, len(parts)))
-        units[path] = next(
-            (
-                prefix
-                for prefix in prefixes
-                if prefix in paths and not is_graph_model(paths[prefix])
-            ),
-            path,
-        )
+        outer = [prefix for prefix in prefixes if prefix in paths]
+        units[path] = next((p for p in outer if not is_graph_model(paths[p])), path)
     return units
 
 
@@ -516,19 +508,11 @@ def mixed_assignment(model: keras.Model, dtype: str, pattern: str) -> dict[str, 
         current = chosen.get(unit, current)
         unit_dtype[unit] = current
     assignment = {}
-    for path, layer in paths.items():
-        if is_graph_model(layer):
-            first = next(
-                (
-                    other
-                    for other in paths
-                    if other.startswith(path + "/") and not is_graph_model(paths[other])
-                ),
-                None,
-            )
-            assignment[path] = unit_dtype[units[first]] if first is not None else FLOAT32
-        else:
-            assignment[path] = unit_dtype[units[path]]
+    for path in paths:
+        # A graph model computes in the dtype of its first layer that is not one.
+        inner = [path, *(other for other in paths if other.startswith(path + "/"))]
+        first = next((other for other in inner if not is_graph_model(paths[other])), None)
+        assignment[path] = unit_dtype[units[first]] if first is not None else FLOAT32
     return assignment
 
 
