@@ -418,15 +418,10 @@ def diff_to_dict(first: str, second: str, difference) -> dict[str, Any]:
 
 def show(args: argparse.Namespace) -> int:
     """`autoprec show FILE`: a plan, a profile, or the plan stored in a `.keras` model."""
-    if Path(args.file).suffix == ".keras":
-        kind, loaded = "plan", load_plan(args.file)
-    else:
-        kind, data = read_json_kind(args.file)
-        if kind == "plan":
-            from .plan import PrecisionPlan as loaded_class
-        else:
-            from .profiler.stats import Profile as loaded_class
-        loaded = loaded_class.from_dict(data, source=args.file)
+    from .profiler.stats import Profile
+
+    kind = "plan" if Path(args.file).suffix == ".keras" else read_json_kind(args.file)[0]
+    loaded = load_plan(args.file) if kind == "plan" else Profile.load(args.file)
     if args.json:
         print_json({"kind": kind, "source": args.file, kind: loaded.to_dict()})
     else:

@@ -210,7 +210,7 @@ def calibrate(
     how = {"repeats": repeats, "stats": stats, "deadline": deadline, "per_kind": layers_per_kind}
     setting = _setting(model, x, dtypes, hardware, cache_dir, use_cache, **how)
     # Whole steps are timed first, in a process not yet crowded by per-layer functions.
-    steps = _whole_steps(measure_model_step, setting)
+    steps = whole_step_dtypes(measure_model_step, setting.dtypes, setting.profile)
     plans = _mixed_plans(model, steps, setting.profile) if measure_mixed_steps else {}
     uniform, mixed, noise = measure_whole_steps(
         model,
@@ -245,17 +245,6 @@ def calibrate(
     attribute_step_overhead(table, uniform)
     fit_boundary_cost(model, table, plans, mixed, noise)
     return table
-
-
-def _whole_steps(requested: bool | str | Sequence[str], setting: _Setting) -> list[str]:
-    """Returns the dtypes whose uniform whole step is timed: float8's never (`whole_step_dtypes`)."""
-    if isinstance(requested, (list, tuple)) or (
-        isinstance(requested, str) and requested.strip().lower() not in ("all", "fast")
-    ):
-        names = [requested] if isinstance(requested, str) else list(requested)
-        requested = [name for name in names if canonical_dtype(name) != FLOAT8]
-    steps = [dtype for dtype in setting.dtypes if dtype != FLOAT8]
-    return whole_step_dtypes(requested, steps, setting.profile)
 
 
 def _mixed_plans(
@@ -381,10 +370,8 @@ def _measure_layer(
         seconds[dtype] = None if math.isinf(total) else total
         if setting.bar is not None:
             setting.bar.add(1)
-    fallback = [source for source in sources if source.startswith("predicted")]
-    if fallback:
-        return seconds, fallback[0]
-    return seconds, "measured" if "measured" in sources else "cached"
+    fallback = next((source for source in sources if source.startswith("predicted")), None)
+    return seconds, fallback or ("measured" if "measured" in sources else "cached")
 
 
 def _subtract_children(layers: dict[str, LayerCostRecord], counts: Mapping[str, LayerCost]) -> None:
@@ -498,14 +485,8 @@ def _units(paths: Mapping[str, keras.layers.Layer]) -> dict[str, str]:
     for path in paths:
         parts = path.split("/")
         prefixes = ("/".join(parts[:depth]) for depth in range(1, len(parts)))
-        units[path] = next(
-            (
-                prefix
-                for prefix in prefixes
-                if prefix in paths and not is_graph_model(paths[prefix])
-            ),
-            path,
-        )
+        outer = [prefix for prefix in prefixes if prefix in paths]
+        units[path] = next((p for p in outer if not is_graph_model(paths[p])), path)
     return units
 
 
@@ -527,19 +508,11 @@ def mixed_assignment(model: keras.Model, dtype: str, pattern: str) -> dict[str, 
         current = chosen.get(unit, current)
         unit_dtype[unit] = current
     assignment = {}
-    for path, layer in paths.items():
-        if is_graph_model(layer):
-            first = next(
-                (
-                    other
-                    for other in paths
-                    if other.startswith(path + "/") and not is_graph_model(paths[other])
-                ),
-                None,
-            )
-            assignment[path] = unit_dtype[units[first]] if first is not None else FLOAT32
-        else:
-            assignment[path] = unit_dtype[units[path]]
+    for path in paths:
+        # A graph model computes in the dtype of its first layer that is not one.
+        inner = [path, *(other for other in paths if other.startswith(path + "/"))]
+        first = next((other for other in inner if not is_graph_model(paths[other])), None)
+        assignment[path] = unit_dtype[units[first]] if first is not None else FLOAT32
     return assignment
 
 

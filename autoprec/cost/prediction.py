@@ -298,19 +298,16 @@ def _count_conv(call: LayerCall, layer) -> dict[str, Any]:
     if kind == "depthwise":
         depthwise = 2.0 * output * window
         counts = _matmul_layer(call, layer, 0.0, (), weights, output)
-        counts["vector_flops"] += depthwise
-        counts["backward_vector_flops"] += 2 * depthwise
-        return counts
-    filters = int(layer.filters)
-    positions = output / filters
-    depthwise = 2.0 * positions * in_channels * multiplier * window
-    pointwise = 2.0 * positions * in_channels * multiplier * filters
-    counts = _matmul_layer(
-        call, layer, pointwise, (in_channels * multiplier, filters), weights, output
-    )
+    else:  # separable: a depthwise pass, then a pointwise matmul
+        filters = int(layer.filters)
+        positions = output / filters
+        depthwise = 2.0 * positions * in_channels * multiplier * window
+        pointwise = 2.0 * positions * in_channels * multiplier * filters
+        dims = (in_channels * multiplier, filters)
+        counts = _matmul_layer(call, layer, pointwise, dims, weights, output)
+        counts["activation_elements"] += 2 * positions * in_channels * multiplier
     counts["vector_flops"] += depthwise
     counts["backward_vector_flops"] += 2 * depthwise
-    counts["activation_elements"] += 2 * positions * in_channels * multiplier
     return counts
 
 

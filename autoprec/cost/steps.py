@@ -4,6 +4,7 @@ and what they correct in a table; a layer alone, a cast and an empty compiled ca
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 import logging
 import math
@@ -47,16 +48,24 @@ def framework_versions() -> dict[str, str]:
     return versions
 
 
+#: `time_interleaved` with the slow-function rule of calibration.
+_interleaved = functools.partial(
+    time_interleaved, slow_seconds=SLOW_SECONDS, slow_rounds=SLOW_ROUNDS
+)
+
+
 def _median_seconds(function: Callable[[], object], repeats: int) -> float:
     """Returns the median seconds of `repeats` calls of `function`, after two warm-up calls."""
-    timings = time_interleaved(
-        {"function": function},
-        rounds=repeats,
-        warmup=2,
-        slow_seconds=SLOW_SECONDS,
-        slow_rounds=SLOW_ROUNDS,
-    )
-    return timings["function"].median
+    return _interleaved({"function": function}, rounds=repeats, warmup=2)["function"].median
+
+
+def _copied(copy: Callable[[], Any], name: str, lost: str, failure: str) -> Any:
+    """Returns `copy()` run as the model's own code; `BackendError(failure)` (after one warning)
+    when it fails."""
+    clone = call_model_code(copy, layer=name, lost=lost, fallback=None)
+    if clone is None:
+        raise BackendError(failure)
+    return clone
 
 
 def rebuild_layer(layer: keras.layers.Layer, dtype: str, path: str = "") -> keras.layers.Layer:
@@ -64,19 +73,16 @@ def rebuild_layer(layer: keras.layers.Layer, dtype: str, path: str = "") -> kera
     raises `BackendError` (after one warning) when the layer's own code cannot rebuild it."""
 
     def rebuild() -> keras.layers.Layer:
-        config = layer.get_config()
-        config["dtype"] = policy_name(dtype)
+        config = {**layer.get_config(), "dtype": policy_name(dtype)}
         config.pop("name", None)
         return layer.__class__.from_config(config)
 
     name = path or layer.name
-    clone = call_model_code(rebuild, layer=name, lost=NOT_TIMED, fallback=None)
-    if clone is None:
-        raise BackendError(
-            f"layer {name!r} ({type(layer).__name__}) cannot be rebuilt from its get_config(); "
-            "give it a get_config() that from_config() accepts to have it timed."
-        )
-    return clone
+    return _copied(
+        rebuild, name, NOT_TIMED,
+        f"layer {name!r} ({type(layer).__name__}) cannot be rebuilt from its get_config(); "
+        "give it a get_config() that from_config() accepts to have it timed.",
+    )  # fmt: skip
 
 
 def time_layer(
@@ -122,15 +128,10 @@ def clone_with_uniform_policy(model: keras.Model, dtype: str) -> keras.Model:
 
 def _clone(model: keras.Model) -> keras.Model:
     """Returns `keras.models.clone_model(model)`; `BackendError` (after one warning) if it fails."""
-    clone = call_model_code(
-        lambda: keras.models.clone_model(model),
-        layer=model.name,
-        lost=STEPS_NOT_TIMED,
-        fallback=None,
-    )
-    if clone is None:
-        raise BackendError(f"model {model.name!r} cannot be copied by keras.models.clone_model.")
-    return clone
+    return _copied(
+        lambda: keras.models.clone_model(model), model.name, STEPS_NOT_TIMED,
+        f"model {model.name!r} cannot be copied by keras.models.clone_model.",
+    )  # fmt: skip
 
 
 def _set_policy(layer: keras.layers.Layer, dtype: str) -> None:
@@ -224,13 +225,7 @@ def time_train_steps(
             logger.info("autoprec.cost: whole step of plan %r not timed (%s)", name, error)
             continue
         functions[name] = function
-    return time_interleaved(
-        functions,
-        rounds=repeats,
-        warmup=warmup,
-        slow_seconds=SLOW_SECONDS,
-        slow_rounds=SLOW_ROUNDS,
-    )
+    return _interleaved(functions, rounds=repeats, warmup=warmup)
 
 
 def whole_step_dtypes(
@@ -238,7 +233,9 @@ def whole_step_dtypes(
     dtypes: Sequence[str],
     profile: HardwareProfile,
 ) -> list[str]:
-    """Returns the dtypes whose uniform whole step `calibrate` times, float32 first."""
+    """Returns the dtypes whose uniform whole step `calibrate` times, float32 first; float8's
+    never (a float8 clone computes its other layers in bfloat16)."""
+    dtypes = [dtype for dtype in dtypes if dtype != FLOAT8]
     if requested is False or requested is None:
         return []
     keyword = requested.strip().lower() if isinstance(requested, str) else None
@@ -247,7 +244,7 @@ def whole_step_dtypes(
     if keyword == "fast":
         return [dtype for dtype in dtypes if profile.support(dtype) == FAST]
     names = [requested] if isinstance(requested, str) else list(requested)
-    chosen = {canonical_dtype(name, "measure_model_step") for name in names}
+    chosen = {canonical_dtype(name, "measure_model_step") for name in names} - {FLOAT8}
     missing = sorted(chosen - set(dtypes))
     if missing:
         raise PlanError(

@@ -241,32 +241,26 @@ _RTX_TABLE: tuple[tuple[str, str, str, float, float, float, float, float | None]
     ("rtx5070", "NVIDIA GeForce RTX 5070", "12.0", 12, 672, 30.9, 61.7, 61.7),
     ("rtx5080", "NVIDIA GeForce RTX 5080", "12.0", 16, 960, 56.3, 112.6, 112.6),
     ("rtx5090", "NVIDIA GeForce RTX 5090", "12.0", 32, 1792, 104.8, 209.5, 209.5),
+    ("h100", "NVIDIA H100 SXM5 80GB", "9.0", 80, 3350, 66.9, 989.4, 989.4),
+    ("h200", "NVIDIA H200 SXM 141GB", "9.0", 141, 4800, 66.9, 989.4, 989.4),
 )
 
-#: SXM Hoppers (CC 9.0): 66.9 float32, 989.4 float16/bfloat16 and 1978.9 float8 dense TFLOPS,
-#: float32 accumulate (datacenter parts run float16 with float32 accumulate at full rate).
-#: name, display name, VRAM GB, GB/s, source, float8 rate source (None: the H100's)
-_HOPPER_TABLE = (
-    (
-        "h100",
-        "NVIDIA H100 SXM5 80GB",
-        80,
-        3350,
+#: SXM Hoppers (CC 9.0), rows of `_RTX_TABLE` besides: 66.9 float32, 989.4 float16/bfloat16 and
+#: 1978.9 float8 dense TFLOPS, float32 accumulate (datacenter parts run float16 with float32
+#: accumulate at full rate). name: (source, float8 rate source; None: the H100's)
+_HOPPER_SOURCES = {
+    "h100": (
         "built-in table (NVIDIA H100 Tensor Core GPU Architecture whitepaper, H100 SXM5: "
         "66.9 FP32, 989.4 dense FP16/BF16, 1978.9 dense FP8 TFLOPS, 80 GB HBM3 at 3.35 TB/s)",
         None,
     ),
-    (
-        "h200",
-        "NVIDIA H200 SXM 141GB",
-        141,
-        4800,
+    "h200": (
         "built-in table (NVIDIA H200 Tensor Core GPU datasheet: 141 GB HBM3e at 4.8 TB/s; "
         "compute of the H100 SXM5 in the NVIDIA H100 Tensor Core GPU Architecture whitepaper)",
         "NVIDIA H200 Tensor Core GPU datasheet: FP8 Tensor 3958 TFLOPS with sparsity, 1978.9 "
         "dense, the H100 SXM5's (NVIDIA H100 Tensor Core GPU Architecture whitepaper)",
     ),
-)
+}
 
 #: Where the FP8 rate of each GPU architecture with FP8 tensor cores comes from, by compute
 #: capability. GeForce Ada and Blackwell run FP8 with float32 accumulate at 2x their
@@ -382,10 +376,9 @@ _NOMINAL = (
 
 def _builtin_profiles() -> dict[str, HardwareProfile]:
     profiles = {row[0]: _gpu_profile(row) for row in _RTX_TABLE}
-    for name, display, vram_gb, bandwidth_gbs, source, float8_source in _HOPPER_TABLE:
-        row = (name, display, "9.0", vram_gb, bandwidth_gbs, 66.9, 989.4, 989.4)
+    for name, (source, float8_source) in _HOPPER_SOURCES.items():
         profiles[name] = dataclasses.replace(
-            _gpu_profile(row),
+            profiles[name],
             source=source,
             float8_flops=1978.9 * TERA,
             float8_flops_source=float8_source or FLOAT8_RATE_SOURCES["9.0"],
