@@ -366,12 +366,7 @@ class PlanCallback(keras.callbacks.Callback):
         telemetry = None
         if has_16bit:
             with strategy_scope(self.model):
-                telemetry = GuardTelemetry(
-                    self.model,
-                    self.handle.dtypes,
-                    history_steps=self.guard.history_steps,
-                    near_binades=self.guard.near_binades,
-                )
+                telemetry = GuardTelemetry(self.model, self.handle.dtypes)
             telemetry.install()
             step_logs.activate()
         else:
