@@ -45,14 +45,14 @@ CHILD = textwrap.dedent(
     handle = apply_plan(model, plan)
     model.optimizer = autoprec.FlooredLossScaleOptimizer(model.optimizer, initial_scale=1024.0)
     model.optimizer.build(model.trainable_variables)
-    telemetry = GuardTelemetry(model, handle.dtypes)
+    telemetry = GuardTelemetry(model)
     telemetry.install()
     model.make_train_function(force=True)
     failed = []
 
     class Watch(keras.callbacks.Callback):
         def on_train_batch_end(self, batch, logs=None):
-            record = telemetry.failed_step()  # the skipped step, replayed with amax probes
+            record = telemetry.failed_step(handle.dtypes)  # the skipped step, replayed with amax probes
             if record is not None:
                 failed.append((batch + 1, record))
 

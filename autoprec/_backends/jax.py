@@ -1,10 +1,11 @@
 """JAX side of the in-step instrumentation: the profiler's statistics return with each pure train
-step's logs; the guard's frame leaves the step for the host through a callback."""
+step's logs; the train function keeps a reference to the batch of a step the optimizer skipped."""
 
 from __future__ import annotations
 
 import functools
 import inspect
+import itertools
 import os
 from collections.abc import Callable
 from typing import Any
@@ -290,23 +291,25 @@ class ProbeHooks:
 
     def keep_failed_steps(self, model: keras.Model, replace: Replace) -> None:
         """Wraps the train function to keep its batches, the loss scale and the skipped-step count."""
-        optimizer = model.optimizer
-        positions = {id(variable): index for index, variable in enumerate(optimizer.variables)}
-        counter = getattr(optimizer, "non_finite_steps", None)
-        if counter is None:
-            return
-        count_at = positions[id(counter)]
-        scale_at = positions.get(id(getattr(optimizer, "dynamic_scale", None)))
         hooks = self
 
         def keeping(original: Callable) -> Callable:
+            optimizer = model.optimizer  # the one this function was built for
+            steps_per_execution = max(1, int(getattr(model, "steps_per_execution", 1) or 1))
+            positions = {id(variable): index for index, variable in enumerate(optimizer.variables)}
+            count_at = positions.get(id(getattr(optimizer, "non_finite_steps", None)))
+            scale_at = positions.get(id(getattr(optimizer, "dynamic_scale", None)))
+
             def train_function(state, iterator):
-                if hooks.paused:  # a replay runs this step
+                if hooks.paused or count_at is None:  # a replay runs this step, or none skips
                     return original(state, iterator)
-                batches = list(iterator)
+                batches = list(itertools.islice(iterator, steps_per_execution))
+                if not batches:
+                    return original(state, iterator)  # fit's end of data, as Keras raises it
                 before = None if scale_at is None else jnp.array(state[2][scale_at], copy=True)
                 logs, state = original(state, iter(batches))
-                hooks._executed = [(batch, before, state[2][count_at]) for batch in batches[-1:]]
+                count = jnp.array(state[2][count_at], copy=True)  # the state is donated next
+                hooks._executed = [(batch, before, count) for batch in batches[-1:]]
                 return logs, state
 
             train_function._autoprec_kept = True

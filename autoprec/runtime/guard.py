@@ -266,7 +266,7 @@ def attribute_step(record: StepRecord, dtypes: Mapping[str, str]) -> Attribution
     Example:
 
     ```python
-    attribution = attribute_step(telemetry.failed_step(), handle.dtypes)
+    attribution = attribute_step(telemetry.failed_step(handle.dtypes), handle.dtypes)
     attribution.cause, attribution.layers  # ("forward", ("big",))
     ```
     """
@@ -556,7 +556,7 @@ class GuardWatch:
                 return None
             has_16bit = any(dtype != FLOAT32 for dtype in dtypes.values())
             return StepOutcome(step, loss_finite=False, has_16bit_layers=has_16bit)
-        record = telemetry.failed_step()
+        record = telemetry.failed_step(dtypes)
         if record is None:
             return None
         if step != self.last_failed_index + 1:

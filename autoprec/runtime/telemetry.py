@@ -183,21 +183,27 @@ def telemetry_paths(model: keras.Model, dtypes: Mapping[str, str]) -> list[str]:
     return [path for path in instrumented_layers(model) if dtypes.get(path, FLOAT32) != FLOAT32]
 
 
+def installed_telemetry(model: keras.Model) -> GuardTelemetry | None:
+    """Returns the telemetry installed on `model` (by an earlier `fit` or a race), if any."""
+    installed = _INSTALLED.get(id(model))
+    if installed is not None and installed.model is model and installed.installed:
+        return installed
+    return None
+
+
 def remove_installed_telemetry(model: keras.Model) -> None:
     """Removes the telemetry an earlier `fit` left installed on `model`, if any."""
-    previous = _INSTALLED.get(id(model))
-    if previous is not None and previous.model is model and previous.installed:
-        previous.remove()
+    installed = installed_telemetry(model)
+    if installed is not None:
+        installed.remove()
 
 
 class GuardTelemetry:
     """Keeps the batch of each step the optimizer skipped (no per-layer work in a normal step),
     and replays it with amax probes when the host asks."""
 
-    def __init__(self, model: keras.Model, dtypes: Mapping[str, str]) -> None:
+    def __init__(self, model: keras.Model) -> None:
         self.model = model
-        self.dtypes = dict(dtypes)
-        self.paths = telemetry_paths(model, dtypes)
         self.installed = False
         self._hooks = instrument_backend("the autoprec guard").ProbeHooks()
         self._undo: list[Callable[[], None]] = []
@@ -223,14 +229,19 @@ class GuardTelemetry:
     def _replace(self, owner: object, name: str, value: object) -> None:
         self._undo.append(swap_attribute(owner, name, value))
 
-    def failed_step(self) -> StepRecord | None:
-        """Returns the record of the newest step skipped since the last call (replayed), or `None`."""
+    def forget(self) -> None:
+        """Marks every step kept so far as read."""
+        self._hooks.kept_step()
+
+    def failed_step(self, dtypes: Mapping[str, str]) -> StepRecord | None:
+        """Returns the record of the newest step skipped since the last call, replayed with the
+        layers computing in `dtypes`, or `None`."""
         kept = self._hooks.kept_step()
         if kept is None:
             return None
         self._hooks.paused = True
         try:
-            return replay_step(self.model, kept, self.dtypes)
+            return replay_step(self.model, kept, dtypes)
         finally:
             self._hooks.paused = False
 
