@@ -468,7 +468,7 @@ class ProbeHooks:
             scale = _loss_scale(model.optimizer)
             outputs = original(data)
             failed = counter.value > before
-            hooks._kept.keep(data, scale, failed)
+            hooks._kept.keep(data, scale, failed, bool(getattr(model, "jit_compile", False)))
             return outputs
 
         replace(model, "train_step", train_step)
@@ -484,6 +484,18 @@ def _loss_scale(optimizer: Any) -> tf.Tensor:
     return tf.constant(1.0) if scale is None else tf.identity(tf.cast(scale.value, tf.float32))
 
 
+def _batch_copy(leaf: tf.Tensor, xla: bool) -> tf.Variable:
+    """A variable to copy a batch's tensor into: of any shape, or of its static shape under XLA."""
+    if xla and leaf.shape.is_fully_defined():
+        initial, shape = tf.zeros(leaf.shape, leaf.dtype), leaf.shape
+    else:
+        initial, shape = tf.zeros([0], leaf.dtype), tf.TensorShape(None)
+    return tf.Variable(
+        initial, shape=shape, validate_shape=shape.rank is not None, trainable=False,
+        name="autoprec_kept_batch",
+    )  # fmt: skip
+
+
 class _KeptBatch:
     """Variables (one set per replica) holding the batch and loss scale of the newest skipped step."""
 
@@ -494,26 +506,22 @@ class _KeptBatch:
         self._structure: Any = None
         self._read = 0
 
-    def keep(self, data: Any, scale: tf.Tensor, failed: tf.Tensor) -> None:
-        """Copies `data` and `scale` where `failed` (traced; variables created on the first trace)."""
+    def keep(self, data: Any, scale: tf.Tensor, failed: tf.Tensor, xla: bool) -> None:
+        """Copies `data` and `scale` where `failed` (traced; variables created on the first trace).
+        Under XLA the copies have the first trace's static shapes: a batch of another shape (a
+        partial last batch) is not kept."""
         leaves = tf.nest.flatten(data)
         if self._count is None:
             self._structure = data
             self._count = replica_local_variable(np.int64(0), "autoprec_kept_steps")
             self._scale = replica_local_variable(np.float32(1.0), "autoprec_kept_scale")
             with tf.init_scope():
-                self._values = [
-                    None
-                    if leaf is None
-                    else tf.Variable(
-                        tf.zeros([0], leaf.dtype),
-                        shape=tf.TensorShape(None),
-                        validate_shape=False,
-                        trainable=False,
-                        name="autoprec_kept_batch",
-                    )
-                    for leaf in leaves
-                ]
+                self._values = [None if leaf is None else _batch_copy(leaf, xla) for leaf in leaves]
+        if xla and any(
+            variable is not None and variable.shape != leaf.shape
+            for variable, leaf in zip(self._values, leaves)
+        ):
+            return
 
         def keep() -> tf.Tensor:
             for variable, leaf in zip(self._values, leaves):

@@ -495,3 +495,25 @@ def test_a_layer_whose_outputs_cannot_be_recorded_warns_once_and_the_fit_goes_on
         )
     assert np.isfinite(history.history["loss"]).all()
     assert not [line for line in caplog.messages if "pair" in line]  # no wrap in a normal step
+
+
+def test_a_jit_compiled_step_keeps_the_batch_it_skipped():
+    model = keras.Sequential(
+        [
+            keras.Input((8,)),
+            keras.layers.Dense(16, name="a"),
+            keras.layers.Dense(16, name="big"),
+            keras.layers.Dense(1, name="head"),
+        ]
+    )
+    model.compile(optimizer=keras.optimizers.SGD(0.0), loss="mse", jit_compile=True)
+    kernel, bias = model.get_layer("big").get_weights()
+    model.get_layer("big").set_weights([np.full_like(kernel, 100.0), bias])
+    x = np.ones((64, 8), "float32")
+    x[40:] = 1000.0  # the sixth batch on: big's outputs pass 65504
+    plan = PrecisionPlan.uniform(model, "float16").with_dtype("head", "float32")
+    callback = PlanCallback(plan, verbose=0)
+    model.fit(x, np.zeros((64, 1)), batch_size=8, shuffle=False, verbose=0, callbacks=[callback])
+    promotions = _promotions(callback)
+    assert (promotions[0]["layer"], promotions[0]["step"]) == ("big", 6), promotions
+    assert _finite_weights(model)
