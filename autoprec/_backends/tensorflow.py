@@ -484,6 +484,12 @@ def _loss_scale(optimizer: Any) -> tf.Tensor:
     return tf.constant(1.0) if scale is None else tf.identity(tf.cast(scale.value, tf.float32))
 
 
+def _global_batch(variable: tf.Variable) -> np.ndarray:
+    """The kept batch: every replica's part, in replica order (the whole batch on one replica)."""
+    parts = replica_values(variable)
+    return parts[0] if len(parts) == 1 else np.concatenate(parts, axis=0)
+
+
 def _batch_copy(leaf: tf.Tensor, xla: bool) -> tf.Variable:
     """A variable to copy a batch's tensor into: of any shape, or of its static shape under XLA."""
     if xla and leaf.shape.is_fully_defined():
@@ -492,7 +498,8 @@ def _batch_copy(leaf: tf.Tensor, xla: bool) -> tf.Variable:
         initial, shape = tf.zeros([0], leaf.dtype), tf.TensorShape(None)
     return tf.Variable(
         initial, shape=shape, validate_shape=shape.rank is not None, trainable=False,
-        name="autoprec_kept_batch",
+        name="autoprec_kept_batch", synchronization=tf.VariableSynchronization.ON_READ,
+        aggregation=tf.VariableAggregation.NONE,
     )  # fmt: skip
 
 
@@ -539,7 +546,7 @@ class _KeptBatch:
         if count == self._read:
             return None
         self._read = count
-        leaves = [None if v is None else np.asarray(v.numpy()) for v in self._values]
+        leaves = [None if v is None else _global_batch(v) for v in self._values]
         batch = tf.nest.pack_sequence_as(self._structure, leaves)
         return KeptStep(batch, float(replica_values(self._scale)[0]))
 
