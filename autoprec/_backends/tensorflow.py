@@ -222,7 +222,11 @@ class StatisticsCache:
         return (tensor.ref(), None if multiplier is None else multiplier.ref())
 
     def statistics(
-        self, tensor: tf.Tensor, xla: bool, multiplier: tf.Tensor | None, statistics: str
+        self,
+        tensor: tf.Tensor,
+        xla: bool,
+        multiplier: tf.Tensor | None,
+        statistics: str = "histograms",
     ) -> tuple[tf.Tensor, tf.Tensor]:
         """Returns the statistics of `tensor`, computing them on the first request."""
         key = self._key(tensor, multiplier)
