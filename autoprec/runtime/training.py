@@ -381,28 +381,25 @@ class PlanCallback(keras.callbacks.Callback):
         if replaced is not None:
             self._wrapped_optimizer = replaced
 
-    def _install_telemetry(self, has_16bit: bool) -> bool:
-        """Installs the guard's keeping of skipped steps (none without 16-bit layers); returns
-        whether the train step changed (an installed keeping is reused: it holds no dtype)."""
-        installed = installed_telemetry(self.model)
+    def _install_telemetry(self, has_16bit: bool) -> None:
+        """Installs the guard's keeping of skipped steps (none without 16-bit layers); an installed
+        keeping is reused: it holds no dtype, so a step traced with it stays valid."""
         if self._watch is None or not has_16bit:
             remove_installed_telemetry(self.model)
             if self._watch is not None:
                 SkippedStepLogs.for_model(self.model).deactivate()
                 self._watch.attach(None)
-            return installed is not None
+            return
         step_logs = SkippedStepLogs.for_model(self.model)  # below the telemetry's wrapper
-        telemetry = installed
+        telemetry = installed_telemetry(self.model)
         if telemetry is None:
             with strategy_scope(self.model):
                 telemetry = GuardTelemetry(self.model)
             telemetry.install()
         else:
             telemetry.forget()  # steps skipped under another plan are not this one's
-        changed = installed is None or not step_logs.active
         step_logs.activate()
         self._watch.attach(telemetry)
-        return changed
 
     # ------------------------------------------------------------------ guard
 
