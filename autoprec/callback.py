@@ -36,6 +36,7 @@ from .profiler import Profile, ProfileCallback
 from .runtime.guard import Guard
 from .runtime.kernels import checked_plan
 from .runtime.loss_scale import LossScale
+from .runtime.telemetry import installed_telemetry
 from .runtime.training import DEFAULT_GUARD, PlanCallback
 from .search import SearchResult, SearchSettings, compute_layers, search
 
@@ -391,7 +392,8 @@ class AutoPrecision(PlanCallback):
         budget = decision_budget(self.auto, deciding.clock.fit_estimate(self._fit_steps()))
         trace = deciding.clock.trace_seconds() or 0.0
         # With decision_seconds the race's traces come out of it too (each fast uniform policy,
-        # the per-layer plan, the kept plan's own): per-layer costs are timed with what they leave.
+        # the per-layer plan, and float32's where the race runs the guard's optimizer; the plan
+        # kept runs on its race trace): per-layer costs are timed with what they leave.
         shared = self.auto.decision_seconds is not None
         race_reserve = (len(deciding.fast) + 2) * trace if shared else 0.0
         plan, self.estimate = decide_plan(
@@ -476,14 +478,27 @@ class AutoPrecision(PlanCallback):
         if self.auto.timing_rounds == 0 or device is None or not is_local(device):
             return {}
         candidates = race_candidates(self.model, plan, self.profile, device)
-        if any(candidate.uses_float16 for candidate in candidates.values()):
-            self._wrap_optimizer(uses_float16=True, has_16bit=True)  # float16 steps are scaled
+        float16 = any(candidate.uses_float16 for candidate in candidates.values())
+        has_16bit = any(
+            dtype != FLOAT32
+            for candidate in candidates.values()
+            for dtype in candidate.resolve().values()
+        )
+        if len(candidates) > 1 and (float16 or (has_16bit and self.guard is not None)):
+            # The race times the steps the epochs run: float16 scaled, skipped steps kept.
+            self._wrap_optimizer(uses_float16=float16, has_16bit=True)
+            self._install_telemetry(has_16bit=True)
         return candidates
 
     def _finish_race(self) -> None:
         """Keeps the plan whose whole step measured fastest, applies it and reports."""
         deciding, self._deciding = self._deciding, None
         result = deciding.race.result()
+        keeping = installed_telemetry(self.model)
+        self._raced = [
+            (dtypes, function, self.model.optimizer, keeping)
+            for dtypes, function in deciding.race.traced_functions()
+        ]
         deciding.race.close()
         self.plan = race_winner_plan(deciding.race_plans, result, deciding.per_layer_plan)
         deciding.record["decision_seconds"] += result.added_seconds

@@ -139,7 +139,6 @@ def local_with_fast_16bit():
 SLOW_MODULES = (
     "tests/backends/test_jax.py",
     "tests/backends/test_jax_probes.py",
-    "tests/backends/test_jax_telemetry.py",
     "tests/profiler/test_jax_profile.py",
     "tests/test_backends.py",
     "tests/test_bench_fp8.py",

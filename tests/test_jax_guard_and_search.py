@@ -1,4 +1,4 @@
-"""The guard's telemetry and the search on Keras' JAX backend (no TensorFlow-only probes)."""
+"""The guard's replay of a failed step and the search on Keras' JAX backend (no TensorFlow)."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ CHILD = textwrap.dedent(
 
     results = {}
 
-    # Telemetry: per-layer amax recorded inside the compiled JAX step, attribution from it.
+    # A skipped step replayed with amax probes on JAX, attribution from it.
     from autoprec.runtime import apply_plan
     from autoprec.runtime.guard import attribute_step
     from autoprec.runtime.telemetry import GuardTelemetry
@@ -45,23 +45,30 @@ CHILD = textwrap.dedent(
     handle = apply_plan(model, plan)
     model.optimizer = autoprec.FlooredLossScaleOptimizer(model.optimizer, initial_scale=1024.0)
     model.optimizer.build(model.trainable_variables)
-    telemetry = GuardTelemetry(model, handle.dtypes)
+    telemetry = GuardTelemetry(model)
     telemetry.install()
     model.make_train_function(force=True)
-    model.fit(x[:48], y[:48], batch_size=4, shuffle=False, verbose=0)
-    records = telemetry.read_records()
-    failed = [r for r in records if not r.finite]
+    failed = []
+
+    class Watch(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            record = telemetry.failed_step(handle.dtypes)  # the skipped step, replayed with amax probes
+            if record is not None:
+                failed.append((batch + 1, record))
+
+    model.fit(x[:48], y[:48], batch_size=4, shuffle=False, verbose=0, callbacks=[Watch()])
+    step, record = failed[0]
+    attribution = attribute_step(record, handle.dtypes)
     results["telemetry"] = {
-        "steps": telemetry.steps_recorded(),
-        "failed": telemetry.read_status().failed,
-        "first_failed": failed[0].index if failed else None,
-        "attribution": list(attribute_step(failed[0], handle.dtypes).layers) if failed else [],
-        "cause": attribute_step(failed[0], handle.dtypes).cause if failed else None,
-        "scale": records[0].loss_scale,
-        "clean": {path: [a.output, a.input, a.gradient] for path, a in records[0].layers.items()},
+        "failed_steps": [index for index, _ in failed],
+        "cause": attribution.cause,
+        "attribution": list(attribution.layers),
+        "scale": record.loss_scale,
+        "first": [record.layers["first"].output, record.layers["first"].input],
+        "big": record.layers["big"].output,
     }
 
-    # Guard: the callback installs the telemetry on JAX too, so only the layer that
+    # Guard: the callback replays failed steps on JAX too, so only the layer that
     # overflowed is promoted.
     model = overflow_model()
     plan = autoprec.PrecisionPlan.uniform(model, "float16").with_dtype("out", "float32")
@@ -132,12 +139,12 @@ def test_guard_and_search_on_jax(tmp_path):
     results = json.loads(line[len("RESULT ") :])
 
     telemetry = results["telemetry"]
-    assert telemetry["steps"] == 12 and telemetry["failed"]
-    assert telemetry["first_failed"] == 11  # the first batch of large inputs
+    assert telemetry["failed_steps"] == [11, 12]  # the batches of large inputs, each skipped
     assert telemetry["cause"] == "forward" and telemetry["attribution"] == ["big"]
-    assert telemetry["scale"] == 1024.0
-    for path, (output, inputs, gradient) in telemetry["clean"].items():
-        assert 0 < inputs <= output < 65504 and 0 < gradient < 65504, (path, output, gradient)
+    assert telemetry["scale"] == 1024.0  # the failed step's own scale, not the halved one
+    output, inputs = telemetry["first"]
+    assert inputs == 1000.0 and 1000.0 <= output < 65504
+    assert telemetry["big"] == float("inf")
 
     guard = results["guard"]
     promoted = {e["layer"] for e in guard["events"] if e["kind"] == "promotion"}

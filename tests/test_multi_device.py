@@ -55,22 +55,15 @@ COMMON = textwrap.dedent(
         return x, np.zeros((48, 1), "float32")
 
     def train(autoprec, model, x, y):
-        from autoprec.runtime.apply import applied_state
         plan = autoprec.PrecisionPlan.uniform(model, "float16").with_dtype("out", "float32")
         callback = autoprec.AutoPrecision(
             plan, loss_scale=autoprec.LossScale(initial=1.0), verbose=0
         )
         history = model.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0,
                             callbacks=[callback])
-        telemetry = applied_state(model).telemetry
         return callback, history, {
             "events": [dict(event) for event in callback.plan.events],
             "dtypes": {layer.name: layer.compute_dtype for layer in model.layers},
-            "recorded": telemetry.steps_recorded(),
-            "records": [
-                [r.batch_amax, r.finite, r.layers["first"].output, r.layers["first"].gradient]
-                for r in telemetry.read_records()
-            ],
             "iterations": int(np.asarray(model.optimizer.iterations.numpy())),
             "skipped": int(np.asarray(model.optimizer.non_finite_steps.numpy())),
         }
@@ -214,12 +207,8 @@ def _check_promoted_once(run: dict) -> None:
 
 
 def _check_steps(run: dict) -> None:
-    """Step 3 is skipped on every replica; the 3 steps after the promotion are one frame each."""
+    """Step 3 is skipped on every replica and replayed; the 3 steps after the promotion run."""
     assert run["skipped"] == 1 and run["iterations"] == 5
-    assert run["recorded"] == 3 and len(run["records"]) == 3
-    for batch_amax, finite, first_output, first_gradient in run["records"]:
-        assert finite and batch_amax == 1000.0  # the largest over every replica's part
-        assert first_output == 1000.0 and 0 < first_gradient < 65504
 
 
 @pytest.fixture(scope="module")

@@ -1,12 +1,11 @@
 """Backend-specific parts of autoprec: one module per Keras backend (`tensorflow`, `jax`) for the
 in-step instrumentation and the compiled steps that timing measures.
 
-Each instrumentation module offers the same interface (its types in `instrument.py`): `ProbeHooks(xla)` (the profiler's exact
-statistics: `recording`, `tensor_count`, `install_step`, `probe`, `record`,
-`read`, `steps_recorded`), `TelemetryHooks(history)` (the guard's amax frame every step:
-`measures_bfloat16_lazily`, `integer_amax_is_fast`, `step_wrappers`, `watch_gradient`,
-`read_history`, `read_count`, `read_status`, `clear_status`), and `is_float_tensor`,
-`xla_can_host_probes`, `write_histograms`, `every_replica`.
+Each instrumentation module offers the same interface (its types in `instrument.py`): one hooks
+class, `ProbeHooks(xla, statistics)` (probes inside the train step: `recording`, `tensor_count`,
+`install_step`, `probe`, `record`, `read`, `steps_recorded`; and the guard's `keep_failed_steps`,
+`kept_step`, `paused`), and `is_float_tensor`, `xla_can_host_probes`, `write_histograms`,
+`every_replica`.
 """
 
 from __future__ import annotations
@@ -32,7 +31,7 @@ TELEMETRY_UNSUPPORTED = (
 
 
 def instrument_backend(
-    feature: str = "the autoprec guard's telemetry", unsupported: str = TELEMETRY_UNSUPPORTED
+    feature: str = "the autoprec guard", unsupported: str = TELEMETRY_UNSUPPORTED
 ) -> ModuleType:
     """Returns the in-step instrumentation module of the active Keras backend, imported lazily."""
     name = keras.backend.backend()

@@ -7,15 +7,14 @@ from __future__ import annotations
 import functools
 import os
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
 import keras
 import numpy as np
 import tensorflow as tf
-from keras import ops
 
-from .instrument import HistogramSeries, advance_history, amax_bits, cleared_status
+from .instrument import HistogramSeries, KeptStep, Replace
 
 _MANTISSA_BITS = 23
 _BIASED_EXPONENT_BINS = 256
@@ -153,8 +152,22 @@ def combine_floats(current: tf.Tensor, new: tf.Tensor) -> tf.Tensor:
     )
 
 
+def _amax_statistics(flat: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+    """The `amax` selection: the largest finite magnitude, the non-finite and NaN counts."""
+    bits = tf.bitcast(tf.abs(flat), tf.int32)
+    finite = bits < _INFINITY_BITS
+    largest = tf.reduce_max(tf.where(finite, tf.abs(flat), 0.0))
+    non_finite = tf.reduce_sum(tf.cast(tf.logical_not(finite), tf.int64))
+    nans = tf.reduce_sum(tf.cast(bits > _INFINITY_BITS, tf.int64))
+    zeros = tf.zeros([_BIASED_EXPONENT_BINS - 1], tf.int64)
+    subnormal = tf.zeros([_SUBNORMAL_EXPONENTS], tf.int64)
+    counts = tf.concat([zeros, [non_finite], subnormal, [nans]], axis=0)
+    floats = tf.stack([tf.cast(largest, tf.float64), np.inf, 0.0, 0.0])
+    return counts, floats
+
+
 @functools.cache
-def _statistics_function(xla: bool) -> Callable:
+def _statistics_function(xla: bool, statistics: str = "histograms") -> Callable:
     """Returns a `tf.function` computing `(counts, floats)` of a 1-D tensor, traced once."""
 
     @tf.function(
@@ -162,17 +175,22 @@ def _statistics_function(xla: bool) -> Callable:
         autograph=False,
         experimental_attributes={"_noinline": True},
     )
-    def statistics(flat):
+    def compute(flat):
+        if statistics == "amax":
+            return _amax_statistics(flat)
         return _flat_statistics(flat, xla)
 
-    return statistics
+    return compute
 
 
 def tensor_statistics(
-    tensor: tf.Tensor, xla: bool = False, multiplier: tf.Tensor | None = None
+    tensor: tf.Tensor,
+    xla: bool = False,
+    multiplier: tf.Tensor | None = None,
+    statistics: str = "histograms",
 ) -> tuple[tf.Tensor, tf.Tensor]:
     """Computes the raw statistics of one tensor (see the module docstring)."""
-    return _statistics_function(xla)(_flatten(tensor, multiplier))
+    return _statistics_function(xla, statistics)(_flatten(tensor, multiplier))
 
 
 def _flatten(tensor: tf.Tensor, multiplier: tf.Tensor | None) -> tf.Tensor:
@@ -204,12 +222,16 @@ class StatisticsCache:
         return (tensor.ref(), None if multiplier is None else multiplier.ref())
 
     def statistics(
-        self, tensor: tf.Tensor, xla: bool, multiplier: tf.Tensor | None
+        self,
+        tensor: tf.Tensor,
+        xla: bool,
+        multiplier: tf.Tensor | None,
+        statistics: str = "histograms",
     ) -> tuple[tf.Tensor, tf.Tensor]:
         """Returns the statistics of `tensor`, computing them on the first request."""
         key = self._key(tensor, multiplier)
         if key not in self._entries:
-            self._entries[key] = tensor_statistics(tensor, xla, multiplier)
+            self._entries[key] = tensor_statistics(tensor, xla, multiplier, statistics)
         return self._entries[key]
 
     def alias(self, alias: tf.Tensor, original: tf.Tensor) -> None:
@@ -222,7 +244,8 @@ class StatisticsCache:
 class TensorAccumulator:
     """Statistic variables of one probed tensor, accumulated over steps."""
 
-    def __init__(self, name: str):
+    def __init__(self, name: str, statistics: str = "histograms"):
+        self.statistics = statistics
         self.counts = replica_local_variable(
             np.zeros(RAW_COUNT_SLOTS, np.int64), f"autoprec_counts_{name}"
         )
@@ -239,9 +262,9 @@ class TensorAccumulator:
     ) -> None:
         """Adds the statistics of `tensor` (in the current graph or eagerly)."""
         if cache is None or not tf.is_symbolic_tensor(tensor):
-            counts, floats = tensor_statistics(tensor, xla, multiplier)
+            counts, floats = tensor_statistics(tensor, xla, multiplier, self.statistics)
         else:
-            counts, floats = cache.statistics(tensor, xla, multiplier)
+            counts, floats = cache.statistics(tensor, xla, multiplier, self.statistics)
         self.counts.assign_add(counts)
         self.floats.assign(combine_floats(self.floats.read_value(), floats))
 
@@ -330,15 +353,20 @@ def inverse_loss_scale(optimizer: object) -> tf.Tensor | None:
 
 
 class ProbeHooks:
-    """The profiler's step hooks on TensorFlow: statistic variables updated inside the traced step."""
+    """The in-step instrumentation on TensorFlow: probes whose statistic variables are updated
+    inside the traced step (`statistics`: `"histograms"` or `"amax"`), and the copy of the batch
+    of a step the optimizer skipped (`keep_failed_steps`)."""
 
-    def __init__(self, xla: bool = False) -> None:
+    def __init__(self, xla: bool = False, statistics: str = "histograms") -> None:
         self._xla = xla
+        self._statistics = statistics
         self._accumulators: dict[tuple[str, str, str], TensorAccumulator] = {}
         self._recording = False
         self._multiplier: tf.Tensor | None = None
         self._cache: StatisticsCache | None = None
         self._counter: StepCounter | None = None
+        self._kept = _KeptBatch()
+        self.paused = False
 
     @property
     def recording(self) -> bool:
@@ -402,7 +430,7 @@ class ProbeHooks:
 
     def _accumulator(self, slot: tuple[str, str, str]) -> TensorAccumulator:
         if slot not in self._accumulators:
-            self._accumulators[slot] = TensorAccumulator("/".join(slot))
+            self._accumulators[slot] = TensorAccumulator("/".join(slot), self._statistics)
         return self._accumulators[slot]
 
     def probe(self, tensor: tf.Tensor, forward, backward) -> tf.Tensor:
@@ -427,6 +455,104 @@ class ProbeHooks:
     def steps_recorded(self) -> int:
         """Returns the number of train steps run with the probes so far."""
         return 0 if self._counter is None else self._counter.read()
+
+    # -- the guard's failed steps: no probe, a copy of the batch the optimizer skipped
+
+    def keep_failed_steps(self, model: keras.Model, replace: Replace) -> None:
+        """Wraps `model.train_step` to copy the batch and loss scale of each skipped step."""
+        original = model.train_step
+        hooks = self
+
+        @functools.wraps(original)
+        def train_step(data):
+            counter = getattr(model.optimizer, "non_finite_steps", None)
+            if counter is None or hooks.paused:  # paused: a replay traces this step
+                return original(data)
+            before = tf.identity(counter.value)
+            scale = _loss_scale(model.optimizer)
+            outputs = original(data)
+            failed = counter.value > before
+            hooks._kept.keep(data, scale, failed, bool(getattr(model, "jit_compile", False)))
+            return outputs
+
+        replace(model, "train_step", train_step)
+
+    def kept_step(self) -> KeptStep | None:
+        """Returns the newest step skipped since the last call, or `None`."""
+        return self._kept.read()
+
+
+def _loss_scale(optimizer: Any) -> tf.Tensor:
+    """The loss scale the step runs at, as a float32 scalar (1 without scaling)."""
+    scale = getattr(optimizer, "dynamic_scale", None)
+    return tf.constant(1.0) if scale is None else tf.identity(tf.cast(scale.value, tf.float32))
+
+
+def _global_batch(variable: tf.Variable) -> np.ndarray:
+    """The kept batch: every replica's part, in replica order (the whole batch on one replica)."""
+    parts = replica_values(variable)
+    return parts[0] if len(parts) == 1 else np.concatenate(parts, axis=0)
+
+
+def _batch_copy(leaf: tf.Tensor, xla: bool) -> tf.Variable:
+    """A variable to copy a batch's tensor into: of any shape, or of its static shape under XLA."""
+    if xla and leaf.shape.is_fully_defined():
+        initial, shape = tf.zeros(leaf.shape, leaf.dtype), leaf.shape
+    else:
+        initial, shape = tf.zeros([0], leaf.dtype), tf.TensorShape(None)
+    return tf.Variable(
+        initial, shape=shape, validate_shape=shape.rank is not None, trainable=False,
+        name="autoprec_kept_batch", synchronization=tf.VariableSynchronization.ON_READ,
+        aggregation=tf.VariableAggregation.NONE,
+    )  # fmt: skip
+
+
+class _KeptBatch:
+    """Variables (one set per replica) holding the batch and loss scale of the newest skipped step."""
+
+    def __init__(self) -> None:
+        self._count: tf.Variable | None = None
+        self._scale: tf.Variable | None = None
+        self._values: list[tf.Variable | None] = []
+        self._structure: Any = None
+        self._read = 0
+
+    def keep(self, data: Any, scale: tf.Tensor, failed: tf.Tensor, xla: bool) -> None:
+        """Copies `data` and `scale` where `failed` (traced; variables created on the first trace).
+        Under XLA the copies have the first trace's static shapes: a batch of another shape (a
+        partial last batch) is not kept."""
+        leaves = tf.nest.flatten(data)
+        if self._count is None:
+            self._structure = data
+            self._count = replica_local_variable(np.int64(0), "autoprec_kept_steps")
+            self._scale = replica_local_variable(np.float32(1.0), "autoprec_kept_scale")
+            with tf.init_scope():
+                self._values = [None if leaf is None else _batch_copy(leaf, xla) for leaf in leaves]
+        if xla and any(
+            variable is not None and variable.shape != leaf.shape
+            for variable, leaf in zip(self._values, leaves)
+        ):
+            return
+
+        def keep() -> tf.Tensor:
+            for variable, leaf in zip(self._values, leaves):
+                if variable is not None:
+                    variable.assign(leaf)
+            self._scale.assign(scale)
+            return self._count.assign_add(1)
+
+        tf.cond(failed, keep, lambda: tf.identity(self._count))
+
+    def read(self) -> KeptStep | None:
+        if self._count is None:
+            return None
+        count = max(int(value) for value in replica_values(self._count))
+        if count == self._read:
+            return None
+        self._read = count
+        leaves = [None if v is None else _global_batch(v) for v in self._values]
+        batch = tf.nest.pack_sequence_as(self._structure, leaves)
+        return KeptStep(batch, float(replica_values(self._scale)[0]))
 
 
 _XLA_SUPPORT: dict[str, bool] = {}
@@ -475,12 +601,6 @@ def replica_values(variable: tf.Variable) -> list[np.ndarray]:
     return [np.asarray(local.numpy()) for local in _local_copies(variable)]
 
 
-def assign_every_replica(variable: tf.Variable, value: np.ndarray) -> None:
-    """Sets every replica's copy of `variable` to `value` (from the host, between steps)."""
-    for local in _local_copies(variable):
-        local.assign(value)
-
-
 def _local_copies(variable: tf.Variable) -> tuple:
     strategy = getattr(variable, "distribute_strategy", None) or tf.distribute.get_strategy()
     return tuple(strategy.experimental_local_results(variable))
@@ -500,147 +620,6 @@ def every_replica(flag: Any) -> tf.Tensor:
     failing = tf.cast(tf.logical_not(flag), tf.int32)
     context = tf.distribute.get_replica_context()
     return tf.equal(context.all_reduce(tf.distribute.ReduceOp.SUM, failing), 0)
-
-
-def loss_scale(model: keras.Model) -> tf.Tensor:
-    """Returns the loss scale the model's optimizer applies now, as a float32 scalar (1 without)."""
-    optimizer = model.optimizer
-    if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
-        return ops.cast(ops.convert_to_tensor(optimizer.dynamic_scale), "float32")
-    return ops.convert_to_tensor(1.0, "float32")
-
-
-class TelemetryHooks:
-    """The guard's telemetry on TensorFlow: per-replica variables written in the step."""
-
-    #: bfloat16 layers are measured in a conditional branch that only failing steps take.
-    measures_bfloat16_lazily = True
-
-    def __init__(self, history: np.ndarray) -> None:
-        self._history = replica_local_variable(history, "autoprec_guard_history")
-        self._count = replica_local_variable(np.int64(0), "autoprec_guard_steps")
-        self._status = replica_local_variable(cleared_status(), "autoprec_guard_status")
-
-    def integer_amax_is_fast(self, xla: bool) -> bool:
-        """Returns whether the amax may reduce bit patterns as 16/32-bit integers."""
-        return xla or not tf.config.list_logical_devices("GPU")
-
-    def step_wrappers(
-        self, model: keras.Model, recorder: Any, owners: Mapping[int, int]
-    ) -> list[tuple[object, str, Callable]]:
-        """Returns the wrappers of `model.train_step` and `apply_gradients`."""
-        optimizer = model.optimizer
-        return [
-            (model, "train_step", self._wrap_train_step(model, recorder)),
-            (
-                optimizer,
-                "apply_gradients",
-                _wrap_apply_gradients(optimizer.apply_gradients, recorder, owners),
-            ),
-        ]
-
-    def watch_gradient(self, recorder: Any, trace: Any, index: int, value: Any) -> Any:
-        """Returns `value` through a custom-gradient identity recording the gradient's amax."""
-
-        @ops.custom_gradient
-        def identity(value):
-            def gradient(*args, upstream=None):
-                if upstream is None:
-                    (upstream,) = args
-                current = recorder.active_step()
-                if current is not None:
-                    bits = amax_bits(upstream, current.integer)
-                    recorder.record_activation_gradient(current, index, bits)
-                return upstream
-
-            return ops.copy(value), gradient
-
-        return identity(value)
-
-    def _wrap_train_step(self, model: keras.Model, recorder: Any) -> Callable:
-        original = model.train_step
-
-        @functools.wraps(original)
-        def train_step(data):
-            trace = recorder.begin_step(data)
-            try:
-                scale = loss_scale(model)
-                outputs = original(data)
-            finally:
-                recorder.end_step()
-            self._write(recorder, recorder.frame(trace, scale))
-            return outputs
-
-        return train_step
-
-    def _write(self, recorder: Any, frame: Any) -> None:
-        """Appends the step's frame to the history with one update; raises the status flags."""
-        history, status = advance_history(
-            recorder,
-            frame,
-            ops.convert_to_tensor(self._history),
-            ops.convert_to_tensor(self._status),
-            ops,
-        )
-        self._history.assign(history)
-        self._count.assign_add(ops.convert_to_tensor(1, "int64"))
-        self._status.assign(ops.cast(status, "int32"))
-
-    def read_history(self) -> np.ndarray:
-        """Returns the history, combined over replicas (the largest values)."""
-        return _largest_replica_value(self._history)
-
-    def read_count(self) -> int:
-        """Returns how many steps were recorded (the largest replica count)."""
-        return int(max(int(value) for value in replica_values(self._count)))
-
-    def read_status(self) -> np.ndarray:
-        """Returns `[failed, near_range]` since the last clear, combined over replicas."""
-        return _largest_replica_value(self._status)
-
-    def clear_status(self) -> None:
-        """Resets every replica's status."""
-        assign_every_replica(self._status, cleared_status())
-
-
-def _largest_replica_value(variable: tf.Variable) -> np.ndarray:
-    """The largest value of each element over every replica's copy of `variable`."""
-    return np.max(np.stack(replica_values(variable)), axis=0)
-
-
-def _wrap_apply_gradients(original: Callable, recorder: Any, owners: Mapping[int, int]) -> Callable:
-    @functools.wraps(original)
-    def apply_gradients(grads_and_vars, *args, **kwargs):
-        pairs = list(grads_and_vars)
-        trace = recorder.active_step()
-        if trace is not None:
-            for gradient, variable in pairs:
-                if gradient is not None:
-                    recorder.record_weight_gradient(trace, owners.get(id(variable)), gradient)
-            if replicas_in_sync() > 1:
-                pairs = _skipped_on_every_replica(pairs, trace.gradients_finite())
-        return original(pairs, *args, **kwargs)
-
-    return apply_gradients
-
-
-def _skipped_on_every_replica(pairs: list, finite: Any) -> list:
-    """Makes the smallest dense gradient NaN on every replica when one replica's are not finite."""
-    dense = [
-        (index, gradient)
-        for index, (gradient, _) in enumerate(pairs)
-        if isinstance(gradient, tf.Tensor) and gradient.dtype.is_floating
-    ]
-    if not dense:
-        return pairs
-    index, gradient = min(dense, key=lambda item: item[1].shape.num_elements() or 0)
-    globally = every_replica(finite)
-    poison = tf.where(
-        globally, tf.constant(0.0, gradient.dtype), tf.constant(np.nan, gradient.dtype)
-    )
-    pairs = list(pairs)
-    pairs[index] = (gradient + poison, pairs[index][1])
-    return pairs
 
 
 # TensorBoard output: exponent histograms, scalars and text as event files.

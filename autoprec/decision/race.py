@@ -77,7 +77,9 @@ def race_candidates(
 def race_traces(
     model: keras.Model, candidates: Mapping[str, PrecisionPlan], reuse_fit_step: bool = True
 ) -> int:
-    """Returns how many train steps timing `candidates` inside `fit` traces, at most."""
+    """Returns how many train steps timing `candidates` inside `fit` traces: one per candidate
+    whose dtypes differ from what fit traced (every one when fit's trace is stale). The plan kept
+    runs on its race function: the race traced it as the epochs run it."""
     paths = layer_paths(model)
     running = {path: layer_policy(layer).compute_dtype for path, layer in paths.items()}
     traced = [
@@ -86,7 +88,7 @@ def race_traces(
         if not reuse_fit_step
         or any(running.get(path) != dtype for path, dtype in candidate.resolve().items())
     ]
-    return len(traced) + (1 if traced else 0)
+    return len(traced)
 
 
 def race_lines(result: RaceResult, estimate: Estimate | None) -> list[str]:
@@ -311,6 +313,14 @@ class StepRace:
             added_seconds=max(added, 0.0),
             traces=self._traces,
         )
+
+    def traced_functions(self) -> list[tuple[dict[str, str], Callable[..., Any]]]:
+        """Returns `(dtypes, train function)` of each candidate the race ran."""
+        return [
+            (candidate.dtypes, candidate.train_function)
+            for candidate in self.candidates
+            if candidate.dtypes is not None and candidate.train_function is not None
+        ]
 
     def close(self) -> None:
         """Puts back the layers' policies from before the race and a train function running them."""

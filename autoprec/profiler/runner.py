@@ -14,7 +14,7 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from .._backends import PROFILER_UNSUPPORTED, instrument_backend
-from .._backends.instrument import Slot, is_float_tensor
+from .._backends.instrument import STATISTICS, Slot, is_float_tensor
 from .._core.data import fit_arguments
 from .._core.dtypes import float8_eligible
 from .._core.models import (
@@ -88,6 +88,10 @@ class ProbeSession:
     Args:
         model: a compiled Keras model.
         include_pass_through: also probe pass-through layers (Dropout, Flatten, ...).
+        statistics: `"histograms"` (exact exponent histograms, for a `Profile`) or
+            `"amax"` (each tensor's largest magnitude and non-finite counts, and
+            each probed layer's inputs under `(path, "inputs", "input")`: what the
+            guard's replay of a failed step reads with `read()`).
 
     Raises:
         BackendError: if the Keras backend is neither TensorFlow nor JAX.
@@ -102,7 +106,15 @@ class ProbeSession:
     ```
     """
 
-    def __init__(self, model: keras.Model, include_pass_through: bool = False):
+    def __init__(
+        self,
+        model: keras.Model,
+        include_pass_through: bool = False,
+        statistics: str = "histograms",
+    ):
+        if statistics not in STATISTICS:
+            raise ProfileError(f"ProbeSession: statistics must be one of {STATISTICS}.")
+        self.statistics = statistics
         self._backend: ModuleType = instrument_backend("autoprec profiling", PROFILER_UNSUPPORTED)
         self.model = model
         self._targets = instrumented_layers(model, include_pass_through)
@@ -164,13 +176,15 @@ class ProbeSession:
                 "(or remove its ProfileCallback) first."
             )
         self._choose_xla()
-        hooks = self._backend.ProbeHooks(self._xla)
+        hooks = self._backend.ProbeHooks(self._xla, self.statistics)
         self._hooks = hooks
         self._replace(self.model, "_autoprec_probe_session", self)
         hooks.install_step(self.model, self._weight_owners, self._replace)
         for path, layer in self._targets.items():
             float8 = self._float8_slots.get(path)
             inputs_slot = None if float8 is None else float8["inputs"]
+            if self.statistics == "amax":
+                inputs_slot = (path, "inputs", "input")
             self._replace(layer, "call", self._wrap_call(hooks, path, layer.call, inputs_slot))
             if inputs_slot is not None and hasattr(layer, "quantized_call"):
                 # A quantized layer (a float8 policy) runs `quantized_call`, not `call`.
@@ -287,14 +301,15 @@ class ProbeSession:
         """Returns the number of train steps run with probes so far."""
         return 0 if self._hooks is None else self._hooks.steps_recorded()
 
-    def _read(self) -> dict[Slot, TensorStats]:
+    def read(self) -> dict[Slot, TensorStats]:
+        """Returns the statistics recorded so far, by slot."""
         if self._hooks is None:
             return {}
         return {slot: TensorStats.from_raw(*raw) for slot, raw in self._hooks.read().items()}
 
     def values_recorded(self) -> int:
         """Returns the number of tensor elements measured so far, over every probe and step."""
-        return sum(stats.count for stats in self._read().values())
+        return sum(stats.count for stats in self.read().values())
 
     def observe_step(self) -> None:
         """Keeps the running statistics of the float8 tensors after a train step."""
@@ -333,7 +348,7 @@ class ProbeSession:
     def collect(self) -> Profile:
         """Returns what the probes recorded so far as a `Profile` (the probes stay installed)."""
         groups: dict[str, dict[str, dict[str, TensorStats]]] = {}
-        totals = self._read()
+        totals = self.read()
         for (path, kind, key), stats in totals.items():
             if stats.count == 0 or kind == FLOAT8_SLOT_KIND:
                 continue
@@ -528,7 +543,7 @@ def profile(
     )
     with strategy_scope(model):
         _ensure_built(model, sample_inputs)
-        snapshot = _snapshot(model)
+        snapshot = snapshot_state(model)
     callback = ProfileCallback(
         steps,
         include_pass_through=include_pass_through,
@@ -540,7 +555,7 @@ def profile(
     finally:
         callback.remove_probes()
         with strategy_scope(model):
-            _restore(model, snapshot)
+            restore_state(model, snapshot)
     if callback.profile is None:
         raise ProfileError("autoprec.profile: no train step ran; `x` yielded no batches.")
     return callback.profile
@@ -562,7 +577,8 @@ def _ensure_built(model: keras.Model, sample_inputs: Any) -> None:
         optimizer.build(model.trainable_variables)
 
 
-def _snapshot(model: keras.Model) -> dict[str, Any]:
+def snapshot_state(model: keras.Model) -> dict[str, Any]:
+    """Copies every variable of the model, its optimizer and metrics, for `restore_state`."""
     variables = list(model.variables) + list(model.optimizer.variables)
     variables += list(getattr(model, "metrics_variables", []))
     variables = list({id(variable): variable for variable in variables}.values())
@@ -574,7 +590,8 @@ def _snapshot(model: keras.Model) -> dict[str, Any]:
     }
 
 
-def _restore(model: keras.Model, snapshot: dict[str, Any]) -> None:
+def restore_state(model: keras.Model, snapshot: dict[str, Any]) -> None:
+    """Puts back what `snapshot_state` copied."""
     known = {id(variable) for variable, _ in snapshot["values"]}
     for metric in getattr(model, "metrics", []):
         if any(id(variable) not in known for variable in metric.variables):

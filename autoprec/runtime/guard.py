@@ -20,6 +20,7 @@ from .telemetry import (
     StepRecord,
     format_max,
     is_out_of_range,
+    near_range_layers,
 )
 
 logger = logging.getLogger("autoprec")
@@ -71,9 +72,11 @@ class Guard(ConfigValue):
             training with a report) or `"raise"` (raise `NonFiniteTrainingError`).
             A non-finite loss with every layer in float32 is reported as a real
             divergence and stops training.
-        history_steps: steps of per-layer amax history kept on the device.
-        near_binades: a float16 layer whose amax climbs within this many binades
-            of 65504 is promoted before it overflows.
+        history_steps: kept so that older configs load; no history is kept (a
+            failed step is replayed with amax probes instead).
+        near_binades: in the replay of a step that overflowed forward, a float16
+            layer whose amax is within this many binades of 65504 is promoted with
+            the layers that overflowed.
         check_kernels: before training, run each 16-bit layer once alone; a layer
             whose dtype has no kernel on this device falls back (float16 ->
             bfloat16 -> float32), logged and recorded in `plan.events`.
@@ -254,7 +257,7 @@ def attribute_step(record: StepRecord, dtypes: Mapping[str, str]) -> Attribution
     range, from the loss toward the inputs.
 
     Args:
-        record: a `StepRecord` from `GuardTelemetry.read_records`.
+        record: a `StepRecord` from `GuardTelemetry.failed_step` (the replay).
         dtypes: `{path: dtype}` the layers computed in.
 
     Returns:
@@ -263,7 +266,7 @@ def attribute_step(record: StepRecord, dtypes: Mapping[str, str]) -> Attribution
     Example:
 
     ```python
-    attribution = attribute_step(telemetry.read_records()[-1], handle.dtypes)
+    attribution = attribute_step(telemetry.failed_step(handle.dtypes), handle.dtypes)
     attribution.cause, attribution.layers  # ("forward", ("big",))
     ```
     """
@@ -343,59 +346,6 @@ def lowered_loss_scale(scale: float, failures_in_a_row: int, minimum: float) -> 
     return max(float(minimum), float(scale) / 2.0**binades)
 
 
-def climbing_layers(
-    records: list[StepRecord], dtypes: Mapping[str, str], binades: float = 2.0
-) -> dict[str, str]:
-    """Returns the float16 layers whose amax history climbs toward 65504, with the figures.
-
-    A layer climbs when its latest forward amax (outputs or attention logits)
-    is within `binades` binades of 65504, is the largest of its history, and
-    the later half of its history is larger on average than the earlier half.
-    Non-finite and unrecorded values are left out.
-
-    Args:
-        records: the telemetry's history, oldest first (at least 4 steps).
-        dtypes: `{path: dtype}` the layers compute in.
-        binades: how close to 65504 the latest amax must be.
-
-    Returns:
-        `{path: evidence}` for each climbing float16 layer.
-
-    Example:
-
-    ```python
-    climbing_layers(telemetry.read_records(), handle.dtypes)  # {"dense_3": "amax ..."}
-    ```
-    """
-    threshold = format_max(FLOAT16) / 2.0**binades
-    found: dict[str, str] = {}
-    if not records:
-        return found
-    for path in records[-1].layers:
-        if dtypes.get(path) != FLOAT16:
-            continue
-        series = [
-            record.layers[path].forward
-            for record in records
-            if path in record.layers
-            and record.layers[path].forward != NOT_RECORDED
-            and math.isfinite(record.layers[path].forward)
-        ]
-        if len(series) < 4 or series[-1] < threshold or series[-1] < max(series):
-            continue
-        half = len(series) // 2
-        early = sum(series[:half]) / half
-        late = sum(series[half:]) / (len(series) - half)
-        if late <= early:
-            continue
-        found[path] = (
-            f"float16 amax climbing toward 65504: {series[0]:.4g} -> {series[-1]:.4g} over "
-            f"{len(series)} steps ({math.log2(format_max(FLOAT16) / series[-1]):.2f} binades "
-            "of headroom left)"
-        )
-    return found
-
-
 class GuardAction(enum.Enum):
     """What the callback does about a step (see `decide`)."""
 
@@ -403,7 +353,6 @@ class GuardAction(enum.Enum):
     LOWER_SCALE = "lower_scale"  # gradients overflowed: the dynamic loss scale is lowered
     PROMOTE = "promote"  # promote `GuardDecision.layers`
     SKIP = "skip"  # not a precision problem: the update was skipped, nothing promoted
-    WARN = "warn"  # float16 layers climb toward 65504 and on_nan does not promote: report them
     STOP = "stop"  # stop training with the report
     RAISE = "raise"  # raise `NonFiniteTrainingError` with the report
 
@@ -417,8 +366,6 @@ class StepOutcome:
         attribution: for a step whose values were not finite, what made them so
             (`attribute_step`); `None` for a finite step.
         loss_scale: the loss scale the failing step ran with.
-        climbing: `{path: evidence}` of float16 layers whose amax history
-            climbs toward 65504 (`climbing_layers`), for a finite step.
         loss_finite: whether the step's logged loss was finite.
         has_16bit_layers: whether any layer computes in float16 or bfloat16
             (the telemetry watches those; without any, a non-finite loss is a
@@ -428,7 +375,6 @@ class StepOutcome:
     step: int
     attribution: Attribution | None = None
     loss_scale: float = 1.0
-    climbing: Mapping[str, str] = dataclasses.field(default_factory=dict)
     loss_finite: bool = True
     has_16bit_layers: bool = True
 
@@ -456,8 +402,7 @@ def decide(
 ) -> GuardDecision:
     """Returns what the guard does about one step, from plain values (no Keras object).
 
-    A finite step does nothing, or promotes (`on_nan="promote"`) or reports the
-    float16 layers climbing toward 65504. A failed step the data or a float32
+    A finite step does nothing. A failed step the data or a float32
     part caused is skipped and reported, its halved loss scale restored. A step
     whose gradients overflowed lowers a dynamic loss scale by 1, 2, 4, then 8
     binades per failed step in a row, down to `floor`. Otherwise `on_nan`
@@ -520,27 +465,15 @@ def decide(
 
 
 def _decide_finite_step(outcome: StepOutcome, on_nan: str) -> GuardDecision:
-    """A step without a failed record: the climbing layers, or a divergence in float32."""
-    if not outcome.loss_finite and not outcome.has_16bit_layers:
-        trigger = f"non-finite loss at step {outcome.step}"
-        why = "every layer computes in float32: this is a training divergence, not a precision problem"
-        decision = _stop(outcome.step, trigger, why)
-        if on_nan == "raise":
-            return dataclasses.replace(decision, action=GuardAction.RAISE)
-        return decision
-    if not outcome.climbing:
+    """A step without a failed record: nothing, or a divergence in float32."""
+    if outcome.loss_finite or outcome.has_16bit_layers:
         return GuardDecision()
-    if on_nan != "promote":
-        lines = tuple(
-            f"autoprec guard: step {outcome.step}: {path}: {evidence}"
-            for path, evidence in outcome.climbing.items()
-        )
-        return GuardDecision(GuardAction.WARN, layers=dict(outcome.climbing), lines=lines)
-    return GuardDecision(
-        GuardAction.PROMOTE,
-        layers=dict(outcome.climbing),
-        trigger=f"amax near float16's range at step {outcome.step}",
-    )
+    trigger = f"non-finite loss at step {outcome.step}"
+    why = "every layer computes in float32: this is a training divergence, not a precision problem"
+    decision = _stop(outcome.step, trigger, why)
+    if on_nan == "raise":
+        return dataclasses.replace(decision, action=GuardAction.RAISE)
+    return decision
 
 
 def _decide_not_precision(
@@ -612,8 +545,8 @@ class GuardWatch:
         dtypes: Mapping[str, str],
         near_binades: float,
     ) -> StepOutcome | None:
-        """Returns what happened in the steps up to `step`, or `None` when there is nothing to act
-        on."""
+        """Returns what happened in the step `step`, or `None` when there is nothing to act on: a
+        step the optimizer skipped is replayed with amax probes and attributed."""
         if self.stopped:
             return None
         telemetry = self.telemetry
@@ -623,26 +556,20 @@ class GuardWatch:
                 return None
             has_16bit = any(dtype != FLOAT32 for dtype in dtypes.values())
             return StepOutcome(step, loss_finite=False, has_16bit_layers=has_16bit)
-        status = telemetry.read_status()
-        if not status:
+        record = telemetry.failed_step(dtypes)
+        if record is None:
             return None
-        records = telemetry.read_records(new_only=True)
-        telemetry.clear_status()
-        failed = [record for record in records if not record.finite]
-        if failed:
-            record = failed[0]
-            if record.index != self.last_failed_index + 1:
-                self.failures_in_a_row = 0
-            self.last_failed_index = record.index
-            return StepOutcome(
-                step - (records[-1].index - record.index),
-                attribution=attribute_step(record, dtypes),
-                loss_scale=record.loss_scale,
+        if step != self.last_failed_index + 1:
+            self.failures_in_a_row = 0
+        self.last_failed_index = step
+        attribution = attribute_step(record, dtypes)
+        if attribution.cause == "forward":
+            near = near_range_layers(record, dtypes, near_binades)
+            evidence = {**attribution.evidence, **near}
+            attribution = dataclasses.replace(
+                attribution, layers=tuple(evidence), evidence=evidence
             )
-        if status.near_range:
-            climbing = climbing_layers(telemetry.read_records(), dtypes, near_binades)
-            return StepOutcome(step, climbing=climbing) if climbing else None
-        return None
+        return StepOutcome(step, attribution=attribution, loss_scale=record.loss_scale)
 
 
 def is_finite_number(value: object) -> bool:

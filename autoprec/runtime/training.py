@@ -51,7 +51,12 @@ from .loss_scale import (
     wrap_optimizer,
 )
 from .saving import attach_plan
-from .telemetry import GuardTelemetry, SkippedStepLogs, remove_installed_telemetry
+from .telemetry import (
+    GuardTelemetry,
+    SkippedStepLogs,
+    installed_telemetry,
+    remove_installed_telemetry,
+)
 
 logger = logging.getLogger("autoprec")
 
@@ -105,6 +110,8 @@ class PlanCallback(keras.callbacks.Callback):
         self._pending = False
         self._step = 0
         self._float8_streaks: dict[str, int] = {}
+        # (dtypes, train function, optimizer, guard's keeping) of each plan a race traced.
+        self._raced: list[tuple[dict[str, str], object, object, object]] = []
 
     # ------------------------------------------------------------------ Keras hooks
 
@@ -234,7 +241,13 @@ class PlanCallback(keras.callbacks.Callback):
         has_16bit = any(dtype != FLOAT32 for dtype in self.handle.dtypes.values())
         self._extend_optimizer(state)
         self._wrap_optimizer(self.handle.uses_float16, has_16bit)
-        if self._keeps_compiled_functions(state, has_16bit) and compiled[0] is not None:
+        raced = self._raced_function(has_16bit)
+        if raced is not None:
+            self._install_telemetry(has_16bit)  # the keeping the race traced with, if any
+            model.train_function = raced  # traced by the race as the epochs run it
+            model.test_function = None
+            model.predict_function = None
+        elif self._keeps_compiled_functions(state, has_16bit) and compiled[0] is not None:
             # The policies are what they were: keep the traced functions.
             for name, function in zip(COMPILED_FUNCTIONS, compiled):
                 setattr(model, name, function)
@@ -276,6 +289,19 @@ class PlanCallback(keras.callbacks.Callback):
             self._watch.telemetry = telemetry
             return True
         return self._watch is None or not has_16bit
+
+    def _raced_function(self, has_16bit: bool) -> object | None:
+        """The train function a race traced for these dtypes with this optimizer and keeping."""
+        raced, self._raced = self._raced, []
+        keeping = installed_telemetry(self.model)
+        for dtypes, function, optimizer, telemetry in raced:
+            if (
+                dtypes == self.handle.dtypes
+                and optimizer is self.model.optimizer
+                and (self._watch is None or not has_16bit or telemetry is keeping)
+            ):
+                return function
+        return None
 
     def _policies_unchanged(self) -> bool:
         """Whether the applied plan left every layer in the policy it had before."""
@@ -356,26 +382,23 @@ class PlanCallback(keras.callbacks.Callback):
             self._wrapped_optimizer = replaced
 
     def _install_telemetry(self, has_16bit: bool) -> None:
-        """Installs the guard's telemetry for the layers as applied (none without 16-bit layers)."""
-        if self._watch is None:
+        """Installs the guard's keeping of skipped steps (none without 16-bit layers); an installed
+        keeping is reused: it holds no dtype, so a step traced with it stays valid."""
+        if self._watch is None or not has_16bit:
             remove_installed_telemetry(self.model)
+            if self._watch is not None:
+                SkippedStepLogs.for_model(self.model).deactivate()
+                self._watch.attach(None)
             return
-        self._watch.detach()
-        remove_installed_telemetry(self.model)  # one an earlier fit left on the model
         step_logs = SkippedStepLogs.for_model(self.model)  # below the telemetry's wrapper
-        telemetry = None
-        if has_16bit:
+        telemetry = installed_telemetry(self.model)
+        if telemetry is None:
             with strategy_scope(self.model):
-                telemetry = GuardTelemetry(
-                    self.model,
-                    self.handle.dtypes,
-                    history_steps=self.guard.history_steps,
-                    near_binades=self.guard.near_binades,
-                )
+                telemetry = GuardTelemetry(self.model)
             telemetry.install()
-            step_logs.activate()
         else:
-            step_logs.deactivate()
+            telemetry.forget()  # steps skipped under another plan are not this one's
+        step_logs.activate()
         self._watch.attach(telemetry)
 
     # ------------------------------------------------------------------ guard

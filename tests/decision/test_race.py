@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import keras
 import numpy as np
-from conftest import local_with_fast_bfloat16
+from conftest import build_attention_model, classification_data, local_with_fast_bfloat16
 from decision.auto_models import mlp, mlp_data
 
 from autoprec import AutoPrecision, PrecisionPlan
@@ -49,21 +49,22 @@ class StepFunctions(keras.callbacks.Callback):
         self.seen.append(self.model.train_function)
 
 
-def test_the_race_traces_each_plan_that_changes_a_dtype_and_the_kept_one():
+def test_the_race_traces_each_plan_that_changes_a_dtype():
     model = mlp()
     model(np.zeros((1, 64), "float32"))
     cpu = resolve_hardware("cpu-avx512-bf16")
     plan = PrecisionPlan.uniform(model, "float32").with_dtype("hidden", "bfloat16")
     candidates = race_candidates(model, plan, None, cpu)
-    # float32 runs the step fit traced; mixed_bfloat16 and the per-layer plan one each;
-    # a 16-bit plan kept once more, with the guard's telemetry.
-    assert race_traces(model, candidates) == 3
+    # float32 runs the step fit traced; mixed_bfloat16 and the per-layer plan one each; the
+    # plan kept runs on its race trace.
+    assert race_traces(model, candidates) == 2
+    assert race_traces(model, candidates, reuse_fit_step=False) == 3
     assert race_traces(model, {"float32": candidates["float32"]}) == 0
     # A model built under mixed_bfloat16: float32 is the plan that needs its trace.
     for layer in model.layers:
         layer.dtype_policy = "mixed_bfloat16"
     assert (
-        race_traces(model, {name: candidates[name] for name in ("float32", "mixed_bfloat16")}) == 2
+        race_traces(model, {name: candidates[name] for name in ("float32", "mixed_bfloat16")}) == 1
     )
 
 
@@ -80,12 +81,13 @@ def test_the_one_liner_keeps_the_plan_whose_whole_step_measured_fastest(capsys):
     names = list(measured["rounds_ms"])
     assert names[0] == "float32" and len(names) >= 2
     assert measured["rounds"] >= 5
-    # float32 raced on the step fit had traced; a 16-bit plan kept is traced once more.
-    assert measured["traces"] == len(names) - 1
+    # The race runs the guard's step-skipping optimizer, so fit's own trace is stale: every
+    # candidate is traced once, and the plan kept runs on its race trace (no retrace after).
+    assert measured["traces"] == len(names)
     distinct = {id(function): function for function in functions.seen}
-    kept_16_bit = measured["winner"] != "float32"
-    assert len(distinct) == 1 + measured["traces"] + kept_16_bit
-    assert (functions.seen[-1] is functions.seen[0]) == (not kept_16_bit)
+    # The profile's probed function, then one per candidate.
+    assert len(distinct) == 1 + measured["traces"]
+    assert functions.seen[-1] is not functions.seen[0]
     # The kept plan is the verdict on the recorded rounds, and it is what the model runs.
     verdict = judge_rounds(measured["rounds_ms"], names.index)
     assert measured["winner"] == verdict.leader
@@ -114,3 +116,25 @@ def test_the_one_liner_times_nothing_where_costs_are_predicted_or_timing_is_off(
         decision = callback.plan.metadata["measured"]
         assert decision["candidates_timed"] == 0 and decision["rounds"] == 0
         assert "winner" not in decision
+
+
+def test_a_decision_over_a_transformer_traces_each_candidate_once_and_keeps_its_trace():
+    model = build_attention_model()
+    model.compile("adam", "sparse_categorical_crossentropy")
+    x, y = classification_data(samples=1024, input_dim=64, classes=2)
+    x = x.reshape(1024, 8, 8)  # 64 steps an epoch: the race's rounds end in the first
+    callback = AutoPrecision(
+        hardware=local_with_fast_bfloat16(),
+        auto=AutoPlan(profile_steps=2, decision_seconds=120.0),
+    )
+    functions = StepFunctions()
+    model.fit(x, y, batch_size=16, epochs=2, verbose=0, callbacks=[callback, functions])
+    measured = callback.plan.metadata["measured"]
+    assert measured["candidates_timed"] == measured["traces"] >= 2, measured
+    traced = {id(function) for function in functions.seen}
+    # The profile's probed function, then one per raced candidate, and none after the race:
+    # the plan kept runs on its race trace, as `race_traces` counted.
+    assert len(traced) == 1 + measured["traces"]
+    profiled = next(i for i, f in enumerate(functions.seen) if f is not functions.seen[0])
+    raced = functions.seen[profiled : profiled + measured["steps"]]
+    assert any(function is functions.seen[-1] for function in raced)

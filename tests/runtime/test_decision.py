@@ -122,20 +122,6 @@ def test_a_data_fault_under_stop_records_both_events_and_under_raise_says_nothin
     )
 
 
-def test_climbing_float16_layers_are_promoted_or_reported_as_on_nan_says():
-    climbing = {"attention": "float16 amax climbing toward 65504: 2e3 -> 3e4"}
-    promote = _decide(StepOutcome(20, climbing=climbing))
-    assert promote.action is GuardAction.PROMOTE and dict(promote.layers) == climbing
-    assert promote.trigger == "amax near float16's range at step 20"
-    assert promote.loss_scale is None
-    for on_nan in ("stop", "raise"):
-        warn = _decide(StepOutcome(20, climbing=climbing), on_nan=on_nan)
-        assert warn.action is GuardAction.WARN
-        assert warn.lines == (
-            "autoprec guard: step 20: attention: float16 amax climbing toward 65504: 2e3 -> 3e4",
-        )
-
-
 def test_a_non_finite_loss_with_every_layer_in_float32_is_a_divergence():
     outcome = StepOutcome(13, loss_finite=False, has_16bit_layers=False)
     stop = _decide(outcome)

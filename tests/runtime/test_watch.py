@@ -46,7 +46,7 @@ def test_a_failed_step_is_read_once_with_its_attribution_and_scale():
     handle = apply_plan(model, PrecisionPlan.uniform(model, "float16").with_dtype("out", "float32"))
     model.optimizer = FlooredLossScaleOptimizer(model.optimizer, initial_scale=1024.0)
     model.optimizer.build(model.trainable_variables)
-    telemetry = GuardTelemetry(model, handle.dtypes)
+    telemetry = GuardTelemetry(model)
     telemetry.install()
     model.make_train_function(force=True)
     watch = GuardWatch()
