@@ -124,14 +124,19 @@ def replay_step(model: keras.Model, kept: KeptStep, dtypes: Mapping[str, str]) -
     function = model.train_function
     snapshot = snapshot_state(model)
     optimizer = model.optimizer
+    # `train_on_batch` hands the step `(x, y, sample_weight)`; the step gets what fit gave it.
+    step = model.train_step
+    undo_step = swap_attribute(
+        model, "train_step", lambda data: step(keras.utils.pack_x_y_sample_weight(*data))
+    )
     try:
         if getattr(optimizer, "dynamic_scale", None) is not None:
             optimizer.dynamic_scale.assign(kept.loss_scale)
         with ProbeSession(model, statistics="amax") as session:
-            x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(kept.batch)
-            model.train_on_batch(x, y, sample_weight)
+            model.train_on_batch(*keras.utils.unpack_x_y_sample_weight(kept.batch))
             stats = session.read()
     finally:
+        undo_step()
         restore_state(model, snapshot)
         model.train_function = function  # the step fit traced runs on, untouched
     by_kind: dict[tuple[str, str], list[float]] = {}

@@ -5,8 +5,8 @@ from __future__ import annotations
 import keras
 import numpy as np
 
-from autoprec import FlooredLossScaleOptimizer, PrecisionPlan
-from autoprec.runtime import apply_plan
+from autoprec import PrecisionPlan
+from autoprec.runtime import FlooredLossScaleOptimizer, apply_plan
 from autoprec.runtime.guard import GuardWatch, is_finite_number
 from autoprec.runtime.telemetry import GuardTelemetry
 
