@@ -311,7 +311,7 @@ def _space(model: keras.Model, evaluator: Evaluator, request: SearchRequest) -> 
                 evaluator.batch_size,
                 float8_ranges=FLOAT8 in dtypes,
             )
-    unsafe = float16_unsafe_layers(profile)
+    unsafe = float16_unsafe_layers(profile, model)
     outputs = output_layers(model, infos)
     allowed, removed = allowed_dtypes(
         compute,

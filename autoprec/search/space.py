@@ -11,6 +11,7 @@ from collections.abc import Iterable, Mapping, Sequence
 
 import keras
 
+from .. import numerics
 from .._core.dtypes import (
     BFLOAT16,
     FLOAT8,
@@ -22,13 +23,7 @@ from .._core.dtypes import (
 )
 from ..cost import CostTable, estimate
 from ..hardware import HardwareProfile
-from ..layers import (
-    LayerInfo,
-    describe_model,
-    is_pass_through,
-    layer_paths,
-    model_fingerprint,
-)
+from ..layers import LayerInfo, describe_model, is_pass_through, layer_paths, model_fingerprint
 from ..plan import PrecisionPlan
 from ..profiler import Profile, profile
 from ..profiler.stats import ATTENTION_LOGITS
@@ -253,16 +248,13 @@ def overflow_receivers(profile: Profile, model: keras.Model) -> dict[str, str]:
             continue
         largest = math.inf if output.nonfinite else output.max_abs
         for receiver, bound in _receivers(paths[path], largest, path_of):
-            if not bound <= FLOAT16_MAX and receiver not in found:
+            if numerics.exceeds_max(bound, FLOAT16) and receiver not in found:
                 found[receiver] = (
                     f"profile: receives values up to {bound:.3g} from {path}, above float16's "
                     "max 65504"
                 )
     return found
 
-
-#: The largest finite float16 value.
-FLOAT16_MAX = 65504.0
 
 _SCALING_OPERATIONS = {"Multiply": 1, "Divide": -1, "TrueDivide": -1}
 
