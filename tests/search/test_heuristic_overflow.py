@@ -10,6 +10,9 @@ import autoprec
 from autoprec import PrecisionPlan, cost
 from autoprec.search import compute_layers
 
+#: Each test profiles a model (about 10 s on 2 cores) and some train it: CI's `long` stage.
+pytestmark = pytest.mark.long
+
 #: The share of uniform float16's predicted speedup over float32 a plan keeps.
 KEPT_SHARE = 0.80
 BATCH = 256
@@ -118,7 +121,6 @@ def test_the_plan_keeps_most_of_uniform_float16s_speedup(name):
         assert plan.metadata["evidence"][path]["kind"] == "range"
 
 
-@pytest.mark.long
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_a_short_fit_under_the_plan_stays_finite_and_within_the_budget(name):
     model, x, y, _, _, plan, _ = _planned(name)
