@@ -43,21 +43,13 @@ class Budget:
     candidate: same initial weights, same batches in the same order, same steps.
 
     Args:
-        metric: a metric the compiled model reports on validation data, e.g.
-            `"val_accuracy"`, `"val_loss"` or a custom metric's name (with or
-            without the `val_` prefix).
+        metric: a validation metric the compiled model reports (`val_` prefix optional).
         max_drop: largest allowed worsening, in the metric's units.
         max_relative_drop: largest allowed worsening as a fraction of |reference|.
-            With both given, both must hold.
-        mode: `"min"` (lower is better, like a loss) or `"max"` (higher is
-            better, like accuracy), as in `keras.callbacks.ModelCheckpoint`.
-            `"auto"` (the default) reads it from the metric's name (`LOWER_IS_BETTER`,
-            `HIGHER_IS_BETTER`) and refuses a name it does not know.
+        mode: `"min"`, `"max"` or `"auto"` (read from the metric's name).
 
     Raises:
-        AutoprecError: when neither limit is given, a limit is negative, `mode`
-            is not one of `"min"`, `"max"`, `"auto"`, or `"auto"` meets a metric
-            name it cannot read (pass `mode="min"` or `"max"`).
+        AutoprecError: no limit, a negative limit, a bad `mode`, or a name `"auto"` cannot read.
 
     Example:
 

@@ -44,54 +44,30 @@ StudyCallback = Callable[[optuna.Study, optuna.trial.FrozenTrial], None]
 class SearchSettings(ConfigValue):
     """The rarely changed settings of `autoprec.search`, kept apart from its main arguments.
 
-    Build one, print it, reuse it across searches; `dataclasses.replace(settings,
-    steps_per_trial=40)` derives a variant, and `get_config()` / `from_config()` round-trip
-    it through a plain dict.
+    Build one, print it, reuse it (`dataclasses.replace(settings, steps_per_trial=40)` derives a
+    variant); `get_config()` / `from_config()` round-trip it. docs/api.md tells each field.
 
     Args:
-        batch_size: batch size for array data (datasets keep their own batches), as in
-            `model.fit`.
-        steps_per_trial: training steps of every trial (from the same weights, on the
-            same first batches of `x`, in order).
-        max_steps_per_trial: the longest training the search may lengthen to (steps
-            doubled) when the float32 reference does not beat the trivial baseline by
-            more than the budget allows; default 8 x `steps_per_trial`.
-        validation_steps: validation batches evaluated (default all), as in `model.fit`.
-        seed: seeds the sampler and every evaluation (deterministic per machine).
-        dtypes: dtypes the search may use. Default: float32 plus the 16-bit dtypes that
-            run fast on `hardware` (for `"local"`: measured faster than float32 for this
-            model). An explicit list is respected even where a dtype is slow.
-        keep_float32: globs on layer paths or class names kept in float32, in addition
-            to the default protections (softmax, normalisation, output layers).
-        group_by: `"layer"`, `"block"`, `"auto"` or an int (most groups); see
-            `autoprec.search.group_layers`. Grouping never hides the heuristic's own
-            per-layer plan, which is always evaluated.
-        profile: an `autoprec.Profile` to reuse (e.g. written by `autoprec profile`);
-            default: profiled here when float16 is among the dtypes.
+        batch_size: batch size for array data (datasets keep their own batches).
+        steps_per_trial: training steps of every trial, on the same first batches.
+        max_steps_per_trial: the longest a trial may be lengthened to; default 8 x the above.
+        validation_steps: validation batches evaluated (default all).
+        seed: seeds the sampler and every evaluation.
+        dtypes: dtypes the search may use; default float32 and those fast on `hardware`.
+        keep_float32: globs on layer paths or class names kept in float32.
+        group_by: `"layer"`, `"block"`, `"auto"` or an int (most groups).
+        profile: an `autoprec.Profile` to reuse; default profiled here when needed.
         profile_steps: batches the profiler sees when it runs here.
         costs: an `autoprec.CostTable` to reuse instead of measuring or predicting.
-        cost_batch_size: batch size the step time is measured or predicted for (the
-            batch you will train with); default `batch_size`.
+        cost_batch_size: batch size the step time is costed for; default `batch_size`.
         proxy_batches: calibration batches of the numerical proxy.
-        proxy_tolerance: the proxy's relative loss error above which a plan is pruned
-            before training (ignored when `search` is given its own `pruner`).
-        reference_repeats: extra float32 runs with other batch orders and seeds, to
-            report the reference's spread; a budget tighter than it is warned about.
-        baseline: what a model that learned nothing scores on the budget metric:
-            `"auto"` (chance for accuracy-like metrics, 0.5 for AUC, the untrained
-            model's metric otherwise), a number, or `None` to skip the check.
-        confirm_steps: training steps of the confirmation of the chosen plan (against
-            float32 trained as long, from the same weights), run when the decision was
-            close or the fidelity low; default 4 x the search's steps, 0 never.
-        measure_speedup: time the final plan and float32 on this device (default: when
-            `hardware="local"`).
-        float16_trials: how trials train float16 layers: `"native"` (float16 kernels),
-            `"emulated"` (float32 math rounded to float16 at every layer boundary, see
-            `autoprec.runtime.emulation`) or `"auto"` (default: emulated where this device
-            has no fast float16 kernels, such as TensorFlow on a CPU, where they run 100
-            to 300 times slower than float32). Step times are never emulated.
-        plan_path: the best plan so far is written there (atomically) after every trial
-            that improves it, and the final plan at the end.
+        proxy_tolerance: the proxy's relative loss error above which a plan is pruned.
+        reference_repeats: extra float32 runs to report the reference's spread.
+        baseline: the untrained score: `"auto"`, a number, or `None` to skip the check.
+        confirm_steps: training steps of the confirmation; default 4 x the search's, 0 never.
+        measure_speedup: time the final plan here (default: when `hardware="local"`).
+        float16_trials: `"native"`, `"emulated"` or `"auto"` (emulated where float16 is slow).
+        plan_path: where the best plan so far is written after every improving trial.
         callbacks: extra Optuna callbacks `(study, frozen_trial)`.
         catch: exceptions that fail a trial instead of stopping the search.
 

@@ -73,45 +73,27 @@ def search(
 
     Args:
         model: a built, compiled Keras model.
-        x: the training data, as `model.fit` takes it in one argument: an `(x, y)` or
-            `(x, y, sample_weight)` tuple of arrays, a `tf.data.Dataset`, a
-            `keras.utils.PyDataset` or a generator of such batches. Every trial trains
-            on its first `settings.steps_per_trial` batches, in order.
+        x: the training data, in any form `model.fit` takes in one argument.
         validation_data: the same kinds; the budget metric is evaluated on it.
         budget: an `autoprec.Budget`.
-        hardware: `"local"` (this device: layer costs measured here with
-            `autoprec.calibrate`), a hardware profile name such as `"rtx4090"` or a
-            `HardwareProfile` (costs predicted for that device).
-        n_trials: trials to run in this call (added to those already in the study);
-            `None` runs until `timeout`.
+        hardware: `"local"` (costs measured here), a profile name or a `HardwareProfile`.
+        n_trials: trials to run in this call; `None` runs until `timeout`.
         timeout: stop starting trials after this many seconds.
-        storage: any Optuna storage: a URL (`"sqlite:///autoprec.db"`,
-            `"postgresql://..."`), a journal file (`"journal:///path/file.log"` or a path
-            ending `.log`), or a storage object. The same storage and `study_name`
-            resume the study; several processes, on one machine or many, may share one.
+        storage: any Optuna storage: a database URL, a journal file or a storage object.
         study_name: the study's name (needed to resume or share a study).
-        study: an `optuna.Study` to search in instead of `storage` and `study_name`
-            (created with `direction="minimize"`); its sampler and pruner are used.
+        study: an `optuna.Study` (minimised) to search in instead of `storage`.
         sampler: an Optuna sampler; default a seeded `optuna.samplers.TPESampler`.
-        pruner: an Optuna pruner; default one that prunes plans whose numerical proxy
-            misses `settings.proxy_tolerance` before they are trained.
-        settings: an `autoprec.SearchSettings` with the rarer knobs (batch size, steps
-            per trial, dtypes, grouping, a profile or cost table to reuse, plan path,
-            Optuna callbacks); default `SearchSettings()`.
-        verbose: 0 silent, 1 (default) a progress bar over trials and one log line per
-            stage (logger `"autoprec"`), 2 also one line per trial and the calibration
-            progress.
+        pruner: an Optuna pruner; default one that prunes on the numerical proxy.
+        settings: an `autoprec.SearchSettings`; default `SearchSettings()`.
+        verbose: 0 silent, 1 a progress bar and one line per stage, 2 one per trial.
 
     Returns:
         A `SearchResult`.
 
     Raises:
-        BackendError: on a Keras backend other than TensorFlow or JAX (trials train
-            with the guard, whose in-step telemetry runs there).
-        AutoprecError: the budget metric is not reported by the model (the message
-            lists those that are), the model is not compiled, or the float32
-            reference has not learned at the search's fidelity (the message names the
-            metric, its value, the baseline and what to change).
+        BackendError: on a Keras backend other than TensorFlow or JAX.
+        AutoprecError: the budget metric is not reported, the model is not compiled,
+            or the float32 reference has not learned at the search's fidelity.
 
     Example:
 
