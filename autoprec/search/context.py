@@ -126,32 +126,23 @@ class SearchSettings(ConfigValue):
                     f"SearchSettings.dtypes={list(self.dtypes)!r}: each must be one of "
                     f"{', '.join(PLAN_DTYPES)}, and at least one is needed."
                 )
-        if isinstance(self.group_by, str) and self.group_by not in ("layer", "block", "auto"):
-            raise AutoprecError(
-                f"SearchSettings.group_by={self.group_by!r}: use 'layer', 'block', 'auto' or "
-                "an integer (the most groups)."
-            )
-        if self.float16_trials not in FLOAT16_TRIALS:
-            raise AutoprecError(
-                f"SearchSettings.float16_trials={self.float16_trials!r}: use "
-                + ", ".join(repr(choice) for choice in FLOAT16_TRIALS)
-                + "."
-            )
-        if isinstance(self.baseline, str) and self.baseline != "auto":
-            raise AutoprecError(
-                f"SearchSettings.baseline={self.baseline!r}: use 'auto', a number, or None "
-                "to skip the check."
-            )
-        if self.profile is not None and not isinstance(self.profile, Profile):
-            raise AutoprecError(
-                "SearchSettings.profile must be an autoprec.Profile (autoprec.Profile.load(path) "
-                f"reads one written by `autoprec profile`), got {type(self.profile).__name__}."
-            )
-        if self.costs is not None and not isinstance(self.costs, CostTable):
-            raise AutoprecError(
-                "SearchSettings.costs must be an autoprec.CostTable (CostTable.load(path)), got "
-                f"{type(self.costs).__name__}."
-            )
+        choices = {  # name: (the strings it takes, how to say what it takes)
+            "group_by": (("layer", "block", "auto"), "'layer', 'block', 'auto' or an integer"),
+            "baseline": (("auto",), "'auto', a number, or None to skip the check"),
+            "float16_trials": (FLOAT16_TRIALS, ", ".join(map(repr, FLOAT16_TRIALS))),
+        }
+        for name, (strings, said) in choices.items():
+            value = getattr(self, name)
+            if value not in strings and (isinstance(value, str) or name == "float16_trials"):
+                raise AutoprecError(f"SearchSettings.{name}={value!r}: use {said}.")
+        loaders = {"profile": "autoprec.Profile.load(path)", "costs": "CostTable.load(path)"}
+        for name, kind in (("profile", Profile), ("costs", CostTable)):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, kind):
+                raise AutoprecError(
+                    f"SearchSettings.{name} must be an autoprec.{kind.__name__} ({loaders[name]} "
+                    f"reads one), got {type(value).__name__}."
+                )
 
     @property
     def longest_steps_per_trial(self) -> int:
@@ -317,8 +308,8 @@ class SearchContext:
         if key not in self.floors:
             floor = self._measured_floor(dtypes)
             self.floors[key] = floor
-            if floor is not None and floor.refused and self.verbose:
-                show_message(f"autoprec.search: {floor.reason}: plans with them are refused.")
+            if floor is not None and floor.refused:
+                say(self.verbose, f"{floor.reason}: plans with them are refused.")
         return self.floors[key]
 
     def _measured_floor(self, dtypes: Mapping[str, str]) -> OutputFloor | None:
@@ -407,7 +398,7 @@ class SearchContext:
         }
 
 
-def say(verbose: int, text: str, *arguments: object) -> None:
-    """Shows one progress line (`text % arguments`) when `verbose` asks for it."""
+def say(verbose: int, text: str) -> None:
+    """Shows one progress line of the search when `verbose` asks for it."""
     if verbose:
-        show_message(text % arguments)
+        show_message(f"autoprec.search: {text}")

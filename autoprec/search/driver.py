@@ -303,8 +303,8 @@ def _float16_trials(
     if emulate and evaluator.emulate_float16():
         say(
             verbose,
-            "autoprec.search: float16 has no fast kernels here; trials emulate it (float32 "
-            "math, float16 rounding at layer boundaries).",
+            "float16 has no fast kernels here; trials emulate it (float32 math, float16 "
+            "rounding at layer boundaries).",
         )
         return "emulated"
     return "native"
@@ -419,8 +419,7 @@ def _announce(context: SearchContext) -> None:
     baseline = "n/a" if fidelity.baseline is None else f"{fidelity.baseline:.4g}"
     say(
         request.verbose,
-        "%s",
-        f"autoprec.search: {len(context.compute)} compute layers in {len(context.groups)} groups; "
+        f"{len(context.compute)} compute layers in {len(context.groups)} groups; "
         f"dtypes {'/'.join(context.dtypes)}; float32 reference {budget.metric} = "
         f"{context.reference:.6g} after {fidelity.train_steps} train steps (budget "
         f"{'>=' if budget.mode == 'max' else '<='} {budget.threshold(context.reference):.6g}; "
@@ -458,21 +457,12 @@ def run_trials(context: SearchContext) -> optuna.Study:
     context.study = study
     added = enqueue_warm_starts(study, starts)
     study.set_user_attr("reference_metric", context.reference)
-    say(
-        request.verbose,
-        "autoprec.search: study %r (%s, %d trial(s) already); %d warm start(s) enqueued",
-        study.study_name,
-        "new" if created else "resumed",
-        len(study.trials) - added,
-        added,
-    )
+    state = f"{'new' if created else 'resumed'}, {len(study.trials) - added} trial(s) already"
+    say(request.verbose, f"study {study.study_name!r} ({state}); {added} warm start(s) enqueued")
     context.metadata = search_metadata(context)
     n_trials = request.n_trials
     if all(len(group.choices) <= 1 for group in context.groups):
-        say(
-            request.verbose,
-            "autoprec.search: nothing to choose (one dtype per layer); one trial only.",
-        )
+        say(request.verbose, "nothing to choose (one dtype per layer); one trial only.")
         n_trials = min(n_trials or 1, 1)
     with request.clock.stage("trials"):
         optimize(context, n_trials, timeout=request.timeout, explorer=explorer(context))

@@ -364,11 +364,10 @@ def log_trial(context: SearchContext, trial: optuna.trial.FrozenTrial) -> None:
     )
 
 
-def plan_writer(
-    context: SearchContext, plan_path: str | os.PathLike | None, metadata: dict
-) -> Callable[[optuna.Study, optuna.trial.FrozenTrial], None]:
+def plan_writer(context: SearchContext) -> Callable[[optuna.Study, optuna.trial.FrozenTrial], None]:
     """Returns the Optuna callback that logs each trial and saves the best plan so far."""
     written: dict[str, int | None] = {"number": None}
+    plan_path = context.request.settings.plan_path
 
     def callback(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
         log_trial(context, trial)
@@ -379,10 +378,9 @@ def plan_writer(
             if best is None or best.number == written["number"]:
                 return
             if plan_file_trial(plan_path, study.study_name) != best.number:
-                plan = context.trial_plan(
-                    best, metadata=trial_plan_metadata(context, best, metadata)
+                context.trial_plan(best, metadata=trial_plan_metadata(context, best)).save(
+                    plan_path
                 )
-                plan.save(plan_path)
                 logger.info(
                     "autoprec.search: best plan so far (trial %d) written to %s",
                     best.number,
@@ -406,15 +404,15 @@ def plan_file_trial(plan_path: str | os.PathLike, study_name: str) -> int | None
     return number if isinstance(number, int) else None
 
 
-def trial_plan_metadata(
-    context: SearchContext, trial: optuna.trial.FrozenTrial, base: dict
-) -> dict:
-    """Returns the plan metadata of a trial's plan: `base` with its metric and speedup."""
+def trial_plan_metadata(context: SearchContext, trial: optuna.trial.FrozenTrial | None) -> dict:
+    """Returns the plan metadata of a trial's plan (float32's for `None`): its metric and speedup."""
+    base = {**context.metadata, "reference_metric": context.reference}
+    if trial is None:
+        return {**base, "measured_metric": context.reference, "predicted_speedup": 1.0}
     record = TrialRecord.from_trial(trial)
     seconds = record.predicted_seconds
     return {
         **base,
-        "reference_metric": context.reference,
         "measured_metric": record.metric,
         "predicted_speedup": (context.float32_seconds / seconds) if seconds else None,
         "search": {**base.get("search", {}), "best_trial": trial.number},
@@ -564,7 +562,7 @@ def optimize(
 ) -> None:
     """Runs trials of the study with the objective, the plan writer and the user's callbacks."""
     settings = context.request.settings
-    writer = plan_writer(context, settings.plan_path, context.metadata)
+    writer = plan_writer(context)
     context.study.optimize(
         lambda trial: trial_objective(context, trial),
         n_trials=n_trials,
