@@ -8,7 +8,7 @@ import math
 import os
 import time
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -131,15 +131,20 @@ _POLL_SECONDS = 0.5
 _MIN_WAIT_SECONDS = 120.0
 
 
+def _same_plan(
+    study: optuna.Study, key: str, train_steps: int, state: optuna.trial.TrialState
+) -> Iterator[tuple[optuna.trial.FrozenTrial, TrialRecord]]:
+    """The trials in `state` evaluating the assignment `key` at `train_steps`, with their records."""
+    for other in study.get_trials(deepcopy=False, states=(state,)):
+        record = TrialRecord.from_trial(other)
+        if record.assignment_key == key and record.train_steps == train_steps:
+            yield other, record
+
+
 def trained_outcome(study: optuna.Study, key: str, train_steps: int) -> TrainedOutcome | None:
     """Returns what a completed trial of the study trained itself for the same assignment."""
-    for other in study.get_trials(deepcopy=False, states=_COMPLETE):
-        record = TrialRecord.from_trial(other)
-        if (
-            record.assignment_key == key
-            and record.train_steps == train_steps
-            and record.trained_here
-        ):
+    for other, record in _same_plan(study, key, train_steps, optuna.trial.TrialState.COMPLETE):
+        if record.trained_here:
             metrics = {
                 name: math.nan if value is None else float(value)
                 for name, value in record.metrics.items()
@@ -157,7 +162,7 @@ def wait_for_same_assignment(
     timeout: float | None = None,
 ) -> TrainedOutcome | None:
     """Waits while another running trial evaluates the same assignment; returns its outcome."""
-    deadline = None
+    deadline, waiting = None, f"autoprec.search: trial {trial_number} "
     while True:
         stored = trained_outcome(study, key, train_steps)
         if stored is not None:
@@ -173,17 +178,9 @@ def wait_for_same_assignment(
             ]
             longest = max(_MIN_WAIT_SECONDS, 3.0 * max(durations, default=0.0))
             deadline = time.monotonic() + (timeout if timeout is not None else longest)
-            logger.info(
-                "autoprec.search: trial %d waits for trial %d, which evaluates the same plan.",
-                trial_number,
-                others[0],
-            )
+            logger.info(f"{waiting}waits for trial {others[0]}, which evaluates the same plan.")
         elif time.monotonic() > deadline:
-            logger.info(
-                "autoprec.search: trial %d stops waiting for trial %d and evaluates the plan.",
-                trial_number,
-                others[0],
-            )
+            logger.info(f"{waiting}stops waiting for trial {others[0]} and evaluates the plan.")
             return None
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
@@ -195,17 +192,12 @@ def _evaluating_same(
     study: optuna.Study, trial_number: int, key: str, train_steps: int
 ) -> list[int]:
     """Returns the numbers of the running trials this trial waits for."""
-    numbers = []
-    for other in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
-        record = TrialRecord.from_trial(other)
-        if (
-            other.number != trial_number
-            and record.assignment_key == key
-            and record.train_steps == train_steps
-            and (record.evaluating == other.number or other.number < trial_number)
-        ):
-            numbers.append(other.number)
-    return numbers
+    return [
+        other.number
+        for other, record in _same_plan(study, key, train_steps, optuna.trial.TrialState.RUNNING)
+        if other.number != trial_number
+        and (record.evaluating == other.number or other.number < trial_number)
+    ]
 
 
 #: Steps reported to the pruner: after the cost prediction, after the numerical proxy.
@@ -382,9 +374,7 @@ def plan_writer(context: SearchContext) -> Callable[[optuna.Study, optuna.trial.
                     plan_path
                 )
                 logger.info(
-                    "autoprec.search: best plan so far (trial %d) written to %s",
-                    best.number,
-                    plan_path,
+                    f"autoprec.search: best plan so far (trial {best.number}) written to {plan_path}"
                 )
             written["number"] = best.number
 
@@ -562,12 +552,11 @@ def optimize(
 ) -> None:
     """Runs trials of the study with the objective, the plan writer and the user's callbacks."""
     settings = context.request.settings
-    writer = plan_writer(context)
     context.study.optimize(
         lambda trial: trial_objective(context, trial),
         n_trials=n_trials,
         timeout=timeout,
         catch=tuple(settings.catch),
-        callbacks=[writer, *([explorer] if explorer else []), *settings.callbacks],
+        callbacks=[plan_writer(context), *([explorer] if explorer else []), *settings.callbacks],
         show_progress_bar=explorer is not None and context.verbose >= 1,
     )
