@@ -35,7 +35,7 @@ _MODES = ("min", "max", "auto")
 HUGE_VIOLATION = 1e30
 
 
-@dataclasses.dataclass(frozen=True, init=False)
+@dataclasses.dataclass(frozen=True)
 class Budget:
     """How much worse than float32 a plan's validation metric may be.
 
@@ -62,17 +62,12 @@ class Budget:
     """
 
     metric: str
-    max_drop: float | None
-    max_relative_drop: float | None
-    mode: str
+    max_drop: float | None = None
+    max_relative_drop: float | None = None
+    mode: str = "auto"
 
-    def __init__(
-        self,
-        metric: str,
-        max_drop: float | None = None,
-        max_relative_drop: float | None = None,
-        mode: str = "auto",
-    ) -> None:
+    def __post_init__(self) -> None:
+        metric, max_drop, max_relative_drop, mode = dataclasses.astuple(self)
         if not isinstance(metric, str) or not metric:
             raise AutoprecError(f"Budget: metric must be a metric name, got {metric!r}.")
         if max_drop is None and max_relative_drop is None:
@@ -89,11 +84,7 @@ class Budget:
                 f"better) or 'auto' (read from the name), got {mode!r}."
             )
         if mode == "auto":
-            mode = infer_mode(metric)
-        object.__setattr__(self, "metric", metric)
-        object.__setattr__(self, "max_drop", max_drop)
-        object.__setattr__(self, "max_relative_drop", max_relative_drop)
-        object.__setattr__(self, "mode", mode)
+            object.__setattr__(self, "mode", infer_mode(metric))
 
     @property
     def log_name(self) -> str:

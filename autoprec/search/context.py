@@ -384,10 +384,10 @@ class SearchContext:
                     evidence.setdefault(path, {})[dtype] = floor.to_dict()
         return evidence
 
-    def floor_metadata(self, study: optuna.Study | None = None) -> dict[str, Any]:
+    def floor_metadata(self) -> dict[str, Any]:
         """Returns the search's floor record: the rule, each output's floors, the trials refused."""
         refused = {}
-        for trial in study.get_trials(deepcopy=False) if study is not None else ():
+        for trial in self.study.get_trials(deepcopy=False) if self.study is not None else ():
             record = trial.user_attrs.get("output_floor")
             if isinstance(record, Mapping) and record.get("refused"):
                 refused[str(trial.number)] = record.get("reason")

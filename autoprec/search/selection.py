@@ -478,12 +478,10 @@ def _add_trial(
             constraints=constraints,
         )
     )
-    added = [
-        trial.number
-        for trial in study.get_trials(deepcopy=False)
-        if TrialRecord.from_trial(trial).assignment_key == key
-    ]
-    return added[-1]
+    trials = study.get_trials(deepcopy=False)
+    return next(
+        t.number for t in reversed(trials) if TrialRecord.from_trial(t).assignment_key == key
+    )
 
 
 def _objective_value(context: SearchContext, compute: Mapping[str, str], seconds: float) -> float:
@@ -573,7 +571,7 @@ def choose_plan(context: SearchContext) -> SearchResult:
     if context.finalists is not None:
         search["finalists"] = context.finalists
     metadata["evidence"] = evidence(context)
-    search["output_floor"] = context.floor_metadata(study)
+    search["output_floor"] = context.floor_metadata()
     search.update(
         trial_counts(study),
         wall_seconds=time.perf_counter() - request.started,

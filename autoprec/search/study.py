@@ -343,16 +343,13 @@ def log_trial(context: SearchContext, trial: optuna.trial.FrozenTrial) -> None:
         optuna.trial.TrialState.PRUNED: f"pruned ({record.pruned_by or ''})",
         optuna.trial.TrialState.FAIL: "failed",
     }.get(trial.state, str(trial.state))
+    metric_text = f"{metric:.6g}" if isinstance(metric, (int, float)) else "n/a"
+    step = f"{seconds * 1e3:.3f} ms" if isinstance(seconds, (int, float)) else "n/a"
+    step += f" (x{context.float32_seconds / seconds:.2f})" if seconds else ""
     logger.info(
-        "trial %d: %s | fidelity %s | %s %s | predicted %s%s | %s",
-        trial.number,
-        short_counts_text(record.dtype_counts or {}),
-        (record.fidelity or ("-",))[-1],
-        context.budget.metric,
-        f"{metric:.6g}" if isinstance(metric, (int, float)) else "n/a",
-        f"{seconds * 1e3:.3f} ms" if isinstance(seconds, (int, float)) else "n/a",
-        f" (x{context.float32_seconds / seconds:.2f})" if seconds else "",
-        verdict,
+        f"trial {trial.number}: {short_counts_text(record.dtype_counts or {})} | fidelity "
+        f"{(record.fidelity or ('-',))[-1]} | {context.budget.metric} {metric_text} | "
+        f"predicted {step} | {verdict}"
     )
 
 

@@ -268,7 +268,8 @@ def test_a_16_bit_head_that_holds_a_short_trial_is_refused_for_its_rounding_floo
         assert "'head'" in floor["reason"] and "no training removes" in floor["reason"]
         assert is_feasible(safe) and "output_floor" not in safe.user_attrs
         assert TrialRecord.from_trial(safe).fidelity[-1] == "train"
-        metadata = context.floor_metadata(study)
+        context.study = study
+        metadata = context.floor_metadata()
         assert metadata["refused_trials"] == {"0": floor["reason"]}
         assert metadata["outputs"]["head"]["bfloat16"]["refused"]
         assert metadata["rule"] == {"fraction": 0.5, "headroom": 10.0}
