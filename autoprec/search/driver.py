@@ -358,7 +358,12 @@ def prepare(model: keras.Model, evaluator: Evaluator, request: SearchRequest) ->
         spread=spread,
         **space,
     )
-    context.risk = _risk(context)
+    context.risk = {  # the risk of 16 bits: output 2, softmax/normalisation 1, unsafe float16 1
+        path: 2.0 * (path in context.outputs)
+        + float(is_sensitive(context.infos[path]))
+        + float(path in context.unsafe)
+        for path in context.compute
+    }
     context.cache[assignment_key(context.uniform_assignment(FLOAT32))] = TrainedOutcome(
         metrics=dict(metrics),
         proxy={"loss_relative_error": 0.0, "gradient_cosine": 1.0, "finite": True},
@@ -395,16 +400,6 @@ def _reference_spread(
         warnings.warn(message, stacklevel=5)
         logger.warning("autoprec.search: %s", message)
     return spread
-
-
-def _risk(context: SearchContext) -> dict[str, float]:
-    """Returns `{path: risk of 16-bit}`: output 2, softmax/normalisation 1, unsafe in float16 1."""
-    return {
-        path: 2.0 * (path in context.outputs)
-        + float(is_sensitive(context.infos[path]))
-        + float(path in context.unsafe)
-        for path in context.compute
-    }
 
 
 def _announce(context: SearchContext) -> None:

@@ -432,8 +432,6 @@ def check_reference(
     reference = _finite_reference(metrics, budget, requested)
     if baseline is None:
         return metrics, FidelityCheck(requested, requested, reference, None, "off", "off")
-    if isinstance(baseline, str) and baseline != "auto":
-        raise AutoprecError(f"search: baseline must be 'auto', a number or None, got {baseline!r}.")
     given = not isinstance(baseline, str)
     value, kind = (float(baseline), "given") if given else trivial_baseline(evaluator, budget)
     steps = requested

@@ -167,7 +167,14 @@ def wait_for_same_assignment(
         stored = trained_outcome(study, key, train_steps)
         if stored is not None:
             return stored
-        others = _evaluating_same(study, trial_number, key, train_steps)
+        others = [  # the running trials this one waits for
+            other.number
+            for other, record in _same_plan(
+                study, key, train_steps, optuna.trial.TrialState.RUNNING
+            )
+            if other.number != trial_number
+            and (record.evaluating == other.number or other.number < trial_number)
+        ]
         if not others:
             return None
         if deadline is None:
@@ -186,18 +193,6 @@ def wait_for_same_assignment(
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
             optuna.storages.fail_stale_trials(study)
         time.sleep(_POLL_SECONDS)
-
-
-def _evaluating_same(
-    study: optuna.Study, trial_number: int, key: str, train_steps: int
-) -> list[int]:
-    """Returns the numbers of the running trials this trial waits for."""
-    return [
-        other.number
-        for other, record in _same_plan(study, key, train_steps, optuna.trial.TrialState.RUNNING)
-        if other.number != trial_number
-        and (record.evaluating == other.number or other.number < trial_number)
-    ]
 
 
 #: Steps reported to the pruner: after the cost prediction, after the numerical proxy.
