@@ -149,8 +149,15 @@ def dropped_label(kind: str) -> str:
 
 def simplicity(name: str) -> int:
     """Returns how simple a finalist is (lower is simpler): ties in the measured ranking go lower."""
-    ranks = ((FLOAT32,), (KERAS_PREFIX, UNIFORM_PREFIX), (HEURISTIC,), (DROPPED_PREFIX,))
-    return next((rank for rank, starts in enumerate(ranks) if name.startswith(starts)), len(ranks))
+    if name == FLOAT32:
+        return 0
+    if name.startswith((KERAS_PREFIX, UNIFORM_PREFIX)):
+        return 1
+    if name == HEURISTIC:
+        return 2
+    if name.startswith(DROPPED_PREFIX):
+        return 3
+    return 4
 
 
 _SHORT_NAMES = {FLOAT32: "f32", BFLOAT16: "bf16", FLOAT16: "f16", FLOAT8: "f8"}
