@@ -439,7 +439,7 @@ def search_metadata(context: SearchContext) -> dict[str, Any]:
             "cost_source": getattr(context.table, "source", None),
             "float16_trials": context.float16_trials,
             "reference_spread": spread,
-            "fidelity_check": context.fidelity.to_dict(),
+            "fidelity_check": dataclasses.asdict(context.fidelity),
         },
     }
 

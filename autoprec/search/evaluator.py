@@ -381,10 +381,6 @@ class FidelityCheck:
     baseline_kind: str
     status: str
 
-    def to_dict(self) -> dict[str, Any]:
-        """Returns the check as a JSON-ready dict."""
-        return dataclasses.asdict(self)
-
 
 def trivial_baseline(evaluator: Evaluator, budget: Budget) -> tuple[float, str]:
     """Returns `(value, kind)`: what a model that learned nothing scores on the budget metric."""
