@@ -150,11 +150,11 @@ class SearchSettings(ConfigValue):
         return self.max_steps_per_trial or 8 * self.steps_per_trial
 
 
+@dataclasses.dataclass
 class StageClock:
     """Seconds spent in each stage of one search, added up as the search goes."""
 
-    def __init__(self) -> None:
-        self.seconds: dict[str, float] = {}
+    seconds: dict[str, float] = dataclasses.field(default_factory=dict)
 
     @contextlib.contextmanager
     def stage(self, name: str) -> Iterator[None]:
@@ -163,8 +163,7 @@ class StageClock:
         try:
             yield
         finally:
-            spent = time.perf_counter() - started
-            self.seconds[name] = self.seconds.get(name, 0.0) + spent
+            self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - started
 
 
 @dataclasses.dataclass(frozen=True)
@@ -293,14 +292,11 @@ class SearchContext:
     def output_floor(self, assignment: Mapping[str, str]) -> OutputFloor | None:
         """Returns the rounding floor a plan's 16-bit outputs put on the budget metric."""
         # A float8 output layer returns its outputs in its source dtype, bfloat16.
-        normalised = {
-            path: BFLOAT16 if dtype == FLOAT8 else dtype
-            for path, dtype in self.normalise(assignment).items()
-        }
+        normalised = self.normalise(assignment)
         dtypes = {
-            path: normalised[path]
+            path: BFLOAT16 if normalised[path] == FLOAT8 else normalised[path]
             for path in dict.fromkeys(self.output_paths)
-            if normalised.get(path, FLOAT32) in SIXTEEN_BIT
+            if normalised.get(path, FLOAT32) in (*SIXTEEN_BIT, FLOAT8)
         }
         if not dtypes:
             return None
