@@ -69,6 +69,7 @@ class StepRecord:
     batch_amax: float
     gradients_finite: bool
     layers: Mapping[str, LayerAmax]
+    unrecorded: tuple[str, ...] = ()  # layers whose recording raised
 
     @property
     def batch_finite(self) -> bool:
@@ -131,6 +132,7 @@ def replay_step(model: keras.Model, kept: KeptStep, dtypes: Mapping[str, str]) -
             x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(kept.batch)
             model.train_on_batch(x, y, sample_weight)
             stats = session.read()
+            unrecorded = tuple(session.unrecorded)
     finally:
         restore_state(model, snapshot)
         model.train_function = function  # the step fit traced runs on, untouched
@@ -154,7 +156,9 @@ def replay_step(model: keras.Model, kept: KeptStep, dtypes: Mapping[str, str]) -
     gradients_finite = all(
         value.nonfinite == 0 for slot, value in stats.items() if slot[1] == "weight_gradients"
     )
-    return StepRecord(0, kept.loss_scale, batch_amax(kept.batch), gradients_finite, layers)
+    return StepRecord(
+        0, kept.loss_scale, batch_amax(kept.batch), gradients_finite, layers, unrecorded
+    )
 
 
 def near_range_layers(

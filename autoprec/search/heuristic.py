@@ -297,7 +297,8 @@ def heuristic_plan(
       (flush-to-zero and saturation after per-tensor scaling, amax growth) is
       predicted faster in float8 the same way;
     - `"budget"`: an output layer a regression loss reads (its 16-bit rounding floors
-      the loss), or a layer whose 16-bit dtype fails `check`;
+      the loss), a layer whose 16-bit dtype fails `check`, or a layer the profile
+      could not record (`Profile.unrecorded`);
     - `"user"`: a `keep_float32` glob.
 
     The plan is then predicted no slower than every uniform policy the profile allows
@@ -385,7 +386,14 @@ def _feasibility(
         compute=tuple(compute),
         allowed=allowed,
         removed=removed,
-        floors=rounding_floor_outputs(model, outputs),
+        floors={
+            **rounding_floor_outputs(model, outputs),
+            **{
+                path: "profile: its recording raised, so its values are unknown"
+                for path in (profile.unrecorded if profile is not None else ())
+                if path in compute
+            },
+        },
     )
 
 
