@@ -7,10 +7,12 @@ profiling window costs), then has its probes removed. Timed steps alternate
 between the two copies (interleaved repeats), so machine noise hits both
 alike; the table shows median step times and their ratio.
 
-The "guard telemetry" row is the always-on cost: both copies run a bfloat16
+The "guard" row is the guard's always-on cost: both copies run a bfloat16
 plan (float32 head) through `autoprec.AutoPrecision`, the baseline with
-`guard=None`, the other with `guard=autoprec.Guard()` (per-layer amax telemetry in every
-step; `bench/guard_overhead.py` measures it in more detail).
+`guard=None`, the other with `guard=autoprec.Guard()` (no per-layer work in a
+step: the loss-scaling optimizer skips a non-finite step, the step keeps that
+step's batch, and only a skipped step is replayed through amax probes;
+`bench/guard_overhead.py` measures it in more detail).
 
 The last column is a floor: the time an exact exponent count alone
 (TensorFlow's `DenseBincount`, the cheapest exact counting kernel on CPU)
@@ -158,7 +160,7 @@ def measure(name: str, builder, batch_size: int, repeats: int, steps: int, jit: 
     return [
         (name, "probed", probes, values, base_ms, probed_ms, floor_ms),
         (name, "probes removed", 0, 0, base_after_ms, removed_ms, None),
-        (name, "guard telemetry", None, None, guard_off_ms, guard_on_ms, None),
+        (name, "guard", None, None, guard_off_ms, guard_on_ms, None),
     ]
 
 
@@ -199,8 +201,9 @@ def main() -> None:
             f"{other * 1e3:>9.1f} {other / base:>6.2f}x {floor_text:>11}"
         )
     print(
-        "probed: exact histograms while profiling (baseline: no probes); guard telemetry: "
-        "always-on amax telemetry (baseline: the same bfloat16 plan, guard=None)"
+        "probed: exact histograms while profiling (baseline: no probes); guard: a skipped "
+        "step's batch kept, replayed with amax probes (baseline: the same bfloat16 plan, "
+        "guard=None)"
     )
 
 

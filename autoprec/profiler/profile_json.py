@@ -94,6 +94,7 @@ def profile_to_dict(profile: Any) -> dict[str, Any]:
         "steps": profile.steps,
         "histogram_exponents": [numerics.HISTOGRAM_MIN_EXPONENT, numerics.HISTOGRAM_MAX_EXPONENT],
         "layers": {path: layer_to_dict(layer) for path, layer in profile.layers.items()},
+        **({"unrecorded": list(profile.unrecorded)} if profile.unrecorded else {}),
     }
 
 
@@ -127,6 +128,7 @@ def profile_from_dict(
         steps=require_count(mapping.get("steps"), f"{source}: steps"),
         model_name=str(mapping.get("model_name", "")),
         fingerprint=None if fingerprint is None else str(fingerprint),
+        unrecorded=tuple(str(path) for path in mapping.get("unrecorded") or ()),
     )
 
 

@@ -34,6 +34,9 @@ from .tensor_stats import TensorStats
 #: Slot kind of the tensors recorded only for float8 ranges (not a `LayerProfile` kind).
 FLOAT8_SLOT_KIND = "float8"
 
+#: What a layer's recording returns when it raised.
+_UNRECORDED = object()
+
 #: Name of the kernel among a float8-eligible layer's weights.
 KERNEL_WEIGHT = "kernel"
 
@@ -127,6 +130,8 @@ class ProbeSession:
         self._float8_slots: dict[str, dict[str, Slot]] = {}
         self._fixed_kernels: dict[str, TensorStats] = {}
         self._observations: list[Observation] = []
+        #: Paths of the layers whose outputs could not be recorded (their recording raised).
+        self.unrecorded: dict[str, None] = {}
 
     def __enter__(self) -> ProbeSession:
         try:
@@ -237,12 +242,16 @@ class ProbeSession:
             outputs = original(*args, **kwargs)
             if not hooks.recording:
                 return outputs
-            return call_model_code(
+            probed = call_model_code(
                 lambda: session._probe_outputs(hooks, path, outputs),
                 layer=f"recording layer {path!r}",
                 lost="its outputs will not be profiled",
-                fallback=outputs,
+                fallback=_UNRECORDED,
             )
+            if probed is _UNRECORDED:
+                session.unrecorded[path] = None
+                return outputs
+            return probed
 
         return call
 
@@ -356,7 +365,7 @@ class ProbeSession:
         all_paths = layer_paths(self.model)
         layers = {}
         for path in [*all_paths, ROOT_PATH]:
-            if path not in groups:
+            if path not in groups or path in self.unrecorded:  # partial statistics mislead
                 continue
             layer = all_paths.get(path, self.model)
             float8 = None
@@ -374,6 +383,7 @@ class ProbeSession:
             steps=self.steps_recorded(),
             model_name=self.model.name,
             fingerprint=model_fingerprint(self.model),
+            unrecorded=tuple(self.unrecorded),
         )
 
     def remove(self) -> None:

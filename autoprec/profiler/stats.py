@@ -250,6 +250,8 @@ class Profile:
         steps: number of train steps recorded.
         model_name: the profiled model's name.
         fingerprint: `autoprec.layers.model_fingerprint` of the profiled model.
+        unrecorded: paths of the layers whose recording raised (no statistics);
+            plans keep them in float32.
 
     Example:
 
@@ -266,10 +268,12 @@ class Profile:
     steps: int
     model_name: str = ""
     fingerprint: str | None = None
+    unrecorded: tuple[str, ...] = ()
 
     def __post_init__(self):
         object.__setattr__(self, "layers", types.MappingProxyType(dict(self.layers)))
         object.__setattr__(self, "steps", int(self.steps))
+        object.__setattr__(self, "unrecorded", tuple(self.unrecorded))
 
     def __repr__(self) -> str:
         return (

@@ -219,7 +219,9 @@ class Attribution:
     Attributes:
         cause: `"data"` (the input batch was non-finite), `"forward"` (16-bit
             layers' forward values left their range), `"backward"` (only
-            gradients did) or `"elsewhere"` (no 16-bit layer shows it).
+            gradients did), `"unrecorded"` (no recorded layer shows it, and the
+            16-bit layers whose values could not be recorded are implicated) or
+            `"elsewhere"` (no 16-bit layer shows it).
         layers: the implicated layers, in model order for `"forward"`, in
             backward order for `"backward"`.
         evidence: `{path: figures}` for each implicated layer.
@@ -254,7 +256,8 @@ def attribute_step(record: StepRecord, dtypes: Mapping[str, str]) -> Attribution
     its format's range while its inputs were finite (several in one step are
     all implicated; when none had finite inputs, the first out-of-range layer in
     model order); then the backward pass: the layers whose gradients left their
-    range, from the loss toward the inputs.
+    range, from the loss toward the inputs; then the 16-bit layers the replay
+    could not record.
 
     Args:
         record: a `StepRecord` from `GuardTelemetry.failed_step` (the replay).
@@ -314,6 +317,15 @@ def attribute_step(record: StepRecord, dtypes: Mapping[str, str]) -> Attribution
             evidence,
             f"gradients left the 16-bit range in {', '.join(backward)} at loss scale "
             f"{record.loss_scale:g}",
+        )
+    unseen = [path for path in record.unrecorded if dtypes.get(path, FLOAT32) != FLOAT32]
+    if unseen:
+        evidence = {path: f"{dtypes[path]}; its values could not be recorded" for path in unseen}
+        return Attribution(
+            "unrecorded",
+            tuple(unseen),
+            evidence,
+            f"no recorded 16-bit layer shows it; {', '.join(unseen)} could not be recorded",
         )
     return Attribution(
         "elsewhere",

@@ -69,6 +69,7 @@ class StepRecord:
     batch_amax: float
     gradients_finite: bool
     layers: Mapping[str, LayerAmax]
+    unrecorded: tuple[str, ...] = ()  # layers whose recording raised
 
     @property
     def batch_finite(self) -> bool:
@@ -135,6 +136,7 @@ def replay_step(model: keras.Model, kept: KeptStep, dtypes: Mapping[str, str]) -
         with ProbeSession(model, statistics="amax") as session:
             model.train_on_batch(*keras.utils.unpack_x_y_sample_weight(kept.batch))
             stats = session.read()
+            unrecorded = tuple(session.unrecorded)
     finally:
         undo_step()
         restore_state(model, snapshot)
@@ -159,7 +161,9 @@ def replay_step(model: keras.Model, kept: KeptStep, dtypes: Mapping[str, str]) -
     gradients_finite = all(
         value.nonfinite == 0 for slot, value in stats.items() if slot[1] == "weight_gradients"
     )
-    return StepRecord(0, kept.loss_scale, batch_amax(kept.batch), gradients_finite, layers)
+    return StepRecord(
+        0, kept.loss_scale, batch_amax(kept.batch), gradients_finite, layers, unrecorded
+    )
 
 
 def near_range_layers(

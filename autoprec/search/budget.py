@@ -35,7 +35,7 @@ _MODES = ("min", "max", "auto")
 HUGE_VIOLATION = 1e30
 
 
-@dataclasses.dataclass(frozen=True, init=False)
+@dataclasses.dataclass(frozen=True)
 class Budget:
     """How much worse than float32 a plan's validation metric may be.
 
@@ -43,21 +43,13 @@ class Budget:
     candidate: same initial weights, same batches in the same order, same steps.
 
     Args:
-        metric: a metric the compiled model reports on validation data, e.g.
-            `"val_accuracy"`, `"val_loss"` or a custom metric's name (with or
-            without the `val_` prefix).
+        metric: a validation metric the compiled model reports (`val_` prefix optional).
         max_drop: largest allowed worsening, in the metric's units.
         max_relative_drop: largest allowed worsening as a fraction of |reference|.
-            With both given, both must hold.
-        mode: `"min"` (lower is better, like a loss) or `"max"` (higher is
-            better, like accuracy), as in `keras.callbacks.ModelCheckpoint`.
-            `"auto"` (the default) reads it from the metric's name (`LOWER_IS_BETTER`,
-            `HIGHER_IS_BETTER`) and refuses a name it does not know.
+        mode: `"min"`, `"max"` or `"auto"` (read from the metric's name).
 
     Raises:
-        AutoprecError: when neither limit is given, a limit is negative, `mode`
-            is not one of `"min"`, `"max"`, `"auto"`, or `"auto"` meets a metric
-            name it cannot read (pass `mode="min"` or `"max"`).
+        AutoprecError: no limit, a negative limit, a bad `mode`, or a name `"auto"` cannot read.
 
     Example:
 
@@ -70,17 +62,12 @@ class Budget:
     """
 
     metric: str
-    max_drop: float | None
-    max_relative_drop: float | None
-    mode: str
+    max_drop: float | None = None
+    max_relative_drop: float | None = None
+    mode: str = "auto"
 
-    def __init__(
-        self,
-        metric: str,
-        max_drop: float | None = None,
-        max_relative_drop: float | None = None,
-        mode: str = "auto",
-    ) -> None:
+    def __post_init__(self) -> None:
+        metric, max_drop, max_relative_drop, mode = dataclasses.astuple(self)
         if not isinstance(metric, str) or not metric:
             raise AutoprecError(f"Budget: metric must be a metric name, got {metric!r}.")
         if max_drop is None and max_relative_drop is None:
@@ -97,11 +84,7 @@ class Budget:
                 f"better) or 'auto' (read from the name), got {mode!r}."
             )
         if mode == "auto":
-            mode = infer_mode(metric)
-        object.__setattr__(self, "metric", metric)
-        object.__setattr__(self, "max_drop", max_drop)
-        object.__setattr__(self, "max_relative_drop", max_relative_drop)
-        object.__setattr__(self, "mode", mode)
+            object.__setattr__(self, "mode", infer_mode(metric))
 
     @property
     def log_name(self) -> str:

@@ -44,54 +44,30 @@ StudyCallback = Callable[[optuna.Study, optuna.trial.FrozenTrial], None]
 class SearchSettings(ConfigValue):
     """The rarely changed settings of `autoprec.search`, kept apart from its main arguments.
 
-    Build one, print it, reuse it across searches; `dataclasses.replace(settings,
-    steps_per_trial=40)` derives a variant, and `get_config()` / `from_config()` round-trip
-    it through a plain dict.
+    Build one, print it, reuse it (`dataclasses.replace(settings, steps_per_trial=40)` derives a
+    variant); `get_config()` / `from_config()` round-trip it. docs/api.md tells each field.
 
     Args:
-        batch_size: batch size for array data (datasets keep their own batches), as in
-            `model.fit`.
-        steps_per_trial: training steps of every trial (from the same weights, on the
-            same first batches of `x`, in order).
-        max_steps_per_trial: the longest training the search may lengthen to (steps
-            doubled) when the float32 reference does not beat the trivial baseline by
-            more than the budget allows; default 8 x `steps_per_trial`.
-        validation_steps: validation batches evaluated (default all), as in `model.fit`.
-        seed: seeds the sampler and every evaluation (deterministic per machine).
-        dtypes: dtypes the search may use. Default: float32 plus the 16-bit dtypes that
-            run fast on `hardware` (for `"local"`: measured faster than float32 for this
-            model). An explicit list is respected even where a dtype is slow.
-        keep_float32: globs on layer paths or class names kept in float32, in addition
-            to the default protections (softmax, normalisation, output layers).
-        group_by: `"layer"`, `"block"`, `"auto"` or an int (most groups); see
-            `autoprec.search.group_layers`. Grouping never hides the heuristic's own
-            per-layer plan, which is always evaluated.
-        profile: an `autoprec.Profile` to reuse (e.g. written by `autoprec profile`);
-            default: profiled here when float16 is among the dtypes.
+        batch_size: batch size for array data (datasets keep their own batches).
+        steps_per_trial: training steps of every trial, on the same first batches.
+        max_steps_per_trial: the longest a trial may be lengthened to; default 8 x the above.
+        validation_steps: validation batches evaluated (default all).
+        seed: seeds the sampler and every evaluation.
+        dtypes: dtypes the search may use; default float32 and those fast on `hardware`.
+        keep_float32: globs on layer paths or class names kept in float32.
+        group_by: `"layer"`, `"block"`, `"auto"` or an int (most groups).
+        profile: an `autoprec.Profile` to reuse; default profiled here when needed.
         profile_steps: batches the profiler sees when it runs here.
         costs: an `autoprec.CostTable` to reuse instead of measuring or predicting.
-        cost_batch_size: batch size the step time is measured or predicted for (the
-            batch you will train with); default `batch_size`.
+        cost_batch_size: batch size the step time is costed for; default `batch_size`.
         proxy_batches: calibration batches of the numerical proxy.
-        proxy_tolerance: the proxy's relative loss error above which a plan is pruned
-            before training (ignored when `search` is given its own `pruner`).
-        reference_repeats: extra float32 runs with other batch orders and seeds, to
-            report the reference's spread; a budget tighter than it is warned about.
-        baseline: what a model that learned nothing scores on the budget metric:
-            `"auto"` (chance for accuracy-like metrics, 0.5 for AUC, the untrained
-            model's metric otherwise), a number, or `None` to skip the check.
-        confirm_steps: training steps of the confirmation of the chosen plan (against
-            float32 trained as long, from the same weights), run when the decision was
-            close or the fidelity low; default 4 x the search's steps, 0 never.
-        measure_speedup: time the final plan and float32 on this device (default: when
-            `hardware="local"`).
-        float16_trials: how trials train float16 layers: `"native"` (float16 kernels),
-            `"emulated"` (float32 math rounded to float16 at every layer boundary, see
-            `autoprec.runtime.emulation`) or `"auto"` (default: emulated where this device
-            has no fast float16 kernels, such as TensorFlow on a CPU, where they run 100
-            to 300 times slower than float32). Step times are never emulated.
-        plan_path: the best plan so far is written there (atomically) after every trial
-            that improves it, and the final plan at the end.
+        proxy_tolerance: the proxy's relative loss error above which a plan is pruned.
+        reference_repeats: extra float32 runs to report the reference's spread.
+        baseline: the untrained score: `"auto"`, a number, or `None` to skip the check.
+        confirm_steps: training steps of the confirmation; default 4 x the search's, 0 never.
+        measure_speedup: time the final plan here (default: when `hardware="local"`).
+        float16_trials: `"native"`, `"emulated"` or `"auto"` (emulated where float16 is slow).
+        plan_path: where the best plan so far is written after every improving trial.
         callbacks: extra Optuna callbacks `(study, frozen_trial)`.
         catch: exceptions that fail a trial instead of stopping the search.
 
@@ -150,32 +126,23 @@ class SearchSettings(ConfigValue):
                     f"SearchSettings.dtypes={list(self.dtypes)!r}: each must be one of "
                     f"{', '.join(PLAN_DTYPES)}, and at least one is needed."
                 )
-        if isinstance(self.group_by, str) and self.group_by not in ("layer", "block", "auto"):
-            raise AutoprecError(
-                f"SearchSettings.group_by={self.group_by!r}: use 'layer', 'block', 'auto' or "
-                "an integer (the most groups)."
-            )
-        if self.float16_trials not in FLOAT16_TRIALS:
-            raise AutoprecError(
-                f"SearchSettings.float16_trials={self.float16_trials!r}: use "
-                + ", ".join(repr(choice) for choice in FLOAT16_TRIALS)
-                + "."
-            )
-        if isinstance(self.baseline, str) and self.baseline != "auto":
-            raise AutoprecError(
-                f"SearchSettings.baseline={self.baseline!r}: use 'auto', a number, or None "
-                "to skip the check."
-            )
-        if self.profile is not None and not isinstance(self.profile, Profile):
-            raise AutoprecError(
-                "SearchSettings.profile must be an autoprec.Profile (autoprec.Profile.load(path) "
-                f"reads one written by `autoprec profile`), got {type(self.profile).__name__}."
-            )
-        if self.costs is not None and not isinstance(self.costs, CostTable):
-            raise AutoprecError(
-                "SearchSettings.costs must be an autoprec.CostTable (CostTable.load(path)), got "
-                f"{type(self.costs).__name__}."
-            )
+        choices = {  # name: (the strings it takes, how to say what it takes)
+            "group_by": (("layer", "block", "auto"), "'layer', 'block', 'auto' or an integer"),
+            "baseline": (("auto",), "'auto', a number, or None to skip the check"),
+            "float16_trials": (FLOAT16_TRIALS, ", ".join(map(repr, FLOAT16_TRIALS))),
+        }
+        for name, (strings, said) in choices.items():
+            value = getattr(self, name)
+            if value not in strings and (isinstance(value, str) or name == "float16_trials"):
+                raise AutoprecError(f"SearchSettings.{name}={value!r}: use {said}.")
+        loaders = {"profile": "autoprec.Profile.load(path)", "costs": "CostTable.load(path)"}
+        for name, kind in (("profile", Profile), ("costs", CostTable)):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, kind):
+                raise AutoprecError(
+                    f"SearchSettings.{name} must be an autoprec.{kind.__name__} ({loaders[name]} "
+                    f"reads one), got {type(value).__name__}."
+                )
 
     @property
     def longest_steps_per_trial(self) -> int:
@@ -183,11 +150,11 @@ class SearchSettings(ConfigValue):
         return self.max_steps_per_trial or 8 * self.steps_per_trial
 
 
+@dataclasses.dataclass
 class StageClock:
     """Seconds spent in each stage of one search, added up as the search goes."""
 
-    def __init__(self) -> None:
-        self.seconds: dict[str, float] = {}
+    seconds: dict[str, float] = dataclasses.field(default_factory=dict)
 
     @contextlib.contextmanager
     def stage(self, name: str) -> Iterator[None]:
@@ -196,8 +163,7 @@ class StageClock:
         try:
             yield
         finally:
-            spent = time.perf_counter() - started
-            self.seconds[name] = self.seconds.get(name, 0.0) + spent
+            self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - started
 
 
 @dataclasses.dataclass(frozen=True)
@@ -326,14 +292,11 @@ class SearchContext:
     def output_floor(self, assignment: Mapping[str, str]) -> OutputFloor | None:
         """Returns the rounding floor a plan's 16-bit outputs put on the budget metric."""
         # A float8 output layer returns its outputs in its source dtype, bfloat16.
-        normalised = {
-            path: BFLOAT16 if dtype == FLOAT8 else dtype
-            for path, dtype in self.normalise(assignment).items()
-        }
+        normalised = self.normalise(assignment)
         dtypes = {
-            path: normalised[path]
+            path: BFLOAT16 if normalised[path] == FLOAT8 else normalised[path]
             for path in dict.fromkeys(self.output_paths)
-            if normalised.get(path, FLOAT32) in SIXTEEN_BIT
+            if normalised.get(path, FLOAT32) in (*SIXTEEN_BIT, FLOAT8)
         }
         if not dtypes:
             return None
@@ -341,8 +304,8 @@ class SearchContext:
         if key not in self.floors:
             floor = self._measured_floor(dtypes)
             self.floors[key] = floor
-            if floor is not None and floor.refused and self.verbose:
-                show_message(f"autoprec.search: {floor.reason}: plans with them are refused.")
+            if floor is not None and floor.refused:
+                say(self.verbose, f"{floor.reason}: plans with them are refused.")
         return self.floors[key]
 
     def _measured_floor(self, dtypes: Mapping[str, str]) -> OutputFloor | None:
@@ -417,10 +380,10 @@ class SearchContext:
                     evidence.setdefault(path, {})[dtype] = floor.to_dict()
         return evidence
 
-    def floor_metadata(self, study: optuna.Study | None = None) -> dict[str, Any]:
+    def floor_metadata(self) -> dict[str, Any]:
         """Returns the search's floor record: the rule, each output's floors, the trials refused."""
         refused = {}
-        for trial in study.get_trials(deepcopy=False) if study is not None else ():
+        for trial in self.study.get_trials(deepcopy=False) if self.study is not None else ():
             record = trial.user_attrs.get("output_floor")
             if isinstance(record, Mapping) and record.get("refused"):
                 refused[str(trial.number)] = record.get("reason")
@@ -431,7 +394,7 @@ class SearchContext:
         }
 
 
-def say(verbose: int, text: str, *arguments: object) -> None:
-    """Shows one progress line (`text % arguments`) when `verbose` asks for it."""
+def say(verbose: int, text: str) -> None:
+    """Shows one progress line of the search when `verbose` asks for it."""
     if verbose:
-        show_message(text % arguments)
+        show_message(f"autoprec.search: {text}")

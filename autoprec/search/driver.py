@@ -73,45 +73,27 @@ def search(
 
     Args:
         model: a built, compiled Keras model.
-        x: the training data, as `model.fit` takes it in one argument: an `(x, y)` or
-            `(x, y, sample_weight)` tuple of arrays, a `tf.data.Dataset`, a
-            `keras.utils.PyDataset` or a generator of such batches. Every trial trains
-            on its first `settings.steps_per_trial` batches, in order.
+        x: the training data, in any form `model.fit` takes in one argument.
         validation_data: the same kinds; the budget metric is evaluated on it.
         budget: an `autoprec.Budget`.
-        hardware: `"local"` (this device: layer costs measured here with
-            `autoprec.calibrate`), a hardware profile name such as `"rtx4090"` or a
-            `HardwareProfile` (costs predicted for that device).
-        n_trials: trials to run in this call (added to those already in the study);
-            `None` runs until `timeout`.
+        hardware: `"local"` (costs measured here), a profile name or a `HardwareProfile`.
+        n_trials: trials to run in this call; `None` runs until `timeout`.
         timeout: stop starting trials after this many seconds.
-        storage: any Optuna storage: a URL (`"sqlite:///autoprec.db"`,
-            `"postgresql://..."`), a journal file (`"journal:///path/file.log"` or a path
-            ending `.log`), or a storage object. The same storage and `study_name`
-            resume the study; several processes, on one machine or many, may share one.
+        storage: any Optuna storage: a database URL, a journal file or a storage object.
         study_name: the study's name (needed to resume or share a study).
-        study: an `optuna.Study` to search in instead of `storage` and `study_name`
-            (created with `direction="minimize"`); its sampler and pruner are used.
+        study: an `optuna.Study` (minimised) to search in instead of `storage`.
         sampler: an Optuna sampler; default a seeded `optuna.samplers.TPESampler`.
-        pruner: an Optuna pruner; default one that prunes plans whose numerical proxy
-            misses `settings.proxy_tolerance` before they are trained.
-        settings: an `autoprec.SearchSettings` with the rarer knobs (batch size, steps
-            per trial, dtypes, grouping, a profile or cost table to reuse, plan path,
-            Optuna callbacks); default `SearchSettings()`.
-        verbose: 0 silent, 1 (default) a progress bar over trials and one log line per
-            stage (logger `"autoprec"`), 2 also one line per trial and the calibration
-            progress.
+        pruner: an Optuna pruner; default one that prunes on the numerical proxy.
+        settings: an `autoprec.SearchSettings`; default `SearchSettings()`.
+        verbose: 0 silent, 1 a progress bar and one line per stage, 2 one per trial.
 
     Returns:
         A `SearchResult`.
 
     Raises:
-        BackendError: on a Keras backend other than TensorFlow or JAX (trials train
-            with the guard, whose in-step telemetry runs there).
-        AutoprecError: the budget metric is not reported by the model (the message
-            lists those that are), the model is not compiled, or the float32
-            reference has not learned at the search's fidelity (the message names the
-            metric, its value, the baseline and what to change).
+        BackendError: on a Keras backend other than TensorFlow or JAX.
+        AutoprecError: the budget metric is not reported, the model is not compiled,
+            or the float32 reference has not learned at the search's fidelity.
 
     Example:
 
@@ -280,7 +262,7 @@ def _space(model: keras.Model, evaluator: Evaluator, request: SearchRequest) -> 
                 evaluator.batch_size,
                 float8_ranges=FLOAT8 in dtypes,
             )
-    unsafe = float16_unsafe_layers(profile)
+    unsafe = float16_unsafe_layers(profile, model)
     outputs = output_layers(model, infos)
     allowed, removed = allowed_dtypes(
         compute,
@@ -321,8 +303,8 @@ def _float16_trials(
     if emulate and evaluator.emulate_float16():
         say(
             verbose,
-            "autoprec.search: float16 has no fast kernels here; trials emulate it (float32 "
-            "math, float16 rounding at layer boundaries).",
+            "float16 has no fast kernels here; trials emulate it (float32 math, float16 "
+            "rounding at layer boundaries).",
         )
         return "emulated"
     return "native"
@@ -376,7 +358,12 @@ def prepare(model: keras.Model, evaluator: Evaluator, request: SearchRequest) ->
         spread=spread,
         **space,
     )
-    context.risk = _risk(context)
+    context.risk = {  # the risk of 16 bits: output 2, softmax/normalisation 1, unsafe float16 1
+        path: 2.0 * (path in context.outputs)
+        + float(is_sensitive(context.infos[path]))
+        + float(path in context.unsafe)
+        for path in context.compute
+    }
     context.cache[assignment_key(context.uniform_assignment(FLOAT32))] = TrainedOutcome(
         metrics=dict(metrics),
         proxy={"loss_relative_error": 0.0, "gradient_cosine": 1.0, "finite": True},
@@ -415,16 +402,6 @@ def _reference_spread(
     return spread
 
 
-def _risk(context: SearchContext) -> dict[str, float]:
-    """Returns `{path: risk of 16-bit}`: output 2, softmax/normalisation 1, unsafe in float16 1."""
-    return {
-        path: 2.0 * (path in context.outputs)
-        + float(is_sensitive(context.infos[path]))
-        + float(path in context.unsafe)
-        for path in context.compute
-    }
-
-
 def _announce(context: SearchContext) -> None:
     """Shows the search's one line about its space and reference."""
     budget, fidelity, request = context.budget, context.fidelity, context.request
@@ -437,8 +414,7 @@ def _announce(context: SearchContext) -> None:
     baseline = "n/a" if fidelity.baseline is None else f"{fidelity.baseline:.4g}"
     say(
         request.verbose,
-        "%s",
-        f"autoprec.search: {len(context.compute)} compute layers in {len(context.groups)} groups; "
+        f"{len(context.compute)} compute layers in {len(context.groups)} groups; "
         f"dtypes {'/'.join(context.dtypes)}; float32 reference {budget.metric} = "
         f"{context.reference:.6g} after {fidelity.train_steps} train steps (budget "
         f"{'>=' if budget.mode == 'max' else '<='} {budget.threshold(context.reference):.6g}; "
@@ -463,7 +439,7 @@ def search_metadata(context: SearchContext) -> dict[str, Any]:
             "cost_source": getattr(context.table, "source", None),
             "float16_trials": context.float16_trials,
             "reference_spread": spread,
-            "fidelity_check": context.fidelity.to_dict(),
+            "fidelity_check": dataclasses.asdict(context.fidelity),
         },
     }
 
@@ -476,21 +452,12 @@ def run_trials(context: SearchContext) -> optuna.Study:
     context.study = study
     added = enqueue_warm_starts(study, starts)
     study.set_user_attr("reference_metric", context.reference)
-    say(
-        request.verbose,
-        "autoprec.search: study %r (%s, %d trial(s) already); %d warm start(s) enqueued",
-        study.study_name,
-        "new" if created else "resumed",
-        len(study.trials) - added,
-        added,
-    )
+    state = f"{'new' if created else 'resumed'}, {len(study.trials) - added} trial(s) already"
+    say(request.verbose, f"study {study.study_name!r} ({state}); {added} warm start(s) enqueued")
     context.metadata = search_metadata(context)
     n_trials = request.n_trials
     if all(len(group.choices) <= 1 for group in context.groups):
-        say(
-            request.verbose,
-            "autoprec.search: nothing to choose (one dtype per layer); one trial only.",
-        )
+        say(request.verbose, "nothing to choose (one dtype per layer); one trial only.")
         n_trials = min(n_trials or 1, 1)
     with request.clock.stage("trials"):
         optimize(context, n_trials, timeout=request.timeout, explorer=explorer(context))

@@ -381,10 +381,6 @@ class FidelityCheck:
     baseline_kind: str
     status: str
 
-    def to_dict(self) -> dict[str, Any]:
-        """Returns the check as a JSON-ready dict."""
-        return dataclasses.asdict(self)
-
 
 def trivial_baseline(evaluator: Evaluator, budget: Budget) -> tuple[float, str]:
     """Returns `(value, kind)`: what a model that learned nothing scores on the budget metric."""
@@ -432,8 +428,6 @@ def check_reference(
     reference = _finite_reference(metrics, budget, requested)
     if baseline is None:
         return metrics, FidelityCheck(requested, requested, reference, None, "off", "off")
-    if isinstance(baseline, str) and baseline != "auto":
-        raise AutoprecError(f"search: baseline must be 'auto', a number or None, got {baseline!r}.")
     given = not isinstance(baseline, str)
     value, kind = (float(baseline), "given") if given else trivial_baseline(evaluator, budget)
     steps = requested

@@ -135,45 +135,6 @@ def choose_start(
     return Start(best, assignment, departures, seconds, uniform)
 
 
-def range_blocks(
-    assignment: Mapping[str, str],
-    departures: Mapping[str, Departure],
-    feasibility: Feasibility,
-    costs: PlanCosts,
-) -> dict[str, str]:
-    """Widens the block around each range departure where that is predicted to save its casts."""
-    result = dict(assignment)
-    blocks = group_layers(list(feasibility.compute), "block")
-    block_of = {path: tuple(block) for block in blocks for path in block}
-    current = costs.step(result)[0]
-    for path, departure in list(departures.items()):
-        if departure.kind != "range":
-            continue
-        members = [
-            member
-            for member in block_of.get(path, ())
-            if result[member] != departure.dtype
-            and departure.dtype in feasibility.allowed[member]
-            and member not in departures
-        ]
-        if not members:
-            continue
-        trial = dict(result)
-        trial.update(dict.fromkeys(members, departure.dtype))
-        seconds = costs.step(trial)[0]
-        if seconds >= current:
-            continue
-        why = (
-            f"range: in the block of {path}, whose {departure.start} range breaks: "
-            f"{departure.dtype} for the block saves its casts (whole step "
-            f"{current * 1e3:.3f} -> {seconds * 1e3:.3f} ms)"
-        )
-        for member in members:
-            departures[member] = Departure(member, departure.start, departure.dtype, "range", why)
-        result, current = trial, seconds
-    return result
-
-
 def cost_departures(
     assignment: Mapping[str, str],
     departures: dict[str, Departure],
@@ -287,9 +248,12 @@ def heuristic_plan(
     `plan.metadata["evidence"][path]` (`kind`, `from`, `dtype`, `reason` with its
     figures):
 
-    - `"range"`: the profile shows its values overflow or flush to zero in float16
-      (it takes the next dtype on the ladder: bfloat16 where allowed, else float32;
-      its block too where that saves the casts);
+    - `"range"`: the profile shows its values overflow or flush to zero in float16, it
+      receives values above float16's max from such a layer, or it computes or
+      normalises attention logits that overflow (the key projection and the softmax
+      of that attention); it takes the next dtype on the ladder: bfloat16 where
+      allowed, else float32. Nothing else moves with it: its neighbours and its
+      block keep the start's dtype, with casts at the boundary;
     - `"cost"`: the cost table predicts (or measured) the layer, or its block, faster
       in another dtype by more than the prediction's error (`CostTable.relative_error`),
       and the whole step faster with the casts the move adds;
@@ -297,7 +261,8 @@ def heuristic_plan(
       (flush-to-zero and saturation after per-tensor scaling, amax growth) is
       predicted faster in float8 the same way;
     - `"budget"`: an output layer a regression loss reads (its 16-bit rounding floors
-      the loss), or a layer whose 16-bit dtype fails `check`;
+      the loss), a layer whose 16-bit dtype fails `check`, or a layer the profile
+      could not record (`Profile.unrecorded`);
     - `"user"`: a `keep_float32` glob.
 
     The plan is then predicted no slower than every uniform policy the profile allows
@@ -342,7 +307,6 @@ def heuristic_plan(
     departures = {departure.path: departure for departure in start.departures}
     assignment = dict(start.assignment)
     if cost_view.available:
-        assignment = range_blocks(assignment, departures, feasibility, cost_view)
         assignment = cost_departures(
             assignment, departures, feasibility, cost_view, start.dtype, source
         )
@@ -375,7 +339,7 @@ def _feasibility(
         compute,
         infos,
         dtypes,
-        float16_unsafe_layers(profile),
+        float16_unsafe_layers(profile, model),
         list(keep_float32),
         float8_unsafe=float8_unsafe_layers(profile),
         outputs=outputs,
@@ -385,7 +349,14 @@ def _feasibility(
         compute=tuple(compute),
         allowed=allowed,
         removed=removed,
-        floors=rounding_floor_outputs(model, outputs),
+        floors={
+            **rounding_floor_outputs(model, outputs),
+            **{
+                path: "profile: its recording raised, so its values are unknown"
+                for path in (profile.unrecorded if profile is not None else ())
+                if path in compute
+            },
+        },
     )
 
 

@@ -278,7 +278,7 @@ def order_by_measurement(
     ranking = rank_by_measurement(
         ranked, {name: trial for name, (_, trial) in candidates.items()}, rounds
     )
-    say(context.verbose, "autoprec.search: %s", measurement_text(ranking.to_dict()))
+    say(context.verbose, measurement_text(ranking.to_dict()))
     return ranking
 
 
@@ -359,8 +359,7 @@ def _confirm_longer(
         violation = budget.violation(reference, metric)
         say(
             context.verbose,
-            "%s",
-            f"autoprec.search: confirmation at {confirm_steps} steps: trial {trial.number} "
+            f"confirmation at {confirm_steps} steps: trial {trial.number} "
             f"{'held' if violation <= 0 else 'missed the budget:'} {budget.metric} = "
             f"{'n/a' if metric is None else f'{metric:.6g}'} (float32 {reference:.6g}, "
             f"limit {budget.threshold(reference):.6g})",
@@ -406,12 +405,9 @@ def add_finalists(context: SearchContext) -> dict[str, Any]:
         finalists["trials"].update(_run_candidates(context, plans))
     finalists["base_trial"] = None if base is None else base.number
     trials, same_as = finalists["trials"], finalists["same_as"]
-    say(
-        context.verbose,
-        "autoprec.search: finalists %s%s",
-        ", ".join(f"{label} (trial {number})" for label, number in trials.items()) or "none",
-        "".join(f"; {label} = {other}" for label, other in same_as.items()),
-    )
+    named = ", ".join(f"{label} (trial {number})" for label, number in trials.items())
+    same = "".join(f"; {label} = {other}" for label, other in same_as.items())
+    say(context.verbose, f"finalists {named or 'none'}{same}")
     return finalists
 
 
@@ -482,12 +478,10 @@ def _add_trial(
             constraints=constraints,
         )
     )
-    added = [
-        trial.number
-        for trial in study.get_trials(deepcopy=False)
-        if TrialRecord.from_trial(trial).assignment_key == key
-    ]
-    return added[-1]
+    trials = study.get_trials(deepcopy=False)
+    return next(
+        t.number for t in reversed(trials) if TrialRecord.from_trial(t).assignment_key == key
+    )
 
 
 def _objective_value(context: SearchContext, compute: Mapping[str, str], seconds: float) -> float:
@@ -560,7 +554,7 @@ def choose_plan(context: SearchContext) -> SearchResult:
     with request.clock.stage("confirmation"):
         chosen, confirmation = confirm_plan(context, context.ranked, request.settings.confirm_steps)
     plan = context.float32_plan() if chosen is None else finalist_plan(context, chosen)
-    metadata = _chosen_metadata(context, chosen)
+    metadata = trial_plan_metadata(context, chosen)
     search = dict(metadata.get("search", {}))
     if measured is not None:
         search["measurement"] = measured.to_dict()
@@ -577,7 +571,7 @@ def choose_plan(context: SearchContext) -> SearchResult:
     if context.finalists is not None:
         search["finalists"] = context.finalists
     metadata["evidence"] = evidence(context)
-    search["output_floor"] = context.floor_metadata(study)
+    search["output_floor"] = context.floor_metadata()
     search.update(
         trial_counts(study),
         wall_seconds=time.perf_counter() - request.started,
@@ -599,17 +593,6 @@ def choose_plan(context: SearchContext) -> SearchResult:
         points=pareto_points(study),
         float32_predicted_seconds=context.float32_seconds,
     )
-
-
-def _chosen_metadata(context: SearchContext, chosen: optuna.trial.FrozenTrial | None) -> dict:
-    if chosen is not None:
-        return trial_plan_metadata(context, chosen, dict(context.metadata))
-    return {
-        **context.metadata,
-        "reference_metric": context.reference,
-        "measured_metric": context.reference,
-        "predicted_speedup": 1.0,
-    }
 
 
 def evidence(context: SearchContext) -> dict[str, dict]:

@@ -11,6 +11,7 @@ from collections.abc import Iterable, Mapping, Sequence
 
 import keras
 
+from .. import numerics
 from .._core.dtypes import (
     BFLOAT16,
     FLOAT8,
@@ -22,9 +23,10 @@ from .._core.dtypes import (
 )
 from ..cost import CostTable, estimate
 from ..hardware import HardwareProfile
-from ..layers import LayerInfo, describe_model, layer_paths, model_fingerprint
+from ..layers import LayerInfo, describe_model, is_pass_through, layer_paths, model_fingerprint
 from ..plan import PrecisionPlan
-from ..profiler import LayerProfile, Profile, profile
+from ..profiler import Profile, profile
+from ..profiler.stats import ATTENTION_LOGITS
 
 logger = logging.getLogger("autoprec")
 
@@ -185,38 +187,89 @@ def make_groups(
 # ---------------------------------------------------------------------- adapters
 
 
-def float16_unsafe_layers(profile: Profile | None) -> dict[str, str]:
-    """Returns `{path: reason}` for the layers a profile says cannot run in float16."""
+def float16_unsafe_layers(
+    profile: Profile | None, model: keras.Model | None = None
+) -> dict[str, str]:
+    """Returns `{path: reason}` for the layers a profile says cannot run in float16.
+
+    With the model, also the layers an overflow reaches: the key projection and softmax of an
+    attention whose logits overflow, and each layer that receives values above float16's max.
+    """
     if profile is None:
         return {}
-    return {
-        path: _unsafe_reason(layer)
+    unsafe = {
+        path: f"profile: {layer.float16_unsafe_reason}"
         for path, layer in profile.layers.items()
         if not layer.float16_safe
     }
+    if model is None:
+        return unsafe
+    reached = {**_attention_logit_layers(profile, model), **overflow_receivers(profile, model)}
+    return {**reached, **unsafe}
 
 
-def _unsafe_reason(layer: LayerProfile) -> str:
-    """Says why a layer that is not `float16_safe` is not, from its profiled statistics."""
-    forward, gradient = layer.forward, layer.gradient
-    if forward is not None and forward.nonfinite:
-        return f"profile: {forward.nonfinite} non-finite forward value(s) in {layer.dtype}"
-    if layer.float16_exceeds_max:
-        return (
-            f"profile: forward values up to {forward.max_abs:.3g}, above the float16 maximum "
-            f"65504 (overflow fraction {layer.float16_overflow_fraction:.3g})"
-        )
-    if forward is not None and not forward.fits(FLOAT16):
-        return (
-            f"profile: {layer.float16_underflow_fraction:.3g} of forward values flush to zero "
-            "in float16"
-        )
-    if gradient is not None and gradient.nonfinite:
-        return f"profile: {gradient.nonfinite} non-finite gradient value(s)"
-    return (
-        "profile: no loss scale fits the gradients in float16 "
-        f"({layer.gradient_underflow_fraction:.3g} still flush to zero at the largest safe scale)"
-    )
+#: The sub-layers of an attention its logits need in float32: the key projection (Keras
+#: computes q.k in the wider operand's dtype) and the softmax that reads the logits.
+ATTENTION_LOGIT_LAYERS = ("_key_dense", "_softmax")
+
+
+def _attention_logit_layers(profile: Profile, model: keras.Model) -> dict[str, str]:
+    """`{path: reason}` of the key projection and softmax of each attention whose logits overflow."""
+    paths = layer_paths(model)
+    path_of = {id(layer): path for path, layer in paths.items()}
+    found = {}
+    for path, layer_profile in profile.layers.items():
+        logits = layer_profile.internals.get(ATTENTION_LOGITS)
+        if path not in paths or logits is None or logits.fits(FLOAT16):
+            continue
+        for name in ATTENTION_LOGIT_LAYERS:
+            child = path_of.get(id(getattr(paths[path], name, None)))
+            if child is not None:
+                found[child] = (
+                    f"profile: the attention logits of {path} reach {logits.max_abs:.3g}, above "
+                    "float16's max 65504: computed and normalised in float32"
+                )
+    return found
+
+
+def overflow_receivers(profile: Profile, model: keras.Model) -> dict[str, str]:
+    """Returns `{path: reason}` of the layers that receive values above float16's max.
+
+    Follows each overflowing layer's output through the model graph (raw arithmetic and
+    pass-through layers; a product or quotient with a number scales the bound) to the layers
+    that read it: Keras casts their inputs to their dtype, so those would read infinities.
+    """
+    paths = layer_paths(model)
+    path_of = {id(layer): path for path, layer in paths.items()}
+    found: dict[str, str] = {}
+    for path, layer_profile in profile.layers.items():
+        output = layer_profile.activation
+        if path not in paths or output is None or output.fits(FLOAT16, tolerance=1.0):
+            continue
+        largest = math.inf if output.nonfinite else output.max_abs
+        for receiver, bound in _receivers(paths[path], largest, path_of):
+            if numerics.exceeds_max(bound, FLOAT16) and receiver not in found:
+                found[receiver] = (
+                    f"profile: receives values up to {bound:.3g} from {path}, above float16's "
+                    "max 65504"
+                )
+    return found
+
+
+_SCALING_OPERATIONS = {"Multiply": 1, "Divide": -1, "TrueDivide": -1}
+
+
+def _receivers(operation: object, bound: float, path_of: dict, depth: int = 0):
+    """Yields `(path, magnitude bound)` of the layers reading `operation`'s output in the graph."""
+    for node in getattr(operation, "_outbound_nodes", ()):
+        consumer = node.operation
+        power = _SCALING_OPERATIONS.get(type(consumer).__name__, 0)
+        numbers = [abs(arg) for arg in node.arguments.args if isinstance(arg, (int, float))]
+        scaled = bound * math.prod(number**power for number in numbers if number)
+        if id(consumer) in path_of and not is_pass_through(consumer):
+            yield path_of[id(consumer)], bound
+        elif depth < 32:
+            yield from _receivers(consumer, scaled, path_of, depth + 1)
 
 
 def float8_unsafe_layers(profile: Profile | None) -> dict[str, str]:

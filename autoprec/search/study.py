@@ -8,7 +8,7 @@ import math
 import os
 import time
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -131,15 +131,20 @@ _POLL_SECONDS = 0.5
 _MIN_WAIT_SECONDS = 120.0
 
 
+def _same_plan(
+    study: optuna.Study, key: str, train_steps: int, state: optuna.trial.TrialState
+) -> Iterator[tuple[optuna.trial.FrozenTrial, TrialRecord]]:
+    """The trials in `state` evaluating the assignment `key` at `train_steps`, with their records."""
+    for other in study.get_trials(deepcopy=False, states=(state,)):
+        record = TrialRecord.from_trial(other)
+        if record.assignment_key == key and record.train_steps == train_steps:
+            yield other, record
+
+
 def trained_outcome(study: optuna.Study, key: str, train_steps: int) -> TrainedOutcome | None:
     """Returns what a completed trial of the study trained itself for the same assignment."""
-    for other in study.get_trials(deepcopy=False, states=_COMPLETE):
-        record = TrialRecord.from_trial(other)
-        if (
-            record.assignment_key == key
-            and record.train_steps == train_steps
-            and record.trained_here
-        ):
+    for other, record in _same_plan(study, key, train_steps, optuna.trial.TrialState.COMPLETE):
+        if record.trained_here:
             metrics = {
                 name: math.nan if value is None else float(value)
                 for name, value in record.metrics.items()
@@ -157,12 +162,19 @@ def wait_for_same_assignment(
     timeout: float | None = None,
 ) -> TrainedOutcome | None:
     """Waits while another running trial evaluates the same assignment; returns its outcome."""
-    deadline = None
+    deadline, waiting = None, f"autoprec.search: trial {trial_number} "
     while True:
         stored = trained_outcome(study, key, train_steps)
         if stored is not None:
             return stored
-        others = _evaluating_same(study, trial_number, key, train_steps)
+        others = [  # the running trials this one waits for
+            other.number
+            for other, record in _same_plan(
+                study, key, train_steps, optuna.trial.TrialState.RUNNING
+            )
+            if other.number != trial_number
+            and (record.evaluating == other.number or other.number < trial_number)
+        ]
         if not others:
             return None
         if deadline is None:
@@ -173,39 +185,14 @@ def wait_for_same_assignment(
             ]
             longest = max(_MIN_WAIT_SECONDS, 3.0 * max(durations, default=0.0))
             deadline = time.monotonic() + (timeout if timeout is not None else longest)
-            logger.info(
-                "autoprec.search: trial %d waits for trial %d, which evaluates the same plan.",
-                trial_number,
-                others[0],
-            )
+            logger.info(f"{waiting}waits for trial {others[0]}, which evaluates the same plan.")
         elif time.monotonic() > deadline:
-            logger.info(
-                "autoprec.search: trial %d stops waiting for trial %d and evaluates the plan.",
-                trial_number,
-                others[0],
-            )
+            logger.info(f"{waiting}stops waiting for trial {others[0]} and evaluates the plan.")
             return None
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
             optuna.storages.fail_stale_trials(study)
         time.sleep(_POLL_SECONDS)
-
-
-def _evaluating_same(
-    study: optuna.Study, trial_number: int, key: str, train_steps: int
-) -> list[int]:
-    """Returns the numbers of the running trials this trial waits for."""
-    numbers = []
-    for other in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
-        record = TrialRecord.from_trial(other)
-        if (
-            other.number != trial_number
-            and record.assignment_key == key
-            and record.train_steps == train_steps
-            and (record.evaluating == other.number or other.number < trial_number)
-        ):
-            numbers.append(other.number)
-    return numbers
 
 
 #: Steps reported to the pruner: after the cost prediction, after the numerical proxy.
@@ -351,24 +338,20 @@ def log_trial(context: SearchContext, trial: optuna.trial.FrozenTrial) -> None:
         optuna.trial.TrialState.PRUNED: f"pruned ({record.pruned_by or ''})",
         optuna.trial.TrialState.FAIL: "failed",
     }.get(trial.state, str(trial.state))
+    metric_text = f"{metric:.6g}" if isinstance(metric, (int, float)) else "n/a"
+    step = f"{seconds * 1e3:.3f} ms" if isinstance(seconds, (int, float)) else "n/a"
+    step += f" (x{context.float32_seconds / seconds:.2f})" if seconds else ""
     logger.info(
-        "trial %d: %s | fidelity %s | %s %s | predicted %s%s | %s",
-        trial.number,
-        short_counts_text(record.dtype_counts or {}),
-        (record.fidelity or ("-",))[-1],
-        context.budget.metric,
-        f"{metric:.6g}" if isinstance(metric, (int, float)) else "n/a",
-        f"{seconds * 1e3:.3f} ms" if isinstance(seconds, (int, float)) else "n/a",
-        f" (x{context.float32_seconds / seconds:.2f})" if seconds else "",
-        verdict,
+        f"trial {trial.number}: {short_counts_text(record.dtype_counts or {})} | fidelity "
+        f"{(record.fidelity or ('-',))[-1]} | {context.budget.metric} {metric_text} | "
+        f"predicted {step} | {verdict}"
     )
 
 
-def plan_writer(
-    context: SearchContext, plan_path: str | os.PathLike | None, metadata: dict
-) -> Callable[[optuna.Study, optuna.trial.FrozenTrial], None]:
+def plan_writer(context: SearchContext) -> Callable[[optuna.Study, optuna.trial.FrozenTrial], None]:
     """Returns the Optuna callback that logs each trial and saves the best plan so far."""
     written: dict[str, int | None] = {"number": None}
+    plan_path = context.request.settings.plan_path
 
     def callback(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
         log_trial(context, trial)
@@ -379,14 +362,11 @@ def plan_writer(
             if best is None or best.number == written["number"]:
                 return
             if plan_file_trial(plan_path, study.study_name) != best.number:
-                plan = context.trial_plan(
-                    best, metadata=trial_plan_metadata(context, best, metadata)
+                context.trial_plan(best, metadata=trial_plan_metadata(context, best)).save(
+                    plan_path
                 )
-                plan.save(plan_path)
                 logger.info(
-                    "autoprec.search: best plan so far (trial %d) written to %s",
-                    best.number,
-                    plan_path,
+                    f"autoprec.search: best plan so far (trial {best.number}) written to {plan_path}"
                 )
             written["number"] = best.number
 
@@ -406,15 +386,15 @@ def plan_file_trial(plan_path: str | os.PathLike, study_name: str) -> int | None
     return number if isinstance(number, int) else None
 
 
-def trial_plan_metadata(
-    context: SearchContext, trial: optuna.trial.FrozenTrial, base: dict
-) -> dict:
-    """Returns the plan metadata of a trial's plan: `base` with its metric and speedup."""
+def trial_plan_metadata(context: SearchContext, trial: optuna.trial.FrozenTrial | None) -> dict:
+    """Returns the plan metadata of a trial's plan (float32's for `None`): its metric and speedup."""
+    base = {**context.metadata, "reference_metric": context.reference}
+    if trial is None:
+        return {**base, "measured_metric": context.reference, "predicted_speedup": 1.0}
     record = TrialRecord.from_trial(trial)
     seconds = record.predicted_seconds
     return {
         **base,
-        "reference_metric": context.reference,
         "measured_metric": record.metric,
         "predicted_speedup": (context.float32_seconds / seconds) if seconds else None,
         "search": {**base.get("search", {}), "best_trial": trial.number},
@@ -564,12 +544,11 @@ def optimize(
 ) -> None:
     """Runs trials of the study with the objective, the plan writer and the user's callbacks."""
     settings = context.request.settings
-    writer = plan_writer(context, settings.plan_path, context.metadata)
     context.study.optimize(
         lambda trial: trial_objective(context, trial),
         n_trials=n_trials,
         timeout=timeout,
         catch=tuple(settings.catch),
-        callbacks=[writer, *([explorer] if explorer else []), *settings.callbacks],
+        callbacks=[plan_writer(context), *([explorer] if explorer else []), *settings.callbacks],
         show_progress_bar=explorer is not None and context.verbose >= 1,
     )

@@ -447,7 +447,7 @@ def test_the_reference_spread_is_measured_when_asked_and_the_metadata_carries_it
         assert metadata["budget"]["reference_spread"] == spread
         search = metadata["search"]
         assert search["study_name"] == "meta" and search["dtypes"] == ["float32", "bfloat16"]
-        assert search["fidelity_check"] == prepared.context.fidelity.to_dict()
+        assert search["fidelity_check"] == dataclasses.asdict(prepared.context.fidelity)
 
 
 def test_the_trial_stage_starts_with_the_warm_starts_and_records_the_reference(tmp_path):

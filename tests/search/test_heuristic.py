@@ -22,7 +22,6 @@ from autoprec.search.heuristic import (
     cost_departures,
     cost_source,
     ladder_assignment,
-    range_blocks,
 )
 from autoprec.search.space import PlanCosts
 
@@ -251,7 +250,7 @@ def _feasibility(model, unsafe=None, floors=None, keep=()) -> Feasibility:
     return Feasibility(tuple(compute), allowed, removed, floors or {})
 
 
-def _costs(model, milliseconds: dict, cast_ms: float = 0.0, error: float = 0.05) -> PlanCosts:
+def _table(model, milliseconds: dict, cast_ms: float = 0.0, error: float = 0.05):
     """`{path: (float32, bfloat16, float16) ms}`; casts `cast_ms` each, no step overhead."""
     table = cost.predict_costs(model, "rtx3090", batch_size=32)
     for path, record in table.layers.items():
@@ -262,7 +261,11 @@ def _costs(model, milliseconds: dict, cast_ms: float = 0.0, error: float = 0.05)
     }
     table.step_overhead_seconds = 0.0
     table.relative_error = error
-    return PlanCosts(model, table, 32)
+    return table
+
+
+def _costs(model, milliseconds: dict, cast_ms: float = 0.0, error: float = 0.05) -> PlanCosts:
+    return PlanCosts(model, _table(model, milliseconds, cast_ms, error), 32)
 
 
 def test_the_ladder_widens_each_layer_that_may_not_take_the_dtype_and_says_why():
@@ -324,19 +327,45 @@ def test_a_block_moves_together_where_one_layer_alone_would_cost_its_casts():
     assert costs.step(alone)[0] > costs.step(assignment)[0]  # why block2_a alone stays
 
 
-def test_a_range_departure_takes_its_block_along_where_that_saves_casts():
+def _profile(model, outputs: dict) -> autoprec.Profile:
+    """A one-step profile: each compute layer's output values (`outputs[path]`, else 0.5 and 2)."""
+    layers = {}
+    for path in compute_layers(describe_model(model)):
+        values = np.asarray(outputs.get(path, [0.5, 2.0]), np.float64)
+        histogram, zeros, nonfinite = autoprec.numerics.exponent_histogram(values)
+        stats = autoprec.profiler.TensorStats(
+            count=len(values),
+            zeros=zeros,
+            nonfinite=nonfinite,
+            max_abs=float(np.abs(values).max()),
+            min_nonzero_abs=float(np.abs(values).min()),
+            sum_abs=float(np.abs(values).sum()),
+            sum_squares=float((values**2).sum()),
+            histogram=histogram,
+        )
+        layers[path] = autoprec.profiler.LayerProfile(
+            path, "Dense", "float32", {"output": stats}, {}, {}, {}, {}
+        )
+    return autoprec.Profile(layers, steps=1)
+
+
+def test_a_range_departure_moves_alone_where_its_block_would_save_casts():
     model = _model()
-    feasibility = _feasibility(model, unsafe={"block1_b": "profile: overflow"})
-    costs = _costs(model, {}, cast_ms=0.4)
-    assignment, start_departures = ladder_assignment("float16", feasibility)
-    departures = {departure.path: departure for departure in start_departures}
-    widened = range_blocks(assignment, departures, feasibility, costs)
-    # block1_a in bfloat16 too: the input casts once to bfloat16, not to float16 and back.
-    assert widened["block1_a"] == widened["block1_b"] == "bfloat16"
-    assert widened["block2_a"] == "float16"
-    assert departures["block1_a"].kind == "range" and "block of block1_b" in (
-        departures["block1_a"].reason
+    model.compile("adam", "sparse_categorical_crossentropy")
+    profile = _profile(model, {"block1_b": [1e-9] * 10 + [1.0]})  # flushes to zero in float16
+    assert list(profile.float16_unsafe_layers) == ["block1_b"]
+    # block1_a in float32 too would save a cast pair (0.6 ms) for 0.5 ms: no evidence moves it.
+    plan = heuristic_plan(
+        model,
+        profile,
+        costs=_table(model, {}, cast_ms=0.3),
+        hardware="rtx3090",
+        dtypes=["float32", "float16"],
     )
+    assert plan.layers["block1_b"] == "float32", plan.metadata
+    assert plan.layers["block1_a"] == "float16", plan.metadata
+    assert plan.layers["block2_a"] == plan.layers["block2_b"] == "float16"
+    assert list(plan.metadata["evidence"]) == ["block1_b"]
 
 
 def test_cost_source_says_where_the_figures_come_from():

@@ -80,7 +80,7 @@ def test_float16_unsafe_layers_says_why_for_every_unsafe_reason():
     assert "65504" in unsafe["overflow"] and "1e+05" in unsafe["overflow"]
     assert "flush to zero in float16" in unsafe["underflow"]
     assert "non-finite gradient" in unsafe["gradient_nan"]
-    assert "no loss scale fits the gradients" in unsafe["gradient_range"]
+    assert "no float16 loss scale fits" in unsafe["gradient_range"]
     assert all(reason.startswith("profile: ") for reason in unsafe.values())
     assert float16_unsafe_layers(None) == {}
 
@@ -126,6 +126,25 @@ def test_a_profiled_overflow_rules_out_float16_for_that_layer_only():
     unsafe = float16_unsafe_layers(prof)
     assert "wide" in unsafe and "65504" in unsafe["wide"]
     assert "head" not in unsafe or "65504" not in unsafe["head"]
+    # With the model, the layer that reads those values too: Keras casts its inputs.
+    reached = float16_unsafe_layers(prof, model)
+    assert "receives values up to 1.28e+05 from wide" in reached["head"]
+    assert reached["wide"] == unsafe["wide"]
+
+
+def test_an_overflow_reaches_the_layers_that_read_it_through_raw_arithmetic_as_scaled():
+    inputs = keras.Input((16,))
+    big = keras.layers.Dense(8, name="big", kernel_initializer="ones")(inputs)
+    small = keras.layers.Dense(8, name="small")(inputs)
+    summed = keras.layers.LayerNormalization(name="summed")(big + small)
+    scaled = keras.layers.Dense(8, name="scaled")(keras.layers.Dropout(0.1)(big) * 1e-3)
+    model = keras.Model(inputs, [summed, scaled])
+    model.compile(optimizer="sgd", loss="mse")
+    x = np.full((32, 16), 8000.0, "float32")
+    prof = run_profiler(model, (x, (np.zeros((32, 8)), np.zeros((32, 8)))), steps=1)
+    reached = float16_unsafe_layers(prof, model)
+    assert set(reached) == {"big", "summed"}
+    assert "receives values up to 1.28e+05 from big" in reached["summed"]
 
 
 def test_a_container_gets_the_dtype_its_sub_layers_share():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import subprocess
 import sys
@@ -267,7 +268,8 @@ def test_a_16_bit_head_that_holds_a_short_trial_is_refused_for_its_rounding_floo
         assert "'head'" in floor["reason"] and "no training removes" in floor["reason"]
         assert is_feasible(safe) and "output_floor" not in safe.user_attrs
         assert TrialRecord.from_trial(safe).fidelity[-1] == "train"
-        metadata = context.floor_metadata(study)
+        context.study = study
+        metadata = context.floor_metadata()
         assert metadata["refused_trials"] == {"0": floor["reason"]}
         assert metadata["outputs"]["head"]["bfloat16"]["refused"]
         assert metadata["rule"] == {"fraction": 0.5, "headroom": 10.0}
@@ -402,7 +404,10 @@ def test_the_file_holds_the_best_trial_within_budget_and_says_which(tmp_path, ca
         context = prepared.context
         context.verbose = 1
         study = optuna.create_study(study_name="writer")
-        callback = plan_writer(context, path, {"search": {"study_name": "writer"}})
+        context.metadata = {"search": {"study_name": "writer"}}
+        settings = dataclasses.replace(context.request.settings, plan_path=path)
+        context.request = dataclasses.replace(context.request, settings=settings)
+        callback = plan_writer(context)
         float32 = _add(study, context, "float32", 2.0, -1.0)
         with caplog.at_level(logging.INFO, logger="autoprec"):
             callback(study, float32)
@@ -427,8 +432,10 @@ def test_metadata_and_log_lines_come_from_the_record(caplog):
         context = prepared.context
         study = optuna.create_study()
         trial = _add(study, context, "bfloat16", 0.25, -1.0)
-        metadata = trial_plan_metadata(context, trial, {"search": {"seed": 0}})
+        context.metadata = {"search": {"seed": 0}}
+        metadata = trial_plan_metadata(context, trial)
         assert metadata["search"] == {"seed": 0, "best_trial": 0}
+        assert trial_plan_metadata(context, None)["predicted_speedup"] == 1.0
         assert metadata["reference_metric"] == context.reference
         with caplog.at_level(logging.INFO, logger="autoprec"):
             log_trial(context, trial)  # verbose 0: silent
