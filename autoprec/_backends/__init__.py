@@ -5,7 +5,7 @@ Each instrumentation module offers the same interface (its types in `instrument.
 class, `ProbeHooks(xla, statistics)` (probes inside the train step: `recording`, `tensor_count`,
 `install_step`, `probe`, `record`, `read`, `steps_recorded`; and the guard's `keep_failed_steps`,
 `kept_step`, `paused`), and `is_float_tensor`, `xla_can_host_probes`, `write_histograms`,
-`every_replica`.
+`every_replica` (and, TensorFlow only, `slice_values`).
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ from __future__ import annotations
 import functools
 import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import keras
@@ -610,6 +610,11 @@ def replicas_in_sync() -> int:
     """Returns how many replicas run the step being traced (1 outside a strategy)."""
     context = tf.distribute.get_replica_context()
     return 1 if context is None else int(context.num_replicas_in_sync)
+
+
+def slice_values(grads: Sequence[Any]) -> list[Any]:
+    """The gradients with each `tf.IndexedSlices` replaced by its values, one row per slice."""
+    return [grad.values if isinstance(grad, tf.IndexedSlices) else grad for grad in grads]
 
 
 def every_replica(flag: Any) -> tf.Tensor:

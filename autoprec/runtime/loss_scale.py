@@ -133,11 +133,13 @@ class FlooredLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
     def check_finite(self, grads):
         # Keras decides from this replica's gradients alone, before the all-reduce:
         # under MirroredStrategy an overflow on one replica would reach every replica's
-        # weights. Every replica skips when any one's gradients are not finite.
-        finite = super().check_finite(grads)
+        # weights. Every replica skips when any one's gradients are not finite. Keras'
+        # `isfinite` of an `IndexedSlices` keeps one slice per repeated index (an
+        # Embedding's overflowing row passes where the token recurs): its values are checked.
         if keras.backend.backend() != "tensorflow":
-            return finite
-        return instrument_backend().every_replica(finite)
+            return super().check_finite(grads)
+        backend = instrument_backend()
+        return backend.every_replica(super().check_finite(backend.slice_values(grads)))
 
     def _lowered_scale(self):
         if self.fixed:
