@@ -138,9 +138,12 @@ def trained(request, tmp_path_factory):
 
 
 @pytest.mark.parametrize("door", ["keras", "autoprec", "keras_only"])
-def test_a_subclassed_and_a_nested_model_reload_every_dtype_and_their_outputs(trained, door):
+def test_a_subclassed_and_a_nested_model_reload_every_dtype_and_their_outputs(
+    trained, door, request
+):
     if door == "keras_only" and not trained["keras_alone"]:
-        pytest.skip("Keras alone runs a layer's first call in its policy map's default dtype")
+        reason = "known limit: Keras alone runs a layer's first call in its map's default dtype"
+        request.applymarker(pytest.mark.xfail(strict=True, reason=reason))
     found = load_in_fresh_process(trained["saved"], trained["batch"], door)
     assert found["autoprec"] == (door != "keras_only")
     assert found["dtypes"] == trained["dtypes"], door
