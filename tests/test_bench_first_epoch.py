@@ -65,8 +65,14 @@ def test_the_rerun_in_a_fresh_process_recalls_what_the_first_fit_kept():
     assert result.returncode == 0, result.stderr[-3000:]
     line = next(row for row in result.stdout.splitlines() if row.startswith("  mlp round 1"))
     assert re.search(r"plain [\d. ]+\| first [\d. ]+\| rerun [\d. ]+;", line), line
-    kept = re.search(
-        r"kept (.+), rerun (.+), recalled \{'step_ms': ([\d.]+|None), 'checked_ms'", line
-    )
-    assert kept and kept.group(1) == kept.group(2), line
+    kept = re.search(r"kept (.+), rerun (.+), recalled \{'(step_ms|afresh)'", line)
+    assert kept, line
+    # The stored plan ran from the first step: it was kept after its step-time check or, on a host
+    # busier than in the first fit, that check (made only on a recalled plan) drifted and the
+    # rerun decided afresh.
+    drifted = r"\{'afresh': 'its step took [\d.]+ ms against [\d.]+ ms stored, beyond [\d.]+ ms'\}"
+    if kept.group(3) == "step_ms":
+        assert kept.group(1) == kept.group(2), line
+    else:
+        assert re.search(drifted, line), line
     assert "| first fit / plain | rerun first epoch / plain |" in result.stdout
