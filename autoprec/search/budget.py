@@ -15,7 +15,7 @@ import numpy as np
 from .._core.dtypes import BFLOAT16, FLOAT16
 from ..errors import AutoprecError
 from ..layers import LayerInfo, layer_paths
-from .space import compute_layers
+from .space import compute_layers, followed
 
 #: Metric-name words (and joined phrases) of metrics that are better when lower.
 LOWER_IS_BETTER: frozenset[str] = frozenset(
@@ -232,12 +232,7 @@ def _producer(
         if not inner:
             break
         tensor = keras.tree.flatten(inner)[getattr(history, "tensor_index", 0)]
-    for _ in range(50):
-        follows = infos[path].follows
-        if not follows or follows not in infos:
-            break
-        path = follows
-    return path
+    return followed(path, infos)
 
 
 def converged_outputs(

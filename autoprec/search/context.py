@@ -1,4 +1,4 @@
-"""`SearchSettings` (the rarer knobs), one call's resolved request, and `SearchContext`: what every stage reads."""
+"""`SearchSettings` (the rarer knobs) and `SearchContext`: one call's arguments and what every stage reads."""
 
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ from .budget import (
     output_paths,
 )
 from .evaluator import Evaluator, FidelityCheck
-from .result import TrainedOutcome, TrialRecord
+from .result import TrialRecord
 from .space import Group, PlanCosts, plan_from_assignment
 
 #: An Optuna callback: called with the study and each finished trial.
@@ -166,17 +166,22 @@ class StageClock:
             self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - started
 
 
-@dataclasses.dataclass(frozen=True)
-class SearchRequest:
-    """What one `search()` call asked for beyond the model and data: its arguments, resolved."""
+logger = logging.getLogger("autoprec")
 
+
+@dataclasses.dataclass
+class SearchContext:
+    """One `search()` call: its resolved arguments, what `prepare` builds once, the study filled."""
+
+    model: keras.Model
+    evaluator: Evaluator
     budget: Budget
     hardware: HardwareProfile | str
     n_trials: int | None
     timeout: float | None
     storage: str | os.PathLike | optuna.storages.BaseStorage | None
     study_name: str | None
-    study: optuna.Study | None
+    study: optuna.Study | None  # the study given, then the one the trials run in
     sampler: optuna.samplers.BaseSampler | None
     pruner: optuna.pruners.BasePruner | None
     settings: SearchSettings
@@ -184,33 +189,20 @@ class SearchRequest:
     started: float
     train_data: Any
     clock: StageClock = dataclasses.field(default_factory=StageClock)
-
-
-logger = logging.getLogger("autoprec")
-
-
-@dataclasses.dataclass
-class SearchContext:
-    """One `search()` call: what every stage reads, built once, and the study its trials fill."""
-
-    model: keras.Model
-    infos: Mapping[str, LayerInfo]
-    compute: list[str]
-    groups: list[Group]
-    allowed: dict[str, tuple[str, ...]]
-    evaluator: Evaluator
-    costs: PlanCosts
-    budget: Budget
-    reference: float
-    float32_seconds: float
-    verbose: int
+    infos: Mapping[str, LayerInfo] = dataclasses.field(init=False)
+    compute: list[str] = dataclasses.field(init=False)
+    groups: list[Group] = dataclasses.field(init=False)
+    allowed: dict[str, tuple[str, ...]] = dataclasses.field(init=False)
+    costs: PlanCosts = dataclasses.field(init=False)
+    reference: float = dataclasses.field(init=False)
+    float32_seconds: float = dataclasses.field(init=False)
     risk: dict[str, float] = dataclasses.field(default_factory=dict)
-    cache: dict[str, TrainedOutcome] = dataclasses.field(default_factory=dict)
+    # {assignment key: what a trial reusing its training records: metrics, proxy, reused_from}
+    cache: dict[str, TrialRecord] = dataclasses.field(default_factory=dict)
     floors: dict[tuple[tuple[str, str], ...], OutputFloor | None] = dataclasses.field(
         default_factory=dict
     )
     logged_fallbacks: set[tuple[str, ...]] = dataclasses.field(default_factory=set)
-    request: SearchRequest | None = None
     hardware_profile: HardwareProfile | None = None
     table: CostTable | None = None
     dtypes: tuple[str, ...] = ()
@@ -221,7 +213,6 @@ class SearchContext:
     outputs: set[str] = dataclasses.field(default_factory=set)
     fidelity: FidelityCheck | None = None
     spread: float | None = None
-    study: optuna.Study | None = None
     metadata: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     finalists: dict[str, Any] | None = None  # set by add_finalists: their trials, what was skipped
     ranked: list[optuna.trial.FrozenTrial] = dataclasses.field(default_factory=list)
@@ -372,9 +363,7 @@ class SearchContext:
         """Returns `{output path: {16-bit dtype: floor record}}` for each dtype an output may take."""
         evidence: dict[str, dict[str, dict[str, Any]]] = {}
         for path in dict.fromkeys(self.output_paths):
-            for dtype in self.allowed.get(path, ()):
-                if dtype not in SIXTEEN_BIT:
-                    continue
+            for dtype in (d for d in self.allowed.get(path, ()) if d in SIXTEEN_BIT):
                 floor = self.output_floor({path: dtype})
                 if floor is not None:
                     evidence.setdefault(path, {})[dtype] = floor.to_dict()

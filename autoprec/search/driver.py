@@ -8,7 +8,7 @@ import multiprocessing
 import os
 import time
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 import keras
@@ -24,9 +24,9 @@ from ..layers import describe_model
 from ..plan import PrecisionPlan
 from ..runtime.guard import GUARD_BACKENDS
 from .budget import Budget
-from .context import SearchContext, SearchRequest, SearchSettings, say
+from .context import SearchContext, SearchSettings, say
 from .evaluator import Evaluator, check_reference
-from .result import SearchResult, TrainedOutcome, assignment_key
+from .result import SearchResult, TrialRecord, assignment_key
 from .selection import add_finalists, choose_plan, rank_trials
 from .space import (
     PlanCosts,
@@ -41,8 +41,7 @@ from .space import (
     output_layers,
     run_profiler,
 )
-from .study import open_study, optimize
-from .warm_start import enqueue_warm_starts, explorer, warm_starts
+from .study import enqueue_warm_starts, explorer, open_study, optimize, warm_starts
 
 logger = logging.getLogger("autoprec")
 
@@ -120,12 +119,7 @@ def search(
             raise AutoprecError(
                 f"search: {name} must be an autoprec.{kind.__name__}, got {type(value).__name__}."
             )
-    request = SearchRequest(
-        budget=budget, hardware=hardware, n_trials=n_trials, timeout=timeout, storage=storage,
-        study_name=study_name, study=study, sampler=sampler, pruner=pruner, settings=settings,
-        verbose=verbose, started=started, train_data=x,
-    )  # fmt: skip
-    _check_study(request)
+    _check_study(study, storage, study_name, sampler, pruner)
     train_batches = take_batches(
         x, settings.batch_size, settings.steps_per_trial,
         what="search: x", error_class=AutoprecError,
@@ -136,11 +130,16 @@ def search(
     )  # fmt: skip
     seed = 0 if settings.seed is None else int(settings.seed)
     evaluator = Evaluator(model, train_batches, val_batches, settings.proxy_batches, seed)
+    context = SearchContext(
+        model=model, evaluator=evaluator, budget=budget, hardware=hardware, n_trials=n_trials,
+        timeout=timeout, storage=storage, study_name=study_name, study=study, sampler=sampler,
+        pruner=pruner, settings=settings, verbose=verbose, started=started, train_data=x,
+    )  # fmt: skip
     try:
         check_metric(evaluator, budget)
-        context = prepare(model, evaluator, request)  # the stages in order, on one context
+        prepare(context)  # the stages in order, on one context
         run_trials(context)
-        with request.clock.stage("finalists"):
+        with context.clock.stage("finalists"):
             add_finalists(context)
         rank_trials(context)
         return choose_plan(context)
@@ -148,17 +147,22 @@ def search(
         evaluator.close()
 
 
-def _check_study(request: SearchRequest) -> None:
+def _check_study(
+    study: optuna.Study | None,
+    storage: object,
+    study_name: str | None,
+    sampler: optuna.samplers.BaseSampler | None,
+    pruner: optuna.pruners.BasePruner | None,
+) -> None:
     """Refuses a `study=` given with what it already has, or one that does not minimise."""
-    study = request.study
     if study is None:
         return
-    if request.storage is not None or request.study_name is not None:
+    if storage is not None or study_name is not None:
         raise AutoprecError(
             "search: pass either study= or storage=/study_name=, not both (a study already "
             "has its storage and name)."
         )
-    if request.sampler is not None or request.pruner is not None:
+    if sampler is not None or pruner is not None:
         raise AutoprecError(
             "search: study= brings its own sampler and pruner; pass them to "
             "optuna.create_study instead of to search."
@@ -202,9 +206,8 @@ def search_in_processes(
     n_trials: int = 20,
     **search_arguments: Any,
 ) -> SearchResult:
-    """Searches one study with `workers` local processes, each running `n_trials` trials (worker
-    `i` with seed `settings.seed + i`); returns the whole study's `SearchResult`, gathered here
-    once they have finished."""
+    """Searches one study with `workers` local processes of `n_trials` trials each (worker `i`
+    seeded `settings.seed + i`); returns the whole study's `SearchResult` once they finish."""
     if workers < 1:
         raise AutoprecError(f"search_in_processes: workers must be at least 1, got {workers}.")
     arguments = {
@@ -237,24 +240,26 @@ def search_in_processes(
     return search(**{**arguments, "n_trials": 0})
 
 
-def _space(model: keras.Model, evaluator: Evaluator, request: SearchRequest) -> dict[str, Any]:
-    """Returns the context's space fields: costs (measured or predicted), dtypes, profile, groups."""
-    settings = request.settings
-    infos = describe_model(model)
-    compute = compute_layers(infos)
-    hardware_profile: HardwareProfile | None = None
-    table = settings.costs
+def _space(context: SearchContext) -> None:
+    """Sets the context's space: costs (measured or predicted), dtypes, profile, groups."""
+    settings, evaluator, model = context.settings, context.evaluator, context.model
+    context.infos = infos = describe_model(model)
+    context.compute = compute = compute_layers(infos)
+    context.table = settings.costs
     cost_batch_size = settings.cost_batch_size or evaluator.batch_size
-    if table is None:
-        with request.clock.stage("costs"):
-            hardware_profile, table = load_costs(evaluator, request, cost_batch_size)
-    elif not is_local(request.hardware):
-        hardware_profile = resolve_hardware(request.hardware)
-    dtypes = tuple(default_dtypes(settings.dtypes, hardware_profile, table))
-    float16_trials = _float16_trials(evaluator, settings.float16_trials, dtypes, request.verbose)
+    if context.table is None:
+        with context.clock.stage("costs"):
+            context.hardware_profile, context.table = load_costs(context, cost_batch_size)
+    elif not is_local(context.hardware):
+        context.hardware_profile = resolve_hardware(context.hardware)
+    context.costs = PlanCosts(evaluator.model, context.table, cost_batch_size)
+    context.dtypes = dtypes = default_dtypes(
+        settings.dtypes, context.hardware_profile, context.table
+    )
+    context.float16_trials = _float16_trials(context)
     profile = settings.profile
     if profile is None and (FLOAT16 in dtypes or FLOAT8 in dtypes):
-        with request.clock.stage("profile"):
+        with context.clock.stage("profile"):
             profile = run_profiler(
                 evaluator.model,
                 (evaluator.train_x, evaluator.train_y),
@@ -262,47 +267,33 @@ def _space(model: keras.Model, evaluator: Evaluator, request: SearchRequest) -> 
                 evaluator.batch_size,
                 float8_ranges=FLOAT8 in dtypes,
             )
-    unsafe = float16_unsafe_layers(profile, model)
-    outputs = output_layers(model, infos)
-    allowed, removed = allowed_dtypes(
+    context.profile = profile
+    context.unsafe = float16_unsafe_layers(profile, model)
+    context.outputs = outputs = output_layers(model, infos)
+    context.allowed, context.removed = allowed_dtypes(
         compute,
         infos,
         dtypes,
-        unsafe,
+        context.unsafe,
         settings.keep_float32,
         float8_unsafe=float8_unsafe_layers(profile),
         outputs=outputs,
     )
     grouped = group_layers(compute, settings.group_by, separate=outputs)
-    return dict(
-        infos=infos,
-        compute=compute,
-        hardware_profile=hardware_profile,
-        table=table,
-        costs=PlanCosts(evaluator.model, table, cost_batch_size),
-        dtypes=dtypes,
-        float16_trials=float16_trials,
-        profile=profile,
-        unsafe=unsafe,
-        allowed=allowed,
-        removed=removed,
-        outputs=outputs,
-        groups=make_groups(grouped, allowed),
-    )
+    context.groups = make_groups(grouped, context.allowed)
 
 
-def _float16_trials(
-    evaluator: Evaluator, requested: str, dtypes: Sequence[str], verbose: int
-) -> str | None:
+def _float16_trials(context: SearchContext) -> str | None:
     """Turns float16 emulation on where asked or needed; returns "native", "emulated" or None."""
-    if FLOAT16 not in dtypes:
+    if FLOAT16 not in context.dtypes:
         return None
+    requested = context.settings.float16_trials
     emulate = requested == "emulated" or (
         requested == "auto" and not resolve_hardware("local").is_fast(FLOAT16)
     )
-    if emulate and evaluator.emulate_float16():
+    if emulate and context.evaluator.emulate_float16():
         say(
-            verbose,
+            context.verbose,
             "float16 has no fast kernels here; trials emulate it (float32 math, float16 "
             "rounding at layer boundaries).",
         )
@@ -310,16 +301,14 @@ def _float16_trials(
     return "native"
 
 
-def load_costs(
-    evaluator: Evaluator, request: SearchRequest, batch_size: int
-) -> tuple[HardwareProfile, CostTable]:
+def load_costs(context: SearchContext, batch_size: int) -> tuple[HardwareProfile, CostTable]:
     """Returns `(hardware profile, cost table)`: measured here for a local `hardware`, else predicted."""
-    profile, dtypes = resolve_hardware(request.hardware), request.settings.dtypes
-    model, batch = evaluator.model, evaluator.train_batches[0]
-    if is_local(request.hardware):
+    profile, dtypes = resolve_hardware(context.hardware), context.settings.dtypes
+    model, batch = context.evaluator.model, context.evaluator.train_batches[0]
+    if is_local(context.hardware):
         # Time only what the search may use: float16 on a CPU costs minutes per model to time.
         measured = list(default_dtypes(dtypes, profile, None))
-        verbose = int(request.verbose > 1)
+        verbose = int(context.verbose > 1)
         return profile, calibrate(model, batch, dtypes=measured, verbose=verbose, hardware=profile)
     if not dtypes:  # every compute dtype, and float8 where the device has FP8 tensor cores
         dtypes = [*COMPUTE_DTYPES, FLOAT8] if profile.is_fast(FLOAT8) else COMPUTE_DTYPES
@@ -329,54 +318,41 @@ def load_costs(
     )
 
 
-def prepare(model: keras.Model, evaluator: Evaluator, request: SearchRequest) -> SearchContext:
-    """Returns the search's context: its space and the float32 reference (in its cache)."""
-    space = _space(model, evaluator, request)
-    settings, budget = request.settings, request.budget
-    with request.clock.stage("reference"):
-        metrics, fidelity = check_reference(
+def prepare(context: SearchContext) -> SearchContext:
+    """Builds the context's space and the float32 reference (in its cache); returns the context."""
+    _space(context)
+    settings, budget, evaluator = context.settings, context.budget, context.evaluator
+    with context.clock.stage("reference"):
+        metrics, context.fidelity = check_reference(
             evaluator,
             budget,
-            request.train_data,
+            context.train_data,
             settings.batch_size,
             settings.max_steps_per_trial or 8 * len(evaluator.train_batches),
             settings.baseline,
         )
-        spread = _reference_spread(
-            evaluator, budget, fidelity.reference, settings.reference_repeats
-        )
-    float32_seconds, _ = space["costs"].step({path: FLOAT32 for path in space["compute"]})
-    context = SearchContext(
-        model=model,
-        evaluator=evaluator,
-        budget=budget,
-        reference=fidelity.reference,
-        float32_seconds=float32_seconds,
-        verbose=request.verbose,
-        request=request,
-        fidelity=fidelity,
-        spread=spread,
-        **space,
-    )
+        context.reference = context.fidelity.reference
+        context.spread = _reference_spread(context)
+    context.float32_seconds, _ = context.costs.step(dict.fromkeys(context.compute, FLOAT32))
     context.risk = {  # the risk of 16 bits: output 2, softmax/normalisation 1, unsafe float16 1
         path: 2.0 * (path in context.outputs)
         + float(is_sensitive(context.infos[path]))
         + float(path in context.unsafe)
         for path in context.compute
     }
-    context.cache[assignment_key(context.uniform_assignment(FLOAT32))] = TrainedOutcome(
+    context.cache[assignment_key(context.uniform_assignment(FLOAT32))] = TrialRecord(
         metrics=dict(metrics),
         proxy={"loss_relative_error": 0.0, "gradient_cosine": 1.0, "finite": True},
         proxy_score=0.0,
-        trial="reference",
+        reused_from="reference",
     )
     _announce(context)
     return context
 
 
-def _reference_spread(
-    evaluator: Evaluator, budget: Budget, reference: float, repeats: int
-) -> float | None:
+def _reference_spread(context: SearchContext) -> float | None:
+    evaluator, budget, reference = context.evaluator, context.budget, context.reference
+    repeats = context.settings.reference_repeats
     if repeats <= 0:
         return None
     values = [reference]
@@ -404,16 +380,16 @@ def _reference_spread(
 
 def _announce(context: SearchContext) -> None:
     """Shows the search's one line about its space and reference."""
-    budget, fidelity, request = context.budget, context.fidelity, context.request
-    named = request.settings.costs is None and context.hardware_profile is not None
+    budget, fidelity = context.budget, context.fidelity
+    named = context.settings.costs is None and context.hardware_profile is not None
     cost_words = (
         f"predicted for {context.hardware_profile.name}"
-        if named and not is_local(request.hardware)
+        if named and not is_local(context.hardware)
         else f"{getattr(context.table, 'source', 'no')} costs"
     )
     baseline = "n/a" if fidelity.baseline is None else f"{fidelity.baseline:.4g}"
     say(
-        request.verbose,
+        context.verbose,
         f"{len(context.compute)} compute layers in {len(context.groups)} groups; "
         f"dtypes {'/'.join(context.dtypes)}; float32 reference {budget.metric} = "
         f"{context.reference:.6g} after {fidelity.train_steps} train steps (budget "
@@ -425,13 +401,13 @@ def _announce(context: SearchContext) -> None:
 
 def search_metadata(context: SearchContext) -> dict[str, Any]:
     """Returns the plan metadata every plan of the search carries (hardware, budget, settings)."""
-    spread, request, evaluator = context.spread, context.request, context.evaluator
+    spread, evaluator = context.spread, context.evaluator
     return {
-        "hardware": getattr(context.hardware_profile, "name", None) or str(request.hardware),
+        "hardware": getattr(context.hardware_profile, "name", None) or str(context.hardware),
         "budget": {**context.budget.to_dict(), "reference_spread": spread},
         "search": {
             "study_name": context.study.study_name,
-            "seed": request.settings.seed,
+            "seed": context.settings.seed,
             "train_steps": len(evaluator.train_batches),
             "batch_size": evaluator.batch_size,
             "dtypes": list(context.dtypes),
@@ -446,19 +422,18 @@ def search_metadata(context: SearchContext) -> dict[str, Any]:
 
 def run_trials(context: SearchContext) -> optuna.Study:
     """Opens the study, enqueues the warm starts once, and runs this call's trials."""
-    request = context.request
     starts = warm_starts(context)
-    study, created = open_study(request)
+    study, created = open_study(context)
     context.study = study
     added = enqueue_warm_starts(study, starts)
     study.set_user_attr("reference_metric", context.reference)
     state = f"{'new' if created else 'resumed'}, {len(study.trials) - added} trial(s) already"
-    say(request.verbose, f"study {study.study_name!r} ({state}); {added} warm start(s) enqueued")
+    say(context.verbose, f"study {study.study_name!r} ({state}); {added} warm start(s) enqueued")
     context.metadata = search_metadata(context)
-    n_trials = request.n_trials
+    n_trials = context.n_trials
     if all(len(group.choices) <= 1 for group in context.groups):
-        say(request.verbose, "nothing to choose (one dtype per layer); one trial only.")
+        say(context.verbose, "nothing to choose (one dtype per layer); one trial only.")
         n_trials = min(n_trials or 1, 1)
-    with request.clock.stage("trials"):
-        optimize(context, n_trials, timeout=request.timeout, explorer=explorer(context))
+    with context.clock.stage("trials"):
+        optimize(context, n_trials, timeout=context.timeout, explorer=explorer(context))
     return study

@@ -20,9 +20,8 @@ from .budget import Budget
 
 @dataclasses.dataclass(frozen=True)
 class TrialRecord:
-    """What one trial evaluated and found, as kept in its `user_attrs` (one key per field,
-    under the field's name); unset fields are `None` (`fidelity` empty, `reused` False) and not
-    written, so a record built to write one stage holds only that stage's fields."""
+    """What one trial evaluated and found, as its `user_attrs` (one per field, under its name);
+    unset fields (`None`, empty, False) are not written, so one stage writes only its fields."""
 
     assignment: Mapping[str, str] | None = None  # {compute path: dtype} evaluated
     assignment_key: str | None = None
@@ -93,16 +92,6 @@ def write_record(
     """Sets the fields a record holds as the running trial's user attrs (the others stay)."""
     for key, value in record.to_user_attrs(with_none=with_none).items():
         trial.set_user_attr(key, value)
-
-
-@dataclasses.dataclass(frozen=True)
-class TrainedOutcome:
-    """What training one assignment found, reused by every trial of the same assignment."""
-
-    metrics: Mapping[str, float]
-    proxy: Mapping[str, Any] | None
-    proxy_score: float | None
-    trial: int | str
 
 
 def assignment_key(assignment: Mapping[str, str]) -> str:

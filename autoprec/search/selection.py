@@ -41,6 +41,8 @@ from .result import (
 from .space import SENSITIVE_CLASS_PATTERNS, matches_any
 from .study import (
     COST_STEP,
+    WarmStart,
+    enqueue_candidates,
     is_feasible,
     judged_record,
     optimize,
@@ -50,7 +52,6 @@ from .study import (
     trial_plan_metadata,
     warm_start_summary,
 )
-from .warm_start import WarmStart, enqueue_candidates
 
 logger = logging.getLogger("autoprec")
 
@@ -312,7 +313,7 @@ def confirm_plan(
     confirm_steps: int | None = None,
 ) -> tuple[optuna.trial.FrozenTrial | None, dict[str, Any]]:
     """Returns `(chosen trial, record)`: the first plan, confirmed longer where needed, or the next."""
-    evaluator, request = context.evaluator, context.request
+    evaluator = context.evaluator
     if not ranked or context.is_float32(ranked[0]):
         return (ranked[0] if ranked else None), {"run": False, "reasons": ["float32 chosen"]}
     violation = TrialRecord.from_trial(ranked[0]).budget_violation or 0.0
@@ -326,7 +327,7 @@ def confirm_plan(
     searched_batches = evaluator.train_batches
     evaluator.set_train_batches(
         longer_batches(
-            request.train_data, request.settings.batch_size, confirm_steps, searched_batches
+            context.train_data, context.settings.batch_size, confirm_steps, searched_batches
         )
     )
     try:
@@ -414,7 +415,7 @@ def add_finalists(context: SearchContext) -> dict[str, Any]:
 def _keras_global(context: SearchContext, dtype: str) -> None:
     """Finds, or trains and adds, the trial of Keras' global policy for `dtype`."""
     label, study, trials = keras_label(dtype), context.study, context.finalists["trials"]
-    plan = keras_global_plan(context, dtype, context.request.settings.keep_float32)
+    plan = keras_global_plan(context, dtype, context.settings.keep_float32)
     compute = {path: plan.dtype_for(path) for path in context.compute}
     completed = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
     wanted = (label, assignment_key(plan.layers), context.train_steps)
@@ -437,7 +438,7 @@ def _keras_global(context: SearchContext, dtype: str) -> None:
     if floor is None or not floor.refused:
         try:
             metrics = context.evaluator.train_and_evaluate(plan)
-        except tuple(context.request.settings.catch) as error:
+        except tuple(context.settings.catch) as error:
             context.finalists["skipped"][label] = (
                 f"training failed: {type(error).__name__}: {error}"
             )
@@ -527,21 +528,21 @@ def _run_candidates(
 
 def rank_trials(context: SearchContext) -> list[optuna.trial.FrozenTrial]:
     """Ranks the trials within budget (by their measured steps where timed here) into the context."""
-    study, request = context.study, context.request
+    study = context.study
     ranked = ranked_finalists(context, study)
     if not ranked:
         logger.warning(
             "autoprec.search: no plan met the budget in %d trial(s); returning float32.",
             len(study.trials),
         )
-    settings = request.settings
-    local = settings.costs is None and is_local(request.hardware)
+    settings = context.settings
+    local = settings.costs is None and is_local(context.hardware)
     context.measure = bool(
         settings.measure_speedup if settings.measure_speedup is not None else local
     )
     context.measured = None
     if context.measure and ranked:
-        with request.clock.stage("measurement"):
+        with context.clock.stage("measurement"):
             context.measured = order_by_measurement(context, ranked)
         ranked = list(context.measured.trials)
     context.ranked = ranked
@@ -550,9 +551,9 @@ def rank_trials(context: SearchContext) -> list[optuna.trial.FrozenTrial]:
 
 def choose_plan(context: SearchContext) -> SearchResult:
     """Confirms and times the ranking's first plan; returns the `SearchResult` (plan saved)."""
-    request, study, measured = context.request, context.study, context.measured
-    with request.clock.stage("confirmation"):
-        chosen, confirmation = confirm_plan(context, context.ranked, request.settings.confirm_steps)
+    study, measured = context.study, context.measured
+    with context.clock.stage("confirmation"):
+        chosen, confirmation = confirm_plan(context, context.ranked, context.settings.confirm_steps)
     plan = context.float32_plan() if chosen is None else finalist_plan(context, chosen)
     metadata = trial_plan_metadata(context, chosen)
     search = dict(metadata.get("search", {}))
@@ -562,7 +563,7 @@ def choose_plan(context: SearchContext) -> SearchResult:
             search["replaced_by_measurement"] = measured.replaced_by
     metadata["measured_speedup"] = None
     if context.measure:
-        with request.clock.stage("measurement"):
+        with context.clock.stage("measurement"):
             timing = chosen_step_timing(context, chosen, plan, measured)
         search.update(timing)
         metadata["measured_speedup"] = (
@@ -574,16 +575,16 @@ def choose_plan(context: SearchContext) -> SearchResult:
     search["output_floor"] = context.floor_metadata()
     search.update(
         trial_counts(study),
-        wall_seconds=time.perf_counter() - request.started,
-        stage_seconds={name: round(value, 3) for name, value in request.clock.seconds.items()},
+        wall_seconds=time.perf_counter() - context.started,
+        stage_seconds={name: round(value, 3) for name, value in context.clock.seconds.items()},
         fidelity="train",
         warm_starts=warm_start_summary(study),
         confirmation=confirmation,
     )
     metadata["search"] = search
     plan = plan.with_metadata(**metadata)
-    if request.settings.plan_path is not None:
-        plan.save(request.settings.plan_path)
+    if context.settings.plan_path is not None:
+        plan.save(context.settings.plan_path)
     return SearchResult(
         plan=plan,
         study=study,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import fnmatch
+import functools
 import logging
 import math
 import re
@@ -46,9 +47,6 @@ class Group:
     choices: tuple[str, ...]
 
 
-# ---------------------------------------------------------------------- layers
-
-
 def compute_layers(infos: Mapping[str, LayerInfo]) -> list[str]:
     """Returns the paths that get a dtype of their own: not pass-through, not containers."""
     return [
@@ -60,27 +58,23 @@ def compute_layers(infos: Mapping[str, LayerInfo]) -> list[str]:
 
 def output_layers(model: keras.Model, infos: Mapping[str, LayerInfo]) -> set[str]:
     """Returns the compute layers that produce the model's outputs (loss-adjacent)."""
-    paths = layer_paths(model)
-    path_of = {id(layer): path for path, layer in paths.items()}
-    found: set[str] = set()
-    outputs = getattr(model, "outputs", None) or []
-    for tensor in outputs:
-        history = getattr(tensor, "_keras_history", None)
-        operation = getattr(history, "operation", None)
+    path_of = {id(layer): path for path, layer in layer_paths(model).items()}
+    found = set()
+    for tensor in getattr(model, "outputs", None) or []:
+        operation = getattr(getattr(tensor, "_keras_history", None), "operation", None)
         if operation is not None and id(operation) in path_of:
             found.add(path_of[id(operation)])
-    if not found:
-        compute = compute_layers(infos)
-        if compute:
-            found.add(compute[-1])
-    resolved = set()
-    for path in found:
-        depth = 0
-        while path in infos and infos[path].follows and depth < 50:
-            path = infos[path].follows
-            depth += 1
-        resolved.add(path)
-    return resolved
+    return {followed(path, infos) for path in found or compute_layers(infos)[-1:]}
+
+
+def followed(path: str, infos: Mapping[str, LayerInfo]) -> str:
+    """Returns the layer that a pass-through layer's chain of `follows` ends at (`path` itself else)."""
+    for _ in range(50):
+        follows = infos[path].follows if path in infos else None
+        if not follows or follows not in infos:
+            break
+        path = follows
+    return path
 
 
 def is_sensitive(info: LayerInfo) -> bool:
@@ -96,9 +90,6 @@ def matches_any(path: str, info: LayerInfo, patterns: Iterable[str]) -> bool:
         fnmatch.fnmatchcase(path, pattern) or fnmatch.fnmatchcase(info.class_name, pattern)
         for pattern in patterns
     )
-
-
-# ---------------------------------------------------------------------- groups
 
 
 def _block_key(path: str) -> str | None:
@@ -184,17 +175,11 @@ def make_groups(
     return groups
 
 
-# ---------------------------------------------------------------------- adapters
-
-
 def float16_unsafe_layers(
     profile: Profile | None, model: keras.Model | None = None
 ) -> dict[str, str]:
-    """Returns `{path: reason}` for the layers a profile says cannot run in float16.
-
-    With the model, also the layers an overflow reaches: the key projection and softmax of an
-    attention whose logits overflow, and each layer that receives values above float16's max.
-    """
+    """Returns `{path: reason}` for the layers a profile says cannot run in float16; with the
+    model, also those an overflow reaches (overflowing attention logits, values above its max)."""
     if profile is None:
         return {}
     unsafe = {
@@ -233,12 +218,8 @@ def _attention_logit_layers(profile: Profile, model: keras.Model) -> dict[str, s
 
 
 def overflow_receivers(profile: Profile, model: keras.Model) -> dict[str, str]:
-    """Returns `{path: reason}` of the layers that receive values above float16's max.
-
-    Follows each overflowing layer's output through the model graph (raw arithmetic and
-    pass-through layers; a product or quotient with a number scales the bound) to the layers
-    that read it: Keras casts their inputs to their dtype, so those would read infinities.
-    """
+    """Returns `{path: reason}` of the layers reading values above float16's max (followed through
+    raw arithmetic and pass-through layers): Keras casts their inputs, so they would read inf."""
     paths = layer_paths(model)
     path_of = {id(layer): path for path, layer in paths.items()}
     found: dict[str, str] = {}
@@ -454,7 +435,6 @@ class PlanCosts:
         self.table = table
         self.batch_size = batch_size
         self._cache: dict[tuple, tuple[float, float]] = {}
-        self._layer_infos: dict[str, LayerInfo] | None = None
 
     @property
     def available(self) -> bool:
@@ -478,36 +458,33 @@ class PlanCosts:
     def step(self, dtypes: Mapping[str, str]) -> tuple[float, float]:
         """Returns `(predicted step seconds, activation bytes per sample)` for `{path: dtype}`."""
         key = tuple(sorted(dtypes.items()))
-        if key in self._cache:
-            return self._cache[key]
-        if self.table is None:
-            result = self._parameter_proxy(dtypes)
-        else:
+        if key not in self._cache:
             # The whole plan, containers included: a container's own arithmetic (attention
             # scores, residual adds) costs time too, in the dtype its sub-layers give it.
-            plan = plan_from_assignment(self.model, self._infos(), dtypes)
-            step = estimate(self.model, plan, costs=self.table, batch_size=self.batch_size)
-            result = (float(step.step_seconds), float(step.activation_bytes_per_sample))
-        self._cache[key] = result
-        return result
+            self._cache[key] = (
+                self._parameter_proxy(dtypes)
+                if self.table is None
+                else self._estimate(plan_from_assignment(self.model, self._infos, dtypes))
+            )
+        return self._cache[key]
 
     def uniform_seconds(self, dtype: str) -> float:
-        """Returns the predicted step seconds of `PrecisionPlan.uniform(model, dtype)`: Keras'
-        policy."""
+        """Returns the predicted step seconds of Keras' policy `PrecisionPlan.uniform(model, dtype)`."""
         key = ("uniform", dtype)
         if key not in self._cache:
-            plan = PrecisionPlan.uniform(self.model, dtype)
-            step = estimate(self.model, plan, costs=self.table, batch_size=self.batch_size)
-            self._cache[key] = (float(step.step_seconds), float(step.activation_bytes_per_sample))
+            self._cache[key] = self._estimate(PrecisionPlan.uniform(self.model, dtype))
         return self._cache[key][0]
 
+    def _estimate(self, plan: PrecisionPlan) -> tuple[float, float]:
+        step = estimate(self.model, plan, costs=self.table, batch_size=self.batch_size)
+        return float(step.step_seconds), float(step.activation_bytes_per_sample)
+
+    @functools.cached_property
     def _infos(self) -> dict[str, LayerInfo]:
-        if self._layer_infos is None:
-            self._layer_infos = describe_model(self.model)
-        return self._layer_infos
+        return describe_model(self.model)
 
     def _parameter_proxy(self, dtypes: Mapping[str, str]) -> tuple[float, float]:
-        infos = self._infos()
+        infos = self._infos
         factor = {FLOAT32: 1.0, BFLOAT16: 0.5, FLOAT16: 0.5, FLOAT8: 0.25}
         total = sum(
             (infos[path].parameters + 1) * factor[dtype]

@@ -1,7 +1,10 @@
-"""The Optuna study: storages shared by processes, the pruner, the trial objective, and what its trials found."""
+"""The Optuna study: storages shared by processes, the pruner, the trial objective, what its trials
+found, the plans it starts with (uniform, the heuristic) and the neighbours it explores."""
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
 import json
 import logging
 import math
@@ -17,18 +20,14 @@ import optuna
 from optuna.storages import JournalStorage, RDBStorage, RetryHeartbeatStaleTrialCallback
 from optuna.storages.journal import JournalFileBackend
 
-from .._core.dtypes import FLOAT32, count_dtypes
+from .._core.dtypes import BFLOAT16, FLOAT8, FLOAT16, FLOAT32, count_dtypes, widen
 from ..errors import AutoprecError
 from .budget import HUGE_VIOLATION, json_safe
-from .context import SearchContext, SearchRequest
-from .result import (
-    ParetoPoint,
-    TrainedOutcome,
-    TrialRecord,
-    assignment_key,
-    short_counts_text,
-    write_record,
-)
+from .context import SearchContext
+from .heuristic import heuristic_plan
+from .result import ParetoPoint, TrialRecord, assignment_key, short_counts_text, write_record
+
+logger = logging.getLogger("autoprec")
 
 _COMPLETE = (optuna.trial.TrialState.COMPLETE,)
 
@@ -122,8 +121,6 @@ def release_study_lock(study: optuna.Study, name: str) -> None:
         pass
 
 
-logger = logging.getLogger("autoprec")
-
 #: Seconds between two looks at the storage while another trial evaluates the same assignment.
 _POLL_SECONDS = 0.5
 #: A trial waits at least this long (and 3 x the longest trial) for another one evaluating
@@ -141,15 +138,20 @@ def _same_plan(
             yield other, record
 
 
-def trained_outcome(study: optuna.Study, key: str, train_steps: int) -> TrainedOutcome | None:
-    """Returns what a completed trial of the study trained itself for the same assignment."""
+def trained_outcome(study: optuna.Study, key: str, train_steps: int) -> TrialRecord | None:
+    """Returns what a completed trial trained itself for the same assignment, as a reuse records it."""
     for other, record in _same_plan(study, key, train_steps, optuna.trial.TrialState.COMPLETE):
         if record.trained_here:
             metrics = {
                 name: math.nan if value is None else float(value)
                 for name, value in record.metrics.items()
             }
-            return TrainedOutcome(metrics, record.proxy, record.proxy_score, other.number)
+            return TrialRecord(
+                metrics=metrics,
+                proxy=record.proxy,
+                proxy_score=record.proxy_score,
+                reused_from=other.number,
+            )
     return None
 
 
@@ -160,7 +162,7 @@ def wait_for_same_assignment(
     train_steps: int,
     *,
     timeout: float | None = None,
-) -> TrainedOutcome | None:
+) -> TrialRecord | None:
     """Waits while another running trial evaluates the same assignment; returns its outcome."""
     deadline, waiting = None, f"autoprec.search: trial {trial_number} "
     while True:
@@ -254,18 +256,18 @@ def best_feasible(study: optuna.Study) -> optuna.trial.FrozenTrial | None:
     return min(feasible, key=lambda trial: (trial.value, trial.number), default=None)
 
 
-def open_study(request: SearchRequest) -> tuple[optuna.Study, bool]:
+def open_study(context: SearchContext) -> tuple[optuna.Study, bool]:
     """Returns `(study, created)`: the study given, else created or loaded (TPE, `FidelityPruner`)."""
-    if request.study is not None:
-        return request.study, not request.study.trials
-    sampler, pruner = request.sampler, request.pruner
+    if context.study is not None:
+        return context.study, not context.study.trials
+    sampler, pruner = context.sampler, context.pruner
     if sampler is None:
         sampler = optuna.samplers.TPESampler(
-            seed=request.settings.seed, n_startup_trials=6, multivariate=False
+            seed=context.settings.seed, n_startup_trials=6, multivariate=False
         )
     if pruner is None:
-        pruner = FidelityPruner(request.settings.proxy_tolerance)
-    storage, study_name = resolve_storage(request.storage), request.study_name
+        pruner = FidelityPruner(context.settings.proxy_tolerance)
+    storage, study_name = resolve_storage(context.storage), context.study_name
     arguments = dict(
         storage=storage, study_name=study_name, sampler=sampler, pruner=pruner, direction="minimize"
     )
@@ -351,7 +353,7 @@ def log_trial(context: SearchContext, trial: optuna.trial.FrozenTrial) -> None:
 def plan_writer(context: SearchContext) -> Callable[[optuna.Study, optuna.trial.FrozenTrial], None]:
     """Returns the Optuna callback that logs each trial and saves the best plan so far."""
     written: dict[str, int | None] = {"number": None}
-    plan_path = context.request.settings.plan_path
+    plan_path = context.settings.plan_path
 
     def callback(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
         log_trial(context, trial)
@@ -454,10 +456,13 @@ def _train_trial(
     plan, proxy = context.plan_for(assignment), None
     if keras.backend.backend() == "tensorflow":
         proxy = context.evaluator.proxy(plan)
-        score = proxy.score if math.isfinite(proxy.score) else None
         write_record(
             trial,
-            TrialRecord(fidelity=("profile", "proxy"), proxy=proxy.to_dict(), proxy_score=score),
+            TrialRecord(
+                fidelity=("profile", "proxy"),
+                proxy=proxy.to_dict(),
+                proxy_score=json_safe(proxy.score),
+            ),
             with_none=("proxy_score",),
         )
         trial.report(value, PROXY_STEP)
@@ -468,43 +473,42 @@ def _train_trial(
     else:
         skipped = "the numerical proxy needs the TensorFlow backend"
         write_record(trial, TrialRecord(proxy_skipped=skipped))
-    outcome = TrainedOutcome(
-        metrics=context.evaluator.train_and_evaluate(plan),
+    metrics = context.evaluator.train_and_evaluate(plan)
+    context.cache[key] = TrialRecord(
+        metrics=metrics,
         proxy=proxy.to_dict() if proxy is not None else None,
         proxy_score=proxy.score if proxy is not None else None,
-        trial=trial.number,
+        reused_from=trial.number,
     )
-    context.cache[key] = outcome
     levels = _TRAINED_LEVELS if proxy is not None else ("profile", "train")
-    return _record_outcome(context, trial, outcome, value, levels)
+    return _record_outcome(context, trial, metrics, value, levels)
 
 
 def _reuse(
-    context: SearchContext, trial: optuna.Trial, outcome: TrainedOutcome, value: float
+    context: SearchContext, trial: optuna.Trial, outcome: TrialRecord, value: float
 ) -> float:
     """Records a stored outcome of the same assignment instead of training it again."""
-    score = outcome.proxy_score
     write_record(
         trial,
         TrialRecord(
             reused=True,
-            reused_from=outcome.trial,
+            reused_from=outcome.reused_from,
             proxy=outcome.proxy,
-            proxy_score=score if score is not None and math.isfinite(score) else None,
+            proxy_score=json_safe(outcome.proxy_score),
         ),
         with_none=("proxy", "proxy_score"),
     )
-    return _record_outcome(context, trial, outcome, value, _TRAINED_LEVELS)
+    return _record_outcome(context, trial, outcome.metrics, value, _TRAINED_LEVELS)
 
 
 def _record_outcome(
     context: SearchContext,
     trial: optuna.Trial,
-    outcome: TrainedOutcome,
+    metrics: Mapping[str, float],
     value: float,
     levels: tuple[str, ...] | list[str],
 ) -> float:
-    record = judged_record(context, outcome.metrics, levels)
+    record = judged_record(context, metrics, levels)
     write_record(trial, record, with_none=("metric",))
     trial.set_constraint("budget", record.budget_violation)
     return value
@@ -543,7 +547,7 @@ def optimize(
     explorer: Callable[[optuna.Study, optuna.trial.FrozenTrial], None] | None = None,
 ) -> None:
     """Runs trials of the study with the objective, the plan writer and the user's callbacks."""
-    settings = context.request.settings
+    settings = context.settings
     context.study.optimize(
         lambda trial: trial_objective(context, trial),
         n_trials=n_trials,
@@ -552,3 +556,199 @@ def optimize(
         callbacks=[plan_writer(context), *([explorer] if explorer else []), *settings.callbacks],
         show_progress_bar=explorer is not None and context.verbose >= 1,
     )
+
+
+@dataclasses.dataclass(frozen=True)
+class WarmStart:
+    """One plan a study starts with."""
+
+    label: str
+    assignment: Mapping[str, str]
+    params: Mapping[str, str]
+
+
+def warm_starts(context: SearchContext) -> list[WarmStart]:
+    """Returns the plans every study starts with, equal assignments once."""
+    plans = [("float32", context.uniform_assignment(FLOAT32))]
+    for dtype in (BFLOAT16, FLOAT16, FLOAT8):
+        if dtype in context.dtypes:
+            # float8: every Dense/EinsumDense layer that allows it, bfloat16 elsewhere.
+            plans.append((f"uniform {dtype}", context.uniform_assignment(dtype)))
+    heuristic = heuristic_plan(
+        context.model,
+        profile=context.profile,
+        costs=context.table,
+        hardware=context.hardware_profile or context.hardware,
+        dtypes=context.dtypes,
+        keep_float32=context.settings.keep_float32,
+    )
+    plans.append(("heuristic", context.normalise(dict(heuristic.layers))))
+    unique: list[WarmStart] = []
+    for label, assignment in plans:
+        if all(assignment != other.assignment for other in unique):
+            unique.append(WarmStart(label, assignment, context.params_for(assignment)))
+    return unique
+
+
+def has_warm_starts(study: optuna.Study) -> bool:
+    """Whether the study's warm starts were enqueued (its `"warm_starts_enqueued"` is set)."""
+    return bool(study.user_attrs.get("warm_starts_enqueued"))
+
+
+def enqueue_warm_starts(study: optuna.Study, starts: Sequence[WarmStart]) -> int:
+    """Enqueues the warm starts not already in the study; returns how many."""
+    if has_warm_starts(study):
+        return 0
+    lock = claim_study_lock(study, "warm-starts")
+    if lock is None:
+        return 0
+    try:
+        if has_warm_starts(study):  # another process finished and released the lock meanwhile
+            return 0
+        added = len(enqueue_candidates(study, starts, warm=True))
+        study.set_user_attr("warm_starts_enqueued", True)
+        return added
+    finally:
+        release_study_lock(study, lock)
+
+
+def enqueue_candidates(
+    study: optuna.Study, starts: Sequence[WarmStart], *, warm: bool = False
+) -> list[str]:
+    """Enqueues the plans not tried yet (warm starts: nor their label); returns their keys."""
+    trials = study.get_trials(deepcopy=False)
+    records = [TrialRecord.from_trial(trial) for trial in trials]
+    keys = {record.assignment_key for record in records}
+    labels = {record.warm_start for record in records}
+    existing = []
+    if warm and not keys - {None}:  # a study without keys: its params tell what was tried
+        existing = [trial.params for trial in trials if trial.params]
+        existing += [
+            t.system_attrs["fixed_params"] for t in trials if "fixed_params" in t.system_attrs
+        ]
+    added = []
+    for start in starts:
+        key = assignment_key(start.assignment)
+        if key in keys or (warm and start.label in labels) or dict(start.params) in existing:
+            continue
+        record = TrialRecord(
+            warm_start=start.label, assignment=start.assignment, assignment_key=key
+        )
+        study.enqueue_trial(
+            dict(start.params), user_attrs=record.to_user_attrs(), skip_if_exists=False
+        )
+        keys.add(key)
+        labels.add(start.label)
+        added.append(key)
+    return added
+
+
+#: Neighbour trials run back to back before TPE proposes the next trial.
+_NEIGHBOURS_IN_A_ROW = 2
+#: Faster plans that missed the budget whose groups are put back to float32 one at a time.
+_REPAIRED_PLANS = 2
+
+
+@dataclasses.dataclass(frozen=True)
+class Neighbour:
+    """A plan one move away from another, with why it is worth training."""
+
+    assignment: dict[str, str]
+    move: str
+    predicted_seconds: float
+    score: float
+
+
+def neighbours(context: SearchContext, study: optuna.Study) -> list[Neighbour]:
+    """Returns the untried neighbours of the study's best plan within budget, best first."""
+    trials = study.get_trials(deepcopy=False)
+    records = {trial.number: TrialRecord.from_trial(trial) for trial in trials}
+    tried = {record.assignment_key for record in records.values()}
+    best = best_feasible(study)
+    base = (
+        context.trial_assignment(best) if best is not None else context.uniform_assignment(FLOAT32)
+    )
+    base_seconds = context.costs.step(base)[0]
+    cheaper = _moves(context, base, base_seconds, repair=False)
+    missed = sorted(
+        (
+            trial
+            for trial in trials
+            if trial.state == optuna.trial.TrialState.COMPLETE
+            and not is_feasible(trial)
+            and (records[trial.number].predicted_seconds or base_seconds) < base_seconds
+        ),
+        key=lambda trial: records[trial.number].predicted_seconds,
+    )
+    repairs: list[Neighbour] = []
+    for trial in missed[:_REPAIRED_PLANS]:
+        repairs += _moves(context, context.trial_assignment(trial), base_seconds, repair=True)
+    repairs.sort(key=_best_first)
+    unique: dict[str, Neighbour] = {}
+    for neighbour in itertools.chain(*itertools.zip_longest(cheaper, repairs)):
+        key = assignment_key(neighbour.assignment) if neighbour is not None else None
+        if key is not None and key not in tried:
+            unique.setdefault(key, neighbour)
+    return list(unique.values())
+
+
+def _moves(
+    context: SearchContext, assignment: Mapping[str, str], base_seconds: float, repair: bool
+) -> list[Neighbour]:
+    """Faster plans one group away: to a cheaper dtype, or (`repair`) back to float32."""
+    moves = []
+    for group in context.groups:
+        for dtype in (FLOAT32,) if repair else [d for d in group.choices if d != FLOAT32]:
+            flipped = {**assignment, **{p: widen(dtype, context.allowed[p]) for p in group.paths}}
+            if flipped == dict(assignment):
+                continue
+            seconds = context.costs.step(flipped)[0]
+            if seconds >= base_seconds:
+                continue
+            risk = max((context.risk.get(path, 0.0) for path in group.paths), default=0.0)
+            score = risk if repair else (base_seconds - seconds) / (1.0 + risk)
+            moves.append(Neighbour(flipped, f"{group.name} -> {dtype}", seconds, score))
+    return sorted(moves, key=_best_first)
+
+
+def _best_first(neighbour: Neighbour) -> tuple[float, float]:
+    return -neighbour.score, neighbour.predicted_seconds
+
+
+def explorer(
+    context: SearchContext,
+) -> Callable[[optuna.Study, optuna.trial.FrozenTrial], None]:
+    """Returns the Optuna callback that enqueues the next neighbour when the queue is empty."""
+
+    def callback(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
+        trials = study.get_trials(deepcopy=False)
+        if any(other.state == optuna.trial.TrialState.WAITING for other in trials):
+            return
+        finished = [other for other in trials if other.state.is_finished()]
+        recent = finished[-_NEIGHBOURS_IN_A_ROW:]
+        if len(recent) == _NEIGHBOURS_IN_A_ROW and all(
+            TrialRecord.from_trial(other).neighbour for other in recent
+        ):
+            return
+        found = neighbours(context, study)
+        if not found:
+            return
+        chosen = found[0]
+        record = TrialRecord(
+            neighbour=chosen.move,
+            assignment=chosen.assignment,
+            assignment_key=assignment_key(chosen.assignment),
+        )
+        study.enqueue_trial(
+            context.params_for(chosen.assignment),
+            user_attrs=record.to_user_attrs(),
+            skip_if_exists=False,
+        )
+        if context.verbose:
+            logger.info(
+                "autoprec.search: next trial explores %s (predicted %.3f ms)",
+                chosen.move,
+                chosen.predicted_seconds * 1e3,
+            )
+
+    return callback

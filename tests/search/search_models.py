@@ -131,7 +131,6 @@ class PreparedSearch:
 
     model: keras.Model
     evaluator: object
-    request: object
     context: object
 
 
@@ -150,7 +149,7 @@ def prepared_search(model=None, data=None, budget=None, **changes):
         A `PreparedSearch`; its evaluator is closed afterwards.
     """
     from autoprec.search import Budget, Evaluator
-    from autoprec.search.context import SearchRequest
+    from autoprec.search.context import SearchContext
     from autoprec.search.driver import prepare
 
     keywords = fast(**{"baseline": None, **changes})
@@ -164,7 +163,9 @@ def prepared_search(model=None, data=None, budget=None, **changes):
         settings.proxy_batches,
         0,
     )
-    request = SearchRequest(
+    context = SearchContext(
+        model=model,
+        evaluator=evaluator,
         budget=budget or Budget("val_accuracy", max_drop=0.5),
         hardware=keywords["hardware"],
         n_trials=2,
@@ -180,6 +181,6 @@ def prepared_search(model=None, data=None, budget=None, **changes):
         train_data=train,
     )
     try:
-        yield PreparedSearch(model, evaluator, request, prepare(model, evaluator, request))
+        yield PreparedSearch(model, evaluator, prepare(context))
     finally:
         evaluator.close()

@@ -31,7 +31,7 @@ def test_assignments_params_and_plans_agree():
         assert dict(context.float32_plan().layers).items() >= context.normalise({}).items()
         # the float32 reference is in the cache, under the float32 assignment's key
         cached = context.cache[assignment_key(context.uniform_assignment("float32"))]
-        assert cached.trial == "reference" and context.budget.log_name in cached.metrics
+        assert cached.reused_from == "reference" and context.budget.log_name in cached.metrics
 
 
 def test_a_trial_s_assignment_is_its_record_s_else_its_params():

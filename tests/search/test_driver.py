@@ -452,17 +452,15 @@ def test_the_reference_spread_is_measured_when_asked_and_the_metadata_carries_it
 
 def test_the_trial_stage_starts_with_the_warm_starts_and_records_the_reference(tmp_path):
     with prepared_search() as prepared:
-        request = dataclasses.replace(
-            prepared.request, storage=str(tmp_path / "t.log"), study_name="t", n_trials=2
-        )
-        prepared.context.request = request
-        study = run_trials(prepared.context)
+        context = prepared.context
+        context.storage, context.study_name, context.n_trials = str(tmp_path / "t.log"), "t", 2
+        study = run_trials(context)
         assert study.study_name == "t" and len(study.trials) >= 2
         labels = [TrialRecord.from_trial(t).warm_start for t in study.trials[:2]]
         assert labels == ["float32", "uniform bfloat16"]
         assert study.user_attrs["reference_metric"] == prepared.context.reference
         assert prepared.context.metadata["search"]["study_name"] == "t"
-        assert request.clock.seconds["trials"] > 0
+        assert context.clock.seconds["trials"] > 0
         again = run_trials(prepared.context)
         finished = [t for t in again.trials if t.state.is_finished()]
         assert len(finished) == 4  # resumed: two more, no warm start enqueued twice

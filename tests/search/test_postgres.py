@@ -24,12 +24,13 @@ from pg_server import postgres_server  # noqa: F401  (the session fixture `postg
 from autoprec.search import TrialRecord, resolve_storage
 from autoprec.search.result import write_record
 from autoprec.search.study import (
+    WarmStart,
     claim_study_lock,
+    enqueue_warm_starts,
     plan_file_trial,
     release_study_lock,
     wait_for_same_assignment,
 )
-from autoprec.search.warm_start import WarmStart, enqueue_warm_starts
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKER = ROOT / "bench" / "search_worker.py"
@@ -133,7 +134,7 @@ def test_a_trial_waits_for_the_running_trial_of_its_assignment_and_reuses_its_ou
     outcome = wait_for_same_assignment(other, second.number, "k", 2)
     finisher.join()
     assert time.monotonic() - started >= 0.9
-    assert outcome.trial == first.number and outcome.metrics == {"val_accuracy": 0.75}
+    assert outcome.reused_from == first.number and outcome.metrics == {"val_accuracy": 0.75}
     # the lower-numbered trial never waits for a higher one that is not evaluating yet
     third, fourth = study.ask(), study.ask()
     for trial in (third, fourth):

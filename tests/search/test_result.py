@@ -189,7 +189,7 @@ def test_a_trained_outcome_is_what_a_trial_trained_and_not_what_it_reused():
         study.enqueue_trial({}, user_attrs=record.to_user_attrs())
     study.optimize(lambda trial: 0.0, n_trials=2)
     outcome = trained_outcome(study, "k", 4)
-    assert outcome.trial == 1 and outcome.proxy_score == 0.1
+    assert outcome.reused_from == 1 and outcome.proxy_score == 0.1
     assert outcome.metrics["accuracy"] == 0.5 and math.isnan(outcome.metrics["loss"])
     assert trained_outcome(study, "k", 8) is None
     assert TrialRecord.from_trial(study.trials[0]).label is None

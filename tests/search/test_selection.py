@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import dataclasses
+import copy
 import logging
 import random
 
@@ -69,7 +69,7 @@ from autoprec.search.selection import (
     ranked_finalists,
     sixteen_bit_dtype,
 )
-from autoprec.search.warm_start import WarmStart, enqueue_candidates
+from autoprec.search.study import WarmStart, enqueue_candidates
 
 
 def _study(context, entries):
@@ -138,7 +138,7 @@ def test_the_result_carries_the_chosen_plan_and_its_metadata(tmp_path):
 def test_a_measured_choice_records_its_step_times():
     with prepared_search(hardware="local", confirm_steps=0) as prepared:
         context = prepared.context
-        context.request = dataclasses.replace(prepared.request, n_trials=2)
+        context.n_trials = 2
         run_trials(context)
         rank_trials(context)
         measured = context.measured
@@ -379,7 +379,8 @@ def test_keras_global_policy_with_a_container_is_trained_once_and_judged_by_the_
 def test_a_keras_policy_outside_the_budget_is_added_but_never_a_base(monkeypatch):
     with prepared_search() as prepared:
         # A float32 reference of 2.0 accuracy: within a 0.5 drop, no plan meets the budget.
-        context = dataclasses.replace(prepared.context, reference=2.0)
+        context = copy.copy(prepared.context)
+        context.reference = 2.0
         trained = _count_trainings(monkeypatch, context)
         study = optuna.create_study()
         uniform = context.uniform_assignment("bfloat16")
@@ -431,7 +432,7 @@ def test_a_keras_policy_a_trial_already_ran_is_that_trial_and_not_trained_again(
 def test_a_keras_policy_that_fails_to_train_is_skipped_with_the_reason(monkeypatch, caplog):
     with prepared_search(cost_batch_size=4096) as prepared:
         context = prepared.context
-        context = dataclasses.replace(context, dtypes=("float32", "bfloat16", "float16"))
+        context.dtypes = ("float32", "bfloat16", "float16")
         trained = _count_trainings(monkeypatch, context, fail=True)
         study = optuna.create_study()
         with caplog.at_level(logging.WARNING, logger="autoprec"):

@@ -405,8 +405,7 @@ def test_the_file_holds_the_best_trial_within_budget_and_says_which(tmp_path, ca
         context.verbose = 1
         study = optuna.create_study(study_name="writer")
         context.metadata = {"search": {"study_name": "writer"}}
-        settings = dataclasses.replace(context.request.settings, plan_path=path)
-        context.request = dataclasses.replace(context.request, settings=settings)
+        context.settings = dataclasses.replace(context.settings, plan_path=path)
         callback = plan_writer(context)
         float32 = _add(study, context, "float32", 2.0, -1.0)
         with caplog.at_level(logging.INFO, logger="autoprec"):

@@ -1,4 +1,4 @@
-"""Tests for `autoprec.search.warm_start`: the plans a study starts with and the neighbours it explores."""
+"""Tests for the plans a study starts with and the neighbours it explores (`autoprec.search.study`)."""
 
 from __future__ import annotations
 
@@ -31,12 +31,13 @@ from autoprec.search.selection import (
     keras_global_plan,
     protections,
 )
-from autoprec.search.study import claim_study_lock, resolve_storage
-from autoprec.search.warm_start import (
+from autoprec.search.study import (
     WarmStart,
+    claim_study_lock,
     enqueue_candidates,
     enqueue_warm_starts,
     has_warm_starts,
+    resolve_storage,
     warm_starts,
 )
 
