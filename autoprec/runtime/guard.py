@@ -130,24 +130,8 @@ class Guard(ConfigValue):
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any]) -> Guard:
-        """Returns the `Guard` that `get_config()` described; removed and unknown keys are refused.
-
-        Args:
-            config: a dict with some or all of the fields.
-
-        Returns:
-            The settings, the missing fields at their defaults.
-
-        Raises:
-            AutoprecError: for a field removed in 0.3 (the message says what to
-                write instead) or a key that is not a field.
-
-        Example:
-
-        ```python
-        Guard.from_config({"on_nan": "stop"})  # Guard(on_nan='stop', ...)
-        ```
-        """
+        """Returns the `Guard` that `get_config()` described; a removed field or an unknown key
+        raises `AutoprecError` (for a removed one, saying what to write instead)."""
         removed = [name for name in config if name in REMOVED_FIELDS]
         if removed:
             reasons = "; ".join(f"{name!r}: {REMOVED_FIELDS[name]}" for name in removed)
@@ -159,22 +143,7 @@ class Guard(ConfigValue):
 
 
 def check_guard_backend(backend: str, where: str) -> None:
-    """Refuses a guard on a Keras backend its in-step telemetry cannot run on.
-
-    Args:
-        backend: the Keras backend's name (`keras.backend.backend()`).
-        where: the caller's name, for the message.
-
-    Raises:
-        AutoprecError: for a backend other than TensorFlow and JAX; the message
-            names the backend and says to pass `guard=None`.
-
-    Example:
-
-    ```python
-    check_guard_backend(keras.backend.backend(), "AutoPrecision")
-    ```
-    """
+    """Refuses, naming `where`, a guard on a Keras backend other than TensorFlow and JAX."""
     if backend not in GUARD_BACKENDS:
         raise AutoprecError(
             f"{where}: the guard needs Keras' TensorFlow or JAX backend (its in-step telemetry "
@@ -185,26 +154,8 @@ def check_guard_backend(backend: str, where: str) -> None:
 
 
 def promotion_target(dtype: str, bfloat16_is_fast: bool, float8_source: str = BFLOAT16) -> str:
-    """Returns the dtype a layer that overflows in `dtype` is promoted to.
-
-    The next wider dtype on the widening ladder (float16 -> bfloat16 -> float32;
-    float8 -> its source dtype -> float32), skipping bfloat16 where it does not run
-    fast; float32 stays float32.
-
-    Args:
-        dtype: the layer's current dtype.
-        bfloat16_is_fast: whether the device runs bfloat16 fast.
-        float8_source: the dtype of the plan's float8 layers' other work.
-
-    Returns:
-        `"float16"` (from float8 with a float16 source), `"bfloat16"` or `"float32"`.
-
-    Example:
-
-    ```python
-    promotion_target("float16", bfloat16_is_fast=False)  # "float32"
-    ```
-    """
+    """Returns the dtype a layer that overflows in `dtype` is promoted to: the next wider one
+    (float16 -> bfloat16 -> float32; float8 -> its source), bfloat16 only where it runs fast."""
     allowed = (FLOAT32, BFLOAT16) if bfloat16_is_fast else (FLOAT32,)
     if dtype == FLOAT8 and float8_source == FLOAT16:
         allowed = (*allowed, FLOAT16)
@@ -214,19 +165,8 @@ def promotion_target(dtype: str, bfloat16_is_fast: bool, float8_source: str = BF
 
 @dataclasses.dataclass(frozen=True)
 class Attribution:
-    """Where the non-finite values of a failed step came from.
-
-    Attributes:
-        cause: `"data"` (the input batch was non-finite), `"forward"` (16-bit
-            layers' forward values left their range), `"backward"` (only
-            gradients did), `"unrecorded"` (no recorded layer shows it, and the
-            16-bit layers whose values could not be recorded are implicated) or
-            `"elsewhere"` (no 16-bit layer shows it).
-        layers: the implicated layers, in model order for `"forward"`, in
-            backward order for `"backward"`.
-        evidence: `{path: figures}` for each implicated layer.
-        summary: one sentence for messages and events.
-    """
+    """Where a failed step's non-finite values came from: `cause` ("data", "forward", "backward",
+    "unrecorded" or "elsewhere"), the implicated `layers`, their `evidence` and a `summary`."""
 
     cause: str
     layers: tuple[str, ...] = ()
@@ -249,30 +189,8 @@ def _forward_evidence(amax: LayerAmax, dtype: str) -> str:
 
 
 def attribute_step(record: StepRecord, dtypes: Mapping[str, str]) -> Attribution:
-    """Returns what made a recorded step non-finite, from that step's own amax values.
-
-    The input batch first (NaN or inf already there is the data's fault); then
-    the forward pass: every 16-bit layer whose outputs or attention logits left
-    its format's range while its inputs were finite (several in one step are
-    all implicated; when none had finite inputs, the first out-of-range layer in
-    model order); then the backward pass: the layers whose gradients left their
-    range, from the loss toward the inputs; then the 16-bit layers the replay
-    could not record.
-
-    Args:
-        record: a `StepRecord` from `GuardTelemetry.failed_step` (the replay).
-        dtypes: `{path: dtype}` the layers computed in.
-
-    Returns:
-        An `Attribution`.
-
-    Example:
-
-    ```python
-    attribution = attribute_step(telemetry.failed_step(handle.dtypes), handle.dtypes)
-    attribution.cause, attribution.layers  # ("forward", ("big",))
-    ```
-    """
+    """Returns what made a recorded step non-finite: the input batch, then 16-bit layers out of
+    range forward (finite inputs first), then backward, then the 16-bit layers left unrecorded."""
     if not record.batch_finite:
         return Attribution(
             "data",
@@ -334,26 +252,8 @@ def attribute_step(record: StepRecord, dtypes: Mapping[str, str]) -> Attribution
 
 
 def lowered_loss_scale(scale: float, failures_in_a_row: int, minimum: float) -> float:
-    """Returns the loss scale to try after gradients overflowed `failures_in_a_row` steps running.
-
-    The scale drops by 1, 2, 4, then 8 binades per failed step (a power of two
-    throughout), so a scale far too large for the gradients is found in a few
-    steps rather than one halving per step; never below `minimum`.
-
-    Args:
-        scale: the loss scale the failed step ran with.
-        failures_in_a_row: failed steps so far in this run of failures (1 or more).
-        minimum: the lowest scale allowed.
-
-    Returns:
-        The new loss scale.
-
-    Example:
-
-    ```python
-    lowered_loss_scale(32768.0, 3, 2.0**-10)  # 2048.0
-    ```
-    """
+    """Returns the loss scale after gradients overflowed `failures_in_a_row` steps running: 1, 2,
+    4, then 8 binades lower per failed step, never below `minimum`."""
     binades = min(8, 2 ** max(0, failures_in_a_row - 1))
     return max(float(minimum), float(scale) / 2.0**binades)
 
@@ -371,18 +271,7 @@ class GuardAction(enum.Enum):
 
 @dataclasses.dataclass(frozen=True)
 class StepOutcome:
-    """What the host learnt about one train step.
-
-    Attributes:
-        step: the step's number in this callback's count (1 for the first).
-        attribution: for a step whose values were not finite, what made them so
-            (`attribute_step`); `None` for a finite step.
-        loss_scale: the loss scale the failing step ran with.
-        loss_finite: whether the step's logged loss was finite.
-        has_16bit_layers: whether any layer computes in float16 or bfloat16
-            (the telemetry watches those; without any, a non-finite loss is a
-            training divergence).
-    """
+    """What the host learnt about one train step (`attribution` is `None` for a finite step)."""
 
     step: int
     attribution: Attribution | None = None
@@ -412,38 +301,8 @@ def decide(
     floor: float,
     failures_in_a_row: int = 0,
 ) -> GuardDecision:
-    """Returns what the guard does about one step, from plain values (no Keras object).
-
-    A finite step does nothing. A failed step the data or a float32
-    part caused is skipped and reported, its halved loss scale restored. A step
-    whose gradients overflowed lowers a dynamic loss scale by 1, 2, 4, then 8
-    binades per failed step in a row, down to `floor`. Otherwise `on_nan`
-    decides: promote the implicated layers, stop, or raise. A non-finite loss
-    with no 16-bit layer is a training divergence: training stops (or raises).
-
-    Args:
-        outcome: the step, a `StepOutcome`.
-        on_nan: `"promote"`, `"stop"` or `"raise"` (`Guard.on_nan`).
-        dynamic_scale: whether the optimizer scales the loss with a dynamic scale
-            the guard may set.
-        floor: the lowest loss scale (`LossScale.floor`; 1 where there is none).
-        failures_in_a_row: the previous decision's `failures_in_a_row` when the
-            step before this one also failed, else 0.
-
-    Returns:
-        A `GuardDecision`.
-
-    Raises:
-        ValueError: for an `on_nan` that is not one of the three modes.
-
-    Example:
-
-    ```python
-    decision = decide(StepOutcome(12, attribution, loss_scale=32768.0),
-                      on_nan="promote", dynamic_scale=True, floor=1.0)
-    decision.action, decision.layers  # GuardAction.PROMOTE, {"big": "non-finite float16 ..."}
-    ```
-    """
+    """Returns what the guard does about one step, from plain values: skip a step the data or a
+    float32 part broke, lower a dynamic loss scale, else promote, stop or raise as `on_nan` says."""
     if on_nan not in ON_NAN_MODES:
         raise ValueError(f"on_nan must be one of {ON_NAN_MODES}, got {on_nan!r}.")
     attribution = outcome.attribution
@@ -451,7 +310,7 @@ def decide(
         return _decide_finite_step(outcome, on_nan)
     summary = f"non-finite step {outcome.step}: {attribution.summary}"
     if attribution.cause in ("data", "elsewhere"):
-        return _decide_not_precision(outcome, on_nan, dynamic_scale, failures_in_a_row)
+        return _decide_not_precision(outcome, summary, on_nan, dynamic_scale, failures_in_a_row)
     if attribution.cause == "backward" and dynamic_scale and outcome.loss_scale > floor:
         failures = failures_in_a_row + 1
         scale = lowered_loss_scale(outcome.loss_scale, failures, floor)
@@ -489,32 +348,22 @@ def _decide_finite_step(outcome: StepOutcome, on_nan: str) -> GuardDecision:
 
 
 def _decide_not_precision(
-    outcome: StepOutcome, on_nan: str, dynamic_scale: bool, failures_in_a_row: int
+    outcome: StepOutcome, summary: str, on_nan: str, dynamic_scale: bool, failures_in_a_row: int
 ) -> GuardDecision:
     """A failed step the input data or a float32 part caused: recorded, nothing promoted."""
-    summary = outcome.attribution.summary
-    line = f"autoprec guard: non-finite step {outcome.step}: {summary}; update skipped."
-    event = {"step": outcome.step, "kind": "not_precision", "evidence": summary}
-    restored = outcome.loss_scale if dynamic_scale else None  # not the scale's fault
+    event = {"step": outcome.step, "kind": "not_precision", "evidence": outcome.attribution.summary}
     if on_nan == "stop":
-        stop = _stop(outcome.step, f"non-finite step {outcome.step}: {summary}", "on_nan='stop'")
-        return dataclasses.replace(
-            stop,
-            loss_scale=restored,
-            failures_in_a_row=failures_in_a_row,
-            events=(event, *stop.events),
-        )
-    action, ending = (
-        (GuardAction.RAISE, " Nothing promoted.")
-        if on_nan == "raise"
-        else (GuardAction.SKIP, " Not a precision problem: nothing promoted.")
-    )
-    return GuardDecision(
-        action,
-        loss_scale=restored,
+        decision = _stop(outcome.step, summary, "on_nan='stop'")
+    else:
+        raising = on_nan == "raise"
+        ending = "Nothing promoted." if raising else "Not a precision problem: nothing promoted."
+        line = f"autoprec guard: {summary}; update skipped. {ending}"
+        decision = GuardDecision(GuardAction.RAISE if raising else GuardAction.SKIP, lines=(line,))
+    return dataclasses.replace(
+        decision,
+        loss_scale=outcome.loss_scale if dynamic_scale else None,  # not the scale's fault
         failures_in_a_row=failures_in_a_row,
-        events=(event,),
-        lines=(line + ending,),
+        events=(event, *decision.events),
     )
 
 
@@ -529,8 +378,7 @@ def _stop(step: int, trigger: str, why: str) -> GuardDecision:
 
 
 class GuardWatch:
-    """The guard's state between steps of a `fit`: its telemetry, the run of failed steps, whether
-    it stopped."""
+    """The guard's state between steps of a `fit`: its telemetry, its failed steps, its stop."""
 
     def __init__(self) -> None:
         self.telemetry: GuardTelemetry | None = None
