@@ -24,9 +24,8 @@ TRACES = ModelMemo("model traces")
 
 _CAPTURE_BATCH = 2
 
-#: What `LayerCall.arguments` holds for an argument it cannot describe (neither
-#: tensors, nested in lists and dicts, nor a plain scalar); `synthetic_arguments`
-#: refuses it.
+#: What `LayerCall.arguments` holds for an argument it cannot describe (neither tensors, nested
+#: in lists and dicts, nor a plain scalar); `synthetic_arguments` refuses it.
 UNSUPPORTED_ARGUMENT = "<unsupported argument>"
 
 
@@ -163,11 +162,6 @@ def _encode_argument(value: Any) -> ArgumentValue:
     return UNSUPPORTED_ARGUMENT
 
 
-def _path_name(path: tuple) -> str:
-    """Returns how a user reaches one array of `x`: `x["text"]["tokens"]`, `x[0]`."""
-    return "x" + "".join(f'["{key}"]' if isinstance(key, str) else f"[{key}]" for key in path)
-
-
 def random_inputs(
     specs: Any, batch_size: int, seed: int = 0, unknown_length: int | None = None
 ) -> Any:
@@ -179,7 +173,9 @@ def random_inputs(
             known = tuple(unknown_length if dim is None else dim for dim in spec.shape[1:])
             spec = dataclasses.replace(spec, shape=(None, *known) if spec.shape else ())
         if any(dim is None for dim in spec.shape[1:]):
-            name = spec.name or _path_name(path)
+            # How a user reaches the array: `x["text"]["tokens"]`, `x[0]`.
+            keys = "".join(f'["{key}"]' if isinstance(key, str) else f"[{key}]" for key in path)
+            name = spec.name or f"x{keys}"
             raise PlanError(
                 f"model input {name!r} has unknown dimensions {tuple(spec.shape)}; "
                 "pass a batch of inputs (`x=...`) as fit feeds them, whose shapes are timed."
@@ -198,13 +194,11 @@ def _symbolic_inputs(model: keras.Model) -> Any:
     """Returns the model's symbolic inputs in the structure it takes them, or `None`."""
     with contextlib.suppress(AttributeError, ValueError):
         return model.input
-    try:
+    with contextlib.suppress(AttributeError, ValueError):
         symbolic = model.inputs
-    except (AttributeError, ValueError):
-        return None
-    if not symbolic:
-        return None
-    return symbolic[0] if len(symbolic) == 1 else list(symbolic)
+        if symbolic:
+            return symbolic[0] if len(symbolic) == 1 else list(symbolic)
+    return None
 
 
 def sample_inputs(
@@ -389,12 +383,8 @@ def synthetic_tensor(
     if "float" not in spec.dtype:
         return keras.ops.zeros(shape, dtype=spec.dtype)
     if value_range is None:
-        try:
-            backend = timing_backend("synthetic_tensor()")
-        except BackendError:
-            backend = None
-        if backend is not None:
-            return backend.random_tensor(shape, dtype, rng)
+        with contextlib.suppress(BackendError):  # a backend without timing: NumPy values
+            return timing_backend("synthetic_tensor()").random_tensor(shape, dtype, rng)
         values = rng.standard_normal(shape).astype("float32")
     else:
         values = rng.uniform(value_range[0], value_range[1], size=shape).astype("float32")

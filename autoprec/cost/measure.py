@@ -4,6 +4,7 @@ mixed plans timed whole that teach what a boundary between dtypes costs a step."
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import logging
 import math
@@ -18,7 +19,7 @@ import keras
 from .._core.data import batch_size_of, input_part
 from .._core.dtypes import COMPUTE_DTYPES, FLOAT8, FLOAT32, canonical_dtype
 from ..errors import PlanError
-from ..hardware import FAST, HardwareProfile, detect, resolve_hardware
+from ..hardware import HardwareProfile, detect, resolve_hardware
 from ..layers import is_graph_model, layer_paths, model_fingerprint
 from .estimate import estimate
 from .layer_calls import LayerCall, ModelTrace, trace_model
@@ -51,9 +52,7 @@ def _measure_casts(
     """Fits `fixed + per_element x n` for one cast between float32 and each 16-bit dtype."""
     small, large = 1024, 1 << 21
     result = {}
-    for dtype in dtypes:
-        if dtype == FLOAT32:
-            continue
+    for dtype in [dtype for dtype in dtypes if dtype != FLOAT32]:
         # At least 9 rounds: a 1024-value cast takes microseconds, and one round disturbed by
         # another process would set its fixed cost alone.
         timings = [
@@ -76,9 +75,7 @@ def _measurable(cost: LayerCost) -> bool:
 
 def float8_timeable(profile: HardwareProfile) -> bool:
     """Returns whether `calibrate` may time float8 on this device described by `profile`."""
-    if not profile.supports_float8:
-        return False
-    return profile.detected or detect().supports_float8
+    return profile.supports_float8 and (profile.detected or detect().supports_float8)
 
 
 def _layer_dtypes(cost: LayerCost, dtypes: Sequence[str]) -> tuple[str, ...]:
@@ -94,7 +91,6 @@ class _Setting:
     batch_size: int
     dtypes: tuple[str, ...]
     profile: HardwareProfile
-    device: str
     trace: ModelTrace
     counts: Mapping[str, LayerCost]
     cache: MeasurementCache
@@ -130,20 +126,15 @@ def _setting(
         names = [name for name in names if name != FLOAT8]
     inputs = input_part(batch)
     trace = trace_model(model, inputs)
-    device = profile.display_name
-    if profile.kind == "cpu":
-        device = f"{device} ({os.cpu_count()} cpus)"
-    directory = None
-    if use_cache:
-        directory = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    device = profile.display_name + (f" ({os.cpu_count()} cpus)" if profile.kind == "cpu" else "")
+    directory = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     return _Setting(
         batch_size=batch_size_of(inputs, error_class=PlanError),
         dtypes=tuple(names),
         profile=profile,
-        device=device,
         trace=trace,
         counts=count_costs(model, trace),
-        cache=MeasurementCache(directory, device, framework_versions()),
+        cache=MeasurementCache(directory if use_cache else None, device, framework_versions()),
         jit_compile=bool(getattr(model, "jit_compile", False) is True),
         **how,
     )
@@ -211,7 +202,12 @@ def calibrate(
     setting = _setting(model, x, dtypes, hardware, cache_dir, use_cache, **how)
     # Whole steps are timed first, in a process not yet crowded by per-layer functions.
     steps = whole_step_dtypes(measure_model_step, setting.dtypes, setting.profile)
-    plans = _mixed_plans(model, steps, setting.profile) if measure_mixed_steps else {}
+    # The mixed plans of the fast 16-bit dtypes whose uniform step is timed.
+    halves = [dtype for dtype in steps if dtype != FLOAT32 and setting.profile.is_fast(dtype)]
+    plans: dict[str, MixedPlan] = {}
+    if measure_mixed_steps and FLOAT32 in steps:
+        with contextlib.suppress(Exception):  # a model whose layers cannot be listed: none
+            plans = mixed_plans(model, halves)
     uniform, mixed, noise = measure_whole_steps(
         model,
         x,
@@ -228,36 +224,20 @@ def calibrate(
     )
     setting = dataclasses.replace(setting, dispatch_seconds=dispatch_seconds)
     table = CostTable(
-        device=setting.device,
+        device=setting.cache.device,
         source="measured",
         batch_size=setting.batch_size,
         layers=_measure_layers(model, setting, verbose),
-        edges=[
-            (edge.producer, edge.consumer, edge.elements_per_sample) for edge in setting.trace.edges
-        ],
-        cast_seconds={},
+        edges=[dataclasses.astuple(edge) for edge in setting.trace.edges],
+        cast_seconds=_measure_casts(setting.dtypes, setting.cache, repeats, dispatch_seconds),
         memory_bytes=setting.profile.memory_bytes,
         model_fingerprint=model_fingerprint(model),
         versions=setting.cache.versions,
         stats=stats,
     )
-    table.cast_seconds = _measure_casts(setting.dtypes, setting.cache, repeats, dispatch_seconds)
     attribute_step_overhead(table, uniform)
     fit_boundary_cost(model, table, plans, mixed, noise)
     return table
-
-
-def _mixed_plans(
-    model: keras.Model, steps: Sequence[str], profile: HardwareProfile
-) -> dict[str, MixedPlan]:
-    """Returns the mixed plans to time: those of the fast 16-bit dtypes whose uniform step is timed."""
-    if FLOAT32 not in steps:
-        return {}
-    halves = [dtype for dtype in steps if dtype != FLOAT32 and profile.support(dtype) == FAST]
-    try:
-        return mixed_plans(model, halves)
-    except Exception:  # noqa: BLE001 - a model whose layers cannot be listed: no mixed steps
-        return {}
 
 
 def _measure_layers(
@@ -276,9 +256,8 @@ def _measure_layers(
     layers: dict[str, LayerCostRecord] = {}
     timed: dict[str, dict[str, float | None]] = {}
     for path, cost in setting.counts.items():
-        layer_dtypes = _layer_dtypes(cost, dtypes)
         if path not in work:
-            seconds, source = dict.fromkeys(layer_dtypes, 0.0), "measured"
+            seconds, source = dict.fromkeys(_layer_dtypes(cost, dtypes), 0.0), "measured"
         elif path in predicted_from:
             seconds = _cached_seconds(paths[path], setting.trace.calls[path], cost, setting)
             if seconds is None:
@@ -288,16 +267,17 @@ def _measure_layers(
             seconds, source = _measure_layer(paths[path], setting.trace.calls[path], cost, setting)
             if not source.startswith("predicted"):
                 timed[path] = seconds
-        layers[path] = roofline_record(cost, seconds, batch_size, layer_dtypes, source)
+        layers[path] = roofline_record(cost, seconds, batch_size, source)
     scales = kind_scales(timed, setting.counts, setting.profile, batch_size)
     for path, kind in predicted_from.items():
         if path in layers:
             continue
         cost = setting.counts[path]
-        layer_dtypes = _layer_dtypes(cost, dtypes)
-        seconds = scaled_seconds(cost, layer_dtypes, scales, setting.profile, batch_size)
+        seconds = scaled_seconds(
+            cost, _layer_dtypes(cost, dtypes), scales, setting.profile, batch_size
+        )
         source = f"predicted, scaled as the timed {kind} layers showed"
-        layers[path] = roofline_record(cost, seconds, batch_size, layer_dtypes, source)
+        layers[path] = roofline_record(cost, seconds, batch_size, source)
         setting.stats["scaled"] += 1
     layers = {path: layers[path] for path in setting.counts}
     _subtract_children(layers, setting.counts)
@@ -574,14 +554,12 @@ def fit_boundary_cost(
     runs = {name: plans[name] for name in measured if name in plans and measured[name] > 0}
     table.boundary_seconds = {}
     table.measured_plan_seconds = {name: float(measured[name]) for name in runs}
-    errors: dict[str, float] = {}
 
     def predicted(plan: MixedPlan) -> float:
         return float(estimate(model, dict(plan.dtypes), costs=table).step_seconds)
 
     before = {name: predicted(plan) for name, plan in runs.items()}
-    for name in runs:
-        errors[f"{name}, no boundary cost"] = before[name] / measured[name] - 1.0
+    errors = {f"{name}, no boundary cost": before[name] / measured[name] - 1.0 for name in runs}
     fitted = {}
     for name, plan in runs.items():
         if plan.pattern != "alternating":

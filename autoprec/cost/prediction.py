@@ -115,9 +115,8 @@ ACTIVATION_FLOPS: dict[str, int] = {
 }  # fmt: skip
 _DEFAULT_ACTIVATION_FLOPS = 4
 
-# What each pass-through layer (`autoprec.layers.PASS_THROUGH_CLASSES`) costs: views nothing, the
-# others their own formula below, or a copy of their elements.
-#: Pass-through layers that only view their input: no FLOPs, no copy.
+#: Pass-through layers (`autoprec.layers.PASS_THROUGH_CLASSES`) that only view their input: no
+#: FLOPs, no copy; the others have their own formula below, or copy their elements.
 VIEW_CLASSES = frozenset({"Flatten", "Reshape", "InputLayer", "Identity"})
 #: Pass-through layers counted at two FLOPs per element.
 DROPOUT_CLASSES = frozenset({
@@ -164,7 +163,7 @@ def _io_elements(call: LayerCall) -> float:
 
 
 def _matmul_layer(
-    call: LayerCall, layer, matmul: float, dims: Sequence[int], weights: int, output: float
+    call: LayerCall, layer, matmul: float, dims: Sequence[int], output: float
 ) -> dict[str, Any]:
     vector = _bias_and_activation(layer, output)
     return {
@@ -174,7 +173,7 @@ def _matmul_layer(
         "backward_vector_flops": vector,
         "activation_elements": _io_elements(call),
         "saved_elements": output + _elements(call.inputs),
-        "weight_elements": weights,
+        "weight_elements": _weights(layer),
         "matmul_dims": tuple(int(dim) for dim in dims),
         "kernels": 3 + (1 if vector else 0) * 2,
     }
@@ -208,14 +207,11 @@ def _float8_counts(
 
 
 def _count_dense(call: LayerCall, layer) -> dict[str, Any]:
-    inputs = call.inputs[0]
-    rows = inputs.elements_per_sample() // int(inputs.shape[-1])
-    features_in = int(inputs.shape[-1])
-    units = int(layer.units)
+    features_in, units = int(call.inputs[0].shape[-1]), int(layer.units)
+    rows = call.inputs[0].elements_per_sample() // features_in
     output = rows * units
-    counts = _matmul_layer(
-        call, layer, 2.0 * rows * features_in * units, (features_in, units), _weights(layer), output
-    )
+    matmul = 2.0 * rows * features_in * units
+    counts = _matmul_layer(call, layer, matmul, (features_in, units), output)
     counts.update(_float8_counts(call, layer, features_in, units, output))
     return counts
 
@@ -259,52 +255,44 @@ def _count_einsum_dense(call: LayerCall, layer) -> dict[str, Any]:
     kernel_shape = tuple(int(dim) for dim in layer.kernel.shape)
     matmul = _einsum_flops(layer.equation, inputs, kernel_shape)
     output = _elements(call.outputs)
-    counts = _matmul_layer(call, layer, matmul, kernel_shape, _weights(layer), output)
+    counts = _matmul_layer(call, layer, matmul, kernel_shape, output)
     contraction, features = _einsum_gemm_dims(layer.equation, kernel_shape)
     counts.update(_float8_counts(call, layer, contraction, features, output))
     return counts
 
 
-def _conv_kind(class_name: str) -> str:
-    if class_name.startswith("DepthwiseConv"):
-        return "depthwise"
-    if class_name.startswith("SeparableConv"):
-        return "separable"
-    if "Transpose" in class_name:
-        return "transpose"
-    return "conv"
-
-
 def _count_conv(call: LayerCall, layer) -> dict[str, Any]:
-    kind = _conv_kind(type(layer).__name__)
+    kind = next(
+        (kind for kind in ("Depthwise", "Separable", "Transpose") if kind in type(layer).__name__),
+        "conv",
+    )
     axis = 1 if getattr(layer, "data_format", "channels_last") == "channels_first" else -1
     inputs = call.inputs[0]
     output = _elements(call.outputs)
     in_channels = int(inputs.shape[axis])
     window = element_count(layer.kernel_size)
     groups = int(getattr(layer, "groups", 1) or 1)
-    weights = _weights(layer)
     if kind == "conv":
         filters = int(layer.filters)
         positions = output / filters
         matmul = 2.0 * positions * filters * window * in_channels / groups
-        return _matmul_layer(call, layer, matmul, (in_channels // groups, filters), weights, output)
-    if kind == "transpose":
+        return _matmul_layer(call, layer, matmul, (in_channels // groups, filters), output)
+    if kind == "Transpose":
         filters = int(layer.filters)
         input_positions = inputs.elements_per_sample() / in_channels
         matmul = 2.0 * input_positions * in_channels * window * filters
-        return _matmul_layer(call, layer, matmul, (in_channels, filters), weights, output)
+        return _matmul_layer(call, layer, matmul, (in_channels, filters), output)
     multiplier = int(getattr(layer, "depth_multiplier", 1) or 1)
-    if kind == "depthwise":
+    if kind == "Depthwise":
         depthwise = 2.0 * output * window
-        counts = _matmul_layer(call, layer, 0.0, (), weights, output)
+        counts = _matmul_layer(call, layer, 0.0, (), output)
     else:  # separable: a depthwise pass, then a pointwise matmul
         filters = int(layer.filters)
         positions = output / filters
         depthwise = 2.0 * positions * in_channels * multiplier * window
         pointwise = 2.0 * positions * in_channels * multiplier * filters
         dims = (in_channels * multiplier, filters)
-        counts = _matmul_layer(call, layer, pointwise, dims, weights, output)
+        counts = _matmul_layer(call, layer, pointwise, dims, output)
         counts["activation_elements"] += 2 * positions * in_channels * multiplier
     counts["vector_flops"] += depthwise
     counts["backward_vector_flops"] += 2 * depthwise
@@ -367,15 +355,9 @@ def _count_embedding(call: LayerCall, layer) -> dict[str, Any]:
 
 
 def _count_normalisation(call: LayerCall, layer) -> dict[str, Any]:
-    elements = _elements(call.outputs)
-    return {
-        "vector_flops": 8.0 * elements,
-        "backward_vector_flops": 16.0 * elements,
-        "activation_elements": _io_elements(call),
-        "saved_elements": elements,
-        "weight_elements": _weights(layer),
-        "kernels": 6,
-    }
+    counts = _count_elementwise(call, 8.0)
+    counts.update(backward_vector_flops=2 * counts["vector_flops"], kernels=6)
+    return {**counts, "weight_elements": _weights(layer)}
 
 
 def _count_pooling(call: LayerCall, layer) -> dict[str, Any]:
@@ -479,7 +461,7 @@ def count_costs(model: keras.Model, trace: ModelTrace | None = None) -> dict[str
     infos = describe_model(model)
     result: dict[str, LayerCost] = {}
     for path, layer in paths.items():
-        parent = path.rsplit("/", 1)[0] if "/" in path else ""
+        parent = path.rpartition("/")[0]
         parent_class = type(paths[parent]).__name__ if parent in paths else ""
         counts = [
             count_call(call, layer, infos.get(path), parent_class)
@@ -546,7 +528,6 @@ def roofline_record(
     cost: LayerCost,
     seconds: dict[str, float | None],
     batch_size: int,
-    dtypes: Sequence[str],
     source: str,
     float8_source: str = BFLOAT16,
 ) -> LayerCostRecord:
@@ -558,9 +539,7 @@ def roofline_record(
         forward_flops=cost.forward_flops * batch_size,
         backward_flops=cost.backward_flops * batch_size,
         bytes_moved={
-            dtype: cost.bytes_moved(dtype, batch_size, float8_source)
-            for dtype in dtypes
-            if dtype != FLOAT8 or dtype in seconds
+            dtype: cost.bytes_moved(dtype, batch_size, float8_source) for dtype in seconds
         },
         saved_elements_per_sample=cost.saved_elements,
         weight_elements=cost.weight_elements,
@@ -605,22 +584,21 @@ def predict_costs(
     """
     profile = resolve_hardware(hardware)
     trace = trace_model(model, None if x is None else input_part(x))
-    counts = count_costs(model, trace)
     dtypes = [canonical_dtype(dtype) for dtype in dtypes]
     source = canonical_float8_source(float8_source)
     bandwidth = profile.memory_bandwidth
     layers = {}
-    for path, cost in counts.items():
+    for path, cost in count_costs(model, trace).items():
         seconds = {d: predicted_layer_seconds(cost, profile, d, batch_size, source) for d in dtypes}
         if seconds.get(FLOAT8, 0.0) is None:
             del seconds[FLOAT8]  # float8 only where it has a prediction
-        layers[path] = roofline_record(cost, seconds, batch_size, dtypes, "predicted", source)
+        layers[path] = roofline_record(cost, seconds, batch_size, "predicted", source)
     return CostTable(
         device=profile.display_name,
         source="predicted",
         batch_size=int(batch_size),
         layers=layers,
-        edges=[(edge.producer, edge.consumer, edge.elements_per_sample) for edge in trace.edges],
+        edges=[dataclasses.astuple(edge) for edge in trace.edges],
         cast_seconds={
             dtype: {"fixed": profile.op_overhead_seconds, "per_element": (4 + size) / bandwidth}
             for dtype, size in ITEMSIZE.items()

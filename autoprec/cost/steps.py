@@ -181,20 +181,15 @@ def _step_function(
     model: keras.Model, batch: Any, plan: str | Mapping[str, str], jit_compile: bool
 ) -> Callable[[], Any]:
     """Returns a zero-argument function running one training step of a copy of `model`."""
-    inputs = input_part(batch)
-    targets = target_part(batch)
-    if isinstance(plan, str):
-        clone = clone_with_uniform_policy(model, plan)
-        uses_float16 = canonical_dtype(plan) == "float16"
-    else:
-        clone = clone_with_policies(model, plan)
-        uses_float16 = any(canonical_dtype(dtype) == "float16" for dtype in plan.values())
+    inputs, targets = input_part(batch), target_part(batch)
+    uniform = isinstance(plan, str)
+    clone = clone_with_uniform_policy(model, plan) if uniform else clone_with_policies(model, plan)
     loss = getattr(model, "loss", None) if targets is not None else None
     if targets is None or loss is None:
         targets = _random_targets(clone, inputs)
         loss = "mse"
     optimizer = fresh_optimizer(getattr(model, "optimizer", None))
-    if uses_float16:
+    if any(canonical_dtype(dtype) == "float16" for dtype in ([plan] if uniform else plan.values())):
         optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
     clone.compile(optimizer=optimizer, loss=loss, jit_compile=jit_compile)
     # On JAX the batch goes to the device once, as a prefetching input pipeline would.
@@ -328,20 +323,17 @@ def measure_whole_steps(
     return uniform_steps, mixed_steps, (float(np.median(ratios)) if ratios else None)
 
 
-def _uniform_step_parts(table: CostTable, dtype: str) -> tuple[float, float]:
-    """Returns `(summed raw layer seconds, cast seconds)` of a uniform `dtype` plan."""
-    seconds = [record.seconds.get(dtype) for record in table.layers.values()]
-    if None in seconds:
-        return math.inf, 0.0
-    inputs = [elements for producer, _, elements in table.edges if producer is None]
-    casts = [table.cast_cost(elements * table.batch_size, dtype) for elements in inputs]
-    return sum(seconds), (sum(casts) if dtype != FLOAT32 else 0.0)
-
-
 def attribute_step_overhead(table: CostTable, measured: Mapping[str, float]) -> None:
     """Makes each measured uniform step's estimate equal its measurement, in place."""
-    parts = {dtype: _uniform_step_parts(table, dtype) for dtype in measured}
-    parts = {dtype: part for dtype, part in parts.items() if math.isfinite(part[0])}
+    inputs = [
+        elements * table.batch_size for producer, _, elements in table.edges if producer is None
+    ]
+    parts: dict[str, tuple[float, float]] = {}  # dtype: (summed raw layer seconds, cast seconds)
+    for dtype in measured:
+        seconds = [record.seconds.get(dtype) for record in table.layers.values()]
+        casts = [table.cast_cost(elements, dtype) for elements in inputs if dtype != FLOAT32]
+        if None not in seconds and math.isfinite(sum(seconds)):
+            parts[dtype] = (sum(seconds), sum(casts))
     if not parts:
         return
     residuals = [measured[dtype] - layers - casts for dtype, (layers, casts) in parts.items()]

@@ -34,14 +34,28 @@ STEPS_NOT_TIMED = "its whole steps are not timed (no whole-step correction of th
 #: roofline prediction for a hardware profile, or a calibration without mixed steps).
 DEFAULT_RELATIVE_ERROR = 0.10
 
-# The table's fields in the order its JSON writes them, after "format" and before edges, layers.
-_JSON_FIELDS = (
-    "device", "source", "batch_size", "step_overhead_seconds", "layer_time_scale",
-    "layer_fixed_seconds", "measured_step_seconds", "memory_bytes", "model_fingerprint",
-    "versions", "stats", "measured_step_seconds_by_dtype", "layer_time_scale_by_dtype",
-    "cast_seconds", "boundary_seconds", "measured_plan_seconds", "relative_error",
-    "prediction_errors",
-)  # fmt: skip
+
+def _float_mapping(value: Any) -> dict[str, float]:
+    """Returns `{str: float}` from a decoded JSON object (`{}` for a missing field)."""
+    return {str(key): float(item) for key, item in dict(value or {}).items()}
+
+
+#: How `CostTable.from_dict` reads each field, in the order its JSON writes them (after "format",
+#: before edges and layers); a field not in `_REQUIRED_FIELDS` may be missing (older tables).
+_FIELD_READERS: dict[str, Callable[[Any], Any]] = {
+    "device": str, "source": str, "batch_size": int, "step_overhead_seconds": float,
+    "layer_time_scale": float, "layer_fixed_seconds": float,
+    "measured_step_seconds": lambda value: value, "memory_bytes": lambda value: value,
+    "model_fingerprint": str, "versions": dict, "stats": dict,
+    "measured_step_seconds_by_dtype": _float_mapping, "layer_time_scale_by_dtype": _float_mapping,
+    "cast_seconds": lambda value: {key: dict(item) for key, item in value.items()},
+    "boundary_seconds": lambda value: {
+        str(key): _float_mapping(item) for key, item in dict(value or {}).items()
+    },
+    "measured_plan_seconds": _float_mapping, "relative_error": float,
+    "prediction_errors": _float_mapping,
+}  # fmt: skip
+_REQUIRED_FIELDS = ("device", "source", "batch_size", "cast_seconds")
 
 
 @dataclasses.dataclass
@@ -93,8 +107,7 @@ class CostTable:
     def seconds(self, path: str, dtype: str, batch_size: int | None = None) -> float:
         """Returns a layer's forward+backward seconds in `dtype` times `time_scale(dtype)` (`inf`:
         infeasible), scaled to `batch_size` linearly above `layer_fixed_seconds`."""
-        record = self.layers[path]
-        value = record.seconds.get(dtype)
+        value = self.layers[path].seconds.get(dtype)
         if value is None:
             return math.inf
         return self.time_scale(dtype) * self._scale(value, batch_size)
@@ -136,7 +149,7 @@ class CostTable:
     def to_dict(self) -> dict[str, Any]:
         """Returns the table as a JSON-serialisable dict."""
         data: dict[str, Any] = {"format": _TABLE_FORMAT}
-        data.update({name: copy.deepcopy(getattr(self, name)) for name in _JSON_FIELDS})
+        data.update({name: copy.deepcopy(getattr(self, name)) for name in _FIELD_READERS})
         data["edges"] = [list(edge) for edge in self.edges]
         data["layers"] = {path: dataclasses.asdict(record) for path, record in self.layers.items()}
         return data
@@ -146,35 +159,15 @@ class CostTable:
         """Builds a table from `to_dict` output (older tables read with per-dtype corrections alike,
         no boundary cost); raises `PlanError` naming `source` when a field is malformed."""
         try:
-            layers = {
-                path: LayerCostRecord(**record) for path, record in dict(data["layers"]).items()
+            fields = {
+                name: read(data[name])
+                for name, read in _FIELD_READERS.items()
+                if name in data or name in _REQUIRED_FIELDS
             }
             return cls(
-                device=str(data["device"]),
-                source=str(data["source"]),
-                batch_size=int(data["batch_size"]),
-                layers=layers,
+                layers={path: LayerCostRecord(**row) for path, row in dict(data["layers"]).items()},
                 edges=[(edge[0], edge[1], int(edge[2])) for edge in data["edges"]],
-                cast_seconds={key: dict(value) for key, value in data["cast_seconds"].items()},
-                step_overhead_seconds=float(data.get("step_overhead_seconds", 0.0)),
-                layer_time_scale=float(data.get("layer_time_scale", 1.0)),
-                layer_fixed_seconds=float(data.get("layer_fixed_seconds", 0.0)),
-                measured_step_seconds=data.get("measured_step_seconds"),
-                memory_bytes=data.get("memory_bytes"),
-                model_fingerprint=str(data.get("model_fingerprint", "")),
-                versions=dict(data.get("versions", {})),
-                stats=dict(data.get("stats", {})),
-                measured_step_seconds_by_dtype=_float_mapping(
-                    data.get("measured_step_seconds_by_dtype")
-                ),
-                layer_time_scale_by_dtype=_float_mapping(data.get("layer_time_scale_by_dtype")),
-                boundary_seconds={
-                    str(key): _float_mapping(value)
-                    for key, value in dict(data.get("boundary_seconds") or {}).items()
-                },
-                measured_plan_seconds=_float_mapping(data.get("measured_plan_seconds")),
-                relative_error=float(data.get("relative_error", DEFAULT_RELATIVE_ERROR)),
-                prediction_errors=_float_mapping(data.get("prediction_errors")),
+                **fields,
             )
         except (KeyError, TypeError, ValueError, IndexError) as error:
             raise PlanError(f"{source}: malformed cost table ({error!r}).") from None
@@ -221,11 +214,6 @@ class CostTable:
             )
         lines.append(f"whole-step prediction error +/-{self.relative_error:.1%}")
         return "\n".join(lines)
-
-
-def _float_mapping(value: Any) -> dict[str, float]:
-    """Returns `{str: float}` from a decoded JSON object (`{}` for a missing field)."""
-    return {str(key): float(item) for key, item in dict(value or {}).items()}
 
 
 _CACHE_FORMAT = 1

@@ -91,11 +91,7 @@ class HardwareProfile:
 
     def peak_flops(self, dtype: str) -> float:
         """Returns the matmul/conv peak rate of `dtype` in FLOP/s."""
-        rate = {
-            FLOAT16: self.float16_flops,
-            BFLOAT16: self.bfloat16_flops,
-            FLOAT8: self.float8_flops,
-        }.get(dtype)
+        rate = getattr(self, f"{dtype}_flops", None)
         return self.float32_flops if rate is None or not self.is_fast(dtype) else rate
 
     def to_dict(self) -> dict[str, Any]:
@@ -368,6 +364,12 @@ def cpu_profile(
     )
 
 
+# name, display name, float32 and bfloat16 FLOP/cycle/core (None: no native bfloat16)
+_CPU_TABLE = (
+    ("cpu-amx", "CPU with AMX-BF16", 64, 1024),
+    ("cpu-avx512-bf16", "CPU with AVX512-BF16", 64, 128),
+    ("cpu-generic", "CPU (AVX2, no native 16-bit)", 32, None),
+)
 _NOMINAL = (
     "built-in table (nominal 8-core 3 GHz CPU, 50 GB/s, 32 GiB; float16 slow: TensorFlow's "
     "CPU kernels run it on Eigen fallbacks)"
@@ -383,13 +385,8 @@ def _builtin_profiles() -> dict[str, HardwareProfile]:
             float8_flops=1978.9 * TERA,
             float8_flops_source=float8_source or FLOAT8_RATE_SOURCES["9.0"],
         )
-    profiles["cpu-amx"] = cpu_profile("cpu-amx", "CPU with AMX-BF16", 64, 1024, None, _NOMINAL)
-    profiles["cpu-avx512-bf16"] = cpu_profile(
-        "cpu-avx512-bf16", "CPU with AVX512-BF16", 64, 128, None, _NOMINAL
-    )
-    profiles["cpu-generic"] = cpu_profile(
-        "cpu-generic", "CPU (AVX2, no native 16-bit)", 32, None, None, _NOMINAL
-    )
+    for row in _CPU_TABLE:
+        profiles[row[0]] = cpu_profile(*row, None, _NOMINAL)
     return profiles
 
 
@@ -490,32 +487,6 @@ def _cpu_per_cycle(dtype: str, flags: set[str], float32_per_cycle: float) -> flo
     return None
 
 
-def _cpu_source(
-    model: str,
-    cores: int,
-    hertz: float,
-    flags: set[str],
-    backend: str,
-    base: str,
-    float16_per_cycle: float | None,
-) -> str:
-    """Returns the `source` text of a detected CPU: what was read, what is estimated and why."""
-    wanted = [flag for flag in CPU_16BIT_FLAGS if flag in flags]
-    parts = [
-        f"read from device: {model}, {cores} cores, flags "
-        f"{', '.join(wanted) or 'none of the 16-bit ones'}",
-        f"estimated: peak rates from flags x {hertz / 1e9:.2f} GHz x cores, bandwidth "
-        f"{cores * 10} GB/s assumed (class {base})",
-    ]
-    if base != "cpu-generic":
-        parts.append(_CPU_BFLOAT16_NOTE)
-    if backend == "tensorflow":
-        parts.append(_TF_CPU_FLOAT16_NOTE)
-    elif float16_per_cycle is not None:
-        parts.append(f"float16 fast from CPU flags only, not measured on the {backend} backend")
-    return "; ".join(parts)
-
-
 def detect_cpu(cpuinfo_path: str = "/proc/cpuinfo", backend: str | None = None) -> HardwareProfile:
     """Returns a profile of the local CPU from its feature flags, with estimated rates."""
     backend = backend or _active_backend()
@@ -528,14 +499,26 @@ def detect_cpu(cpuinfo_path: str = "/proc/cpuinfo", backend: str | None = None) 
     if backend != "tensorflow":
         float16_per_cycle = _cpu_per_cycle(FLOAT16, flags, float32_per_cycle)
     base = next((name for flag, name in _CPU_CLASSES if flag in flags), "cpu-generic")
-    source = _cpu_source(model, cores, hertz, flags, backend, base, float16_per_cycle)
+    wanted = ", ".join(flag for flag in CPU_16BIT_FLAGS if flag in flags)
+    # The source says what was read, what is estimated and why.
+    parts = [
+        f"read from device: {model}, {cores} cores, flags {wanted or 'none of the 16-bit ones'}",
+        f"estimated: peak rates from flags x {hertz / 1e9:.2f} GHz x cores, bandwidth "
+        f"{cores * 10} GB/s assumed (class {base})",
+    ]
+    if base != "cpu-generic":
+        parts.append(_CPU_BFLOAT16_NOTE)
+    if backend == "tensorflow":
+        parts.append(_TF_CPU_FLOAT16_NOTE)
+    elif float16_per_cycle is not None:
+        parts.append(f"float16 fast from CPU flags only, not measured on the {backend} backend")
     return cpu_profile(
         "local-cpu",
         model,
         float32_per_cycle,
         bfloat16_per_cycle,
         float16_per_cycle,
-        source,
+        "; ".join(parts),
         cores=cores,
         hertz=hertz,
         bandwidth=min(cores * 10 * GIGA, 200 * GIGA),
@@ -610,27 +593,22 @@ def profile_for_gpu(
     key = normalise_name(device_name)
     exact = NORMALISED.get(key, "")
     # The two RTX 4060 Ti share one name: their memory tells them apart (below).
-    if exact in BUILTIN and BUILTIN[exact].kind == "gpu" and not exact.startswith("rtx4060ti"):
-        return _detected_builtin(exact, device_name)
+    if exact not in BUILTIN or BUILTIN[exact].kind != "gpu" or exact.startswith("rtx4060ti"):
+        exact = ""
     candidates = sorted(
         (name for name in BUILTIN if BUILTIN[name].kind == "gpu" and name.split("-")[0] in key),
         key=len,
         reverse=True,
     )
-    if candidates:
-        name = candidates[0]
-        if name.startswith("rtx4060ti"):
-            big = (memory_bytes or 0) > 12 * GIB or "16gb" in key
-            name = "rtx4060ti-16gb" if big else "rtx4060ti-8gb"
-        exact_boundary = re.search(re.escape(name.split("-")[0]) + r"(?![0-9a-z])", key)
-        if exact_boundary or name.startswith("rtx4060ti"):
-            return _detected_builtin(name, device_name)
-    return _estimated_gpu(device_name, compute_capability, memory_bytes)
-
-
-def _detected_builtin(name: str, device_name: str) -> HardwareProfile:
-    """Returns built-in profile `name` marked as the detected `device_name`."""
-    profile = BUILTIN[name]
+    name = candidates[0] if candidates and not exact else ""
+    if name.startswith("rtx4060ti"):
+        big = (memory_bytes or 0) > 12 * GIB or "16gb" in key
+        exact = "rtx4060ti-16gb" if big else "rtx4060ti-8gb"
+    elif name and re.search(re.escape(name.split("-")[0]) + r"(?![0-9a-z])", key):
+        exact = name
+    if not exact:
+        return _estimated_gpu(device_name, compute_capability, memory_bytes)
+    profile = BUILTIN[exact]
     return dataclasses.replace(
         profile, detected=True, source=f"{profile.source}; device {device_name!r}"
     )
@@ -645,12 +623,8 @@ def _estimated_gpu(
     except ValueError:
         capability = None
     major = capability[0] if capability else 0
-    reference = {7: "rtx2080ti", 8: "rtx3080", 9: "h100", 10: "rtx5080", 12: "rtx5080"}.get(
-        major, "rtx3080"
-    )
-    if capability == (8, 9):
-        reference = "rtx4080"
-    base = BUILTIN[reference]
+    references = {7: "rtx2080ti", 9: "h100", 10: "rtx5080", 12: "rtx5080"}
+    base = BUILTIN["rtx4080" if capability == (8, 9) else references.get(major, "rtx3080")]
     fast = tuple(
         dtype
         for dtype, needed in ((FLOAT16, 7), (BFLOAT16, 8))
@@ -694,11 +668,12 @@ def detect() -> HardwareProfile:
 @functools.cache
 def _detect(backend: str) -> HardwareProfile:
     """The device of `detect()`, read once per process and backend (reading a GPU can take seconds)."""
-    gpu = _local_gpu(backend)
-    if gpu is not None:
-        device_name, capability, memory = gpu
-        return profile_for_gpu(device_name, capability, memory)
-    return detect_cpu(backend=backend)
+    gpu = _local_gpu(backend)  # (device name, compute capability, memory bytes or None)
+    return detect_cpu(backend=backend) if gpu is None else profile_for_gpu(*gpu)
+
+
+#: The `hardware=` names of this device.
+_LOCAL_NAMES = ("local", "detect", "auto")
 
 
 def names() -> list[str]:
@@ -710,7 +685,7 @@ def get(name: str) -> HardwareProfile:
     """Returns a built-in profile by name, ignoring case, spaces, `-` and `_`."""
     if not isinstance(name, str) or not name.strip():
         raise HardwareError(f"hardware name must be a non-empty string, got {name!r}.")
-    if name.strip().lower() in ("local", "detect", "auto"):
+    if name.strip().lower() in _LOCAL_NAMES:
         return detect()
     if name.lower().endswith(".json") and Path(name).exists():
         return load_profile(name)
@@ -744,5 +719,5 @@ def is_local(hardware: HardwareProfile | str | None) -> bool:
     if isinstance(hardware, HardwareProfile):
         return bool(hardware.detected)
     return hardware is None or (
-        isinstance(hardware, str) and hardware.strip().lower() in ("local", "detect", "auto")
+        isinstance(hardware, str) and hardware.strip().lower() in _LOCAL_NAMES
     )
