@@ -69,14 +69,10 @@ def is_pass_through(layer: keras.layers.Layer) -> bool:
 
 def is_graph_model(layer: keras.layers.Layer) -> bool:
     """Returns whether `layer` is a Sequential or Functional model (a graph of layers)."""
-    return (
-        isinstance(layer, keras.Sequential)
-        or type(layer).__name__ == "Functional"
-        or (
-            isinstance(layer, keras.Model)
-            and hasattr(layer, "_operations")
-            and hasattr(layer, "_nodes")
-        )
+    if isinstance(layer, keras.Sequential) or type(layer).__name__ == "Functional":
+        return True
+    return isinstance(layer, keras.Model) and all(
+        hasattr(layer, n) for n in ("_operations", "_nodes")
     )
 
 
@@ -191,10 +187,9 @@ def _attribute_children(layer: keras.layers.Layer) -> list[tuple[str, keras.laye
                 visit(f"{name}/{key}", item, depth + 1)
 
     for attribute, value in list(vars(layer).items()):
-        if attribute not in _KERAS_INTERNAL_ATTRIBUTES and not attribute.startswith(
-            ("__", "_self_")
-        ):
-            visit(attribute.lstrip("_") or attribute, value, 0)
+        if attribute in _KERAS_INTERNAL_ATTRIBUTES or attribute.startswith(("__", "_self_")):
+            continue
+        visit(attribute.lstrip("_") or attribute, value, 0)
 
     leftovers = [child for child in _tracked_children(layer) if id(child) not in seen]
     used = {name for name, _ in named}
@@ -305,15 +300,10 @@ def _read_description(model: keras.layers.Layer) -> dict[str, LayerInfo]:
     # casts their inputs, and a mismatch would add a needless cast.
     for path, layer in paths.items():
         if is_graph_model(layer):
-            first = next(
-                (
-                    child_path
-                    for child_path, info in infos.items()
-                    if child_path.startswith(path + "/") and not info.is_container
-                ),
-                None,
-            )
-            infos[path] = dataclasses.replace(infos[path], follows=first)
+            inside = [
+                p for p, info in infos.items() if p.startswith(f"{path}/") and not info.is_container
+            ]
+            infos[path] = dataclasses.replace(infos[path], follows=inside[0] if inside else None)
     return infos
 
 

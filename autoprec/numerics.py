@@ -158,9 +158,7 @@ def headroom_bits(max_abs: float, dtype: str | FloatFormat = FLOAT16) -> float:
 
 
 def suggested_loss_scale(
-    max_abs: float,
-    dtype: str | FloatFormat = FLOAT16,
-    margin_bits: int = LOSS_SCALE_MARGIN_BITS,
+    max_abs: float, dtype: str | FloatFormat = FLOAT16, margin_bits: int = LOSS_SCALE_MARGIN_BITS
 ) -> float:
     """Returns the largest power-of-two loss scale that keeps gradients below `dtype`'s max."""
     if not max_abs > 0 or not math.isfinite(max_abs):
@@ -218,20 +216,14 @@ def _bin_bounds(low: float | None, high: float | None) -> tuple[np.ndarray, np.n
 
 def _octave_slopes(counts: np.ndarray) -> np.ndarray:
     """Returns each bin's local slope `b` of `log2(count)` per octave, from its neighbours."""
-    with np.errstate(divide="ignore"):
+    with np.errstate(divide="ignore", invalid="ignore"):
         logs = np.where(counts > 0, np.log2(np.maximum(counts, 1.0)), -np.inf)
-    below = np.concatenate([[-np.inf], logs[:-1]])
-    above = np.concatenate([logs[1:], [-np.inf]])
-    has_below, has_above = np.isfinite(below), np.isfinite(above)
-    here = np.where(np.isfinite(logs), logs, 0.0)
-    slopes = np.zeros_like(counts)
-    both = has_below & has_above
-    slopes[both] = (above[both] - below[both]) / 2
-    only_below = has_below & ~has_above
-    slopes[only_below] = here[only_below] - below[only_below]
-    only_above = has_above & ~has_below
-    slopes[only_above] = above[only_above] - here[only_above]
-    return slopes
+        below = np.concatenate([[-np.inf], logs[:-1]])
+        above = np.concatenate([logs[1:], [-np.inf]])
+        has_below, has_above = np.isfinite(below), np.isfinite(above)
+        here = np.where(np.isfinite(logs), logs, 0.0)
+        slopes = [(above - below) / 2, here - below, above - here]
+        return np.select([has_below & has_above, has_below, has_above], slopes, 0.0)
 
 
 def _share_below(offset: np.ndarray, width: np.ndarray, slope: np.ndarray) -> np.ndarray:
@@ -271,8 +263,7 @@ def float8_flush_fraction(
     dtype: str | FloatFormat = FLOAT8_E4M3,
     min_abs: float | None = None,
 ) -> float:
-    """Returns the fraction of non-zero values that round to zero in float8 after per-tensor
-    scaling."""
+    """Returns the fraction of non-zero values that round to zero in float8 after per-tensor scaling."""
     counts = np.asarray(histogram, dtype=np.int64)
     total = int(counts.sum())
     if total == 0:
@@ -320,8 +311,7 @@ def float8_delayed_saturation_fraction(
     clip_tolerance: float = 0.0,
     min_history: int = 1,
 ) -> float | None:
-    """Returns the fraction of non-zero values Keras' delayed float8 scale clips to the format's
-    max."""
+    """Returns the fraction of non-zero values that Keras' delayed float8 scale clips to its max."""
     if delay < 1:
         raise ValueError(f"delay must be at least 1, got {delay!r}")
     judged, values, clipped = False, 0, 0.0

@@ -25,7 +25,6 @@ LAYERS: dict[str, int] = {
     "layers": 3,
     "numerics": 3,
     "hardware": 4,
-    "instrument": 4,
     "profiler": 5,
     "cost": 6,
     "plan": 7,

@@ -1,12 +1,6 @@
-"""Backend-specific parts of autoprec: one module per Keras backend (`tensorflow`, `jax`) for the
-in-step instrumentation and the compiled steps that timing measures.
-
-Each instrumentation module offers the same interface (its types in `instrument.py`): one hooks
-class, `ProbeHooks(xla, statistics)` (probes inside the train step: `recording`, `tensor_count`,
-`install_step`, `probe`, `record`, `read`, `steps_recorded`; and the guard's `keep_failed_steps`,
-`kept_step`, `paused`), and `is_float_tensor`, `xla_can_host_probes`, `write_histograms`,
-`every_replica` (and, TensorFlow only, `slice_values`).
-"""
+"""Backend-specific parts of autoprec, one module per Keras backend (`tensorflow`, `jax`): the in-step
+instrumentation, the same interface on each (`ProbeHooks`, `is_float_tensor`, `xla_can_host_probes`,
+`write_histograms`, `every_replica`; types in `instrument.py`), and the compiled steps timing measures."""
 
 from __future__ import annotations
 
@@ -48,17 +42,9 @@ def instrument_backend(
 
 def timing_backend(what: str, supported: tuple[str, ...] = ("tensorflow", "jax")) -> ModuleType:
     """Returns the module that builds timed functions on the active Keras backend, imported lazily."""
-    name = keras.backend.backend()
-    if name == "tensorflow":
-        from . import tensorflow as tensorflow_backend
-
-        return tensorflow_backend
-    if name == "jax":
-        from . import jax as jax_backend
-
-        return jax_backend
-    raise BackendError(
-        f"{what} measures on the {' and '.join(supported)} Keras backends; the "
-        f"active Keras backend is {name!r}. Set KERAS_BACKEND=jax (or tensorflow) before "
-        "importing keras, or use predict_costs() with a hardware profile instead."
+    return instrument_backend(
+        what,
+        f"{{feature}} measures on the {' and '.join(supported)} Keras backends; the active Keras "
+        "backend is {name!r}. Set KERAS_BACKEND=jax (or tensorflow) before importing keras, or use "
+        "predict_costs() with a hardware profile instead.",
     )

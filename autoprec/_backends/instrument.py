@@ -22,6 +22,17 @@ HistogramSeries = Iterable[tuple[str, np.ndarray, np.ndarray]]
 #: tensor's largest finite magnitude and its non-finite counts (the guard's replay).
 STATISTICS = ("histograms", "amax")
 
+#: The float32 bit layout the probes read: mantissa bits, exponent bias, the bits of the smallest
+#: normal value and of infinity (NaNs are above), biased exponents and subnormal exponents.
+MANTISSA_BITS, FLOAT32_EXPONENT_BIAS = 23, 127
+SMALLEST_NORMAL_BITS, INFINITY_BITS = 1 << MANTISSA_BITS, 0x7F800000
+BIASED_EXPONENT_BINS, SUBNORMAL_EXPONENTS = 256, 23
+#: Length of the raw count vector: 256 biased-exponent slots (slot 0 the zeros, slot 255 the
+#: non-finite values), 23 float32 subnormal exponents (-149 .. -127), then the NaNs among slot 255.
+RAW_COUNT_SLOTS = BIASED_EXPONENT_BINS + SUBNORMAL_EXPONENTS + 1
+#: Order of the float64 totals that go with the counts.
+FLOAT_SLOTS = ("max_abs", "min_nonzero_abs", "sum_abs", "sum_squares")
+
 
 @dataclasses.dataclass(frozen=True)
 class KeptStep:
@@ -29,6 +40,23 @@ class KeptStep:
 
     batch: Any
     loss_scale: float
+
+
+def empty_totals() -> tuple[np.ndarray, np.ndarray]:
+    """Returns the `(counts, floats)` totals of a slot that measured nothing yet."""
+    return np.zeros(RAW_COUNT_SLOTS, np.int64), np.array([0.0, np.inf, 0.0, 0.0])
+
+
+def combine_totals(
+    totals: Iterable[tuple[np.ndarray, np.ndarray]],
+) -> tuple[np.ndarray, np.ndarray]:
+    """Adds totals of one slot: counts and sums add, maxima and minima combine."""
+    items = list(totals)
+    counts = np.sum([np.asarray(counts, np.int64) for counts, _ in items], axis=0)
+    floats = np.stack([np.asarray(floats, np.float64) for _, floats in items])
+    return counts, np.array(
+        [floats[:, 0].max(), floats[:, 1].min(), floats[:, 2].sum(), floats[:, 3].sum()]
+    )
 
 
 def is_float_tensor(value: object) -> bool:

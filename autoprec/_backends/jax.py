@@ -16,8 +16,16 @@ import keras
 import numpy as np
 
 from ..errors import BackendError
-from .instrument import HistogramSeries, KeptStep, Replace, Slot, WeightOwners
-from .jax_probes import StepTrace, combine_totals, empty_totals, host_statistics
+from .instrument import (
+    HistogramSeries,
+    KeptStep,
+    Replace,
+    Slot,
+    WeightOwners,
+    combine_totals,
+    empty_totals,
+)
+from .jax_probes import StepTrace, host_statistics
 
 #: The logs key under which a probed train step returns its statistics.
 LOGS_KEY = "_autoprec_probe_statistics"
@@ -47,8 +55,8 @@ def _takes_training(model: keras.Model) -> bool:
 
 def _inverse_loss_scale(optimizer: Any, optimizer_variables: list) -> jax.Array | None:
     """`1 / loss scale` the step uses, read from the step's own optimizer state, or `None`."""
-    is_loss_scale_optimizer = hasattr(optimizer, "inner_optimizer")
-    if not is_loss_scale_optimizer and getattr(optimizer, "loss_scale_factor", None) is None:
+    unscaled = getattr(optimizer, "loss_scale_factor", None) is None
+    if unscaled and not hasattr(optimizer, "inner_optimizer"):
         return None
     mapping = list(zip(optimizer.variables, optimizer_variables))
     with keras.StatelessScope(state_mapping=mapping):
@@ -56,10 +64,27 @@ def _inverse_loss_scale(optimizer: Any, optimizer_variables: list) -> jax.Array 
     return jnp.float32(1.0) / jnp.asarray(scale, jnp.float32)
 
 
+def _wrap_train_functions(
+    model: keras.Model, replace: Replace, marker: str, wrap: Callable[[Callable], Callable]
+) -> None:
+    """Wraps `model.make_train_function` so that each train function it builds runs through `wrap`."""
+    make = model.make_train_function
+
+    @functools.wraps(make)
+    def make_train_function(force: bool = False):
+        result = make(force=force)
+        function = model.train_function
+        if function is not None and not getattr(function, marker, False):
+            model.train_function = wrap(function)
+            setattr(model.train_function, marker, True)
+        return result
+
+    replace(model, "make_train_function", make_train_function)
+
+
 class ProbeHooks:
-    """The in-step instrumentation on JAX: probes whose statistics return with each pure train
-    step's logs (exact histograms whatever `statistics` selects: XLA fuses them into the step),
-    and a reference to the batch of a step the optimizer skipped (`keep_failed_steps`)."""
+    """The in-step instrumentation on JAX: probes whose exact histograms (whatever `statistics`)
+    return with each pure train step's logs, and a reference to each skipped step's batch."""
 
     def __init__(self, xla: bool = True, statistics: str = "histograms") -> None:
         del xla, statistics
@@ -87,8 +112,7 @@ class ProbeHooks:
     # -- installing
 
     def install_step(self, model: keras.Model, owners: WeightOwners, replace: Replace) -> None:
-        """Wraps the train step, the loss function, the train function's builder and
-        `stateless_apply`."""
+        """Wraps the train step, the loss function, `make_train_function` and `stateless_apply`."""
         trainable = list(model.trainable_variables)
         self._trainable_count = len(trainable)
         positions = {
@@ -99,23 +123,11 @@ class ProbeHooks:
         optimizer = model.optimizer
         replace(model, "train_step", self._wrap_train_step(model, optimizer, model.train_step))
         replace(model, "compute_loss_and_updates", self._wrap_loss(model.compute_loss_and_updates))
-        replace(model, "make_train_function", self._wrap_make(model, model.make_train_function))
+        wrap = functools.partial(self._wrap_train_function, model)
+        _wrap_train_functions(model, replace, "_autoprec_probed", wrap)
         replace(
             optimizer, "stateless_apply", self._wrap_apply(optimizer.stateless_apply, positions)
         )
-
-    def _wrap_make(self, model: keras.Model, original: Callable) -> Callable:
-        hooks = self
-
-        @functools.wraps(original)
-        def make_train_function(force: bool = False):
-            result = original(force=force)
-            function = model.train_function
-            if function is not None and not getattr(function, "_autoprec_probed", False):
-                model.train_function = hooks._wrap_train_function(model, function)
-            return result
-
-        return make_train_function
 
     def _wrap_train_function(self, model: keras.Model, original: Callable) -> Callable:
         """Feeds Keras' step function one batch at a time and takes each step's statistics out."""
@@ -128,15 +140,10 @@ class ProbeHooks:
 
         def train_function(state, iterator):
             logs, state = step(state, next(iterator))
-            for _ in range(steps_per_execution - 1):
-                try:
-                    batch = next(iterator)
-                except StopIteration:
-                    break
+            for batch in itertools.islice(iterator, steps_per_execution - 1):
                 logs, state = step(state, batch)
             return logs, state
 
-        train_function._autoprec_probed = True
         return train_function
 
     def _take(self, logs: Any) -> Any:
@@ -150,29 +157,27 @@ class ProbeHooks:
         return logs
 
     def _wrap_train_step(self, model: keras.Model, optimizer: Any, original: Callable) -> Callable:
-        hooks = self
-
         @functools.wraps(original)
         def train_step(state, data):
-            if hooks._trace is not None:  # a nested call: record once, in the outer step
+            if self._trace is not None:  # a nested call: record once, in the outer step
                 return original(state, data)
             trainable, non_trainable, optimizer_variables, metrics = state
-            forward_sites, backward_sites = hooks._ensure_layout(model, state, data)
+            forward_sites, backward_sites = self._ensure_layout(model, state, data)
             trace = StepTrace(
                 discovering=False,
                 multiplier=_inverse_loss_scale(optimizer, optimizer_variables),
                 forward_sites=forward_sites,
                 backward_sites=backward_sites,
-                trainable_count=hooks._trainable_count,
+                trainable_count=self._trainable_count,
             )
             trainable = trace.with_sinks(list(trainable))
-            hooks._trace = trace
+            self._trace = trace
             try:
                 logs, state = original(
                     (trainable, non_trainable, optimizer_variables, metrics), data
                 )
             finally:
-                hooks._trace = None
+                self._trace = None
             return {**logs, LOGS_KEY: trace.statistics()}, state
 
         return train_step
@@ -194,8 +199,7 @@ class ProbeHooks:
             )
             return outputs
 
-        outer, self._trace = self._trace, StepTrace(discovering=True, multiplier=None)
-        self._trace.in_loss = True
+        outer, self._trace = self._trace, StepTrace(discovering=True, multiplier=None, in_loss=True)
         try:
             jax.eval_shape(
                 forward,
@@ -210,11 +214,9 @@ class ProbeHooks:
         return self._layouts[key]
 
     def _wrap_loss(self, original: Callable) -> Callable:
-        hooks = self
-
         @functools.wraps(original)
         def compute_loss_and_updates(trainable_variables, *args, **kwargs):
-            trace = hooks._trace
+            trace = self._trace
             if trace is None:
                 return original(trainable_variables, *args, **kwargs)
             trainable = list(trainable_variables)
@@ -230,11 +232,9 @@ class ProbeHooks:
         return compute_loss_and_updates
 
     def _wrap_apply(self, original: Callable, positions: dict[int, tuple[str, str]]) -> Callable:
-        hooks = self
-
         @functools.wraps(original)
         def stateless_apply(optimizer_variables, grads, trainable_variables):
-            trace = hooks._trace
+            trace = self._trace
             if trace is None:
                 return original(optimizer_variables, grads, trainable_variables)
             grads, trainable = trace.take_sink_gradients(list(grads), list(trainable_variables))
@@ -243,8 +243,8 @@ class ProbeHooks:
                     continue
                 gradient_slot = (path, "weight_gradients", name)
                 weight_slot = (path, "weights", name)
-                hooks._slots.setdefault(gradient_slot)
-                hooks._slots.setdefault(weight_slot)
+                self._slots.setdefault(gradient_slot)
+                self._slots.setdefault(weight_slot)
                 trace.measure(gradient_slot, grads[position], trace.multiplier)
                 trace.measure(weight_slot, trainable[position])
             return original(optimizer_variables, grads, trainable)
@@ -272,10 +272,8 @@ class ProbeHooks:
         pending, self._pending = self._pending, []
         for step in jax.device_get(pending):
             for slot, (counts, floats) in step.items():
-                totals = [host_statistics(counts, floats)]
-                if slot in self._totals:
-                    totals.append(self._totals[slot])
-                self._totals[slot] = combine_totals(totals)
+                earlier = [self._totals[slot]] if slot in self._totals else []
+                self._totals[slot] = combine_totals([host_statistics(counts, floats), *earlier])
 
     def read(self) -> dict[Slot, tuple[np.ndarray, np.ndarray]]:
         """Returns `{slot: (int64 counts, float64 floats)}` summed over the steps run so far."""
@@ -291,7 +289,6 @@ class ProbeHooks:
 
     def keep_failed_steps(self, model: keras.Model, replace: Replace) -> None:
         """Wraps the train function to keep its batches, the loss scale and the skipped-step count."""
-        hooks = self
 
         def keeping(original: Callable) -> Callable:
             optimizer = model.optimizer  # the one this function was built for
@@ -301,7 +298,7 @@ class ProbeHooks:
             scale_at = positions.get(id(getattr(optimizer, "dynamic_scale", None)))
 
             def train_function(state, iterator):
-                if hooks.paused or count_at is None:  # a replay runs this step, or none skips
+                if self.paused or count_at is None:  # a replay runs this step, or none skips
                     return original(state, iterator)
                 batches = list(itertools.islice(iterator, steps_per_execution))
                 if not batches:
@@ -309,23 +306,12 @@ class ProbeHooks:
                 before = None if scale_at is None else jnp.array(state[2][scale_at], copy=True)
                 logs, state = original(state, iter(batches))
                 count = jnp.array(state[2][count_at], copy=True)  # the state is donated next
-                hooks._executed = [(batch, before, count) for batch in batches[-1:]]
+                self._executed = [(batch, before, count) for batch in batches[-1:]]
                 return logs, state
 
-            train_function._autoprec_kept = True
             return train_function
 
-        make = model.make_train_function
-
-        @functools.wraps(make)
-        def make_train_function(force: bool = False):
-            result = make(force=force)
-            function = model.train_function
-            if function is not None and not getattr(function, "_autoprec_kept", False):
-                model.train_function = keeping(function)
-            return result
-
-        replace(model, "make_train_function", make_train_function)
+        _wrap_train_functions(model, replace, "_autoprec_kept", keeping)
 
     def kept_step(self) -> KeptStep | None:
         """Returns the newest step skipped since the last call, or `None`."""
@@ -395,11 +381,9 @@ def random_tensor(shape: tuple[int, ...], dtype: str, rng: np.random.Generator) 
 
 
 def _symbolic(value: Any) -> Any:
-    return (
-        keras.KerasTensor(value.shape, dtype=str(value.dtype))
-        if isinstance(value, jax.Array)
-        else value
-    )
+    if isinstance(value, jax.Array):
+        return keras.KerasTensor(value.shape, dtype=str(value.dtype))
+    return value
 
 
 def _build(layer: keras.layers.Layer, args: list, kwargs: dict) -> list:
@@ -437,9 +421,9 @@ def layer_step(
 
     def forward(trainable, float_inputs, state, other_inputs):
         values = list(leaves)
-        for index, value in zip(float_positions, float_inputs):
-            values[index] = value
-        for index, value in zip(other_positions, other_inputs):
+        for index, value in zip(
+            [*float_positions, *other_positions], [*float_inputs, *other_inputs]
+        ):
             values[index] = value
         call_args, call_kwargs = jax.tree_util.tree_unflatten(treedef, values)
         mapping = list(zip(trainable_variables, trainable)) + list(zip(state_variables, state))

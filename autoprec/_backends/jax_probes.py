@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Iterable
 from typing import Any
 
 import jax
@@ -14,29 +13,29 @@ import numpy as np
 from jax import lax
 
 from ..errors import ProfileError
-from .instrument import Slot
+from .instrument import (
+    BIASED_EXPONENT_BINS,
+    FLOAT32_EXPONENT_BIAS,
+    FLOAT_SLOTS,
+    INFINITY_BITS,
+    MANTISSA_BITS,
+    RAW_COUNT_SLOTS,
+    SMALLEST_NORMAL_BITS,
+    Slot,
+    empty_totals,
+)
 
-_MANTISSA_BITS = 23
-_BIASED_EXPONENT_BINS = 256
-_SUBNORMAL_EXPONENTS = 23
-_SMALLEST_NORMAL_BITS = 1 << _MANTISSA_BITS
-_INFINITY_BITS = 0x7F800000
-_FLOAT32_EXPONENT_BIAS = 127
-_NONFINITE_BIN = 255
-_NAN_SLOT = 279
+_NONFINITE_BIN = BIASED_EXPONENT_BINS - 1
+_NAN_SLOT = RAW_COUNT_SLOTS - 1
 
-#: Length of the raw count vector, as on TensorFlow: 256 biased-exponent slots
-#: (slot 0 the zeros, slot 255 the non-finite values), 23 float32 subnormal
-#: exponents (-149 .. -127), then the NaNs among the non-finite values.
-RAW_COUNT_SLOTS = _BIASED_EXPONENT_BINS + _SUBNORMAL_EXPONENTS + 1
 #: Order of the float32 values one measurement returns: the sums are of values
 #: divided by `2**scale_exponent`.
-STEP_FLOAT_SLOTS = ("max_abs", "min_nonzero_abs", "sum_abs", "sum_squares", "scale_exponent")
+STEP_FLOAT_SLOTS = (*FLOAT_SLOTS, "scale_exponent")
 
 
 def _power_of_two(exponent: jax.Array) -> jax.Array:
     """`2.0**exponent` in float32, exactly, for integer exponents in [-126, 127] (built from bits)."""
-    biased = (exponent.astype(jnp.int32) + _FLOAT32_EXPONENT_BIAS) << _MANTISSA_BITS
+    biased = (exponent.astype(jnp.int32) + FLOAT32_EXPONENT_BIAS) << MANTISSA_BITS
     return lax.bitcast_convert_type(biased, jnp.float32)
 
 
@@ -46,18 +45,18 @@ def _flat_statistics(flat: jax.Array) -> tuple[jax.Array, jax.Array]:
     bits = lax.bitcast_convert_type(magnitude, jnp.int32)
     # A subnormal |x| is m * 2^-149 with integer m < 2^23: floor(log2(m)) is the
     # biased exponent of float32(m) (exact) minus the bias.
-    is_subnormal = (bits > 0) & (bits < _SMALLEST_NORMAL_BITS)
+    is_subnormal = (bits > 0) & (bits < SMALLEST_NORMAL_BITS)
     mantissa_exponent = (
-        lax.bitcast_convert_type(bits.astype(jnp.float32), jnp.int32) >> _MANTISSA_BITS
-    ) - _FLOAT32_EXPONENT_BIAS
+        lax.bitcast_convert_type(bits.astype(jnp.float32), jnp.int32) >> MANTISSA_BITS
+    ) - FLOAT32_EXPONENT_BIAS
     slots = jnp.where(
         is_subnormal,
-        _BIASED_EXPONENT_BINS + mantissa_exponent,
-        jnp.where(bits > _INFINITY_BITS, _NAN_SLOT, bits >> _MANTISSA_BITS),
+        BIASED_EXPONENT_BINS + mantissa_exponent,
+        jnp.where(bits > INFINITY_BITS, _NAN_SLOT, bits >> MANTISSA_BITS),
     )
     counts = jnp.zeros((RAW_COUNT_SLOTS,), jnp.int32).at[slots].add(1, mode="promise_in_bounds")
     counts = counts.at[_NONFINITE_BIN].add(counts[_NAN_SLOT])  # slot 255 counts inf and NaN
-    finite = jnp.where(bits < _INFINITY_BITS, magnitude, jnp.float32(0.0))
+    finite = jnp.where(bits < INFINITY_BITS, magnitude, jnp.float32(0.0))
     # Zeros wrap to the largest unsigned value, so the minimum is the smallest non-zero.
     shifted_bits = lax.bitcast_convert_type(bits, jnp.uint32) - jnp.uint32(1)
     largest, smallest_shifted = lax.reduce(
@@ -68,13 +67,13 @@ def _flat_statistics(flat: jax.Array) -> tuple[jax.Array, jax.Array]:
     )
     smallest_bits = smallest_shifted + jnp.uint32(1)
     min_nonzero = jnp.where(
-        (smallest_bits > 0) & (smallest_bits < _INFINITY_BITS),
+        (smallest_bits > 0) & (smallest_bits < INFINITY_BITS),
         lax.bitcast_convert_type(smallest_bits, jnp.float32),
         jnp.float32(np.inf),
     )
     exponent = jnp.where(
         largest > 0,
-        (lax.bitcast_convert_type(largest, jnp.int32) >> _MANTISSA_BITS) - _FLOAT32_EXPONENT_BIAS,
+        (lax.bitcast_convert_type(largest, jnp.int32) >> MANTISSA_BITS) - FLOAT32_EXPONENT_BIAS,
         0,
     )
     # Two exact power-of-two factors applied one after the other: each is a normal
@@ -119,23 +118,6 @@ def host_statistics(counts: np.ndarray, floats: np.ndarray) -> tuple[np.ndarray,
     )
 
 
-def empty_totals() -> tuple[np.ndarray, np.ndarray]:
-    """Returns the totals of a slot that measured nothing yet."""
-    return np.zeros(RAW_COUNT_SLOTS, np.int64), np.array([0.0, np.inf, 0.0, 0.0])
-
-
-def combine_totals(
-    totals: Iterable[tuple[np.ndarray, np.ndarray]],
-) -> tuple[np.ndarray, np.ndarray]:
-    """Adds host totals of one slot: counts and sums add, maxima and minima combine."""
-    items = list(totals)
-    counts = np.sum([counts for counts, _ in items], axis=0)
-    floats = np.stack([floats for _, floats in items])
-    return counts, np.array(
-        [floats[:, 0].max(), floats[:, 1].min(), floats[:, 2].sum(), floats[:, 3].sum()]
-    )
-
-
 _WORDS = RAW_COUNT_SLOTS + len(STEP_FLOAT_SLOTS)
 _DIGIT_SHIFTS = (0, 8, 16, 24)
 #: Length of a sink: every 32-bit word of one measurement as four base-256 digits.
@@ -143,8 +125,7 @@ SINK_SIZE = _WORDS * len(_DIGIT_SHIFTS)
 
 
 def encode(counts: jax.Array, floats: jax.Array) -> jax.Array:
-    """Writes one measurement as base-256 digits in float32, exact under any add or matmul
-    precision."""
+    """Writes one measurement as float32 base-256 digits, exact under any add or matmul precision."""
     words = jnp.concatenate(
         [
             lax.bitcast_convert_type(counts.astype(jnp.int32), jnp.uint32),
@@ -235,8 +216,7 @@ class StepTrace:
         return [*trainable[:count], *trainable[end:]]
 
     def take_sink_gradients(self, grads: list, trainable: list) -> tuple[list, list]:
-        """Takes the sinks' gradients (kept for `statistics`) and the sinks off the optimizer's
-        lists."""
+        """Takes the sinks and their gradients (kept for `statistics`) off the optimizer's lists."""
         count, end = self.trainable_count, self.trainable_count + self.sink_count
         if self.sink_count and len(grads) >= end:
             self.sink_gradients = grads[count:end]
@@ -246,12 +226,9 @@ class StepTrace:
 
     def next_sink(self, backward: bool, slot: Slot) -> Any:
         """Returns the next sink of that kind, checking the probe is the one the abstract pass saw."""
-        sites, sinks = (
-            (self.backward_sites, self.backward_sinks)
-            if backward
-            else (self.forward_sites, self.forward_sinks)
-        )
-        used = self.backward_used if backward else self.forward_used
+        kind = "backward" if backward else "forward"
+        sites, sinks = getattr(self, f"{kind}_sites"), getattr(self, f"{kind}_sinks")
+        used = getattr(self, f"{kind}_used")
         if used >= len(sinks) or sites[used] != slot:
             expected = sites[used] if used < len(sites) else "no more probes"
             raise ProfileError(
@@ -259,17 +236,13 @@ class StepTrace:
                 f"pass probed {expected}; the model's forward pass must trace the same way "
                 "twice (no Python state that changes between traces)."
             )
-        if backward:
-            self.backward_used += 1
-        else:
-            self.forward_used += 1
+        setattr(self, f"{kind}_used", used + 1)
         return sinks[used]
 
     # -- recording
 
     def measure(self, slot: Slot, tensor: Any, multiplier: Any = None) -> None:
-        """Measures a value outside the differentiated function into the step's rows (not when
-        discovering)."""
+        """Measures a value outside the differentiated function (not while discovering)."""
         if not self.discovering:
             self.direct.append((slot, *tensor_statistics(tensor, multiplier)))
 
@@ -307,9 +280,7 @@ class StepTrace:
 
     def statistics(self) -> dict[Slot, tuple[jax.Array, jax.Array]]:
         """Returns the step's measurements by slot, as `[calls, ...]` stacks of counts and floats."""
-        if self.forward_used != len(self.forward_sites) or self.backward_used != len(
-            self.backward_sites
-        ):
+        if self.forward_used + self.backward_used != self.sink_count:  # neither passes its sites
             raise ProfileError(
                 "autoprec profiling on JAX: the train step probed fewer tensors than its "
                 "abstract pass; the model's forward pass must trace the same way twice."
@@ -323,14 +294,8 @@ class StepTrace:
                     "gradients of every trainable value it differentiated to stateless_apply."
                 )
             sites = [*self.forward_sites, *self.backward_sites]
-            for slot, gradient in zip(sites, self.sink_gradients):
-                rows.append((slot, *decode(gradient)))
-        grouped: dict[Slot, tuple[list, list]] = {}
-        for slot, counts, floats in rows:
-            entry = grouped.setdefault(slot, ([], []))
-            entry[0].append(counts)
-            entry[1].append(floats)
-        return {
-            slot: (jnp.stack(counts), jnp.stack(floats))
-            for slot, (counts, floats) in grouped.items()
-        }
+            rows += [(slot, *decode(grad)) for slot, grad in zip(sites, self.sink_gradients)]
+        grouped: dict[Slot, list] = {}
+        for slot, *measured in rows:
+            grouped.setdefault(slot, []).append(measured)
+        return {slot: tuple(map(jnp.stack, zip(*measured))) for slot, measured in grouped.items()}

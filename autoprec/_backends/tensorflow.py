@@ -14,25 +14,22 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from .instrument import HistogramSeries, KeptStep, Replace
+from .instrument import (
+    BIASED_EXPONENT_BINS,
+    FLOAT32_EXPONENT_BIAS,
+    INFINITY_BITS,
+    MANTISSA_BITS,
+    SMALLEST_NORMAL_BITS,
+    SUBNORMAL_EXPONENTS,
+    HistogramSeries,
+    KeptStep,
+    Replace,
+    combine_totals,
+    empty_totals,
+)
 
-_MANTISSA_BITS = 23
-_BIASED_EXPONENT_BINS = 256
-_SUBNORMAL_EXPONENTS = 23
-_SMALLEST_NORMAL_BITS = 1 << _MANTISSA_BITS
-_INFINITY_BITS = 0x7F800000
-_FLOAT32_EXPONENT_BIAS = 127
-#: Magnitudes from 2^40 up take the rescaled (exact) branch: squares of such
-#: values summed over a large tensor could overflow float32.
-_LARGE_BIASED_EXPONENT = _FLOAT32_EXPONENT_BIAS + 40
-
-#: Length of the raw count vector: 256 biased-exponent slots (slot 0 holds the
-#: zeros, slot 255 the non-finite values), 23 float32 subnormal exponents
-#: (-149 .. -127), then one slot counting the NaNs among the non-finite values
-#: (an overflow gives inf; a NaN usually comes from the data or 0 * inf).
-RAW_COUNT_SLOTS = _BIASED_EXPONENT_BINS + _SUBNORMAL_EXPONENTS + 1
-#: Order of the float accumulator slots.
-FLOAT_SLOTS = ("max_abs", "min_nonzero_abs", "sum_abs", "sum_squares")
+#: Magnitudes from 2^40 up take the rescaled (exact) branch: their summed squares could overflow.
+_LARGE_BIASED_EXPONENT = FLOAT32_EXPONENT_BIAS + 40
 
 
 def _count_values(indices: tf.Tensor, slots: int, xla: bool) -> tf.Tensor:
@@ -51,15 +48,15 @@ def _sum_of_squares(values: tf.Tensor) -> tf.Tensor:
 
 def _subnormal_counts(bits: tf.Tensor, xla: bool) -> tf.Tensor:
     """Counts float32 subnormals by exact exponent (-149 .. -127); `bits` are of `|x|`."""
-    is_subnormal = tf.logical_and(bits > 0, bits < _SMALLEST_NORMAL_BITS)
+    is_subnormal = tf.logical_and(bits > 0, bits < SMALLEST_NORMAL_BITS)
     # For a subnormal, |x| = m * 2^-149 with integer m < 2^23: floor(log2(m)) is
     # the biased exponent of float32(m) (exact) minus the bias.
     mantissa_exponent = (
-        tf.bitwise.right_shift(tf.bitcast(tf.cast(bits, tf.float32), tf.int32), _MANTISSA_BITS)
-        - _FLOAT32_EXPONENT_BIAS
+        tf.bitwise.right_shift(tf.bitcast(tf.cast(bits, tf.float32), tf.int32), MANTISSA_BITS)
+        - FLOAT32_EXPONENT_BIAS
     )
-    slots = tf.where(is_subnormal, mantissa_exponent, _SUBNORMAL_EXPONENTS)
-    return _count_values(slots, _SUBNORMAL_EXPONENTS + 1, xla)[:_SUBNORMAL_EXPONENTS]
+    slots = tf.where(is_subnormal, mantissa_exponent, SUBNORMAL_EXPONENTS)
+    return _count_values(slots, SUBNORMAL_EXPONENTS + 1, xla)[:SUBNORMAL_EXPONENTS]
 
 
 def _plain_sums(flat: tf.Tensor, magnitude: tf.Tensor) -> tf.Tensor:
@@ -75,12 +72,12 @@ def _plain_sums(flat: tf.Tensor, magnitude: tf.Tensor) -> tf.Tensor:
 
 def _masked_rescaled_sums(bits: tf.Tensor, magnitude: tf.Tensor) -> tf.Tensor:
     """Max, sum |x| and sum x^2 over finite values, rescaled by a power of two to avoid overflow."""
-    finite = tf.where(bits < _INFINITY_BITS, magnitude, tf.zeros_like(magnitude))
+    finite = tf.where(bits < INFINITY_BITS, magnitude, tf.zeros_like(magnitude))
     largest = tf.reduce_max(finite)
     exponent = tf.where(
         largest > 0,
-        tf.cast(tf.bitwise.right_shift(tf.bitcast(largest, tf.int32), _MANTISSA_BITS), tf.float32)
-        - _FLOAT32_EXPONENT_BIAS,
+        tf.cast(tf.bitwise.right_shift(tf.bitcast(largest, tf.int32), MANTISSA_BITS), tf.float32)
+        - FLOAT32_EXPONENT_BIAS,
         0.0,
     )
     scaled = finite * tf.pow(2.0, -exponent)
@@ -99,16 +96,16 @@ def _flat_statistics(flat: tf.Tensor, xla: bool) -> tuple[tf.Tensor, tf.Tensor]:
     magnitude = tf.abs(flat)
     bits = tf.bitcast(magnitude, tf.int32)
     biased_counts = _count_values(
-        tf.bitwise.right_shift(bits, _MANTISSA_BITS), _BIASED_EXPONENT_BINS, xla
+        tf.bitwise.right_shift(bits, MANTISSA_BITS), BIASED_EXPONENT_BINS, xla
     )
     smallest_bits = tf.reduce_min(tf.bitcast(bits, tf.uint32) - 1) + 1
-    has_finite_nonzero = tf.logical_and(smallest_bits > 0, smallest_bits < _INFINITY_BITS)
+    has_finite_nonzero = tf.logical_and(smallest_bits > 0, smallest_bits < INFINITY_BITS)
     min_nonzero = tf.where(
         has_finite_nonzero,
         tf.cast(tf.bitcast(tf.bitcast(smallest_bits, tf.int32), tf.float32), tf.float64),
         tf.constant(np.inf, tf.float64),
     )
-    has_subnormal = tf.logical_and(has_finite_nonzero, smallest_bits < _SMALLEST_NORMAL_BITS)
+    has_subnormal = tf.logical_and(has_finite_nonzero, smallest_bits < SMALLEST_NORMAL_BITS)
     needs_masking = tf.reduce_sum(biased_counts[_LARGE_BIASED_EXPONENT:]) > 0
     if xla:
         subnormal = _subnormal_counts(bits, xla)
@@ -124,12 +121,12 @@ def _flat_statistics(flat: tf.Tensor, xla: bool) -> tuple[tf.Tensor, tf.Tensor]:
             _masked_rescaled_sums(bits[:masked_size], magnitude[:masked_size]),
             _plain_sums(flat[:plain_size], magnitude[:plain_size]),
         )
-    has_nonfinite = biased_counts[_BIASED_EXPONENT_BINS - 1] > 0
+    has_nonfinite = biased_counts[BIASED_EXPONENT_BINS - 1] > 0
     if xla:
         nan_bits = bits
     else:
         nan_bits = bits[: tf.where(has_nonfinite, tf.size(flat), 0)]
-    nans = tf.reduce_sum(tf.cast(nan_bits > _INFINITY_BITS, tf.int32))
+    nans = tf.reduce_sum(tf.cast(nan_bits > INFINITY_BITS, tf.int32))
     zeros = biased_counts[0] - tf.reduce_sum(subnormal)
     counts = tf.concat(
         [tf.reshape(zeros, [1]), biased_counts[1:], subnormal, tf.reshape(nans, [1])], axis=0
@@ -155,12 +152,12 @@ def combine_floats(current: tf.Tensor, new: tf.Tensor) -> tf.Tensor:
 def _amax_statistics(flat: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
     """The `amax` selection: the largest finite magnitude, the non-finite and NaN counts."""
     bits = tf.bitcast(tf.abs(flat), tf.int32)
-    finite = bits < _INFINITY_BITS
+    finite = bits < INFINITY_BITS
     largest = tf.reduce_max(tf.where(finite, tf.abs(flat), 0.0))
     non_finite = tf.reduce_sum(tf.cast(tf.logical_not(finite), tf.int64))
-    nans = tf.reduce_sum(tf.cast(bits > _INFINITY_BITS, tf.int64))
-    zeros = tf.zeros([_BIASED_EXPONENT_BINS - 1], tf.int64)
-    subnormal = tf.zeros([_SUBNORMAL_EXPONENTS], tf.int64)
+    nans = tf.reduce_sum(tf.cast(bits > INFINITY_BITS, tf.int64))
+    zeros = tf.zeros([BIASED_EXPONENT_BINS - 1], tf.int64)
+    subnormal = tf.zeros([SUBNORMAL_EXPONENTS], tf.int64)
     counts = tf.concat([zeros, [non_finite], subnormal, [nans]], axis=0)
     floats = tf.stack([tf.cast(largest, tf.float64), np.inf, 0.0, 0.0])
     return counts, floats
@@ -189,18 +186,13 @@ def tensor_statistics(
     multiplier: tf.Tensor | None = None,
     statistics: str = "histograms",
 ) -> tuple[tf.Tensor, tf.Tensor]:
-    """Computes the raw statistics of one tensor (see the module docstring)."""
-    return _statistics_function(xla, statistics)(_flatten(tensor, multiplier))
-
-
-def _flatten(tensor: tf.Tensor, multiplier: tf.Tensor | None) -> tf.Tensor:
-    """`tensor` as a 1-D float32 tensor without gradient, times `multiplier` if given."""
+    """Computes the raw statistics of one tensor, as float32 without gradient, times `multiplier`."""
     flat = tf.reshape(tf.stop_gradient(tensor), [-1])
     if flat.dtype != tf.float32:
         flat = tf.cast(flat, tf.float32)
     if multiplier is not None:
         flat = flat * tf.cast(multiplier, tf.float32)
-    return flat
+    return _statistics_function(xla, statistics)(flat)
 
 
 _NAME_UNSAFE = re.compile(r"[^A-Za-z0-9_.\-]")
@@ -246,35 +238,29 @@ class TensorAccumulator:
 
     def __init__(self, name: str, statistics: str = "histograms"):
         self.statistics = statistics
-        self.counts = replica_local_variable(
-            np.zeros(RAW_COUNT_SLOTS, np.int64), f"autoprec_counts_{name}"
-        )
-        self.floats = replica_local_variable(
-            np.array([0.0, np.inf, 0.0, 0.0]), f"autoprec_floats_{name}"
-        )
+        counts, floats = empty_totals()
+        self.counts = replica_local_variable(counts, f"autoprec_counts_{name}")
+        self.floats = replica_local_variable(floats, f"autoprec_floats_{name}")
 
     def update(
         self,
-        tensor: tf.Tensor,
+        tensor: tf.Tensor | tf.IndexedSlices,
         xla: bool,
         multiplier: tf.Tensor | None = None,
         cache: StatisticsCache | None = None,
     ) -> None:
-        """Adds the statistics of `tensor` (in the current graph or eagerly)."""
-        if cache is None or not tf.is_symbolic_tensor(tensor):
-            counts, floats = tensor_statistics(tensor, xla, multiplier, self.statistics)
-        else:
-            counts, floats = cache.statistics(tensor, xla, multiplier, self.statistics)
+        """Adds the statistics of `tensor` (of a `tf.IndexedSlices`, its values), in a graph or eagerly."""
+        if isinstance(tensor, tf.IndexedSlices):
+            tensor = tensor.values
+        cached = cache is not None and tf.is_symbolic_tensor(tensor)
+        compute = cache.statistics if cached else tensor_statistics
+        counts, floats = compute(tensor, xla, multiplier, self.statistics)
         self.counts.assign_add(counts)
         self.floats.assign(combine_floats(self.floats.read_value(), floats))
 
     def read(self) -> tuple[np.ndarray, np.ndarray]:
         """Returns `(counts, floats)` as NumPy arrays, combined over replicas."""
-        counts = sum(np.asarray(value, np.int64) for value in replica_values(self.counts))
-        stacked = np.stack([np.asarray(value, np.float64) for value in replica_values(self.floats)])
-        largest, smallest = stacked[:, :1].max(0), stacked[:, 1:2].min(0)
-        floats = np.concatenate([largest, smallest, stacked[:, 2:].sum(0)])
-        return counts, floats
+        return combine_totals(zip(replica_values(self.counts), replica_values(self.floats)))
 
 
 class StepCounter:
@@ -322,19 +308,6 @@ def probe(
     return observed
 
 
-def record(
-    accumulator: TensorAccumulator,
-    tensor: tf.Tensor | tf.IndexedSlices,
-    xla: bool,
-    multiplier: tf.Tensor | None = None,
-    cache: StatisticsCache | None = None,
-) -> None:
-    """Records a tensor that needs no gradient (weights, weight gradients, internals)."""
-    if isinstance(tensor, tf.IndexedSlices):
-        tensor = tensor.values
-    accumulator.update(tensor, xla, multiplier, cache)
-
-
 def is_float_tensor(value: object) -> bool:
     """Returns whether `value` is a TensorFlow tensor with a floating-point dtype."""
     return isinstance(value, tf.Tensor) and value.dtype.is_floating
@@ -343,35 +316,27 @@ def is_float_tensor(value: object) -> bool:
 def inverse_loss_scale(optimizer: object) -> tf.Tensor | None:
     """Returns `1 / loss scale` of a Keras optimizer as a tensor, or `None` without scaling."""
     scales = getattr(optimizer, "scale_loss", None)
-    if scales is None:
+    unscaled = getattr(optimizer, "loss_scale_factor", None) is None
+    if scales is None or (unscaled and not hasattr(optimizer, "inner_optimizer")):
         return None
-    is_loss_scale_optimizer = hasattr(optimizer, "inner_optimizer")
-    if not is_loss_scale_optimizer and getattr(optimizer, "loss_scale_factor", None) is None:
-        return None
-    scale = tf.cast(scales(tf.constant(1.0, tf.float32)), tf.float32)
-    return tf.math.reciprocal(scale)
+    return tf.math.reciprocal(tf.cast(scales(tf.constant(1.0, tf.float32)), tf.float32))
 
 
 class ProbeHooks:
-    """The in-step instrumentation on TensorFlow: probes whose statistic variables are updated
-    inside the traced step (`statistics`: `"histograms"` or `"amax"`), and the copy of the batch
-    of a step the optimizer skipped (`keep_failed_steps`)."""
+    """The in-step instrumentation on TensorFlow: probes updating statistic variables inside the
+    traced step (`"histograms"` or `"amax"`), and a copy of each skipped step's batch."""
 
     def __init__(self, xla: bool = False, statistics: str = "histograms") -> None:
         self._xla = xla
         self._statistics = statistics
         self._accumulators: dict[tuple[str, str, str], TensorAccumulator] = {}
-        self._recording = False
+        #: Whether the wrapped train step is being traced now.
+        self.recording = False
         self._multiplier: tf.Tensor | None = None
         self._cache: StatisticsCache | None = None
         self._counter: StepCounter | None = None
         self._kept = _KeptBatch()
         self.paused = False
-
-    @property
-    def recording(self) -> bool:
-        """Whether the wrapped train step is being traced now."""
-        return self._recording
 
     @property
     def tensor_count(self) -> int:
@@ -385,45 +350,37 @@ class ProbeHooks:
         replace(optimizer, "apply_gradients", self._wrap_apply(optimizer.apply_gradients, owners))
 
     def _wrap_train_step(self, model, original: Callable) -> Callable:
-        hooks = self
-
         @functools.wraps(original)
         def train_step(data):
-            hooks._recording = True
+            self.recording = True
             try:
-                if hooks._counter is None:
-                    hooks._counter = StepCounter()
-                hooks._counter.increment(data)
-                hooks._multiplier = inverse_loss_scale(model.optimizer)
-                hooks._cache = StatisticsCache()
+                if self._counter is None:
+                    self._counter = StepCounter()
+                self._counter.increment(data)
+                self._multiplier = inverse_loss_scale(model.optimizer)
+                self._cache = StatisticsCache()
                 return original(data)
             finally:
-                hooks._recording = False
-                hooks._multiplier = None
-                hooks._cache = None
+                self.recording = False
+                self._multiplier = None
+                self._cache = None
 
         return train_step
 
     def _wrap_apply(self, original: Callable, owners) -> Callable:
-        hooks = self
-
         @functools.wraps(original)
         def apply_gradients(grads_and_vars):
             pairs = list(grads_and_vars)
-            if hooks._recording:
+            if self.recording:
                 for gradient, variable in pairs:
                     owner = owners.get(id(variable))
                     if owner is None or gradient is None:
                         continue
                     path, name = owner
-                    record(
-                        hooks._accumulator((path, "weight_gradients", name)),
-                        gradient,
-                        hooks._xla,
-                        hooks._multiplier,
-                        hooks._cache,
+                    self._accumulator((path, "weight_gradients", name)).update(
+                        gradient, self._xla, self._multiplier, self._cache
                     )
-                    record(hooks._accumulator((path, "weights", name)), variable.value, hooks._xla)
+                    self.record((path, "weights", name), variable.value)
             return original(pairs)
 
         return apply_gradients
@@ -435,18 +392,12 @@ class ProbeHooks:
 
     def probe(self, tensor: tf.Tensor, forward, backward) -> tf.Tensor:
         """Returns `tensor` through `probe`, recording it and its gradient in the slots."""
-        return probe(
-            tensor,
-            self._accumulator(forward),
-            self._accumulator(backward),
-            self._xla,
-            self._multiplier,
-            self._cache,
-        )
+        accumulators = self._accumulator(forward), self._accumulator(backward)
+        return probe(tensor, *accumulators, self._xla, self._multiplier, self._cache)
 
     def record(self, slot, tensor: tf.Tensor) -> None:
         """Records a forward value that needs no gradient into its slot's accumulator."""
-        record(self._accumulator(slot), tensor, self._xla)
+        self._accumulator(slot).update(tensor, self._xla)
 
     def read(self) -> dict[tuple[str, str, str], tuple[np.ndarray, np.ndarray]]:
         """Returns `{slot: (counts, floats)}`, each combined over replicas."""
@@ -461,18 +412,17 @@ class ProbeHooks:
     def keep_failed_steps(self, model: keras.Model, replace: Replace) -> None:
         """Wraps `model.train_step` to copy the batch and loss scale of each skipped step."""
         original = model.train_step
-        hooks = self
 
         @functools.wraps(original)
         def train_step(data):
             counter = getattr(model.optimizer, "non_finite_steps", None)
-            if counter is None or hooks.paused:  # paused: a replay traces this step
+            if counter is None or self.paused:  # paused: a replay traces this step
                 return original(data)
             before = tf.identity(counter.value)
             scale = _loss_scale(model.optimizer)
             outputs = original(data)
             failed = counter.value > before
-            hooks._kept.keep(data, scale, failed, bool(getattr(model, "jit_compile", False)))
+            self._kept.keep(data, scale, failed, bool(getattr(model, "jit_compile", False)))
             return outputs
 
         replace(model, "train_step", train_step)
@@ -518,9 +468,8 @@ class _KeptBatch:
         self._read = 0
 
     def keep(self, data: Any, scale: tf.Tensor, failed: tf.Tensor, xla: bool) -> None:
-        """Copies `data` and `scale` where `failed` (traced; variables created on the first trace).
-        Under XLA the copies have the first trace's static shapes: a batch of another shape (a
-        partial last batch) is not kept."""
+        """Copies `data` and `scale` where `failed` (traced); under XLA the copies have the first
+        trace's static shapes, so a batch of another shape (a partial last batch) is not kept."""
         leaves = tf.nest.flatten(data)
         if self._count is None:
             self._structure = data
@@ -555,17 +504,9 @@ class _KeptBatch:
         return KeptStep(batch, float(replica_values(self._scale)[0]))
 
 
-_XLA_SUPPORT: dict[str, bool] = {}
-
-
+@functools.cache
 def xla_can_host_probes() -> bool:
     """Returns whether a probe compiles under XLA on this machine (checked once per process)."""
-    if "result" not in _XLA_SUPPORT:
-        _XLA_SUPPORT["result"] = _try_xla_probe()
-    return _XLA_SUPPORT["result"]
-
-
-def _try_xla_probe() -> bool:
     forward = TensorAccumulator("xla_check_forward")
     backward = TensorAccumulator("xla_check_backward")
 
@@ -598,18 +539,8 @@ def replica_local_variable(initial_value: np.ndarray, name: str) -> tf.Variable:
 
 def replica_values(variable: tf.Variable) -> list[np.ndarray]:
     """Returns the value of every replica's copy of `variable`, as NumPy arrays."""
-    return [np.asarray(local.numpy()) for local in _local_copies(variable)]
-
-
-def _local_copies(variable: tf.Variable) -> tuple:
     strategy = getattr(variable, "distribute_strategy", None) or tf.distribute.get_strategy()
-    return tuple(strategy.experimental_local_results(variable))
-
-
-def replicas_in_sync() -> int:
-    """Returns how many replicas run the step being traced (1 outside a strategy)."""
-    context = tf.distribute.get_replica_context()
-    return 1 if context is None else int(context.num_replicas_in_sync)
+    return [np.asarray(local.numpy()) for local in strategy.experimental_local_results(variable)]
 
 
 def slice_values(grads: Sequence[Any]) -> list[Any]:
@@ -620,10 +551,10 @@ def slice_values(grads: Sequence[Any]) -> list[Any]:
 def every_replica(flag: Any) -> tf.Tensor:
     """Returns whether `flag` holds on every replica (one all-reduce; `flag` itself on one replica)."""
     flag = tf.convert_to_tensor(flag, tf.bool)
-    if replicas_in_sync() == 1:
+    context = tf.distribute.get_replica_context()
+    if context is None or int(context.num_replicas_in_sync) == 1:
         return flag
     failing = tf.cast(tf.logical_not(flag), tf.int32)
-    context = tf.distribute.get_replica_context()
     return tf.equal(context.all_reduce(tf.distribute.ReduceOp.SUM, failing), 0)
 
 
@@ -637,25 +568,13 @@ def write_histograms(
     description: Callable[[str], str] | None = None,
 ) -> None:
     """Writes exponent histograms as TensorBoard histogram summaries."""
-    from tensorflow.core.framework import summary_pb2
-
     writer = tf.summary.create_file_writer(str(logdir))
     with writer.as_default():
         for tag, exponents, counts in series:
-            metadata = summary_pb2.SummaryMetadata(
-                display_name=tag,
-                summary_description=description(tag) if description else "",
-            )
-            metadata.plugin_data.plugin_name = "histograms"
-            buckets = np.stack(
-                [
-                    np.asarray(exponents, np.float64),
-                    np.asarray(exponents, np.float64) + 1.0,
-                    np.asarray(counts, np.float64),
-                ],
-                axis=1,
-            )
-            tf.summary.write(tag=tag, tensor=tf.constant(buckets), step=step, metadata=metadata)
+            exponents = np.asarray(exponents, np.float64)
+            buckets = np.stack([exponents, exponents + 1.0, np.asarray(counts, np.float64)], axis=1)
+            text = description(tag) if description else ""
+            _write_plugin_summary(tag, tf.constant(buckets), step, "histograms", text)
     writer.flush()
     writer.close()
 
@@ -674,11 +593,13 @@ def read_histograms(logdir: str | os.PathLike) -> dict[str, np.ndarray]:
     return found
 
 
-def _write_plugin_summary(tag: str, tensor: tf.Tensor, step: int, plugin: str) -> None:
+def _write_plugin_summary(
+    tag: str, tensor: tf.Tensor, step: int, plugin: str, description: str = ""
+) -> None:
     """Writes one summary in a TensorBoard plugin's format, without needing TensorBoard."""
     from tensorflow.core.framework import summary_pb2
 
-    metadata = summary_pb2.SummaryMetadata(display_name=tag)
+    metadata = summary_pb2.SummaryMetadata(display_name=tag, summary_description=description)
     metadata.plugin_data.plugin_name = plugin
     tf.summary.write(tag=tag, tensor=tensor, step=step, metadata=metadata)
 
@@ -764,8 +685,6 @@ def cast_step(dtype: str, elements: int) -> Callable[[], Any]:
 
     @tf.function(autograph=False)
     def step():
-        there = tf.cast(source, target_dtype)
-        back = tf.cast(there, tf.float32)
-        return back[0]
+        return tf.cast(tf.cast(source, target_dtype), tf.float32)[0]
 
     return lambda: step().numpy()

@@ -143,12 +143,8 @@ class Float8Ranges:
     @property
     def unsafe_reason(self) -> str | None:
         """Why the layer is not float8-safe, in words (tensor, figure, format), or `None`."""
-        for check in (_nonfinite_reason, _flush_reason, _saturation_reason, _growth_reason):
-            for name, item in self.tensors.items():
-                reason = check(FLOAT8_TENSORS[name][1], item)
-                if reason is not None:
-                    return reason
-        return None
+        reasons = [_reasons(FLOAT8_TENSORS[name][1], item) for name, item in self.tensors.items()]
+        return next((reason for check in zip(*reasons) for reason in check if reason), None)
 
     def to_dict(self) -> dict[str, Any]:
         """Returns a JSON-ready dict of the recorded tensors."""
@@ -173,48 +169,34 @@ class Float8Ranges:
         )
 
 
-def _format_name(item: Float8TensorRange) -> str:
-    return FLOAT8_FORMAT_NAMES.get(item.format, item.format)
-
-
-def _nonfinite_reason(words: str, item: Float8TensorRange) -> str | None:
-    if not item.nonfinite:
-        return None
-    return (
-        f"its {words} hold {item.nonfinite} non-finite value(s) (inf or NaN), which no float8 "
-        f"{_format_name(item)} scale can represent"
-    )
-
-
-def _flush_reason(words: str, item: Float8TensorRange) -> str | None:
-    tolerance = numerics.FLOAT8_FLUSH_TOLERANCE
-    if item.flush_fraction <= tolerance:
-        return None
-    return (
-        f"{item.flush_fraction:.2%} of its non-zero {words} round to zero in float8 "
-        f"{_format_name(item)} once scaled to their amax {item.amax:.3g} (at most "
-        f"{tolerance:.2%} may)"
-    )
-
-
-def _saturation_reason(words: str, item: Float8TensorRange) -> str | None:
-    tolerance = numerics.FLOAT8_SATURATION_TOLERANCE
-    if item.saturation_fraction is None or item.saturation_fraction <= tolerance:
-        return None
-    return (
-        f"{item.saturation_fraction:.2%} of its {words} are clipped to float8 "
-        f"{_format_name(item)}'s max: their amax grows, and Keras scales each step by the amax "
-        f"of steps {numerics.FLOAT8_SCALE_DELAY_STEPS} or more before (at most "
-        f"{tolerance:.2%} may)"
-    )
-
-
-def _growth_reason(words: str, item: Float8TensorRange) -> str | None:
-    limit = numerics.FLOAT8_MAX_AMAX_GROWTH
-    if item.amax_growth is None or item.amax_growth <= limit:
-        return None
-    return (
-        f"the amax of its {words} grew {item.amax_growth:.3g}x in one step (at most {limit:g}x): "
-        f"the float8 {_format_name(item)} scale comes from earlier steps, so that step's "
-        "largest values are clipped to under half their size"
-    )
+def _reasons(words: str, item: Float8TensorRange) -> list[str | None]:
+    """Why `item` does not fit float8, by check: non-finite, flush, saturation, growth (`None`: fits)."""
+    fmt = FLOAT8_FORMAT_NAMES.get(item.format, item.format)
+    flush = numerics.FLOAT8_FLUSH_TOLERANCE
+    saturation = numerics.FLOAT8_SATURATION_TOLERANCE
+    growth = numerics.FLOAT8_MAX_AMAX_GROWTH
+    reasons: list[str | None] = [None] * 4
+    if item.nonfinite:
+        reasons[0] = (
+            f"its {words} hold {item.nonfinite} non-finite value(s) (inf or NaN), which no float8 "
+            f"{fmt} scale can represent"
+        )
+    if item.flush_fraction > flush:
+        reasons[1] = (
+            f"{item.flush_fraction:.2%} of its non-zero {words} round to zero in float8 "
+            f"{fmt} once scaled to their amax {item.amax:.3g} (at most {flush:.2%} may)"
+        )
+    if item.saturation_fraction is not None and item.saturation_fraction > saturation:
+        reasons[2] = (
+            f"{item.saturation_fraction:.2%} of its {words} are clipped to float8 "
+            f"{fmt}'s max: their amax grows, and Keras scales each step by the amax "
+            f"of steps {numerics.FLOAT8_SCALE_DELAY_STEPS} or more before (at most "
+            f"{saturation:.2%} may)"
+        )
+    if item.amax_growth is not None and item.amax_growth > growth:
+        reasons[3] = (
+            f"the amax of its {words} grew {item.amax_growth:.3g}x in one step (at most {growth:g}x): "
+            f"the float8 {fmt} scale comes from earlier steps, so that step's "
+            "largest values are clipped to under half their size"
+        )
+    return reasons

@@ -1,12 +1,12 @@
-"""The profile's layout and JSON: the names of what a profile holds, each value as a JSON-ready dict,
-and read back with errors naming the field."""
+"""The profile's layout and JSON: the names of what a profile holds, and the readers that check each
+JSON field, with errors naming it."""
 
 from __future__ import annotations
 
 import math
 import types
-from collections.abc import Callable, Mapping
-from typing import Any, TypeVar
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 
@@ -44,95 +44,6 @@ FORMAT_VERSION = 1
 
 #: The `kind` field of a profile file, which tells a profile from a plan or another JSON file.
 FORMAT_KIND = "autoprec.profile"
-
-_T = TypeVar("_T")
-
-
-def layer_to_dict(layer: Any) -> dict[str, Any]:
-    """Returns what was recorded for one layer as a JSON-ready dict."""
-    data: dict[str, Any] = {"class_name": layer.class_name, "dtype": layer.dtype}
-    for kind in TENSOR_KINDS:
-        data[kind] = {key: stats.to_dict() for key, stats in getattr(layer, kind).items()}
-    if layer.float8 is not None:
-        data["float8"] = layer.float8.to_dict()
-    return data
-
-
-def layer_from_dict(
-    cls: type[_T],
-    path: str,
-    data: object,
-    where: str,
-    read_stats: Callable[[object, str], Any],
-    read_float8: Callable[[object, str], Any],
-) -> _T:
-    """Builds one layer's profile from `layer_to_dict` output."""
-    mapping = require_mapping(data, where)
-    groups = {}
-    for kind in TENSOR_KINDS:
-        group = require_mapping(mapping.get(kind, {}), f"{where}.{kind}")
-        groups[kind] = {
-            key: read_stats(value, f"{where}.{kind}[{key!r}]") for key, value in group.items()
-        }
-    float8 = mapping.get("float8")
-    return cls(
-        path=path,
-        class_name=_require_string(mapping.get("class_name"), f"{where}.class_name"),
-        dtype=_require_string(mapping.get("dtype", "float32"), f"{where}.dtype"),
-        float8=None if float8 is None else read_float8(float8, f"{where}.float8"),
-        **groups,
-    )
-
-
-def profile_to_dict(profile: Any) -> dict[str, Any]:
-    """Returns a whole profile as the JSON-ready dict `Profile.save` writes."""
-    return {
-        "format_version": FORMAT_VERSION,
-        "kind": FORMAT_KIND,
-        "model_name": profile.model_name,
-        "fingerprint": profile.fingerprint,
-        "steps": profile.steps,
-        "histogram_exponents": [numerics.HISTOGRAM_MIN_EXPONENT, numerics.HISTOGRAM_MAX_EXPONENT],
-        "layers": {path: layer_to_dict(layer) for path, layer in profile.layers.items()},
-        **({"unrecorded": list(profile.unrecorded)} if profile.unrecorded else {}),
-    }
-
-
-def profile_from_dict(
-    cls: type[_T],
-    data: object,
-    source: str,
-    read_layer: Callable[[str, object, str], Any],
-) -> _T:
-    """Builds a whole profile from `profile_to_dict` output, raising `ProfileError` naming `source`."""
-    mapping = require_mapping(data, source)
-    version = mapping.get("format_version")
-    if version is None:
-        raise ProfileError(
-            f"{source}: missing field 'format_version'; this is not an autoprec profile "
-            "(write one with Profile.save)."
-        )
-    if not isinstance(version, int) or isinstance(version, bool) or version > FORMAT_VERSION:
-        raise ProfileError(
-            f"{source}: format_version {version!r} is not supported (this autoprec reads "
-            f"up to {FORMAT_VERSION}); upgrade autoprec or re-create the profile."
-        )
-    layers_data = require_mapping(mapping.get("layers"), f"{source}: layers")
-    layers = {
-        path: read_layer(path, value, f"{source}: layers[{path!r}]")
-        for path, value in layers_data.items()
-    }
-    fingerprint = mapping.get("fingerprint")
-    return cls(
-        layers=layers,
-        steps=require_count(mapping.get("steps"), f"{source}: steps"),
-        model_name=str(mapping.get("model_name", "")),
-        fingerprint=None if fingerprint is None else str(fingerprint),
-        unrecorded=tuple(str(path) for path in mapping.get("unrecorded") or ()),
-    )
-
-
-# ----------------------------------------------------------------------------- validation
 
 
 def read_histogram(value: object, where: str) -> np.ndarray:
@@ -178,7 +89,7 @@ def require_float8_format(value: object, where: str) -> str:
     return str(value)
 
 
-def _require_string(value: object, where: str) -> str:
+def require_string(value: object, where: str) -> str:
     if not isinstance(value, str):
         raise ProfileError(f"{where}: expected a string, got {value!r}.")
     return value

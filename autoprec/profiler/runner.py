@@ -1,5 +1,6 @@
-"""In-step probes and the runs that use them: `ProbeSession` installs, reads and removes the probes;
-`profile()` and `ProfileCallback` run real train steps with them, the model left as it was."""
+"""In-step probes and the runs that use them: which layer calls the probes (and the guard's telemetry)
+wrap; `ProbeSession` installs, reads and removes the probes; `profile()` and `ProfileCallback` run
+real train steps with them, the model left as it was."""
 
 from __future__ import annotations
 
@@ -17,15 +18,15 @@ from .._backends import PROFILER_UNSUPPORTED, instrument_backend
 from .._backends.instrument import STATISTICS, Slot, is_float_tensor
 from .._core.data import fit_arguments
 from .._core.dtypes import float8_eligible
-from .._core.models import (
-    call_model_code,
-    rebuild_train_function,
-    strategy_scope,
-    swap_attribute,
-)
+from .._core.models import call_model_code, rebuild_train_function, strategy_scope, swap_attribute
 from ..errors import ProfileError
-from ..instrument import instrumented_layers, replace_float_outputs
-from ..layers import layer_paths, model_fingerprint, observing_attention
+from ..layers import (
+    is_graph_model,
+    is_pass_through,
+    layer_paths,
+    model_fingerprint,
+    observing_attention,
+)
 from .float8_ranges import Float8Ranges, Float8TensorRange
 from .profile_json import ATTENTION_LOGITS, FLOAT8_TENSORS, OUTPUT_KEY, ROOT_PATH, TENSOR_KINDS
 from .stats import LayerProfile, Profile
@@ -40,16 +41,62 @@ _UNRECORDED = object()
 #: Name of the kernel among a float8-eligible layer's weights.
 KERNEL_WEIGHT = "kernel"
 
-#: One `observe_step()`: the steps recorded so far and the raw `(counts, floats)`
-#: summed up to then, by slot.
+#: One `observe_step()`: the steps recorded so far and the raw `(counts, floats)` by slot.
 Observation = tuple[int, dict[Slot, tuple[np.ndarray, np.ndarray]]]
+
+
+#: Attributes Keras hangs on tensors that a wrapped output must carry on:
+#: the mask, and the logits behind a softmax/sigmoid output (the loss reads them).
+KERAS_TENSOR_ATTRIBUTES = ("_keras_mask", "_keras_logits")
+
+
+def instrumented_layers(
+    model: keras.Model, include_pass_through: bool = False
+) -> dict[str, keras.layers.Layer]:
+    """Returns the layers whose calls are wrapped, by stable path (none inside an RNN's loop)."""
+    paths = layer_paths(model)
+    loops = tuple(
+        path + "/" for path, layer in paths.items() if isinstance(layer, keras.layers.RNN)
+    )
+    chosen = {}
+    for path, layer in paths.items():
+        if type(layer).__name__ == "InputLayer" or is_graph_model(layer):
+            continue
+        if not include_pass_through and is_pass_through(layer):
+            continue
+        if loops and path.startswith(loops):
+            continue
+        chosen[path] = layer
+    return chosen
+
+
+def replace_float_outputs(
+    outputs: Any, is_float: Callable[[Any], bool], replace: Callable[[tuple, Any], Any]
+) -> Any:
+    """Returns `outputs` with each float tensor at tree path `p` replaced by `replace(p, tensor)`."""
+    flat = keras.tree.flatten_with_path(outputs)
+    if not any(is_float(value) for _, value in flat):
+        return outputs
+    replaced = []
+    for tree_path, value in flat:
+        if is_float(value):
+            result = replace(tree_path, value)
+            for name in KERAS_TENSOR_ATTRIBUTES:  # the mask and logits Keras hung on `value`
+                if getattr(value, name, None) is not None:
+                    try:
+                        setattr(result, name, getattr(value, name))
+                    except AttributeError:  # a tensor type without a __dict__
+                        pass
+            value = result
+        replaced.append(value)
+    if len(flat) == 1 and not flat[0][0]:
+        return replaced[0]
+    return keras.tree.pack_sequence_as(outputs, replaced)
 
 
 def _weight_owners(model: keras.Model) -> dict[int, tuple[str, str]]:
     """Maps `id(variable)` of each trainable weight to `(layer path, weight name)`."""
-    owners: dict[int, tuple[str, str]] = {}
-    for weight in model.trainable_weights:
-        owners[id(weight)] = (ROOT_PATH, weight.name)
+    owners = {id(weight): (ROOT_PATH, weight.name) for weight in model.trainable_weights}
     for path, layer in layer_paths(model).items():  # parents first: the deepest owner wins
         for weight in layer.trainable_weights:
             owners[id(weight)] = (path, weight.name)
@@ -110,10 +157,7 @@ class ProbeSession:
     """
 
     def __init__(
-        self,
-        model: keras.Model,
-        include_pass_through: bool = False,
-        statistics: str = "histograms",
+        self, model: keras.Model, include_pass_through: bool = False, statistics: str = "histograms"
     ):
         if statistics not in STATISTICS:
             raise ProfileError(f"ProbeSession: statistics must be one of {STATISTICS}.")
@@ -181,8 +225,7 @@ class ProbeSession:
                 "(or remove its ProfileCallback) first."
             )
         self._choose_xla()
-        hooks = self._backend.ProbeHooks(self._xla, self.statistics)
-        self._hooks = hooks
+        hooks = self._hooks = self._backend.ProbeHooks(self._xla, self.statistics)
         self._replace(self.model, "_autoprec_probe_session", self)
         hooks.install_step(self.model, self._weight_owners, self._replace)
         for path, layer in self._targets.items():
@@ -193,23 +236,15 @@ class ProbeSession:
             self._replace(layer, "call", self._wrap_call(hooks, path, layer.call, inputs_slot))
             if inputs_slot is not None and hasattr(layer, "quantized_call"):
                 # A quantized layer (a float8 policy) runs `quantized_call`, not `call`.
-                self._replace(
-                    layer,
-                    "quantized_call",
-                    self._recording_inputs(hooks, inputs_slot, layer.quantized_call),
-                )
+                quantized = self._recording_inputs(hooks, inputs_slot, layer.quantized_call)
+                self._replace(layer, "quantized_call", quantized)
             if float8 is not None and float8["output_gradients"][1] == FLOAT8_SLOT_KIND:
-                self._replace(
-                    layer, "activation", self._wrap_activation(hooks, path, layer.activation)
-                )
+                activation = self._wrap_activation(hooks, path, layer.activation)
+                self._replace(layer, "activation", activation)
             if isinstance(layer, keras.layers.MultiHeadAttention):
-                self._replace(
-                    layer,
-                    "_compute_attention",
-                    observing_attention(
-                        layer, layer._compute_attention, self._attention_sink(hooks, path)
-                    ),
-                )
+                sink = self._attention_sink(hooks, path)
+                attention = observing_attention(layer, layer._compute_attention, sink)
+                self._replace(layer, "_compute_attention", attention)
         self._installed = True
         rebuild_train_function(self.model)
 
@@ -232,8 +267,6 @@ class ProbeSession:
     def _wrap_call(
         self, hooks: Any, path: str, original: Callable, inputs_slot: Slot | None = None
     ) -> Callable:
-        session = self
-
         if inputs_slot is not None:
             original = self._recording_inputs(hooks, inputs_slot, original)
 
@@ -243,13 +276,13 @@ class ProbeSession:
             if not hooks.recording:
                 return outputs
             probed = call_model_code(
-                lambda: session._probe_outputs(hooks, path, outputs),
+                lambda: self._probe_outputs(hooks, path, outputs),
                 layer=f"recording layer {path!r}",
                 lost="its outputs will not be profiled",
                 fallback=_UNRECORDED,
             )
             if probed is _UNRECORDED:
-                session.unrecorded[path] = None
+                self.unrecorded[path] = None
                 return outputs
             return probed
 
@@ -257,13 +290,12 @@ class ProbeSession:
 
     def _recording_inputs(self, hooks: Any, slot: Slot, original: Callable) -> Callable:
         """`original`, its first (float) argument recorded under `slot` while a step is traced."""
-        backend = self._backend
 
         @functools.wraps(original)
         def recording(*args, **kwargs):
             if hooks.recording:
                 inputs = args[0] if args else kwargs.get("inputs")
-                if backend.is_float_tensor(inputs):
+                if self._backend.is_float_tensor(inputs):
                     hooks.record(slot, inputs)
             return original(*args, **kwargs)
 
@@ -273,11 +305,10 @@ class ProbeSession:
         """The layer's activation, its input probed: the matmul output's values and gradients."""
         forward = (path, FLOAT8_SLOT_KIND, "preactivation")
         backward = (path, FLOAT8_SLOT_KIND, "output_gradients")
-        backend = self._backend
 
         @functools.wraps(activation)
         def probed_activation(values, *args, **kwargs):
-            if hooks.recording and backend.is_float_tensor(values):
+            if hooks.recording and self._backend.is_float_tensor(values):
                 values = hooks.probe(values, forward, backward)
             return activation(values, *args, **kwargs)
 
@@ -368,9 +399,7 @@ class ProbeSession:
             if path not in groups or path in self.unrecorded:  # partial statistics mislead
                 continue
             layer = all_paths.get(path, self.model)
-            float8 = None
-            if path in self._float8_slots:
-                float8 = self._float8_ranges(path, totals)
+            float8 = self._float8_ranges(path, totals) if path in self._float8_slots else None
             layers[path] = LayerProfile(
                 path=path,
                 class_name=type(layer).__name__,
@@ -461,16 +490,11 @@ class ProfileCallback(keras.callbacks.Callback):
 
     def on_train_begin(self, logs: Logs = None) -> None:
         _require_compiled(self.model, "ProfileCallback")
-        self.profile = None
-        self._session = ProbeSession(self.model, self.include_pass_through)
+        self.profile, self._session = None, None
+        session = ProbeSession(self.model, self.include_pass_through)
         if self.float8_ranges:
-            self._session.enable_float8_ranges()
-        try:
-            self._session.install()
-        except BaseException:
-            self._session.remove()
-            self._session = None
-            raise
+            session.enable_float8_ranges()
+        self._session = session.__enter__()  # installs; removes what it installed if that raised
 
     def on_train_batch_end(self, batch: int, logs: Logs = None) -> None:
         if self._session is not None:
@@ -481,8 +505,7 @@ class ProfileCallback(keras.callbacks.Callback):
                 self.model.stop_training = True
 
     def on_train_end(self, logs: Logs = None) -> None:
-        if self._session is not None:
-            self._finish()
+        self.remove_probes()
 
     def remove_probes(self) -> None:
         """Removes the probes now (e.g. after `fit` raised), keeping whatever was recorded."""

@@ -7,7 +7,7 @@ import json
 import math
 import os
 import types
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -17,15 +17,19 @@ from .. import numerics
 from .._backends import PROFILER_UNSUPPORTED, instrument_backend
 from .._core.io import atomic_write_json, parse_json_text, read_json_file
 from ..errors import ProfileError
-from . import profile_json, views
+from . import views
 from .float8_ranges import Float8Ranges, Float8TensorRange
 from .profile_json import (
     ATTENTION_LOGITS,
     FLOAT8_TENSORS,
+    FORMAT_KIND,
     FORMAT_VERSION,
     OUTPUT_KEY,
     ROOT_PATH,
     TENSOR_KINDS,
+    require_count,
+    require_mapping,
+    require_string,
 )
 from .tensor_stats import TensorStats, merge_groups
 
@@ -42,6 +46,11 @@ __all__ = [
     "Profile",
     "TensorStats",
 ]
+
+
+def _of(stats: TensorStats | None, name: str, default: Any) -> Any:
+    """`stats.<name>`, or `default` where nothing was recorded."""
+    return default if stats is None else getattr(stats, name)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -120,8 +129,7 @@ class LayerProfile:
     @property
     def float16_overflow_fraction(self) -> float:
         """Fraction of forward values (activations and internals) that overflow float16."""
-        forward = self.forward
-        return forward.float16_overflow_fraction if forward else 0.0
+        return _of(self.forward, "float16_overflow_fraction", 0.0)
 
     @property
     def float16_exceeds_max(self) -> bool:
@@ -132,32 +140,27 @@ class LayerProfile:
     @property
     def float16_underflow_fraction(self) -> float:
         """Fraction of forward values that flush to zero in float16."""
-        forward = self.forward
-        return forward.float16_underflow_fraction if forward else 0.0
+        return _of(self.forward, "float16_underflow_fraction", 0.0)
 
     @property
     def bfloat16_overflow_fraction(self) -> float:
         """Fraction of forward values that overflow bfloat16."""
-        forward = self.forward
-        return forward.bfloat16_overflow_fraction if forward else 0.0
+        return _of(self.forward, "bfloat16_overflow_fraction", 0.0)
 
     @property
     def bfloat16_underflow_fraction(self) -> float:
         """Fraction of forward values that flush to zero in bfloat16."""
-        forward = self.forward
-        return forward.bfloat16_underflow_fraction if forward else 0.0
+        return _of(self.forward, "bfloat16_underflow_fraction", 0.0)
 
     @property
     def float16_headroom_bits(self) -> float:
         """Doublings the largest forward value can take before exceeding 65504."""
-        forward = self.forward
-        return forward.float16_headroom_bits if forward else math.inf
+        return _of(self.forward, "float16_headroom_bits", math.inf)
 
     @property
     def suggested_loss_scale(self) -> float | None:
         """Largest power-of-two loss scale keeping this layer's gradients under float16's max."""
-        gradient = self.gradient
-        return gradient.suggested_loss_scale if gradient else None
+        return _of(self.gradient, "suggested_loss_scale", None)
 
     @property
     def gradient_underflow_fraction(self) -> float:
@@ -170,8 +173,7 @@ class LayerProfile:
     @property
     def loss_scale_covers_range(self) -> bool:
         """Whether one loss scale fits both the largest and the small significant gradients."""
-        gradient = self.gradient
-        return gradient.loss_scale_covers_range if gradient else True
+        return _of(self.gradient, "loss_scale_covers_range", True)
 
     @property
     def float16_safe(self) -> bool:
@@ -179,9 +181,7 @@ class LayerProfile:
         forward, gradient = self.forward, self.gradient
         if forward is not None and not forward.fits("float16"):
             return False
-        if gradient is None:
-            return True
-        return gradient.nonfinite == 0 and gradient.loss_scale_covers_range
+        return gradient is None or (gradient.nonfinite == 0 and gradient.loss_scale_covers_range)
 
     @property
     def float16_unsafe_reason(self) -> str | None:
@@ -231,13 +231,31 @@ class LayerProfile:
 
     def to_dict(self) -> dict[str, Any]:
         """Returns a JSON-ready dict."""
-        return profile_json.layer_to_dict(self)
+        data: dict[str, Any] = {"class_name": self.class_name, "dtype": self.dtype}
+        for kind in TENSOR_KINDS:
+            data[kind] = {key: stats.to_dict() for key, stats in getattr(self, kind).items()}
+        if self.float8 is not None:
+            data["float8"] = self.float8.to_dict()
+        return data
 
     @classmethod
     def from_dict(cls, path: str, data: object, where: str) -> LayerProfile:
         """Builds a layer profile from `to_dict` output, raising `ProfileError` naming `where`."""
-        return profile_json.layer_from_dict(
-            cls, path, data, where, TensorStats.from_dict, Float8Ranges.from_dict
+        mapping = require_mapping(data, where)
+        groups = {}
+        for kind in TENSOR_KINDS:
+            group = require_mapping(mapping.get(kind, {}), f"{where}.{kind}")
+            groups[kind] = {
+                key: TensorStats.from_dict(value, f"{where}.{kind}[{key!r}]")
+                for key, value in group.items()
+            }
+        float8 = mapping.get("float8")
+        return cls(
+            path=path,
+            class_name=require_string(mapping.get("class_name"), f"{where}.class_name"),
+            dtype=require_string(mapping.get("dtype", "float32"), f"{where}.dtype"),
+            float8=None if float8 is None else Float8Ranges.from_dict(float8, f"{where}.float8"),
+            **groups,
         )
 
 
@@ -284,12 +302,8 @@ class Profile:
     @property
     def suggested_loss_scale(self) -> float | None:
         """The model-wide float16 loss scale: the smallest of the layers' suggestions."""
-        scales = [
-            layer.suggested_loss_scale
-            for layer in self.layers.values()
-            if layer.suggested_loss_scale is not None
-        ]
-        return min(scales) if scales else None
+        scales = (layer.suggested_loss_scale for layer in self.layers.values())
+        return min((scale for scale in scales if scale is not None), default=None)
 
     @property
     def float16_unsafe_layers(self) -> tuple[str, ...]:
@@ -299,8 +313,8 @@ class Profile:
     @property
     def float16_unsafe_reasons(self) -> dict[str, str]:
         """`{path: LayerProfile.float16_unsafe_reason}` of the layers that are not `float16_safe`."""
-        reasons = {path: layer.float16_unsafe_reason for path, layer in self.layers.items()}
-        return {path: reason for path, reason in reasons.items() if reason is not None}
+        reasons = ((path, layer.float16_unsafe_reason) for path, layer in self.layers.items())
+        return {path: reason for path, reason in reasons if reason is not None}
 
     @property
     def float8_unsafe_layers(self) -> tuple[str, ...]:
@@ -310,17 +324,51 @@ class Profile:
     @property
     def float8_unsafe_reasons(self) -> dict[str, str]:
         """`{path: LayerProfile.float8_unsafe_reason}` of the layers that are not `float8_safe`."""
-        reasons = {path: layer.float8_unsafe_reason for path, layer in self.layers.items()}
-        return {path: reason for path, reason in reasons.items() if reason is not None}
+        reasons = ((path, layer.float8_unsafe_reason) for path, layer in self.layers.items())
+        return {path: reason for path, reason in reasons if reason is not None}
 
     def to_dict(self) -> dict[str, Any]:
         """Returns the JSON-ready dict written by `save`."""
-        return profile_json.profile_to_dict(self)
+        exponents = [numerics.HISTOGRAM_MIN_EXPONENT, numerics.HISTOGRAM_MAX_EXPONENT]
+        return {
+            "format_version": FORMAT_VERSION,
+            "kind": FORMAT_KIND,
+            "model_name": self.model_name,
+            "fingerprint": self.fingerprint,
+            "steps": self.steps,
+            "histogram_exponents": exponents,
+            "layers": {path: layer.to_dict() for path, layer in self.layers.items()},
+            **({"unrecorded": list(self.unrecorded)} if self.unrecorded else {}),
+        }
 
     @classmethod
     def from_dict(cls, data: object, source: str = "profile") -> Profile:
-        """Builds a profile from `to_dict` output."""
-        return profile_json.profile_from_dict(cls, data, source, LayerProfile.from_dict)
+        """Builds a profile from `to_dict` output, raising `ProfileError` naming `source`."""
+        mapping = require_mapping(data, source)
+        version = mapping.get("format_version")
+        if version is None:
+            raise ProfileError(
+                f"{source}: missing field 'format_version'; this is not an autoprec profile "
+                "(write one with Profile.save)."
+            )
+        if not isinstance(version, int) or isinstance(version, bool) or version > FORMAT_VERSION:
+            raise ProfileError(
+                f"{source}: format_version {version!r} is not supported (this autoprec reads "
+                f"up to {FORMAT_VERSION}); upgrade autoprec or re-create the profile."
+            )
+        layers_data = require_mapping(mapping.get("layers"), f"{source}: layers")
+        layers = {
+            path: LayerProfile.from_dict(path, value, f"{source}: layers[{path!r}]")
+            for path, value in layers_data.items()
+        }
+        fingerprint = mapping.get("fingerprint")
+        return cls(
+            layers=layers,
+            steps=require_count(mapping.get("steps"), f"{source}: steps"),
+            model_name=str(mapping.get("model_name", "")),
+            fingerprint=None if fingerprint is None else str(fingerprint),
+            unrecorded=tuple(str(path) for path in mapping.get("unrecorded") or ()),
+        )
 
     def to_json(self) -> str:
         """Returns the profile as JSON text."""
@@ -366,9 +414,9 @@ class Profile:
         Returns:
             The table as a string.
         """
-        rows = [_summary_row(layer) for layer in self.layers.values()]
+        layers = list(self.layers.values())
         return views.summary_table(
-            self.model_name, self.steps, self.suggested_loss_scale, rows, max_rows
+            self.model_name, self.steps, self.suggested_loss_scale, layers, max_rows
         )
 
     def to_tensorboard(self, logdir: str | os.PathLike, step: int = 0) -> None:
@@ -400,57 +448,21 @@ class Profile:
 
     def plot(self, path: str | os.PathLike, gradients: bool = True) -> Path:
         """Saves a heat map of exponent histograms: layers by log2 bins, format ranges marked."""
-        selections: list[tuple[str, Callable[[LayerProfile], TensorStats | None]]] = [
-            ("forward values", lambda layer: layer.forward)
-        ]
-        if gradients:
-            selections.append(("gradients", lambda layer: layer.gradient))
+        selections = [("forward values", "forward")] + (
+            [("gradients", "gradient")] if gradients else []
+        )
         panels = [
-            (title, _fraction_matrix(self.layers.values(), select)) for title, select in selections
+            (title, _fraction_matrix([getattr(layer, name) for layer in self.layers.values()]))
+            for title, name in selections
         ]
         return views.heat_map(path, list(self.layers), panels)
 
 
-def _fraction_matrix(
-    layers: Iterable[LayerProfile], select: Callable[[LayerProfile], TensorStats | None]
-) -> np.ndarray:
-    rows = []
-    for layer in layers:
-        stats = select(layer)
-        if stats is None or stats.count == 0:
-            rows.append(np.zeros(numerics.HISTOGRAM_BINS))
-        else:
-            rows.append(stats.histogram / stats.count)
+def _fraction_matrix(selected: list[TensorStats | None]) -> np.ndarray:
+    rows = [
+        np.zeros(numerics.HISTOGRAM_BINS)
+        if stats is None or stats.count == 0
+        else stats.histogram / stats.count
+        for stats in selected
+    ]
     return np.array(rows).reshape(-1, numerics.HISTOGRAM_BINS)
-
-
-def _summary_row(layer: LayerProfile) -> views.SummaryRow:
-    forward, gradient = layer.forward, layer.gradient
-    return views.SummaryRow(
-        path=layer.path,
-        class_name=layer.class_name,
-        max_forward=forward.max_abs if forward else None,
-        float16_overflow_fraction=layer.float16_overflow_fraction,
-        float16_exceeds_max=layer.float16_exceeds_max,
-        float16_underflow_fraction=layer.float16_underflow_fraction,
-        bfloat16_underflow_fraction=layer.bfloat16_underflow_fraction,
-        max_gradient=gradient.max_abs if gradient else None,
-        loss_scale=layer.suggested_loss_scale,
-        gradient_underflow_fraction=layer.gradient_underflow_fraction,
-        float16_headroom_bits=layer.float16_headroom_bits,
-        float16_safe=layer.float16_safe,
-        float8=_float8_cells(layer.float8),
-    )
-
-
-def _float8_cells(ranges: Float8Ranges | None) -> views.Float8Cells | None:
-    if ranges is None:
-        return None
-    flushing = max(ranges.tensors.items(), key=lambda item: item[1].flush_fraction, default=None)
-    return views.Float8Cells(
-        flush_fraction=ranges.flush_fraction,
-        flush_tensor=None if flushing is None else flushing[0],
-        saturation_fraction=ranges.saturation_fraction,
-        amax_growth=ranges.amax_growth,
-        safe=ranges.safe,
-    )

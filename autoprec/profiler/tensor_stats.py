@@ -57,8 +57,6 @@ class TensorStats:
     def from_raw(cls, counts: np.ndarray, floats: np.ndarray) -> TensorStats:
         """Builds statistics from a backend's raw `(counts, floats)` accumulators."""
         counts = np.asarray(counts, dtype=np.int64)
-        subnormal = counts[256:279]
-        normal = counts[1:255]
         nans = int(counts[279]) if counts.shape[0] > 279 else 0
         counts = counts[:279]
         min_nonzero = float(floats[1])
@@ -71,7 +69,7 @@ class TensorStats:
             min_nonzero_abs=min_nonzero if math.isfinite(min_nonzero) else None,
             sum_abs=float(floats[2]),
             sum_squares=float(floats[3]),
-            histogram=np.concatenate([subnormal, normal]),
+            histogram=np.concatenate([counts[256:279], counts[1:255]]),
         )
 
     @classmethod

@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import os
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from .. import numerics
+from .float8_ranges import Float8Ranges
 
 #: Column titles of `summary_table`.
 SUMMARY_COLUMNS: tuple[str, ...] = (
@@ -25,44 +26,14 @@ FLOAT8_COLUMNS: tuple[str, ...] = ("f8 ftz", "f8 sat", "amax x/step", "f8 safe")
 FLOAT8_TENSOR_LABELS = {"inputs": "in", "kernel": "kernel", "output_gradients": "grad"}
 
 
-@dataclasses.dataclass(frozen=True)
-class Float8Cells:
-    """A float8-eligible layer's float8 figures in the summary table, as plain numbers."""
-
-    flush_fraction: float
-    flush_tensor: str | None
-    saturation_fraction: float | None
-    amax_growth: float | None
-    safe: bool
-
-
-@dataclasses.dataclass(frozen=True)
-class SummaryRow:
-    """One layer's line of the summary table, as plain numbers."""
-
-    path: str
-    class_name: str
-    max_forward: float | None
-    float16_overflow_fraction: float
-    float16_exceeds_max: bool
-    float16_underflow_fraction: float
-    bfloat16_underflow_fraction: float
-    max_gradient: float | None
-    loss_scale: float | None
-    gradient_underflow_fraction: float
-    float16_headroom_bits: float
-    float16_safe: bool
-    float8: Float8Cells | None = None
-
-
-def _risk_key(row: SummaryRow) -> tuple:
+def _risk_key(layer: Any) -> tuple:
     return (
-        row.float16_safe,
-        not row.float16_exceeds_max,
-        -row.float16_overflow_fraction,
-        -row.gradient_underflow_fraction,
-        -row.float16_underflow_fraction,
-        row.float16_headroom_bits,
+        layer.float16_safe,
+        not layer.float16_exceeds_max,
+        -layer.float16_overflow_fraction,
+        -layer.gradient_underflow_fraction,
+        -layer.float16_underflow_fraction,
+        layer.float16_headroom_bits,
     )
 
 
@@ -75,38 +46,40 @@ def format_fraction(value: float) -> str:
 
 def format_scale(scale: float | None) -> str:
     """Returns a power-of-two scale as `"2^k"`, or `"-"` for `None`."""
-    if scale is None:
-        return "-"
-    return f"2^{int(round(math.log2(scale)))}"
+    return "-" if scale is None else f"2^{int(round(math.log2(scale)))}"
 
 
-def _cells(row: SummaryRow) -> tuple[str, ...]:
+def _cells(layer: Any) -> tuple[str, ...]:
+    forward, gradient = layer.forward, layer.gradient
     return (
-        row.path,
-        row.class_name,
-        f"{row.max_forward:.3g}" if row.max_forward is not None else "-",
-        format_fraction(row.float16_overflow_fraction) + ("!" if row.float16_exceeds_max else ""),
-        format_fraction(row.float16_underflow_fraction),
-        format_fraction(row.bfloat16_underflow_fraction),
-        f"{row.max_gradient:.3g}" if row.max_gradient is not None else "-",
-        format_scale(row.loss_scale),
-        format_fraction(row.gradient_underflow_fraction) if row.max_gradient is not None else "-",
-        "yes" if row.float16_safe else "NO",
+        layer.path,
+        layer.class_name,
+        f"{forward.max_abs:.3g}" if forward is not None else "-",
+        format_fraction(layer.float16_overflow_fraction)
+        + ("!" if layer.float16_exceeds_max else ""),
+        format_fraction(layer.float16_underflow_fraction),
+        format_fraction(layer.bfloat16_underflow_fraction),
+        f"{gradient.max_abs:.3g}" if gradient is not None else "-",
+        format_scale(layer.suggested_loss_scale),
+        format_fraction(layer.gradient_underflow_fraction) if gradient is not None else "-",
+        "yes" if layer.float16_safe else "NO",
     )
 
 
-def _float8_cells(cells: Float8Cells | None) -> tuple[str, ...]:
-    if cells is None:
+def _float8_cells(ranges: Float8Ranges | None) -> tuple[str, ...]:
+    if ranges is None:
         return ("-",) * len(FLOAT8_COLUMNS)
-    flush = format_fraction(cells.flush_fraction)
-    if cells.flush_fraction and cells.flush_tensor is not None:
-        flush += " " + FLOAT8_TENSOR_LABELS.get(cells.flush_tensor, cells.flush_tensor)
-    saturation, growth = cells.saturation_fraction, cells.amax_growth
+    flush = format_fraction(ranges.flush_fraction)
+    tensors = ranges.tensors
+    flushing = max(tensors, key=lambda name: tensors[name].flush_fraction, default=None)
+    if ranges.flush_fraction and flushing is not None:
+        flush += " " + FLOAT8_TENSOR_LABELS.get(flushing, flushing)
+    saturation, growth = ranges.saturation_fraction, ranges.amax_growth
     return (
         flush,
         "-" if saturation is None else format_fraction(saturation),
         "-" if growth is None else f"{growth:.3g}",
-        "yes" if cells.safe else "NO",
+        "yes" if ranges.safe else "NO",
     )
 
 
@@ -114,23 +87,23 @@ def summary_table(
     model_name: str,
     steps: int,
     loss_scale: float | None,
-    rows: Sequence[SummaryRow],
+    layers: Sequence[Any],
     max_rows: int | None = None,
 ) -> str:
-    """Returns the text table of `Profile.summary`: one line per layer, riskiest for float16 first."""
-    ordered = sorted(rows, key=_risk_key)
+    """Returns `Profile.summary`'s table: a line per `LayerProfile`, riskiest for float16 first."""
+    ordered = sorted(layers, key=_risk_key)
     if max_rows is not None:
         ordered = ordered[:max_rows]
-    eligible = [row.float8 for row in rows if row.float8 is not None]
-    columns, table = SUMMARY_COLUMNS, [_cells(row) for row in ordered]
+    eligible = [layer.float8 for layer in layers if layer.float8 is not None]
+    columns, table = SUMMARY_COLUMNS, [_cells(layer) for layer in ordered]
     title = (
-        f"Profile of {model_name or 'model'}: {steps} steps, {len(rows)} layers, "
+        f"Profile of {model_name or 'model'}: {steps} steps, {len(layers)} layers, "
         f"float16 loss scale {format_scale(loss_scale)}"
     )
     if eligible:
         columns = SUMMARY_COLUMNS + FLOAT8_COLUMNS
-        table = [cells + _float8_cells(row.float8) for cells, row in zip(table, ordered)]
-        unsafe = sum(not cells.safe for cells in eligible)
+        table = [cells + _float8_cells(layer.float8) for cells, layer in zip(table, ordered)]
+        unsafe = sum(not ranges.safe for ranges in eligible)
         title += f", float8: {unsafe} of {len(eligible)} Dense/EinsumDense layers unsafe"
     return title + "\n" + text_table(columns, table)
 
@@ -172,9 +145,7 @@ def _mark_format_ranges(axis, low: int, high: int) -> None:
 
 
 def heat_map(
-    path: str | os.PathLike,
-    labels: Sequence[str],
-    panels: Sequence[tuple[str, np.ndarray]],
+    path: str | os.PathLike, labels: Sequence[str], panels: Sequence[tuple[str, np.ndarray]]
 ) -> Path:
     """Saves a heat map of exponent histograms: rows by binary exponent, format ranges marked."""
     try:
@@ -190,11 +161,8 @@ def heat_map(
     axes = figure.subplots(1, len(panels), squeeze=False)[0]
     image = None
     for axis, (title, matrix) in zip(axes, panels):
-        window = matrix[
-            :,
-            low - numerics.HISTOGRAM_MIN_EXPONENT : high + 1 - numerics.HISTOGRAM_MIN_EXPONENT,
-        ]
-        masked = np.ma.masked_less_equal(window, 0.0)
+        first = low - numerics.HISTOGRAM_MIN_EXPONENT
+        masked = np.ma.masked_less_equal(matrix[:, first : first + high - low + 1], 0.0)
         image = axis.imshow(
             masked,
             aspect="auto",

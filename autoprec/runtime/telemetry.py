@@ -19,8 +19,7 @@ from .._backends import instrument_backend
 from .._backends.instrument import KeptStep, is_float_tensor
 from .._core.dtypes import BFLOAT16, FLOAT16, FLOAT32
 from .._core.models import swap_attribute, sync_fit_state
-from ..instrument import instrumented_layers
-from ..profiler.runner import ProbeSession, restore_state, snapshot_state
+from ..profiler.runner import ProbeSession, instrumented_layers, restore_state, snapshot_state
 
 #: The value of a slot nothing was recorded in.
 NOT_RECORDED = -1.0

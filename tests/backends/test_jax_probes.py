@@ -14,6 +14,7 @@ import pytest
 import tensorflow as tf
 from backends.statistics_reference import SPECIAL, reference_statistics
 
+from autoprec._backends import instrument
 from autoprec._backends import tensorflow as tf_backend
 from autoprec.errors import ProfileError
 
@@ -254,7 +255,7 @@ def test_host_statistics_add_rows_up_and_leave_out_rows_that_measured_nothing():
 
 
 def test_empty_totals_are_what_no_rows_add_up_to():
-    counts, floats = probes.empty_totals()
+    counts, floats = instrument.empty_totals()
     assert counts.dtype == np.int64 and counts.shape == (probes.RAW_COUNT_SLOTS,)
     assert counts.sum() == 0 and floats.tolist() == [0.0, np.inf, 0.0, 0.0]
     none = probes.host_statistics(
@@ -266,5 +267,5 @@ def test_empty_totals_are_what_no_rows_add_up_to():
 
 def test_host_totals_combine_by_sum_max_and_min():
     first, second = CASES["plain"], CASES["special"]
-    combined = probes.combine_totals([_host(first), _host(second), probes.empty_totals()])
+    combined = instrument.combine_totals([_host(first), _host(second), instrument.empty_totals()])
     _assert_matches(combined, np.concatenate([first.ravel(), second]))

@@ -16,7 +16,7 @@ import tensorflow as tf
 from backends.statistics_reference import SPECIAL, reference_statistics
 from tensorflow.core.util import event_pb2
 
-from autoprec._backends import PROFILER_UNSUPPORTED, instrument_backend, timing_backend
+from autoprec._backends import PROFILER_UNSUPPORTED, instrument, instrument_backend, timing_backend
 from autoprec._backends import tensorflow as tf_backend
 from autoprec._core.models import rebuild_train_function
 
@@ -96,7 +96,7 @@ def test_record_takes_the_values_of_indexed_slices():
     accumulator = tf_backend.TensorAccumulator("embedding/gradient")
     values = tf.constant([[1.0, -4.0], [0.5, 0.0]])
     sparse = tf.IndexedSlices(values, tf.constant([3, 7]), tf.constant([10, 2]))
-    tf_backend.record(accumulator, sparse, xla=False, multiplier=tf.constant(2.0))
+    accumulator.update(sparse, xla=False, multiplier=tf.constant(2.0))
     _assert_matches(accumulator.read(), 2.0 * values.numpy())
 
 
@@ -269,8 +269,8 @@ def test_floats_of_subnormals_and_the_largest_magnitudes(name):
 
 
 def test_the_count_layout_is_the_documented_one():
-    assert tf_backend.RAW_COUNT_SLOTS == 256 + 23 + 1
-    assert tf_backend.FLOAT_SLOTS == ("max_abs", "min_nonzero_abs", "sum_abs", "sum_squares")
+    assert instrument.RAW_COUNT_SLOTS == 256 + 23 + 1
+    assert instrument.FLOAT_SLOTS == ("max_abs", "min_nonzero_abs", "sum_abs", "sum_squares")
     counts, floats = _measured(np.array([0.0, 1.0, -3.0, np.inf, np.nan, 0.25], np.float32))
     assert counts[0] == 1 and counts[125] == counts[127] == counts[128] == 1
     assert counts[255] == 2 and counts[-1] == 1  # inf and NaN; one of them NaN

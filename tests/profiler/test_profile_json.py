@@ -74,32 +74,22 @@ def test_malformed_profiles_raise_clear_errors(tmp_path):
 
 def test_each_level_is_written_and_read_by_its_function():
     prof = synthetic_profile()
-    data = profile_json.profile_to_dict(prof)
-    assert data == prof.to_dict()
+    data = prof.to_dict()
     assert data["kind"] == profile_json.FORMAT_KIND
     assert data["format_version"] == profile_json.FORMAT_VERSION
-    again = profile_json.profile_from_dict(Profile, data, "p.json", LayerProfile.from_dict)
+    again = Profile.from_dict(data, "p.json")
     assert isinstance(again, Profile) and again.to_dict() == data
     layer = prof.layers["attention"]
-    entry = profile_json.layer_to_dict(layer)
-    assert entry == layer.to_dict() and "float8" not in entry
-    read = profile_json.layer_from_dict(
-        LayerProfile, "attention", entry, "here", TensorStats.from_dict, Float8Ranges.from_dict
-    )
+    entry = layer.to_dict()
+    assert "float8" not in entry
+    read = LayerProfile.from_dict("attention", entry, "here")
     assert read.path == "attention" and read.to_dict() == entry
     logits = layer.internals["attention_logits"]
     written = logits.to_dict()
     assert written["exponents"] == {str(k): v for k, v in logits.exponent_counts().items()}
     assert TensorStats.from_dict(written, "here").to_dict() == written
     # A layer written before dtypes or float8 ranges were recorded reads with the defaults.
-    old = profile_json.layer_from_dict(
-        LayerProfile,
-        "x",
-        {"class_name": "Dense"},
-        "here",
-        TensorStats.from_dict,
-        Float8Ranges.from_dict,
-    )
+    old = LayerProfile.from_dict("x", {"class_name": "Dense"}, "here")
     assert old.dtype == "float32" and old.float8 is None and old.forward is None
 
 

@@ -2,19 +2,16 @@
 
 from __future__ import annotations
 
+import types
+from typing import Any
+
 import numpy as np
 import pytest
 from profiler.reference import synthetic_profile
 
 from autoprec import numerics
 from autoprec._backends import tensorflow as tf_backend
-from autoprec.profiler.views import (
-    SummaryRow,
-    format_fraction,
-    format_scale,
-    heat_map,
-    summary_table,
-)
+from autoprec.profiler.views import format_fraction, format_scale, heat_map, summary_table
 
 
 def test_tensorboard_and_plot_outputs(tmp_path):
@@ -30,20 +27,22 @@ def test_tensorboard_and_plot_outputs(tmp_path):
     assert image.stat().st_size > 1000
 
 
-def _row(path: str, safe: bool, exceeds: bool = False, overflow: float = 0.0) -> SummaryRow:
-    return SummaryRow(
+def _row(path: str, safe: bool, exceeds: bool = False, overflow: float = 0.0) -> Any:
+    """A stand-in for a `LayerProfile` with the figures the table reads."""
+    return types.SimpleNamespace(
         path=path,
         class_name="Dense",
-        max_forward=1e5 if exceeds else 2.0,
+        forward=types.SimpleNamespace(max_abs=1e5 if exceeds else 2.0),
         float16_overflow_fraction=overflow,
         float16_exceeds_max=exceeds,
         float16_underflow_fraction=0.0,
         bfloat16_underflow_fraction=0.0,
-        max_gradient=None if safe else 0.5,
-        loss_scale=None if safe else 2.0**10,
+        gradient=None if safe else types.SimpleNamespace(max_abs=0.5),
+        suggested_loss_scale=None if safe else 2.0**10,
         gradient_underflow_fraction=0.0,
         float16_headroom_bits=3.0,
         float16_safe=safe,
+        float8=None,
     )
 
 
