@@ -214,23 +214,13 @@ def search_keyword_arguments(args: argparse.Namespace, budget, profile) -> dict[
     """Returns the keyword arguments of `autoprec.search` for the `search` command's flags."""
     from .search import SearchSettings
 
-    return {
-        "budget": budget,
-        "hardware": args.hardware,
-        "n_trials": args.n_trials,
-        "timeout": args.timeout,
-        "verbose": args.verbose,
-        "settings": SearchSettings(
-            seed=args.seed,
-            plan_path=args.output,
-            steps_per_trial=args.steps_per_trial,
-            validation_steps=args.validation_steps,
-            batch_size=args.batch_size,
-            dtypes=parse_dtypes(args.dtypes),
-            float16_trials=args.float16_trials,
-            profile=profile,
-        ),
-    }
+    settings = SearchSettings(
+        seed=args.seed, plan_path=args.output, steps_per_trial=args.steps_per_trial,
+        validation_steps=args.validation_steps, batch_size=args.batch_size,
+        dtypes=parse_dtypes(args.dtypes), float16_trials=args.float16_trials, profile=profile,
+    )  # fmt: skip
+    arguments = {"budget": budget, "hardware": args.hardware, "n_trials": args.n_trials}
+    return {**arguments, "timeout": args.timeout, "verbose": args.verbose, "settings": settings}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -394,24 +384,22 @@ def print_json(data: Any) -> None:
 
 def diff_to_dict(first: str, second: str, difference) -> dict[str, Any]:
     """Returns the `diff --json` object for a `PlanDiff` between two files."""
-    default = difference.default_changed
-    rules = difference.rules_changed
+    default, rules = difference.default_changed, difference.rules_changed
     return {
         "first": first,
         "second": second,
         "identical": not difference,
-        "default": None if default is None else {"first": default[0], "second": default[1]},
+        "default": default and {"first": default[0], "second": default[1]},
         "changed": [
             {"layer": path, "first": before, "second": after}
             for path, before, after in difference.changed
         ],
         "only_in_first": list(difference.only_in_self),
         "only_in_second": list(difference.only_in_other),
-        "rules": None
-        if rules is None
-        else {
-            side: [rule.to_dict() for rule in rules[i]]
-            for i, side in enumerate(("first", "second"))
+        "rules": rules
+        and {
+            side: [rule.to_dict() for rule in part]
+            for side, part in zip(("first", "second"), rules)
         },
     }
 

@@ -83,10 +83,7 @@ def _array_batches(data: Any, batch_size: int) -> Iterator[tuple]:
     x, y = data[0], data[1]
     count = batch_size_of(y if flat_arrays(y) else x)
     for start in range(0, count, batch_size):
-        yield (
-            keras.tree.map_structure(lambda a, s=start: np.asarray(a[s : s + batch_size]), x),
-            keras.tree.map_structure(lambda a, s=start: np.asarray(a[s : s + batch_size]), y),
-        )
+        yield keras.tree.map_structure(lambda a, s=start: np.asarray(a[s : s + batch_size]), (x, y))
 
 
 def _element_batches(data: Any, what: str, error_class: type[Exception]) -> Iterator[tuple]:

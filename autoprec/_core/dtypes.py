@@ -1,5 +1,4 @@
-"""Compute dtypes a plan may assign, the Keras policies that realise them, and the one widening
-ladder."""
+"""Compute dtypes a plan may assign, the Keras policies that realise them, the widening ladder."""
 
 from __future__ import annotations
 
@@ -24,9 +23,8 @@ FLOAT8_CLASSES: tuple[str, ...] = ("Dense", "EinsumDense")
 #: The dtypes a float8 layer's non-matmul work may compute in (its policy's source).
 FLOAT8_SOURCES: tuple[str, ...] = (BFLOAT16, FLOAT16, FLOAT32)
 
-#: Keras policy applied for each compute dtype. Variables always stay float32
-#: (the master copy); plain "float16" set after build would silently compute
-#: in float32, so only `mixed_*` policies are used.
+#: Keras policy of each compute dtype: `mixed_*`, whose variables stay float32 (a plain "float16"
+#: set after build would silently compute in float32).
 POLICY_FOR_DTYPE: dict[str, str] = {
     FLOAT32: "float32",
     BFLOAT16: "mixed_bfloat16",
@@ -94,9 +92,8 @@ def float8_eligible(class_name: str | None) -> bool:
     return class_name in FLOAT8_CLASSES
 
 
-#: The one widening ladder: a dtype that cannot run a layer falls back to the next.
-#: float16 has precision but little range, bfloat16 the range of float32 with
-#: little precision; float32 is the end of every fallback.
+#: The one widening ladder: a dtype that cannot run a layer falls back to the next (float16 has
+#: precision but little range, bfloat16 float32's range with little precision).
 WIDENING_LADDER: tuple[str, ...] = (FLOAT16, BFLOAT16, FLOAT32)
 
 

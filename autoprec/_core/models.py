@@ -91,8 +91,7 @@ def _deserialize_tree(value: Any, key: str) -> Any:
 
 
 def swap_attribute(owner: object, name: str, value: object) -> Callable[[], None]:
-    """Sets `owner.name = value` on the instance (or class) itself and returns the function that
-    undoes it."""
+    """Sets `owner.name = value` on the instance (or class) itself; returns what undoes it."""
     is_class = isinstance(owner, type)
     had_own = name in vars(owner)
     previous = vars(owner).get(name)
@@ -217,8 +216,8 @@ def error_line(error: BaseException) -> str:
 
 
 def call_model_code(call: Callable[[], Value], *, layer: str, lost: str, fallback: Value) -> Value:
-    """Runs model code autoprec calls for its own use (configs, clones, traces, probes): an
-    exception from it becomes one warning saying what is `lost`; autoprec's own errors still raise."""
+    """Runs model code for autoprec's own use: its exception becomes one warning saying what is
+    `lost` (once per layer and loss); autoprec's own errors still raise."""
     try:
         return call()
     except AutoprecError:

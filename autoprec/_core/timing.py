@@ -194,18 +194,15 @@ def judge_rounds(
         tied = [name for name, comparison in comparisons.items() if not comparison.separated]
         return fastest, [fastest, *tied], comparisons
 
-    fastest, contenders, comparisons = contenders_among(list(rounds))
-    leader = min(contenders, key=lambda name: (simplicity(name), medians[name]))
-    order = [leader]
-    pool = [name for name in rounds if name != leader]
-    while pool:
+    order, pool = [], list(rounds)
+    while pool:  # the simplest of the plans tied with the fastest, then the same among the rest
         _, tied, _ = contenders_among(pool)
-        chosen = min(tied, key=lambda name: (simplicity(name), medians[name]))
-        order.append(chosen)
-        pool.remove(chosen)
+        order.append(min(tied, key=lambda name: (simplicity(name), medians[name])))
+        pool.remove(order[-1])
+    fastest, contenders, comparisons = contenders_among(list(rounds))
     return RoundsVerdict(
         order=tuple(order),
-        leader=leader,
+        leader=order[0],
         fastest=fastest,
         contenders=tuple(contenders),
         comparisons=comparisons,

@@ -536,10 +536,8 @@ def _conclusion(figures, comparisons: dict[str, Comparison], plan_budget: str, n
         where = f"on this CPU ({figures['host']['cpu']})"
     else:
         where = f"on this device ({device['name']})" if device else "here"
-    eligible = [name for name in UNIFORM_POLICIES if comparisons[name].budget == "within"] or [
-        "float32"
-    ]
-    best = min(eligible, key=lambda name: figures["step_seconds"][name])
+    within = [name for name in UNIFORM_POLICIES if comparisons[name].budget == "within"]
+    best = min(within or ["float32"], key=lambda name: figures["step_seconds"][name])
     comparison = comparisons[best]
     if plan_budget != "within":
         return (
@@ -634,7 +632,8 @@ def results_table(figures: Mapping[str, Any]) -> str:
         headers.append(f"{predicted['hardware']} pred. ms (batch {predicted['batch_size']})")
     rows = []
     for name in POLICIES:
-        status = budget_status(figures, name)
+        status, (won, rounds) = budget_status(figures, name), paired_rounds(figures, name)
+        paired = "timed apart" if rounds is None else f"{won}/{rounds} rounds"
         row = [
             name,
             _number(figures["metrics"][name]) if status != "diverged" else "diverged",
@@ -642,20 +641,12 @@ def results_table(figures: Mapping[str, Any]) -> str:
             _number(figures["losses"][name]),
             f"{figures['step_seconds_min'][name] * 1e3:.1f}",
             f"{figures['step_seconds'][name] * 1e3:.1f}",
-            "-" if name == "plan" else f"{figures['speedup_over'][name]:.2f}x",
-            _rounds_text(figures, name),
+            *(("-", "-") if name == "plan" else (f"{figures['speedup_over'][name]:.2f}x", paired)),
         ]
         if predicted:
             row.append(f"{predicted['step_seconds'][name] * 1e3:.3f}")
         rows.append(tuple(row))
     return text_table(tuple(headers), rows)
-
-
-def _rounds_text(figures: Mapping[str, Any], name: str) -> str:
-    if name == "plan":
-        return "-"
-    won, rounds = paired_rounds(figures, name)
-    return "timed apart" if rounds is None else f"{won}/{rounds} rounds"
 
 
 def host_text(host: Mapping[str, Any]) -> str:

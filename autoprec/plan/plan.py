@@ -31,6 +31,7 @@ from .._core.io import atomic_write_json, parse_json_text, read_json_file
 from .._version import __version__
 from ..errors import PlanError
 from ..layers import LayerInfo, describe_model, layer_paths, layer_policy, model_fingerprint
+from ..profiler.views import text_table
 from .rules import (
     PlanRule,
     coerce_rule,
@@ -45,7 +46,7 @@ from .serialize import FORMAT_NAME, FORMAT_VERSION, layer_entry, plan_arguments
 #: One summary row: path, class name, dtype, parameters, note (whom a follower follows).
 Row = tuple[str, str, str, int, str]
 
-_HEADERS = ("layer", "class", "dtype", "params", "")
+_HEADERS = ("layer", "class", "dtype", "params")
 
 #: Metadata slots that later stages fill; all start as `None` (or empty).
 METADATA_SLOTS: tuple[str, ...] = tuple(
@@ -56,22 +57,8 @@ METADATA_SLOTS: tuple[str, ...] = tuple(
 
 @dataclasses.dataclass(frozen=True)
 class PlanDiff:
-    """Differences between two plans, as returned by `PrecisionPlan.diff`; empty exactly when `==`.
-
-    Args:
-        changed: `(path, dtype_in_self, dtype_in_other)` for layers in both plans with different dtypes.
-        only_in_self: paths only the first plan names.
-        only_in_other: paths only the second plan names.
-        default_changed: `(self.default, other.default)` if the defaults differ, else `None`.
-        rules_changed: `(self.rules, other.rules)` if the rules differ (content or order), else `None`.
-
-    Example:
-
-    ```python
-    diff = plan.diff(plan.with_rule(class_name="Softmax", dtype="float32"))
-    print(diff)  # ~ attention/softmax  bfloat16 -> float32, then + rule class='Softmax' -> float32
-    ```
-    """
+    """What two plans decide differently (`PrecisionPlan.diff`): changed layers as `(path, dtype in
+    self, dtype in other)`, paths only in either, and the defaults and rules if they differ."""
 
     changed: tuple[tuple[str, str, str], ...]
     only_in_self: tuple[str, ...]
@@ -256,15 +243,8 @@ class PrecisionPlan:
 
     @classmethod
     def from_dtype_policy_map(cls, model, policy_map) -> PrecisionPlan:
-        """Returns the plan that a Keras `DTypePolicyMap` describes for `model`.
-
-        Args:
-            model: a built Keras model.
-            policy_map: a `keras.dtype_policies.DTypePolicyMap` keyed by Keras layer paths.
-
-        Returns:
-            A `PrecisionPlan`; layers the map does not cover get the map's default policy.
-        """
+        """Returns the plan a Keras `DTypePolicyMap` (keyed by Keras layer paths) describes for
+        `model`; layers the map does not cover get its default policy."""
         infos = describe_model(model)
         explicit = {
             path: dtype_of_policy(policy_map[info.keras_path or path])
@@ -281,15 +261,8 @@ class PrecisionPlan:
         return cls(layers, default=default, layer_info=infos, **identity, **kwargs)
 
     def dtype_for(self, path: str, class_name: str | None = None) -> str:
-        """Returns the compute dtype for a layer: exact path, then rules in order, then default.
-
-        Args:
-            path: stable layer path.
-            class_name: the layer's class name for class rules; from `layer_info` when omitted.
-
-        Returns:
-            The dtype name; a follower's is the dtype of the layer it follows.
-        """
+        """Returns a layer's compute dtype: exact path, then rules in order, then default (a
+        follower's is that of the layer it follows; `class_name` from `layer_info` if omitted)."""
         follows = path in self.followers  # followers are never in `layers`
         if follows:
             path, class_name = followed_source(path, self.followers), None
@@ -492,14 +465,8 @@ class PrecisionPlan:
         return f"PrecisionPlan({name}{counts}, default={self.default!r})"
 
     def to_dtype_policy_map(self):
-        """Returns a Keras `DTypePolicyMap` keyed by Keras layer paths.
-
-        Layers without a Keras path (the softmax inside `MultiHeadAttention`) are keyed by
-        their own path, which Keras never looks up: `autoprec.apply_plan` sets those.
-
-        Returns:
-            A `keras.dtype_policies.DTypePolicyMap` whose default is the plan's default.
-        """
+        """Returns a Keras `DTypePolicyMap` keyed by Keras layer paths (a layer without one, such as
+        the softmax inside `MultiHeadAttention`, by its own path: `apply_plan` sets those)."""
         import keras
 
         policies = keras.dtype_policies
@@ -519,15 +486,8 @@ class PrecisionPlan:
         for path, dtype in self._every_layer().items():
             info = self.layer_info.get(path)
             note = f"follows {self.followers[path]}" if path in self.followers else ""
-            rows.append(
-                (
-                    path,
-                    info.class_name if info else "?",
-                    dtype,
-                    info.parameters if info else 0,
-                    note,
-                )
-            )
+            class_name, parameters = (info.class_name, info.parameters) if info else ("?", 0)
+            rows.append((path, class_name, dtype, parameters, note))
         title = (
             f"PrecisionPlan for {self.model_name or 'model'} "
             f"(default {self.default}, {len(self.rules)} rule(s))"
@@ -562,11 +522,7 @@ class PrecisionPlan:
         return json.dumps(self.to_dict(), indent=2) + "\n"
 
     def save(self, path: str | os.PathLike) -> None:
-        """Writes the plan as JSON atomically (temp file in the same folder, fsync, rename).
-
-        Args:
-            path: destination file, conventionally `*.json`.
-        """
+        """Writes the plan as JSON to `path` atomically (temp file in the same folder, fsync, rename)."""
         atomic_write_json(path, self.to_dict())
 
     @classmethod
@@ -588,17 +544,8 @@ class PrecisionPlan:
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> PrecisionPlan:
-        """Reads a plan JSON file written by `save` (or by hand).
-
-        Args:
-            path: the JSON file.
-
-        Returns:
-            A `PrecisionPlan`.
-
-        Raises:
-            PlanError: naming the file and the field, for a missing, malformed or newer file.
-        """
+        """Reads a plan JSON file written by `save` (or by hand); a `PlanError` names the file and
+        the field of a missing, malformed or newer file."""
         return cls.from_dict(read_json_file(path, PlanError, "precision plan"), str(path))
 
 
@@ -688,14 +635,12 @@ def _is_dtype(value: object) -> bool:
 
 
 def _table_lines(rows: list[Row]) -> list[str]:
-    """Returns the header, the rule under it and one aligned line per row."""
-    widths = [max(len(str(row[column])) for row in [_HEADERS, *rows]) for column in range(4)]
-    lines = ["  ".join(h.ljust(w) for h, w in zip(_HEADERS, widths)).rstrip()]
-    lines.append("  ".join("-" * width for width in widths))
-    for path, class_name, dtype, parameters, note in rows:
-        cells = (path.ljust(widths[0]), class_name.ljust(widths[1]), dtype.ljust(widths[2]))
-        lines.append(f"{'  '.join(cells)}  {parameters:>{widths[3]},}  {note}".rstrip())
-    return lines
+    """Returns the aligned table of `rows` (parameters right-aligned, notes after the columns)."""
+    parameters = [f"{row[3]:,}" for row in rows]
+    width = max(len(text) for text in [_HEADERS[3], *parameters])
+    cells = [(*row[:3], text.rjust(width)) for row, text in zip(rows, parameters)]
+    lines = text_table(_HEADERS, cells).splitlines()
+    return lines[:2] + [f"{line}  {row[4]}".rstrip() for line, row in zip(lines[2:], rows)]
 
 
 def _total_lines(decided: list[Row]) -> list[str]:

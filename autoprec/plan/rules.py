@@ -15,23 +15,8 @@ from ..layers import LayerInfo
 
 @dataclasses.dataclass(frozen=True, init=False)
 class PlanRule:
-    """One ordered pattern rule: a glob on layer paths and/or a glob on layer class names.
-
-    Arguments are keyword-only and read in the order the plan reads everywhere:
-    where (path, class name), then the dtype.
-
-    Args:
-        path: glob on stable layer paths (`fnmatch` syntax, `*` also crosses `/`), or `None`.
-        class_name: glob on layer class names (e.g. `"Softmax"`, `"*Normalization"`), or `None`.
-        dtype: compute dtype given to matching layers.
-
-    Example:
-
-    ```python
-    rule = autoprec.plan.PlanRule(class_name="Softmax", dtype="float32")
-    rule.matches("attention/softmax", "Softmax")  # True
-    ```
-    """
+    """One ordered rule: a glob on layer paths and/or on class names (`*` crosses `/`), and the
+    dtype it gives; arguments are keyword-only, read as where (path, class name), then dtype."""
 
     path: str | None
     class_name: str | None
@@ -44,21 +29,11 @@ class PlanRule:
             raise PlanError(
                 "PlanRule: missing dtype; write e.g. PlanRule(class_name='Softmax', dtype='float32')."
             )
-        object.__setattr__(self, "path", path)
-        object.__setattr__(self, "class_name", class_name)
-        object.__setattr__(self, "dtype", dtype)
+        for name, value in (("path", path), ("class_name", class_name), ("dtype", dtype)):
+            object.__setattr__(self, name, value)
 
     def matches(self, path: str, class_name: str | None) -> bool:
-        """Returns whether the rule applies to a layer with this path and class name.
-
-        Args:
-            path: the layer's stable path.
-            class_name: the layer's class name, or `None` when unknown (a class
-                rule then does not match).
-
-        Returns:
-            `True` when every glob the rule has matches.
-        """
+        """Returns whether every glob of the rule matches (a class rule never matches `None`)."""
         if self.path is not None and not fnmatch.fnmatchcase(path, self.path):
             return False
         if self.class_name is None:
