@@ -155,6 +155,9 @@ LONG_MODULES = ("tests/test_reload_keras_hub.py",)
 #: The longest tests on 2 cores (measured with `--durations=0`: the default run's longest,
 #: down to ~4.5 s a test; parametrized ones by name, every case): `long`, run by CI after the default suite (`pytest -m long`).
 LONG_TESTS = (
+    "tests/runtime/test_telemetry.py::test_a_jit_compiled_step_keeps_the_batch_it_skipped",
+    "tests/test_bench_first_epoch.py::test_the_rerun_in_a_fresh_process_recalls_what_the_first_fit_kept",
+    "tests/decision/test_memory.py::test_remember_false_neither_reads_nor_writes",
     "tests/auto/test_decide.py::test_automatic_mode_gets_costs_for_a_keras_hub_bert_fed_dicts",
     "tests/auto/test_decide.py::test_automatic_mode_measures_costs_on_a_padded_dataset",
     "tests/auto/test_race.py::test_the_one_liner_keeps_the_plan_whose_whole_step_measured_fastest",

@@ -349,7 +349,7 @@ def test_the_outcome_of_a_completed_trial_of_the_same_assignment_and_fidelity_is
     _tell(study, "k", 4, TrialRecord(metrics={"accuracy": 0.5}))
     _tell(study, "k", 4, TrialRecord(metrics={"accuracy": 0.5}, reused=True, reused_from=0))
     _tell(study, "k", 8, TrialRecord(metrics={"accuracy": 0.7}))
-    assert trained_outcome(study, "k", 4).trial == 0
+    assert trained_outcome(study, "k", 4).reused_from == 0
     assert trained_outcome(study, "k", 8).metrics == {"accuracy": 0.7}
     assert trained_outcome(study, "k", 2) is None and trained_outcome(study, "j", 4) is None
 
@@ -372,7 +372,7 @@ def test_a_trial_waits_for_the_one_evaluating_its_assignment_and_reuses_its_outc
     outcome = wait_for_same_assignment(study, second.number, "k", 2, timeout=30)
     finisher.join()
     assert time.monotonic() - started >= 0.5
-    assert outcome.trial == first.number and outcome.metrics == {"accuracy": 0.75}
+    assert outcome.reused_from == first.number and outcome.metrics == {"accuracy": 0.75}
 
 
 def test_no_trial_waits_for_a_higher_one_that_is_not_evaluating_and_waits_end():
