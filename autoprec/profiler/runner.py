@@ -178,11 +178,7 @@ class ProbeSession:
         self.unrecorded: dict[str, None] = {}
 
     def __enter__(self) -> ProbeSession:
-        try:
-            self.install()
-        except BaseException:
-            self.remove()
-            raise
+        self.install()
         return self
 
     def __exit__(self, *exc_info: object) -> None:
@@ -218,7 +214,15 @@ class ProbeSession:
             self._float8_slots[path] = slots
 
     def install(self) -> None:
-        """Wraps the train step, the optimizer and the layer calls, then rebuilds the train function."""
+        """Wraps the train step, the optimizer and the layer calls, then rebuilds the train function;
+        removes what it installed if that raises."""
+        try:
+            self._install()
+        except BaseException:
+            self.remove()
+            raise
+
+    def _install(self) -> None:
         if getattr(self.model, "_autoprec_probe_session", None) is not None:
             raise ProfileError(
                 f"model {self.model.name!r} is already being profiled; finish that profile "
@@ -494,7 +498,8 @@ class ProfileCallback(keras.callbacks.Callback):
         session = ProbeSession(self.model, self.include_pass_through)
         if self.float8_ranges:
             session.enable_float8_ranges()
-        self._session = session.__enter__()  # installs; removes what it installed if that raised
+        session.install()
+        self._session = session
 
     def on_train_batch_end(self, batch: int, logs: Logs = None) -> None:
         if self._session is not None:
