@@ -36,19 +36,9 @@ def float_format(name: str) -> FloatFormat:
     """Returns the range facts of a float format, read from `ml_dtypes.finfo`."""
     name = FORMAT_ALIASES.get(name, name)
     info = ml_dtypes.finfo(name)
-    maximum, min_normal = float(info.max), float(info.smallest_normal)
-    min_subnormal = float(info.smallest_subnormal)
-    return FloatFormat(
-        name=name,
-        max=maximum,
-        min_normal=min_normal,
-        min_subnormal=min_subnormal,
-        eps=float(info.eps),
-        max_exponent=math.frexp(maximum)[1] - 1,
-        min_normal_exponent=math.frexp(min_normal)[1] - 1,
-        min_subnormal_exponent=math.frexp(min_subnormal)[1] - 1,
-        mantissa_bits=int(info.nmant),
-    )
+    limits = [float(info.max), float(info.smallest_normal), float(info.smallest_subnormal)]
+    exponents = [math.frexp(limit)[1] - 1 for limit in limits]  # max, min normal, min subnormal
+    return FloatFormat(name, *limits, float(info.eps), *exponents, int(info.nmant))
 
 
 FLOAT16 = float_format("float16")

@@ -1,6 +1,6 @@
 """Backend-specific parts of autoprec, one module per Keras backend (`tensorflow`, `jax`): the in-step
 instrumentation, the same interface on each (`ProbeHooks`, `is_float_tensor`, `xla_can_host_probes`,
-`write_histograms`, `every_replica`; types in `instrument.py`), and the compiled steps timing measures."""
+`every_replica`; types in `instrument.py`), and the compiled steps timing measures."""
 
 from __future__ import annotations
 

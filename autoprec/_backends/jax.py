@@ -6,7 +6,6 @@ from __future__ import annotations
 import functools
 import inspect
 import itertools
-import os
 from collections.abc import Callable
 from typing import Any
 
@@ -15,9 +14,7 @@ import jax.numpy as jnp
 import keras
 import numpy as np
 
-from ..errors import BackendError
 from .instrument import (
-    HistogramSeries,
     KeptStep,
     Replace,
     Slot,
@@ -194,10 +191,7 @@ class ProbeHooks:
         kwargs = {"training": True} if _takes_training(model) else {}
 
         def forward(trainable_values, non_trainable_values, inputs):
-            outputs, _ = model.stateless_call(
-                trainable_values, non_trainable_values, inputs, **kwargs
-            )
-            return outputs
+            return model.stateless_call(trainable_values, non_trainable_values, inputs, **kwargs)[0]
 
         outer, self._trace = self._trace, StepTrace(discovering=True, multiplier=None, in_loss=True)
         try:
@@ -242,11 +236,9 @@ class ProbeHooks:
                 if grads[position] is None:
                     continue
                 gradient_slot = (path, "weight_gradients", name)
-                weight_slot = (path, "weights", name)
                 self._slots.setdefault(gradient_slot)
-                self._slots.setdefault(weight_slot)
                 trace.measure(gradient_slot, grads[position], trace.multiplier)
-                trace.measure(weight_slot, trainable[position])
+                self.record((path, "weights", name), trainable[position])  # measured directly
             return original(optimizer_variables, grads, trainable)
 
         return stateless_apply
@@ -333,25 +325,6 @@ def is_float_tensor(value: object) -> bool:
 def xla_can_host_probes() -> bool:
     """Returns whether the probes compile under XLA: always, since JAX compiles every step with it."""
     return True
-
-
-def write_histograms(
-    logdir: str | os.PathLike,
-    series: HistogramSeries,
-    step: int = 0,
-    description: Callable[[str], str] | None = None,
-) -> None:
-    """Writes exponent histograms as TensorBoard summaries with TensorFlow's writer, if installed."""
-    try:
-        from . import tensorflow as tensorflow_backend
-    except ImportError as error:
-        raise BackendError(
-            "Profile.to_tensorboard writes TensorBoard event files with TensorFlow's summary "
-            "writer, and TensorFlow cannot be imported in this process. Install tensorflow "
-            "(tensorflow-cpu is enough), or save the profile with Profile.save(path) and call "
-            "Profile.load(path).to_tensorboard(logdir) where TensorFlow is installed."
-        ) from error
-    tensorflow_backend.write_histograms(logdir, series, step=step, description=description)
 
 
 def every_replica(flag: Any) -> Any:

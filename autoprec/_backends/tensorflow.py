@@ -41,11 +41,6 @@ def _count_values(indices: tf.Tensor, slots: int, xla: bool) -> tf.Tensor:
     )
 
 
-def _sum_of_squares(values: tf.Tensor) -> tf.Tensor:
-    """Sum of squares of a 1-D float32 tensor in one pass (`L2Loss` is half of it)."""
-    return 2.0 * tf.nn.l2_loss(values)
-
-
 def _subnormal_counts(bits: tf.Tensor, xla: bool) -> tf.Tensor:
     """Counts float32 subnormals by exact exponent (-149 .. -127); `bits` are of `|x|`."""
     is_subnormal = tf.logical_and(bits > 0, bits < SMALLEST_NORMAL_BITS)
@@ -65,7 +60,7 @@ def _plain_sums(flat: tf.Tensor, magnitude: tf.Tensor) -> tf.Tensor:
         [
             tf.cast(tf.reduce_max(magnitude), tf.float64),
             tf.cast(tf.reduce_sum(magnitude), tf.float64),
-            tf.cast(_sum_of_squares(flat), tf.float64),
+            tf.cast(2.0 * tf.nn.l2_loss(flat), tf.float64),  # L2Loss: half the sum of squares
         ]
     )
 
@@ -86,7 +81,7 @@ def _masked_rescaled_sums(bits: tf.Tensor, magnitude: tf.Tensor) -> tf.Tensor:
         [
             tf.cast(largest, tf.float64),
             tf.cast(tf.reduce_sum(scaled), tf.float64) * factor,
-            tf.cast(_sum_of_squares(scaled), tf.float64) * factor * factor,
+            tf.cast(2.0 * tf.nn.l2_loss(scaled), tf.float64) * factor * factor,
         ]
     )
 
@@ -110,10 +105,10 @@ def _flat_statistics(flat: tf.Tensor, xla: bool) -> tuple[tf.Tensor, tf.Tensor]:
     if xla:
         subnormal = _subnormal_counts(bits, xla)
         max_and_sums = _masked_rescaled_sums(bits, magnitude)
-    else:
+        nan_bits = bits
+    else:  # slices of length 0 skip the work a tensor does not need
         size = tf.size(flat)
-        subnormal_size = tf.where(has_subnormal, size, 0)
-        subnormal = _subnormal_counts(bits[:subnormal_size], xla)
+        subnormal = _subnormal_counts(bits[: tf.where(has_subnormal, size, 0)], xla)
         masked_size = tf.where(needs_masking, size, 0)
         plain_size = size - masked_size
         max_and_sums = tf.where(
@@ -121,11 +116,7 @@ def _flat_statistics(flat: tf.Tensor, xla: bool) -> tuple[tf.Tensor, tf.Tensor]:
             _masked_rescaled_sums(bits[:masked_size], magnitude[:masked_size]),
             _plain_sums(flat[:plain_size], magnitude[:plain_size]),
         )
-    has_nonfinite = biased_counts[BIASED_EXPONENT_BINS - 1] > 0
-    if xla:
-        nan_bits = bits
-    else:
-        nan_bits = bits[: tf.where(has_nonfinite, tf.size(flat), 0)]
+        nan_bits = bits[: tf.where(biased_counts[BIASED_EXPONENT_BINS - 1] > 0, size, 0)]
     nans = tf.reduce_sum(tf.cast(nan_bits > INFINITY_BITS, tf.int32))
     zeros = biased_counts[0] - tf.reduce_sum(subnormal)
     counts = tf.concat(
@@ -135,17 +126,11 @@ def _flat_statistics(flat: tf.Tensor, xla: bool) -> tuple[tf.Tensor, tf.Tensor]:
     return tf.cast(counts, tf.int64), floats
 
 
-#: Which float slot combines over steps by maximum and which by minimum (the rest add up).
-_COMBINE_BY_MAX = (True, False, False, False)
-_COMBINE_BY_MIN = (False, True, False, False)
-
-
 def combine_floats(current: tf.Tensor, new: tf.Tensor) -> tf.Tensor:
     """Accumulates float slots (last axis): max of maxima, min of minima, sums of sums."""
+    by_max, by_min = [True, False, False, False], [False, True, False, False]
     return tf.where(
-        _COMBINE_BY_MAX,
-        tf.maximum(current, new),
-        tf.where(_COMBINE_BY_MIN, tf.minimum(current, new), current + new),
+        by_max, tf.maximum(current, new), tf.where(by_min, tf.minimum(current, new), current + new)
     )
 
 
@@ -187,9 +172,7 @@ def tensor_statistics(
     statistics: str = "histograms",
 ) -> tuple[tf.Tensor, tf.Tensor]:
     """Computes the raw statistics of one tensor, as float32 without gradient, times `multiplier`."""
-    flat = tf.reshape(tf.stop_gradient(tensor), [-1])
-    if flat.dtype != tf.float32:
-        flat = tf.cast(flat, tf.float32)
+    flat = tf.cast(tf.reshape(tf.stop_gradient(tensor), [-1]), tf.float32)
     if multiplier is not None:
         flat = flat * tf.cast(multiplier, tf.float32)
     return _statistics_function(xla, statistics)(flat)
@@ -561,45 +544,23 @@ def every_replica(flag: Any) -> tf.Tensor:
 # TensorBoard output: exponent histograms, scalars and text as event files.
 
 
-def write_histograms(
-    logdir: str | os.PathLike,
-    series: HistogramSeries,
-    step: int = 0,
-    description: Callable[[str], str] | None = None,
-) -> None:
+def write_histograms(logdir: str | os.PathLike, series: HistogramSeries, step: int = 0) -> None:
     """Writes exponent histograms as TensorBoard histogram summaries."""
     writer = tf.summary.create_file_writer(str(logdir))
     with writer.as_default():
         for tag, exponents, counts in series:
             exponents = np.asarray(exponents, np.float64)
             buckets = np.stack([exponents, exponents + 1.0, np.asarray(counts, np.float64)], axis=1)
-            text = description(tag) if description else ""
-            _write_plugin_summary(tag, tf.constant(buckets), step, "histograms", text)
+            _write_plugin_summary(tag, tf.constant(buckets), step, "histograms")
     writer.flush()
     writer.close()
 
 
-def read_histograms(logdir: str | os.PathLike) -> dict[str, np.ndarray]:
-    """Reads back the histogram summaries that `write_histograms` wrote."""
-    from tensorflow.core.util import event_pb2
-
-    found: dict[str, np.ndarray] = {}
-    for path in sorted(tf.io.gfile.glob(os.path.join(str(logdir), "events.out.tfevents.*"))):
-        for record_bytes in tf.data.TFRecordDataset(path):
-            event = event_pb2.Event.FromString(record_bytes.numpy())
-            for value in event.summary.value:
-                if value.metadata.plugin_data.plugin_name == "histograms":
-                    found[value.tag] = tf.make_ndarray(value.tensor)
-    return found
-
-
-def _write_plugin_summary(
-    tag: str, tensor: tf.Tensor, step: int, plugin: str, description: str = ""
-) -> None:
+def _write_plugin_summary(tag: str, tensor: tf.Tensor, step: int, plugin: str) -> None:
     """Writes one summary in a TensorBoard plugin's format, without needing TensorBoard."""
     from tensorflow.core.framework import summary_pb2
 
-    metadata = summary_pb2.SummaryMetadata(display_name=tag, summary_description=description)
+    metadata = summary_pb2.SummaryMetadata(display_name=tag)
     metadata.plugin_data.plugin_name = plugin
     tf.summary.write(tag=tag, tensor=tensor, step=step, metadata=metadata)
 

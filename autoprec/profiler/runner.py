@@ -123,38 +123,8 @@ def _kernel_values(layer: keras.layers.Layer) -> np.ndarray | None:
 
 
 class ProbeSession:
-    """Probes on a compiled model: they record statistics in every train step until removed.
-
-    `install()` lets the backend wrap the train step and the optimizer, wraps
-    the probed layers' `call` (on the instances) and rebuilds the train
-    function; from then on every `model.fit` step records. `collect()` reads
-    what was recorded into a `Profile`; `remove()` restores every method and
-    rebuilds the train function, so nothing of the probes stays in the graph.
-    As a context manager it installs on entry and removes on exit.
-    `ProfileCallback` and `autoprec.profile` are built on it; use it directly to
-    keep probes on across several `fit` calls (as the overhead benchmark does).
-    TensorFlow and JAX backends.
-
-    Args:
-        model: a compiled Keras model.
-        include_pass_through: also probe pass-through layers (Dropout, Flatten, ...).
-        statistics: `"histograms"` (exact exponent histograms, for a `Profile`) or
-            `"amax"` (each tensor's largest magnitude and non-finite counts, and
-            each probed layer's inputs under `(path, "inputs", "input")`: what the
-            guard's replay of a failed step reads with `read()`).
-
-    Raises:
-        BackendError: if the Keras backend is neither TensorFlow nor JAX.
-
-    Example:
-
-    ```python
-    with autoprec.profiler.ProbeSession(model) as session:
-        model.fit(x, y, epochs=1, verbose=0)
-        prof = session.collect()
-    session.steps_recorded(), session.probed_tensor_count
-    ```
-    """
+    """Probes on a compiled model, recording in every train step from `install()` to `remove()`;
+    `collect()` reads them into a `Profile` (arguments and methods in docs/api.md)."""
 
     def __init__(
         self, model: keras.Model, include_pass_through: bool = False, statistics: str = "histograms"
@@ -446,34 +416,8 @@ Logs: TypeAlias = Mapping[str, float] | None
 
 
 class ProfileCallback(keras.callbacks.Callback):
-    """Profiles the first `steps` train steps of a real `fit`, then removes its probes.
-
-    After `steps` steps (or at the end of training, if it ends sooner) the
-    result is in `.profile`, the probes are removed and the train function is
-    rebuilt, so the rest of training runs at full speed. `Dense` and
-    `EinsumDense` layers also get their float8 ranges
-    (`autoprec.profiler.Float8Ranges`): the statistics of the float8 tensors
-    are read on the host after every step for their per-step amax.
-
-    Args:
-        steps: number of train steps to record.
-        include_pass_through: also probe pass-through layers (Dropout,
-            Flatten, MaxPooling, ReLU, ...), which cost time and duplicate
-            their producers' statistics.
-        stop_training: stop `fit` once the profile is complete.
-        float8_ranges: also record what a float8 decision needs for Dense and
-            EinsumDense layers (their inputs and pre-activation gradients, read on
-            the host after every step); `False` saves that time where float8 is
-            not a choice (a device without FP8 tensor cores).
-
-    Example:
-
-    ```python
-    profiler = autoprec.ProfileCallback(steps=20)
-    model.fit(x, y, epochs=1, callbacks=[profiler])
-    print(profiler.profile.summary())
-    ```
-    """
+    """Profiles the first `steps` train steps of a real `fit` into `.profile`, then removes its
+    probes so the rest of training runs at full speed (arguments in docs/api.md)."""
 
     def __init__(
         self,
@@ -505,7 +449,7 @@ class ProfileCallback(keras.callbacks.Callback):
         if self._session is not None:
             self._session.observe_step()
         if self._session is not None and self._session.steps_recorded() >= self.steps:
-            self._finish()
+            self.remove_probes()
             if self.stop_training:
                 self.model.stop_training = True
 
@@ -514,15 +458,12 @@ class ProfileCallback(keras.callbacks.Callback):
 
     def remove_probes(self) -> None:
         """Removes the probes now (e.g. after `fit` raised), keeping whatever was recorded."""
-        if self._session is not None:
-            self._finish()
-
-    def _finish(self) -> None:
         session, self._session = self._session, None
-        try:
-            self.profile = session.collect()
-        finally:
-            session.remove()
+        if session is not None:
+            try:
+                self.profile = session.collect()
+            finally:
+                session.remove()
 
 
 def profile(

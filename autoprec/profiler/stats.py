@@ -14,9 +14,8 @@ from typing import Any
 import numpy as np
 
 from .. import numerics
-from .._backends import PROFILER_UNSUPPORTED, instrument_backend
 from .._core.io import atomic_write_json, parse_json_text, read_json_file
-from ..errors import ProfileError
+from ..errors import BackendError, ProfileError
 from . import views
 from .float8_ranges import Float8Ranges, Float8TensorRange
 from .profile_json import (
@@ -55,37 +54,9 @@ def _of(stats: TensorStats | None, name: str, default: Any) -> Any:
 
 @dataclasses.dataclass(frozen=True)
 class LayerProfile:
-    """What the profiler recorded for one layer.
-
-    The float16 figures judge the layer as if it computed in float16: its
-    *forward values* (activations and internals) must fit float16 as they are,
-    its *gradients* (activation gradients and weight gradients) must fit with
-    some power-of-two loss scale.
-
-    Attributes:
-        path: the layer's stable autoprec path.
-        class_name: the layer's class name.
-        dtype: the layer's compute dtype while it was profiled.
-        activations: `{output key: TensorStats}`; the key is `"output"` for a
-            single output, `"output/0"`, `"output/<name>"` for tuples and dicts.
-        activation_gradients: `{output key: TensorStats}` of the loss gradient
-            with respect to each output.
-        weights: `{weight name: TensorStats}` of each trainable weight's values.
-        weight_gradients: `{weight name: TensorStats}` of each trainable weight's gradient.
-        internals: `{name: TensorStats}` of internal intermediates
-            (`"attention_logits"` for `MultiHeadAttention`).
-        float8: what a float8 decision needs (`Float8Ranges`) for a `Dense` or
-            `EinsumDense` layer, `None` for other classes (and for profiles
-            written before autoprec recorded it).
-
-    Example:
-
-    ```python
-    layer = prof.layers["attention"]
-    layer.internals["attention_logits"].max_abs, layer.float16_safe
-    prof.layers["dense"].float8_safe, prof.layers["dense"].float8_unsafe_reason
-    ```
-    """
+    """What the profiler recorded for one layer: `{name: TensorStats}` per tensor kind, merged views
+    and the float16 (forward values as they are, gradients with a loss scale), bfloat16 and float8
+    verdicts (fields in docs/api.md)."""
 
     path: str
     class_name: str
@@ -397,16 +368,7 @@ class Profile:
         return cls.from_dict(data, str(path))
 
     def summary(self, max_rows: int | None = None) -> str:
-        """Returns a text table of the layers, riskiest for float16 first.
-
-        Columns: largest forward magnitude, float16 overflow and flush-to-zero
-        fractions of forward values, bfloat16 flush-to-zero, largest gradient,
-        suggested loss scale, gradient flush-to-zero at that scale, and whether
-        the layer is float16-safe. When some layer has float8 ranges (`Dense`,
-        `EinsumDense`), four more: the largest float8 flush-to-zero fraction of
-        its tensors (and which: `in`, `kernel`, `grad`), the largest saturation
-        under Keras' delayed scale, the largest amax growth per step, and
-        whether the layer is float8-safe.
+        """Returns a text table of the layers, riskiest for float16 first (columns in docs/api.md).
 
         Args:
             max_rows: show at most this many layers (all when `None`).
@@ -422,17 +384,22 @@ class Profile:
     def to_tensorboard(self, logdir: str | os.PathLike, step: int = 0) -> None:
         """Writes every recorded exponent histogram as a TensorBoard histogram.
 
-        Tags are `<layer path>/<kind>[/<name>]`; the x axis is the binary
-        exponent `floor(log2|x|)` (zeros and non-finite values are left out).
-        Needs TensorFlow installed, whichever the Keras backend (TensorBoard
-        itself is not needed to write).
+        Tags are `<layer path>/<kind>[/<name>]`, the x axis `floor(log2|x|)`; needs TensorFlow.
 
         Args:
             logdir: TensorBoard log directory.
             step: the summary step to write at.
         """
-        backend = instrument_backend("Profile.to_tensorboard", PROFILER_UNSUPPORTED)
-        backend.write_histograms(logdir, self._histogram_series(), step=step)
+        try:
+            from .._backends import tensorflow as tensorflow_backend
+        except ImportError as error:
+            raise BackendError(
+                "Profile.to_tensorboard writes TensorBoard event files with TensorFlow's summary "
+                "writer, and TensorFlow cannot be imported in this process. Install tensorflow "
+                "(tensorflow-cpu is enough), or save the profile with Profile.save(path) and call "
+                "Profile.load(path).to_tensorboard(logdir) where TensorFlow is installed."
+            ) from error
+        tensorflow_backend.write_histograms(logdir, self._histogram_series(), step=step)
 
     def _histogram_series(self) -> Iterator[tuple[str, np.ndarray, np.ndarray]]:
         exponents = numerics.bin_exponents()

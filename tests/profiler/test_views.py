@@ -7,17 +7,23 @@ from typing import Any
 
 import numpy as np
 import pytest
+import tensorflow as tf
 from profiler.reference import synthetic_profile
+from tensorflow.core.util import event_pb2
 
 from autoprec import numerics
-from autoprec._backends import tensorflow as tf_backend
 from autoprec.profiler.views import format_fraction, format_scale, heat_map, summary_table
 
 
 def test_tensorboard_and_plot_outputs(tmp_path):
     prof = synthetic_profile()
     prof.to_tensorboard(tmp_path / "logs")
-    written = tf_backend.read_histograms(tmp_path / "logs")
+    written = {
+        value.tag: tf.make_ndarray(value.tensor)
+        for path in (tmp_path / "logs").glob("events.out.tfevents.*")
+        for record in tf.data.TFRecordDataset(str(path))
+        for value in event_pb2.Event.FromString(record.numpy()).summary.value
+    }
     assert "attention/internals/attention_logits" in written
     buckets = written["encoder/dense/activations"]
     assert buckets[:, 2].sum() == 3  # three non-zero activations
