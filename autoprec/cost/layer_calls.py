@@ -219,8 +219,7 @@ def sample_inputs(
 
 
 class _Recorder:
-    """Temporary hooks on every layer's call (`quantized_call` for a float8 layer) and on
-    Keras' input casts, recording shapes and producer edges; a cast tensor is its source."""
+    """Temporary hooks on every layer's call and on Keras' input casts, recording shapes and edges."""
 
     def __init__(self, paths: dict[str, keras.layers.Layer]):
         self.paths = paths
@@ -283,19 +282,18 @@ class _Recorder:
                 if kind == inspect.Parameter.VAR_POSITIONAL:
                     value = tuple(value)
             arguments.append((name, _encode_argument(value)))
-        output_tensors = flat_arrays(outputs)
+        inputs, output_tensors = flat_arrays((args, kwargs)), flat_arrays(outputs)
         output_specs = tuple(spec_of(tensor) for tensor in output_tensors)
         self.calls[path].append(
             LayerCall(path, type(layer).__name__, tuple(arguments), output_specs)
         )
-        for tensor in flat_arrays((args, kwargs)):
+        for tensor in inputs:
             tensor_id = self.source_of.get(id(tensor), id(tensor))
             elements = spec_of(tensor).elements_per_sample()
             self.raw_edges.append((tensor_id, self.producer_of.get(tensor_id), path, elements))
         for tensor in output_tensors:
             self.producer_of.setdefault(id(tensor), path)
-            self.keep_alive.append(tensor)
-        self.keep_alive.extend(flat_arrays((args, kwargs)))
+        self.keep_alive.extend((*output_tensors, *inputs))
 
 
 def _prune_edges(

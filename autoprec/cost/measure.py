@@ -85,8 +85,7 @@ def _layer_dtypes(cost: LayerCost, dtypes: Sequence[str]) -> tuple[str, ...]:
 
 @dataclasses.dataclass(frozen=True)
 class _Setting:
-    """What one `calibrate` call measures (trace, dtypes, device, cache) and how (repeats, counters,
-    deadline, dispatch seconds, progress bar)."""
+    """What one `calibrate` call measures and how."""
 
     batch_size: int
     dtypes: tuple[str, ...]

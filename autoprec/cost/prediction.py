@@ -390,13 +390,9 @@ def _count_elementwise(call: LayerCall, flops_per_element: float, note: str = ""
 
 def _count_activation_layer(call: LayerCall, layer) -> dict[str, Any]:
     class_name = type(layer).__name__
-    if class_name == "Activation":
-        per_element = _activation_flops(layer.activation)
-    else:
-        per_element = ACTIVATION_FLOPS.get(
-            re.sub(r"(?<!^)(?=[A-Z])", "_", class_name).lower(), _DEFAULT_ACTIVATION_FLOPS
-        )
-    return _count_elementwise(call, per_element)
+    snake_case = re.sub(r"(?<!^)(?=[A-Z])", "_", class_name).lower()
+    activation = layer.activation if class_name == "Activation" else snake_case
+    return _count_elementwise(call, _activation_flops(activation))
 
 
 def count_call(
@@ -586,7 +582,6 @@ def predict_costs(
     trace = trace_model(model, None if x is None else input_part(x))
     dtypes = [canonical_dtype(dtype) for dtype in dtypes]
     source = canonical_float8_source(float8_source)
-    bandwidth = profile.memory_bandwidth
     layers = {}
     for path, cost in count_costs(model, trace).items():
         seconds = {d: predicted_layer_seconds(cost, profile, d, batch_size, source) for d in dtypes}
@@ -600,7 +595,10 @@ def predict_costs(
         layers=layers,
         edges=[dataclasses.astuple(edge) for edge in trace.edges],
         cast_seconds={
-            dtype: {"fixed": profile.op_overhead_seconds, "per_element": (4 + size) / bandwidth}
+            dtype: {
+                "fixed": profile.op_overhead_seconds,
+                "per_element": (4 + size) / profile.memory_bandwidth,
+            }
             for dtype, size in ITEMSIZE.items()
             if dtype != FLOAT32
         },

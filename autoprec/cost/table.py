@@ -129,8 +129,7 @@ class CostTable:
     def cast_cost(self, elements: float, dtype: str) -> float:
         """Returns seconds to cast `elements` to `dtype` and the gradient back (fwd+bwd)."""
         figures = self.cast_seconds.get(dtype) or self.cast_seconds.get("bfloat16") or {}
-        one_way = figures.get("fixed", 0.0) + figures.get("per_element", 0.0) * elements
-        return 2.0 * one_way
+        return 2.0 * (figures.get("fixed", 0.0) + figures.get("per_element", 0.0) * elements)
 
     def boundary_cost(self, elements: float, dtype: str) -> float:
         """Returns what a whole step adds at one boundary of `elements` values beyond its cast

@@ -10,6 +10,7 @@ import difflib
 import functools
 import os
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -96,16 +97,12 @@ class HardwareProfile:
 
     def to_dict(self) -> dict[str, Any]:
         """Returns the profile as a JSON-serialisable dict (the user-file format)."""
-        data = dataclasses.asdict(self)
-        data["fast_dtypes"] = list(self.fast_dtypes)
-        data["slow_dtypes"] = list(self.slow_dtypes)
-        return data
+        dtypes = {"fast_dtypes": list(self.fast_dtypes), "slow_dtypes": list(self.slow_dtypes)}
+        return {**dataclasses.asdict(self), **dtypes}
 
     def save(self, path: str | os.PathLike) -> Path:
         """Writes the profile to a JSON file that `load_profile` reads back."""
-        data = self.to_dict()
-        data.pop("detected")
-        return atomic_write_json(path, data)
+        return atomic_write_json(path, {k: v for k, v in self.to_dict().items() if k != "detected"})
 
     def summary(self) -> str:
         """Returns a few lines describing the profile."""
@@ -131,8 +128,6 @@ class HardwareProfile:
             ]
         )
 
-
-# --------------------------------------------------------------------------- user files
 
 _REQUIRED_FIELDS = ("name", "kind", "float32_flops", "memory_bandwidth", "memory_bytes")
 #: The fields that must be positive numbers where given (and the rates, where not `None`).
@@ -184,12 +179,9 @@ def profile_from_dict(data: Any, source: str = "user data") -> HardwareProfile:
         if field in data and not (field in rates and data[field] is None):
             _check_positive(source, field, data[field])
     values = {"display_name": data["name"], **dict.fromkeys(("compute_capability", *rates)), **data}
-    if "fast_dtypes" not in values:
-        values["fast_dtypes"] = [
-            dtype for dtype, field in _RATE_FIELDS if values[field] is not None
-        ]
+    rated = [dtype for dtype, field in _RATE_FIELDS if values[field] is not None]
     values["fast_dtypes"] = _check_dtype_list(
-        source, "fast_dtypes", values["fast_dtypes"], PLAN_DTYPES
+        source, "fast_dtypes", values.get("fast_dtypes", rated), PLAN_DTYPES
     )
     if values["float8_flops"] is not None and FLOAT8 not in values["fast_dtypes"]:
         values["fast_dtypes"] = (*values["fast_dtypes"], FLOAT8)
@@ -220,8 +212,6 @@ def load_profile(path: str | os.PathLike) -> HardwareProfile:
     return profile_from_dict(data, source=source)
 
 
-# --------------------------------------------------------------------------- built-ins
-
 # name, display name, CC, VRAM GB, GB/s, FP32, FP16 TC, BF16 TC (TFLOPS; None: no bf16 TC)
 _RTX_TABLE: tuple[tuple[str, str, str, float, float, float, float, float | None], ...] = (
     ("rtx2060", "NVIDIA GeForce RTX 2060", "7.5", 6, 336, 6.5, 25.8, None),
@@ -241,9 +231,8 @@ _RTX_TABLE: tuple[tuple[str, str, str, float, float, float, float, float | None]
     ("h200", "NVIDIA H200 SXM 141GB", "9.0", 141, 4800, 66.9, 989.4, 989.4),
 )
 
-#: SXM Hoppers (CC 9.0), rows of `_RTX_TABLE` besides: 66.9 float32, 989.4 float16/bfloat16 and
-#: 1978.9 float8 dense TFLOPS, float32 accumulate (datacenter parts run float16 with float32
-#: accumulate at full rate). name: (source, float8 rate source; None: the H100's)
+#: SXM Hoppers (CC 9.0, float16 with float32 accumulate at full rate), rows of `_RTX_TABLE` too:
+#: name: (source, float8 rate source; None: the H100's)
 _HOPPER_SOURCES = {
     "h100": (
         "built-in table (NVIDIA H100 Tensor Core GPU Architecture whitepaper, H100 SXM5: "
@@ -259,9 +248,7 @@ _HOPPER_SOURCES = {
 }
 
 #: Where the FP8 rate of each GPU architecture with FP8 tensor cores comes from, by compute
-#: capability. GeForce Ada and Blackwell run FP8 with float32 accumulate at 2x their
-#: FP16/BF16-with-float32-accumulate rate (the table's BF16 TC column): RTX 4090 330.4,
-#: RTX 5090 419.0 dense TFLOPS. Turing (7.5) and Ampere (8.6) have no FP8 tensor cores.
+#: capability (Ada and Blackwell: 2x the BF16 TC column); Turing and Ampere have none.
 FLOAT8_RATE_SOURCES: dict[str, str] = {
     "8.9": (
         "NVIDIA Ada GPU Architecture whitepaper: dense FP8 Tensor TFLOPS with FP32 "
@@ -297,27 +284,31 @@ CPU_MEMORY = 32 * GIB
 _CPU_OP_OVERHEAD = 30e-6
 
 
+def _rated_profile(
+    rates: dict[str, float | None], flops: Callable[[float], float], **fields: Any
+) -> HardwareProfile:
+    """A profile fast in each dtype of `rates` with a rate (`flops(rate)` FLOP/s), others slow."""
+    fast = tuple(dtype for dtype, rate in rates.items() if rate is not None and dtype != FLOAT32)
+    rated = {
+        f"{dtype}_flops": None if rate is None else flops(rate) for dtype, rate in rates.items()
+    }
+    slow = tuple(dtype for dtype in (FLOAT16, BFLOAT16) if dtype not in fast)
+    return HardwareProfile(fast_dtypes=fast, slow_dtypes=slow, **rated, **fields)
+
+
 def _gpu_profile(row: tuple) -> HardwareProfile:
     name, display, capability, vram_gb, bandwidth_gbs, fp32, fp16, bf16 = row
-    fast = (FLOAT16, BFLOAT16) if bf16 is not None else (FLOAT16,)
-    slow = () if bf16 is not None else (BFLOAT16,)
     float8_source = FLOAT8_RATE_SOURCES.get(capability)
     float8 = None if float8_source is None or bf16 is None else 2 * bf16
-    if float8 is not None:
-        fast = (*fast, FLOAT8)
-    return HardwareProfile(
+    return _rated_profile(
+        {FLOAT32: fp32, FLOAT16: fp16, BFLOAT16: bf16, FLOAT8: float8},
+        lambda rate: rate * TERA,
         name=name,
         display_name=display,
         kind="gpu",
         compute_capability=capability,
-        float32_flops=fp32 * TERA,
-        float16_flops=fp16 * TERA,
-        bfloat16_flops=None if bf16 is None else bf16 * TERA,
         memory_bandwidth=bandwidth_gbs * GIGA,
         memory_bytes=int(vram_gb * GIB),
-        fast_dtypes=fast,
-        slow_dtypes=slow,
-        float8_flops=None if float8 is None else float8 * TERA,
         float8_flops_source=float8_source,
     )
 
@@ -335,27 +326,15 @@ def cpu_profile(
     memory: int = CPU_MEMORY,
     detected: bool = False,
 ) -> HardwareProfile:
-    def rate(per_cycle: float | None) -> float | None:
-        return None if per_cycle is None else per_cycle * cores * hertz
-
-    fast = tuple(
-        dtype
-        for dtype, per_cycle in ((FLOAT16, float16_per_cycle), (BFLOAT16, bfloat16_per_cycle))
-        if per_cycle is not None
-    )
-    slow = tuple(dtype for dtype in (FLOAT16, BFLOAT16) if dtype not in fast)
-    return HardwareProfile(
+    return _rated_profile(
+        {FLOAT32: float32_per_cycle, FLOAT16: float16_per_cycle, BFLOAT16: bfloat16_per_cycle},
+        lambda per_cycle: per_cycle * cores * hertz,
         name=name,
         display_name=display,
         kind="cpu",
         compute_capability=None,
-        float32_flops=rate(float32_per_cycle),
-        float16_flops=rate(float16_per_cycle),
-        bfloat16_flops=rate(bfloat16_per_cycle),
         memory_bandwidth=bandwidth,
         memory_bytes=int(memory),
-        fast_dtypes=fast,
-        slow_dtypes=slow,
         alignment=1,
         op_overhead_seconds=_CPU_OP_OVERHEAD,
         slow_penalty=6.0,
@@ -429,12 +408,10 @@ def _cpu_flags(cpuinfo_path: str = "/proc/cpuinfo") -> tuple[set[str], str, floa
 
 
 def _total_memory_bytes() -> int | None:
-    try:
+    with contextlib.suppress(OSError, ValueError, IndexError):
         for line in Path("/proc/meminfo").read_text().splitlines():
             if line.startswith("MemTotal:"):
                 return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        return None
     return None
 
 
@@ -618,10 +595,9 @@ def _estimated_gpu(
     device_name: str, compute_capability: str | None, memory_bytes: int | None
 ) -> HardwareProfile:
     major_text, _, minor_text = str(compute_capability or "").partition(".")
-    try:  # `(major, minor)` of a compute capability such as "8.9", or `None`
-        capability: tuple[int, int] | None = (int(major_text), int(minor_text or 0))
-    except ValueError:
-        capability = None
+    capability: tuple[int, int] | None = None  # `(major, minor)` of a capability such as "8.9"
+    with contextlib.suppress(ValueError):
+        capability = (int(major_text), int(minor_text or 0))
     major = capability[0] if capability else 0
     references = {7: "rtx2080ti", 9: "h100", 10: "rtx5080", 12: "rtx5080"}
     base = BUILTIN["rtx4080" if capability == (8, 9) else references.get(major, "rtx3080")]
@@ -631,8 +607,7 @@ def _estimated_gpu(
         if major >= needed or (major == 0 and dtype == FLOAT16)
     )
     slow = tuple(dtype for dtype in (FLOAT16, BFLOAT16) if dtype not in fast)
-    float8 = capability is not None and capability >= FLOAT8_MIN_CAPABILITY
-    float8 = float8 and base.float8_flops is not None
+    float8 = (capability or (0,)) >= FLOAT8_MIN_CAPABILITY and base.float8_flops is not None
     return dataclasses.replace(
         base,
         name=normalise_name(device_name) or "unknown-gpu",
