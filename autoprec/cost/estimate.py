@@ -136,20 +136,6 @@ def _optimizer_slots(model: keras.Model) -> int:
     return {"Adam": 2, "AdamW": 2, "Adamax": 2, "Nadam": 2, "RMSprop": 1, "Adagrad": 1}.get(name, 2)
 
 
-def _checked_costs(hardware: Any, costs: Any) -> CostTable | None:
-    """Returns `costs` once it is a `CostTable` (or `None`), refusing a table passed as `hardware`."""
-    if isinstance(hardware, CostTable):
-        raise PlanError(
-            "estimate: pass a cost table as costs=table; hardware= names a device "
-            "('local', 'rtx4090' or a HardwareProfile)."
-        )
-    if costs is not None and not isinstance(costs, CostTable):
-        raise PlanError(
-            f"estimate: costs must be an autoprec.CostTable, got {type(costs).__name__}."
-        )
-    return costs
-
-
 def _step_seconds(
     table: CostTable, dtypes: _PlanDtypes, batch_size: int
 ) -> tuple[float, dict[str, float], float, float]:
@@ -208,9 +194,6 @@ def estimate(
 ) -> Estimate:
     """Estimates a plan's training step time, speedup over float32 and memory.
 
-    The step sums each layer's cost in its dtype (times the table's correction), casts and
-    boundaries where neighbouring layers differ, and the fixed per-step overhead (docs/api.md).
-
     Args:
         model: the built Keras model the plan is for.
         plan: a `PrecisionPlan`, a `{path: dtype}` dict, or one dtype name for a uniform plan;
@@ -235,7 +218,16 @@ def estimate(
     mapping = _plan_mapping(plan)
     # The dtype of a plan's float8 layers' non-matmul work (bfloat16 by default).
     float8_source = canonical_float8_source(getattr(plan, "float8_source", None))
-    table = _checked_costs(hardware, costs) or predict_costs(
+    if isinstance(hardware, CostTable):
+        raise PlanError(
+            "estimate: pass a cost table as costs=table; hardware= names a device "
+            "('local', 'rtx4090' or a HardwareProfile)."
+        )
+    if costs is not None and not isinstance(costs, CostTable):
+        raise PlanError(
+            f"estimate: costs must be an autoprec.CostTable, got {type(costs).__name__}."
+        )
+    table = costs or predict_costs(
         model, hardware, batch_size=batch_size or 32, x=x, float8_source=float8_source
     )
     batch = int(batch_size or table.batch_size)

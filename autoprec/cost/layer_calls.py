@@ -303,8 +303,7 @@ def _prune_edges(
     consumers_of: dict[int, set[str]] = {}
     for tensor_id, _, consumer, _ in raw_edges:
         consumers_of.setdefault(tensor_id, set()).add(consumer)
-    edges: list[Edge] = []
-    seen: set[tuple[str | None, str, int]] = set()
+    edges: dict[tuple[str | None, str, int], Edge] = {}  # the first edge of each tensor and pair
     for tensor_id, producer, consumer, elements in raw_edges:
         if producer is None and tensor_id not in input_ids:
             continue
@@ -312,12 +311,8 @@ def _prune_edges(
             continue
         if any(other.startswith(consumer + "/") for other in consumers_of[tensor_id]):
             continue
-        key = (producer, consumer, tensor_id)
-        if key in seen:
-            continue
-        seen.add(key)
-        edges.append(Edge(producer, consumer, elements))
-    return tuple(edges)
+        edges.setdefault((producer, consumer, tensor_id), Edge(producer, consumer, elements))
+    return tuple(edges.values())
 
 
 def trace_model(model: keras.Model, sample: Any = None) -> ModelTrace:
@@ -357,8 +352,7 @@ def _read_trace(
     recorder.install()
     try:
         model(inputs, training=False)
-        input_ids = {id(tensor) for tensor in flat_arrays(inputs)}
-        edges = _prune_edges(recorder.raw_edges, input_ids)
+        edges = _prune_edges(recorder.raw_edges, {id(tensor) for tensor in flat_arrays(inputs)})
     finally:
         recorder.remove()
     return ModelTrace(

@@ -156,10 +156,6 @@ def calibrate(
 ) -> CostTable:
     """Measures every layer's forward+backward time in each dtype on this device.
 
-    Each computing layer is rebuilt alone in the dtype's policy at the shapes it sees on `x` and
-    timed; casts, uniform whole steps (a per-dtype correction) and two mixed plans per fast 16-bit
-    dtype (the boundary cost and `relative_error`) are timed too, all cached (docs/api.md).
-
     Args:
         model: a built Keras model.
         x: one training batch as `fit` feeds it, inputs alone or `(x, y)`: its shapes are timed.
@@ -497,19 +493,17 @@ def mixed_assignment(model: keras.Model, dtype: str, pattern: str) -> dict[str, 
 
 def mixed_plans(model: keras.Model, dtypes: Sequence[str]) -> dict[str, MixedPlan]:
     """Returns the mixed plans `calibrate` times: alternating per dtype, half for the first."""
-    plans: dict[str, MixedPlan] = {}
+    plans: list[MixedPlan] = []
     halves = [canonical_dtype(dtype) for dtype in dtypes if canonical_dtype(dtype) != FLOAT32]
     for position, dtype in enumerate(halves):
         alternating = mixed_assignment(model, dtype, "alternating")
         if all(value == FLOAT32 for value in alternating.values()):
             return {}
-        plans[f"alternating {dtype}"] = MixedPlan(
-            f"alternating {dtype}", dtype, "alternating", alternating
-        )
+        plans.append(MixedPlan(f"alternating {dtype}", dtype, "alternating", alternating))
         half = mixed_assignment(model, dtype, "half")
         if position == 0 and half != alternating:
-            plans[f"half {dtype}"] = MixedPlan(f"half {dtype}", dtype, "half", half)
-    return plans
+            plans.append(MixedPlan(f"half {dtype}", dtype, "half", half))
+    return {plan.name: plan for plan in plans}
 
 
 def boundaries(table: CostTable, dtypes: Mapping[str, str]) -> list[tuple[str, int]]:

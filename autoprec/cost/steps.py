@@ -94,10 +94,9 @@ def time_layer(
 ) -> float:
     """Times a standalone copy of `layer` forward+backward in `dtype` on random inputs."""
     timing = measuring_backend("calibrate()")
-    rng = np.random.default_rng(0)
     clone = rebuild_layer(layer, dtype, call.path)
     compute = keras.backend.standardize_dtype(clone.compute_dtype)
-    args, kwargs = synthetic_arguments(call, batch_size, compute, rng)
+    args, kwargs = synthetic_arguments(call, batch_size, compute, np.random.default_rng(0))
     if "training" in inspect.signature(clone.call).parameters:
         kwargs["training"] = True
     return _median_seconds(timing.layer_step(clone, args, kwargs, jit_compile), repeats)
@@ -337,11 +336,7 @@ def attribute_step_overhead(table: CostTable, measured: Mapping[str, float]) -> 
     residuals = [measured[dtype] - layers - casts for dtype, (layers, casts) in parts.items()]
     overhead = max(0.0, min(residuals))
     scales = {
-        dtype: (
-            max((measured[dtype] - casts - overhead) / layers, MIN_TIME_SCALE)
-            if layers > 0
-            else 1.0
-        )
+        dtype: max((measured[dtype] - casts - overhead) / layers, MIN_TIME_SCALE) if layers else 1.0
         for dtype, (layers, casts) in parts.items()
     }
     table.step_overhead_seconds = overhead

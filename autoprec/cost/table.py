@@ -110,7 +110,10 @@ class CostTable:
         value = self.layers[path].seconds.get(dtype)
         if value is None:
             return math.inf
-        return self.time_scale(dtype) * self._scale(value, batch_size)
+        if batch_size is not None and batch_size != self.batch_size and value != 0:
+            fixed = min(self.layer_fixed_seconds, value)
+            value = fixed + (value - fixed) * batch_size / self.batch_size
+        return self.time_scale(dtype) * value
 
     def layer_seconds(self, path: str, dtype: str, batch_size: int | None = None) -> float | None:
         """Returns a layer's forward+backward seconds in `dtype` as `seconds` does, but `None` (not
@@ -119,12 +122,6 @@ class CostTable:
         if record is None or record.seconds.get(dtype) is None:
             return None
         return self.seconds(path, dtype, batch_size)
-
-    def _scale(self, seconds: float, batch_size: int | None) -> float:
-        if batch_size is None or batch_size == self.batch_size or seconds == 0:
-            return seconds
-        fixed = min(self.layer_fixed_seconds, seconds)
-        return fixed + (seconds - fixed) * batch_size / self.batch_size
 
     def cast_cost(self, elements: float, dtype: str) -> float:
         """Returns seconds to cast `elements` to `dtype` and the gradient back (fwd+bwd)."""

@@ -106,27 +106,23 @@ class HardwareProfile:
 
     def summary(self) -> str:
         """Returns a few lines describing the profile."""
-
-        def tflops(rate: float | None) -> str:
-            return "-" if rate is None else f"{rate / TERA:.1f}"
-
-        support = ", ".join(f"{dtype} {self.support(dtype)}" for dtype in PLAN_DTYPES)
-        float8 = "" if self.float8_flops is None else f", float8 {tflops(self.float8_flops)}"
-        rate_source = [f"  float8 rate: {self.float8_flops_source}"] if float8 else []
-        return "\n".join(
-            [
-                f"{self.display_name} ({self.name}, {self.kind}"
-                + (f", CC {self.compute_capability}" if self.compute_capability else "")
-                + ")",
-                f"  TFLOP/s: float32 {tflops(self.float32_flops)}, float16 "
-                f"{tflops(self.float16_flops)}, bfloat16 {tflops(self.bfloat16_flops)}{float8}",
-                f"  memory {self.memory_bytes / GIB:.1f} GiB at "
-                f"{self.memory_bandwidth / GIGA:.0f} GB/s; alignment {self.alignment}",
-                f"  dtypes: {support}",
-                f"  source: {self.source}",
-                *rate_source,
-            ]
+        tflops = ", ".join(
+            f"{dtype} {'-' if rate is None else f'{rate / TERA:.1f}'}"
+            for dtype in (FLOAT32, FLOAT16, BFLOAT16, FLOAT8)
+            if (rate := getattr(self, f"{dtype}_flops")) is not None or dtype != FLOAT8
         )
+        capability = f", CC {self.compute_capability}" if self.compute_capability else ""
+        lines = [
+            f"{self.display_name} ({self.name}, {self.kind}{capability})",
+            f"  TFLOP/s: {tflops}",
+            f"  memory {self.memory_bytes / GIB:.1f} GiB at "
+            f"{self.memory_bandwidth / GIGA:.0f} GB/s; alignment {self.alignment}",
+            "  dtypes: " + ", ".join(f"{dtype} {self.support(dtype)}" for dtype in PLAN_DTYPES),
+            f"  source: {self.source}",
+        ]
+        if self.float8_flops is not None:
+            lines.append(f"  float8 rate: {self.float8_flops_source}")
+        return "\n".join(lines)
 
 
 _REQUIRED_FIELDS = ("name", "kind", "float32_flops", "memory_bandwidth", "memory_bytes")
@@ -275,11 +271,6 @@ _ALIASES = {
     "h200 141gb": "h200",
 }
 
-# Nominal CPU: 8 cores at 3 GHz, 2 FMA units. float32 FLOP/cycle/core: AVX-512 64,
-# AVX2 32; AVX512-BF16 dot products double it; AMX tiles give ~16x for bf16.
-_CPU_CORES = 8
-_CPU_HZ = 3.0e9
-_CPU_BANDWIDTH = 50 * GIGA
 CPU_MEMORY = 32 * GIB
 _CPU_OP_OVERHEAD = 30e-6
 
@@ -320,9 +311,9 @@ def cpu_profile(
     bfloat16_per_cycle: float | None,
     float16_per_cycle: float | None,
     source: str,
-    cores: int = _CPU_CORES,
-    hertz: float = _CPU_HZ,
-    bandwidth: float = _CPU_BANDWIDTH,
+    cores: int = 8,
+    hertz: float = 3.0e9,
+    bandwidth: float = 50 * GIGA,
     memory: int = CPU_MEMORY,
     detected: bool = False,
 ) -> HardwareProfile:
@@ -343,7 +334,9 @@ def cpu_profile(
     )
 
 
-# name, display name, float32 and bfloat16 FLOP/cycle/core (None: no native bfloat16)
+# name, display name, float32 and bfloat16 FLOP/cycle/core (None: no native bfloat16) of a
+# nominal CPU (`cpu_profile`'s defaults: 8 cores at 3 GHz, 2 FMA units): float32 AVX-512 64,
+# AVX2 32; AVX512-BF16 dot products double it; AMX tiles give ~16x for bf16.
 _CPU_TABLE = (
     ("cpu-amx", "CPU with AMX-BF16", 64, 1024),
     ("cpu-avx512-bf16", "CPU with AVX512-BF16", 64, 128),
@@ -390,10 +383,9 @@ def _cpu_flags(cpuinfo_path: str = "/proc/cpuinfo") -> tuple[set[str], str, floa
     flags: set[str] = set()
     model = "CPU"
     megahertz: float | None = None
-    try:
+    text = ""
+    with contextlib.suppress(OSError):
         text = Path(cpuinfo_path).read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        return flags, model, megahertz
     for line in text.splitlines():
         key, _, value = line.partition(":")
         key = key.strip()
@@ -572,12 +564,8 @@ def profile_for_gpu(
     # The two RTX 4060 Ti share one name: their memory tells them apart (below).
     if exact not in BUILTIN or BUILTIN[exact].kind != "gpu" or exact.startswith("rtx4060ti"):
         exact = ""
-    candidates = sorted(
-        (name for name in BUILTIN if BUILTIN[name].kind == "gpu" and name.split("-")[0] in key),
-        key=len,
-        reverse=True,
-    )
-    name = candidates[0] if candidates and not exact else ""
+    gpus = (name for name in BUILTIN if BUILTIN[name].kind == "gpu" and name.split("-")[0] in key)
+    name = "" if exact else max(gpus, key=len, default="")
     if name.startswith("rtx4060ti"):
         big = (memory_bytes or 0) > 12 * GIB or "16gb" in key
         exact = "rtx4060ti-16gb" if big else "rtx4060ti-8gb"
