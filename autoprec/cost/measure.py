@@ -564,8 +564,7 @@ def fit_boundary_cost(
             residual = 0.0
         fitted[plan.dtype] = _fit_one(table, plan, residual)
     table.boundary_seconds = fitted
-    for name, plan in runs.items():
-        errors[name] = predicted(plan) / measured[name] - 1.0
+    errors.update({name: predicted(plan) / measured[name] - 1.0 for name, plan in runs.items()})
     held_out = any(plan.pattern != "alternating" for plan in runs.values())
     floor = MIN_RELATIVE_ERROR if held_out else DEFAULT_RELATIVE_ERROR
     checks = [abs(errors[name]) for name in runs]

@@ -246,13 +246,11 @@ class MeasurementCache:
 
     def get(self, key: str) -> float | None:
         """Returns the cached seconds under `key`, or `None` (no cache, no entry, unreadable)."""
-        if self.directory is None:
-            return None
-        try:
-            data = json.loads((self.directory / f"{key}.json").read_text(encoding="utf-8"))
-            return float(data["seconds"])
-        except (OSError, ValueError, KeyError, TypeError):
-            return None
+        if self.directory is not None:
+            with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+                data = json.loads((self.directory / f"{key}.json").read_text(encoding="utf-8"))
+                return float(data["seconds"])
+        return None
 
     def measured(self, payload: Any, description: str, measure: Callable[[], float]) -> float:
         """Returns the seconds cached under `payload`, measured (and cached) the first time."""

@@ -426,12 +426,11 @@ _CPU_BFLOAT16_NOTE = (
 
 def _active_backend() -> str:
     """Returns the active Keras backend name (`"tensorflow"` if Keras cannot say)."""
-    try:
+    with contextlib.suppress(Exception):
         import keras
 
         return str(keras.backend.backend())
-    except Exception:
-        return "tensorflow"
+    return "tensorflow"
 
 
 #: The CPU flags that decide 16-bit speed, in the order they are reported.
@@ -521,10 +520,9 @@ def _gpu_from_jax() -> tuple[str, str | None, int | None] | None:
     if not devices:
         return None
     device = devices[0]
-    try:
+    memory = None
+    with contextlib.suppress(Exception):  # the memory is optional
         memory = int((device.memory_stats() or {}).get("bytes_limit")) or None
-    except Exception:  # noqa: BLE001 - the memory is optional
-        memory = None
     return (
         getattr(device, "device_kind", "GPU"),
         getattr(device, "compute_capability", None),
@@ -546,10 +544,9 @@ def _local_gpu(backend: str) -> tuple[str, str | None, int | None] | None:
     readers = (_gpu_from_tensorflow, _gpu_from_jax, _gpu_from_torch)
     order = {"jax": (1, 2, 0), "torch": (2, 1, 0)}.get(backend, (0, 1, 2))
     for index in order:
-        try:
+        found = None
+        with contextlib.suppress(Exception):  # a framework not installed or not working here
             found = readers[index]()
-        except Exception:  # noqa: BLE001 - a framework not installed or not working here
-            continue
         if found is not None:
             return found
     return None
