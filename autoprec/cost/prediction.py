@@ -92,8 +92,7 @@ class LayerCost:
         itemsize = ITEMSIZE[dtype]
         activation_bytes = 3 * self.activation_elements * batch_size * itemsize
         weight_cast = 0 if dtype == FLOAT32 else 2 * itemsize
-        weight_bytes = self.weight_elements * (4 + itemsize + weight_cast + 4)
-        return activation_bytes + weight_bytes
+        return activation_bytes + self.weight_elements * (4 + itemsize + weight_cast + 4)
 
     def float8_quantized_values(self, batch_size: int) -> float:
         """Returns the values the float8 path quantizes in one step of `batch_size` samples."""
