@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import keras
@@ -86,9 +86,34 @@ def _plan_mapping(plan: Any) -> dict[str, str]:
 class _PlanDtypes:
     """What each layer of a plan computes in, for its own time and for the tensors it passes."""
 
-    resolve: Callable[..., str]
+    plan: Mapping[str, str]
+    infos: Mapping[str, LayerInfo]
     class_names: Mapping[str, str]
     float8_source: str
+    resolved: dict[str, str] = dataclasses.field(default_factory=dict)
+
+    def resolve(self, path: str | None, depth: int = 0) -> str:
+        """The plan's dtype of `path`, or the followed layer's, descendant's, parent's."""
+        if path is None:
+            return FLOAT32
+        if "*" in self.plan:
+            return self.plan["*"]
+        if path not in self.resolved:
+            result = self.plan.get(path)
+            info = self.infos.get(path)
+            if result is None and info is not None and info.follows and depth < 50:
+                result = self.resolve(info.follows, depth + 1)
+            if result is None:
+                result = next(
+                    (dtype for other, dtype in self.plan.items() if other.startswith(path + "/")),
+                    None,
+                )
+            parent = path
+            while result is None and "/" in parent:
+                parent = parent.rsplit("/", 1)[0]
+                result = self.plan.get(parent)
+            self.resolved[path] = result or FLOAT32
+        return self.resolved[path]
 
     def layer(self, path: str | None) -> str:
         dtype = self.resolve(path)
@@ -101,36 +126,6 @@ class _PlanDtypes:
         return self.float8_source if dtype == FLOAT8 else dtype
 
 
-def _dtype_resolver(plan: Mapping[str, str], infos: Mapping[str, LayerInfo]) -> Callable[..., str]:
-    """Returns `dtype_of(path)`: the plan's dtype, or the followed layer's, descendant's, parent's."""
-    uniform = plan.get("*")
-    cache: dict[str, str] = {}
-
-    def dtype_of(path: str | None, depth: int = 0) -> str:
-        if path is None:
-            return FLOAT32
-        if uniform is not None:
-            return uniform
-        if path in cache:
-            return cache[path]
-        result = plan.get(path)
-        info = infos.get(path)
-        if result is None and info is not None and info.follows and depth < 50:
-            result = dtype_of(info.follows, depth + 1)
-        if result is None:
-            result = next(
-                (dtype for other, dtype in plan.items() if other.startswith(path + "/")), None
-            )
-        parent = path
-        while result is None and "/" in parent:
-            parent = parent.rsplit("/", 1)[0]
-            result = plan.get(parent)
-        cache[path] = result or FLOAT32
-        return cache[path]
-
-    return dtype_of
-
-
 def _optimizer_slots(model: keras.Model) -> int:
     optimizer = inner_optimizer(getattr(model, "optimizer", None))
     if optimizer is None:
@@ -141,32 +136,16 @@ def _optimizer_slots(model: keras.Model) -> int:
     return {"Adam": 2, "AdamW": 2, "Adamax": 2, "Nadam": 2, "RMSprop": 1, "Adagrad": 1}.get(name, 2)
 
 
-def _checked_costs(hardware: Any, costs: Any) -> CostTable | None:
-    """Returns `costs` once it is a `CostTable` (or `None`), refusing a table passed as `hardware`."""
-    if isinstance(hardware, CostTable):
-        raise PlanError(
-            "estimate: pass a cost table as costs=table; hardware= names a device "
-            "('local', 'rtx4090' or a HardwareProfile)."
-        )
-    if costs is not None and not isinstance(costs, CostTable):
-        raise PlanError(
-            f"estimate: costs must be an autoprec.CostTable, got {type(costs).__name__}."
-        )
-    return costs
-
-
 def _step_seconds(
-    table: CostTable,
-    dtype_of: Callable[[str | None], str],
-    batch_size: int,
-    activation_dtype_of: Callable[[str | None], str] | None = None,
+    table: CostTable, dtypes: _PlanDtypes, batch_size: int
 ) -> tuple[float, dict[str, float], float, float]:
     """Returns `(total, {path: seconds}, cast seconds, boundary seconds)` of one plan's step."""
-    activation_dtype_of = activation_dtype_of or dtype_of
-    layer_seconds = {path: table.seconds(path, dtype_of(path), batch_size) for path in table.layers}
+    layer_seconds = {
+        path: table.seconds(path, dtypes.layer(path), batch_size) for path in table.layers
+    }
     cast_seconds = boundary_seconds = 0.0
     for producer, consumer, elements in table.edges:
-        source_dtype, target_dtype = activation_dtype_of(producer), activation_dtype_of(consumer)
+        source_dtype, target_dtype = dtypes.activation(producer), dtypes.activation(consumer)
         if source_dtype != target_dtype:
             cast_dtype = target_dtype if target_dtype != FLOAT32 else source_dtype
             cast_seconds += table.cast_cost(elements * batch_size, cast_dtype)
@@ -215,9 +194,6 @@ def estimate(
 ) -> Estimate:
     """Estimates a plan's training step time, speedup over float32 and memory.
 
-    The step sums each layer's cost in its dtype (times the table's correction), casts and
-    boundaries where neighbouring layers differ, and the fixed per-step overhead (docs/api.md).
-
     Args:
         model: the built Keras model the plan is for.
         plan: a `PrecisionPlan`, a `{path: dtype}` dict, or one dtype name for a uniform plan;
@@ -242,18 +218,26 @@ def estimate(
     mapping = _plan_mapping(plan)
     # The dtype of a plan's float8 layers' non-matmul work (bfloat16 by default).
     float8_source = canonical_float8_source(getattr(plan, "float8_source", None))
-    table = _checked_costs(hardware, costs) or predict_costs(
+    if isinstance(hardware, CostTable):
+        raise PlanError(
+            "estimate: pass a cost table as costs=table; hardware= names a device "
+            "('local', 'rtx4090' or a HardwareProfile)."
+        )
+    if costs is not None and not isinstance(costs, CostTable):
+        raise PlanError(
+            f"estimate: costs must be an autoprec.CostTable, got {type(costs).__name__}."
+        )
+    table = costs or predict_costs(
         model, hardware, batch_size=batch_size or 32, x=x, float8_source=float8_source
     )
     batch = int(batch_size or table.batch_size)
     infos = describe_model(model)
     class_names = {path: info.class_name for path, info in infos.items()}
     class_names.update({path: record.class_name for path, record in table.layers.items()})
-    dtypes = _PlanDtypes(_dtype_resolver(mapping, infos), class_names, float8_source)
-    step, layer_seconds, cast_seconds, boundary_seconds = _step_seconds(
-        table, dtypes.layer, batch, dtypes.activation
-    )
-    float32_step = _step_seconds(table, lambda path: FLOAT32, batch)[0]
+    dtypes = _PlanDtypes(mapping, infos, class_names, float8_source)
+    step, layer_seconds, cast_seconds, boundary_seconds = _step_seconds(table, dtypes, batch)
+    float32 = _PlanDtypes({"*": FLOAT32}, infos, class_names, float8_source)
+    float32_step = _step_seconds(table, float32, batch)[0]
 
     activation_bytes, parameter_bytes, optimizer_bytes = _memory_bytes(model, table, dtypes)
     return Estimate(

@@ -219,8 +219,7 @@ def sample_inputs(
 
 
 class _Recorder:
-    """Temporary hooks on every layer's call (`quantized_call` for a float8 layer) and on
-    Keras' input casts, recording shapes and producer edges; a cast tensor is its source."""
+    """Temporary hooks on every layer's call and on Keras' input casts, recording shapes and edges."""
 
     def __init__(self, paths: dict[str, keras.layers.Layer]):
         self.paths = paths
@@ -283,19 +282,18 @@ class _Recorder:
                 if kind == inspect.Parameter.VAR_POSITIONAL:
                     value = tuple(value)
             arguments.append((name, _encode_argument(value)))
-        output_tensors = flat_arrays(outputs)
+        inputs, output_tensors = flat_arrays((args, kwargs)), flat_arrays(outputs)
         output_specs = tuple(spec_of(tensor) for tensor in output_tensors)
         self.calls[path].append(
             LayerCall(path, type(layer).__name__, tuple(arguments), output_specs)
         )
-        for tensor in flat_arrays((args, kwargs)):
+        for tensor in inputs:
             tensor_id = self.source_of.get(id(tensor), id(tensor))
             elements = spec_of(tensor).elements_per_sample()
             self.raw_edges.append((tensor_id, self.producer_of.get(tensor_id), path, elements))
         for tensor in output_tensors:
             self.producer_of.setdefault(id(tensor), path)
-            self.keep_alive.append(tensor)
-        self.keep_alive.extend(flat_arrays((args, kwargs)))
+        self.keep_alive.extend((*output_tensors, *inputs))
 
 
 def _prune_edges(
@@ -305,8 +303,7 @@ def _prune_edges(
     consumers_of: dict[int, set[str]] = {}
     for tensor_id, _, consumer, _ in raw_edges:
         consumers_of.setdefault(tensor_id, set()).add(consumer)
-    edges: list[Edge] = []
-    seen: set[tuple[str | None, str, int]] = set()
+    edges: dict[tuple[str | None, str, int], Edge] = {}  # the first edge of each tensor and pair
     for tensor_id, producer, consumer, elements in raw_edges:
         if producer is None and tensor_id not in input_ids:
             continue
@@ -314,12 +311,8 @@ def _prune_edges(
             continue
         if any(other.startswith(consumer + "/") for other in consumers_of[tensor_id]):
             continue
-        key = (producer, consumer, tensor_id)
-        if key in seen:
-            continue
-        seen.add(key)
-        edges.append(Edge(producer, consumer, elements))
-    return tuple(edges)
+        edges.setdefault((producer, consumer, tensor_id), Edge(producer, consumer, elements))
+    return tuple(edges.values())
 
 
 def trace_model(model: keras.Model, sample: Any = None) -> ModelTrace:
@@ -359,8 +352,7 @@ def _read_trace(
     recorder.install()
     try:
         model(inputs, training=False)
-        input_ids = {id(tensor) for tensor in flat_arrays(inputs)}
-        edges = _prune_edges(recorder.raw_edges, input_ids)
+        edges = _prune_edges(recorder.raw_edges, {id(tensor) for tensor in flat_arrays(inputs)})
     finally:
         recorder.remove()
     return ModelTrace(

@@ -85,8 +85,7 @@ def _layer_dtypes(cost: LayerCost, dtypes: Sequence[str]) -> tuple[str, ...]:
 
 @dataclasses.dataclass(frozen=True)
 class _Setting:
-    """What one `calibrate` call measures (trace, dtypes, device, cache) and how (repeats, counters,
-    deadline, dispatch seconds, progress bar)."""
+    """What one `calibrate` call measures and how."""
 
     batch_size: int
     dtypes: tuple[str, ...]
@@ -156,10 +155,6 @@ def calibrate(
     layers_per_kind: int | None = None,
 ) -> CostTable:
     """Measures every layer's forward+backward time in each dtype on this device.
-
-    Each computing layer is rebuilt alone in the dtype's policy at the shapes it sees on `x` and
-    timed; casts, uniform whole steps (a per-dtype correction) and two mixed plans per fast 16-bit
-    dtype (the boundary cost and `relative_error`) are timed too, all cached (docs/api.md).
 
     Args:
         model: a built Keras model.
@@ -498,19 +493,17 @@ def mixed_assignment(model: keras.Model, dtype: str, pattern: str) -> dict[str, 
 
 def mixed_plans(model: keras.Model, dtypes: Sequence[str]) -> dict[str, MixedPlan]:
     """Returns the mixed plans `calibrate` times: alternating per dtype, half for the first."""
-    plans: dict[str, MixedPlan] = {}
+    plans: list[MixedPlan] = []
     halves = [canonical_dtype(dtype) for dtype in dtypes if canonical_dtype(dtype) != FLOAT32]
     for position, dtype in enumerate(halves):
         alternating = mixed_assignment(model, dtype, "alternating")
         if all(value == FLOAT32 for value in alternating.values()):
             return {}
-        plans[f"alternating {dtype}"] = MixedPlan(
-            f"alternating {dtype}", dtype, "alternating", alternating
-        )
+        plans.append(MixedPlan(f"alternating {dtype}", dtype, "alternating", alternating))
         half = mixed_assignment(model, dtype, "half")
         if position == 0 and half != alternating:
-            plans[f"half {dtype}"] = MixedPlan(f"half {dtype}", dtype, "half", half)
-    return plans
+            plans.append(MixedPlan(f"half {dtype}", dtype, "half", half))
+    return {plan.name: plan for plan in plans}
 
 
 def boundaries(table: CostTable, dtypes: Mapping[str, str]) -> list[tuple[str, int]]:
@@ -571,8 +564,7 @@ def fit_boundary_cost(
             residual = 0.0
         fitted[plan.dtype] = _fit_one(table, plan, residual)
     table.boundary_seconds = fitted
-    for name, plan in runs.items():
-        errors[name] = predicted(plan) / measured[name] - 1.0
+    errors.update({name: predicted(plan) / measured[name] - 1.0 for name, plan in runs.items()})
     held_out = any(plan.pattern != "alternating" for plan in runs.values())
     floor = MIN_RELATIVE_ERROR if held_out else DEFAULT_RELATIVE_ERROR
     checks = [abs(errors[name]) for name in runs]

@@ -92,8 +92,7 @@ class LayerCost:
         itemsize = ITEMSIZE[dtype]
         activation_bytes = 3 * self.activation_elements * batch_size * itemsize
         weight_cast = 0 if dtype == FLOAT32 else 2 * itemsize
-        weight_bytes = self.weight_elements * (4 + itemsize + weight_cast + 4)
-        return activation_bytes + weight_bytes
+        return activation_bytes + self.weight_elements * (4 + itemsize + weight_cast + 4)
 
     def float8_quantized_values(self, batch_size: int) -> float:
         """Returns the values the float8 path quantizes in one step of `batch_size` samples."""
@@ -139,6 +138,7 @@ _NORMALISATION_CLASSES = frozenset({
 })  # fmt: skip
 _RNN_GATES = {"LSTM": 4, "GRU": 3, "SimpleRNN": 1, "ConvLSTM1D": 4, "ConvLSTM2D": 4}
 _RNN_VECTOR_FLOPS_PER_UNIT = {"LSTM": 10, "GRU": 9, "SimpleRNN": 2}
+_CONVOLUTION = re.compile(r"^((Conv|DepthwiseConv|SeparableConv)\d?D(Transpose)?|Convolution2D)$")
 
 
 def _activation_flops(activation: Any) -> int:
@@ -173,7 +173,7 @@ def _matmul_layer(
         "backward_vector_flops": vector,
         "activation_elements": _io_elements(call),
         "saved_elements": output + _elements(call.inputs),
-        "weight_elements": _weights(layer),
+        "weight_elements": weight_count(layer.trainable_weights),
         "matmul_dims": tuple(int(dim) for dim in dims),
         "kernels": 3 + (1 if vector else 0) * 2,
     }
@@ -186,10 +186,6 @@ def weight_count(weights: Sequence[Any]) -> int:
         for weight in weights
         if not getattr(weight, "overwrite_with_gradient", False)
     )
-
-
-def _weights(layer) -> int:
-    return weight_count(layer.trainable_weights) if layer else 0
 
 
 def _float8_counts(
@@ -219,9 +215,8 @@ def _count_dense(call: LayerCall, layer) -> dict[str, Any]:
 def _einsum_flops(equation: str, shape_a: Sequence[int], shape_b: Sequence[int]) -> float:
     """Returns 2 x the product of every index size of a two-operand einsum."""
     operands, _, _ = equation.replace(" ", "").partition("->")
-    terms = operands.split(",")
     sizes: dict[str, int] = {}
-    for term, shape in zip(terms, (shape_a, shape_b)):
+    for term, shape in zip(operands.split(","), (shape_a, shape_b)):
         if "..." in term:
             head, _, tail = term.partition("...")
             ellipsis_rank = len(shape) - len(head) - len(tail)
@@ -251,9 +246,8 @@ def _einsum_gemm_dims(equation: str, kernel_shape: Sequence[int]) -> tuple[int, 
 
 
 def _count_einsum_dense(call: LayerCall, layer) -> dict[str, Any]:
-    inputs = call.inputs[0].concrete_shape(1)
     kernel_shape = tuple(int(dim) for dim in layer.kernel.shape)
-    matmul = _einsum_flops(layer.equation, inputs, kernel_shape)
+    matmul = _einsum_flops(layer.equation, call.inputs[0].concrete_shape(1), kernel_shape)
     output = _elements(call.outputs)
     counts = _matmul_layer(call, layer, matmul, kernel_shape, output)
     contraction, features = _einsum_gemm_dims(layer.equation, kernel_shape)
@@ -339,7 +333,7 @@ def _count_rnn(call: LayerCall, layer) -> dict[str, Any]:
         "backward_vector_flops": 2 * vector,
         "activation_elements": _io_elements(call) + steps * gates * units,
         "saved_elements": float(steps * (gates + 2) * units),
-        "weight_elements": _weights(layer),
+        "weight_elements": weight_count(layer.trainable_weights),
         "matmul_dims": (features, units),
         "kernels": 6 * steps,
     }
@@ -357,7 +351,7 @@ def _count_embedding(call: LayerCall, layer) -> dict[str, Any]:
 def _count_normalisation(call: LayerCall, layer) -> dict[str, Any]:
     counts = _count_elementwise(call, 8.0)
     counts.update(backward_vector_flops=2 * counts["vector_flops"], kernels=6)
-    return {**counts, "weight_elements": _weights(layer)}
+    return {**counts, "weight_elements": weight_count(layer.trainable_weights)}
 
 
 def _count_pooling(call: LayerCall, layer) -> dict[str, Any]:
@@ -390,13 +384,9 @@ def _count_elementwise(call: LayerCall, flops_per_element: float, note: str = ""
 
 def _count_activation_layer(call: LayerCall, layer) -> dict[str, Any]:
     class_name = type(layer).__name__
-    if class_name == "Activation":
-        per_element = _activation_flops(layer.activation)
-    else:
-        per_element = ACTIVATION_FLOPS.get(
-            re.sub(r"(?<!^)(?=[A-Z])", "_", class_name).lower(), _DEFAULT_ACTIVATION_FLOPS
-        )
-    return _count_elementwise(call, per_element)
+    snake_case = re.sub(r"(?<!^)(?=[A-Z])", "_", class_name).lower()
+    activation = layer.activation if class_name == "Activation" else snake_case
+    return _count_elementwise(call, _activation_flops(activation))
 
 
 def count_call(
@@ -416,9 +406,7 @@ def count_call(
         return _count_dense(call, layer)
     if class_name == "EinsumDense":
         return _count_einsum_dense(call, layer)
-    if re.match(
-        r"^((Conv|DepthwiseConv|SeparableConv)\d?D(Transpose)?|Convolution2D)$", class_name
-    ):
+    if _CONVOLUTION.match(class_name):
         return _count_conv(call, layer)
     if class_name == "Embedding":
         return _count_embedding(call, layer)
@@ -559,9 +547,6 @@ def predict_costs(
 ) -> CostTable:
     """Predicts every layer's forward+backward seconds per dtype with a roofline model.
 
-    float8 entries go to `Dense` and `EinsumDense` layers on a device with FP8 tensor cores only;
-    `estimate` predicts through this function (docs/api.md).
-
     Args:
         model: a built Keras model.
         hardware: `"local"`, a profile name such as `"rtx4090"` or a `HardwareProfile`.
@@ -571,7 +556,8 @@ def predict_costs(
         float8_source: the dtype of float8 layers' non-matmul work (a plan's `float8_source`).
 
     Returns:
-        A `CostTable` with `source="predicted"`.
+        A `CostTable` with `source="predicted"`; float8 entries only for `Dense` and `EinsumDense`
+        layers on a device with FP8 tensor cores.
 
     Example:
 
@@ -586,7 +572,6 @@ def predict_costs(
     trace = trace_model(model, None if x is None else input_part(x))
     dtypes = [canonical_dtype(dtype) for dtype in dtypes]
     source = canonical_float8_source(float8_source)
-    bandwidth = profile.memory_bandwidth
     layers = {}
     for path, cost in count_costs(model, trace).items():
         seconds = {d: predicted_layer_seconds(cost, profile, d, batch_size, source) for d in dtypes}
@@ -600,7 +585,10 @@ def predict_costs(
         layers=layers,
         edges=[dataclasses.astuple(edge) for edge in trace.edges],
         cast_seconds={
-            dtype: {"fixed": profile.op_overhead_seconds, "per_element": (4 + size) / bandwidth}
+            dtype: {
+                "fixed": profile.op_overhead_seconds,
+                "per_element": (4 + size) / profile.memory_bandwidth,
+            }
             for dtype, size in ITEMSIZE.items()
             if dtype != FLOAT32
         },

@@ -60,8 +60,7 @@ def _median_seconds(function: Callable[[], object], repeats: int) -> float:
 
 
 def _copied(copy: Callable[[], Any], name: str, lost: str, failure: str) -> Any:
-    """Returns `copy()` run as the model's own code; `BackendError(failure)` (after one warning)
-    when it fails."""
+    """Returns `copy()` run as the model's own code; `BackendError(failure)` if it fails."""
     clone = call_model_code(copy, layer=name, lost=lost, fallback=None)
     if clone is None:
         raise BackendError(failure)
@@ -95,10 +94,9 @@ def time_layer(
 ) -> float:
     """Times a standalone copy of `layer` forward+backward in `dtype` on random inputs."""
     timing = measuring_backend("calibrate()")
-    rng = np.random.default_rng(0)
     clone = rebuild_layer(layer, dtype, call.path)
     compute = keras.backend.standardize_dtype(clone.compute_dtype)
-    args, kwargs = synthetic_arguments(call, batch_size, compute, rng)
+    args, kwargs = synthetic_arguments(call, batch_size, compute, np.random.default_rng(0))
     if "training" in inspect.signature(clone.call).parameters:
         kwargs["training"] = True
     return _median_seconds(timing.layer_step(clone, args, kwargs, jit_compile), repeats)
@@ -106,14 +104,13 @@ def time_layer(
 
 def time_empty_function(repeats: int) -> float:
     """Times a compiled function doing one trivial op: the per-call dispatch overhead."""
-    timing = measuring_backend("calibrate()")
-    return _median_seconds(timing.empty_step(), max(repeats, 9))
+    return _median_seconds(measuring_backend("calibrate()").empty_step(), max(repeats, 9))
 
 
 def time_cast(dtype: str, elements: int, repeats: int) -> float:
     """Times one cast of `elements` values between float32 and `dtype` (half a round trip)."""
-    timing = measuring_backend("calibrate()")
-    return _median_seconds(timing.cast_step(dtype, elements), repeats) / 2.0
+    cast = measuring_backend("calibrate()").cast_step(dtype, elements)
+    return _median_seconds(cast, repeats) / 2.0
 
 
 def clone_with_uniform_policy(model: keras.Model, dtype: str) -> keras.Model:
@@ -339,11 +336,7 @@ def attribute_step_overhead(table: CostTable, measured: Mapping[str, float]) -> 
     residuals = [measured[dtype] - layers - casts for dtype, (layers, casts) in parts.items()]
     overhead = max(0.0, min(residuals))
     scales = {
-        dtype: (
-            max((measured[dtype] - casts - overhead) / layers, MIN_TIME_SCALE)
-            if layers > 0
-            else 1.0
-        )
+        dtype: max((measured[dtype] - casts - overhead) / layers, MIN_TIME_SCALE) if layers else 1.0
         for dtype, (layers, casts) in parts.items()
     }
     table.step_overhead_seconds = overhead

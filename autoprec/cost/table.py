@@ -110,7 +110,10 @@ class CostTable:
         value = self.layers[path].seconds.get(dtype)
         if value is None:
             return math.inf
-        return self.time_scale(dtype) * self._scale(value, batch_size)
+        if batch_size is not None and batch_size != self.batch_size and value != 0:
+            fixed = min(self.layer_fixed_seconds, value)
+            value = fixed + (value - fixed) * batch_size / self.batch_size
+        return self.time_scale(dtype) * value
 
     def layer_seconds(self, path: str, dtype: str, batch_size: int | None = None) -> float | None:
         """Returns a layer's forward+backward seconds in `dtype` as `seconds` does, but `None` (not
@@ -120,17 +123,10 @@ class CostTable:
             return None
         return self.seconds(path, dtype, batch_size)
 
-    def _scale(self, seconds: float, batch_size: int | None) -> float:
-        if batch_size is None or batch_size == self.batch_size or seconds == 0:
-            return seconds
-        fixed = min(self.layer_fixed_seconds, seconds)
-        return fixed + (seconds - fixed) * batch_size / self.batch_size
-
     def cast_cost(self, elements: float, dtype: str) -> float:
         """Returns seconds to cast `elements` to `dtype` and the gradient back (fwd+bwd)."""
         figures = self.cast_seconds.get(dtype) or self.cast_seconds.get("bfloat16") or {}
-        one_way = figures.get("fixed", 0.0) + figures.get("per_element", 0.0) * elements
-        return 2.0 * one_way
+        return 2.0 * (figures.get("fixed", 0.0) + figures.get("per_element", 0.0) * elements)
 
     def boundary_cost(self, elements: float, dtype: str) -> float:
         """Returns what a whole step adds at one boundary of `elements` values beyond its cast
@@ -250,13 +246,11 @@ class MeasurementCache:
 
     def get(self, key: str) -> float | None:
         """Returns the cached seconds under `key`, or `None` (no cache, no entry, unreadable)."""
-        if self.directory is None:
-            return None
-        try:
-            data = json.loads((self.directory / f"{key}.json").read_text(encoding="utf-8"))
-            return float(data["seconds"])
-        except (OSError, ValueError, KeyError, TypeError):
-            return None
+        if self.directory is not None:
+            with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+                data = json.loads((self.directory / f"{key}.json").read_text(encoding="utf-8"))
+                return float(data["seconds"])
+        return None
 
     def measured(self, payload: Any, description: str, measure: Callable[[], float]) -> float:
         """Returns the seconds cached under `payload`, measured (and cached) the first time."""

@@ -10,6 +10,7 @@ import difflib
 import functools
 import os
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -96,43 +97,33 @@ class HardwareProfile:
 
     def to_dict(self) -> dict[str, Any]:
         """Returns the profile as a JSON-serialisable dict (the user-file format)."""
-        data = dataclasses.asdict(self)
-        data["fast_dtypes"] = list(self.fast_dtypes)
-        data["slow_dtypes"] = list(self.slow_dtypes)
-        return data
+        dtypes = {"fast_dtypes": list(self.fast_dtypes), "slow_dtypes": list(self.slow_dtypes)}
+        return {**dataclasses.asdict(self), **dtypes}
 
     def save(self, path: str | os.PathLike) -> Path:
         """Writes the profile to a JSON file that `load_profile` reads back."""
-        data = self.to_dict()
-        data.pop("detected")
-        return atomic_write_json(path, data)
+        return atomic_write_json(path, {k: v for k, v in self.to_dict().items() if k != "detected"})
 
     def summary(self) -> str:
         """Returns a few lines describing the profile."""
-
-        def tflops(rate: float | None) -> str:
-            return "-" if rate is None else f"{rate / TERA:.1f}"
-
-        support = ", ".join(f"{dtype} {self.support(dtype)}" for dtype in PLAN_DTYPES)
-        float8 = "" if self.float8_flops is None else f", float8 {tflops(self.float8_flops)}"
-        rate_source = [f"  float8 rate: {self.float8_flops_source}"] if float8 else []
-        return "\n".join(
-            [
-                f"{self.display_name} ({self.name}, {self.kind}"
-                + (f", CC {self.compute_capability}" if self.compute_capability else "")
-                + ")",
-                f"  TFLOP/s: float32 {tflops(self.float32_flops)}, float16 "
-                f"{tflops(self.float16_flops)}, bfloat16 {tflops(self.bfloat16_flops)}{float8}",
-                f"  memory {self.memory_bytes / GIB:.1f} GiB at "
-                f"{self.memory_bandwidth / GIGA:.0f} GB/s; alignment {self.alignment}",
-                f"  dtypes: {support}",
-                f"  source: {self.source}",
-                *rate_source,
-            ]
+        tflops = ", ".join(
+            f"{dtype} {'-' if rate is None else f'{rate / TERA:.1f}'}"
+            for dtype in (FLOAT32, FLOAT16, BFLOAT16, FLOAT8)
+            if (rate := getattr(self, f"{dtype}_flops")) is not None or dtype != FLOAT8
         )
+        capability = f", CC {self.compute_capability}" if self.compute_capability else ""
+        lines = [
+            f"{self.display_name} ({self.name}, {self.kind}{capability})",
+            f"  TFLOP/s: {tflops}",
+            f"  memory {self.memory_bytes / GIB:.1f} GiB at "
+            f"{self.memory_bandwidth / GIGA:.0f} GB/s; alignment {self.alignment}",
+            "  dtypes: " + ", ".join(f"{dtype} {self.support(dtype)}" for dtype in PLAN_DTYPES),
+            f"  source: {self.source}",
+        ]
+        if self.float8_flops is not None:
+            lines.append(f"  float8 rate: {self.float8_flops_source}")
+        return "\n".join(lines)
 
-
-# --------------------------------------------------------------------------- user files
 
 _REQUIRED_FIELDS = ("name", "kind", "float32_flops", "memory_bandwidth", "memory_bytes")
 #: The fields that must be positive numbers where given (and the rates, where not `None`).
@@ -184,12 +175,9 @@ def profile_from_dict(data: Any, source: str = "user data") -> HardwareProfile:
         if field in data and not (field in rates and data[field] is None):
             _check_positive(source, field, data[field])
     values = {"display_name": data["name"], **dict.fromkeys(("compute_capability", *rates)), **data}
-    if "fast_dtypes" not in values:
-        values["fast_dtypes"] = [
-            dtype for dtype, field in _RATE_FIELDS if values[field] is not None
-        ]
+    rated = [dtype for dtype, field in _RATE_FIELDS if values[field] is not None]
     values["fast_dtypes"] = _check_dtype_list(
-        source, "fast_dtypes", values["fast_dtypes"], PLAN_DTYPES
+        source, "fast_dtypes", values.get("fast_dtypes", rated), PLAN_DTYPES
     )
     if values["float8_flops"] is not None and FLOAT8 not in values["fast_dtypes"]:
         values["fast_dtypes"] = (*values["fast_dtypes"], FLOAT8)
@@ -220,8 +208,6 @@ def load_profile(path: str | os.PathLike) -> HardwareProfile:
     return profile_from_dict(data, source=source)
 
 
-# --------------------------------------------------------------------------- built-ins
-
 # name, display name, CC, VRAM GB, GB/s, FP32, FP16 TC, BF16 TC (TFLOPS; None: no bf16 TC)
 _RTX_TABLE: tuple[tuple[str, str, str, float, float, float, float, float | None], ...] = (
     ("rtx2060", "NVIDIA GeForce RTX 2060", "7.5", 6, 336, 6.5, 25.8, None),
@@ -241,9 +227,8 @@ _RTX_TABLE: tuple[tuple[str, str, str, float, float, float, float, float | None]
     ("h200", "NVIDIA H200 SXM 141GB", "9.0", 141, 4800, 66.9, 989.4, 989.4),
 )
 
-#: SXM Hoppers (CC 9.0), rows of `_RTX_TABLE` besides: 66.9 float32, 989.4 float16/bfloat16 and
-#: 1978.9 float8 dense TFLOPS, float32 accumulate (datacenter parts run float16 with float32
-#: accumulate at full rate). name: (source, float8 rate source; None: the H100's)
+#: SXM Hoppers (CC 9.0, float16 with float32 accumulate at full rate), rows of `_RTX_TABLE` too:
+#: name: (source, float8 rate source; None: the H100's)
 _HOPPER_SOURCES = {
     "h100": (
         "built-in table (NVIDIA H100 Tensor Core GPU Architecture whitepaper, H100 SXM5: "
@@ -259,9 +244,7 @@ _HOPPER_SOURCES = {
 }
 
 #: Where the FP8 rate of each GPU architecture with FP8 tensor cores comes from, by compute
-#: capability. GeForce Ada and Blackwell run FP8 with float32 accumulate at 2x their
-#: FP16/BF16-with-float32-accumulate rate (the table's BF16 TC column): RTX 4090 330.4,
-#: RTX 5090 419.0 dense TFLOPS. Turing (7.5) and Ampere (8.6) have no FP8 tensor cores.
+#: capability (Ada and Blackwell: 2x the BF16 TC column); Turing and Ampere have none.
 FLOAT8_RATE_SOURCES: dict[str, str] = {
     "8.9": (
         "NVIDIA Ada GPU Architecture whitepaper: dense FP8 Tensor TFLOPS with FP32 "
@@ -288,36 +271,35 @@ _ALIASES = {
     "h200 141gb": "h200",
 }
 
-# Nominal CPU: 8 cores at 3 GHz, 2 FMA units. float32 FLOP/cycle/core: AVX-512 64,
-# AVX2 32; AVX512-BF16 dot products double it; AMX tiles give ~16x for bf16.
-_CPU_CORES = 8
-_CPU_HZ = 3.0e9
-_CPU_BANDWIDTH = 50 * GIGA
 CPU_MEMORY = 32 * GIB
 _CPU_OP_OVERHEAD = 30e-6
 
 
+def _rated_profile(
+    rates: dict[str, float | None], flops: Callable[[float], float], **fields: Any
+) -> HardwareProfile:
+    """A profile fast in each dtype of `rates` with a rate (`flops(rate)` FLOP/s), others slow."""
+    fast = tuple(dtype for dtype, rate in rates.items() if rate is not None and dtype != FLOAT32)
+    rated = {
+        f"{dtype}_flops": None if rate is None else flops(rate) for dtype, rate in rates.items()
+    }
+    slow = tuple(dtype for dtype in (FLOAT16, BFLOAT16) if dtype not in fast)
+    return HardwareProfile(fast_dtypes=fast, slow_dtypes=slow, **rated, **fields)
+
+
 def _gpu_profile(row: tuple) -> HardwareProfile:
     name, display, capability, vram_gb, bandwidth_gbs, fp32, fp16, bf16 = row
-    fast = (FLOAT16, BFLOAT16) if bf16 is not None else (FLOAT16,)
-    slow = () if bf16 is not None else (BFLOAT16,)
     float8_source = FLOAT8_RATE_SOURCES.get(capability)
     float8 = None if float8_source is None or bf16 is None else 2 * bf16
-    if float8 is not None:
-        fast = (*fast, FLOAT8)
-    return HardwareProfile(
+    return _rated_profile(
+        {FLOAT32: fp32, FLOAT16: fp16, BFLOAT16: bf16, FLOAT8: float8},
+        lambda rate: rate * TERA,
         name=name,
         display_name=display,
         kind="gpu",
         compute_capability=capability,
-        float32_flops=fp32 * TERA,
-        float16_flops=fp16 * TERA,
-        bfloat16_flops=None if bf16 is None else bf16 * TERA,
         memory_bandwidth=bandwidth_gbs * GIGA,
         memory_bytes=int(vram_gb * GIB),
-        fast_dtypes=fast,
-        slow_dtypes=slow,
-        float8_flops=None if float8 is None else float8 * TERA,
         float8_flops_source=float8_source,
     )
 
@@ -329,33 +311,21 @@ def cpu_profile(
     bfloat16_per_cycle: float | None,
     float16_per_cycle: float | None,
     source: str,
-    cores: int = _CPU_CORES,
-    hertz: float = _CPU_HZ,
-    bandwidth: float = _CPU_BANDWIDTH,
+    cores: int = 8,
+    hertz: float = 3.0e9,
+    bandwidth: float = 50 * GIGA,
     memory: int = CPU_MEMORY,
     detected: bool = False,
 ) -> HardwareProfile:
-    def rate(per_cycle: float | None) -> float | None:
-        return None if per_cycle is None else per_cycle * cores * hertz
-
-    fast = tuple(
-        dtype
-        for dtype, per_cycle in ((FLOAT16, float16_per_cycle), (BFLOAT16, bfloat16_per_cycle))
-        if per_cycle is not None
-    )
-    slow = tuple(dtype for dtype in (FLOAT16, BFLOAT16) if dtype not in fast)
-    return HardwareProfile(
+    return _rated_profile(
+        {FLOAT32: float32_per_cycle, FLOAT16: float16_per_cycle, BFLOAT16: bfloat16_per_cycle},
+        lambda per_cycle: per_cycle * cores * hertz,
         name=name,
         display_name=display,
         kind="cpu",
         compute_capability=None,
-        float32_flops=rate(float32_per_cycle),
-        float16_flops=rate(float16_per_cycle),
-        bfloat16_flops=rate(bfloat16_per_cycle),
         memory_bandwidth=bandwidth,
         memory_bytes=int(memory),
-        fast_dtypes=fast,
-        slow_dtypes=slow,
         alignment=1,
         op_overhead_seconds=_CPU_OP_OVERHEAD,
         slow_penalty=6.0,
@@ -364,7 +334,9 @@ def cpu_profile(
     )
 
 
-# name, display name, float32 and bfloat16 FLOP/cycle/core (None: no native bfloat16)
+# name, display name, float32 and bfloat16 FLOP/cycle/core (None: no native bfloat16) of a
+# nominal CPU (`cpu_profile`'s defaults: 8 cores at 3 GHz, 2 FMA units): float32 AVX-512 64,
+# AVX2 32; AVX512-BF16 dot products double it; AMX tiles give ~16x for bf16.
 _CPU_TABLE = (
     ("cpu-amx", "CPU with AMX-BF16", 64, 1024),
     ("cpu-avx512-bf16", "CPU with AVX512-BF16", 64, 128),
@@ -411,10 +383,9 @@ def _cpu_flags(cpuinfo_path: str = "/proc/cpuinfo") -> tuple[set[str], str, floa
     flags: set[str] = set()
     model = "CPU"
     megahertz: float | None = None
-    try:
+    text = ""
+    with contextlib.suppress(OSError):
         text = Path(cpuinfo_path).read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        return flags, model, megahertz
     for line in text.splitlines():
         key, _, value = line.partition(":")
         key = key.strip()
@@ -429,12 +400,10 @@ def _cpu_flags(cpuinfo_path: str = "/proc/cpuinfo") -> tuple[set[str], str, floa
 
 
 def _total_memory_bytes() -> int | None:
-    try:
+    with contextlib.suppress(OSError, ValueError, IndexError):
         for line in Path("/proc/meminfo").read_text().splitlines():
             if line.startswith("MemTotal:"):
                 return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        return None
     return None
 
 
@@ -457,12 +426,11 @@ _CPU_BFLOAT16_NOTE = (
 
 def _active_backend() -> str:
     """Returns the active Keras backend name (`"tensorflow"` if Keras cannot say)."""
-    try:
+    with contextlib.suppress(Exception):
         import keras
 
         return str(keras.backend.backend())
-    except Exception:
-        return "tensorflow"
+    return "tensorflow"
 
 
 #: The CPU flags that decide 16-bit speed, in the order they are reported.
@@ -552,10 +520,9 @@ def _gpu_from_jax() -> tuple[str, str | None, int | None] | None:
     if not devices:
         return None
     device = devices[0]
-    try:
+    memory = None
+    with contextlib.suppress(Exception):  # the memory is optional
         memory = int((device.memory_stats() or {}).get("bytes_limit")) or None
-    except Exception:  # noqa: BLE001 - the memory is optional
-        memory = None
     return (
         getattr(device, "device_kind", "GPU"),
         getattr(device, "compute_capability", None),
@@ -577,10 +544,9 @@ def _local_gpu(backend: str) -> tuple[str, str | None, int | None] | None:
     readers = (_gpu_from_tensorflow, _gpu_from_jax, _gpu_from_torch)
     order = {"jax": (1, 2, 0), "torch": (2, 1, 0)}.get(backend, (0, 1, 2))
     for index in order:
-        try:
+        found = None
+        with contextlib.suppress(Exception):  # a framework not installed or not working here
             found = readers[index]()
-        except Exception:  # noqa: BLE001 - a framework not installed or not working here
-            continue
         if found is not None:
             return found
     return None
@@ -595,12 +561,8 @@ def profile_for_gpu(
     # The two RTX 4060 Ti share one name: their memory tells them apart (below).
     if exact not in BUILTIN or BUILTIN[exact].kind != "gpu" or exact.startswith("rtx4060ti"):
         exact = ""
-    candidates = sorted(
-        (name for name in BUILTIN if BUILTIN[name].kind == "gpu" and name.split("-")[0] in key),
-        key=len,
-        reverse=True,
-    )
-    name = candidates[0] if candidates and not exact else ""
+    gpus = (name for name in BUILTIN if BUILTIN[name].kind == "gpu" and name.split("-")[0] in key)
+    name = "" if exact else max(gpus, key=len, default="")
     if name.startswith("rtx4060ti"):
         big = (memory_bytes or 0) > 12 * GIB or "16gb" in key
         exact = "rtx4060ti-16gb" if big else "rtx4060ti-8gb"
@@ -618,10 +580,9 @@ def _estimated_gpu(
     device_name: str, compute_capability: str | None, memory_bytes: int | None
 ) -> HardwareProfile:
     major_text, _, minor_text = str(compute_capability or "").partition(".")
-    try:  # `(major, minor)` of a compute capability such as "8.9", or `None`
-        capability: tuple[int, int] | None = (int(major_text), int(minor_text or 0))
-    except ValueError:
-        capability = None
+    capability: tuple[int, int] | None = None  # `(major, minor)` of a capability such as "8.9"
+    with contextlib.suppress(ValueError):
+        capability = (int(major_text), int(minor_text or 0))
     major = capability[0] if capability else 0
     references = {7: "rtx2080ti", 9: "h100", 10: "rtx5080", 12: "rtx5080"}
     base = BUILTIN["rtx4080" if capability == (8, 9) else references.get(major, "rtx3080")]
@@ -631,8 +592,7 @@ def _estimated_gpu(
         if major >= needed or (major == 0 and dtype == FLOAT16)
     )
     slow = tuple(dtype for dtype in (FLOAT16, BFLOAT16) if dtype not in fast)
-    float8 = capability is not None and capability >= FLOAT8_MIN_CAPABILITY
-    float8 = float8 and base.float8_flops is not None
+    float8 = (capability or (0,)) >= FLOAT8_MIN_CAPABILITY and base.float8_flops is not None
     return dataclasses.replace(
         base,
         name=normalise_name(device_name) or "unknown-gpu",
