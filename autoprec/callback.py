@@ -49,50 +49,24 @@ KEPT_STEPS = 50
 class AutoPrecision(PlanCallback):
     """Trains with a per-layer precision plan, adding loss scaling whenever a layer runs in float16.
 
-    At the start of training the plan is applied to every layer (sub-layers
-    included), the optimizer is wrapped in a `FlooredLossScaleOptimizer` when any
-    layer computes in float16 (Keras does this only when the global policy is
-    exactly `mixed_float16`), and the compiled train/test/predict functions are
-    rebuilt so the new policies take effect. The optimizer's state is kept; an
-    optimizer that already scales the loss is not wrapped again. The current loss
-    scale is added to the epoch logs (`history.history["loss_scale"]`). An
-    unbuilt subclassed model only gets its sub-layers at the first trace, so its
-    first step runs with the model's own policies and the plan applies from the
-    second step on. The plan stays applied after training, so `evaluate`,
-    `predict` and `autoprec.save_model` use it; `restore()` undoes it. A later
-    `fit` of a model that already runs the plan re-applies, re-checks and
-    retraces nothing. With a plan it behaves as `autoprec.runtime.PlanCallback`,
-    which it extends.
+    With a plan it behaves as `autoprec.runtime.PlanCallback`, which it extends:
+    the plan is applied to every layer at the start of training, the optimizer
+    is wrapped in a `FlooredLossScaleOptimizer` when a layer computes in float16,
+    and the plan stays applied after training (`restore()` undoes it). The plan
+    must fit the model exactly: to train with the part of a plan that fits, pass
+    `autoprec.apply_plan(model, plan, strict=False).plan`.
 
-    The plan must fit the model exactly. To train with the part of a plan that
-    fits, apply it first with `handle = autoprec.apply_plan(model, plan,
-    strict=False)` and pass `AutoPrecision(handle.plan)`.
-
-    With no plan, it decides one itself (settings in `auto`, an
-    `autoprec.AutoPlan`): the first `auto.profile_steps` steps run in the
-    model's own policies with profiler probes (none where the only fast dtype
-    is bfloat16, whose range is float32's), then the heuristic plan is built
-    from the recorded ranges and the layer costs at the batch size `fit` uses
-    (read from its first batch, or `auto.batch_size`), measured on this device
-    (cached) or predicted for `hardware`. Where costs are measured here, the
-    next steps of `fit` then time the whole train step of float32, the uniform
-    16-bit policies the device runs fast and the per-layer plan, interleaved
-    (`auto.timing_rounds`), and the fastest is kept, a difference inside the
-    measured noise going to the simpler plan; these steps train the model as
-    any others (float32 runs the step `fit` traced), and the race may run on
-    into the next epochs of a long fit. Deciding stays within
-    `auto.decision_seconds` (default a twentieth of the whole fit, at most 60 s);
-    the race's traces are paid from half the predicted gain per step times the
-    steps left in the fit: where that cannot pay for them, the simpler plan
-    (float32) is kept at once. The plan is applied and training goes on.
-    Where the device runs no 16-bit dtype fast (`hardware.is_fast`), nothing
-    can be won: the model trains in float32 at once, nothing profiled or timed,
-    and one line says so (`plan.metadata["measured"]` records the decision).
-    With `auto.budget` a short Optuna search on `auto.x` and
-    `auto.validation_data` decides instead (`callback.search_result`). A
-    compact report says how many layers got each dtype, the predicted speedup
-    and why the float32 layers stayed float32
-    (`callback.plan.metadata["evidence"]`).
+    With no plan it decides one itself (settings in `auto`, an
+    `autoprec.AutoPlan`): it profiles the first steps of `fit`, builds the
+    heuristic plan from the recorded ranges and the layer costs at the batch size
+    `fit` uses (measured here, or predicted for `hardware`), and where costs are
+    measured here times the whole train step of float32, the uniform 16-bit
+    policies the device runs fast and that plan inside the next steps of `fit`,
+    keeping the fastest, within `auto.decision_seconds`. Where no 16-bit dtype
+    runs fast, it trains in float32 at once; with `auto.budget` a short Optuna
+    search decides instead (`callback.search_result`). A compact report says
+    what each layer got and why (`callback.plan.metadata`); docs/api.md says
+    how in full.
 
     Args:
         plan: a `PrecisionPlan`, the path of a plan JSON file, or `None` to
@@ -232,9 +206,7 @@ class AutoPrecision(PlanCallback):
             self._finish_race()  # training ended while the candidate plans were timed
         super().on_train_end(logs)
         if self._memory_key is not None and self.plan is not None:
-            # Too few steps in the plan kept time nothing a rerun could check against.
             steps = self._kept_clock.intervals() if self._kept_clock is not None else []
-            steps = steps if len(steps) >= memory.RECALL_CHECK_STEPS else []
             memory.remember(self._memory_key, self.current_plan(), self._batch_signature, steps)
 
     # ------------------------------------------------------------------ automatic mode
@@ -245,13 +217,9 @@ class AutoPrecision(PlanCallback):
             return
         try:
             device = resolve_hardware(self.hardware)  # once for the fit
+            fast = [dtype for dtype in (BFLOAT16, FLOAT16, FLOAT8) if device.is_fast(dtype)]
         except Exception:  # noqa: BLE001 - an unknown device: profile and decide as before
-            device = None
-        fast = (
-            [BFLOAT16]
-            if device is None
-            else [d for d in (BFLOAT16, FLOAT16, FLOAT8) if device.is_fast(d)]
-        )
+            device, fast = None, [BFLOAT16]
         if self.auto.budget is None and not fast:
             self._decide_at_once(device)
             return
@@ -298,10 +266,8 @@ class AutoPrecision(PlanCallback):
         """Applies the plan stored for this model, device and menu from the next step on."""
         self._recalled = dict(entry, reader=FirstBatchSize(self.model))
         self._recalled["reader"].install()
-        plan = entry["plan"]
-        measured = dict(plan.metadata.get("measured") or {})
-        measured["recalled"] = {"step_ms": entry["step_ms"], "checked_ms": None}
-        self.plan, self.estimate = plan.with_metadata(measured=measured), None
+        recalled = {"step_ms": entry["step_ms"], "checked_ms": None}
+        self.plan, self.estimate = _with_measured(entry["plan"], recalled=recalled), None
         self._apply(quiet=True)
         self._kept_clock = StepClock()
         logger.info(
@@ -327,16 +293,14 @@ class AutoPrecision(PlanCallback):
             self._recalled = None
             why = memory.drifted(entry, clock.step_seconds())
             if not why:
-                measured = dict(self.plan.metadata.get("measured") or {})
                 checked = round(1e3 * clock.step_seconds(), 4)
-                measured["recalled"] = {"step_ms": entry["step_ms"], "checked_ms": checked}
-                self.plan = self.plan.with_metadata(measured=measured)
+                recalled = {"step_ms": entry["step_ms"], "checked_ms": checked}
+                self.plan = _with_measured(self.plan, recalled=recalled)
         if why:
             logger.info("autoprec: deciding afresh: %s", why)
-            self._recalled, self._kept_clock = None, None
+            self._recalled, self._kept_clock, self._afresh = None, None, why
             self.restore()
             self.handle, self.plan = None, None
-            self._afresh = why
             self._start_deciding(*self._menu)
 
     def _decide_at_once(self, device: HardwareProfile) -> None:
@@ -406,8 +370,8 @@ class AutoPrecision(PlanCallback):
             time_budget=max(budget - race_reserve, 0.0),
             trace_seconds=trace,
         )
-        spent = time.perf_counter() - decided_at
-        deciding.record = {"decision_seconds": spent, "budget_seconds": round(budget, 3)}
+        deciding.decision_seconds = time.perf_counter() - decided_at
+        deciding.budget_seconds = round(budget, 3)
         self._race_or_apply(deciding, plan, trace)
 
     def _fit_steps(self, left: bool = False) -> int | None:
@@ -423,15 +387,14 @@ class AutoPrecision(PlanCallback):
         candidates = self._timed_candidates(deciding.device, plan)  # may add loss scaling
         reuse_fit_step = self.model.optimizer is optimizer
         traces = race_traces(self.model, candidates, reuse_fit_step) if len(candidates) > 1 else 0
-        spent, budget = deciding.record["decision_seconds"], deciding.record["budget_seconds"]
         allowed, because = race_budget(
             self.auto,
             deciding.clock.step_seconds(),
             best_predicted_speedup(plan),
             self._fit_steps(left=True),
-            budget - spent,
+            deciding.budget_seconds - deciding.decision_seconds,
         )
-        deciding.record["race_budget_seconds"] = round(allowed, 3)
+        deciding.race_budget_seconds = round(allowed, 3)
         why = ""
         if traces and traces * trace > allowed:
             # The race's traces would not pay: out of budget, fit keeps the simpler plan.
@@ -444,7 +407,7 @@ class AutoPrecision(PlanCallback):
             )
             self.estimate, candidates = None, {}
         if len(candidates) < 2:
-            self.plan = plan.with_metadata(measured=_measured(deciding.record, 0, 0, why))
+            self.plan = plan.with_metadata(measured=deciding.measured(0, 0, why))
             self._apply(quiet=True)
             self._report()
             return
@@ -479,12 +442,8 @@ class AutoPrecision(PlanCallback):
             return {}
         candidates = race_candidates(self.model, plan, self.profile, device)
         float16 = any(candidate.uses_float16 for candidate in candidates.values())
-        has_16bit = any(
-            dtype != FLOAT32
-            for candidate in candidates.values()
-            for dtype in candidate.resolve().values()
-        )
-        if len(candidates) > 1 and (float16 or (has_16bit and self.guard is not None)):
+        # Candidates besides float32 differ from it (`race_candidates` keeps each once): 16-bit.
+        if len(candidates) > 1 and (float16 or self.guard is not None):
             # The race times the steps the epochs run: float16 scaled, skipped steps kept.
             self._wrap_optimizer(uses_float16=float16, has_16bit=True)
             self._install_telemetry(has_16bit=True)
@@ -501,10 +460,9 @@ class AutoPrecision(PlanCallback):
         ]
         deciding.race.close()
         self.plan = race_winner_plan(deciding.race_plans, result, deciding.per_layer_plan)
-        deciding.record["decision_seconds"] += result.added_seconds
-        measured = dict(self.plan.metadata.get("measured") or {})
-        measured.update(_measured(deciding.record, len(deciding.race_plans), result.rounds_run))
-        self.plan = self.plan.with_metadata(measured=measured)
+        deciding.decision_seconds += result.added_seconds
+        measured = deciding.measured(len(deciding.race_plans), result.rounds_run)
+        self.plan = _with_measured(self.plan, **measured)
         lines = race_lines(result, self.estimate)
         if self.plan.metadata.get("predicted_speedup") is None:
             self.estimate = None  # a uniform plan won: the estimate was the per-layer plan's
@@ -517,18 +475,16 @@ class AutoPrecision(PlanCallback):
         """Reports the plan decided, and starts timing the steps it runs (for the memory)."""
         self._kept_clock = StepClock()
         if self._afresh:
-            measured = dict(self.plan.metadata.get("measured") or {})
-            measured["recalled"] = {"afresh": self._afresh}
-            self.plan, self._afresh = self.plan.with_metadata(measured=measured), ""
+            self.plan = _with_measured(self.plan, recalled={"afresh": self._afresh})
+            self._afresh = ""
         for line in report_lines(self.plan, self.estimate, self.handle.dtypes):
             show_message(line, self.verbose)
         measured = self.plan.metadata.get("measured") or {}
         if "decision_seconds" in measured and "budget_seconds" in measured:
-            timed = measured.get("candidates_timed", 0)
             show_message(
                 f"autoprec: deciding took {measured['decision_seconds']:.1f} s (budget "
-                f"{measured['budget_seconds']:.1f} s): {timed} candidate(s) timed in "
-                f"{measured.get('rounds', 0)} round(s)"
+                f"{measured['budget_seconds']:.1f} s): {measured.get('candidates_timed', 0)} "
+                f"candidate(s) timed in {measured.get('rounds', 0)} round(s)"
                 + (f", {measured['traces']} traced" if "traces" in measured else "")
                 + (f"; {measured['why']}" if measured.get("why") else ""),
                 self.verbose,
@@ -562,20 +518,22 @@ class _Deciding:
     race: StepRace | None = None
     race_plans: dict[str, PrecisionPlan] = dataclasses.field(default_factory=dict)
     per_layer_plan: PrecisionPlan | None = None
-    record: dict[str, Any] = dataclasses.field(default_factory=dict)
+    decision_seconds: float = 0.0
+    budget_seconds: float = 0.0
+    race_budget_seconds: float | None = None
+
+    def measured(self, candidates: int, rounds: int, why: str = "") -> dict[str, Any]:
+        """What the decision cost, for `plan.metadata["measured"]`."""
+        return {
+            "decision_seconds": round(self.decision_seconds, 3),
+            "budget_seconds": self.budget_seconds,
+            "race_budget_seconds": self.race_budget_seconds,
+            "candidates_timed": candidates,
+            "rounds": rounds,
+            **({"why": why} if why else {}),
+        }
 
 
-def _measured(
-    record: dict[str, Any], candidates: int, rounds: int, why: str = ""
-) -> dict[str, Any]:
-    """What the decision cost, for `plan.metadata["measured"]`."""
-    measured = {
-        "decision_seconds": round(float(record.get("decision_seconds", 0.0)), 3),
-        "budget_seconds": record.get("budget_seconds"),
-        "race_budget_seconds": record.get("race_budget_seconds"),
-        "candidates_timed": candidates,
-        "rounds": rounds,
-    }
-    if why:
-        measured["why"] = why
-    return measured
+def _with_measured(plan: PrecisionPlan, **values: Any) -> PrecisionPlan:
+    """Returns `plan` with `values` added to `metadata["measured"]`."""
+    return plan.with_metadata(measured={**(plan.metadata.get("measured") or {}), **values})

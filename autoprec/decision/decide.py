@@ -90,32 +90,21 @@ class AutoPlan(ConfigValue):
             `tf.data.Dataset`, a `PyDataset` or a generator of batches.
         validation_data: held-out batches the search judges candidate plans on.
         n_trials: trials of that search.
-        timing_rounds: where costs are measured here (`hardware="local"`) and no
-            budget is given, the heuristic plan is not kept on its prediction: the
-            next steps of `fit` run float32, each uniform 16-bit policy the device
-            runs fast and the profile allows (as Keras' global `mixed_*` policy sets
-            it: every layer) and the per-layer plan in turn, each traced once, then
-            in `timing_rounds` interleaved rounds of 2 timed steps each (more rounds,
-            up to 9, while the verdict is undecided; on into the next epochs where the
-            fit has them); the fastest whole step is
-            kept, a difference inside the measured noise going to the simpler plan
-            (`plan.metadata["measured"]` records what was timed). These steps train
-            the model as usual. 0 keeps the predicted plan without timing.
+        timing_rounds: where costs are measured here and no budget is given,
+            the interleaved rounds of 2 timed steps (more, up to 9, while
+            undecided) in which `fit` races the whole train step of float32, each
+            uniform 16-bit policy the device runs fast and the per-layer plan; the
+            fastest is kept, a tie inside the noise going to the simpler plan
+            (`plan.metadata["measured"]`). 0 keeps the predicted plan untimed.
         decision_seconds: the most seconds the decision may add to `fit` where
-            costs are measured here: per-layer timing stops when they run out (the
-            layers left get predicted costs), and the whole steps raced inside `fit`
-            decide. `None`: `DECISION_SHARE` of the whole fit, at most
-            `DECISION_CAP_SECONDS` (`decision_budget`), and the race's traces paid
-            from `PAYBACK_SHARE` of the predicted gain per step times the steps left
-            in the fit (`race_budget`). The report says
-            what the decision took (`plan.metadata["measured"]`).
-        remember: store the plan a fit ends with, keyed by device, versions,
-            model, first batch, dtype menu and budget (under
-            `autoprec.cost.default_cache_dir() / "decisions"`), and recall it on the
-            next run from the first step, nothing profiled or timed; its step time
-            is checked once against the stored one (`plan.metadata["measured"]
-            ["recalled"]`). `False` neither reads nor writes; deleting the folder
-            forgets every decision.
+            costs are measured here; `None`: `DECISION_SHARE` of the whole fit, at
+            most `DECISION_CAP_SECONDS` (`decision_budget`), the race's traces paid
+            from `PAYBACK_SHARE` of the predicted gain (`race_budget`).
+        remember: store the plan a fit ends with (under
+            `autoprec.cost.default_cache_dir() / "decisions"`; deleting it forgets
+            them) and recall it on the next run of the same model, device and
+            settings, nothing profiled or timed, its step time checked once
+            (`plan.metadata["measured"]["recalled"]`); `False` neither reads nor writes.
 
     Raises:
         PlanError: for a `budget` without `x` and `validation_data` (or data
@@ -166,8 +155,7 @@ class AutoPlan(ConfigValue):
                 f"AutoPlan: budget must be an autoprec.Budget or None, got {self.budget!r}; "
                 'e.g. budget=autoprec.Budget("val_loss", max_relative_drop=0.02).'
             )
-        has_data = self.x is not None and self.validation_data is not None
-        if self.budget is not None and not has_data:
+        if self.budget is not None and (self.x is None or self.validation_data is None):
             raise PlanError(
                 "AutoPlan: budget= runs a search, which needs x= (training batches) and "
                 "validation_data= (held-out batches to judge candidate plans on); a callback "
@@ -180,15 +168,13 @@ class AutoPlan(ConfigValue):
             )
 
     def __repr__(self) -> str:
-        data = ""
-        if self.budget is not None:
-            data = f", x={_describe_data(self.x)}, validation_data={_describe_data(self.validation_data)}"
-        return (
-            f"AutoPlan(profile_steps={self.profile_steps}, batch_size={self.batch_size}, "
-            f"budget={self.budget!r}{data}, n_trials={self.n_trials}, "
-            f"timing_rounds={self.timing_rounds}, decision_seconds={self.decision_seconds}, "
-            f"remember={self.remember})"
-        )
+        data = ("x", "validation_data")  # shown by their shapes, and only with a budget
+        shown = [
+            f"{name}={_describe_data(value) if name in data else repr(value)}"
+            for name, value in self.get_config().items()
+            if name not in data or self.budget is not None
+        ]
+        return f"AutoPlan({', '.join(shown)})"
 
 
 def _require_count(name: str, value: object, otherwise: str = "") -> None:
@@ -283,30 +269,23 @@ def report_lines(
 ) -> list[str]:
     """Returns the compact report printed once when the automatic plan is applied."""
     speedup = estimate.speedup if estimate is not None else None
+    predicted = f"; predicted speedup {speedup:.2f}x over float32" if speedup else ""
     lines = [
-        "autoprec: automatic plan: "
-        + counts_text(count_dtypes(dtypes.values()))
-        + " layer(s)"
-        + (f"; predicted speedup {speedup:.2f}x over float32" if speedup else "")
-        + f" on {plan.metadata.get('hardware')}"
+        f"autoprec: automatic plan: {counts_text(count_dtypes(dtypes.values()))} layer(s)"
+        f"{predicted} on {plan.metadata.get('hardware')}"
     ]
     start = plan.metadata.get("start")
     if isinstance(start, Mapping) and start.get("policy"):
-        lines.append("  " + start_line(start))
+        steps = start.get("predicted_step_ms") or {}
+        figures = ", ".join(f"{dtype} {ms:.3f} ms" for dtype, ms in steps.items())
+        why = f"predicted fastest ({figures}; {start.get('costs')})" if figures else "no cost table"
+        lines.append(f"  start: uniform {start['policy']}, {why}")
     departures = _departures(plan, dtypes)
     for path, (dtype, reason) in list(departures.items())[:8]:
         lines.append(f"  {dtype} {path}: {reason}")
     if len(departures) > 8:
         lines.append(f"  ... and {len(departures) - 8} more; see plan.metadata['evidence']")
     return lines
-
-
-def start_line(start: Mapping[str, Any]) -> str:
-    """Returns the line saying which uniform policy the plan started from, and why."""
-    steps = start.get("predicted_step_ms") or {}
-    figures = ", ".join(f"{dtype} {ms:.3f} ms" for dtype, ms in steps.items())
-    why = f"predicted fastest ({figures}; {start.get('costs')})" if figures else "no cost table"
-    return f"start: uniform {start['policy']}, {why}"
 
 
 def _departures(plan: PrecisionPlan, dtypes: Mapping[str, str]) -> dict[str, tuple[str, str]]:
@@ -388,12 +367,9 @@ class FirstBatchSize:
 
     def read(self) -> int | None:
         """Returns the first batch's size, or `None` when no step has run yet."""
-        if self._static is not None:
-            return self._static
-        if self._variable is not None:
-            value = int(keras.ops.convert_to_numpy(self._variable.value))
-            return value or None
-        return None
+        if self._static is None and self._variable is not None:
+            return int(keras.ops.convert_to_numpy(self._variable.value)) or None
+        return self._static
 
     def signature(self) -> list | None:
         """Returns the first batch's inputs as JSON-ready `[shape, dtype]` pairs, or `None`."""
@@ -407,7 +383,7 @@ class FirstBatchSize:
     def read_inputs(self, batch_size: int | None = None) -> Any:
         """Returns random inputs shaped as the first batch's (structure, dtypes, dimensions)."""
         size = batch_size or self.read()
-        if self._inputs is None or self._inputs is False or size is None:
+        if not self._inputs or size is None:
             return None
         specs = self._inputs
         if self._dimensions is not None:

@@ -86,9 +86,10 @@ def recall(key: dict) -> dict | None:
 
 
 def remember(key: dict, plan: PrecisionPlan, batch: Any, steps: list[float]) -> Path | None:
-    """Stores `plan` with its step time (median and noise of `steps`, seconds) for the next run."""
+    """Stores `plan` with its step time (median and noise of `steps`, seconds) for the next run;
+    fewer than `RECALL_CHECK_STEPS` steps time nothing a rerun could check against."""
     entry = {"key": key, "batch": batch, "plan": plan.to_dict(), "step_ms": None, "noise_ms": 0.0}
-    if steps:
+    if len(steps) >= RECALL_CHECK_STEPS:
         median = statistics.median(steps)
         noise = statistics.median(abs(step - median) for step in steps)
         entry.update(step_ms=round(1e3 * median, 4), noise_ms=round(2e3 * noise, 4))

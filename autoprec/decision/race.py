@@ -59,44 +59,36 @@ def race_candidates(
         # Float8 wherever Keras allows it, output layers and float8-unsafe layers excepted.
         uniform = PrecisionPlan.uniform(model, FLOAT8)
         refused = {*output_layers(model, plan.layer_info), *float8_unsafe_layers(profile)}
-        for path in sorted(refused & set(uniform.layers)):
-            if uniform.layers[path] == FLOAT8:
-                uniform = uniform.with_dtype(path, BFLOAT16)
+        for path in sorted(path for path in refused if uniform.layers.get(path) == FLOAT8):
+            uniform = uniform.with_dtype(path, BFLOAT16)
         candidates["float8"] = uniform
     candidates[PER_LAYER] = plan
-    unique: dict[str, PrecisionPlan] = {}
-    seen: list[dict[str, str]] = []
+    unique: dict[tuple, tuple[str, PrecisionPlan]] = {}
     for name, candidate in candidates.items():
-        dtypes = candidate.resolve()
-        if dtypes not in seen:
-            seen.append(dtypes)
-            unique[name] = candidate
-    return unique
+        unique.setdefault(tuple(sorted(candidate.resolve().items())), (name, candidate))
+    return dict(unique.values())
 
 
 def race_traces(
     model: keras.Model, candidates: Mapping[str, PrecisionPlan], reuse_fit_step: bool = True
 ) -> int:
     """Returns how many train steps timing `candidates` inside `fit` traces: one per candidate
-    whose dtypes differ from what fit traced (every one when fit's trace is stale). The plan kept
-    runs on its race function: the race traced it as the epochs run it."""
-    paths = layer_paths(model)
-    running = {path: layer_policy(layer).compute_dtype for path, layer in paths.items()}
-    traced = [
-        name
-        for name, candidate in candidates.items()
-        if not reuse_fit_step
+    whose dtypes differ from what fit traced (every one when fit's trace is stale)."""
+    running = {
+        path: layer_policy(layer).compute_dtype for path, layer in layer_paths(model).items()
+    }
+    return sum(
+        not reuse_fit_step
         or any(running.get(path) != dtype for path, dtype in candidate.resolve().items())
-    ]
-    return len(traced)
+        for candidate in candidates.values()
+    )
 
 
 def race_lines(result: RaceResult, estimate: Estimate | None) -> list[str]:
     """Returns the report of the whole steps timed inside `fit`: what was timed and what it chose."""
     verdict = result.verdict
-    names = list(result.rounds)
     timed = (
-        f"autoprec: timed the whole train step of {', '.join(names)} inside fit "
+        f"autoprec: timed the whole train step of {', '.join(result.rounds)} inside fit "
         f"({result.rounds_run} interleaved round(s) of 2 steps; {result.steps} steps, "
         f"+{result.added_seconds:.1f} s over the chosen plan's pace)"
     )
@@ -225,11 +217,9 @@ class StepRace:
         self._float8_saved: dict[int, list] = {}
         self._prepare_float8()
         self._traces = 0
-        self._schedule: list[tuple[int, bool]] = []
-        for index in range(len(self.candidates)):
-            self._schedule += [(index, False)] * (1 + steps_per_round)
-        for round_index in range(rounds):
-            self._schedule += self._round(round_index)
+        count = len(self.candidates)
+        self._schedule = [(i, False) for i in range(count) for _ in range(1 + steps_per_round)]
+        self._schedule += [step for number in range(rounds) for step in self._round(number)]
         self._position = 0
         self._rounds_run = 0
         self._timed: list[list[float]] = [[] for _ in self.candidates]
@@ -239,16 +229,11 @@ class StepRace:
         self._first_begin: float | None = None
         self._last_end: float | None = None
         self._steps = 0
-        self._finished = False
-
-    @property
-    def finished(self) -> bool:
-        """Whether every scheduled step ran and the verdict is read."""
-        return self._finished
+        self.finished = False  # every scheduled step ran and the verdict is read
 
     def begin_step(self) -> None:
         """Switches to the next scheduled candidate and starts the step's clock."""
-        if self._finished:
+        if self.finished:
             return
         now = time.perf_counter()
         if self._first_begin is None:
@@ -263,12 +248,10 @@ class StepRace:
 
     def end_step(self) -> bool:
         """Stops the step's clock and records it; returns whether the race is over."""
-        if self._finished or self._started is None:
-            return self._finished
-        now = time.perf_counter()
-        seconds = now - self._started
-        self._last_end = now
-        self._started = None
+        if self.finished or self._started is None:
+            return self.finished
+        self._last_end = time.perf_counter()
+        seconds, self._started = self._last_end - self._started, None
         self._steps += 1
         index, timed = self._schedule[self._position]
         candidate = self.candidates[index]
@@ -287,20 +270,18 @@ class StepRace:
             if verdict is not None and wants_more_rounds(verdict, self.max_rounds):
                 self._schedule += self._round(self._rounds_run)
             else:
-                self._finished = True
-        return self._finished
+                self.finished = True
+        return self.finished
 
     def result(self) -> RaceResult:
         """Returns what was measured so far, with the verdict when every plan has a round."""
         verdict = self._verdict()
-        seconds = 0.0
-        if self._first_begin is not None and self._last_end is not None:
-            seconds = self._last_end - self._first_begin
+        seconds = self._last_end - self._first_begin if self._last_end is not None else 0.0
         added = 0.0
         if verdict is not None:
             winner = next(c for c in self.candidates if c.name == verdict.leader)
-            own_first = winner.first_step or 0.0
-            added = seconds - (self._steps - 1) * verdict.medians[verdict.leader] - own_first
+            added = seconds - (self._steps - 1) * verdict.medians[verdict.leader]
+            added -= winner.first_step or 0.0
         return RaceResult(
             verdict=verdict,
             rounds={
@@ -331,7 +312,7 @@ class StepRace:
             else:  # float8 candidates extended the optimizer: fit's own trace is stale
                 rebuild_train_function(self.model)
         self._current = None
-        self._finished = True
+        self.finished = True
 
     # ------------------------------------------------------------------ internals
 
@@ -447,15 +428,11 @@ class StepClock:
 
     def trace_seconds(self) -> float | None:
         """Returns what tracing the train step cost: the first step less a later one's time."""
-        if not self.ends:
-            return None
-        return max(self.ends[0] - (self.step_seconds() or 0.0), 0.0)
+        return max(self.ends[0] - (self.step_seconds() or 0.0), 0.0) if self.ends else None
 
     def fit_estimate(self, steps: int | None) -> float | None:
         """Returns how long `steps` steps take: the first (its trace), then the pace of the others."""
         if not steps or not self.ends:
             return None
         step = self.step_seconds()
-        if step is None:
-            return self.ends[0] * steps
-        return self.ends[0] + (steps - 1) * step
+        return self.ends[0] * steps if step is None else self.ends[0] + (steps - 1) * step

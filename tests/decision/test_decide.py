@@ -64,11 +64,11 @@ def test_automatic_mode_gets_costs_for_a_keras_hub_bert_fed_dicts(caplog):
 
     backbone = keras_hub.models.BertBackbone(
         vocabulary_size=512,
-        num_layers=2,
-        num_heads=4,
-        hidden_dim=64,
-        intermediate_dim=128,
-        max_sequence_length=32,
+        num_layers=1,
+        num_heads=2,
+        hidden_dim=32,
+        intermediate_dim=64,
+        max_sequence_length=16,
     )
     model = keras_hub.models.BertTextClassifier(backbone=backbone, num_classes=4, preprocessor=None)
     model.compile(
@@ -76,9 +76,9 @@ def test_automatic_mode_gets_costs_for_a_keras_hub_bert_fed_dicts(caplog):
     )
     rng = np.random.default_rng(0)
     x = {
-        "token_ids": rng.integers(0, 512, (16, 32)).astype("int32"),
-        "segment_ids": rng.integers(0, 2, (16, 32)).astype("int32"),
-        "padding_mask": np.ones((16, 32), "int32"),
+        "token_ids": rng.integers(0, 512, (16, 16)).astype("int32"),
+        "segment_ids": rng.integers(0, 2, (16, 16)).astype("int32"),
+        "padding_mask": np.ones((16, 16), "int32"),
     }
     y = rng.integers(0, 4, (16,))
     callback = AutoPrecision(hardware="rtx4090", auto=AutoPlan(profile_steps=1), verbose=0)
