@@ -494,3 +494,16 @@ def test_the_function_size_counts_code_only(tmp_path):
         "outer.inner": 2,
         "Holder.method": 3,
     }
+
+
+def test_every_slow_and_long_entry_names_a_test_that_exists():
+    """A renamed test file or function would fall back into the default run unnoticed."""
+    import conftest
+
+    missing = []
+    for entry in (*conftest.SLOW_MODULES, *conftest.LONG_MODULES, *conftest.LONG_TESTS):
+        module, _, name = entry.partition("::")
+        path = ROOT / module
+        if not path.is_file() or name and f"def {name}(" not in path.read_text():
+            missing.append(entry)
+    assert not missing, f"tests/conftest.py names tests that do not exist: {missing}"
