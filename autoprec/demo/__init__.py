@@ -8,7 +8,7 @@ import logging
 import math
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import keras
@@ -17,7 +17,7 @@ import numpy as np
 from .. import hardware
 from .._core.dtypes import canonical_dtype
 from .._core.io import atomic_write_json
-from .._core.timing import Timing, time_interleaved
+from .._core.timing import SIGNIFICANCE, Timing, judge_rounds, rounds_needed, time_interleaved
 from ..callback import AutoPrecision
 from ..cost import calibrate, estimate, predict_costs
 from ..plan import PrecisionPlan
@@ -372,7 +372,7 @@ def _print_results(figures: dict[str, Any], settings, host, timed_apart: list[st
 POLICIES = ("float32", "plan", "mixed_bfloat16", "mixed_float16")
 #: The uniform policies, each built under Keras' own global dtype policy.
 UNIFORM_POLICIES = ("float32", "mixed_bfloat16", "mixed_float16")
-#: Step-time ratios within this fraction of 1 are a tie: the timing noise of a shared CPU.
+#: A difference under this fraction of the faster step is a tie: the timing noise of a shared CPU.
 NOISE = 0.05
 #: The dtypes whose measured layer milliseconds the plan's table shows.
 _MS_DTYPES = ("float32", "bfloat16")
@@ -391,17 +391,17 @@ class Comparison:
     rounds: int | None = None
 
 
-#: One-sided significance of the sign test over paired interleaved rounds.
-SIGNIFICANCE = 0.05
-
-
-def rounds_needed(rounds: int, significance: float = SIGNIFICANCE) -> int | None:
-    """Returns the fewest rounds out of `rounds` one policy must win to be called faster."""
-    for wins in range(rounds + 1):
-        tail = sum(math.comb(rounds, k) for k in range(wins, rounds + 1)) / 2**rounds
-        if tail < significance:
-            return wins
-    return None
+def _judged(plan: Sequence[float], other: Sequence[float], noise: float, paired: bool):
+    """`judge_rounds` on the plan's and another policy's rounds: `(speed, rounds the plan won)`."""
+    significance = SIGNIFICANCE if paired else None
+    verdict = judge_rounds(
+        {"plan": plan, "other": other}, ("plan", "other").index, noise_floor=noise,
+        significance=significance,
+    )  # fmt: skip
+    plan_fastest = verdict.fastest == "plan"
+    margin = verdict.comparisons["other" if plan_fastest else "plan"]
+    speed = "tie" if not verdict.decided else "faster" if plan_fastest else "slower"
+    return speed, margin.won if plan_fastest else margin.rounds - margin.won
 
 
 def speed_relation(
@@ -411,28 +411,21 @@ def speed_relation(
     rounds_won: int | None = None,
     rounds: int | None = None,
 ) -> str:
-    """Returns `"faster"`, `"slower"` or `"tie"`: what the step timings support."""
-    if not (math.isfinite(median_ratio) and math.isfinite(minimum_ratio)):
-        return "tie"
-    needed = rounds_needed(rounds) if rounds else None
+    """Returns `"faster"`, `"slower"` or `"tie"`: `judge_rounds` on rounds that show both ratios."""
     paired = rounds_won is not None and bool(rounds)
-    if median_ratio > 1 + noise and minimum_ratio > 1 + noise:
-        if not paired or (needed is not None and rounds_won >= needed):
-            return "faster"
-    if median_ratio < 1 / (1 + noise) and minimum_ratio < 1 / (1 + noise):
-        if not paired or (needed is not None and rounds - rounds_won >= needed):
-            return "slower"
-    return "tie"
+    count = rounds if paired else 1
+    speeds = set()
+    for ratio in (median_ratio, minimum_ratio):  # the plan's step 1, the other's `ratio` where
+        decisive = (rounds_won if ratio > 1 else count - rounds_won) if paired else count  # won
+        other = [ratio] * decisive + [1.0] * (count - decisive)
+        speeds.add(_judged([1.0] * count, other, noise, paired)[0])
+    return speeds.pop() if len(speeds) == 1 else "tie"
 
 
 def paired_rounds(figures: Mapping[str, Any], name: str) -> tuple[int | None, int | None]:
-    """Returns `(rounds the plan won, rounds)` against policy `name`, from the step samples."""
-    samples = figures.get("step_samples") or {}
-    apart = set((figures.get("timing") or {}).get("timed_apart", ()))
-    plan, other = samples.get("plan"), samples.get(name)
-    if not plan or not other or len(plan) != len(other) or apart & {"plan", name}:
-        return None, None
-    return sum(mine < theirs for mine, theirs in zip(plan, other)), len(plan)
+    """Returns `(rounds the plan won, rounds)` against policy `name`, as `compare` judged them."""
+    comparison = compare(figures)[name]
+    return comparison.rounds_won, comparison.rounds
 
 
 def budget_status(figures: Mapping[str, Any], name: str) -> str:
@@ -446,21 +439,21 @@ def budget_status(figures: Mapping[str, Any], name: str) -> str:
 
 
 def compare(figures: Mapping[str, Any], noise: float = NOISE) -> dict[str, Comparison]:
-    """Returns how the plan compares with each uniform policy, read from a run's figures."""
+    """Returns how the plan compares with each uniform policy, its timed rounds judged."""
     median, minimum = figures["step_seconds"], figures["step_seconds_min"]
+    samples, apart = figures["step_samples"], set(figures["timing"]["timed_apart"])
     comparisons = {}
     for name in UNIFORM_POLICIES:
-        median_ratio = median[name] / median["plan"]
-        minimum_ratio = minimum[name] / minimum["plan"]
-        won, rounds = paired_rounds(figures, name)
+        paired = not apart & {"plan", name}
+        speed, won = _judged(samples["plan"], samples[name], noise, paired)
         comparisons[name] = Comparison(
             policy=name,
-            speed=speed_relation(median_ratio, minimum_ratio, noise, won, rounds),
-            median_ratio=median_ratio,
-            minimum_ratio=minimum_ratio,
+            speed=speed,
+            median_ratio=median[name] / median["plan"],
+            minimum_ratio=minimum[name] / minimum["plan"],
             budget=budget_status(figures, name),
-            rounds_won=won,
-            rounds=rounds,
+            rounds_won=won if paired else None,
+            rounds=len(samples["plan"]) if paired else None,
         )
     return comparisons
 
@@ -520,7 +513,7 @@ def _speed_text(comparison: Comparison, noise: float) -> str:
     if comparison.speed == "slower":
         return f"it is faster than the plan ({ratios})"
     needed = rounds_needed(comparison.rounds) if comparison.rounds else None
-    rule = f"a difference must exceed {noise:.0%} at both the median and the fastest step"
+    rule = f"a difference must exceed the rounds' noise (at least {noise:.0%} of the faster step)"
     if comparison.rounds:
         rule += (
             f" and win at least {needed} of {comparison.rounds} rounds"
@@ -630,10 +623,13 @@ def results_table(figures: Mapping[str, Any]) -> str:
     headers += ["median vs plan", "plan faster in"]
     if predicted:
         headers.append(f"{predicted['hardware']} pred. ms (batch {predicted['batch_size']})")
-    rows = []
+    rows, comparisons = [], compare(figures)
     for name in POLICIES:
-        status, (won, rounds) = budget_status(figures, name), paired_rounds(figures, name)
-        paired = "timed apart" if rounds is None else f"{won}/{rounds} rounds"
+        status, against = budget_status(figures, name), ["-", "-"]
+        if name != "plan":
+            won, rounds = comparisons[name].rounds_won, comparisons[name].rounds
+            paired = "timed apart" if rounds is None else f"{won}/{rounds} rounds"
+            against = [f"{figures['speedup_over'][name]:.2f}x", paired]
         row = [
             name,
             _number(figures["metrics"][name]) if status != "diverged" else "diverged",
@@ -641,7 +637,7 @@ def results_table(figures: Mapping[str, Any]) -> str:
             _number(figures["losses"][name]),
             f"{figures['step_seconds_min'][name] * 1e3:.1f}",
             f"{figures['step_seconds'][name] * 1e3:.1f}",
-            *(("-", "-") if name == "plan" else (f"{figures['speedup_over'][name]:.2f}x", paired)),
+            *against,
         ]
         if predicted:
             row.append(f"{predicted['step_seconds'][name] * 1e3:.3f}")
