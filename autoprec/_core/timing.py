@@ -268,10 +268,8 @@ def time_until_decided(
     rounds = {name: list(values) for name, values in zip(names, time_rounds(names, min_rounds))}
     batch_seconds, batch_plans = time.perf_counter() - started, len(names)
     while True:
-        verdict = judge_rounds(rounds, simplicity)
-        if not wants_more_rounds(verdict, max_rounds):
-            return rounds
-        contenders, batch = next_rounds(rounds, verdict.contenders, min_rounds, max_rounds)
+        contenders = judge_rounds(rounds, simplicity).contenders  # decided: the fastest alone
+        contenders, batch = next_rounds(rounds, contenders, min_rounds, max_rounds)
         if len(contenders) < 2:
             return rounds
         estimate = batch_seconds * len(contenders) / max(batch_plans, 1)

@@ -181,7 +181,7 @@ def _search_plan(model, data, settings, device, profile_: Profile, output) -> Se
     return result
 
 
-def _train_all(plan: PrecisionPlan, initial_weights, data, settings) -> dict[str, dict]:
+def _train_all(plan: PrecisionPlan, initial_weights, data, settings) -> tuple[dict, dict]:
     """Trains a fresh copy of the model under the plan and each Keras policy, same weights."""
     (x, y), (x_val, y_val) = data
     models, results = {}, {}
@@ -210,7 +210,7 @@ def _train_all(plan: PrecisionPlan, initial_weights, data, settings) -> dict[str
             "finite": finite,
         }
         models[name] = model
-    return {"models": models, "results": results}
+    return models, results
 
 
 def _time_steps(models: dict[str, Any], initial_weights, batch, rounds: int) -> dict[str, Timing]:
@@ -325,16 +325,13 @@ def run_demo(
     unsafe = ", ".join(profile_.float16_unsafe_layers) or "none"
     print(f"[1/3] profiled {settings['profile_steps']} steps; float16 does not fit: {unsafe}")
     result = _search_plan(model, (train, val), settings, device, profile_, output)
-    trained = _train_all(result.plan, initial_weights, (train, val), settings)
+    models, results = _train_all(result.plan, initial_weights, (train, val), settings)
     batch = (train[0][: settings["batch"]], train[1][: settings["batch"]])
-    timings = _time_steps(trained["models"], initial_weights, batch, settings["rounds"])
+    timings = _time_steps(models, initial_weights, batch, settings["rounds"])
     timed_apart = [name for name in POLICIES if len(timings[name].samples) < settings["rounds"]]
+    timing = {"batch_size": settings["batch"], "rounds": settings["rounds"]}
     context = {
-        "timing": {
-            "batch_size": settings["batch"],
-            "rounds": settings["rounds"],
-            "timed_apart": timed_apart,
-        },
+        "timing": {**timing, "timed_apart": timed_apart},
         "host": host,
         "predicted": _predict(model, result.plan, predict_for, CARD_BATCH),
         "device": {"name": device.display_name, "kind": device.kind},
@@ -342,7 +339,7 @@ def run_demo(
         "plan_path": str(output),
         "trials": len(result.study.trials),
     }
-    figures = _figures(trained["results"], timings, result.plan, context)
+    figures = _figures(results, timings, result.plan, context)
     _print_results(figures, settings, host, timed_apart)
     figures["wall_seconds"] = time.perf_counter() - started
     if figures_path is not None:
@@ -393,10 +390,9 @@ class Comparison:
 
 def _judged(plan: Sequence[float], other: Sequence[float], noise: float, paired: bool):
     """`judge_rounds` on the plan's and another policy's rounds: `(speed, rounds the plan won)`."""
-    significance = SIGNIFICANCE if paired else None
     verdict = judge_rounds(
         {"plan": plan, "other": other}, ("plan", "other").index, noise_floor=noise,
-        significance=significance,
+        significance=SIGNIFICANCE if paired else None,
     )  # fmt: skip
     plan_fastest = verdict.fastest == "plan"
     margin = verdict.comparisons["other" if plan_fastest else "plan"]
@@ -413,12 +409,11 @@ def speed_relation(
 ) -> str:
     """Returns `"faster"`, `"slower"` or `"tie"`: `judge_rounds` on rounds that show both ratios."""
     paired = rounds_won is not None and bool(rounds)
-    count = rounds if paired else 1
-    speeds = set()
-    for ratio in (median_ratio, minimum_ratio):  # the plan's step 1, the other's `ratio` where
-        decisive = (rounds_won if ratio > 1 else count - rounds_won) if paired else count  # won
-        other = [ratio] * decisive + [1.0] * (count - decisive)
-        speeds.add(_judged([1.0] * count, other, noise, paired)[0])
+    count, speeds = (rounds if paired else 1), set()
+    for ratio in (median_ratio, minimum_ratio):
+        # The plan's step is 1 in every round, the other's `ratio` in the rounds the faster won.
+        won = (rounds_won if ratio > 1 else count - rounds_won) if paired else count
+        speeds.add(_judged([1.0] * count, [ratio] * won + [1.0] * (count - won), noise, paired)[0])
     return speeds.pop() if len(speeds) == 1 else "tie"
 
 
@@ -468,19 +463,15 @@ def verdicts(figures: Mapping[str, Any], noise: float = NOISE) -> list[str]:
         lines.append(f"the plan is uniform float32: no layer {costs} faster in 16-bit here.")
     for name in UNIFORM_POLICIES:
         lines.append(_policy_sentence(figures, comparisons[name], metric, noise))
-    plan_budget = budget_status(figures, "plan")
+    plan_budget, plan_metric = budget_status(figures, "plan"), _number(figures["metrics"]["plan"])
     if plan_budget == "within":
-        lines.append(
-            f"plan: {metric} {_number(figures['metrics']['plan'])}, within the budget "
-            f"({_budget_text(figures)})."
-        )
+        lines.append(f"plan: {metric} {plan_metric}, within the budget ({_budget_text(figures)}).")
     else:
+        failed = "training diverged" if plan_budget == "diverged" else "misses the budget"
         lines.append(
-            f"plan: {'training diverged' if plan_budget == 'diverged' else 'misses the budget'}"
-            f" in this run ({metric} {_number(figures['metrics']['plan'])}; "
-            f"{_budget_text(figures)})."
+            f"plan: {failed} in this run ({metric} {plan_metric}; {_budget_text(figures)})."
         )
-    lines.append(_conclusion(figures, comparisons, plan_budget, noise))
+    lines.append(_conclusion(figures, comparisons, plan_budget))
     if figures.get("predicted"):
         lines.append(_prediction_sentence(figures, comparisons, noise))
     return lines
@@ -508,13 +499,12 @@ def _speed_text(comparison: Comparison, noise: float) -> str:
     )
     if comparison.rounds:
         ratios += f", the plan faster in {comparison.rounds_won} of {comparison.rounds} rounds"
-    if comparison.speed == "faster":
-        return f"the plan is faster ({ratios})"
-    if comparison.speed == "slower":
-        return f"it is faster than the plan ({ratios})"
-    needed = rounds_needed(comparison.rounds) if comparison.rounds else None
+    claims = {"faster": "the plan is faster", "slower": "it is faster than the plan"}
+    if comparison.speed in claims:
+        return f"{claims[comparison.speed]} ({ratios})"
     rule = f"a difference must exceed the rounds' noise (at least {noise:.0%} of the faster step)"
     if comparison.rounds:
+        needed = rounds_needed(comparison.rounds)
         rule += (
             f" and win at least {needed} of {comparison.rounds} rounds"
             if needed is not None
@@ -523,7 +513,7 @@ def _speed_text(comparison: Comparison, noise: float) -> str:
     return f"same speed as the plan within noise ({rule}; {ratios})"
 
 
-def _conclusion(figures, comparisons: dict[str, Comparison], plan_budget: str, noise) -> str:
+def _conclusion(figures, comparisons: dict[str, Comparison], plan_budget: str) -> str:
     device = figures.get("device") or {}
     if device.get("kind") == "cpu" or (not device and figures.get("host")):
         where = f"on this CPU ({figures['host']['cpu']})"
@@ -611,8 +601,7 @@ def layer_table(
             "-" if seconds.get(key) is None else f"{seconds[key] * 1e3:.2f}" for key in _MS_DTYPES
         ]
         largest = f"{activation.max_abs:.3g}" if activation is not None else "-"
-        class_name = info.class_name if info else "?"
-        rows.append((path, class_name, largest, fits, *milliseconds, dtype))
+        rows.append((path, info.class_name if info else "?", largest, fits, *milliseconds, dtype))
     return text_table(headers, rows)
 
 
