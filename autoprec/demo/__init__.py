@@ -502,7 +502,7 @@ def _speed_text(comparison: Comparison, noise: float) -> str:
     claims = {"faster": "the plan is faster", "slower": "it is faster than the plan"}
     if comparison.speed in claims:
         return f"{claims[comparison.speed]} ({ratios})"
-    rule = f"a difference must exceed the rounds' noise (at least {noise:.0%} of the faster step)"
+    rule = f"a difference must exceed the rounds' noise and {noise:.0%} of the faster step"
     if comparison.rounds:
         needed = rounds_needed(comparison.rounds)
         rule += (

@@ -184,7 +184,7 @@ def test_verdicts_tie_when_every_round_won_is_won_by_less_than_the_noise():
 
     sentence = line_of(lines, "float32:")
     assert "same speed as the plan within noise" in sentence
-    assert "at least 5% of the faster step" in sentence
+    assert "must exceed the rounds' noise and 5% of the faster step" in sentence
     assert "the plan faster in 20 of 20 rounds" in sentence
     assert "the plan ties float32" in line_of(lines, "verdict")
 
