@@ -21,6 +21,8 @@ SEPARATION = 2.5
 NOISE_FLOOR = 0.01
 #: Scale of the median absolute deviation to a normal standard deviation.
 MAD_SCALE = 1.4826
+#: One-sided significance of the sign test `judge_rounds(significance=...)` adds to the noise.
+SIGNIFICANCE = 0.05
 
 _Item = TypeVar("_Item")
 
@@ -79,14 +81,10 @@ def time_interleaved(
         for _ in range(max(warmup - 1, 0)):
             function()
         warm[name] = _timed_call(function)
-    fastest = min(warm.values(), default=0.0)
-
-    def is_slow(name: str) -> bool:
-        if slow_seconds is not None and warm[name] > slow_seconds:
-            return True
-        return slow_factor is not None and warm[name] > slow_factor * fastest
-
-    fast = [name for name in functions if not is_slow(name)]
+    limit = math.inf if slow_seconds is None else slow_seconds
+    if slow_factor is not None:
+        limit = min(limit, slow_factor * min(warm.values(), default=0.0))
+    fast = [name for name in functions if warm[name] <= limit]
     samples: dict[str, list[float]] = {name: [] for name in functions}
     for round_index in range(max(rounds, 1)):
         for name in rotated(fast, round_index):
@@ -97,19 +95,30 @@ def time_interleaved(
     return {name: Timing(tuple(values)) for name, values in samples.items()}
 
 
+def rounds_needed(rounds: int, significance: float = SIGNIFICANCE) -> int | None:
+    """Returns the fewest of `rounds` paired rounds a plan must win to be called faster (a one-sided
+    sign test); `None` where all would not do."""
+    for wins in range(rounds + 1):
+        if sum(math.comb(rounds, k) for k in range(wins, rounds + 1)) < significance * 2**rounds:
+            return wins
+    return None
+
+
 @dataclasses.dataclass(frozen=True)
 class Margin:
-    """One timed plan's margin on the fastest over the rounds both have: its median round-by-round
-    margin (> 0: slower) and the noise the margin must exceed to count."""
+    """One plan's median round-by-round margin on the fastest (> 0: slower), the noise it must exceed,
+    and the rounds the fastest won of the `needed` (0: no sign test; `None`: too few rounds)."""
 
     margin: float
     noise: float
     rounds: int
+    won: int = 0
+    needed: int | None = 0
 
     @property
     def separated(self) -> bool:
-        """Whether this plan is slower than the fastest beyond the noise."""
-        return self.margin > self.noise
+        """Whether this plan is slower than the fastest beyond the noise (and the sign test)."""
+        return self.margin > self.noise and self.needed is not None and self.won >= self.needed
 
     def to_dict(self) -> dict[str, Any]:
         """Returns the comparison as a JSON-ready dict."""
@@ -121,7 +130,12 @@ class Margin:
         }
 
 
-def margin_of(fastest: Sequence[float], other: Sequence[float]) -> Margin:
+def margin_of(
+    fastest: Sequence[float],
+    other: Sequence[float],
+    noise_floor: float = NOISE_FLOOR,
+    significance: float | None = None,
+) -> Margin:
     """Compares one plan's rounds with the fastest's, round by round: interleaved rounds ran
     under the same load, so their differences cancel its drift."""
     count = min(len(fastest), len(other))
@@ -129,11 +143,12 @@ def margin_of(fastest: Sequence[float], other: Sequence[float]) -> Margin:
         return Margin(0.0, math.inf, 0)
     base = np.asarray(fastest[:count], dtype=float)
     differences = np.asarray(other[:count], dtype=float) - base
-    margin = float(np.median(differences))
     noise = max(
-        SEPARATION * spread(differences) / math.sqrt(count), NOISE_FLOOR * float(np.median(base))
+        SEPARATION * spread(differences) / math.sqrt(count), noise_floor * float(np.median(base))
     )
-    return Margin(margin, noise, count)
+    needed = 0 if significance is None else rounds_needed(count, significance)
+    won = int(np.sum(differences > 0))
+    return Margin(float(np.median(differences)), noise, count, won, needed)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -175,9 +190,14 @@ class RoundsVerdict:
 
 
 def judge_rounds(
-    rounds: Mapping[str, Sequence[float]], simplicity: Callable[[str], int]
+    rounds: Mapping[str, Sequence[float]],
+    simplicity: Callable[[str], int],
+    *,
+    noise_floor: float = NOISE_FLOOR,
+    significance: float | None = None,
 ) -> RoundsVerdict:
-    """Decides from the rounds: the fastest plan beyond the noise, or a tie to the simplest."""
+    """Decides from the rounds: the fastest plan beyond the noise (at least `noise_floor` of its
+    median step, and winning a sign test at `significance` if given), or a tie to the simplest."""
     empty = [name for name, figures in rounds.items() if len(figures) == 0]
     if not rounds or empty:
         raise ValueError(
@@ -189,7 +209,9 @@ def judge_rounds(
     def contenders_among(pool: Sequence[str]) -> tuple[str, list[str], dict[str, Margin]]:
         fastest = min(pool, key=lambda name: (medians[name], simplicity(name)))
         comparisons = {
-            name: margin_of(rounds[fastest], rounds[name]) for name in pool if name != fastest
+            name: margin_of(rounds[fastest], rounds[name], noise_floor, significance)
+            for name in pool
+            if name != fastest
         }
         tied = [name for name, comparison in comparisons.items() if not comparison.separated]
         return fastest, [fastest, *tied], comparisons
@@ -213,9 +235,7 @@ def judge_rounds(
 
 def wants_more_rounds(verdict: RoundsVerdict, max_rounds: int = MAX_ROUNDS) -> bool:
     """Whether the contenders should be timed in more rounds: undecided, and under `max_rounds`."""
-    if verdict.decided:
-        return False
-    return min(verdict.rounds[name] for name in verdict.contenders) < max_rounds
+    return not verdict.decided and min(verdict.rounds[n] for n in verdict.contenders) < max_rounds
 
 
 def next_rounds(
@@ -248,10 +268,8 @@ def time_until_decided(
     rounds = {name: list(values) for name, values in zip(names, time_rounds(names, min_rounds))}
     batch_seconds, batch_plans = time.perf_counter() - started, len(names)
     while True:
-        verdict = judge_rounds(rounds, simplicity)
-        if not wants_more_rounds(verdict, max_rounds):
-            return rounds
-        contenders, batch = next_rounds(rounds, verdict.contenders, min_rounds, max_rounds)
+        contenders = judge_rounds(rounds, simplicity).contenders  # decided: the fastest alone
+        contenders, batch = next_rounds(rounds, contenders, min_rounds, max_rounds)
         if len(contenders) < 2:
             return rounds
         estimate = batch_seconds * len(contenders) / max(batch_plans, 1)

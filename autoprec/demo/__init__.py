@@ -8,7 +8,7 @@ import logging
 import math
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import keras
@@ -17,7 +17,7 @@ import numpy as np
 from .. import hardware
 from .._core.dtypes import canonical_dtype
 from .._core.io import atomic_write_json
-from .._core.timing import Timing, time_interleaved
+from .._core.timing import SIGNIFICANCE, Timing, judge_rounds, rounds_needed, time_interleaved
 from ..callback import AutoPrecision
 from ..cost import calibrate, estimate, predict_costs
 from ..plan import PrecisionPlan
@@ -181,7 +181,7 @@ def _search_plan(model, data, settings, device, profile_: Profile, output) -> Se
     return result
 
 
-def _train_all(plan: PrecisionPlan, initial_weights, data, settings) -> dict[str, dict]:
+def _train_all(plan: PrecisionPlan, initial_weights, data, settings) -> tuple[dict, dict]:
     """Trains a fresh copy of the model under the plan and each Keras policy, same weights."""
     (x, y), (x_val, y_val) = data
     models, results = {}, {}
@@ -210,7 +210,7 @@ def _train_all(plan: PrecisionPlan, initial_weights, data, settings) -> dict[str
             "finite": finite,
         }
         models[name] = model
-    return {"models": models, "results": results}
+    return models, results
 
 
 def _time_steps(models: dict[str, Any], initial_weights, batch, rounds: int) -> dict[str, Timing]:
@@ -325,16 +325,13 @@ def run_demo(
     unsafe = ", ".join(profile_.float16_unsafe_layers) or "none"
     print(f"[1/3] profiled {settings['profile_steps']} steps; float16 does not fit: {unsafe}")
     result = _search_plan(model, (train, val), settings, device, profile_, output)
-    trained = _train_all(result.plan, initial_weights, (train, val), settings)
+    models, results = _train_all(result.plan, initial_weights, (train, val), settings)
     batch = (train[0][: settings["batch"]], train[1][: settings["batch"]])
-    timings = _time_steps(trained["models"], initial_weights, batch, settings["rounds"])
+    timings = _time_steps(models, initial_weights, batch, settings["rounds"])
     timed_apart = [name for name in POLICIES if len(timings[name].samples) < settings["rounds"]]
+    timing = {"batch_size": settings["batch"], "rounds": settings["rounds"]}
     context = {
-        "timing": {
-            "batch_size": settings["batch"],
-            "rounds": settings["rounds"],
-            "timed_apart": timed_apart,
-        },
+        "timing": {**timing, "timed_apart": timed_apart},
         "host": host,
         "predicted": _predict(model, result.plan, predict_for, CARD_BATCH),
         "device": {"name": device.display_name, "kind": device.kind},
@@ -342,7 +339,7 @@ def run_demo(
         "plan_path": str(output),
         "trials": len(result.study.trials),
     }
-    figures = _figures(trained["results"], timings, result.plan, context)
+    figures = _figures(results, timings, result.plan, context)
     _print_results(figures, settings, host, timed_apart)
     figures["wall_seconds"] = time.perf_counter() - started
     if figures_path is not None:
@@ -372,7 +369,7 @@ def _print_results(figures: dict[str, Any], settings, host, timed_apart: list[st
 POLICIES = ("float32", "plan", "mixed_bfloat16", "mixed_float16")
 #: The uniform policies, each built under Keras' own global dtype policy.
 UNIFORM_POLICIES = ("float32", "mixed_bfloat16", "mixed_float16")
-#: Step-time ratios within this fraction of 1 are a tie: the timing noise of a shared CPU.
+#: A difference under this fraction of the faster step is a tie: the timing noise of a shared CPU.
 NOISE = 0.05
 #: The dtypes whose measured layer milliseconds the plan's table shows.
 _MS_DTYPES = ("float32", "bfloat16")
@@ -391,17 +388,16 @@ class Comparison:
     rounds: int | None = None
 
 
-#: One-sided significance of the sign test over paired interleaved rounds.
-SIGNIFICANCE = 0.05
-
-
-def rounds_needed(rounds: int, significance: float = SIGNIFICANCE) -> int | None:
-    """Returns the fewest rounds out of `rounds` one policy must win to be called faster."""
-    for wins in range(rounds + 1):
-        tail = sum(math.comb(rounds, k) for k in range(wins, rounds + 1)) / 2**rounds
-        if tail < significance:
-            return wins
-    return None
+def _judged(plan: Sequence[float], other: Sequence[float], noise: float, paired: bool):
+    """`judge_rounds` on the plan's and another policy's rounds: `(speed, rounds the plan won)`."""
+    verdict = judge_rounds(
+        {"plan": plan, "other": other}, ("plan", "other").index, noise_floor=noise,
+        significance=SIGNIFICANCE if paired else None,
+    )  # fmt: skip
+    plan_fastest = verdict.fastest == "plan"
+    margin = verdict.comparisons["other" if plan_fastest else "plan"]
+    speed = "tie" if not verdict.decided else "faster" if plan_fastest else "slower"
+    return speed, margin.won if plan_fastest else margin.rounds - margin.won
 
 
 def speed_relation(
@@ -411,28 +407,20 @@ def speed_relation(
     rounds_won: int | None = None,
     rounds: int | None = None,
 ) -> str:
-    """Returns `"faster"`, `"slower"` or `"tie"`: what the step timings support."""
-    if not (math.isfinite(median_ratio) and math.isfinite(minimum_ratio)):
-        return "tie"
-    needed = rounds_needed(rounds) if rounds else None
+    """Returns `"faster"`, `"slower"` or `"tie"`: `judge_rounds` on rounds that show both ratios."""
     paired = rounds_won is not None and bool(rounds)
-    if median_ratio > 1 + noise and minimum_ratio > 1 + noise:
-        if not paired or (needed is not None and rounds_won >= needed):
-            return "faster"
-    if median_ratio < 1 / (1 + noise) and minimum_ratio < 1 / (1 + noise):
-        if not paired or (needed is not None and rounds - rounds_won >= needed):
-            return "slower"
-    return "tie"
+    count, speeds = (rounds if paired else 1), set()
+    for ratio in (median_ratio, minimum_ratio):
+        # The plan's step is 1 in every round, the other's `ratio` in the rounds the faster won.
+        won = (rounds_won if ratio > 1 else count - rounds_won) if paired else count
+        speeds.add(_judged([1.0] * count, [ratio] * won + [1.0] * (count - won), noise, paired)[0])
+    return speeds.pop() if len(speeds) == 1 else "tie"
 
 
 def paired_rounds(figures: Mapping[str, Any], name: str) -> tuple[int | None, int | None]:
-    """Returns `(rounds the plan won, rounds)` against policy `name`, from the step samples."""
-    samples = figures.get("step_samples") or {}
-    apart = set((figures.get("timing") or {}).get("timed_apart", ()))
-    plan, other = samples.get("plan"), samples.get(name)
-    if not plan or not other or len(plan) != len(other) or apart & {"plan", name}:
-        return None, None
-    return sum(mine < theirs for mine, theirs in zip(plan, other)), len(plan)
+    """Returns `(rounds the plan won, rounds)` against policy `name`, as `compare` judged them."""
+    comparison = compare(figures)[name]
+    return comparison.rounds_won, comparison.rounds
 
 
 def budget_status(figures: Mapping[str, Any], name: str) -> str:
@@ -446,21 +434,21 @@ def budget_status(figures: Mapping[str, Any], name: str) -> str:
 
 
 def compare(figures: Mapping[str, Any], noise: float = NOISE) -> dict[str, Comparison]:
-    """Returns how the plan compares with each uniform policy, read from a run's figures."""
+    """Returns how the plan compares with each uniform policy, its timed rounds judged."""
     median, minimum = figures["step_seconds"], figures["step_seconds_min"]
+    samples, apart = figures["step_samples"], set(figures["timing"]["timed_apart"])
     comparisons = {}
     for name in UNIFORM_POLICIES:
-        median_ratio = median[name] / median["plan"]
-        minimum_ratio = minimum[name] / minimum["plan"]
-        won, rounds = paired_rounds(figures, name)
+        paired = not apart & {"plan", name}
+        speed, won = _judged(samples["plan"], samples[name], noise, paired)
         comparisons[name] = Comparison(
             policy=name,
-            speed=speed_relation(median_ratio, minimum_ratio, noise, won, rounds),
-            median_ratio=median_ratio,
-            minimum_ratio=minimum_ratio,
+            speed=speed,
+            median_ratio=median[name] / median["plan"],
+            minimum_ratio=minimum[name] / minimum["plan"],
             budget=budget_status(figures, name),
-            rounds_won=won,
-            rounds=rounds,
+            rounds_won=won if paired else None,
+            rounds=len(samples["plan"]) if paired else None,
         )
     return comparisons
 
@@ -475,19 +463,15 @@ def verdicts(figures: Mapping[str, Any], noise: float = NOISE) -> list[str]:
         lines.append(f"the plan is uniform float32: no layer {costs} faster in 16-bit here.")
     for name in UNIFORM_POLICIES:
         lines.append(_policy_sentence(figures, comparisons[name], metric, noise))
-    plan_budget = budget_status(figures, "plan")
+    plan_budget, plan_metric = budget_status(figures, "plan"), _number(figures["metrics"]["plan"])
     if plan_budget == "within":
-        lines.append(
-            f"plan: {metric} {_number(figures['metrics']['plan'])}, within the budget "
-            f"({_budget_text(figures)})."
-        )
+        lines.append(f"plan: {metric} {plan_metric}, within the budget ({_budget_text(figures)}).")
     else:
+        failed = "training diverged" if plan_budget == "diverged" else "misses the budget"
         lines.append(
-            f"plan: {'training diverged' if plan_budget == 'diverged' else 'misses the budget'}"
-            f" in this run ({metric} {_number(figures['metrics']['plan'])}; "
-            f"{_budget_text(figures)})."
+            f"plan: {failed} in this run ({metric} {plan_metric}; {_budget_text(figures)})."
         )
-    lines.append(_conclusion(figures, comparisons, plan_budget, noise))
+    lines.append(_conclusion(figures, comparisons, plan_budget))
     if figures.get("predicted"):
         lines.append(_prediction_sentence(figures, comparisons, noise))
     return lines
@@ -515,13 +499,12 @@ def _speed_text(comparison: Comparison, noise: float) -> str:
     )
     if comparison.rounds:
         ratios += f", the plan faster in {comparison.rounds_won} of {comparison.rounds} rounds"
-    if comparison.speed == "faster":
-        return f"the plan is faster ({ratios})"
-    if comparison.speed == "slower":
-        return f"it is faster than the plan ({ratios})"
-    needed = rounds_needed(comparison.rounds) if comparison.rounds else None
-    rule = f"a difference must exceed {noise:.0%} at both the median and the fastest step"
+    claims = {"faster": "the plan is faster", "slower": "it is faster than the plan"}
+    if comparison.speed in claims:
+        return f"{claims[comparison.speed]} ({ratios})"
+    rule = f"a difference must exceed the rounds' noise and {noise:.0%} of the faster step"
     if comparison.rounds:
+        needed = rounds_needed(comparison.rounds)
         rule += (
             f" and win at least {needed} of {comparison.rounds} rounds"
             if needed is not None
@@ -530,7 +513,7 @@ def _speed_text(comparison: Comparison, noise: float) -> str:
     return f"same speed as the plan within noise ({rule}; {ratios})"
 
 
-def _conclusion(figures, comparisons: dict[str, Comparison], plan_budget: str, noise) -> str:
+def _conclusion(figures, comparisons: dict[str, Comparison], plan_budget: str) -> str:
     device = figures.get("device") or {}
     if device.get("kind") == "cpu" or (not device and figures.get("host")):
         where = f"on this CPU ({figures['host']['cpu']})"
@@ -618,8 +601,7 @@ def layer_table(
             "-" if seconds.get(key) is None else f"{seconds[key] * 1e3:.2f}" for key in _MS_DTYPES
         ]
         largest = f"{activation.max_abs:.3g}" if activation is not None else "-"
-        class_name = info.class_name if info else "?"
-        rows.append((path, class_name, largest, fits, *milliseconds, dtype))
+        rows.append((path, info.class_name if info else "?", largest, fits, *milliseconds, dtype))
     return text_table(headers, rows)
 
 
@@ -630,10 +612,13 @@ def results_table(figures: Mapping[str, Any]) -> str:
     headers += ["median vs plan", "plan faster in"]
     if predicted:
         headers.append(f"{predicted['hardware']} pred. ms (batch {predicted['batch_size']})")
-    rows = []
+    rows, comparisons = [], compare(figures)
     for name in POLICIES:
-        status, (won, rounds) = budget_status(figures, name), paired_rounds(figures, name)
-        paired = "timed apart" if rounds is None else f"{won}/{rounds} rounds"
+        status, against = budget_status(figures, name), ["-", "-"]
+        if name != "plan":
+            won, rounds = comparisons[name].rounds_won, comparisons[name].rounds
+            paired = "timed apart" if rounds is None else f"{won}/{rounds} rounds"
+            against = [f"{figures['speedup_over'][name]:.2f}x", paired]
         row = [
             name,
             _number(figures["metrics"][name]) if status != "diverged" else "diverged",
@@ -641,7 +626,7 @@ def results_table(figures: Mapping[str, Any]) -> str:
             _number(figures["losses"][name]),
             f"{figures['step_seconds_min'][name] * 1e3:.1f}",
             f"{figures['step_seconds'][name] * 1e3:.1f}",
-            *(("-", "-") if name == "plan" else (f"{figures['speedup_over'][name]:.2f}x", paired)),
+            *against,
         ]
         if predicted:
             row.append(f"{predicted['step_seconds'][name] * 1e3:.3f}")

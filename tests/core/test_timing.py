@@ -12,6 +12,7 @@ from autoprec._core.timing import (
     Timing,
     judge_rounds,
     margin_of,
+    rounds_needed,
     time_interleaved,
     wants_more_rounds,
 )
@@ -123,3 +124,24 @@ def test_more_rounds_are_wanted_only_while_undecided_and_under_the_cap():
 def test_a_plan_without_rounds_is_an_error():
     with pytest.raises(ValueError, match="'per-layer' has none"):
         judge_rounds({"float32": [1.0], "per-layer": []}, ORDER.index)
+
+
+def test_a_sign_test_asks_the_fastest_to_win_enough_rounds():
+    assert [rounds_needed(n) for n in (3, 4, 5, 20)] == [None, None, 5, 15]
+    # Faster by 30 % in the median round, beyond the noise, but in only 12 of 20 rounds.
+    rounds = {"float32": [26.0] * 12 + [25.0] * 8, "per-layer": [20.0] * 12 + [30.0] * 8}
+    assert judge_rounds(rounds, ORDER.index).decided
+    verdict = judge_rounds(rounds, ORDER.index, significance=0.05)
+    assert verdict.leader == "float32" and not verdict.decided
+    comparison = verdict.comparisons["float32"]
+    assert (comparison.won, comparison.rounds, comparison.needed) == (12, 20, 15)
+    won = {"float32": [26.0] * 17 + [25.0] * 3, "per-layer": [20.0] * 17 + [30.0] * 3}
+    assert judge_rounds(won, ORDER.index, significance=0.05).leader == "per-layer"
+    few = {"float32": [2.0] * 4, "per-layer": [1.0] * 4}  # 4 rounds cannot show a difference
+    assert judge_rounds(few, ORDER.index, significance=0.05).verdict == "tie"
+
+
+def test_the_caller_may_raise_the_noise_floor():
+    rounds = {"float32": [1.04] * 5, "per-layer": [1.0] * 5}
+    assert judge_rounds(rounds, ORDER.index).leader == "per-layer"
+    assert judge_rounds(rounds, ORDER.index, noise_floor=0.05).leader == "float32"

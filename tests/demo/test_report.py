@@ -18,14 +18,23 @@ from autoprec import demo as report
 # ---------------------------------------------------------------------- hand-made figures
 
 
+#: The load of a shared CPU, in every policy's step of one round alike: paired rounds cancel it.
+DRIFT = [0.0, 0.03, -0.02, 0.05, 0.01] * 4
+
+
 def figures(
-    median: dict[str, float],
-    minimum: dict[str, float] | None = None,
+    steps: dict[str, float | list[float]],
     metrics: dict[str, float] | None = None,
     predicted: dict[str, float] | None = None,
+    timed_apart: tuple[str, ...] = (),
 ) -> dict:
-    """Figures as `run_demo` returns them, from step milliseconds and validation losses."""
-    minimum = minimum or median
+    """Figures as `run_demo` returns them, from step milliseconds (a list: one per round; a
+    number: twenty rounds of it under `DRIFT`) and validation losses."""
+    samples = {
+        name: list(value) if isinstance(value, list) else [value * (1 + d) for d in DRIFT]
+        for name, value in steps.items()
+    }
+    median = {name: statistics.median(values) for name, values in samples.items()}
     metrics = metrics or {"float32": 0.40, "plan": 0.42, "mixed_bfloat16": 1.7}
     metrics = {"mixed_float16": math.nan, **metrics}
     reference = metrics["float32"]
@@ -39,7 +48,9 @@ def figures(
         "losses": dict(metrics),
         "budget": {"metric": "val_loss", "max_relative_drop": 0.5, "threshold": 1.5 * reference},
         "step_seconds": {name: value / 1e3 for name, value in median.items()},
-        "step_seconds_min": {name: value / 1e3 for name, value in minimum.items()},
+        "step_seconds_min": {name: min(values) / 1e3 for name, values in samples.items()},
+        "step_samples": {name: [v / 1e3 for v in values] for name, values in samples.items()},
+        "timing": {"rounds": len(samples["plan"]), "timed_apart": list(timed_apart)},
         "speedup_over": {n: median[n] / median["plan"] for n in median if n != "plan"},
         "plan_uniform_float32": False,
         "host": {"cpu": "Test CPU", "cores": 2, "flags": {"avx512_bf16": True}},
@@ -84,6 +95,15 @@ def test_speed_relation_claims_a_difference_only_beyond_noise_at_both(
     assert report.speed_relation(median_ratio, minimum_ratio) == expected
 
 
+@pytest.mark.parametrize(
+    "ratio, won, expected",
+    [(1.3, 15, "faster"), (1.3, 14, "tie"), (0.7, 5, "slower"), (0.7, 6, "tie"), (1.04, 20, "tie")],
+)
+def test_speed_relation_needs_enough_paired_rounds_won(ratio, won, expected):
+    assert report.speed_relation(ratio, ratio, rounds_won=won, rounds=20) == expected
+    assert report.speed_relation(1.3, 1.3, rounds_won=3, rounds=3) == "tie"  # 3 cannot show one
+
+
 def test_rounds_needed_is_a_one_sided_sign_test_at_five_percent():
     assert report.rounds_needed(20) == 15  # P(>= 15 of 20) = 0.021, P(>= 14) = 0.058
     assert report.rounds_needed(5) == 5  # 1/32
@@ -99,13 +119,7 @@ def paired_figures(plan_ms: list[float], float32_ms: list[float]) -> dict:
         "mixed_bfloat16": [value * 0.99 for value in plan_ms],
         "mixed_float16": [300.0, 310.0, 305.0],
     }
-    result = figures(
-        {name: statistics.median(values) for name, values in samples.items()},
-        {name: min(values) for name, values in samples.items()},
-    )
-    result["step_samples"] = {name: [v / 1e3 for v in values] for name, values in samples.items()}
-    result["timing"] = {"rounds": len(plan_ms), "timed_apart": ["mixed_float16"]}
-    return result
+    return figures(samples, timed_apart=("mixed_float16",))
 
 
 def test_verdicts_need_the_plan_to_win_enough_interleaved_rounds():
@@ -159,17 +173,20 @@ def test_verdicts_say_the_plan_ties_float32_within_noise():
     verdict = line_of(lines, "verdict")
     assert verdict.startswith("verdict on this CPU (Test CPU): the plan ties float32")
     assert "did not pay in this run" in verdict
-    assert "faster" not in line_of(lines, "float32:")
+    assert "same speed as the plan within noise" in line_of(lines, "float32:")
+    assert "is faster" not in line_of(lines, "float32:")
     assert not any("the plan is" in line and "faster than float32" in line for line in lines)
 
 
-def test_verdicts_tie_when_median_and_fastest_step_disagree():
-    median = {**STEPS, "float32": 26.0}
-    minimum = {**STEPS, "float32": 20.2}  # the fastest float32 step matches the plan's
-    lines = report.verdicts(figures(median, minimum))
+def test_verdicts_tie_when_every_round_won_is_won_by_less_than_the_noise():
+    plan = [20.0 * (1 + d) for d in DRIFT]
+    lines = report.verdicts(figures({**STEPS, "plan": plan, "float32": [v * 1.04 for v in plan]}))
 
+    sentence = line_of(lines, "float32:")
+    assert "same speed as the plan within noise" in sentence
+    assert "must exceed the rounds' noise and 5% of the faster step" in sentence
+    assert "the plan faster in 20 of 20 rounds" in sentence
     assert "the plan ties float32" in line_of(lines, "verdict")
-    assert "1.30x median step, 1.01x fastest step" in line_of(lines, "float32:")
 
 
 def test_verdicts_say_float32_is_faster_when_the_figures_show_it():
@@ -245,15 +262,27 @@ def test_budget_status_and_compare_read_the_figures():
     comparisons = report.compare(result)
     assert set(comparisons) == set(report.UNIFORM_POLICIES)
     assert comparisons["float32"] == report.Comparison(
-        policy="float32", speed="faster", median_ratio=1.5, minimum_ratio=1.5, budget="within"
+        policy="float32",
+        speed="faster",
+        median_ratio=pytest.approx(1.5),
+        minimum_ratio=pytest.approx(1.5),
+        budget="within",
+        rounds_won=20,
+        rounds=20,
     )
+    assert comparisons["mixed_float16"].speed == "faster"  # 15x slower in every round
+    assert comparisons["mixed_bfloat16"].speed == "tie"  # 2 % faster: under the 5 % noise
 
 
 def test_paired_rounds_count_the_plan_wins_and_skip_policies_timed_apart():
     result = paired_figures([20.0, 20.0, 30.0], [25.0, 26.0, 25.0])
     assert report.paired_rounds(result, "float32") == (2, 3)
     assert report.paired_rounds(result, "mixed_float16") == (None, None)  # timed apart
-    assert report.paired_rounds(figures(STEPS), "float32") == (None, None)  # no samples
+    # Timed apart, a policy is judged on its samples alone: no sign test, no rounds figure.
+    apart = figures({**STEPS, "float32": [30.0, 31.0, 29.0]}, timed_apart=("float32",))
+    assert report.paired_rounds(apart, "float32") == (None, None)
+    assert report.compare(apart)["float32"].speed == "faster"
+    assert report.paired_rounds(figures(STEPS, timed_apart=("plan",)), "float32") == (None, None)
 
 
 def test_results_table_has_a_row_per_policy_with_its_budget_and_prediction():
