@@ -275,8 +275,6 @@ def _receivers(operation: object, bound: float, path_of: dict, depth: int = 0):
 
 def float8_unsafe_layers(profile: Profile | None) -> dict[str, str]:
     """Returns `{path: reason}` for the layers a profile says cannot train in float8."""
-    if profile is None:
-        return {}
     reasons = getattr(profile, "float8_unsafe_reasons", None) or {}
     return {path: f"profile: {reason}" for path, reason in dict(reasons).items()}
 
