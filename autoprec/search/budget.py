@@ -14,8 +14,6 @@ import numpy as np
 
 from .._core.dtypes import BFLOAT16, FLOAT16
 from ..errors import AutoprecError
-from ..layers import LayerInfo, layer_paths
-from .space import compute_layers, followed
 
 #: Metric-name words (and joined phrases) of metrics that are better when lower.
 LOWER_IS_BETTER: frozenset[str] = frozenset(
@@ -206,33 +204,6 @@ def round_to(values: Any, dtype: str) -> np.ndarray:
     array = np.asarray(values, dtype=np.float32)
     with np.errstate(over="ignore"):
         return array.astype(_NUMPY_DTYPES[dtype]).astype(np.float32)
-
-
-def output_paths(model: keras.Model, infos: Mapping[str, LayerInfo]) -> tuple[str, ...]:
-    """Returns, for each of the model's outputs (flattened), the compute layer that produces it."""
-    path_of = {id(layer): path for path, layer in layer_paths(model).items()}
-    compute = compute_layers(infos)
-    fallback = compute[-1] if compute else None
-    tensors = keras.tree.flatten(getattr(model, "outputs", None) or [])
-    found = [_producer(tensor, path_of, infos) or fallback for tensor in tensors] or [fallback]
-    return tuple(path for path in found if path is not None)
-
-
-def _producer(
-    tensor: Any, path_of: Mapping[int, str], infos: Mapping[str, LayerInfo]
-) -> str | None:
-    """The compute layer that produces a symbolic tensor (through nested models and followers)."""
-    for _ in range(50):
-        history = getattr(tensor, "_keras_history", None)
-        operation = getattr(history, "operation", None)
-        path = path_of.get(id(operation)) if operation is not None else None
-        if path is None:
-            return None
-        inner = getattr(operation, "outputs", None) if infos[path].is_container else None
-        if not inner:
-            break
-        tensor = keras.tree.flatten(inner)[getattr(history, "tensor_index", 0)]
-    return followed(path, infos)
 
 
 def converged_outputs(

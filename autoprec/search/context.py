@@ -30,11 +30,10 @@ from .budget import (
     OutputFloor,
     converged_outputs,
     measure_floor,
-    output_paths,
 )
 from .evaluator import Evaluator, FidelityCheck
 from .result import TrialRecord
-from .space import Group, PlanCosts, plan_from_assignment
+from .space import Group, PlanCosts, output_paths, plan_from_assignment
 
 #: An Optuna callback: called with the study and each finished trial.
 StudyCallback = Callable[[optuna.Study, optuna.trial.FrozenTrial], None]
@@ -303,10 +302,12 @@ class SearchContext:
         """Measures and judges the floor of the given 16-bit outputs; `None` when it cannot."""
         try:
             outputs, sources, metric_of = self._floor_inputs
-            rounded: dict[str, dict[int, str]] = {path: {} for path in dtypes}
-            for index, path in enumerate(self._paths_per_output):
-                if path in dtypes:
-                    rounded[path][index] = dtypes[path]
+            paths = self.output_paths  # the last compute layer's for all, if they do not pair
+            paths = paths if len(paths) == len(outputs) else paths[-1:] * len(outputs)
+            rounded = {  # {output path: {index of the output: dtype}}
+                path: {index: dtype for index, other in enumerate(paths) if other == path}
+                for path, dtype in dtypes.items()
+            }
             floors = {
                 path: measure_floor(metric_of, outputs, indices, self.budget)
                 for path, indices in rounded.items()
@@ -329,13 +330,6 @@ class SearchContext:
             return None
         where = {path: sources[min(indices)] for path, indices in rounded.items() if indices}
         return OutputFloor(self.budget, self.reference, dtypes, floors, where, together)
-
-    @functools.cached_property
-    def _paths_per_output(self) -> tuple[str, ...]:
-        """The output layer of each converged output (the last compute layer for all, if unknown)."""
-        paths = self.output_paths
-        count = len(self._floor_inputs[0])
-        return paths if len(paths) == count else tuple(paths[-1:] * count)
 
     @functools.cached_property
     def _floor_inputs(self) -> tuple[list, tuple[str, ...], Any]:

@@ -26,19 +26,16 @@ from ..runtime.guard import GUARD_BACKENDS
 from .budget import Budget
 from .context import SearchContext, SearchSettings, say
 from .evaluator import Evaluator, check_reference
+from .heuristic import layer_feasibility
 from .result import SearchResult, TrialRecord, assignment_key
 from .selection import add_finalists, choose_plan, rank_trials
 from .space import (
     PlanCosts,
-    allowed_dtypes,
     compute_layers,
     default_dtypes,
-    float8_unsafe_layers,
-    float16_unsafe_layers,
     group_layers,
     is_sensitive,
     make_groups,
-    output_layers,
     run_profiler,
 )
 from .study import enqueue_warm_starts, explorer, open_study, optimize, warm_starts
@@ -268,18 +265,10 @@ def _space(context: SearchContext) -> None:
                 float8_ranges=FLOAT8 in dtypes,
             )
     context.profile = profile
-    context.unsafe = float16_unsafe_layers(profile, model)
-    context.outputs = outputs = output_layers(model, infos)
-    context.allowed, context.removed = allowed_dtypes(
-        compute,
-        infos,
-        dtypes,
-        context.unsafe,
-        settings.keep_float32,
-        float8_unsafe=float8_unsafe_layers(profile),
-        outputs=outputs,
-    )
-    grouped = group_layers(compute, settings.group_by, separate=outputs)
+    feasible = layer_feasibility(model, infos, profile, dtypes, settings.keep_float32)
+    context.unsafe, context.outputs = feasible.unsafe, set(feasible.outputs)
+    context.allowed, context.removed = dict(feasible.allowed), feasible.removed
+    grouped = group_layers(compute, settings.group_by, separate=context.outputs)
     context.groups = make_groups(grouped, context.allowed)
 
 

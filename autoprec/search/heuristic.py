@@ -54,6 +54,8 @@ class Feasibility:
     allowed: Mapping[str, tuple[str, ...]]
     removed: Mapping[str, Mapping[str, str]]
     floors: Mapping[str, str]
+    unsafe: Mapping[str, str] = dataclasses.field(default_factory=dict)  # float16's, and why
+    outputs: frozenset[str] = frozenset()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -299,7 +301,10 @@ def heuristic_plan(
     infos = describe_model(model)
     hardware_profile = resolve_hardware(hardware)
     dtypes = default_dtypes(dtypes, hardware_profile, None)
-    feasibility = _feasibility(model, infos, profile, dtypes, keep_float32)
+    feasibility = layer_feasibility(model, infos, profile, dtypes, keep_float32)
+    refused = [(path, why[FLOAT8]) for path, why in feasibility.removed.items() if FLOAT8 in why]
+    for path, reason in refused[:8]:  # the Dense/EinsumDense layers refused float8, and why
+        logger.info("autoprec.heuristic: %s gets no float8: %s", path, reason)
     batch_size = (costs.batch_size if costs is not None else None) or 32
     cost_view = PlanCosts(model, costs, batch_size)
     source = cost_source(costs, hardware_profile)
@@ -325,7 +330,7 @@ def heuristic_plan(
     return plan_from_assignment(model, infos, assignment, metadata=metadata)
 
 
-def _feasibility(
+def layer_feasibility(
     model: keras.Model,
     infos: Mapping[str, LayerInfo],
     profile: Profile | None,
@@ -334,30 +339,21 @@ def _feasibility(
 ) -> Feasibility:
     """What each compute layer may take, from the profile, the hardware's dtypes and the loss."""
     compute = compute_layers(infos)
-    outputs = output_layers(model, infos)
+    outputs, unsafe = output_layers(model, infos), float16_unsafe_layers(profile, model)
     allowed, removed = allowed_dtypes(
         compute,
         infos,
         dtypes,
-        float16_unsafe_layers(profile, model),
+        unsafe,
         list(keep_float32),
         float8_unsafe=float8_unsafe_layers(profile),
         outputs=outputs,
     )
-    _log_float8_refusals(removed)
-    return Feasibility(
-        compute=tuple(compute),
-        allowed=allowed,
-        removed=removed,
-        floors={
-            **rounding_floor_outputs(model, outputs),
-            **{
-                path: "profile: its recording raised, so its values are unknown"
-                for path in (profile.unrecorded if profile is not None else ())
-                if path in compute
-            },
-        },
-    )
+    unrecorded = profile.unrecorded if profile is not None else ()
+    why = "profile: its recording raised, so its values are unknown"
+    floors = {path: why for path in unrecorded if path in compute}
+    floors = {**rounding_floor_outputs(model, outputs), **floors}
+    return Feasibility(tuple(compute), allowed, removed, floors, unsafe, frozenset(outputs))
 
 
 def _never_slower(
@@ -417,13 +413,6 @@ def _log_decision(
         counts_text(count_dtypes(assignment.values())),
         plan_ms,
     )
-
-
-def _log_float8_refusals(removed: Mapping[str, Mapping[str, str]]) -> None:
-    """Logs the Dense/EinsumDense layers that float8 is refused for, and why."""
-    refused = {path: why[FLOAT8] for path, why in removed.items() if FLOAT8 in why}
-    for path, reason in list(refused.items())[:8]:
-        logger.info("autoprec.heuristic: %s gets no float8: %s", path, reason)
 
 
 def _bisect_16_bit(

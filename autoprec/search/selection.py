@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import fnmatch
 import logging
 import math
 import time
@@ -15,7 +14,7 @@ import optuna
 from .._core.dtypes import BFLOAT16, FLOAT8, FLOAT16, FLOAT32, PLAN_DTYPES
 from .._core.timing import RoundsVerdict, judge_rounds
 from ..hardware import is_local
-from ..layers import LayerInfo, model_fingerprint
+from ..layers import LayerInfo
 from ..plan import PrecisionPlan
 from ..profiler import Profile
 from .budget import OutputFloor, json_safe
@@ -38,12 +37,12 @@ from .result import (
     plan_default,
     simplicity,
 )
-from .space import SENSITIVE_CLASS_PATTERNS, matches_any
+from .space import SENSITIVE_CLASS_PATTERNS, is_sensitive, matches_any, plan_from_assignment
 from .study import (
     COST_STEP,
     WarmStart,
     enqueue_candidates,
-    is_feasible,
+    feasible_trials,
     judged_record,
     optimize,
     pareto_points,
@@ -68,18 +67,7 @@ def keras_global_plan(
         info = context.infos.get(path)
         if info is not None and matches_any(path, info, keep_float32):
             layers[path] = FLOAT32
-    return exact_plan(context, layers, plan_default(dtype))
-
-
-def exact_plan(context: SearchContext, layers: Mapping[str, str], default: str) -> PrecisionPlan:
-    """Returns the plan naming `layers` (containers included) with `default` elsewhere."""
-    return PrecisionPlan(
-        dict(layers),
-        default=default,
-        layer_info=context.infos,
-        fingerprint=model_fingerprint(dict(context.infos)),
-        model_name=context.model.name,
-    )
+    return plan_from_assignment(context.model, context.infos, layers, plan_default(dtype))
 
 
 def finalist_plan(context: SearchContext, trial: optuna.trial.FrozenTrial) -> PrecisionPlan:
@@ -88,7 +76,9 @@ def finalist_plan(context: SearchContext, trial: optuna.trial.FrozenTrial) -> Pr
     dtype = keras_dtype(record.warm_start)
     if dtype is None or not record.assignment:
         return context.trial_plan(trial)
-    return exact_plan(context, record.assignment, plan_default(dtype))
+    return plan_from_assignment(
+        context.model, context.infos, record.assignment, plan_default(dtype)
+    )
 
 
 def finalist_key(context: SearchContext, trial: optuna.trial.FrozenTrial) -> str:
@@ -101,13 +91,8 @@ def finalist_key(context: SearchContext, trial: optuna.trial.FrozenTrial) -> str
 
 def ranked_finalists(context: SearchContext, study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
     """Returns the completed trials within budget, cheapest first, one per plan."""
-    feasible = [
-        trial
-        for trial in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
-        if is_feasible(trial) and trial.value is not None
-    ]
     unique: dict[str, optuna.trial.FrozenTrial] = {}
-    for trial in sorted(feasible, key=lambda t: (t.value, t.number)):
+    for trial in feasible_trials(study):
         unique.setdefault(finalist_key(context, trial), trial)
     return list(unique.values())
 
@@ -118,17 +103,11 @@ def protections(
     """Returns `{kind: compute paths}` of the default float32 protections, one entry per kind."""
     softmax = tuple(pattern for pattern in SENSITIVE_CLASS_PATTERNS if "Softmax" in pattern)
     normalisation = tuple(pattern for pattern in SENSITIVE_CLASS_PATTERNS if pattern not in softmax)
-
-    def of_class(patterns: Sequence[str]) -> tuple[str, ...]:
-        return tuple(
-            path
-            for path in compute
-            if any(fnmatch.fnmatchcase(infos[path].class_name, pattern) for pattern in patterns)
-        )
-
     return {
-        "softmax": of_class(softmax),
-        "normalisation": of_class(normalisation),
+        "softmax": tuple(path for path in compute if is_sensitive(infos[path], softmax)),
+        "normalisation": tuple(
+            path for path in compute if is_sensitive(infos[path], normalisation)
+        ),
         "outputs": tuple(path for path in compute if path in set(outputs)),
     }
 

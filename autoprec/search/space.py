@@ -9,6 +9,7 @@ import logging
 import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 import keras
 
@@ -58,13 +59,34 @@ def compute_layers(infos: Mapping[str, LayerInfo]) -> list[str]:
 
 def output_layers(model: keras.Model, infos: Mapping[str, LayerInfo]) -> set[str]:
     """Returns the compute layers that produce the model's outputs (loss-adjacent)."""
+    return set(output_paths(model, infos))
+
+
+def output_paths(model: keras.Model, infos: Mapping[str, LayerInfo]) -> tuple[str, ...]:
+    """Returns, for each of the model's outputs (flattened), the compute layer that produces it."""
     path_of = {id(layer): path for path, layer in layer_paths(model).items()}
-    found = set()
-    for tensor in getattr(model, "outputs", None) or []:
-        operation = getattr(getattr(tensor, "_keras_history", None), "operation", None)
-        if operation is not None and id(operation) in path_of:
-            found.add(path_of[id(operation)])
-    return {followed(path, infos) for path in found or compute_layers(infos)[-1:]}
+    compute = compute_layers(infos)
+    fallback = compute[-1] if compute else None
+    tensors = keras.tree.flatten(getattr(model, "outputs", None) or [])
+    found = [_producer(tensor, path_of, infos) or fallback for tensor in tensors] or [fallback]
+    return tuple(path for path in found if path is not None)
+
+
+def _producer(
+    tensor: Any, path_of: Mapping[int, str], infos: Mapping[str, LayerInfo]
+) -> str | None:
+    """The compute layer that produces a symbolic tensor (through nested models and followers)."""
+    for _ in range(50):
+        history = getattr(tensor, "_keras_history", None)
+        operation = getattr(history, "operation", None)
+        path = path_of.get(id(operation)) if operation is not None else None
+        if path is None:
+            return None
+        inner = getattr(operation, "outputs", None) if infos[path].is_container else None
+        if not inner:
+            break
+        tensor = keras.tree.flatten(inner)[getattr(history, "tensor_index", 0)]
+    return followed(path, infos)
 
 
 def followed(path: str, infos: Mapping[str, LayerInfo]) -> str:
@@ -77,11 +99,9 @@ def followed(path: str, infos: Mapping[str, LayerInfo]) -> str:
     return path
 
 
-def is_sensitive(info: LayerInfo) -> bool:
-    """Returns whether the layer is one peers keep in float32 (softmax, normalisation)."""
-    return any(
-        fnmatch.fnmatchcase(info.class_name, pattern) for pattern in SENSITIVE_CLASS_PATTERNS
-    )
+def is_sensitive(info: LayerInfo, patterns: Iterable[str] = SENSITIVE_CLASS_PATTERNS) -> bool:
+    """Returns whether the layer's class matches `patterns` (default: softmax, normalisation)."""
+    return any(fnmatch.fnmatchcase(info.class_name, pattern) for pattern in patterns)
 
 
 def matches_any(path: str, info: LayerInfo, patterns: Iterable[str]) -> bool:
@@ -255,8 +275,6 @@ def _receivers(operation: object, bound: float, path_of: dict, depth: int = 0):
 
 def float8_unsafe_layers(profile: Profile | None) -> dict[str, str]:
     """Returns `{path: reason}` for the layers a profile says cannot train in float8."""
-    if profile is None:
-        return {}
     reasons = getattr(profile, "float8_unsafe_reasons", None) or {}
     return {path: f"profile: {reason}" for path, reason in dict(reasons).items()}
 
@@ -414,12 +432,13 @@ def plan_from_assignment(
     model: keras.Model,
     infos: Mapping[str, LayerInfo],
     assignment: Mapping[str, str],
+    default: str = FLOAT32,
     **kwargs: object,
 ) -> PrecisionPlan:
-    """Returns the plan giving each path of `assignment` its dtype (float32 elsewhere)."""
+    """Returns the plan giving each path of `assignment` its dtype (`default` elsewhere)."""
     return PrecisionPlan(
         with_container_dtypes(infos, assignment),
-        default=FLOAT32,
+        default=default,
         layer_info=infos,
         fingerprint=model_fingerprint(dict(infos)),
         model_name=model.name,

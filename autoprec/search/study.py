@@ -143,15 +143,9 @@ def trained_outcome(study: optuna.Study, key: str, train_steps: int) -> TrialRec
     for other, record in _same_plan(study, key, train_steps, optuna.trial.TrialState.COMPLETE):
         if record.trained_here:
             metrics = {
-                name: math.nan if value is None else float(value)
-                for name, value in record.metrics.items()
+                key: math.nan if v is None else float(v) for key, v in record.metrics.items()
             }
-            return TrialRecord(
-                metrics=metrics,
-                proxy=record.proxy,
-                proxy_score=record.proxy_score,
-                reused_from=other.number,
-            )
+            return dataclasses.replace(record, metrics=metrics, reused_from=other.number)
     return None
 
 
@@ -246,14 +240,16 @@ def is_feasible(trial: optuna.trial.FrozenTrial) -> bool:
     return bool(constraints) and all(value <= 0 for value in constraints.values())
 
 
+def feasible_trials(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
+    """Returns the completed trials within budget, cheapest first (lowest number among equals)."""
+    completed = study.get_trials(deepcopy=False, states=_COMPLETE)
+    feasible = [trial for trial in completed if is_feasible(trial) and trial.value is not None]
+    return sorted(feasible, key=lambda trial: (trial.value, trial.number))
+
+
 def best_feasible(study: optuna.Study) -> optuna.trial.FrozenTrial | None:
     """Returns the cheapest completed trial within budget (lowest number among equals)."""
-    feasible = [
-        trial
-        for trial in study.get_trials(deepcopy=False, states=_COMPLETE)
-        if is_feasible(trial) and trial.value is not None
-    ]
-    return min(feasible, key=lambda trial: (trial.value, trial.number), default=None)
+    return next(iter(feasible_trials(study)), None)
 
 
 def open_study(context: SearchContext) -> tuple[optuna.Study, bool]:

@@ -25,9 +25,9 @@ from autoprec.search.budget import (
     infer_mode,
     loss_names,
     measure_floor,
-    output_paths,
     round_to,
 )
+from autoprec.search.space import output_layers, output_paths
 
 
 @pytest.mark.parametrize(
@@ -253,6 +253,7 @@ def test_output_paths_name_the_compute_layer_behind_each_output():
     third = keras.layers.Dense(1, name="c")(hidden)
     model = keras.Model(inputs, {"x": first, "y": second, "z": third})
     assert output_paths(model, describe_model(model)) == ("inner/a", "inner/b", "c")
+    assert output_layers(model, describe_model(model)) == {"inner/a", "inner/b", "c"}
     sequential = keras.Sequential(
         [keras.Input((3,)), keras.layers.Dense(2, name="d"), keras.layers.Activation("relu")]
     )

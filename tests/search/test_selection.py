@@ -56,7 +56,6 @@ from autoprec.search.selection import (
     chosen_step_timing,
     confirm_plan,
     dropped_protection,
-    exact_plan,
     finalist_key,
     finalist_plan,
     fits_profile,
@@ -69,6 +68,7 @@ from autoprec.search.selection import (
     ranked_finalists,
     sixteen_bit_dtype,
 )
+from autoprec.search.space import plan_from_assignment
 from autoprec.search.study import WarmStart, enqueue_candidates
 
 
@@ -744,7 +744,7 @@ def test_keras_global_plans_the_finalists_plans_keys_and_ranking_on_a_real_conte
         assert kept8.resolve()["head"] == "float32"
         assert kept8.resolve()["attention/query_dense"] == "float8"
 
-        exact = exact_plan(context, plan.layers, "bfloat16")
+        exact = plan_from_assignment(context.model, context.infos, plan.layers, "bfloat16")
         assert exact.layers == plan.layers and exact.fingerprint == fingerprint
 
         study = optuna.create_study()
