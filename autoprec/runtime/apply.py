@@ -49,15 +49,8 @@ from .telemetry import GuardTelemetry
 
 @dataclasses.dataclass
 class PlanHandle:
-    """What `apply_plan` changed, and the way back.
-
-    Attributes:
-        model: the model the plan was applied to.
-        plan: the plan as applied: every decided layer named, followers in `plan.followers`.
-        dtypes: `{path: dtype}` each layer now computes in.
-        original_policies: `{path: policy}` each layer had before.
-        skipped: `{path: reason}` for layers left untouched (non-float or quantized layers).
-    """
+    """What `apply_plan` changed (the plan as applied, each layer's dtype and former policy, the
+    layers `skipped` with why), and the way back (`restore`)."""
 
     model: keras.Model
     plan: PrecisionPlan
@@ -67,7 +60,7 @@ class PlanHandle:
 
     @property
     def uses_float16(self) -> bool:
-        """Whether any layer now computes in float16, float8 sources included (loss scaling is then needed)."""
+        """Whether any layer now computes in float16, float8 sources included (needs loss scaling)."""
         dtypes = set(self.dtypes.values())
         return FLOAT16 in dtypes or (FLOAT8 in dtypes and self.plan.float8_source == FLOAT16)
 
@@ -272,7 +265,7 @@ def _set_policies(
             entering_float8 = dtype == FLOAT8 and not is_float8_policy(original_policies[path])
             layer.dtype_policy = policy_name(dtype, source)
             if entering_float8:
-                reset_float8_state(layer, only_if_lost=True)
+                reset_float8_state(layer)
             applied[path] = dtype
     return original_policies, applied, skipped
 
@@ -343,16 +336,6 @@ class AppliedState:
     telemetry: GuardTelemetry | None
     train_function: object
 
-    @property
-    def plan(self) -> PrecisionPlan:
-        """The plan as applied."""
-        return self.handle.plan
-
-    @property
-    def dtypes(self) -> dict[str, str]:
-        """`{path: dtype}` the layers compute in."""
-        return self.handle.dtypes
-
     def runs(self, model: keras.Model, plan: PrecisionPlan, guard: Guard | None) -> bool:
         """Whether `model` still runs `plan` as applied here, with nothing reset since."""
         return (
@@ -361,7 +344,7 @@ class AppliedState:
             and model.optimizer is self.optimizer
             and guard == self.guard
             and (self.telemetry is None or self.telemetry.installed)
-            and (plan is self.requested or plan is self.plan or plan == self.requested)
+            and (plan is self.requested or plan is self.handle.plan or plan == self.requested)
         )
 
 

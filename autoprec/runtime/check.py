@@ -304,8 +304,7 @@ def _first_that_runs(candidates: Iterable[str], runs) -> str:
 def check_layer(
     paths: Mapping[str, keras.layers.Layer], path: str, call: LayerCall, current: Mapping[str, str]
 ) -> MissingKernel | None:
-    """Returns why the layer at `path` cannot run with itself and its sub-layers in `current`
-    dtypes, and what it runs in."""
+    """Returns why the layer at `path` and its sub-layers cannot run in `current`, and the fallback."""
     layers = subtree(paths, path)
     if any(is_float8_policy(layer_policy(inner)) for inner in layers.values()):
         return None  # Keras' float8 gradients run only compiled: the whole step shows them
@@ -344,8 +343,7 @@ def check_layer(
 
 
 def dtype_clashes(model: keras.Model) -> list[str]:
-    """Returns a line for each sub-layer whose compute dtype differs from its composite
-    container's."""
+    """Returns a line for each sub-layer computing in another dtype than its composite container."""
     paths = layer_paths(model)
     clashes = []
     for path, layer in paths.items():
@@ -403,8 +401,7 @@ def needs_own_call_check(model: keras.Model, dtypes: Mapping[str, str]) -> bool:
 
 
 def check_own_call(model: keras.Model, dtypes: Mapping[str, str]) -> MissingKernel | None:
-    """Returns why `model`'s own `call` cannot run with its layers in `dtypes` (path `""`), or
-    `None`."""
+    """Returns why `model`'s own `call` cannot run with its layers in `dtypes` (path `""`)."""
     paths = layer_paths(model)
     with planned_policies(paths, dict.fromkeys(paths, FLOAT32)):  # a batch it runs on as it was
         batch = probe_inputs(model)

@@ -94,8 +94,7 @@ def _check_keys(dtypes: Mapping[str, str]) -> dict[str, tuple]:
 
 
 def unchecked_kernels(model: keras.Model, dtypes: Mapping[str, str]) -> dict[str, str]:
-    """Returns the `{path: dtype}` of `dtypes` whose layer, with its sub-layers' dtypes, was not
-    checked on this model yet."""
+    """Returns the `{path: dtype}` of `dtypes` not checked on `model` yet (sub-layers' included)."""
     checked = _CHECKED_KERNELS.get(model, {})
     return {path: dtypes[path] for path, key in _check_keys(dtypes).items() if key not in checked}
 

@@ -1,5 +1,4 @@
-"""Loss scaling: the `LossScale` settings and a Keras `LossScaleOptimizer` whose scale never falls
-below a floor."""
+"""Loss scaling: `LossScale` settings and a Keras `LossScaleOptimizer` whose scale keeps a floor."""
 
 from __future__ import annotations
 
@@ -131,11 +130,9 @@ class FlooredLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
             setattr(self, name, variable)
 
     def check_finite(self, grads):
-        # Keras decides from this replica's gradients alone, before the all-reduce:
-        # under MirroredStrategy an overflow on one replica would reach every replica's
-        # weights. Every replica skips when any one's gradients are not finite. Keras'
-        # `isfinite` of an `IndexedSlices` keeps one slice per repeated index (an
-        # Embedding's overflowing row passes where the token recurs): its values are checked.
+        # Every replica skips when any one's gradients are not finite (Keras asks this replica's
+        # alone, before the all-reduce); an `IndexedSlices` is checked by its values (Keras'
+        # `isfinite` keeps one slice per repeated index, so an overflowing row could pass).
         if keras.backend.backend() != "tensorflow":
             return super().check_finite(grads)
         backend = instrument_backend()
@@ -205,8 +202,7 @@ class FlooredLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
 def step_skipping_optimizer(
     inner_optimizer: keras.optimizers.Optimizer,
 ) -> FlooredLossScaleOptimizer:
-    """Returns `inner_optimizer` wrapped to skip (and count) steps with non-finite gradients,
-    unscaled."""
+    """Returns `inner_optimizer` wrapped, unscaled, to skip (and count) non-finite steps."""
     wrapped = FlooredLossScaleOptimizer(inner_optimizer, initial_scale=1.0, floor=None, fixed=True)
     wrapped.scales_loss = False
     return wrapped

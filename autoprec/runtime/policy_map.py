@@ -214,8 +214,7 @@ def write_nested_policies(model: keras.Model) -> int:
             if not getattr(layer, _WRITES_MAP, False):
                 if not _builds_own_sub_layers(layer, path, paths):
                     continue
-                own_get_config = layer.get_config
-                writer = _config_with_map(layer, own_get_config, root, owner)
+                writer = _config_with_map(layer, layer.get_config, root, owner)
                 object.__setattr__(layer, "get_config", writer)
                 object.__setattr__(layer, _WRITES_MAP, True)
             writing += 1
