@@ -64,9 +64,8 @@ _TF_NAMES = {"float": "float32", "half": "float16", "double": "float64"}
 
 @dataclasses.dataclass(frozen=True)
 class MissingKernel:
-    """A layer that cannot run in its planned dtype here (`kind` "missing_kernel",
-    "mixed_arithmetic", "dtype_failure"), or could not be checked ("check_failed": `fallback` is
-    `dtype`); `error` is the line of the error that tells, or the evidence."""
+    """A layer that cannot run in its planned dtype here (`kind`), or could not be checked
+    ("check_failed": `fallback` is `dtype`); `error` is the line of the error that tells."""
 
     path: str
     dtype: str
@@ -184,15 +183,10 @@ def _built_shape_samples(model: keras.Model) -> list:
 def _at_built_shapes(model: keras.Model) -> ModelTrace | None:
     """The shapes `get_build_config` records, as floats, then as token ids; `None` without."""
     makers = _built_shape_samples(model)
-    if not makers:
-        return None
-    failure: Exception | None = None
-    for make_batch in makers:
-        try:
+    for make_batch in makers[:-1]:
+        with contextlib.suppress(Exception):  # floats refused: token ids next
             return trace_model(model, make_batch())
-        except Exception as error:  # floats refused: token ids next
-            failure = error
-    raise failure
+    return trace_model(model, makers[-1]()) if makers else None
 
 
 def probe_inputs(model: keras.Model) -> Any:

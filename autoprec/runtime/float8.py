@@ -50,8 +50,14 @@ def extend_optimizer(model: keras.Model) -> bool:
     pairs = [(inner, inner_optimizer(replacement))]
     if replacement is not inner_optimizer(replacement):
         pairs.append((optimizer, replacement))
-    for old, new in pairs:
-        _copy_state(old, new)
+    for old, new in pairs:  # each one's own state, to the variable of the same name and shape
+        targets = {variable.name: variable for variable in _own_variables(new)}
+        for variable in _own_variables(old):
+            target = targets.get(variable.name)
+            if target is not None and tuple(target.shape) == tuple(variable.shape):
+                # A copy, not the array itself: JAX donates the new optimizer's buffers to
+                # its train step, which would delete the old optimizer's values with them.
+                target.assign(keras.ops.convert_to_numpy(variable))
     model.optimizer = replacement
     return True
 
@@ -61,17 +67,6 @@ def _own_variables(optimizer: keras.optimizers.Optimizer) -> list[keras.Variable
     inner = inner_optimizer(optimizer)
     inner_ids = {id(variable) for variable in inner.variables} if inner is not optimizer else set()
     return [variable for variable in optimizer.variables if id(variable) not in inner_ids]
-
-
-def _copy_state(old: keras.optimizers.Optimizer, new: keras.optimizers.Optimizer) -> None:
-    """Copies each of `old`'s own state variables to `new`'s variable of the same name and shape."""
-    targets = {variable.name: variable for variable in _own_variables(new)}
-    for variable in _own_variables(old):
-        target = targets.get(variable.name)
-        if target is not None and tuple(target.shape) == tuple(variable.shape):
-            # A copy, not the array itself: JAX donates the new optimizer's buffers to
-            # its train step, which would delete the old optimizer's values with them.
-            target.assign(keras.ops.convert_to_numpy(variable))
 
 
 def keep_nested_float8_policies(model: keras.Model) -> int:

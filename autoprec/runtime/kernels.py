@@ -158,6 +158,7 @@ def fallback_plan(
 ) -> PrecisionPlan:
     """Returns `plan` with each failing layer and its sub-layers moved to its fallback dtype, each
     change an event and a warning (once per finding in `logged`)."""
+    logged = set() if logged is None else logged
     for item in missing:
         if item.kind == CHECK_FAILED:
             continue  # the check could not tell: the plan stays as it is
@@ -171,12 +172,10 @@ def fallback_plan(
         }
         plan = plan.with_dtype(item.path, item.fallback).with_event(event)
         key = (item.path, item.dtype, item.fallback, item.kind)
-        if logged is not None and key in logged:
-            continue
-        if logged is not None:
+        if key not in logged:
             logged.add(key)
-        message = _MESSAGES.get(item.kind, _OTHER_MESSAGE)
-        logger.warning(message, item.path, item.dtype, item.error, item.fallback)
+            message = _MESSAGES.get(item.kind, _OTHER_MESSAGE)
+            logger.warning(message, item.path, item.dtype, item.error, item.fallback)
     return plan
 
 

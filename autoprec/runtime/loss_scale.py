@@ -17,25 +17,22 @@ from ..errors import PlanError
 class LossScale(ConfigValue):
     """How the loss is scaled while layers train in float16: a dynamic scale with a floor, or a fixed one.
 
-    `AutoPrecision(loss_scale=...)` takes one of these, or `"dynamic"` (the
-    default `LossScale()`), a positive number (`LossScale(number,
-    dynamic=False)`), or `None` (no loss scaling, refused when a layer runs in
-    float16, whose small gradients underflow without it). A `LossScale` is a
-    frozen value; `get_config()` and `LossScale.from_config(config)` round-trip
-    it through a plain dict.
+    `AutoPrecision(loss_scale=...)` takes one of these, `"dynamic"` (the default `LossScale()`), a
+    positive number (`LossScale(number, dynamic=False)`) or `None` (no loss scaling, refused when a
+    layer runs in float16, whose small gradients underflow without it). A frozen value that
+    `get_config()` and `LossScale.from_config(config)` round-trip through a plain dict.
 
     Attributes:
         initial: the starting scale.
-        floor: with a dynamic scale, it never drops below this (Keras' own has no
-            floor and reaches 0.0 after ~140 overflowing steps); `None` for none.
+        floor: with a dynamic scale, it never drops below this (Keras' own has no floor and
+            reaches 0.0 after ~140 overflowing steps); `None` for none.
         growth_steps: finite steps after which a dynamic scale doubles.
-        dynamic: `True` halves the scale on an overflowing step and doubles it
-            after `growth_steps` finite ones; `False` keeps `initial` (an
-            overflowing step is still skipped).
+        dynamic: `True` halves the scale on an overflowing step and doubles it after
+            `growth_steps` finite ones; `False` keeps `initial` (an overflowing step is skipped).
 
     Raises:
-        PlanError: for a scale or floor that is not a positive number, a floor
-            above `initial`, or `growth_steps` below 1.
+        PlanError: for a scale or floor that is not a positive number, a floor above `initial`,
+            or `growth_steps` below 1.
 
     Example:
 

@@ -154,8 +154,7 @@ def _path_pattern(
 
 
 def _snake_case(name: str) -> str:
-    """A class name as Keras names an instance of it (`MixtralSparseMoeBlock` ->
-    `mixtral_sparse_moe_block`)."""
+    """Keras' instance name for a class (`MixtralSparseMoeBlock`: `mixtral_sparse_moe_block`)."""
     name = re.sub(r"\W+", "", name)
     name = re.sub("(.)([A-Z][a-z]+)", r"\1_\2", name)
     return re.sub("([a-z])([A-Z])", r"\1_\2", name).lower()

@@ -83,7 +83,19 @@ class PlanCallback(keras.callbacks.Callback):
     ) -> None:
         super().__init__()
         name = type(self).__name__
-        self.plan = _checked_plan(plan, name, self._decides_plan)
+        if isinstance(plan, (str, os.PathLike)):
+            plan = PrecisionPlan.load(plan)
+        if plan is None and not self._decides_plan:
+            raise PlanError(
+                f"{name}: a plan is required; pass a PrecisionPlan or a plan JSON path, or "
+                "use autoprec.AutoPrecision() to decide one automatically."
+            )
+        if plan is not None and not isinstance(plan, PrecisionPlan):
+            raise PlanError(
+                f"{name}: 'plan' must be a PrecisionPlan or a plan JSON path, got "
+                f"{type(plan).__name__}."
+            )
+        self.plan = plan
         if guard is not None and not isinstance(guard, Guard):
             raise PlanError(
                 f"{name}: guard must be an autoprec.Guard or None (no guard), got {guard!r}; "
@@ -268,16 +280,14 @@ class PlanCallback(keras.callbacks.Callback):
             return not has_16bit and self._policies_unchanged()
         if state.handle.dtypes != self.handle.dtypes or state.optimizer is not model.optimizer:
             return False
-        telemetry = (
-            state.telemetry if state.telemetry is not None and state.telemetry.installed else None
-        )
-        if telemetry is not None and self._watch is None:
+        telemetry = state.telemetry
+        if telemetry is None or not telemetry.installed:
+            return self._watch is None or not has_16bit
+        if self._watch is None:
             telemetry.remove()  # the guard is off now: trace without it
             return False
-        if telemetry is not None:
-            self._watch.telemetry = telemetry
-            return True
-        return self._watch is None or not has_16bit
+        self._watch.telemetry = telemetry
+        return True
 
     def _raced_function(self, has_16bit: bool) -> object | None:
         """The train function a race traced for these dtypes with this optimizer and keeping."""
@@ -334,12 +344,10 @@ class PlanCallback(keras.callbacks.Callback):
     def _without_unscaled_float16(self, plan: PrecisionPlan) -> PrecisionPlan:
         """The plan with float16 layers in bfloat16 (or float32) where no loss scale reaches them."""
         reason = unscaled_float16_reason(self.model)
-        if reason is None:
+        float16_layers = [path for path, dtype in plan.resolve().items() if dtype == FLOAT16]
+        if reason is None or not float16_layers:
             return plan
         target = BFLOAT16 if self._bfloat16_is_fast() else FLOAT32
-        float16_layers = [path for path, dtype in plan.resolve().items() if dtype == FLOAT16]
-        if not float16_layers:
-            return plan
         evidence = dict(plan.metadata.get("evidence") or {})
         for path in float16_layers:
             plan = plan.with_dtype(path, target)
@@ -353,20 +361,15 @@ class PlanCallback(keras.callbacks.Callback):
     def _wrap_optimizer(self, uses_float16: bool, has_16bit: bool) -> None:
         """Adds loss scaling where float16 runs, step skipping where only bfloat16 does (guarded)."""
         name = type(self).__name__
-        if uses_float16:
-            if self.loss_scale is None:
-                float16 = [path for path, dt in self.plan.resolve().items() if dt == FLOAT16]
-                raise PlanError(
-                    f"{name}: loss_scale=None, but layers {float16[:3]} run in float16; use "
-                    "'dynamic'."
-                )
-            replaced = wrap_optimizer(self.model, self.loss_scale, name)
-        elif has_16bit and self.guard is not None:
-            replaced = wrap_optimizer(self.model, None, name)
-        else:
-            return
-        if replaced is not None:
-            self._wrapped_optimizer = replaced
+        if uses_float16 and self.loss_scale is None:
+            float16 = [path for path, dt in self.plan.resolve().items() if dt == FLOAT16]
+            raise PlanError(
+                f"{name}: loss_scale=None, but layers {float16[:3]} run in float16; use 'dynamic'."
+            )
+        if uses_float16 or (has_16bit and self.guard is not None):
+            replaced = wrap_optimizer(self.model, self.loss_scale if uses_float16 else None, name)
+            if replaced is not None:
+                self._wrapped_optimizer = replaced
 
     def _install_telemetry(self, has_16bit: bool) -> None:
         """Installs the guard's keeping of skipped steps (none without 16-bit layers); an installed
@@ -388,23 +391,19 @@ class PlanCallback(keras.callbacks.Callback):
         step_logs.activate()
         self._watch.attach(telemetry)
 
-    @property
-    def _floor(self) -> float:
-        """The dynamic loss scale's floor (1 for a fixed scale or none), for the guard."""
-        floor = self.loss_scale.floor if self.loss_scale is not None else None
-        return floor if floor is not None and self.loss_scale.dynamic else 1.0
-
     def _guard_step(self, logs) -> None:
         """Reads what the step did, decides (`decide`, a pure function) and carries it out."""
         outcome = self._watch.observe(self._step, logs, self.handle.dtypes, self.guard.near_binades)
         if outcome is None:
             self._check_float8_scales()
             return
+        scale = self.loss_scale  # its floor, for a dynamic scale that has one; else 1
+        floor = scale.floor if scale is not None and scale.dynamic and scale.floor else 1.0
         decision = decide(
             outcome,
             on_nan=self.guard.on_nan,
             dynamic_scale=is_dynamic_scale(self.model.optimizer),
-            floor=self._floor,
+            floor=floor,
             failures_in_a_row=self._watch.failures_in_a_row,
         )
         self._watch.failures_in_a_row = decision.failures_in_a_row
@@ -549,25 +548,6 @@ class TrainingLog:
                 f"({event.get('evidence', '')})"
             )
         return "\n".join(lines)
-
-
-def _checked_plan(
-    plan: PrecisionPlan | str | os.PathLike | None, name: str, decides_plan: bool
-) -> PrecisionPlan | None:
-    """Returns the plan a `plan=` argument means, loading a JSON path; refuses anything else."""
-    if isinstance(plan, (str, os.PathLike)):
-        plan = PrecisionPlan.load(plan)
-    if plan is None and not decides_plan:
-        raise PlanError(
-            f"{name}: a plan is required; pass a PrecisionPlan or a plan JSON path, or "
-            "use autoprec.AutoPrecision() to decide one automatically."
-        )
-    if plan is not None and not isinstance(plan, PrecisionPlan):
-        raise PlanError(
-            f"{name}: 'plan' must be a PrecisionPlan or a plan JSON path, got "
-            f"{type(plan).__name__}."
-        )
-    return plan
 
 
 def _show_guard_line(line: str, verbose: int) -> None:
