@@ -1,20 +1,8 @@
 """autoprec: per-layer automatic mixed precision for Keras 3.
 
-Gives every layer of a Keras model the cheapest floating-point precision
-(float16, bfloat16 or float32) that still trains to the accuracy you ask for.
-
-`import autoprec` is cheap: each public name is imported from its submodule the
-first time it is used, so Keras and TensorFlow load only when a name that needs
-them is touched (`autoprec.__version__` and `autoprec --help` never load them).
-
-Example:
-
-```python
-import autoprec
-
-plan = autoprec.PrecisionPlan.uniform(model, "bfloat16").with_dtype("head", "float32")
-model.fit(x, y, callbacks=[autoprec.AutoPrecision(plan)])
-```
+Gives every layer of a Keras model the cheapest floating-point precision (float16, bfloat16 or
+float32) that still trains to the accuracy you ask for. Each public name is imported from its
+submodule on first use, so Keras and TensorFlow load only when a name that needs them is touched.
 """
 
 import importlib as _importlib

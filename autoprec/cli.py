@@ -256,9 +256,6 @@ def _one_line(error: BaseException) -> str:
     return " ".join(str(error).split()) or type(error).__name__
 
 
-# ---------------------------------------------------------------------- the parser
-
-
 class OneLineParser(argparse.ArgumentParser):
     """An `ArgumentParser` whose usage errors are one line: `autoprec: error: ...`, exit 2."""
 
@@ -372,9 +369,6 @@ def _add_search_flags(search_: argparse.ArgumentParser) -> None:
         help="0 silent, 1 one line per trial (default), 2 more detail",
     )  # fmt: skip
     search_.add_argument("-o", "--output", default="plan.json")
-
-
-# ---------------------------------------------------------------------- the commands
 
 
 def print_json(data: Any) -> None:
@@ -522,8 +516,6 @@ def demo(args: argparse.Namespace) -> int:
     )
     return EXIT_OK
 
-
-# ---------------------------------------------------------------------- quiet output
 
 #: Python loggers of the framework, silenced below ERROR before it is imported.
 FRAMEWORK_LOGGERS = ("tensorflow", "absl", "jax", "jax._src.xla_bridge")

@@ -6,22 +6,25 @@ import contextlib
 import json
 import os
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 
-def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
-    """Writes `text` to `path` atomically: temp file in the same folder, fsync, rename."""
+def atomic_write(
+    path: str | os.PathLike, write: Callable[[str], object], suffix: str = ".tmp"
+) -> Path:
+    """Writes `path` atomically: `write(temporary path)` in the same folder, fsync, rename."""
     destination = Path(path)
     destination.parent.mkdir(parents=True, exist_ok=True)
     handle, temp_name = tempfile.mkstemp(
-        prefix=f".{destination.name}.", suffix=".tmp", dir=destination.parent
+        prefix=f".{destination.name}.", suffix=suffix, dir=destination.parent
     )
+    os.close(handle)
     try:
-        with os.fdopen(handle, "w", encoding="utf-8") as temp_file:
-            temp_file.write(text)
-            temp_file.flush()
-            os.fsync(temp_file.fileno())
+        write(temp_name)
+        with open(temp_name, "rb") as written:
+            os.fsync(written.fileno())
         os.replace(temp_name, destination)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
@@ -34,6 +37,11 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
         finally:
             os.close(directory_handle)
     return destination
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
+    """Writes `text` to `path` atomically (see `atomic_write`)."""
+    return atomic_write(path, lambda name: Path(name).write_text(text, encoding="utf-8"))
 
 
 def atomic_write_json(path: str | os.PathLike, data: Any) -> Path:

@@ -49,15 +49,8 @@ from .telemetry import GuardTelemetry
 
 @dataclasses.dataclass
 class PlanHandle:
-    """What `apply_plan` changed, and the way back.
-
-    Attributes:
-        model: the model the plan was applied to.
-        plan: the plan as applied: every decided layer named, followers in `plan.followers`.
-        dtypes: `{path: dtype}` each layer now computes in.
-        original_policies: `{path: policy}` each layer had before.
-        skipped: `{path: reason}` for layers left untouched (non-float or quantized layers).
-    """
+    """What `apply_plan` changed (the plan as applied, each layer's dtype and former policy, the
+    layers `skipped` with why), and the way back (`restore`)."""
 
     model: keras.Model
     plan: PrecisionPlan
@@ -67,7 +60,7 @@ class PlanHandle:
 
     @property
     def uses_float16(self) -> bool:
-        """Whether any layer now computes in float16, float8 sources included (loss scaling is then needed)."""
+        """Whether any layer now computes in float16, float8 sources included (needs loss scaling)."""
         dtypes = set(self.dtypes.values())
         return FLOAT16 in dtypes or (FLOAT8 in dtypes and self.plan.float8_source == FLOAT16)
 
@@ -110,10 +103,9 @@ def check_plan_fits(
     """Returns the problems that stop `plan` from applying exactly to a model."""
     problems = []
     unknown = [path for path in plan.layers if path not in infos]
+    unnamed = [path for path in infos if path not in plan.layers and path not in plan.followers]
     if unknown:
-        # A renamed layer's counterpart is most likely a model layer the plan does not name.
-        unnamed = [path for path in infos if path not in plan.layers and path not in plan.followers]
-        listed = []
+        listed = []  # a renamed layer's counterpart is most likely a model layer the plan lacks
         for path in unknown[:10]:
             close = difflib.get_close_matches(path, unnamed, n=1, cutoff=0.4)
             close = close or difflib.get_close_matches(path, list(infos), n=1, cutoff=0.4)
@@ -137,13 +129,11 @@ def check_plan_fits(
                 f"layer {path!r} has weight shapes {list(actual.weight_shapes)} in the model "
                 f"but {list(planned.weight_shapes)} in the plan"
             )
-    if not problems and plan.fingerprint and plan.layer_info:
-        missing = [path for path in infos if path not in plan.layers and path not in plan.followers]
-        if missing:
-            problems.append(
-                f"model {model_name!r} has {len(missing)} layer(s) the plan does not name, "
-                f"e.g. {missing[0]!r}"
-            )
+    if not problems and plan.fingerprint and plan.layer_info and unnamed:
+        problems.append(
+            f"model {model_name!r} has {len(unnamed)} layer(s) the plan does not name, "
+            f"e.g. {unnamed[0]!r}"
+        )
     return problems
 
 
@@ -152,39 +142,33 @@ def apply_plan(
 ) -> PlanHandle:
     """Sets every layer's dtype policy from `plan`; variables stay float32 (the master copy).
 
-    Compute dtypes map to Keras policies `float32`, `mixed_bfloat16` and
-    `mixed_float16`; float8 to `float8_from_<source policy>` (bfloat16 unless the
-    plan's `metadata["float8_source"]` says otherwise), which makes Keras add a
-    float8 layer's six scaling variables the first time. A compiled optimizer does
-    not know those: `AutoPrecision` rebuilds it with its state kept
-    (`runtime/float8.extend_optimizer`); call that yourself between `apply_plan`
-    and a `fit` without the callback. Policies are set on every layer, sub-layers included,
-    because Keras' policy setter does not cascade into containers such as
-    `MultiHeadAttention`. Nothing else is added: the model computes as Keras
-    rebuilds it from the saved file. A plan whose dtypes meet in a layer's own
-    arithmetic (a sub-layer's output added to its container's tensors in another
-    dtype) is moved to one dtype there by `AutoPrecision`'s check before `fit`
-    steps (`runtime/kernels.py`); `x=` refuses such a plan here.
-    Compiled functions are reset so the next `fit`/`evaluate`/`predict` retraces.
+    Compute dtypes map to Keras policies `float32`, `mixed_bfloat16` and `mixed_float16`; float8
+    to `float8_from_<source policy>` (bfloat16 unless `metadata["float8_source"]` says otherwise),
+    whose scaling variables a compiled optimizer does not know: `AutoPrecision` rebuilds it with
+    its state kept (`runtime/float8.extend_optimizer`; call it yourself before a `fit` without the
+    callback). Policies are set on every layer, sub-layers included (Keras' setter does not cascade
+    into containers such as `MultiHeadAttention`); nothing else is added, so the model computes as
+    Keras rebuilds it from the saved file. A plan whose dtypes meet in a layer's own arithmetic is
+    moved to one dtype by `AutoPrecision`'s check; `x=` refuses it here. Compiled functions are
+    reset so the next `fit`/`evaluate`/`predict` retraces.
 
     Args:
-        model: a built Keras model (call it once or use `AutoPrecision`, which
-            applies the plan after `fit` has built the model).
+        model: a built Keras model (call it once or use `AutoPrecision`, which applies the plan
+            after `fit` has built the model).
         plan: the `PrecisionPlan` to apply.
-        strict: if `True`, a plan naming layers the model lacks, or made for a
-            model with other classes or weight shapes, raises `PlanError` and
-            nothing is changed. If `False`, what matches is applied and the rest
-            is reported with a warning.
-        x: optionally, one batch of model inputs (any structure `fit` takes): the
-            model is then run once on its first sample under the plan, and a plan
-            that still cannot run is undone and refused with the layers that clash.
+        strict: if `True`, a plan naming layers the model lacks, or made for a model with other
+            classes or weight shapes, raises `PlanError` and nothing is changed. If `False`, what
+            matches is applied and the rest is reported with a warning.
+        x: optionally, one batch of model inputs (any structure `fit` takes): the model is then
+            run once on its first sample under the plan, and a plan that still cannot run is
+            undone and refused with the layers that clash.
 
     Returns:
         A `PlanHandle`; `handle.restore()` puts the original policies back.
 
     Raises:
-        PlanError: in strict mode, if the plan does not fit the model, or if the
-            model is not built; with `x`, if the model cannot run under the plan.
+        PlanError: in strict mode, if the plan does not fit the model, or if the model is not
+            built; with `x`, if the model cannot run under the plan.
 
     Example:
 
@@ -272,7 +256,7 @@ def _set_policies(
             entering_float8 = dtype == FLOAT8 and not is_float8_policy(original_policies[path])
             layer.dtype_policy = policy_name(dtype, source)
             if entering_float8:
-                reset_float8_state(layer, only_if_lost=True)
+                reset_float8_state(layer)
             applied[path] = dtype
     return original_policies, applied, skipped
 
@@ -343,16 +327,6 @@ class AppliedState:
     telemetry: GuardTelemetry | None
     train_function: object
 
-    @property
-    def plan(self) -> PrecisionPlan:
-        """The plan as applied."""
-        return self.handle.plan
-
-    @property
-    def dtypes(self) -> dict[str, str]:
-        """`{path: dtype}` the layers compute in."""
-        return self.handle.dtypes
-
     def runs(self, model: keras.Model, plan: PrecisionPlan, guard: Guard | None) -> bool:
         """Whether `model` still runs `plan` as applied here, with nothing reset since."""
         return (
@@ -361,7 +335,7 @@ class AppliedState:
             and model.optimizer is self.optimizer
             and guard == self.guard
             and (self.telemetry is None or self.telemetry.installed)
-            and (plan is self.requested or plan is self.plan or plan == self.requested)
+            and (plan is self.requested or plan is self.handle.plan or plan == self.requested)
         )
 
 

@@ -64,9 +64,8 @@ _TF_NAMES = {"float": "float32", "half": "float16", "double": "float64"}
 
 @dataclasses.dataclass(frozen=True)
 class MissingKernel:
-    """A layer that cannot run in its planned dtype here (`kind` "missing_kernel",
-    "mixed_arithmetic", "dtype_failure"), or could not be checked ("check_failed": `fallback` is
-    `dtype`); `error` is the line of the error that tells, or the evidence."""
+    """A layer that cannot run in its planned dtype here (`kind`), or could not be checked
+    ("check_failed": `fallback` is `dtype`); `error` is the line of the error that tells."""
 
     path: str
     dtype: str
@@ -184,15 +183,10 @@ def _built_shape_samples(model: keras.Model) -> list:
 def _at_built_shapes(model: keras.Model) -> ModelTrace | None:
     """The shapes `get_build_config` records, as floats, then as token ids; `None` without."""
     makers = _built_shape_samples(model)
-    if not makers:
-        return None
-    failure: Exception | None = None
-    for make_batch in makers:
-        try:
+    for make_batch in makers[:-1]:
+        with contextlib.suppress(Exception):  # floats refused: token ids next
             return trace_model(model, make_batch())
-        except Exception as error:  # floats refused: token ids next
-            failure = error
-    raise failure
+    return trace_model(model, makers[-1]()) if makers else None
 
 
 def probe_inputs(model: keras.Model) -> Any:
@@ -304,8 +298,7 @@ def _first_that_runs(candidates: Iterable[str], runs) -> str:
 def check_layer(
     paths: Mapping[str, keras.layers.Layer], path: str, call: LayerCall, current: Mapping[str, str]
 ) -> MissingKernel | None:
-    """Returns why the layer at `path` cannot run with itself and its sub-layers in `current`
-    dtypes, and what it runs in."""
+    """Returns why the layer at `path` and its sub-layers cannot run in `current`, and the fallback."""
     layers = subtree(paths, path)
     if any(is_float8_policy(layer_policy(inner)) for inner in layers.values()):
         return None  # Keras' float8 gradients run only compiled: the whole step shows them
@@ -344,8 +337,7 @@ def check_layer(
 
 
 def dtype_clashes(model: keras.Model) -> list[str]:
-    """Returns a line for each sub-layer whose compute dtype differs from its composite
-    container's."""
+    """Returns a line for each sub-layer computing in another dtype than its composite container."""
     paths = layer_paths(model)
     clashes = []
     for path, layer in paths.items():
@@ -403,8 +395,7 @@ def needs_own_call_check(model: keras.Model, dtypes: Mapping[str, str]) -> bool:
 
 
 def check_own_call(model: keras.Model, dtypes: Mapping[str, str]) -> MissingKernel | None:
-    """Returns why `model`'s own `call` cannot run with its layers in `dtypes` (path `""`), or
-    `None`."""
+    """Returns why `model`'s own `call` cannot run with its layers in `dtypes` (path `""`)."""
     paths = layer_paths(model)
     with planned_policies(paths, dict.fromkeys(paths, FLOAT32)):  # a batch it runs on as it was
         batch = probe_inputs(model)

@@ -62,14 +62,9 @@ class Float16Emulation:
         self.active: dict[str, str] = {}
         self._undo: list[Callable[[], None]] = []
 
-    @property
-    def installed(self) -> bool:
-        """Whether the wrappers are in place."""
-        return bool(self._undo)
-
     def install(self) -> None:
-        """Wraps every layer's `call` (pass-through until `set_layers` names it)."""
-        if self.installed:
+        """Wraps every layer's `call` (pass-through until `set_layers` names it), once."""
+        if self._undo:
             return
         for path, layer in layer_paths(self.model).items():
             self._undo.append(swap_attribute(layer, "call", self._wrap(path, layer.call)))
@@ -87,11 +82,9 @@ class Float16Emulation:
         self.active = {}
 
     def _wrap(self, path: str, original: Callable) -> Callable:
-        emulation = self
-
         @functools.wraps(original)
         def call(*args, **kwargs):
-            how = emulation.active.get(path)
+            how = self.active.get(path)
             if how is None:
                 return original(*args, **kwargs)
             args, kwargs = keras.tree.map_structure(round_to_float16, (args, kwargs))

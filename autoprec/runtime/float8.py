@@ -12,9 +12,6 @@ from .._core.models import inner_optimizer, strategy_scope, sync_fit_state
 from ..layers import FLOAT8_SCALING_VARIABLES, layer_paths, layer_policy
 from ..numerics import FLOAT8_E4M3, FLOAT8_E5M2
 
-#: Names of the variables Keras' float8 path adds to a Dense/EinsumDense layer.
-FLOAT8_VARIABLES: tuple[str, ...] = tuple(sorted(FLOAT8_SCALING_VARIABLES))
-
 
 def has_float8_path(layer: object) -> bool:
     """Returns whether Keras can train `layer` in float8 (a `Dense` or `EinsumDense`)."""
@@ -23,7 +20,7 @@ def has_float8_path(layer: object) -> bool:
 
 def float8_variables(layer: keras.layers.Layer) -> list[keras.Variable]:
     """Returns the float8 scaling variables a layer has (none before it was first quantized)."""
-    found = (getattr(layer, name, None) for name in FLOAT8_VARIABLES)
+    found = (getattr(layer, name, None) for name in sorted(FLOAT8_SCALING_VARIABLES))
     return [variable for variable in found if isinstance(variable, keras.Variable)]
 
 
@@ -53,30 +50,23 @@ def extend_optimizer(model: keras.Model) -> bool:
     pairs = [(inner, inner_optimizer(replacement))]
     if replacement is not inner_optimizer(replacement):
         pairs.append((optimizer, replacement))
-    for old, new in pairs:
-        _copy_state(old, new)
+    for old, new in pairs:  # each one's own state, to the variable of the same name and shape
+        targets = {variable.name: variable for variable in _own_variables(new)}
+        for variable in _own_variables(old):
+            target = targets.get(variable.name)
+            if target is not None and tuple(target.shape) == tuple(variable.shape):
+                # A copy, not the array itself: JAX donates the new optimizer's buffers to
+                # its train step, which would delete the old optimizer's values with them.
+                target.assign(keras.ops.convert_to_numpy(variable))
     model.optimizer = replacement
     return True
 
 
-def _copy_state(old: keras.optimizers.Optimizer, new: keras.optimizers.Optimizer) -> None:
-    """Copies each of `old`'s own state variables to `new`'s variable of the same name and shape."""
-    inner = inner_optimizer(old)
-    inner_ids = {id(variable) for variable in inner.variables} if inner is not old else set()
-    targets = {
-        variable.name: variable
-        for variable in new.variables
-        if inner_optimizer(new) is new
-        or id(variable) not in {id(v) for v in inner_optimizer(new).variables}
-    }
-    for variable in old.variables:
-        if id(variable) in inner_ids:
-            continue
-        target = targets.get(variable.name)
-        if target is not None and tuple(target.shape) == tuple(variable.shape):
-            # A copy, not the array itself: JAX donates the new optimizer's buffers to
-            # its train step, which would delete the old optimizer's values with them.
-            target.assign(keras.ops.convert_to_numpy(variable))
+def _own_variables(optimizer: keras.optimizers.Optimizer) -> list[keras.Variable]:
+    """The optimizer's variables less those of the optimizer it wraps, if any."""
+    inner = inner_optimizer(optimizer)
+    inner_ids = {id(variable) for variable in inner.variables} if inner is not optimizer else set()
+    return [variable for variable in optimizer.variables if id(variable) not in inner_ids]
 
 
 def keep_nested_float8_policies(model: keras.Model) -> int:
@@ -142,8 +132,7 @@ SATURATION_RATIO = 1.25
 
 
 def lagging_scales(layers: Mapping[str, keras.layers.Layer]) -> dict[str, str]:
-    """Returns `{path: why}` of the float8 layers whose scale in use does not cover the latest
-    amax, worst tensor each."""
+    """Returns `{path: why}` of float8 layers whose scale misses the latest amax (worst tensor)."""
     found = {}
     for path, layer in layers.items():
         if not is_float8_policy(layer_policy(layer)) or not float8_variables(layer):
@@ -166,17 +155,14 @@ def lagging_scales(layers: Mapping[str, keras.layers.Layer]) -> dict[str, str]:
     return found
 
 
-def reset_float8_state(layer: keras.layers.Layer, only_if_lost: bool = False) -> bool:
-    """Restarts a layer's delayed scaling as a freshly quantized layer has it: scales 1, histories
-    0."""
+def reset_float8_state(layer: keras.layers.Layer) -> None:
+    """Restarts a layer's delayed scaling where a scale was lost (not positive), as a freshly
+    quantized layer has it: scales 1, histories 0."""
     variables = float8_variables(layer)
-    if only_if_lost:
-        scales = [v for v in variables if v.name.endswith("_scale")]
-        if all(float(keras.ops.convert_to_numpy(v)) > 0 for v in scales):
-            return False
-    for variable in variables:
-        _reset(variable)
-    return bool(variables)
+    scales = [v for v in variables if v.name.endswith("_scale")]
+    if not all(float(keras.ops.convert_to_numpy(v)) > 0 for v in scales):
+        for variable in variables:
+            _reset(variable)
 
 
 def _reset(variable: keras.Variable) -> None:

@@ -94,8 +94,7 @@ def _check_keys(dtypes: Mapping[str, str]) -> dict[str, tuple]:
 
 
 def unchecked_kernels(model: keras.Model, dtypes: Mapping[str, str]) -> dict[str, str]:
-    """Returns the `{path: dtype}` of `dtypes` whose layer, with its sub-layers' dtypes, was not
-    checked on this model yet."""
+    """Returns the `{path: dtype}` of `dtypes` not checked on `model` yet (sub-layers' included)."""
     checked = _CHECKED_KERNELS.get(model, {})
     return {path: dtypes[path] for path, key in _check_keys(dtypes).items() if key not in checked}
 
@@ -159,6 +158,7 @@ def fallback_plan(
 ) -> PrecisionPlan:
     """Returns `plan` with each failing layer and its sub-layers moved to its fallback dtype, each
     change an event and a warning (once per finding in `logged`)."""
+    logged = set() if logged is None else logged
     for item in missing:
         if item.kind == CHECK_FAILED:
             continue  # the check could not tell: the plan stays as it is
@@ -172,12 +172,10 @@ def fallback_plan(
         }
         plan = plan.with_dtype(item.path, item.fallback).with_event(event)
         key = (item.path, item.dtype, item.fallback, item.kind)
-        if logged is not None and key in logged:
-            continue
-        if logged is not None:
+        if key not in logged:
             logged.add(key)
-        message = _MESSAGES.get(item.kind, _OTHER_MESSAGE)
-        logger.warning(message, item.path, item.dtype, item.error, item.fallback)
+            message = _MESSAGES.get(item.kind, _OTHER_MESSAGE)
+            logger.warning(message, item.path, item.dtype, item.error, item.fallback)
     return plan
 
 

@@ -1,5 +1,4 @@
-"""Loss scaling: the `LossScale` settings and a Keras `LossScaleOptimizer` whose scale never falls
-below a floor."""
+"""Loss scaling: `LossScale` settings and a Keras `LossScaleOptimizer` whose scale keeps a floor."""
 
 from __future__ import annotations
 
@@ -18,25 +17,22 @@ from ..errors import PlanError
 class LossScale(ConfigValue):
     """How the loss is scaled while layers train in float16: a dynamic scale with a floor, or a fixed one.
 
-    `AutoPrecision(loss_scale=...)` takes one of these, or `"dynamic"` (the
-    default `LossScale()`), a positive number (`LossScale(number,
-    dynamic=False)`), or `None` (no loss scaling, refused when a layer runs in
-    float16, whose small gradients underflow without it). A `LossScale` is a
-    frozen value; `get_config()` and `LossScale.from_config(config)` round-trip
-    it through a plain dict.
+    `AutoPrecision(loss_scale=...)` takes one of these, `"dynamic"` (the default `LossScale()`), a
+    positive number (`LossScale(number, dynamic=False)`) or `None` (no loss scaling, refused when a
+    layer runs in float16, whose small gradients underflow without it). A frozen value that
+    `get_config()` and `LossScale.from_config(config)` round-trip through a plain dict.
 
     Attributes:
         initial: the starting scale.
-        floor: with a dynamic scale, it never drops below this (Keras' own has no
-            floor and reaches 0.0 after ~140 overflowing steps); `None` for none.
+        floor: with a dynamic scale, it never drops below this (Keras' own has no floor and
+            reaches 0.0 after ~140 overflowing steps); `None` for none.
         growth_steps: finite steps after which a dynamic scale doubles.
-        dynamic: `True` halves the scale on an overflowing step and doubles it
-            after `growth_steps` finite ones; `False` keeps `initial` (an
-            overflowing step is still skipped).
+        dynamic: `True` halves the scale on an overflowing step and doubles it after
+            `growth_steps` finite ones; `False` keeps `initial` (an overflowing step is skipped).
 
     Raises:
-        PlanError: for a scale or floor that is not a positive number, a floor
-            above `initial`, or `growth_steps` below 1.
+        PlanError: for a scale or floor that is not a positive number, a floor above `initial`,
+            or `growth_steps` below 1.
 
     Example:
 
@@ -131,11 +127,9 @@ class FlooredLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
             setattr(self, name, variable)
 
     def check_finite(self, grads):
-        # Keras decides from this replica's gradients alone, before the all-reduce:
-        # under MirroredStrategy an overflow on one replica would reach every replica's
-        # weights. Every replica skips when any one's gradients are not finite. Keras'
-        # `isfinite` of an `IndexedSlices` keeps one slice per repeated index (an
-        # Embedding's overflowing row passes where the token recurs): its values are checked.
+        # Every replica skips when any one's gradients are not finite (Keras asks this replica's
+        # alone, before the all-reduce); an `IndexedSlices` is checked by its values (Keras'
+        # `isfinite` keeps one slice per repeated index, so an overflowing row could pass).
         if keras.backend.backend() != "tensorflow":
             return super().check_finite(grads)
         backend = instrument_backend()
@@ -205,8 +199,7 @@ class FlooredLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
 def step_skipping_optimizer(
     inner_optimizer: keras.optimizers.Optimizer,
 ) -> FlooredLossScaleOptimizer:
-    """Returns `inner_optimizer` wrapped to skip (and count) steps with non-finite gradients,
-    unscaled."""
+    """Returns `inner_optimizer` wrapped, unscaled, to skip (and count) non-finite steps."""
     wrapped = FlooredLossScaleOptimizer(inner_optimizer, initial_scale=1.0, floor=None, fixed=True)
     wrapped.scales_loss = False
     return wrapped

@@ -154,8 +154,7 @@ def _path_pattern(
 
 
 def _snake_case(name: str) -> str:
-    """A class name as Keras names an instance of it (`MixtralSparseMoeBlock` ->
-    `mixtral_sparse_moe_block`)."""
+    """Keras' instance name for a class (`MixtralSparseMoeBlock`: `mixtral_sparse_moe_block`)."""
     name = re.sub(r"\W+", "", name)
     name = re.sub("(.)([A-Z][a-z]+)", r"\1_\2", name)
     return re.sub("([a-z])([A-Z])", r"\1_\2", name).lower()
@@ -214,8 +213,7 @@ def write_nested_policies(model: keras.Model) -> int:
             if not getattr(layer, _WRITES_MAP, False):
                 if not _builds_own_sub_layers(layer, path, paths):
                     continue
-                own_get_config = layer.get_config
-                writer = _config_with_map(layer, own_get_config, root, owner)
+                writer = _config_with_map(layer, layer.get_config, root, owner)
                 object.__setattr__(layer, "get_config", writer)
                 object.__setattr__(layer, _WRITES_MAP, True)
             writing += 1

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import os
-import tempfile
 import zipfile
 from pathlib import Path
 
 import keras
 
+from .._core.io import atomic_write
 from ..errors import PlanError
 from ..layers import is_fully_built
 from ..plan import PrecisionPlan
@@ -79,21 +79,7 @@ def save_model(
         raise PlanError(f"save_model: {destination} must end in '.keras'.")
     # Keras' own save then writes the plan among the assets and the optimizer as it trains.
     attach_plan(model, plan or attached_plan(model) or PrecisionPlan.from_model(model))
-    destination.parent.mkdir(parents=True, exist_ok=True)
-    handle, temp_name = tempfile.mkstemp(
-        prefix=f".{destination.stem}.", suffix=".keras", dir=destination.parent
-    )
-    os.close(handle)
-    try:
-        model.save(temp_name)
-        with open(temp_name, "rb") as written:
-            os.fsync(written.fileno())
-        os.replace(temp_name, destination)
-    except BaseException:
-        if os.path.exists(temp_name):
-            os.unlink(temp_name)
-        raise
-    return destination
+    return atomic_write(destination, model.save, suffix=".keras")
 
 
 def load_plan_from_archive(path: str | os.PathLike) -> PrecisionPlan | None:

@@ -65,8 +65,7 @@ DEFAULT_GUARD = Guard()
 
 
 class PlanCallback(keras.callbacks.Callback):
-    """Applies a given precision plan inside `fit`, with loss scaling whenever a layer runs in
-    float16."""
+    """Applies a given precision plan inside `fit`, with loss scaling where a layer runs float16."""
 
     #: Whether `plan=None` is accepted (a subclass that decides the plan itself).
     _decides_plan = False
@@ -84,7 +83,19 @@ class PlanCallback(keras.callbacks.Callback):
     ) -> None:
         super().__init__()
         name = type(self).__name__
-        self.plan = _checked_plan(plan, name, self._decides_plan)
+        if isinstance(plan, (str, os.PathLike)):
+            plan = PrecisionPlan.load(plan)
+        if plan is None and not self._decides_plan:
+            raise PlanError(
+                f"{name}: a plan is required; pass a PrecisionPlan or a plan JSON path, or "
+                "use autoprec.AutoPrecision() to decide one automatically."
+            )
+        if plan is not None and not isinstance(plan, PrecisionPlan):
+            raise PlanError(
+                f"{name}: 'plan' must be a PrecisionPlan or a plan JSON path, got "
+                f"{type(plan).__name__}."
+            )
+        self.plan = plan
         if guard is not None and not isinstance(guard, Guard):
             raise PlanError(
                 f"{name}: guard must be an autoprec.Guard or None (no guard), got {guard!r}; "
@@ -112,8 +123,6 @@ class PlanCallback(keras.callbacks.Callback):
         self._float8_streaks: dict[str, int] = {}
         # (dtypes, train function, optimizer, guard's keeping) of each plan a race traced.
         self._raced: list[tuple[dict[str, str], object, object, object]] = []
-
-    # ------------------------------------------------------------------ Keras hooks
 
     def set_model(self, model) -> None:
         super().set_model(model)
@@ -167,8 +176,6 @@ class PlanCallback(keras.callbacks.Callback):
         if self.plan_path is not None:
             plan.save(self.plan_path)
 
-    # ------------------------------------------------------------------ public
-
     def current_plan(self) -> PrecisionPlan:
         """Returns the plan as applied, with the loss-scale settings recorded in its metadata."""
         scale = current_loss_scale(self.model.optimizer) if self.model is not None else None
@@ -197,26 +204,23 @@ class PlanCallback(keras.callbacks.Callback):
             self.model.optimizer = self._wrapped_optimizer
             self._wrapped_optimizer = None
 
-    # ------------------------------------------------------------------ applying
-
     def _start(self) -> None:
         """Applies the plan once the model is built (a subclass may decide it first)."""
         self._apply()
 
-    def _apply(self, quiet: bool = False, check_kernels: bool = True) -> None:
+    def _apply(self, quiet: bool = False) -> None:
         """Applies `self.plan`, or keeps what the model runs when that is this plan already."""
         model = self.model
         state = applied_state(model)
         if state is not None and state.runs(model, self.plan, self.guard):
-            # The model already runs this plan with these compiled functions:
-            # nothing to re-apply, re-check or retrace. The plan keeps the events
-            # recorded since it was applied.
+            # The model runs this plan and its compiled functions already: nothing to re-apply,
+            # re-check or retrace; the plan keeps the events recorded since it was applied.
             self.handle = state.handle
-            self.plan = self.plan if self.plan == state.plan else state.plan
+            self.plan = self.plan if self.plan == state.handle.plan else state.handle.plan
             if self._watch is not None:
                 self._watch.telemetry = state.telemetry
         else:
-            self._apply_changed(state, check_kernels)
+            self._apply_changed(state)
         attach_plan(model, self.plan)
         if not quiet:
             scaling = current_loss_scale(model.optimizer)
@@ -228,34 +232,31 @@ class PlanCallback(keras.callbacks.Callback):
                 self.verbose,
             )
 
-    def _apply_changed(self, state: AppliedState | None, check_kernels: bool) -> None:
+    def _apply_changed(self, state: AppliedState | None) -> None:
         """Sets the policies, checks new 16-bit kernels, adds loss scaling, retraces if needed."""
         model = self.model
         compiled = [getattr(model, name, None) for name in COMPILED_FUNCTIONS]
         if self.plan.uses_float16:
             self.plan = self._without_unscaled_float16(self.plan)
         self.handle = self._apply_plan(self.plan)
-        if check_kernels and self.guard is not None and self.guard.check_kernels:
+        if self.guard is not None and self.guard.check_kernels:
             self._fall_back_missing_kernels()
         requested, self.plan = self.plan, self.handle.plan
         has_16bit = any(dtype != FLOAT32 for dtype in self.handle.dtypes.values())
         self._extend_optimizer(state)
         self._wrap_optimizer(self.handle.uses_float16, has_16bit)
         raced = self._raced_function(has_16bit)
-        if raced is not None:
-            self._install_telemetry(has_16bit)  # the keeping the race traced with, if any
-            model.train_function = raced  # traced by the race as the epochs run it
-            model.test_function = None
-            model.predict_function = None
-        elif self._keeps_compiled_functions(state, has_16bit) and compiled[0] is not None:
+        if raced is None and self._keeps_compiled_functions(state, has_16bit) and compiled[0]:
             # The policies are what they were: keep the traced functions.
             for name, function in zip(COMPILED_FUNCTIONS, compiled):
                 setattr(model, name, function)
         else:
-            self._install_telemetry(has_16bit)
-            rebuild_train_function(model)
-            model.test_function = None
-            model.predict_function = None
+            self._install_telemetry(has_16bit)  # a race's: the keeping it traced with, if any
+            if raced is not None:
+                model.train_function = raced  # traced by the race as the epochs run it
+            else:
+                rebuild_train_function(model)
+            model.test_function = model.predict_function = None
         unwrapped = self._wrapped_optimizer or (state.unwrapped_optimizer if state else None)
         keep_applied_state(
             model,
@@ -277,18 +278,16 @@ class PlanCallback(keras.callbacks.Callback):
             # A plan that leaves every layer's policy as it was and needs no telemetry runs
             # the step fit already traced (the one-liner keeping float32 after its first steps).
             return not has_16bit and self._policies_unchanged()
-        if state.dtypes != self.handle.dtypes or state.optimizer is not model.optimizer:
+        if state.handle.dtypes != self.handle.dtypes or state.optimizer is not model.optimizer:
             return False
-        telemetry = (
-            state.telemetry if state.telemetry is not None and state.telemetry.installed else None
-        )
-        if telemetry is not None and self._watch is None:
+        telemetry = state.telemetry
+        if telemetry is None or not telemetry.installed:
+            return self._watch is None or not has_16bit
+        if self._watch is None:
             telemetry.remove()  # the guard is off now: trace without it
             return False
-        if telemetry is not None:
-            self._watch.telemetry = telemetry
-            return True
-        return self._watch is None or not has_16bit
+        self._watch.telemetry = telemetry
+        return True
 
     def _raced_function(self, has_16bit: bool) -> object | None:
         """The train function a race traced for these dtypes with this optimizer and keeping."""
@@ -332,8 +331,7 @@ class PlanCallback(keras.callbacks.Callback):
             self.handle = self._apply_plan(plan)
 
     def _extend_optimizer(self, state: AppliedState | None) -> None:
-        """Rebuilds the optimizer for new float8 variables, state kept; `restore` then puts back the
-        new one."""
+        """Rebuilds the optimizer for new float8 variables, state kept (`restore` puts back the new one)."""
         before = inner_optimizer(self.model.optimizer)
         if not extend_optimizer(self.model):
             return
@@ -344,15 +342,12 @@ class PlanCallback(keras.callbacks.Callback):
             self._wrapped_optimizer = after
 
     def _without_unscaled_float16(self, plan: PrecisionPlan) -> PrecisionPlan:
-        """The plan with its float16 layers in bfloat16 (or float32) where no loss scale reaches
-        them."""
+        """The plan with float16 layers in bfloat16 (or float32) where no loss scale reaches them."""
         reason = unscaled_float16_reason(self.model)
-        if reason is None:
+        float16_layers = [path for path, dtype in plan.resolve().items() if dtype == FLOAT16]
+        if reason is None or not float16_layers:
             return plan
         target = BFLOAT16 if self._bfloat16_is_fast() else FLOAT32
-        float16_layers = [path for path, dtype in plan.resolve().items() if dtype == FLOAT16]
-        if not float16_layers:
-            return plan
         evidence = dict(plan.metadata.get("evidence") or {})
         for path in float16_layers:
             plan = plan.with_dtype(path, target)
@@ -366,20 +361,15 @@ class PlanCallback(keras.callbacks.Callback):
     def _wrap_optimizer(self, uses_float16: bool, has_16bit: bool) -> None:
         """Adds loss scaling where float16 runs, step skipping where only bfloat16 does (guarded)."""
         name = type(self).__name__
-        if uses_float16:
-            if self.loss_scale is None:
-                float16 = [path for path, dt in self.plan.resolve().items() if dt == FLOAT16]
-                raise PlanError(
-                    f"{name}: loss_scale=None, but layers {float16[:3]} run in float16; use "
-                    "'dynamic'."
-                )
-            replaced = wrap_optimizer(self.model, self.loss_scale, name)
-        elif has_16bit and self.guard is not None:
-            replaced = wrap_optimizer(self.model, None, name)
-        else:
-            return
-        if replaced is not None:
-            self._wrapped_optimizer = replaced
+        if uses_float16 and self.loss_scale is None:
+            float16 = [path for path, dt in self.plan.resolve().items() if dt == FLOAT16]
+            raise PlanError(
+                f"{name}: loss_scale=None, but layers {float16[:3]} run in float16; use 'dynamic'."
+            )
+        if uses_float16 or (has_16bit and self.guard is not None):
+            replaced = wrap_optimizer(self.model, self.loss_scale if uses_float16 else None, name)
+            if replaced is not None:
+                self._wrapped_optimizer = replaced
 
     def _install_telemetry(self, has_16bit: bool) -> None:
         """Installs the guard's keeping of skipped steps (none without 16-bit layers); an installed
@@ -401,25 +391,19 @@ class PlanCallback(keras.callbacks.Callback):
         step_logs.activate()
         self._watch.attach(telemetry)
 
-    # ------------------------------------------------------------------ guard
-
-    @property
-    def _floor(self) -> float:
-        """The dynamic loss scale's floor (1 for a fixed scale or none), for the guard."""
-        floor = self.loss_scale.floor if self.loss_scale is not None else None
-        return floor if floor is not None and self.loss_scale.dynamic else 1.0
-
     def _guard_step(self, logs) -> None:
         """Reads what the step did, decides (`decide`, a pure function) and carries it out."""
         outcome = self._watch.observe(self._step, logs, self.handle.dtypes, self.guard.near_binades)
         if outcome is None:
             self._check_float8_scales()
             return
+        scale = self.loss_scale  # its floor, for a dynamic scale that has one; else 1
+        floor = scale.floor if scale is not None and scale.dynamic and scale.floor else 1.0
         decision = decide(
             outcome,
             on_nan=self.guard.on_nan,
             dynamic_scale=is_dynamic_scale(self.model.optimizer),
-            floor=self._floor,
+            floor=floor,
             failures_in_a_row=self._watch.failures_in_a_row,
         )
         self._watch.failures_in_a_row = decision.failures_in_a_row
@@ -435,21 +419,15 @@ class PlanCallback(keras.callbacks.Callback):
             path: paths[path] for path, dtype in self.handle.dtypes.items() if dtype == FLOAT8
         }
         lagging = lagging_scales(float8)
-        streaks = self._float8_streaks
-        for path in list(streaks):
-            if path not in lagging:
-                del streaks[path]
-        for path in lagging:
-            streaks[path] = streaks.get(path, 0) + 1
+        streaks = {path: self._float8_streaks.get(path, 0) + 1 for path in lagging}
         due = {
             path: lagging[path]
             + f" on {streaks[path]} check(s) in a row, every {self.guard.float8_check_every} steps"
             for path in lagging
             if streaks[path] >= FLOAT8_PATIENCE
         }
+        self._float8_streaks = {path: n for path, n in streaks.items() if path not in due}
         if due:
-            for path in due:
-                del streaks[path]
             self._promote(due, "float8_saturation", self._step)
 
     def _carry_out(self, decision: GuardDecision, step: int) -> None:
@@ -572,28 +550,8 @@ class TrainingLog:
         return "\n".join(lines)
 
 
-def _checked_plan(
-    plan: PrecisionPlan | str | os.PathLike | None, name: str, decides_plan: bool
-) -> PrecisionPlan | None:
-    """Returns the plan a `plan=` argument means, loading a JSON path; refuses anything else."""
-    if isinstance(plan, (str, os.PathLike)):
-        plan = PrecisionPlan.load(plan)
-    if plan is None and not decides_plan:
-        raise PlanError(
-            f"{name}: a plan is required; pass a PrecisionPlan or a plan JSON path, or "
-            "use autoprec.AutoPrecision() to decide one automatically."
-        )
-    if plan is not None and not isinstance(plan, PrecisionPlan):
-        raise PlanError(
-            f"{name}: 'plan' must be a PrecisionPlan or a plan JSON path, got "
-            f"{type(plan).__name__}."
-        )
-    return plan
-
-
 def _show_guard_line(line: str, verbose: int) -> None:
-    """Shows one guard warning once: on stdout while Keras prints (logged at INFO), else as a
-    warning."""
+    """Shows a guard warning once: on stdout while Keras prints (logged at INFO), else logged."""
     if verbose and keras.config.is_interactive_logging_enabled():
         show_message(line, verbose)
         logger.info(line)

@@ -15,8 +15,8 @@ def test_the_state_says_whether_the_model_still_runs_a_plan(mlp, classification)
     callback = PlanCallback(plan, verbose=0)
     mlp.fit(x, y, epochs=1, verbose=0, callbacks=[callback])
     state = applied_state(mlp)
-    assert state.requested is plan and state.plan == callback.plan
-    assert state.dtypes == callback.handle.dtypes and state.telemetry.installed
+    assert state.requested is plan and state.handle.plan == callback.plan
+    assert state.handle.dtypes == callback.handle.dtypes and state.telemetry.installed
     assert state.optimizer is mlp.optimizer and state.unwrapped_optimizer is not mlp.optimizer
     assert state.runs(mlp, plan, callback.guard)
     assert state.runs(mlp, PrecisionPlan.from_json(plan.to_json()), Guard())  # equal values
