@@ -398,13 +398,12 @@ class ProbeHooks:
 
         @functools.wraps(original)
         def train_step(data):
-            counter = getattr(model.optimizer, "non_finite_steps", None)
-            if counter is None or self.paused:  # paused: a replay traces this step
+            streak = getattr(model.optimizer, "consecutive_non_finite_steps", None)
+            if streak is None or self.paused:  # paused: a replay traces this step
                 return original(data)
-            before = tf.identity(counter.value)
             scale = _loss_scale(model.optimizer)
             outputs = original(data)
-            failed = counter.value > before
+            failed = streak.value > 0  # read once, after the step: 0 after a step applied
             self._kept.keep(data, scale, failed, bool(getattr(model, "jit_compile", False)))
             return outputs
 

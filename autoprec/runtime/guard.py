@@ -15,6 +15,7 @@ from .._core.models import ConfigValue
 from ..errors import AutoprecError
 from .telemetry import (
     NOT_RECORDED,
+    SKIPPED_STEPS,
     GuardTelemetry,
     LayerAmax,
     StepRecord,
@@ -416,6 +417,8 @@ class GuardWatch:
                 return None
             has_16bit = any(dtype != FLOAT32 for dtype in dtypes.values())
             return StepOutcome(step, loss_finite=False, has_16bit_layers=has_16bit)
+        if not float((logs or {}).get(SKIPPED_STEPS, 1)):
+            return None  # no step skipped this epoch: nothing to read from the device
         record = telemetry.failed_step(dtypes)
         if record is None:
             return None

@@ -19,6 +19,7 @@ from autoprec.runtime.guard import (
     GUARD_BACKENDS,
     REMOVED_FIELDS,
     Guard,
+    GuardWatch,
     NonFiniteTrainingError,
     check_guard_backend,
     promotion_target,
@@ -213,3 +214,19 @@ def test_asking_for_a_guard_on_keras_numpy_backend_is_a_clear_error():
     )
     assert "'numpy' backend. Pass guard=None" in completed.stdout
     assert "GUARD None" in completed.stdout
+
+
+def test_the_watch_reads_the_device_only_once_the_epoch_has_skipped_a_step():
+    class Telemetry:
+        reads = 0
+
+        def failed_step(self, dtypes):
+            Telemetry.reads += 1
+
+    watch = GuardWatch()
+    watch.attach(Telemetry())
+    assert watch.observe(1, {"loss": 0.5, "skipped_steps": 0}, {"big": "float16"}, 2.0) is None
+    assert Telemetry.reads == 0  # a healthy step costs no read of the kept batch
+    watch.observe(2, {"loss": 0.5, "skipped_steps": 1}, {"big": "float16"}, 2.0)
+    watch.observe(3, {"loss": 0.5}, {"big": "float16"}, 2.0)  # no count in the logs: read
+    assert Telemetry.reads == 2
