@@ -439,6 +439,11 @@ def _batch_copy(leaf: tf.Tensor, xla: bool) -> tf.Variable:
     )  # fmt: skip
 
 
+def _untracked(next_creator: Callable, **kwargs: Any) -> tf.Variable:
+    """Creates a variable the tracing `tf.function` does not track, so it traces only once."""
+    return next_creator(**{**kwargs, "experimental_enable_variable_lifting": False})
+
+
 class _KeptBatch:
     """Variables (one set per replica) holding the batch and loss scale of the newest skipped step."""
 
@@ -455,9 +460,9 @@ class _KeptBatch:
         leaves = tf.nest.flatten(data)
         if self._count is None:
             self._structure = data
-            self._count = replica_local_variable(np.int64(0), "autoprec_kept_steps")
-            self._scale = replica_local_variable(np.float32(1.0), "autoprec_kept_scale")
-            with tf.init_scope():
+            with tf.init_scope(), tf.variable_creator_scope(_untracked):  # no second trace
+                self._count = replica_local_variable(np.int64(0), "autoprec_kept_steps")
+                self._scale = replica_local_variable(np.float32(1.0), "autoprec_kept_scale")
                 self._values = [None if leaf is None else _batch_copy(leaf, xla) for leaf in leaves]
         if xla and any(
             variable is not None and variable.shape != leaf.shape
