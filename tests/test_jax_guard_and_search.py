@@ -45,16 +45,19 @@ CHILD = textwrap.dedent(
     handle = apply_plan(model, plan)
     model.optimizer = autoprec.FlooredLossScaleOptimizer(model.optimizer, initial_scale=1024.0)
     model.optimizer.build(model.trainable_variables)
+    traces, step = [], model.train_step
+    model.train_step = lambda *args: traces.append(1) or step(*args)
     telemetry = GuardTelemetry(model)
     telemetry.install()
     model.make_train_function(force=True)
-    failed = []
+    failed, traced = [], []
 
     class Watch(keras.callbacks.Callback):
         def on_train_batch_end(self, batch, logs=None):
             record = telemetry.failed_step(handle.dtypes)  # the skipped step, replayed with amax probes
             if record is not None:
                 failed.append((batch + 1, record))
+                traced.append(len(traces))
 
     model.fit(x[:48], y[:48], batch_size=4, shuffle=False, verbose=0, callbacks=[Watch()])
     step, record = failed[0]
@@ -66,6 +69,7 @@ CHILD = textwrap.dedent(
         "scale": record.loss_scale,
         "first": [record.layers["first"].output, record.layers["first"].input],
         "big": record.layers["big"].output,
+        "traced": traced,
     }
 
     # Guard: the callback replays failed steps on JAX too, so only the layer that
@@ -145,6 +149,7 @@ def test_guard_and_search_on_jax(tmp_path):
     output, inputs = telemetry["first"]
     assert inputs == 1000.0 and 1000.0 <= output < 65504
     assert telemetry["big"] == float("inf")
+    assert len(set(telemetry["traced"])) == 1  # the second replay runs the first one's trace
 
     guard = results["guard"]
     promoted = {e["layer"] for e in guard["events"] if e["kind"] == "promotion"}

@@ -277,6 +277,10 @@ class ProbeHooks:
         """Returns the number of train steps run with the probes so far."""
         return self._steps
 
+    def reset(self) -> None:
+        """Forgets the statistics recorded so far (the steps traced with the probes stay probed)."""
+        self._pending, self._totals, self._steps = [], {}, 0
+
     # -- the guard's failed steps: no probe, a reference to each batch of the last execution
 
     def keep_failed_steps(self, model: keras.Model, replace: Replace) -> None:

@@ -390,6 +390,14 @@ class ProbeHooks:
         """Returns the number of train steps run with the probes so far."""
         return 0 if self._counter is None else self._counter.read()
 
+    def reset(self) -> None:
+        """Sets the recorded statistics and steps back to none (zero or inf: the same per replica)."""
+        for accumulator in self._accumulators.values():
+            for variable, value in zip((accumulator.counts, accumulator.floats), empty_totals()):
+                variable.assign(value)
+        if self._counter is not None:
+            self._counter.variable.assign(np.int64(0))
+
     # -- the guard's failed steps: no probe, a copy of the batch the optimizer skipped
 
     def keep_failed_steps(self, model: keras.Model, replace: Replace) -> None:

@@ -199,7 +199,8 @@ class ProbeSession:
                 "(or remove its ProfileCallback) first."
             )
         self._choose_xla()
-        hooks = self._hooks = self._backend.ProbeHooks(self._xla, self.statistics)
+        hooks = self._hooks = self._hooks or self._backend.ProbeHooks(self._xla, self.statistics)
+        hooks.reset()  # installed again: its probes, kept, record afresh
         self._replace(self.model, "_autoprec_probe_session", self)
         hooks.install_step(self.model, self._weight_owners, self._replace)
         for path, layer in self._targets.items():

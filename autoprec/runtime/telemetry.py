@@ -118,22 +118,31 @@ def batch_amax(batch: Any) -> float:
         return _largest([float(np.max(np.abs(value))) for value in values])
 
 
-def replay_step(model: keras.Model, kept: KeptStep, dtypes: Mapping[str, str]) -> StepRecord:
-    """Runs the kept step again with amax probes, applies nothing, and returns its record."""
+def replay_step(
+    model: keras.Model, kept: KeptStep, dtypes: Mapping[str, str], probed: dict
+) -> StepRecord:
+    """Runs the kept step again with amax probes, applies nothing, and returns its record;
+    `probed` keeps the probed step per plan and batch signature for the next replays."""
     sync_fit_state(model)
     function = model.train_function
     snapshot = snapshot_state(model)
-    optimizer = model.optimizer
-    # `train_on_batch` hands the step `(x, y, sample_weight)`; the step gets what fit gave it.
+    leaves = keras.tree.flatten(kept.batch)
+    key = (*sorted(dtypes.items()), *((np.shape(x), str(getattr(x, "dtype", x))) for x in leaves))
+    session, traced = probed.get(key, (ProbeSession(model, statistics="amax"), None))
     step = model.train_step
-    undo_step = swap_attribute(
-        model, "train_step", lambda data: step(keras.utils.pack_x_y_sample_weight(*data))
-    )
+
+    # `train_on_batch` hands the step `(x, y, sample_weight)`; the step gets what fit gave it.
+    def train_step(*args):  # `(data)` on TensorFlow, `(state, data)` on JAX
+        return step(*args[:-1], keras.utils.pack_x_y_sample_weight(*args[-1]))
+
+    undo_step = swap_attribute(model, "train_step", train_step)
     try:
-        if getattr(optimizer, "dynamic_scale", None) is not None:
-            optimizer.dynamic_scale.assign(kept.loss_scale)
-        with ProbeSession(model, statistics="amax") as session:
+        if getattr(model.optimizer, "dynamic_scale", None) is not None:
+            model.optimizer.dynamic_scale.assign(kept.loss_scale)
+        with session:  # its statistics start from none recorded
+            model.train_function = traced or model.train_function
             model.train_on_batch(*keras.utils.unpack_x_y_sample_weight(kept.batch))
+            probed[key] = (session, model.train_function)
             stats = session.read()
             unrecorded = tuple(session.unrecorded)
     finally:
@@ -215,6 +224,7 @@ class GuardTelemetry:
         self.installed = False
         self._hooks = instrument_backend("the autoprec guard").ProbeHooks()
         self._undo: list[Callable[[], None]] = []
+        self._probed: dict = {}  # replay_step's probed steps, kept for this fit
 
     def install(self) -> None:
         """Wraps the train step to keep skipped steps' batches (the caller rebuilds the function)."""
@@ -230,6 +240,7 @@ class GuardTelemetry:
         for undo in reversed(self._undo):
             undo()
         self._undo.clear()
+        self._probed.clear()
         self.installed = False
         if _INSTALLED.get(id(self.model)) is self:
             del _INSTALLED[id(self.model)]
@@ -249,7 +260,7 @@ class GuardTelemetry:
             return None
         self._hooks.paused = True
         try:
-            return replay_step(self.model, kept, dtypes)
+            return replay_step(self.model, kept, dtypes, self._probed)
         finally:
             self._hooks.paused = False
 

@@ -19,7 +19,7 @@ import autoprec
 from autoprec import LossScale, PrecisionPlan
 from autoprec._backends.instrument import KeptStep
 from autoprec.layers import layer_paths
-from autoprec.runtime import PlanCallback, apply_plan
+from autoprec.runtime import FlooredLossScaleOptimizer, PlanCallback, apply_plan
 from autoprec.runtime.guard import (
     Guard,
     NonFiniteTrainingError,
@@ -29,6 +29,7 @@ from autoprec.runtime.telemetry import (
     FORMAT_MAX,
     NOT_RECORDED,
     SKIPPED_STEPS,
+    GuardTelemetry,
     LayerAmax,
     SkippedStepLogs,
     StepRecord,
@@ -297,7 +298,7 @@ def test_a_replay_records_each_layers_amax_and_applies_nothing():
     iterations = int(model.optimizer.iterations.numpy())
     x = np.full((8, 8), 10.0, "float32")
     kept = KeptStep((x, np.zeros((8, 1), "float32")), loss_scale=4.0)
-    record = replay_step(model, kept, handle.dtypes)
+    record = replay_step(model, kept, handle.dtypes, {})
     a, b = record.layers["a"], record.layers["b"]
     assert set(record.layers) == set(telemetry_paths(model, handle.dtypes)) == {"a", "b"}
     assert record.batch_amax == 10.0
@@ -313,6 +314,38 @@ def test_a_replay_records_each_layers_amax_and_applies_nothing():
     assert not near_range_layers(
         StepRecord(0, 1.0, 1.0, True, {"b": LayerAmax(output=1e4)}), {"b": "float16"}, 2.0
     )
+
+
+def test_replays_in_one_fit_trace_the_probed_step_once_and_record_their_own_amax():
+    model = _relu_stack(big=1e3)
+    handle = apply_plan(
+        model, PrecisionPlan.uniform(model, "float16").with_dtype("head", "float32")
+    )
+    model.optimizer = FlooredLossScaleOptimizer(model.optimizer, initial_scale=2.0)
+    model.optimizer.build(model.trainable_variables)
+    traces, step = [], model.train_step
+    model.train_step = lambda *args: traces.append(1) or step(*args)
+    telemetry = GuardTelemetry(model)
+    telemetry.install()
+    model.make_train_function(force=True)
+    replays = []  # each step's record, and the traces of the train step so far
+
+    def replay(batch, logs):
+        replays.append((telemetry.failed_step(handle.dtypes), len(traces)))
+
+    x = np.full((80, 8), 1e-3, "float32")
+    for index, value in enumerate((50.0, 40.0, 30.0, 20.0, 10.0)):
+        x[16 * index + 8 : 16 * index + 16] = value  # every second batch: b's outputs overflow
+    callback = keras.callbacks.LambdaCallback(on_train_batch_end=replay)
+    model.fit(x, np.zeros((80, 1)), batch_size=8, shuffle=False, verbose=0, callbacks=[callback])
+    telemetry.remove()
+    failed = [(record, count) for record, count in replays if record is not None]
+    assert [record.batch_amax for record, _ in failed] == [50.0, 40.0, 30.0, 20.0, 10.0]
+    assert len({count for _, count in failed}) == 1  # the first replay traced for all five
+    # Each replay's amax is its own batch's, not the largest of the replays so far.
+    ratios = [record.layers["a"].output / record.batch_amax for record, _ in failed]
+    assert ratios == pytest.approx([ratios[0]] * 5, rel=1e-2)
+    assert all(math.isinf(record.layers["b"].output) for record, _ in failed)
 
 
 def test_bfloat16_layers_overflowing_are_promoted_at_their_step():
