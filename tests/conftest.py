@@ -253,6 +253,13 @@ LONG_TESTS = (
     "tests/test_model_zoo.py::test_one_liner_trains_and_its_checkpoint_reloads_whole",
     "tests/test_model_zoo.py::test_short_search_runs_every_trial",
     "tests/test_multi_device.py::test_jax_data_parallel_promotes_a_layer_that_overflows_on_one_replica",
+    "tests/runtime/test_kernels.py::test_t5_attention_layers_are_checked_as_called_and_nothing_is_misreported",
+    "tests/runtime/test_kernels.py::test_a_mixtral_moe_block_whose_experts_differ_from_it_falls_back_with_its_decoder_and_reloads",
+    "tests/runtime/test_layer_check.py::test_a_masked_recurrent_layer_in_a_wrapper_trains_in_any_dtypes_and_reloads",
+    "tests/runtime/test_composite.py::test_a_guard_promotion_inside_a_composite_layer_moves_the_layer_with_it",
+    "tests/runtime/test_telemetry.py::test_overflow_from_the_very_first_step_in_a_conv_model",
+    "tests/search/test_driver.py::test_the_search_returns_a_plan_predicted_no_slower_than_any_uniform_policy",
+    "tests/test_keras_callbacks.py::test_csv_logger_and_tensorboard_record_every_epoch",
 )
 
 

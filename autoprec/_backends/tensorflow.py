@@ -521,8 +521,9 @@ def xla_can_host_probes() -> bool:
 
 
 def replica_local_variable(initial_value: np.ndarray, name: str) -> tf.Variable:
-    """Returns a variable each replica updates on its own, created outside any trace."""
-    with tf.init_scope():
+    """Returns a variable each replica updates on its own, created outside any trace (and
+    untracked by it, so that a `tf.function` creating it traces once)."""
+    with tf.init_scope(), tf.variable_creator_scope(_untracked):
         return tf.Variable(
             initial_value,
             trainable=False,
