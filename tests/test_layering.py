@@ -342,7 +342,7 @@ def test_lazy_imports_are_only_optional_dependencies():
 
 #: `autoprec/` as a whole (every `.py` file, docstrings included) stays under this many lines;
 #: each merge lowers it, down to 20,000.
-MAX_PACKAGE_LINES = 20_500
+MAX_PACKAGE_LINES = 20_000
 
 #: No module of `autoprec/` is longer than this many lines.
 MAX_MODULE_LINES = 800
