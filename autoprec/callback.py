@@ -445,7 +445,7 @@ class AutoPrecision(PlanCallback):
         # Candidates besides float32 differ from it (`race_candidates` keeps each once): 16-bit.
         if len(candidates) > 1 and (float16 or self.guard is not None):
             # The race times the steps the epochs run: float16 scaled, skipped steps kept.
-            self._wrap_optimizer(uses_float16=float16, has_16bit=True)
+            self._wrap_optimizer(uses_float16=float16, has_16bit=True, plan=plan)
             self._install_telemetry(has_16bit=True)
         return candidates
 

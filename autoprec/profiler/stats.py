@@ -7,7 +7,7 @@ import json
 import math
 import os
 import types
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -273,7 +273,12 @@ class Profile:
     @property
     def suggested_loss_scale(self) -> float | None:
         """The model-wide float16 loss scale: the smallest of the layers' suggestions."""
-        scales = (layer.suggested_loss_scale for layer in self.layers.values())
+        return self.loss_scale_for(self.layers)
+
+    def loss_scale_for(self, paths: Iterable[str]) -> float | None:
+        """The float16 loss scale of the layers at `paths`: the smallest of their suggestions."""
+        layers = (self.layers.get(path) for path in paths)
+        scales = (layer.suggested_loss_scale for layer in layers if layer is not None)
         return min((scale for scale in scales if scale is not None), default=None)
 
     @property

@@ -48,9 +48,9 @@ class LossScale(ConfigValue):
     dynamic: bool = True
 
     def __post_init__(self) -> None:
-        if not _is_positive_number(self.initial):
+        if not is_positive_number(self.initial):
             raise PlanError(f"LossScale: initial must be a positive number, got {self.initial!r}.")
-        if self.floor is not None and not _is_positive_number(self.floor):
+        if self.floor is not None and not is_positive_number(self.floor):
             raise PlanError(
                 f"LossScale: floor must be a positive number or None, got {self.floor!r}."
             )
@@ -72,7 +72,7 @@ def resolve_loss_scale(loss_scale: LossScale | str | float | None, where: str) -
         return loss_scale
     if loss_scale == "dynamic":
         return LossScale()
-    if _is_positive_number(loss_scale):
+    if is_positive_number(loss_scale):
         return LossScale(initial=float(loss_scale), floor=None, dynamic=False)
     raise PlanError(
         f"{where}: loss_scale={loss_scale!r} is not valid; use 'dynamic', a positive number "
@@ -81,7 +81,8 @@ def resolve_loss_scale(loss_scale: LossScale | str | float | None, where: str) -
     )
 
 
-def _is_positive_number(value: object) -> bool:
+def is_positive_number(value: object) -> bool:
+    """Returns whether `value` is a finite number above 0 (not a bool)."""
     return (
         isinstance(value, (int, float))
         and not isinstance(value, bool)
@@ -93,6 +94,8 @@ def _is_positive_number(value: object) -> bool:
 @keras.saving.register_keras_serializable(package="autoprec")
 class FlooredLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
     """Dynamic loss scaling with a floor, a fixed-scale mode and counters of skipped steps."""
+
+    scales_loss = True  # `step_skipping_optimizer` sets False: scale 1, nothing to unscale
 
     def __init__(
         self,
@@ -154,10 +157,10 @@ class FlooredLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
             tvs = trainable_variables or self._trainable_variables
             unscaled = [
                 g
-                if g is None or self._overwrite_variable_with_gradient(v)
+                if g is None or not self.scales_loss or self._overwrite_variable_with_gradient(v)
                 else ops.divide(g, self.dynamic_scale)
                 for g, v in zip(grads, tvs)
-            ]
+            ]  # a step-skipping wrapper's scale is 1: no pass over the gradients
             self.inner_optimizer.apply(unscaled, trainable_variables=trainable_variables)
         else:
             super()._stateful_handle_finite_grads(grads, trainable_variables)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import logging
 import os
@@ -47,6 +48,7 @@ from .loss_scale import (
     LossScale,
     current_loss_scale,
     is_dynamic_scale,
+    is_positive_number,
     resolve_loss_scale,
     wrap_optimizer,
 )
@@ -104,6 +106,7 @@ class PlanCallback(keras.callbacks.Callback):
         if guard is not None:
             check_guard_backend(keras.backend.backend(), name)
         self.loss_scale = resolve_loss_scale(loss_scale, name)
+        self._plan_starts_scale = loss_scale == "dynamic"  # may start at the plan's profiled scale
         if self.loss_scale is None and self.plan is not None and self.plan.uses_float16:
             raise PlanError(
                 f"{name}: loss_scale=None, but the plan runs layers in float16, whose "
@@ -183,6 +186,7 @@ class PlanCallback(keras.callbacks.Callback):
             return self.plan
         return self.plan.with_metadata(
             loss_scale={
+                **(self.plan.metadata.get("loss_scale") or {}),
                 "mode": "dynamic" if self.loss_scale.dynamic else "fixed",
                 "current": scale,
                 "floor": self.loss_scale.floor,
@@ -358,8 +362,11 @@ class PlanCallback(keras.callbacks.Callback):
         )
         return plan.with_metadata(evidence=evidence)
 
-    def _wrap_optimizer(self, uses_float16: bool, has_16bit: bool) -> None:
-        """Adds loss scaling where float16 runs, step skipping where only bfloat16 does (guarded)."""
+    def _wrap_optimizer(
+        self, uses_float16: bool, has_16bit: bool, plan: PrecisionPlan | None = None
+    ) -> None:
+        """Adds loss scaling where float16 runs, step skipping where only bfloat16 does (guarded);
+        a dynamic scale starts where `plan` (default `self.plan`) says."""
         name = type(self).__name__
         if uses_float16 and self.loss_scale is None:
             float16 = [path for path, dt in self.plan.resolve().items() if dt == FLOAT16]
@@ -367,9 +374,20 @@ class PlanCallback(keras.callbacks.Callback):
                 f"{name}: loss_scale=None, but layers {float16[:3]} run in float16; use 'dynamic'."
             )
         if uses_float16 or (has_16bit and self.guard is not None):
-            replaced = wrap_optimizer(self.model, self.loss_scale if uses_float16 else None, name)
+            replaced = wrap_optimizer(
+                self.model, self._starting_scale(plan or self.plan) if uses_float16 else None, name
+            )
             if replaced is not None:
                 self._wrapped_optimizer = replaced
+
+    def _starting_scale(self, plan: PrecisionPlan) -> LossScale | None:
+        """`loss_scale=`; a default dynamic scale starts lower where the plan's profiled float16
+        gradients would overflow it (`plan.metadata["loss_scale"]["initial"]`)."""
+        scale, start = self.loss_scale, (plan.metadata.get("loss_scale") or {}).get("initial")
+        if not self._plan_starts_scale or not is_positive_number(start) or start >= scale.initial:
+            return scale
+        floor = None if scale.floor is None else min(scale.floor, float(start))
+        return dataclasses.replace(scale, initial=float(start), floor=floor)
 
     def _install_telemetry(self, has_16bit: bool) -> None:
         """Installs the guard's keeping of skipped steps (none without 16-bit layers); an installed

@@ -25,6 +25,7 @@ from .space import (
     group_layers,
     output_layers,
     plan_from_assignment,
+    with_loss_scale_start,
 )
 
 #: The most moves `cost_departures` prices on the whole step (best layer gain first).
@@ -326,8 +327,10 @@ def heuristic_plan(
     if not departures and len(set(assignment.values())) <= 1:
         # No layer leaves the start: the plan is Keras' own policy, set on every layer.
         dtype = next(iter(assignment.values()), FLOAT32)
-        return PrecisionPlan.uniform(model, dtype, metadata=metadata)
-    return plan_from_assignment(model, infos, assignment, metadata=metadata)
+        plan = PrecisionPlan.uniform(model, dtype, metadata=metadata)
+    else:
+        plan = plan_from_assignment(model, infos, assignment, metadata=metadata)
+    return with_loss_scale_start(plan, profile)
 
 
 def layer_feasibility(

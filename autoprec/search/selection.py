@@ -37,7 +37,13 @@ from .result import (
     plan_default,
     simplicity,
 )
-from .space import SENSITIVE_CLASS_PATTERNS, is_sensitive, matches_any, plan_from_assignment
+from .space import (
+    SENSITIVE_CLASS_PATTERNS,
+    is_sensitive,
+    matches_any,
+    plan_from_assignment,
+    with_loss_scale_start,
+)
 from .study import (
     COST_STEP,
     WarmStart,
@@ -561,7 +567,7 @@ def choose_plan(context: SearchContext) -> SearchResult:
         confirmation=confirmation,
     )
     metadata["search"] = search
-    plan = plan.with_metadata(**metadata)
+    plan = with_loss_scale_start(plan.with_metadata(**metadata), context.profile)
     if context.settings.plan_path is not None:
         plan.save(context.settings.plan_path)
     return SearchResult(

@@ -446,6 +446,21 @@ def plan_from_assignment(
     )
 
 
+def with_loss_scale_start(plan: PrecisionPlan, profile: Profile | None) -> PrecisionPlan:
+    """Returns `plan` with `metadata["loss_scale"]["initial"]`: the largest loss scale its float16
+    layers' profiled gradients fit (`Profile.loss_scale_for`), where it runs layers in float16."""
+    if profile is None or not plan.uses_float16:
+        return plan
+    scale = profile.loss_scale_for(
+        path for path, dtype in plan.resolve().items() if dtype == FLOAT16
+    )
+    if scale is None:
+        return plan
+    return plan.with_metadata(
+        loss_scale={**(plan.metadata.get("loss_scale") or {}), "initial": scale}
+    )
+
+
 class PlanCosts:
     """Predicted step time and activation memory of plans, from a cost table or (missing) nothing."""
 

@@ -151,3 +151,43 @@ def test_resolve_loss_scale_and_its_settings():
         LossScale(growth_steps=0)
     with pytest.raises(PlanError, match="initial must be a positive number"):
         LossScale(initial=float("inf"))
+
+
+def _gradient_heavy_model() -> tuple[keras.Model, np.ndarray, np.ndarray]:
+    """A Dense stack whose float16 gradients pass 65504 at Keras' initial scale 2**15."""
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential(
+        [
+            keras.Input((8,)),
+            keras.layers.Dense(16, name="hidden"),
+            keras.layers.Dense(1, name="out"),
+        ]
+    )
+    model.compile(keras.optimizers.SGD(1e-6), "mse")
+    x = np.ones((32, 8), "float32")
+    return model, x, np.full((32, 1), 300.0, "float32")  # loss gradients of ~600 a value
+
+
+def test_a_dynamic_scale_starts_where_the_profiled_float16_gradients_fit():
+    import autoprec
+
+    model, x, y = _gradient_heavy_model()
+    profile = autoprec.profile(model, (x, y), steps=1, batch_size=32, verbose=0)
+    plan = autoprec.heuristic_plan(model, profile, hardware="rtx2080ti")
+    start = plan.metadata["loss_scale"]["initial"]
+    assert start == profile.loss_scale_for(
+        path for path, dtype in plan.resolve().items() if dtype == "float16"
+    )
+    assert start < 2.0**15  # 2**15 overflows these gradients
+    weights = model.get_weights()
+    callback = autoprec.AutoPrecision(plan, verbose=0)
+    model.fit(x, y, batch_size=32, epochs=1, verbose=0, callbacks=[callback])
+    assert int(model.optimizer.non_finite_steps.numpy()) == 0  # the first step is not skipped
+    assert current_loss_scale(model.optimizer) == start
+    assert callback.plan.metadata["loss_scale"]["initial"] == start  # kept in the plan it ends
+    callback.restore()
+    # An explicit LossScale is used as given: Keras' 2**15 overflows and skips the first step.
+    model.set_weights(weights)
+    explicit = autoprec.AutoPrecision(plan, loss_scale=LossScale(), verbose=0)
+    model.fit(x, y, batch_size=32, epochs=1, verbose=0, callbacks=[explicit])
+    assert int(model.optimizer.non_finite_steps.numpy()) == 1
