@@ -36,7 +36,6 @@ from __future__ import annotations
 import argparse
 import collections
 import dataclasses
-import gc
 import json
 import os
 import statistics
@@ -118,20 +117,11 @@ def fast_bfloat16_here():
 
 
 class EpochEnds(keras.callbacks.Callback):
-    """Records the seconds from the start of `fit` to the end of each epoch.
-
-    It also collects garbage at each epoch's start, in every fit alike: Keras makes a new
-    `tf.data` iterator over in-memory arrays each epoch, and on a 2-core AMD EPYC host the first
-    batch of an epoch after the first waited 8 to 36 s (growing with the data; plain fits too)
-    unless the last epoch's iterator had been collected. The collection takes ~0.2 s.
-    """
+    """Records the seconds from the start of `fit` to the end of each epoch."""
 
     def on_train_begin(self, logs=None):
         self.started = time.perf_counter()
         self.ends: list[float] = []
-
-    def on_epoch_begin(self, epoch, logs=None):
-        gc.collect()
 
     def on_epoch_end(self, epoch, logs=None):
         self.ends.append(time.perf_counter() - self.started)

@@ -270,7 +270,8 @@ def heuristic_plan(
 
     The plan is then predicted no slower than every uniform policy the profile allows
     (float32 included): where one is predicted faster, it is returned instead.
-    `plan.metadata["start"]` records the policies weighed and their predicted steps.
+    `plan.metadata["start"]` records the policies weighed and their predicted steps,
+    `metadata["loss_scale"]["initial"]` where a float16 plan's loss scale starts (the profile's).
     With `check`, the 16-bit layers are tried greedily and a failing set is bisected
     (as onnxconverter-common's auto mixed precision does) until only the layers whose
     16-bit dtype breaks `check` stay float32. The decision is logged (`"autoprec"`
