@@ -172,11 +172,6 @@ class TensorStats:
         return self.underflow_fraction("float16")
 
     @property
-    def float16_subnormal_fraction(self) -> float:
-        """Fraction of elements with `2^-24 <= |x| < 2^-14` (float16 subnormals)."""
-        return self.subnormal_fraction("float16")
-
-    @property
     def bfloat16_overflow_fraction(self) -> float:
         """Fraction of elements beyond bfloat16's range (float32's top binade and above)."""
         return self.overflow_fraction("bfloat16")
@@ -185,11 +180,6 @@ class TensorStats:
     def bfloat16_underflow_fraction(self) -> float:
         """Fraction of elements with `0 < |x| < 2^-133` (flush to zero in bfloat16)."""
         return self.underflow_fraction("bfloat16")
-
-    @property
-    def bfloat16_subnormal_fraction(self) -> float:
-        """Fraction of elements in bfloat16's subnormal range (`2^-133 <= |x| < 2^-126`)."""
-        return self.subnormal_fraction("bfloat16")
 
     @property
     def float16_headroom_bits(self) -> float:

@@ -130,13 +130,18 @@ class FlooredLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
             setattr(self, name, variable)
 
     def check_finite(self, grads):
-        # Every replica skips when any one's gradients are not finite (Keras asks this replica's
-        # alone, before the all-reduce); an `IndexedSlices` is checked by its values (Keras'
-        # `isfinite` keeps one slice per repeated index, so an overflowing row could pass).
-        if keras.backend.backend() != "tensorflow":
-            return super().check_finite(grads)
-        backend = instrument_backend()
-        return backend.every_replica(super().check_finite(backend.slice_values(grads)))
+        # One float32 sum a gradient: a NaN or an infinity anywhere makes the total non-finite (a
+        # finite total past float32's 3.4e38 counts as an overflow); half the ops of Keras'
+        # `isfinite` + `all` a tensor. Every replica skips when any one's gradients are not finite
+        # (Keras asks this replica's alone); an `IndexedSlices` is checked by its values.
+        tensorflow = keras.backend.backend() == "tensorflow"
+        backend = instrument_backend() if tensorflow else None
+        tensors = [
+            g for g in (backend.slice_values(grads) if tensorflow else grads) if g is not None
+        ]
+        sums = [ops.sum(ops.cast(g, "float32")) for g in tensors]
+        finite = ops.isfinite(ops.sum(ops.stack(sums))) if sums else ops.convert_to_tensor(True)
+        return backend.every_replica(finite) if tensorflow else finite
 
     def _lowered_scale(self):
         if self.fixed:

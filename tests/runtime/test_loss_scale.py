@@ -191,3 +191,26 @@ def test_a_dynamic_scale_starts_where_the_profiled_float16_gradients_fit():
     explicit = autoprec.AutoPrecision(plan, loss_scale=LossScale(), verbose=0)
     model.fit(x, y, batch_size=32, epochs=1, verbose=0, callbacks=[explicit])
     assert int(model.optimizer.non_finite_steps.numpy()) == 1
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        [np.array([np.inf, 0.0]), np.array([-np.inf])],  # their sum is NaN, still caught
+        [np.array([1.0, np.nan]), np.array([2.0])],
+        [np.array([1.0, 2.0]), np.array([np.inf])],
+    ],
+)
+def test_the_finiteness_check_catches_every_nan_or_infinity(bad):
+    optimizer = step_skipping_optimizer(keras.optimizers.SGD(0.1))
+    optimizer.build([keras.Variable(np.zeros(2)), keras.Variable(np.zeros(1))])
+    assert not bool(optimizer.check_finite([np.asarray(g, "float32") for g in bad]))
+    assert not bool(optimizer.check_finite([np.asarray(g, "float16") for g in bad]))
+
+
+def test_float16_gradients_whose_float16_sum_would_overflow_pass_the_check():
+    optimizer = step_skipping_optimizer(keras.optimizers.SGD(0.1))
+    optimizer.build([keras.Variable(np.zeros(4)), keras.Variable(np.zeros(1))])
+    large = np.full(4, 60000.0, "float16")  # finite; summed in float16 they would reach inf
+    assert bool(optimizer.check_finite([keras.ops.convert_to_tensor(large), None]))
+    assert bool(optimizer.check_finite([]))
