@@ -26,7 +26,8 @@ python bench/oneliner_first_epoch.py --models transformer --epochs 2 --steps 150
 ```
 
 `--models all` runs nine models from 4 to 400 layers (DenseNet121; MobileNetV2 has 151).
-`--fast-bfloat16` tells the one-liner that bfloat16 runs fast here, so that it profiles,
+`--fast-bfloat16` tells the one-liner that bfloat16 runs matmuls at twice float32's rate here
+(a host `detect()` rates at 1x predicts too small a gain to race), so that it profiles,
 times costs within its decision budget and races its candidates on this CPU (what it
 measures is real; only what it is told pays is forced).
 """
@@ -105,14 +106,16 @@ MODELS = {
 
 
 def fast_bfloat16_here():
-    """This device as `detect()` sees it, told that bfloat16 runs fast: the one-liner then
-    profiles, times costs and races its candidates here (what it measures is real)."""
+    """This device as `detect()` sees it, told that bfloat16 runs matmuls at twice float32's rate
+    (or faster, if it says so): the one-liner then predicts a gain worth racing, profiles, times
+    costs and races its candidates here (what it measures is real)."""
     device = autoprec.hardware.detect()
+    doubled = 2 * (device.float32_flops or 1e11)
     return dataclasses.replace(
         device,
         fast_dtypes=("bfloat16",),
         slow_dtypes=("float16",),
-        bfloat16_flops=device.bfloat16_flops or 2 * (device.float32_flops or 1e11),
+        bfloat16_flops=max(device.bfloat16_flops or 0.0, doubled),
     )
 
 
