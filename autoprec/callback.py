@@ -6,6 +6,7 @@ import dataclasses
 import logging
 import os
 import time
+from collections.abc import Mapping
 from typing import Any
 
 from ._core.dtypes import BFLOAT16, FLOAT8, FLOAT16, FLOAT32, count_dtypes, counts_text
@@ -393,6 +394,7 @@ class AutoPrecision(PlanCallback):
             best_predicted_speedup(plan),
             self._fit_steps(left=True),
             deciding.budget_seconds - deciding.decision_seconds,
+            rated_only=_rated_only(deciding.device, plan),
         )
         deciding.race_budget_seconds = round(allowed, 3)
         why = ""
@@ -532,6 +534,13 @@ class _Deciding:
             "rounds": rounds,
             **({"why": why} if why else {}),
         }
+
+
+def _rated_only(device: HardwareProfile | None, plan: PrecisionPlan) -> bool:
+    """Whether the plan's predicted gain comes from a CPU's rated peaks, not from timed costs."""
+    start = plan.metadata.get("start")
+    costs = str(start.get("costs", "")) if isinstance(start, Mapping) else ""
+    return device is not None and device.kind == "cpu" and costs.startswith("predicted")
 
 
 def _with_measured(plan: PrecisionPlan, **values: Any) -> PrecisionPlan:

@@ -366,6 +366,10 @@ def test_where_only_bfloat16_runs_fast_nothing_is_profiled_and_the_race_fits_its
     steps_left = len(x) // 16 - 3  # deciding after 3 steps
     assert "predicted" in why and f"over {steps_left} steps left" in why
     assert measured["race_budget_seconds"] < 2 * measured["budget_seconds"] + 1
+    # The gain is predicted from this CPU's rated peaks, which say what runs, not how fast: the
+    # race may spend at least what the decision budget leaves (to measure it).
+    left_over = measured["budget_seconds"] - measured["decision_seconds"]
+    assert measured["race_budget_seconds"] >= left_over - 0.002
     assert set(callback.handle.dtypes.values()) == {"float32"}
     # Nothing changed: the step fit traced first runs on, not traced again.
     assert len(set(functions.seen)) == 1 and len(functions.seen) == len(x) // 16

@@ -47,15 +47,21 @@ def race_budget(
     speedup: float | None,
     steps_left: int | None,
     left_over: float,
+    rated_only: bool = False,
 ) -> tuple[float, str]:
-    """Returns the seconds the race's traces may cost (`PAYBACK_SHARE` of the gain), and why."""
+    """Returns the seconds the race's traces may cost (`PAYBACK_SHARE` of the gain), and why; at
+    least what the decision budget leaves where the gain comes from a CPU's rated peaks
+    (`rated_only`: a capability, not a speed, so only the race measures it)."""
+    left = max(left_over, 0.0), "what the decision budget leaves"
     if auto.decision_seconds is not None or not (step_seconds and speedup and steps_left):
-        return max(left_over, 0.0), "what the decision budget leaves"
+        return left
     gain = step_seconds * max(1.0 - 1.0 / speedup, 0.0)
     why = (
         f"{PAYBACK_SHARE:g} of the predicted {speedup:.2f}x gain, {1e3 * gain:.1f} ms a step "
         f"over {steps_left} steps left"
     )
+    if rated_only and left[0] > PAYBACK_SHARE * gain * steps_left:
+        return left[0], f"{left[1]}, more than {why}: a gain from a CPU's rated peaks is untested"
     return PAYBACK_SHARE * gain * steps_left, why
 
 

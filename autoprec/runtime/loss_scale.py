@@ -130,18 +130,14 @@ class FlooredLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
             setattr(self, name, variable)
 
     def check_finite(self, grads):
-        # One float32 sum a gradient: a NaN or an infinity anywhere makes the total non-finite (a
-        # finite total past float32's 3.4e38 counts as an overflow); half the ops of Keras'
-        # `isfinite` + `all` a tensor. Every replica skips when any one's gradients are not finite
-        # (Keras asks this replica's alone); an `IndexedSlices` is checked by its values.
-        tensorflow = keras.backend.backend() == "tensorflow"
-        backend = instrument_backend() if tensorflow else None
-        tensors = [
-            g for g in (backend.slice_values(grads) if tensorflow else grads) if g is not None
-        ]
-        sums = [ops.sum(ops.cast(g, "float32")) for g in tensors]
+        # One float32 sum a gradient (half the ops of Keras' `isfinite` + `all`): any NaN or inf
+        # makes the total non-finite, a finite one past 3.4e38 counts as overflow. Every replica
+        # skips when one's gradients are not finite; an `IndexedSlices` is checked by its values.
+        backend = instrument_backend() if keras.backend.backend() == "tensorflow" else None
+        values = backend.slice_values(grads) if backend else grads
+        sums = [ops.sum(ops.cast(g, "float32")) for g in values if g is not None]
         finite = ops.isfinite(ops.sum(ops.stack(sums))) if sums else ops.convert_to_tensor(True)
-        return backend.every_replica(finite) if tensorflow else finite
+        return backend.every_replica(finite) if backend else finite
 
     def _lowered_scale(self):
         if self.fixed:

@@ -276,7 +276,7 @@ class SkippedStepLogs:
 
     def __init__(self, model: keras.Model) -> None:
         self.model = model
-        self.active = False
+        self.active = False  # True: logs kept finite from the train step's next trace on
         self.supported = keras.backend.backend() == "tensorflow"
         self._skipped_at_epoch_start = None
         if self.supported:
@@ -290,14 +290,6 @@ class SkippedStepLogs:
             logs = cls(model)
             _STEP_LOGS[model] = logs
         return logs
-
-    def activate(self) -> None:
-        """Keeps the logs finite from the next trace of the train step on."""
-        self.active = True
-
-    def deactivate(self) -> None:
-        """Lets the train step report as Keras reports, from its next trace on."""
-        self.active = False
 
     def start_epoch(self) -> None:
         """Counts `skipped_steps` from now (call at the start of each epoch)."""

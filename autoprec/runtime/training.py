@@ -395,7 +395,7 @@ class PlanCallback(keras.callbacks.Callback):
         if self._watch is None or not has_16bit:
             remove_installed_telemetry(self.model)
             if self._watch is not None:
-                SkippedStepLogs.for_model(self.model).deactivate()
+                SkippedStepLogs.for_model(self.model).active = False
                 self._watch.attach(None)
             return
         step_logs = SkippedStepLogs.for_model(self.model)  # below the telemetry's wrapper
@@ -406,7 +406,7 @@ class PlanCallback(keras.callbacks.Callback):
             telemetry.install()
         else:
             telemetry.forget()  # steps skipped under another plan are not this one's
-        step_logs.activate()
+        step_logs.active = True
         self._watch.attach(telemetry)
 
     def _guard_step(self, logs) -> None:

@@ -58,6 +58,13 @@ def test_the_decision_budget_is_a_share_of_the_whole_fit_and_the_race_pays_from_
     # No prediction, or a budget given: what the decision budget leaves.
     assert race_budget(AutoPlan(), 0.3, None, 200, left_over=1.0)[0] == 1.0
     assert race_budget(AutoPlan(decision_seconds=5), 0.3, 1.5, 200, left_over=2.0)[0] == 2.0
+    # A gain predicted from a CPU's rated peaks (a capability, not a speed): at least what the
+    # decision budget leaves, so the race can measure it; the payback where that is more.
+    payback = PAYBACK_SHARE * 0.3 * (1 - 1 / 1.03) * 200
+    assert race_budget(AutoPlan(), 0.3, 1.03, 200, left_over=5.0)[0] == pytest.approx(payback)
+    seconds, why = race_budget(AutoPlan(), 0.3, 1.03, 200, left_over=5.0, rated_only=True)
+    assert seconds == 5.0 and "rated peaks" in why and "1.03x" in why
+    assert race_budget(AutoPlan(), 0.3, 1.5, 200, 1.0, rated_only=True)[0] == pytest.approx(10.0)
     for wrong in (-1, "ten", True):
         with pytest.raises(PlanError, match="decision_seconds"):
             AutoPlan(decision_seconds=wrong)

@@ -438,7 +438,7 @@ def test_an_active_wrapper_reports_a_non_finite_step_as_if_it_had_not_run():
     model = small_classifier()
     model.set_weights(weights)
     logs = SkippedStepLogs.for_model(model)
-    logs.activate()
+    logs.active = True
     logs.start_epoch()  # a plain optimizer counts no skipped step: nothing to count from
     guarded = model.fit(x, y, batch_size=BATCH, shuffle=False, verbose=0).history
     # Same two good steps, then the NaN step left the metrics where they were.
@@ -467,11 +467,11 @@ def test_the_wrapper_is_installed_once_and_follows_active_from_the_next_trace():
         return model.fit(x, y, batch_size=BATCH, shuffle=False, verbose=0).history["loss"][0]
 
     assert math.isnan(epoch_loss())
-    logs.activate()
+    logs.active = True
     assert logs.active and math.isfinite(epoch_loss())
-    logs.deactivate()
+    logs.active = False
     assert not logs.active and math.isnan(epoch_loss())
-    logs.activate()
+    logs.active = True
     assert math.isfinite(epoch_loss())
     assert SkippedStepLogs.for_model(model) is logs  # not installed a second time
     assert all(np.isfinite(weight).all() for weight in model.get_weights())
