@@ -9,6 +9,8 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+import keras
+
 from ._core.dtypes import BFLOAT16, FLOAT8, FLOAT16, FLOAT32, count_dtypes, counts_text
 from ._core.models import show_message
 from .cost import Estimate
@@ -356,11 +358,11 @@ class AutoPrecision(PlanCallback):
         decided_at = time.perf_counter()
         budget = decision_budget(self.auto, deciding.clock.fit_estimate(self._fit_steps()))
         trace = deciding.clock.trace_seconds() or 0.0
-        # With decision_seconds the race's traces come out of it too (each fast uniform policy,
-        # the per-layer plan, and float32's where the race runs the guard's optimizer; the plan
-        # kept runs on its race trace): per-layer costs are timed with what they leave.
+        # With decision_seconds the race's traces come out of it too (each fast uniform policy
+        # and the per-layer plan; float32 runs on fit's trace; the plan kept runs on its race
+        # trace): per-layer costs are timed with what they leave.
         shared = self.auto.decision_seconds is not None
-        race_reserve = (len(deciding.fast) + 2) * trace if shared else 0.0
+        race_reserve = (len(deciding.fast) + 1) * trace if shared else 0.0
         plan, self.estimate = decide_plan(
             self.model,
             self.profile,
@@ -386,7 +388,10 @@ class AutoPrecision(PlanCallback):
         """Starts timing the candidates inside fit where the gain pays their traces; else applies."""
         optimizer = self.model.optimizer
         candidates = self._timed_candidates(deciding.device, plan)  # may add loss scaling
-        reuse_fit_step = self.model.optimizer is optimizer
+        # A TensorFlow trace holds the optimizer it traced, which the guard's wraps (one state);
+        # JAX's fit passes in the optimizer's variables, a list the wrapper changes.
+        tensorflow = keras.backend.backend() == "tensorflow"
+        reuse_fit_step = self.model.optimizer is optimizer or tensorflow
         traces = race_traces(self.model, candidates, reuse_fit_step) if len(candidates) > 1 else 0
         allowed, because = race_budget(
             self.auto,
@@ -403,7 +408,7 @@ class AutoPrecision(PlanCallback):
             name, simpler = next(iter(candidates.items()))
             plan = simpler.with_metadata(hardware=plan.metadata.get("hardware"))
             why = (
-                f"timing {len(candidates)} candidates needs {traces} traces of about "
+                f"timing {len(candidates)} candidates needs {traces} trace(s) of about "
                 f"{trace:.1f} s, over the {allowed:.1f} s budget: keeping {name}, the simpler "
                 f"plan (the race's budget: {because})"
             )
@@ -455,13 +460,15 @@ class AutoPrecision(PlanCallback):
         """Keeps the plan whose whole step measured fastest, applies it and reports."""
         deciding, self._deciding = self._deciding, None
         result = deciding.race.result()
+        self.plan = race_winner_plan(deciding.race_plans, result, deciding.per_layer_plan)
+        if deciding.race.ran_on_fit_step(result.winner):
+            self._unwrap_optimizer()  # fit's own step runs on, with the optimizer it traced
         keeping = installed_telemetry(self.model)
         self._raced = [
             (dtypes, function, self.model.optimizer, keeping)
             for dtypes, function in deciding.race.traced_functions()
         ]
         deciding.race.close()
-        self.plan = race_winner_plan(deciding.race_plans, result, deciding.per_layer_plan)
         deciding.decision_seconds += result.added_seconds
         measured = deciding.measured(len(deciding.race_plans), result.rounds_run)
         self.plan = _with_measured(self.plan, **measured)

@@ -295,6 +295,13 @@ class StepRace:
             traces=self._traces,
         )
 
+    def ran_on_fit_step(self, name: str | None) -> bool:
+        """Whether the candidate `name` ran on fit's own train function (it changes no policy)."""
+        return any(
+            c.name == name and c.train_function is self._fit_function is not None
+            for c in self.candidates
+        )
+
     def traced_functions(self) -> list[tuple[dict[str, str], Callable[..., Any]]]:
         """Returns `(dtypes, train function)` of each candidate the race ran."""
         return [

@@ -400,29 +400,6 @@ def _judged(plan: Sequence[float], other: Sequence[float], noise: float, paired:
     return speed, margin.won if plan_fastest else margin.rounds - margin.won
 
 
-def speed_relation(
-    median_ratio: float,
-    minimum_ratio: float,
-    noise: float = NOISE,
-    rounds_won: int | None = None,
-    rounds: int | None = None,
-) -> str:
-    """Returns `"faster"`, `"slower"` or `"tie"`: `judge_rounds` on rounds that show both ratios."""
-    paired = rounds_won is not None and bool(rounds)
-    count, speeds = (rounds if paired else 1), set()
-    for ratio in (median_ratio, minimum_ratio):
-        # The plan's step is 1 in every round, the other's `ratio` in the rounds the faster won.
-        won = (rounds_won if ratio > 1 else count - rounds_won) if paired else count
-        speeds.add(_judged([1.0] * count, [ratio] * won + [1.0] * (count - won), noise, paired)[0])
-    return speeds.pop() if len(speeds) == 1 else "tie"
-
-
-def paired_rounds(figures: Mapping[str, Any], name: str) -> tuple[int | None, int | None]:
-    """Returns `(rounds the plan won, rounds)` against policy `name`, as `compare` judged them."""
-    comparison = compare(figures)[name]
-    return comparison.rounds_won, comparison.rounds
-
-
 def budget_status(figures: Mapping[str, Any], name: str) -> str:
     """Returns `"within"`, `"missed"` or `"diverged"`: policy `name` against the run's budget."""
     value = figures["metrics"].get(name, math.nan)

@@ -204,6 +204,10 @@ class PlanCallback(keras.callbacks.Callback):
             self._wrapped_optimizer = self._wrapped_optimizer or state.unwrapped_optimizer
         if self.handle is not None:
             self.handle.restore()
+        self._unwrap_optimizer()
+
+    def _unwrap_optimizer(self) -> None:
+        """Puts back the optimizer this callback wrapped, if it did."""
         if self._wrapped_optimizer is not None and self.model is not None:
             self.model.optimizer = self._wrapped_optimizer
             self._wrapped_optimizer = None

@@ -76,34 +76,6 @@ def line_of(lines: list[str], start: str) -> str:
 STEPS = {"float32": 30.0, "plan": 20.0, "mixed_bfloat16": 19.6, "mixed_float16": 300.0}
 
 
-@pytest.mark.parametrize(
-    "median_ratio, minimum_ratio, expected",
-    [
-        (1.30, 1.25, "faster"),
-        (1.06, 1.06, "faster"),
-        (1.04, 1.30, "tie"),  # the median does not support it
-        (1.30, 1.01, "tie"),  # the fastest steps do not
-        (1.00, 1.00, "tie"),
-        (0.90, 0.93, "slower"),
-        (0.90, 1.10, "tie"),  # disagreeing
-        (math.nan, 1.5, "tie"),
-    ],
-)
-def test_speed_relation_claims_a_difference_only_beyond_noise_at_both(
-    median_ratio, minimum_ratio, expected
-):
-    assert report.speed_relation(median_ratio, minimum_ratio) == expected
-
-
-@pytest.mark.parametrize(
-    "ratio, won, expected",
-    [(1.3, 15, "faster"), (1.3, 14, "tie"), (0.7, 5, "slower"), (0.7, 6, "tie"), (1.04, 20, "tie")],
-)
-def test_speed_relation_needs_enough_paired_rounds_won(ratio, won, expected):
-    assert report.speed_relation(ratio, ratio, rounds_won=won, rounds=20) == expected
-    assert report.speed_relation(1.3, 1.3, rounds_won=3, rounds=3) == "tie"  # 3 cannot show one
-
-
 def test_rounds_needed_is_a_one_sided_sign_test_at_five_percent():
     assert report.rounds_needed(20) == 15  # P(>= 15 of 20) = 0.021, P(>= 14) = 0.058
     assert report.rounds_needed(5) == 5  # 1/32
@@ -274,15 +246,16 @@ def test_budget_status_and_compare_read_the_figures():
     assert comparisons["mixed_bfloat16"].speed == "tie"  # 2 % faster: under the 5 % noise
 
 
-def test_paired_rounds_count_the_plan_wins_and_skip_policies_timed_apart():
+def test_compare_counts_the_plan_wins_and_skip_policies_timed_apart():
     result = paired_figures([20.0, 20.0, 30.0], [25.0, 26.0, 25.0])
-    assert report.paired_rounds(result, "float32") == (2, 3)
-    assert report.paired_rounds(result, "mixed_float16") == (None, None)  # timed apart
+    comparisons = report.compare(result)
+    assert (comparisons["float32"].rounds_won, comparisons["float32"].rounds) == (2, 3)
+    assert comparisons["mixed_float16"].rounds is None  # timed apart
     # Timed apart, a policy is judged on its samples alone: no sign test, no rounds figure.
     apart = figures({**STEPS, "float32": [30.0, 31.0, 29.0]}, timed_apart=("float32",))
-    assert report.paired_rounds(apart, "float32") == (None, None)
+    assert report.compare(apart)["float32"].rounds_won is None
     assert report.compare(apart)["float32"].speed == "faster"
-    assert report.paired_rounds(figures(STEPS, timed_apart=("plan",)), "float32") == (None, None)
+    assert report.compare(figures(STEPS, timed_apart=("plan",)))["float32"].rounds is None
 
 
 def test_results_table_has_a_row_per_policy_with_its_budget_and_prediction():
