@@ -419,8 +419,8 @@ _TF_CPU_FLOAT16_NOTE = (
 _CPU_BFLOAT16_NOTE = (
     "bfloat16 fast = native oneDNN kernels exist (a capability, not a speed claim): measured "
     "TensorFlow matmuls ran 0.6x to 3.5x float32's speed depending on host and shape, so the "
-    "bfloat16 rate is taken equal to float32's and calibrate()'s measured per-layer costs "
-    "decide where bfloat16 pays"
+    "bfloat16 rate is taken equal to float32's (AMX: the tile rate) and calibrate()'s measured "
+    "per-layer costs decide where bfloat16 pays"
 )
 
 
